@@ -1,0 +1,291 @@
+"""The one test command: ``python -m launch test``.
+
+This module owns running the whole test suite as a list of *stages*: the plain pytest
+folders (``tests/unit``, and ``tests/sim`` when present) in one process, then
+``tests/mpi`` under ``mpiexec -n K`` for K in 1, 2, 3, 4, every stage with a timeout
+that kills its whole process group; all of it first with the compiled fast path
+(``DTENSOR_FASTPATH=1``) and again on the Python path (``DTENSOR_FASTPATH=0``). It ends
+with a summary table and the line ``N passed, N failed`` (counting stages) and exits
+non-zero when any stage failed.
+
+Stages run with the ``tests`` folder as working directory, so the packages under test
+are the installed ones (with their compiled extension), not the source tree next to
+the tests; when the packages are not installed, the source tree is put on
+``PYTHONPATH`` instead and the runner says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ._mpiexec import TIMEOUT_EXIT_CODE, find_mpiexec, rank_env, run_job
+
+__all__ = ["Outcome", "Stage", "classify", "find_tests_dir", "main"]
+
+PLAIN_SUITES = ("unit", "sim")
+MPI_SUITE = "mpi"
+#: Mode name -> value of DTENSOR_FASTPATH.
+MODES = {"fastpath": "1", "python": "0"}
+#: Statuses that count as a passed stage.
+OK_STATUSES = frozenset({"passed", "empty", "deselected"})
+#: pytest's exit status when it collected (or selected) no test.
+NO_TESTS_EXIT_CODE = 5
+
+_PROBE = """\
+import fastpath
+print(int(fastpath.AVAILABLE))
+print(fastpath.__file__)
+print(fastpath.IMPORT_ERROR or "")
+"""
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One pytest run: a suite folder, a rank count (``None``: no mpiexec) and a mode."""
+
+    suite: str
+    ranks: int | None
+    mode: str
+    path: Path
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a stage ended: a status (see :func:`classify`) and its wall time."""
+
+    stage: Stage
+    status: str
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return self.status in OK_STATUSES
+
+
+def find_tests_dir(start: Path) -> Path | None:
+    """The ``tests`` folder of the checkout that contains ``start`` (or of this file).
+
+    **Local.** Looks for ``<dir>/tests`` holding ``unit`` or ``mpi`` in ``start`` and its
+    parents, then next to the ``launch`` package (an editable install or a checkout).
+    """
+    here = Path(__file__).resolve().parent.parent
+    for folder in (start.resolve(), *start.resolve().parents, here):
+        tests = folder / "tests"
+        if (tests / "unit").is_dir() or (tests / MPI_SUITE).is_dir():
+            return tests
+    return None
+
+
+def _has_tests(folder: Path) -> bool:
+    return any(folder.rglob("test_*.py")) or any(folder.rglob("*_test.py"))
+
+
+def classify(returncode: int, stage: Stage, keyword: str | None) -> str:
+    """Status of a stage from pytest's exit status.
+
+    **Local.** ``passed`` (0); ``timeout`` (124); for pytest's "no tests" status 5:
+    ``empty`` when the folder holds no test files, ``deselected`` when ``-k`` selected
+    none of them, else ``failed`` (test files that yield no test are a broken stage);
+    ``failed`` for anything else.
+    """
+    if returncode == 0:
+        return "passed"
+    if returncode == TIMEOUT_EXIT_CODE:
+        return "timeout"
+    if returncode == NO_TESTS_EXIT_CODE:
+        if not _has_tests(stage.path):
+            return "empty"
+        if keyword:
+            return "deselected"
+    return "failed"
+
+
+def _stages(tests_dir: Path, modes: Sequence[str], ranks: Sequence[int]) -> list[Stage]:
+    stages = []
+    for mode in modes:
+        for suite in PLAIN_SUITES:
+            if (tests_dir / suite).is_dir():
+                stages.append(Stage(suite, None, mode, tests_dir / suite))
+        if (tests_dir / MPI_SUITE).is_dir():
+            stages += [Stage(MPI_SUITE, k, mode, tests_dir / MPI_SUITE) for k in ranks]
+    return stages
+
+
+def _command(stage: Stage, mpiexec: str, pytest_args: Sequence[str]) -> list[str]:
+    pytest = [sys.executable, "-m", "pytest", str(stage.path), "-q", "-p", "no:cacheprovider"]
+    if stage.ranks is None:
+        return [*pytest, "-rs", *pytest_args]
+    return [mpiexec, "-n", str(stage.ranks), *pytest, "--with-mpi", *pytest_args]
+
+
+def _probe(tests_dir: Path, env: dict[str, str]) -> tuple[bool, str, str] | None:
+    """(extension available, fastpath location, import error), or None if not importable."""
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE],
+        cwd=tests_dir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if out.returncode != 0:
+        return None
+    available, location, error = (out.stdout.splitlines() + ["", "", ""])[:3]
+    return available == "1", location, error
+
+
+def _parse_ranks(text: str) -> list[int]:
+    try:
+        ranks = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--ranks takes e.g. 1,2,4; got {text!r}") from None
+    if not ranks or min(ranks) < 1:
+        raise argparse.ArgumentTypeError(f"--ranks needs counts >= 1; got {text!r}")
+    return ranks
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m launch test",
+        description="Run tests/unit (and tests/sim), then tests/mpi under mpiexec with 1, "
+        "2, 3 and 4 ranks, with the compiled fast path and again with DTENSOR_FASTPATH=0. "
+        "Arguments after `--` go to every pytest run.",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="one mode only (the fast path if built, else the Python path)",
+    )
+    p.add_argument(
+        "--ranks",
+        type=_parse_ranks,
+        default=[1, 2, 3, 4],
+        metavar="1,2,3,4",
+        help="rank counts of the MPI stages (default 1,2,3,4)",
+    )
+    p.add_argument(
+        "-k",
+        dest="keyword",
+        default=None,
+        metavar="EXPR",
+        help="only tests matching EXPR (passed to pytest)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="time limit of each stage in seconds (default 600)",
+    )
+    p.add_argument(
+        "--tests-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="the tests folder (default: ./tests of the checkout)",
+    )
+    return p
+
+
+def _summary(outcomes: Sequence[Outcome]) -> str:
+    rows = [("stage", "ranks", "mode", "result", "seconds")]
+    rows += [
+        (
+            o.stage.suite,
+            "-" if o.stage.ranks is None else str(o.stage.ranks),
+            o.stage.mode,
+            o.status,
+            f"{o.seconds:.1f}",
+        )
+        for o in outcomes
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    lines = [
+        "  ".join(
+            cell.rjust(w) if i == 4 else cell.ljust(w)
+            for i, (cell, w) in enumerate(zip(row, widths))
+        ).rstrip()
+        for row in rows
+    ]
+    passed = sum(o.ok for o in outcomes)
+    return "\n".join(
+        ["== test summary (stages) ==", *lines, f"{passed} passed, {len(outcomes) - passed} failed"]
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the test stages and print the summary; return 0 only when every stage passed.
+
+    **Local** (each MPI stage starts its own ``mpiexec`` job).
+
+    Parameters
+    ----------
+    argv : sequence of str, optional
+        The runner's command line (after ``test``); default ``sys.argv[1:]``.
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    pytest_args: list[str] = []
+    if "--" in args:
+        cut = args.index("--")
+        args, pytest_args = args[:cut], args[cut + 1 :]
+    parser = _parser()
+    opts = parser.parse_args(args)
+    tests_dir = opts.tests_dir.resolve() if opts.tests_dir else find_tests_dir(Path.cwd())
+    if tests_dir is None or not tests_dir.is_dir():
+        parser.error("no tests folder found (run from the checkout, or pass --tests-dir)")
+    try:
+        mpiexec = find_mpiexec()
+    except FileNotFoundError as exc:
+        parser.error(str(exc))
+    if opts.keyword:
+        pytest_args = ["-k", opts.keyword, *pytest_args]
+
+    env = rank_env()
+    probe = _probe(tests_dir, env)
+    source_root = tests_dir.parent
+    if probe is None and (source_root / "fastpath").is_dir():
+        env["PYTHONPATH"] = str(source_root) + (
+            ":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""
+        )
+        probe = _probe(tests_dir, env)
+        print(f"packages are not installed: testing the source tree {source_root}")
+    if probe is None:
+        parser.error(f"cannot import the fastpath package from {tests_dir}")
+    available, location, error = probe
+    print(f"python:   {sys.executable}")
+    print(f"mpiexec:  {mpiexec}")
+    print(f"packages: {Path(location).parent.parent}")
+    if available:
+        print("fastpath: compiled extension built; stages run with it and without it")
+        modes = ["fastpath"] if opts.quick else list(MODES)
+    else:
+        print(
+            f"fastpath: compiled extension NOT BUILT ({error}); its tests skip and only "
+            "the Python path (DTENSOR_FASTPATH=0) runs"
+        )
+        modes = ["python"]
+
+    outcomes = []
+    for stage in _stages(tests_dir, modes, opts.ranks):
+        cmd = _command(stage, mpiexec, pytest_args)
+        ranks = "" if stage.ranks is None else f", {stage.ranks} rank" + "s" * (stage.ranks > 1)
+        print(f"\n== {stage.suite}{ranks}, {stage.mode} path ==\n$ {shlex.join(cmd)}", flush=True)
+        stage_env = dict(env, DTENSOR_FASTPATH=MODES[stage.mode])
+        start = time.perf_counter()
+        rc = run_job(cmd, env=stage_env, cwd=tests_dir, timeout=opts.timeout)
+        outcomes.append(
+            Outcome(stage, classify(rc, stage, opts.keyword), time.perf_counter() - start)
+        )
+    matched = not opts.keyword or any(o.status not in ("empty", "deselected") for o in outcomes)
+    if not matched:
+        print(f"\nno test matched -k {opts.keyword!r}")
+    print("\n" + _summary(outcomes), flush=True)
+    return 0 if matched and outcomes and all(o.ok for o in outcomes) else 1

@@ -1,0 +1,71 @@
+"""Build of the optional compiled extension ``fastpath._strides``.
+
+Everything else (metadata, packages, dependencies) lives in ``pyproject.toml``. The
+extension is optional: when Cython or the C compiler fails, the build prints a warning
+and installs the pure-Python package, which runs on the Python path. Set
+``DTENSOR_NO_EXT=1`` to skip the extension on purpose.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+from setuptools.errors import BaseError, CCompilerError
+
+# What a missing or failing C compiler raises (distutils errors, compiler errors, exec).
+BUILD_ERRORS = (BaseError, CCompilerError, OSError)
+
+EXT_SOURCE = os.path.join("fastpath", "_strides.pyx")
+
+
+def _warn(reason: str) -> None:
+    bar = "=" * 78
+    sys.stderr.write(
+        f"\n{bar}\nWARNING: the compiled extension fastpath._strides was NOT built:\n"
+        f"  {reason}\n"
+        "dtensor is installed without it and runs on the (slower) Python path.\n"
+        "Install a C compiler (and Python headers) and reinstall to get it.\n"
+        f"{bar}\n\n"
+    )
+
+
+def _extensions() -> list[Extension]:
+    if os.environ.get("DTENSOR_NO_EXT", "0") not in ("", "0"):
+        _warn("DTENSOR_NO_EXT is set")
+        return []
+    try:
+        from Cython.Build import cythonize
+        from Cython.Compiler.Errors import PyrexError
+    except ImportError as exc:
+        _warn(f"Cython is not available ({exc})")
+        return []
+    try:
+        return cythonize(
+            [Extension("fastpath._strides", [EXT_SOURCE])],
+            compiler_directives={"language_level": "3"},
+        )
+    except (PyrexError, OSError) as exc:
+        _warn(f"Cython failed on {EXT_SOURCE} ({exc})")
+        return []
+
+
+class OptionalBuildExt(build_ext):
+    """``build_ext`` that turns a failed C compilation into a warning."""
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except BUILD_ERRORS as exc:
+            _warn(f"build_ext failed ({type(exc).__name__}: {exc})")
+
+    def build_extension(self, ext: Extension) -> None:
+        try:
+            super().build_extension(ext)
+        except BUILD_ERRORS as exc:
+            _warn(f"compiling {ext.name} failed ({type(exc).__name__}: {exc})")
+
+
+setup(ext_modules=_extensions(), cmdclass={"build_ext": OptionalBuildExt})

@@ -1,0 +1,377 @@
+"""The launcher (``python -m launch``), its rank bootstrap, the MPI test harness and the runner.
+
+Most tests start real ``mpiexec`` jobs through the launcher in a subprocess, each with a
+hard timeout, and check exit statuses, output and that a failing rank ends the job at
+once instead of leaving the other ranks blocked.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from launch import runtests
+from launch.__main__ import _split
+from launch._mpiexec import (
+    RANK_ENV_DEFAULTS,
+    TIMEOUT_EXIT_CODE,
+    _flavor,
+    find_mpiexec,
+    host_args,
+    job_command,
+    rank_env,
+)
+
+MPI_CONFTEST = Path(__file__).resolve().parents[1] / "mpi" / "conftest.py"
+#: Upper bound for jobs that must end promptly (they hang forever when the feature breaks).
+PROMPT_S = 60
+
+
+def _write(folder: Path, name: str, text: str) -> Path:
+    path = folder / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def _run(cmd: list[str], cwd: Path, limit: float = PROMPT_S) -> subprocess.CompletedProcess:
+    """Run ``cmd`` in its own process group; kill the group and fail if it outlives ``limit``."""
+    proc = subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail(f"{shlex.join(cmd)} did not end within {limit} s")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _launch(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``python -m launch *args``, its job limited to PROMPT_S (a later --timeout wins)."""
+    return _run([sys.executable, "-m", "launch", "--timeout", str(PROMPT_S), *args], cwd)
+
+
+# --- command line -------------------------------------------------------------------------
+
+
+def test_split_stops_at_the_script():
+    own, program = _split(["-n", "2", "--timeout", "5", "s.py", "-n", "9", "--timeout", "x"])
+    assert own == ["-n", "2", "--timeout", "5"]
+    assert program == ["s.py", "-n", "9", "--timeout", "x"]
+
+
+def test_split_module_and_separator():
+    assert _split(["-n", "3", "-m", "pkg.mod", "-v"]) == (["-n", "3", "-m", "pkg.mod"], ["-v"])
+    assert _split(["--timeout=4", "--", "-odd.py", "a"]) == (["--timeout=4"], ["-odd.py", "a"])
+    assert _split(["-n", "2"]) == (["-n", "2"], [])
+
+
+def test_job_command_runs_the_rank_bootstrap():
+    cmd = job_command("/x/mpiexec", 3, ["s.py", "a"], ["-hosts", "h1"])
+    assert cmd == [
+        "/x/mpiexec",
+        "-hosts",
+        "h1",
+        "-n",
+        "3",
+        sys.executable,
+        "-m",
+        "launch._rank",
+        "s.py",
+        "a",
+    ]
+
+
+def test_rank_env_fills_only_what_is_unset():
+    env = rank_env({"OMP_NUM_THREADS": "4", "KEEP": "1"}, EXTRA="x")
+    assert env["OMP_NUM_THREADS"] == "4"
+    assert env["OPENBLAS_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "1"
+    assert env["KEEP"] == "1" and env["EXTRA"] == "x"
+    assert set(RANK_ENV_DEFAULTS) <= set(env)
+
+
+# --- finding mpiexec ------------------------------------------------------------------------
+
+
+def _fake_mpiexec(folder: Path, version_text: str) -> Path:
+    path = _write(folder, "mpiexec", f"#!/bin/sh\necho '{version_text}'\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_find_mpiexec_default_is_next_to_python_or_on_path(monkeypatch):
+    monkeypatch.delenv("DTENSOR_MPIEXEC", raising=False)
+    found = Path(find_mpiexec())
+    assert found.name in ("mpiexec", "mpirun")
+    assert os.access(found, os.X_OK)
+    beside = Path(sys.executable).parent / "mpiexec"
+    if beside.is_file():
+        assert found == beside
+
+
+def test_find_mpiexec_overrides(monkeypatch, tmp_path):
+    fake = _fake_mpiexec(tmp_path, "x")
+    monkeypatch.setenv("DTENSOR_MPIEXEC", str(fake))
+    assert find_mpiexec() == str(fake)
+    other = _fake_mpiexec(tmp_path / "other", "x")
+    assert find_mpiexec(str(other)) == str(other)  # --mpiexec beats the variable
+    monkeypatch.setenv("DTENSOR_MPIEXEC", str(tmp_path / "missing"))
+    with pytest.raises(FileNotFoundError, match="DTENSOR_MPIEXEC"):
+        find_mpiexec()
+
+
+def test_find_mpiexec_reports_absence(monkeypatch, tmp_path):
+    monkeypatch.delenv("DTENSOR_MPIEXEC", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setattr("sysconfig.get_path", lambda name: str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="pip install mpich"):
+        find_mpiexec()
+
+
+def test_host_args_follow_the_mpiexec_flavour(tmp_path):
+    hydra = str(_fake_mpiexec(tmp_path / "h", "HYDRA build details:"))
+    ompi = str(_fake_mpiexec(tmp_path / "o", "mpiexec (Open MPI) 5.0.3"))
+    other = str(_fake_mpiexec(tmp_path / "u", "something else"))
+    assert host_args(hydra, None, None) == []
+    assert host_args(hydra, "a,b", "hf") == ["-hosts", "a,b", "-f", "hf"]
+    assert host_args(ompi, "a,b", "hf") == ["--host", "a,b", "--hostfile", "hf"]
+    with pytest.raises(ValueError, match="--mpiexec-arg"):
+        host_args(other, "a", None)
+
+
+# --- running jobs ---------------------------------------------------------------------------
+
+
+def test_runs_script_with_its_args_and_env(tmp_path):
+    _write(
+        tmp_path,
+        "show.py",
+        """\
+        import os, sys
+        from mpi4py import MPI
+        c = MPI.COMM_WORLD
+        print("rank", c.rank, "of", c.size, sys.argv[1:], os.environ["OMP_NUM_THREADS"],
+              sys.path[0] == os.path.dirname(os.path.realpath(__file__)), __name__)
+        """,
+    )
+    out = _launch("-n", "2", "show.py", "-n", "7", "--timeout", "x", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    for rank in (0, 1):
+        assert f"rank {rank} of 2 ['-n', '7', '--timeout', 'x'] 1 True __main__" in out.stdout
+
+
+def test_mpiexec_args_reach_mpiexec(tmp_path):
+    if _flavor(find_mpiexec()) != "hydra":
+        pytest.skip("uses Hydra's -genv")
+    _write(tmp_path, "env.py", "import os\nprint('VALUE', os.environ['DTENSOR_T'])\n")
+    args = ["--mpiexec-arg=-genv", "--mpiexec-arg=DTENSOR_T", "--mpiexec-arg=from-mpiexec"]
+    out = _launch("-n", "2", *args, "env.py", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("VALUE from-mpiexec") == 2
+
+
+def test_runs_module_with_dash_m(tmp_path):
+    _write(tmp_path, "pkg/__init__.py", "")
+    _write(
+        tmp_path,
+        "pkg/tool.py",
+        """\
+        import sys
+        from mpi4py import MPI
+        if __name__ == "__main__":
+            print("tool on rank", MPI.COMM_WORLD.rank, sys.argv[1:])
+        """,
+    )
+    out = _launch("-n", "2", "-m", "pkg.tool", "a", "--b", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    for rank in (0, 1):
+        assert f"tool on rank {rank} ['a', '--b']" in out.stdout
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ("sys.exit(0)", 0),
+        ("sys.exit(3)", 3),  # every rank exits 3
+        ("sys.exit(5) if c.rank == 1 else c.Barrier()", 5),  # rank 0 would wait forever
+    ],
+)
+def test_exit_status_is_forwarded(tmp_path, body, expected):
+    _write(
+        tmp_path,
+        "ex.py",
+        f"""\
+        import sys
+        from mpi4py import MPI
+        c = MPI.COMM_WORLD
+        {body}
+        c.Barrier()
+        """,
+    )
+    out = _launch("-n", "2", "ex.py", cwd=tmp_path)
+    assert out.returncode == expected, out.stderr
+
+
+def test_raising_rank_aborts_the_job_with_its_traceback(tmp_path):
+    _write(
+        tmp_path,
+        "boom.py",
+        """\
+        from mpi4py import MPI
+        c = MPI.COMM_WORLD
+
+        def fail():
+            raise ValueError(f"boom from rank {c.rank}")
+
+        if c.rank == 1:
+            fail()
+        c.Barrier()  # ranks 0 and 2 would wait here forever
+        """,
+    )
+    out = _launch("-n", "3", "boom.py", cwd=tmp_path)
+    assert out.returncode == 1
+    err = out.stderr
+    assert "[rank 1] Traceback (most recent call last):" in err
+    assert '[rank 1]   File "boom.py", line 8, in <module>' in err
+    assert "[rank 1] ValueError: boom from rank 1" in err
+    assert err.count("Traceback") == 1
+    assert "runpy" not in err and "_rank.py" not in err
+
+
+def test_timeout_kills_the_whole_job(tmp_path):
+    _write(
+        tmp_path,
+        "sleepy.py",
+        """\
+        import os, time
+        from mpi4py import MPI
+        with open(f"pid{MPI.COMM_WORLD.rank}", "w") as f:
+            f.write(str(os.getpid()))
+        time.sleep(300)
+        """,
+    )
+    out = _launch("-n", "2", "--timeout", "5", "sleepy.py", cwd=tmp_path)
+    assert out.returncode == TIMEOUT_EXIT_CODE
+    assert "timeout of 5 s" in out.stderr
+    for rank in (0, 1):
+        pid = int((tmp_path / f"pid{rank}").read_text())
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_bad_command_lines_exit_2(tmp_path):
+    assert _launch("-n", "2", "missing.py", cwd=tmp_path).returncode == 2
+    assert _launch("-n", "0", "-m", "x", cwd=tmp_path).returncode == 2
+    assert _launch("-n", "2", cwd=tmp_path).returncode == 2
+
+
+# --- the MPI test harness (tests/mpi/conftest.py) ------------------------------------------
+
+
+def test_failing_rank_aborts_the_pytest_job(tmp_path):
+    shutil.copy(MPI_CONFTEST, tmp_path / "conftest.py")
+    _write(
+        tmp_path,
+        "test_fails_on_rank1.py",
+        """\
+        import pytest
+        from mpi4py import MPI
+
+        @pytest.mark.mpi(min_size=2)
+        def test_rank1_fails():
+            comm = MPI.COMM_WORLD
+            assert comm.rank != 1, "deliberate failure on rank 1"
+            comm.Barrier()  # the other ranks would wait here forever
+        """,
+    )
+    cmd = [find_mpiexec(), "-n", "3", sys.executable, "-m", "pytest", str(tmp_path)]
+    out = _run([*cmd, "--with-mpi", "-q", "-p", "no:cacheprovider"], tmp_path)
+    assert out.returncode != 0
+    assert "[rank 1] FAILED test_fails_on_rank1.py::test_rank1_fails (call)" in out.stderr
+    assert "[rank 1] E       AssertionError: deliberate failure on rank 1" in out.stderr
+    assert "DTENSOR_TEST_SEED=" in out.stderr
+
+
+# --- the test runner (python -m launch test) -----------------------------------------------
+
+
+def test_classify_pytest_statuses(tmp_path):
+    empty = runtests.Stage("unit", None, "python", tmp_path / "empty")
+    empty.path.mkdir()
+    full = runtests.Stage("mpi", 2, "python", tmp_path / "full")
+    _write(full.path, "test_x.py", "def test_x():\n    pass\n")
+    assert runtests.classify(0, full, None) == "passed"
+    assert runtests.classify(1, full, None) == "failed"
+    assert runtests.classify(TIMEOUT_EXIT_CODE, full, None) == "timeout"
+    assert runtests.classify(5, empty, None) == "empty"
+    assert runtests.classify(5, full, None) == "failed"
+    assert runtests.classify(5, full, "nomatch") == "deselected"
+
+
+def _run_runner(tests_dir: Path, *args: str) -> subprocess.CompletedProcess:
+    """``python -m launch test`` on ``tests_dir``: at most 3 stages of at most PROMPT_S each."""
+    runner = [sys.executable, "-m", "launch", "test", "--tests-dir", str(tests_dir)]
+    return _run([*runner, "--timeout", str(PROMPT_S), *args], tests_dir, limit=4 * PROMPT_S)
+
+
+def test_runner_stages_and_summary(tmp_path):
+    tests = tmp_path / "tests"
+    _write(tests, "unit/test_ok.py", "def test_ok():\n    assert True\n")
+    _write(
+        tests,
+        "mpi/test_world.py",
+        """\
+        import pytest
+        from mpi4py import MPI
+
+        @pytest.mark.mpi(min_size=1)
+        def test_world(comm):
+            assert comm.allreduce(1) == MPI.COMM_WORLD.size
+        """,
+    )
+    shutil.copy(MPI_CONFTEST, tests / "mpi")
+    out = _run_runner(tests, "--quick", "--ranks", "1,2")
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert lines[-1] == "3 passed, 0 failed"
+    rows = [line.split() for line in lines[-4:-1]]
+    assert [(r[0], r[1], r[3]) for r in rows] == [
+        ("unit", "-", "passed"),
+        ("mpi", "1", "passed"),
+        ("mpi", "2", "passed"),
+    ]
+
+    # A failing test fails its stage and the run; -k that matches nothing fails the run.
+    _write(tests, "unit/test_bad.py", "def test_bad():\n    assert False\n")
+    out = _run_runner(tests, "--quick", "--ranks", "2")
+    assert out.returncode == 1
+    assert out.stdout.strip().splitlines()[-1] == "1 passed, 1 failed"
+    out = _run_runner(tests, "--quick", "--ranks", "2", "-k", "no_such_test")
+    assert out.returncode == 1
+    assert "no test matched" in out.stdout
+
+
+def test_runner_accepts_an_empty_mpi_folder(tmp_path):
+    tests = tmp_path / "tests"
+    _write(tests, "unit/test_ok.py", "def test_ok():\n    pass\n")
+    (tests / "mpi").mkdir()
+    out = _run_runner(tests, "--quick", "--ranks", "2")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert " empty " in out.stdout
+    assert out.stdout.strip().splitlines()[-1] == "2 passed, 0 failed"

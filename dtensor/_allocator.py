@@ -1,0 +1,620 @@
+"""The caching memory allocator behind every local tensor's Storage.
+
+This module owns how dtensor gets memory: :func:`empty_array` (the one entry point the
+local tensor calls), the caching :class:`CPUAllocator`, the :class:`Block` handles it
+hands out, and the memory statistics API (:func:`memory_stats`, :func:`memory_snapshot`,
+:func:`empty_cache`, :func:`reset_peak_memory_stats`).
+
+Why a cache: a fresh multi-megabyte buffer costs a page fault per 4 KiB page on first
+touch, so a repeated redistribute into fresh buffers is several times slower than into
+reused ones. The CPU allocator keeps freed blocks and hands them out again, already
+touched.
+
+Layout (modelled on PyTorch's CUDA caching allocator):
+
+* **Segments** come from ``numpy.empty`` (uint8, over-allocated by 64 bytes and aligned
+  to 64 bytes). A segment is carved into **blocks**; every block size is a multiple of
+  512 bytes, so every block address is 64-byte aligned.
+* **Small pool** (rounded request <= 1 MiB): 2 MiB segments; one free list per 512-byte
+  size class. Any leftover of at least 512 bytes is split off as a free block.
+* **Large pool** (rounded request > 1 MiB): a request below 10 MiB takes a 20 MiB
+  segment (so several mid-sized blocks share one); a larger one takes a segment of its
+  size rounded up to 2 MiB. A free block is taken best-fit by size (exact size class
+  first, then the smallest larger one) and split when more than 1 MiB would be left.
+* A freed block is **merged** with free neighbours in its segment, so a segment whose
+  blocks all die becomes one free block again; :func:`empty_cache` returns such
+  segments to numpy. When numpy cannot provide a new segment the allocator empties its
+  cache and retries once.
+
+Small requests: a request below :data:`POOL_MIN_BYTES` (env ``DTENSOR_POOL_MIN_BYTES``,
+default 4096) is served by plain ``numpy.empty`` and does not appear in the statistics.
+numpy's own small-block cache is faster than any Python-level pool, and pooling exists to
+avoid the page faults of big buffers, which small ones do not have. ``empty_array`` reads
+the constant at every call, so it can be changed at run time. Arrays of object dtype are
+never pooled (their memory must start zeroed).
+
+Debugging: ``DTENSOR_ALLOCATOR=nocache`` (read at import) disables caching: every
+allocation gets a fresh segment of its own and every free releases it, so memory tools
+see each buffer's real lifetime. The statistics keep working (``cache_hits`` stays 0).
+
+Lifetime: an array from :func:`empty_array` views a :class:`Block`; walking ``arr.base``
+while it is an ndarray ends at that block. The block returns its memory to the pool when
+the block object dies, i.e. when the last array (or Storage) referencing it dies. Frees
+may come from any thread, including a garbage collection that runs while this thread
+holds the allocator's lock; such a free is deferred until the lock is released.
+
+On ``device="cuda"`` cupy's memory pool is the allocator: :func:`empty_array` returns
+``cupy.empty`` and the statistics functions report that pool under the same keys.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import os
+import threading
+from bisect import bisect_left, insort
+from typing import Any
+
+import numpy as np
+
+from .errors import DTensorError
+
+__all__ = [
+    "POOL_MIN_BYTES",
+    "Block",
+    "CPUAllocator",
+    "empty_array",
+    "empty_cache",
+    "memory_snapshot",
+    "memory_stats",
+    "reset_peak_memory_stats",
+]
+
+_KiB = 1024
+_MiB = 1024 * _KiB
+
+_ALIGN = 64  # byte alignment of every segment (and so of every block)
+_ROUND = 512  # block sizes are multiples of this
+_SMALL_LIMIT = 1 * _MiB  # rounded requests up to this size use the small pool
+_SMALL_SEGMENT = 2 * _MiB  # segment size of the small pool
+_LARGE_SEGMENT = 20 * _MiB  # segment size for large requests below _MIN_LARGE_ALLOC
+_MIN_LARGE_ALLOC = 10 * _MiB  # large requests from here on get a segment of their own
+_ROUND_LARGE = 2 * _MiB  # rounding of such own segments
+_SMALL_MIN_SPLIT = _ROUND  # small pool: split off any leftover of at least this size
+_LARGE_MIN_SPLIT = _SMALL_LIMIT + 1  # large pool: split only if more than 1 MiB is left
+
+
+def _env_int(name: str, default: int) -> int:
+    text = os.environ.get(name)
+    if text is None or text == "":
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise DTensorError(f"environment variable {name}={text!r} is not an integer") from None
+    if value < 0:
+        raise DTensorError(f"environment variable {name}={text!r} must be >= 0")
+    return value
+
+
+def _env_caching() -> bool:
+    mode = os.environ.get("DTENSOR_ALLOCATOR", "").strip().lower()
+    if mode not in ("", "caching", "nocache"):
+        raise DTensorError(
+            f"environment variable DTENSOR_ALLOCATOR={mode!r} is not one of 'caching', 'nocache'"
+        )
+    return mode != "nocache"
+
+
+#: Requests (in bytes) below this size bypass the pool and use ``numpy.empty``.
+POOL_MIN_BYTES: int = _env_int("DTENSOR_POOL_MIN_BYTES", 4096)
+
+
+class _Segment:
+    """One ``numpy.empty`` buffer, carved into a linked list of spans."""
+
+    __slots__ = ("address", "buffer", "first", "pool", "size")
+
+    def __init__(self, size: int, pool: _Pool | None) -> None:
+        self.buffer = np.empty(size + _ALIGN, np.uint8)
+        base = self.buffer.ctypes.data
+        self.address = base + (-base) % _ALIGN
+        self.size = size
+        self.pool = pool
+        # The lowest span of a segment is never absorbed by a merge (merges keep the
+        # lower span), so it stays the head of the list for the segment's lifetime.
+        self.first = _Span(self, self.address, size)
+
+
+class _Span:
+    """A contiguous range of a segment: the allocator's record of one block."""
+
+    __slots__ = ("address", "allocated", "next", "prev", "requested", "segment", "size")
+
+    def __init__(self, segment: _Segment, address: int, size: int) -> None:
+        self.segment = segment
+        self.address = address
+        self.size = size
+        self.requested = 0
+        self.allocated = False
+        self.prev: _Span | None = None
+        self.next: _Span | None = None
+
+
+class _Pool:
+    """Free spans of one pool, binned by exact size, with a sorted list of the sizes."""
+
+    __slots__ = ("bins", "min_split", "name", "sizes")
+
+    def __init__(self, name: str, min_split: int) -> None:
+        self.name = name
+        self.min_split = min_split
+        self.sizes: list[int] = []  # sorted sizes that have at least one free span
+        self.bins: dict[int, dict[_Span, None]] = {}  # size -> free spans (ordered set)
+
+    def segment_size(self, size: int) -> int:
+        if self.name == "small":
+            return _SMALL_SEGMENT
+        if size < _MIN_LARGE_ALLOC:
+            return _LARGE_SEGMENT
+        return -(-size // _ROUND_LARGE) * _ROUND_LARGE
+
+    def take(self, size: int) -> _Span | None:
+        """Remove and return the best-fitting free span of at least ``size`` bytes."""
+        key = size
+        spans = self.bins.get(key)
+        if spans is None:
+            i = bisect_left(self.sizes, size)
+            if i == len(self.sizes):
+                return None
+            key = self.sizes[i]
+            spans = self.bins[key]
+        span = spans.popitem()[0]
+        if not spans:
+            del self.bins[key]
+            del self.sizes[bisect_left(self.sizes, key)]
+        return span
+
+    def put(self, span: _Span) -> None:
+        spans = self.bins.get(span.size)
+        if spans is None:
+            spans = self.bins[span.size] = {}
+            insort(self.sizes, span.size)
+        spans[span] = None
+
+    def remove(self, span: _Span) -> None:
+        spans = self.bins[span.size]
+        del spans[span]
+        if not spans:
+            del self.bins[span.size]
+            del self.sizes[bisect_left(self.sizes, span.size)]
+
+
+class Block:
+    """One live allocation: the memory owner at the end of a pooled array's base chain.
+
+    ``numpy.asarray(block)`` is a zero-copy 1-D uint8 array of ``nbytes`` bytes whose
+    ``base`` is the block. The memory goes back to :attr:`allocator` when the block
+    object dies.
+
+    Attributes
+    ----------
+    allocator : CPUAllocator
+        The allocator that made this block.
+    nbytes : int
+        The requested size in bytes (the pool may reserve a little more).
+    address : int
+        Address of the first byte (64-byte aligned).
+    """
+
+    __slots__ = ("_span", "address", "allocator", "nbytes")
+
+    def __init__(self, allocator: CPUAllocator, span: _Span, nbytes: int) -> None:
+        self.allocator = allocator
+        self.nbytes = nbytes
+        self.address = span.address
+        self._span = span
+
+    @property
+    def __array_interface__(self) -> dict[str, Any]:
+        return {
+            "shape": (self.nbytes,),
+            "typestr": "|u1",
+            "data": (self.address, False),
+            "version": 3,
+        }
+
+    def __del__(self) -> None:
+        self.allocator._release(self._span)
+
+    def __repr__(self) -> str:
+        return f"Block(address={self.address:#x}, nbytes={self.nbytes})"
+
+
+class CPUAllocator:
+    """Caching allocator of 64-byte-aligned host memory (see the module docstring).
+
+    Parameters
+    ----------
+    caching : bool
+        ``False`` gives every allocation a fresh segment and releases it on free
+        (the ``DTENSOR_ALLOCATOR=nocache`` mode).
+
+    Notes
+    -----
+    All methods are thread-safe. Blocks are freed by their handles dying, never by an
+    explicit call.
+    """
+
+    device = "cpu"
+
+    def __init__(self, caching: bool = True) -> None:
+        self.caching = caching
+        self._small = _Pool("small", _SMALL_MIN_SPLIT)
+        self._large = _Pool("large", _LARGE_MIN_SPLIT)
+        self._segments: dict[int, _Segment] = {}  # address -> segment
+        self._lock = threading.Lock()
+        self._ident = threading.get_ident  # bound here: usable while modules are torn down
+        self._owner: int | None = None  # thread id holding the lock
+        self._pending: list[_Span] = []  # frees deferred by a re-entrant garbage collection
+        self._allocated = self._requested = self._reserved = 0
+        self._peak_allocated = self._peak_reserved = 0
+        self._active = self._num_allocs = self._num_frees = 0
+        self._hits = self._misses = self._splits = self._merges = 0
+        self._segment_allocs = self._segment_frees = 0
+
+    def allocate(self, nbytes: int) -> Block:
+        """Return a block of at least ``nbytes`` bytes. **Local**, thread-safe.
+
+        Parameters
+        ----------
+        nbytes : int
+            Requested size in bytes (0 is allowed).
+
+        Returns
+        -------
+        Block
+            The handle; the memory returns to the pool when it dies.
+        """
+        size = max(-(-nbytes // _ROUND) * _ROUND, _ROUND)
+        self._acquire()
+        try:
+            span = self._take(size)
+            span.allocated = True
+            span.requested = nbytes
+            self._num_allocs += 1
+            self._active += 1
+            self._requested += nbytes
+            self._allocated += span.size
+            self._peak_allocated = max(self._peak_allocated, self._allocated)
+            return Block(self, span, nbytes)
+        finally:
+            self._unlock()
+
+    # Every critical section runs between _acquire and _unlock, which record the holding
+    # thread (see _release) and apply the frees deferred while it was held.
+    def _acquire(self) -> None:
+        self._lock.acquire()
+        self._owner = self._ident()
+
+    def _unlock(self) -> None:
+        while self._pending:
+            self._free(self._pending.pop())
+        self._owner = None
+        self._lock.release()
+
+    def _take(self, size: int) -> _Span:
+        if not self.caching:
+            self._misses += 1
+            return self._new_segment(size, None).first
+        pool = self._small if size <= _SMALL_LIMIT else self._large
+        span = pool.take(size)
+        if span is None:
+            self._misses += 1
+            span = self._new_segment(pool.segment_size(size), pool).first
+        else:
+            self._hits += 1
+        rest = span.size - size
+        if rest >= pool.min_split:
+            tail = _Span(span.segment, span.address + size, rest)
+            tail.prev = span
+            tail.next = span.next
+            if span.next is not None:
+                span.next.prev = tail
+            span.next = tail
+            span.size = size
+            pool.put(tail)
+            self._splits += 1
+        return span
+
+    def _new_segment(self, size: int, pool: _Pool | None) -> _Segment:
+        try:
+            segment = _Segment(size, pool)
+        except MemoryError:
+            self._release_free_segments()
+            segment = _Segment(size, pool)
+        self._segments[segment.address] = segment
+        self._segment_allocs += 1
+        self._reserved += size
+        self._peak_reserved = max(self._peak_reserved, self._reserved)
+        return segment
+
+    def _drop_segment(self, segment: _Segment) -> None:
+        segment.first = None  # break the segment <-> span cycle: the memory goes now, not at gc
+        del self._segments[segment.address]
+        self._segment_frees += 1
+        self._reserved -= segment.size
+
+    def _release(self, span: _Span) -> None:
+        """Free ``span`` (called by a dying :class:`Block`, from any thread)."""
+        if self._owner == self._ident():
+            # A garbage collection inside our own critical section: the holder frees it.
+            self._pending.append(span)
+            return
+        self._acquire()
+        try:
+            self._free(span)
+        finally:
+            self._unlock()
+
+    def _free(self, span: _Span) -> None:
+        span.allocated = False
+        self._num_frees += 1
+        self._active -= 1
+        self._requested -= span.requested
+        self._allocated -= span.size
+        segment = span.segment
+        pool = segment.pool
+        if pool is None:  # nocache: the segment held exactly this span
+            self._drop_segment(segment)
+            return
+        nxt = span.next
+        if nxt is not None and not nxt.allocated:
+            pool.remove(nxt)
+            self._absorb(span, nxt)
+        prv = span.prev
+        if prv is not None and not prv.allocated:
+            pool.remove(prv)
+            self._absorb(prv, span)
+            span = prv
+        pool.put(span)
+
+    def _absorb(self, low: _Span, high: _Span) -> None:
+        low.size += high.size
+        low.next = high.next
+        if high.next is not None:
+            high.next.prev = low
+        self._merges += 1
+
+    def _release_free_segments(self) -> None:
+        for segment in list(self._segments.values()):
+            first = segment.first
+            if not first.allocated and first.size == segment.size:
+                segment.pool.remove(first)
+                self._drop_segment(segment)
+
+    def empty_cache(self) -> None:
+        """Release every segment whose memory is entirely free. **Local**."""
+        self._acquire()
+        try:
+            self._release_free_segments()
+        finally:
+            self._unlock()
+
+    def reset_peak_stats(self) -> None:
+        """Set the peak statistics to the current values. **Local**."""
+        self._acquire()
+        try:
+            self._peak_allocated = self._allocated
+            self._peak_reserved = self._reserved
+        finally:
+            self._unlock()
+
+    def stats(self) -> dict[str, int]:
+        """Counters of this allocator as a flat dict (see :func:`memory_stats`). **Local**."""
+        self._acquire()
+        try:
+            free_blocks = sum(
+                len(spans) for pool in (self._small, self._large) for spans in pool.bins.values()
+            )
+            return {
+                "allocated_bytes": self._allocated,
+                "requested_bytes": self._requested,
+                "reserved_bytes": self._reserved,
+                "peak_allocated_bytes": self._peak_allocated,
+                "peak_reserved_bytes": self._peak_reserved,
+                "active_blocks": self._active,
+                "free_blocks": free_blocks,
+                "num_allocs": self._num_allocs,
+                "num_frees": self._num_frees,
+                "cache_hits": self._hits,
+                "cache_misses": self._misses,
+                "num_splits": self._splits,
+                "num_merges": self._merges,
+                "num_segments": len(self._segments),
+                "num_segment_allocs": self._segment_allocs,
+                "num_segment_frees": self._segment_frees,
+            }
+        finally:
+            self._unlock()
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        """Segments and their blocks, by address (see :func:`memory_snapshot`). **Local**."""
+        self._acquire()
+        try:
+            out = []
+            for address in sorted(self._segments):
+                segment = self._segments[address]
+                blocks = []
+                span = segment.first
+                while span is not None:
+                    blocks.append(
+                        {
+                            "address": span.address,
+                            "size": span.size,
+                            "requested_size": span.requested if span.allocated else 0,
+                            "state": "allocated" if span.allocated else "free",
+                        }
+                    )
+                    span = span.next
+                pool = "nocache" if segment.pool is None else segment.pool.name
+                out.append(
+                    {"address": address, "size": segment.size, "pool": pool, "blocks": blocks}
+                )
+            return out
+        finally:
+            self._unlock()
+
+
+_CPU = CPUAllocator(caching=_env_caching())
+
+
+def _cuda_index(device: Any) -> int | None:
+    """None for 'cpu', else the CUDA device index (-1: current device); raises otherwise."""
+    name = str(device)
+    if name == "cpu":
+        return None
+    if name == "cuda":
+        return -1
+    if name.startswith("cuda:") and name[5:].isdigit():
+        return int(name[5:])
+    raise DTensorError(f"unknown device {device!r}: expected 'cpu', 'cuda' or 'cuda:N'")
+
+
+def _cupy() -> Any:
+    try:
+        import cupy  # optional dependency ([gpu] extra): imported only when a GPU is asked for
+    except ImportError as exc:
+        raise ImportError("device 'cuda' needs cupy: pip install 'dtensor[gpu]'") from exc
+    return cupy
+
+
+_cuda_peak = 0  # peak of cupy's used_bytes, as far as it was observed
+
+
+def empty_array(shape: Any, dtype: Any, device: Any = "cpu") -> Any:
+    """Return an uninitialised C-contiguous array from the caching allocator. **Local**.
+
+    Parameters
+    ----------
+    shape : int or sequence of int
+        Shape of the array.
+    dtype : dtype-like
+        Element type.
+    device : str
+        ``"cpu"`` (numpy, pooled) or ``"cuda"`` / ``"cuda:N"`` (``cupy.empty``).
+
+    Returns
+    -------
+    numpy.ndarray or cupy.ndarray
+        On CPU, an array whose base chain ends at a :class:`Block` of the default
+        allocator, or a plain ``numpy.empty`` array for requests smaller than
+        :data:`POOL_MIN_BYTES` and for object dtypes.
+    """
+    if device != "cpu":
+        index = _cuda_index(device)
+        if index is not None:
+            return _cuda_empty(shape, dtype, index)
+    dtype = np.dtype(dtype)
+    try:
+        shape = tuple(map(operator.index, shape))
+    except TypeError:
+        shape = (operator.index(shape),)
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes < POOL_MIN_BYTES or dtype.hasobject or min(shape, default=0) < 0:
+        return np.empty(shape, dtype)  # numpy raises for negative dimensions
+    return np.asarray(_CPU.allocate(nbytes)).view(dtype).reshape(shape)
+
+
+def _cuda_empty(shape: Any, dtype: Any, index: int) -> Any:
+    global _cuda_peak
+    cp = _cupy()
+    with cp.cuda.Device(None if index < 0 else index):
+        out = cp.empty(shape, dtype)
+    _cuda_peak = max(_cuda_peak, cp.get_default_memory_pool().used_bytes())
+    return out
+
+
+def memory_stats(device: Any = "cpu") -> dict[str, int]:
+    """Allocator statistics of ``device`` as a flat dict. **Local**.
+
+    Parameters
+    ----------
+    device : str
+        ``"cpu"`` (the caching allocator) or ``"cuda"`` (cupy's default memory pool).
+
+    Returns
+    -------
+    dict
+        ``allocated_bytes`` (live blocks, rounded sizes), ``requested_bytes`` (live
+        blocks, as asked), ``reserved_bytes`` (all segments), ``peak_allocated_bytes``,
+        ``peak_reserved_bytes``, ``active_blocks``, ``free_blocks`` (cached),
+        ``num_allocs``, ``num_frees``, ``cache_hits``, ``cache_misses`` (a new segment was
+        needed), ``num_splits``, ``num_merges``, ``num_segments``, ``num_segment_allocs``,
+        ``num_segment_frees``. Pool-bypassing small requests (below
+        :data:`POOL_MIN_BYTES`) are not counted.
+
+        On CUDA: ``allocated_bytes`` is cupy's ``used_bytes``, ``reserved_bytes`` its
+        ``total_bytes``, ``free_blocks`` its ``n_free_blocks``, and the peaks are the
+        largest values seen by dtensor's allocations and stats calls; counters cupy does
+        not keep are 0.
+    """
+    if _cuda_index(device) is None:
+        return _CPU.stats()
+    global _cuda_peak
+    pool = _cupy().get_default_memory_pool()
+    used, total = pool.used_bytes(), pool.total_bytes()
+    _cuda_peak = max(_cuda_peak, used)
+    stats = dict.fromkeys(_CPU.stats(), 0)
+    stats.update(
+        allocated_bytes=used,
+        requested_bytes=used,
+        reserved_bytes=total,
+        peak_allocated_bytes=_cuda_peak,
+        peak_reserved_bytes=max(total, _cuda_peak),
+        free_blocks=pool.n_free_blocks(),
+    )
+    return stats
+
+
+def memory_snapshot(device: Any = "cpu") -> list[dict[str, Any]]:
+    """The allocator's segments and blocks, to diagnose fragmentation. **Local**.
+
+    Parameters
+    ----------
+    device : str
+        ``"cpu"`` or ``"cuda"``.
+
+    Returns
+    -------
+    list of dict
+        One dict per segment, by address: ``address``, ``size``, ``pool`` (``"small"``,
+        ``"large"`` or ``"nocache"``) and ``blocks``, a list of dicts with ``address``,
+        ``size``, ``requested_size`` and ``state`` (``"allocated"`` or ``"free"``).
+        On CUDA the list is empty: cupy's pool does not expose its blocks.
+    """
+    if _cuda_index(device) is None:
+        return _CPU.snapshot()
+    return []
+
+
+def empty_cache(device: Any = "cpu") -> None:
+    """Release cached memory that no live block uses. **Local**.
+
+    On CPU, every segment whose memory is entirely free goes back to numpy; on CUDA,
+    cupy's ``free_all_blocks`` is called.
+    """
+    if _cuda_index(device) is None:
+        _CPU.empty_cache()
+    else:
+        _cupy().get_default_memory_pool().free_all_blocks()
+
+
+def reset_peak_memory_stats(device: Any = "cpu") -> None:
+    """Set ``peak_allocated_bytes`` and ``peak_reserved_bytes`` to the current values. **Local**."""
+    global _cuda_peak
+    if _cuda_index(device) is None:
+        _CPU.reset_peak_stats()
+    else:
+        _cuda_peak = _cupy().get_default_memory_pool().used_bytes()

@@ -1,0 +1,325 @@
+"""Shared machinery of the local math kernels.
+
+This module owns what every kernel family (pointwise, reductions, linear algebra, nn)
+needs: PyTorch's type promotion (dimensioned tensors, zero-dim tensors and python scalars
+in three priority tiers), turning arguments into arrays, dim normalisation, broadcast
+shapes, the allocation of outputs, ``out=`` / in-place validation and the wording of
+errors. Kernels are written against an array module ``xp`` taken from their inputs
+(numpy, or cupy on a GPU).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+
+from . import _allocator, _dtypes
+from ._backend import array_module_of, device_of, is_array
+from ._tensor import Tensor, _check_no_internal_overlap, _norm_dim, _wrap
+from .errors import DTypeError, ShardingError
+
+# Note: PyTorch never warns when a kernel produces inf or nan (1 / 0, log(0), overflow);
+# numpy does. The kernels of these modules follow PyTorch: numpy's floating-point
+# RuntimeWarnings raised from them are silenced (results are unchanged).
+warnings.filterwarnings(
+    "ignore", message=".*encountered in", category=RuntimeWarning, module=r"dtensor\._math"
+)
+
+BOOL = np.dtype(np.bool_)
+INT64 = np.dtype(np.int64)
+FLOAT32 = np.dtype(np.float32)
+FLOAT16 = np.dtype(np.float16)
+
+# Dtype categories of PyTorch's promotion: bool < integer < floating < complex.
+_CATEGORY = {"b": 0, "u": 1, "i": 1, "f": 2, "c": 3}
+# Python scalar types (numpy scalars are treated as python scalars of their kind).
+SCALAR_TYPES = (bool, int, float, complex, np.generic)
+# What ops that accept python scalars take.
+TensorLike = Tensor | bool | int | float | complex
+
+_TORCH_NAMES = {
+    "bool": "Bool",
+    "uint8": "Byte",
+    "int8": "Char",
+    "int16": "Short",
+    "int32": "Int",
+    "int64": "Long",
+    "float16": "Half",
+    "float32": "Float",
+    "float64": "Double",
+    "complex64": "ComplexFloat",
+    "complex128": "ComplexDouble",
+}
+
+
+def tname(dtype) -> str:
+    """PyTorch's name of a dtype (``Float``, ``Long``...), for error messages."""
+    return _TORCH_NAMES.get(dtype.name, dtype.name)
+
+
+_PROMOTED: dict = {}
+
+
+def promote_types(d1, d2):
+    """PyTorch's ``promote_types``; ``None`` stands for "no operand yet".
+
+    Within one category numpy's table is PyTorch's; across categories the higher category
+    wins (``int64`` with ``float16`` gives ``float16``, where numpy gives ``float64``),
+    except float with complex, which widens the complex type as numpy does.
+    """
+    if d1 is None or d1 == d2:
+        return d2
+    if d2 is None:
+        return d1
+    key = (d1, d2)
+    out = _PROMOTED.get(key)
+    if out is None:
+        c1, c2 = _CATEGORY[d1.kind], _CATEGORY[d2.kind]
+        if c1 == c2 or min(c1, c2) >= 2:
+            out = np.promote_types(d1, d2)
+        else:
+            out = d1 if c1 > c2 else d2
+        _PROMOTED[key] = out
+    return out
+
+
+def scalar_dtype(value):
+    """Dtype of a python scalar as a "wrapped number" in PyTorch's promotion.
+
+    bool -> bool, int -> int64, float -> the default float dtype, complex -> the default
+    complex dtype.
+    """
+    if isinstance(value, (bool, np.bool_)):
+        return BOOL
+    if isinstance(value, (int, np.integer)):
+        return INT64
+    if isinstance(value, (float, np.floating)):
+        return _dtypes.get_default_dtype()
+    if isinstance(value, (complex, np.complexfloating)):
+        return _dtypes.default_complex_dtype()
+    raise DTypeError(f"unsupported scalar {value!r} of type {type(value).__name__}")
+
+
+def _combine(higher, lower):
+    """Combine two promotion tiers (PyTorch's ``combine_categories``)."""
+    if higher is None:
+        return lower
+    if lower is None:
+        return higher
+    ch, cl = _CATEGORY[higher.kind], _CATEGORY[lower.kind]
+    if ch == 3:
+        return higher
+    if cl == 3:
+        return promote_types(higher, lower) if ch == 2 else lower
+    if ch == 2:
+        return higher
+    if ch == 0 or cl == 2:
+        return promote_types(higher, lower)
+    return higher
+
+
+def result_type(*operands):
+    """PyTorch's result dtype of operands (arrays or python scalars).
+
+    Dimensioned arrays decide; a zero-dim array or a python scalar only matters when its
+    category (bool < integer < floating < complex) is higher: ``float32`` array with a
+    python float gives ``float32``, ``int64`` array with a python float gives the default
+    float dtype, ``int32`` array with a python int gives ``int32``.
+    """
+    # Note: numpy (NEP 50) also treats python scalars as weak, but gives int64 + 2.5 ->
+    # float64, int + float tensors -> float64 and uint64 + int64 -> float64; PyTorch's table
+    # is followed here (the default float dtype, the float tensor's dtype). numpy scalars
+    # (np.float64(2.5)) count as python scalars of their kind.
+    dim = zero = wrapped = None
+    for o in operands:
+        if isinstance(o, SCALAR_TYPES):
+            wrapped = promote_types(wrapped, scalar_dtype(o))
+        elif o.ndim:
+            dim = promote_types(dim, o.dtype)
+        else:
+            zero = promote_types(zero, o.dtype)
+    return _combine(dim, _combine(zero, wrapped))
+
+
+def can_cast(src, dst) -> bool:
+    """PyTorch's ``canCast``: no complex->real, float->integral or non-bool->bool."""
+    return _CATEGORY[src.kind] <= _CATEGORY[dst.kind]
+
+
+def float_dtype(dtype):
+    """``dtype`` when floating or complex, else the default float dtype (int -> float ops)."""
+    return dtype if dtype.kind in "fc" else _dtypes.get_default_dtype()
+
+
+def real_dtype(dtype):
+    """The real dtype of ``dtype`` (``float32`` for ``complex64``; real dtypes unchanged)."""
+    return np.finfo(dtype).dtype if dtype.kind == "c" else dtype
+
+
+def acc_dtype(dtype):
+    """Accumulation dtype of sums and normalisations: float16 accumulates in float32."""
+    # Note: like PyTorch on CPU, float16 reductions accumulate in float32 (numpy would
+    # accumulate in float16).
+    return FLOAT32 if dtype == FLOAT16 else dtype
+
+
+class OperandTypeError(DTypeError):
+    """An argument that is neither a Tensor, an array nor (where allowed) a python scalar.
+
+    Operators catch it to return NotImplemented, so that python tries the other operand.
+    """
+
+
+def as_array(op: str, x):
+    """The array of a Tensor (a numpy/cupy ndarray passes through)."""
+    try:
+        return x._arr
+    except AttributeError:
+        if is_array(x):
+            return x
+        raise OperandTypeError(f"{op}: expected a Tensor, got {type(x).__name__}") from None
+
+
+def operand(op: str, x):
+    """The array of a Tensor, or a python scalar as is (for ops that accept scalars)."""
+    if isinstance(x, SCALAR_TYPES):
+        return x
+    return as_array(op, x)
+
+
+def cast_scalar(value, dtype):
+    """A python scalar as a numpy scalar of ``dtype``, wrapping integers like a C cast.
+
+    PyTorch casts a wrapped number to the computation dtype (``uint8 tensor - 1`` wraps
+    to 255), where numpy raises OverflowError.
+    """
+    # Note: numpy raises OverflowError for an out-of-range python int (uint8 tensor - 1);
+    # PyTorch wraps it like a C cast, as done here.
+    try:
+        return dtype.type(value)
+    except OverflowError:
+        return np.asarray(value).astype(dtype)[()]
+
+
+def cast(x, dtype):
+    """An operand (array or python scalar) in ``dtype``; arrays are copied only if needed."""
+    if isinstance(x, SCALAR_TYPES):
+        return cast_scalar(x, dtype)
+    return x if x.dtype == dtype else x.astype(dtype)
+
+
+def broadcast_shapes(op: str, *shapes) -> tuple:
+    """Broadcast shape of ``shapes``; raises ShardingError naming ``op`` and the shapes."""
+    ndim = max(len(s) for s in shapes)
+    out = [1] * ndim
+    for s in shapes:
+        for i, n in enumerate(s, ndim - len(s)):
+            if n != 1:
+                if out[i] == 1:
+                    out[i] = n
+                elif out[i] != n:
+                    listed = " and ".join(str(tuple(t)) for t in shapes)
+                    raise ShardingError(
+                        f"{op}: shapes {listed} do not broadcast (size {out[i]} vs {n} "
+                        f"at dimension {i - ndim})"
+                    )
+    return tuple(out)
+
+
+def shape_of(x) -> tuple:
+    """Shape of an operand (``()`` for a python scalar)."""
+    return () if isinstance(x, SCALAR_TYPES) else x.shape
+
+
+def wrap(r) -> Tensor:
+    """Wrap a kernel result (numpy turns 0-d results into scalars; they become 0-d arrays)."""
+    if isinstance(r, np.generic):
+        r = np.asarray(r)
+    return _wrap(r)
+
+
+def norm_dims(op: str, dim, ndim: int):
+    """Normalise a reduction's ``dim`` argument to a tuple of axes, or None for all dims.
+
+    ``dim`` is None, an int, or a sequence of ints. A repeated dim raises ShardingError.
+    """
+    if dim is None:
+        return None
+    if isinstance(dim, (int, np.integer)):
+        axes = (_norm_dim(dim, ndim),)
+    else:
+        axes = tuple(_norm_dim(d, ndim) for d in dim)
+        if len(set(axes)) != len(axes):
+            raise ShardingError(f"{op}: dim {list(dim)} has a dim that appears multiple times")
+        # Note: like PyTorch, an empty dim list reduces over every dim.
+        if not axes:
+            return None
+    # A 0-d tensor has nothing to reduce over; its dims 0/-1 mean "the whole tensor".
+    return axes if ndim else None
+
+
+def reduced_shape(shape: tuple, axes, keepdim: bool) -> tuple:
+    """Shape of a reduction of ``shape`` over ``axes`` (None: all)."""
+    if axes is None:
+        return (1,) * len(shape) if keepdim else ()
+    if keepdim:
+        return tuple(1 if i in axes else n for i, n in enumerate(shape))
+    return tuple(n for i, n in enumerate(shape) if i not in axes)
+
+
+def new_array(shape: tuple, dtype, like):
+    """A fresh uninitialised array on ``like``'s device, from the caching allocator."""
+    return _allocator.empty_array(shape, dtype, device_of(like))
+
+
+def out_buffer(shape: tuple, dtype, like):
+    """Output buffer for a kernel that writes every element, passed as ``out=``.
+
+    The one place that decides how outputs are allocated: outputs of at least
+    ``_allocator.POOL_MIN_BYTES`` come from the caching allocator; smaller ones return
+    None so that the array module allocates them itself (its small-block cache is faster).
+    """
+    if math.prod(shape) * dtype.itemsize < _allocator.POOL_MIN_BYTES:
+        return None
+    return new_array(shape, dtype, like)
+
+
+def check_out(op: str, out, shape: tuple, dtype):
+    """Validate an ``out=`` tensor (or an in-place op's self) before anything is written.
+
+    Its shape must be the result shape, the result dtype must be castable to its dtype
+    (PyTorch's rule) and no two of its elements may share memory. Returns its array.
+    """
+    arr = as_array(op, out)
+    # Note: PyTorch resizes a wrongly shaped ``out=`` tensor (with a warning); here the
+    # shape must match exactly, as for in-place ops.
+    if arr.shape != tuple(shape):
+        raise ShardingError(
+            f"{op}: output with shape {list(arr.shape)} doesn't match the broadcast shape "
+            f"{list(shape)}"
+        )
+    if not can_cast(dtype, arr.dtype):
+        raise DTypeError(
+            f"{op}: result type {tname(dtype)} can't be cast to the desired output type "
+            f"{tname(arr.dtype)}"
+        )
+    _check_no_internal_overlap(arr, op)
+    return arr
+
+
+def xp_of(*operands):
+    """Array module (numpy or cupy) of the first array among ``operands``."""
+    for x in operands:
+        if not isinstance(x, SCALAR_TYPES):
+            return array_module_of(x)
+    return np
+
+
+def copy_to(out, a):
+    """``a`` copied into ``out`` (or a fresh contiguous copy when ``out`` is None)."""
+    if out is None:
+        out = new_array(a.shape, a.dtype, a)
+    xp_of(a).copyto(out, a)
+    return out

@@ -1,0 +1,387 @@
+"""Neural-network local kernels: softmax, log_softmax, layer_norm, embedding, cross_entropy,
+dropout and mse_loss.
+
+All are **Local** plain functions with the names and arguments of
+``torch.nn.functional``. Softmax-like kernels subtract the maximum first (numerically
+stable); float16 inputs compute in float32 and return float16.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _random
+from ._dtypes import to_dtype
+from ._math_base import (
+    FLOAT32,
+    acc_dtype,
+    as_array,
+    broadcast_shapes,
+    new_array,
+    out_buffer,
+    promote_types,
+    tname,
+    wrap,
+    xp_of,
+)
+from ._tensor import Tensor, _norm_dim
+from .errors import DTypeError, ShardingError
+
+_REDUCTIONS = ("none", "mean", "sum")
+
+
+def _float_input(op: str, input, dtype=None):
+    """The input array (cast to ``dtype`` if given); it must be floating."""
+    a = as_array(op, input)
+    if dtype is not None:
+        a = a.astype(to_dtype(dtype), copy=False)
+    if a.dtype.kind != "f":
+        raise DTypeError(f"{op}: expected a floating point tensor, got {tname(a.dtype)}")
+    return a
+
+
+def _log_softmax_arr(a, d):
+    """log_softmax of array ``a`` along axis ``d``, in ``acc_dtype(a.dtype)``."""
+    xp = xp_of(a)
+    m = xp.max(a, axis=d, keepdims=True)
+    z = xp.subtract(a, m, dtype=acc_dtype(a.dtype))
+    z -= xp.log(xp.sum(xp.exp(z), axis=d, keepdims=True))
+    return z
+
+
+def _softmax_axis(a, dim):
+    """(array, axis) for a softmax along ``dim``; a 0-d input is seen as shape (1,)."""
+    d = _norm_dim(dim, a.ndim)
+    return (a.reshape(1), 0) if a.ndim == 0 else (a, d)
+
+
+def softmax(input: Tensor, dim: int, dtype=None) -> Tensor:
+    """``exp(x) / sum(exp(x))`` along ``dim``, computed stably. **Local**.
+
+    Parameters
+    ----------
+    input : Tensor
+        Floating tensor (or pass ``dtype``).
+    dim : int
+    dtype : dtype, optional
+        Cast the input to this dtype first.
+
+    Returns
+    -------
+    Tensor
+        NaN along slices that are all ``-inf``.
+    """
+    a = _float_input("softmax", input, dtype)
+    x, d = _softmax_axis(a, dim)
+    xp = xp_of(x)
+    if x.size == 0:
+        return wrap(new_array(a.shape, a.dtype, a))
+    m = xp.max(x, axis=d, keepdims=True)
+    o = out_buffer(x.shape, a.dtype, x) if acc_dtype(a.dtype) == a.dtype else None
+    e = xp.subtract(x, m, out=o, dtype=acc_dtype(a.dtype))
+    xp.exp(e, out=e)
+    e /= xp.sum(e, axis=d, keepdims=True)
+    return wrap(e.astype(a.dtype, copy=False).reshape(a.shape))
+
+
+def log_softmax(input: Tensor, dim: int, dtype=None) -> Tensor:
+    """``x - log(sum(exp(x)))`` along ``dim``, computed stably. **Local**.
+
+    Parameters
+    ----------
+    input : Tensor
+        Floating tensor (or pass ``dtype``).
+    dim : int
+    dtype : dtype, optional
+        Cast the input to this dtype first.
+
+    Returns
+    -------
+    Tensor
+    """
+    a = _float_input("log_softmax", input, dtype)
+    x, d = _softmax_axis(a, dim)
+    if x.size == 0:
+        return wrap(new_array(a.shape, a.dtype, a))
+    return wrap(_log_softmax_arr(x, d).astype(a.dtype, copy=False).reshape(a.shape))
+
+
+def layer_norm(
+    input: Tensor,
+    normalized_shape,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    eps: float = 1e-5,
+) -> Tensor:
+    """Normalise over the trailing ``normalized_shape`` dims, then scale and shift. **Local**.
+
+    ``(x - mean) / sqrt(var + eps) * weight + bias`` with the biased variance.
+
+    Parameters
+    ----------
+    input : Tensor
+        Floating, of shape ``(*, *normalized_shape)``.
+    normalized_shape : int or sequence of int
+    weight, bias : Tensor, optional
+        Of shape ``normalized_shape``.
+    eps : float
+
+    Returns
+    -------
+    Tensor
+    """
+    a = _float_input("layer_norm", input)
+    ns = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    k = len(ns)
+    if not k or a.ndim < k or tuple(a.shape[a.ndim - k:]) != ns:
+        raise ShardingError(
+            f"layer_norm: given normalized_shape={list(ns)}, expected input with shape "
+            f"[*, {', '.join(map(str, ns))}], but got input of size {list(a.shape)}"
+        )
+    xp = xp_of(a)
+    axes = tuple(range(a.ndim - k, a.ndim))
+    acc = acc_dtype(a.dtype)
+    c = xp.subtract(a, xp.mean(a, axis=axes, keepdims=True, dtype=acc), dtype=acc)
+    var = xp.mean(c * c, axis=axes, keepdims=True)
+    var += acc.type(eps)
+    c /= xp.sqrt(var, out=var)
+    if weight is not None:
+        c *= _affine_param("weight", weight, ns)
+    if bias is not None:
+        c += _affine_param("bias", bias, ns)
+    return wrap(c.astype(a.dtype, copy=False))
+
+
+def _affine_param(name: str, p, ns: tuple):
+    arr = as_array("layer_norm", p)
+    if tuple(arr.shape) != ns:
+        raise ShardingError(
+            f"layer_norm: {name} of shape {list(arr.shape)} does not match normalized_shape "
+            f"{list(ns)}"
+        )
+    return arr
+
+
+def embedding(input: Tensor, weight: Tensor, padding_idx=None) -> Tensor:
+    """Rows of ``weight`` selected by the integer tensor ``input``. **Local**.
+
+    Parameters
+    ----------
+    input : Tensor
+        Integer indices in ``[0, num_embeddings)``, any shape.
+    weight : Tensor
+        ``(num_embeddings, embedding_dim)``.
+    padding_idx : int, optional
+        Accepted for compatibility (it only matters for gradients); validated.
+
+    Returns
+    -------
+    Tensor
+        ``input.shape + (embedding_dim,)``.
+
+    Raises
+    ------
+    IndexError
+        For an index out of range.
+    """
+    idx, w = as_array("embedding", input), as_array("embedding", weight)
+    if idx.dtype.kind not in "iu":
+        raise DTypeError(
+            f"embedding: expected indices of an integer dtype (Long, Int), got {tname(idx.dtype)}"
+        )
+    if w.ndim != 2:
+        raise ShardingError(f"embedding: weight must be 2-D, got {w.ndim}-D")
+    n = w.shape[0]
+    if padding_idx is not None and not -n <= padding_idx < n:
+        raise IndexError(f"embedding: padding_idx {padding_idx} must be within num_embeddings {n}")
+    xp = xp_of(w)
+    if idx.size:
+        lo, hi = int(xp.min(idx)), int(xp.max(idx))
+        if lo < 0 or hi >= n:
+            raise IndexError(
+                f"embedding: index {lo if lo < 0 else hi} out of range in self "
+                f"(num_embeddings {n})"
+            )
+    o = new_array(tuple(idx.shape) + (w.shape[1],), w.dtype, w)
+    return wrap(xp.take(w, idx, axis=0, out=o))
+
+
+def _check_reduction(op: str, reduction: str) -> None:
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"{op}: {reduction!r} is not a valid value for reduction")
+
+
+def cross_entropy(
+    input: Tensor,
+    target: Tensor,
+    weight: Tensor | None = None,
+    *,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+) -> Tensor:
+    """Cross-entropy loss between logits and class indices or class probabilities. **Local**.
+
+    Parameters
+    ----------
+    input : Tensor
+        Logits ``(C,)``, ``(N, C)`` or ``(N, C, d1, ...)`` (class dim 1, or 0 when 1-D).
+    target : Tensor
+        Class indices (integer, shape of ``input`` without the class dim; entries equal
+        to ``ignore_index`` are skipped) or class probabilities (floating, shape of
+        ``input``).
+    weight : Tensor, optional
+        Per-class weights ``(C,)``.
+    ignore_index : int
+    reduction : {'mean', 'sum', 'none'}
+        ``'mean'`` over class indices divides by the summed weights of the non-ignored
+        targets (NaN when all are ignored); over probabilities by the number of samples.
+    label_smoothing : float
+        In ``[0, 1]``: the target is mixed with the uniform distribution.
+
+    Returns
+    -------
+    Tensor
+    """
+    _check_reduction("cross_entropy", reduction)
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(
+            f"cross_entropy: label_smoothing must be between 0.0 and 1.0, got {label_smoothing}"
+        )
+    x = _float_input("cross_entropy", input)
+    t = as_array("cross_entropy", target)
+    cdim = 1 if x.ndim >= 2 else 0
+    n_classes = x.shape[cdim]
+    xp = xp_of(x)
+    w = None if weight is None else as_array("cross_entropy", weight)
+    if w is not None and tuple(w.shape) != (n_classes,):
+        raise ShardingError(
+            f"cross_entropy: weight of shape {list(w.shape)}, expected [{n_classes}]"
+        )
+    logp = _log_softmax_arr(x, cdim)
+    # Class weights shaped to broadcast along the class dim.
+    wb = None if w is None else w.astype(logp.dtype).reshape((-1,) + (1,) * (x.ndim - 1 - cdim))
+    # Note: class-index targets may be of any integer dtype (PyTorch requires int64).
+    if t.dtype.kind == "f":
+        if t.shape != x.shape:
+            raise ShardingError(
+                f"cross_entropy: probability target of shape {list(t.shape)} must match "
+                f"input shape {list(x.shape)}"
+            )
+        p = t.astype(logp.dtype)
+        if label_smoothing:
+            p = p * (1.0 - label_smoothing) + label_smoothing / n_classes
+        lp = logp * p if wb is None else logp * p * wb
+        loss = -xp.sum(lp, axis=cdim)
+        denom = loss.size
+    else:
+        loss, denom = _nll(x, t, logp, wb, w, cdim, ignore_index, label_smoothing, xp)
+    if reduction == "none":
+        r = loss
+    else:
+        r = xp.sum(loss)
+        if reduction == "mean":
+            r = r / denom
+    return wrap(xp.asarray(r).astype(x.dtype, copy=False))
+
+
+def _nll(x, t, logp, wb, w, cdim, ignore_index, label_smoothing, xp):
+    """Per-element loss of class-index targets, and the denominator of its mean."""
+    expected = tuple(x.shape[:cdim]) + tuple(x.shape[cdim + 1:])
+    if t.dtype.kind not in "iu" or tuple(t.shape) != expected:
+        raise ShardingError(
+            f"cross_entropy: expected a class-index target of an integer dtype and shape "
+            f"{list(expected)} (or probabilities of shape {list(x.shape)}), got "
+            f"{tname(t.dtype)} of shape {list(t.shape)}"
+        )
+    n_classes = x.shape[cdim]
+    valid = t != ignore_index
+    bad = valid & ((t < 0) | (t >= n_classes))
+    if xp.any(bad):
+        raise IndexError(f"cross_entropy: target {int(t[bad][0])} is out of bounds "
+                         f"(classes 0..{n_classes - 1})")
+    tc = xp.where(valid, t, 0).astype(np.int64)
+    picked = xp.take_along_axis(logp, xp.expand_dims(tc, cdim), axis=cdim).squeeze(cdim)
+    wt = valid.astype(logp.dtype) if w is None else xp.where(valid, w.astype(logp.dtype)[tc], 0)
+    loss = xp.where(valid, -picked * wt, 0)
+    denom = xp.sum(wt)
+    if label_smoothing:
+        smooth = -xp.sum(logp if wb is None else logp * wb, axis=cdim)
+        smooth = xp.where(valid, smooth, 0)
+        loss = loss * (1.0 - label_smoothing) + smooth * (label_smoothing / n_classes)
+    return loss, denom
+
+
+def _dropout_apply(a, p: float, seed: int, offset: int, global_shape: tuple, starts: tuple,
+                   out=None):
+    """Dropout of the block ``a`` at ``starts`` of a tensor of ``global_shape``.
+
+    The keep mask depends only on ``(seed, offset + global element index)``, so a shard of
+    a distributed tensor gets the mask of the matching slice of the whole tensor.
+    """
+    xp = xp_of(a)
+    u = _random.random_block("uniform", global_shape, starts, a.shape, FLOAT32, seed, offset,
+                             xp)
+    scale = a.dtype.type(0.0 if p == 1 else 1.0 / (1.0 - p))
+    noise = (u >= FLOAT32.type(p)).astype(a.dtype)
+    noise *= scale
+    return xp.multiply(a, noise, out=out)
+
+
+def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
+    """Zero each element with probability ``p`` and scale the rest by ``1 / (1 - p)``.
+
+    **Local.** Random bits come from the global counter-based generator
+    (``dt.manual_seed``); ``training=False`` (or ``p == 0``) returns ``input`` itself.
+
+    Parameters
+    ----------
+    input : Tensor
+        Floating tensor.
+    p : float
+        In ``[0, 1]``.
+    training : bool
+    inplace : bool
+        Write the result into ``input`` and return it.
+
+    Returns
+    -------
+    Tensor
+    """
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+    a = _float_input("dropout", input)
+    if not training or p == 0:
+        return input
+    seed, offset = _random._reserve(a.size)
+    if inplace:
+        _dropout_apply(a, p, seed, offset, a.shape, (0,) * a.ndim, out=a)
+        return input
+    o = out_buffer(a.shape, a.dtype, a)
+    return wrap(_dropout_apply(a, p, seed, offset, a.shape, (0,) * a.ndim, out=o))
+
+
+def mse_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
+    """Mean squared error ``(input - target) ** 2``, reduced. **Local**.
+
+    Parameters
+    ----------
+    input, target : Tensor
+        Floating; they broadcast.
+    reduction : {'mean', 'sum', 'none'}
+
+    Returns
+    -------
+    Tensor
+    """
+    _check_reduction("mse_loss", reduction)
+    x, y = _float_input("mse_loss", input), _float_input("mse_loss", target)
+    broadcast_shapes("mse_loss", x.shape, y.shape)
+    dt = promote_types(x.dtype, y.dtype)
+    xp = xp_of(x)
+    d = xp.subtract(x, y, dtype=acc_dtype(dt))
+    d *= d
+    if reduction == "none":
+        return wrap(d.astype(dt, copy=False))
+    r = xp.sum(d) if reduction == "sum" else xp.mean(d)
+    return wrap(xp.asarray(r).astype(dt))

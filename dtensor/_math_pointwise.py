@@ -1,0 +1,929 @@
+"""Elementwise local kernels: unary, binary (with broadcasting and python scalars), where,
+clamp, lerp, addcmul/addcdiv and the erf-based activations, plus the python operators of
+the binary ops.
+
+Every op is a plain function (PyTorch's names and argument names) that takes Tensors and/or
+python scalars and returns a Tensor; all are **Local**, and all accept ``out=`` (which the
+in-place forms of :mod:`dtensor._math` use). An op's dtype handling follows PyTorch's type
+promotion (see :func:`dtensor._math_base.result_type`). A spec object per op holds the
+kernel and its dtype rules; one generic path serves every op of a family, and a short fast
+path serves the common case (small tensors of one dtype, or a small tensor and a python
+number).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from . import _allocator
+from ._math_base import (
+    BOOL,
+    SCALAR_TYPES,
+    OperandTypeError,
+    TensorLike,
+    as_array,
+    broadcast_shapes,
+    cast,
+    cast_scalar,
+    check_out,
+    copy_to,
+    float_dtype,
+    new_array,
+    operand,
+    out_buffer,
+    result_type,
+    shape_of,
+    tname,
+    wrap,
+    xp_of,
+)
+from ._tensor import Tensor, _wrap
+from .errors import DTypeError
+
+_B = frozenset([BOOL])
+_INTS = frozenset(np.dtype(t) for t in "bBhHiIlLqQ")
+_FLOATS = frozenset(np.dtype(t) for t in (np.float16, np.float32, np.float64))
+_NUMERIC = _INTS | _FLOATS
+_REAL = _NUMERIC | _B
+
+
+def _array_like(*operands):
+    """First array among the operands (sets the device of the output)."""
+    for x in operands:
+        if not isinstance(x, SCALAR_TYPES):
+            return x
+    raise DTypeError("expected at least one Tensor argument, got only python scalars")
+
+
+def _into(out, r):
+    """``r`` written into ``out`` when an output buffer was given, else ``r``."""
+    if out is None or r is out:
+        return r
+    xp_of(r).copyto(out, r)
+    return out
+
+
+# ----------------------------------------------------------------------------- unary
+
+
+class _Unary:
+    """One unary op: its kernel ``kernel(a, out)`` and its dtype rule.
+
+    kind: ``"same"`` keeps the dtype; ``"float"`` computes integers and bools in the default
+    float dtype; ``"floatonly"`` rejects them; ``"bool"`` returns bool; ``"integral"``
+    accepts bool and integers only; ``"round"`` copies integers and bools unchanged.
+    ``fast`` holds the dtypes the kernel takes directly; ``reject`` the dtype kinds refused.
+    """
+
+    __slots__ = ("fast", "hint", "kernel", "kind", "name", "reject")
+
+    def __init__(self, name, kernel, kind, fast, reject="", hint=""):
+        self.name, self.kernel, self.kind = name, kernel, kind
+        self.fast, self.reject, self.hint = fast, reject, hint
+
+    def compute(self, a, out):
+        """The op on array ``a``; ``out`` is an ``out=`` Tensor or None. Returns an array."""
+        dt = a.dtype
+        kind = self.kind
+        if dt.kind in self.reject or (kind == "floatonly" and dt.kind not in "fc") or (
+            kind == "integral" and dt.kind not in "biu"
+        ):
+            raise DTypeError(f"{self.name}: not supported for {tname(dt)} tensors{self.hint}")
+        ct = float_dtype(dt) if kind == "float" else dt
+        a = cast(a, ct)
+        rt = BOOL if kind == "bool" else ct
+        o = out_buffer(a.shape, rt, a) if out is None else check_out(self.name, out, a.shape, rt)
+        if kind == "round" and ct.kind in "biu":
+            return copy_to(o, a)
+        try:
+            return _into(o, self.kernel(a, o))
+        except TypeError as exc:  # a dtype the array module has no loop for (e.g. complex)
+            raise DTypeError(f"{self.name}: not supported for {tname(dt)} tensors") from exc
+
+
+def _unary_fn(spec: _Unary):
+    """The public function of a unary spec: ``fn(input, *, out=None)``."""
+    kernel, fast, name = spec.kernel, spec.fast, spec.name
+
+    def fn(input, *, out=None):
+        if out is None:
+            try:
+                a = input._arr
+            except AttributeError:
+                pass
+            else:
+                # Fast path: a dtype the kernel takes as is, an output numpy allocates.
+                if a.dtype in fast and a.ndim and a.nbytes < _allocator.POOL_MIN_BYTES:
+                    return _wrap(kernel(a, None))
+        r = spec.compute(as_array(name, input), out)
+        return out if out is not None else wrap(r)
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = f"""Elementwise ``{name}`` of a tensor. **Local**.
+
+    Parameters
+    ----------
+    input : Tensor
+    out : Tensor, optional
+        Written in place (shape must match; the result dtype must be castable to it).
+
+    Returns
+    -------
+    Tensor
+    """
+    return fn
+
+
+def _ufunc_kernel(ufunc):
+    def kernel(a, out):
+        return ufunc(a, out=out)
+
+    return kernel
+
+
+def _rsqrt(a, out):
+    xp = xp_of(a)
+    r = xp.sqrt(a, out=out)
+    return xp.reciprocal(r, out=r)
+
+
+def _sigmoid(a, out):
+    # Stable for any x: exp(-|x|) never overflows; x >= 0: 1/(1+e), x < 0: e/(1+e).
+    xp = xp_of(a)
+    if a.dtype.kind == "c":
+        e = xp.exp(-a)
+        e += 1
+        return xp.divide(a.dtype.type(1), e, out=out)
+    e = xp.exp(-xp.abs(a))
+    num = xp.where(a >= 0, a.dtype.type(1), e)
+    e += 1
+    return xp.divide(num, e, out=out)
+
+
+def _silu(a, out):
+    return xp_of(a).multiply(a, _sigmoid(a, None), out=out)
+
+
+def _relu(a, out):
+    return xp_of(a).maximum(a, a.dtype.type(0), out=out)
+
+
+def _sign(a, out):
+    if a.dtype == BOOL:
+        return copy_to(out, a)
+    return xp_of(a).sign(a, out=out)
+
+
+# --- erf: a vectorised, array-module-only implementation (numpy has no erf).
+# |x| < 1: the Maclaurin series erf(x) = x * sum_n a_n x^(2n), a_n = 2/sqrt(pi) (-1)^n /
+# (n! (2n+1)). |x| >= 1: erf(x) = 1 - exp(-x^2) g(x) with g = erfc * exp(x^2) (the scaled
+# complementary error function), interpolated by a Chebyshev series in s = 1/|x| on
+# [1/6, 1] (beyond |x| = 6, erfc < 2e-17). The Chebyshev coefficients are computed once, at
+# import, from python's math.erfc. Each dtype keeps the terms its precision needs.
+_S_LO, _S_HI = 1.0 / 6.0, 1.0
+_CHEB_NODES = 48
+
+
+def _erf_tables():
+    series = [
+        2.0 / math.sqrt(math.pi) * (-1) ** n / (math.factorial(n) * (2 * n + 1))
+        for n in range(24)
+    ]
+    thetas = [math.pi * (j + 0.5) / _CHEB_NODES for j in range(_CHEB_NODES)]
+    values = []
+    for th in thetas:
+        x = 1.0 / ((math.cos(th) + 1.0) / 2.0 * (_S_HI - _S_LO) + _S_LO)
+        values.append(math.erfc(x) * math.exp(x * x))
+    cheb = [
+        2.0 / _CHEB_NODES * math.fsum(v * math.cos(k * th) for v, th in zip(values, thetas))
+        for k in range(_CHEB_NODES)
+    ]
+    cheb[0] /= 2.0
+    tables = {}
+    for dtype, tol in ((np.dtype(np.float32), 1e-10), (np.dtype(np.float64), 1e-18)):
+        n_series = next(i for i, c in enumerate(series) if math.fabs(c) < tol)
+        n_cheb = max(i for i, c in enumerate(cheb) if math.fabs(c) >= tol) + 1
+        tables[dtype] = (series[:n_series], cheb[:n_cheb])
+    return tables
+
+
+_ERF_TABLES = _erf_tables()
+
+
+def _erf(a, out):
+    xp = xp_of(a)
+    dt = a.dtype
+    work = dt if dt in _ERF_TABLES else np.dtype(np.float32)  # float16 computes in float32
+    series, cheb = _ERF_TABLES[work]
+    one = work.type(1)
+    x = a.astype(work, copy=False)
+    ax = xp.abs(x)
+    # Series branch (its input clipped to |x| <= 1; other elements are discarded).
+    u = xp.minimum(ax, one)
+    u *= u
+    acc = xp.full_like(u, series[-1])
+    for c in reversed(series[:-1]):
+        acc *= u
+        acc += work.type(c)
+    acc *= x
+    # Chebyshev branch on s = 1/|x| clipped to [1/6, 1].
+    s = xp.divide(one, xp.maximum(ax, one))
+    xp.maximum(s, work.type(_S_LO), out=s)
+    t = (s - work.type((_S_HI + _S_LO) / 2)) * work.type(2 / (_S_HI - _S_LO))
+    t2 = t + t
+    b1 = xp.zeros_like(t)
+    b2 = xp.zeros_like(t)
+    for c in reversed(cheb[1:]):
+        b1, b2 = t2 * b1 - b2 + work.type(c), b1
+    g = t * b1 - b2 + work.type(cheb[0])
+    big = xp.exp(-(ax * ax))
+    big *= g
+    xp.subtract(one, big, out=big)
+    xp.copysign(big, x, out=big)
+    r = xp.where(ax < one, acc, big)
+    return _into(out, r.astype(dt, copy=False))
+
+
+_SQRT1_2 = math.sqrt(0.5)
+_SQRT_2_PI = math.sqrt(2.0 / math.pi)
+
+
+def _gelu_erf(a, out):
+    xp = xp_of(a)
+    r = _erf(a * a.dtype.type(_SQRT1_2), None)
+    r += a.dtype.type(1)
+    r *= a
+    return xp.multiply(r, a.dtype.type(0.5), out=out)
+
+
+def _gelu_tanh(a, out):
+    xp = xp_of(a)
+    one = a.dtype.type(1)
+    inner = a * a
+    inner *= a.dtype.type(0.044715)
+    inner += one
+    inner *= a
+    inner *= a.dtype.type(_SQRT_2_PI)
+    r = xp.tanh(inner, out=inner)
+    r += one
+    r *= a
+    return xp.multiply(r, a.dtype.type(0.5), out=out)
+
+
+_U_SAME = "same"
+_U_FLOAT = "float"
+
+_UNARY_SPECS = {
+    "neg": _Unary(
+        "neg", _ufunc_kernel(np.negative), _U_SAME, _NUMERIC, "b",
+        " (use ~ or logical_not() to invert a mask)",
+    ),
+    "abs": _Unary("abs", _ufunc_kernel(np.absolute), _U_SAME, _NUMERIC, "b"),
+    "exp": _Unary("exp", _ufunc_kernel(np.exp), _U_FLOAT, _FLOATS),
+    "expm1": _Unary("expm1", _ufunc_kernel(np.expm1), _U_FLOAT, _FLOATS),
+    "log": _Unary("log", _ufunc_kernel(np.log), _U_FLOAT, _FLOATS),
+    "log1p": _Unary("log1p", _ufunc_kernel(np.log1p), _U_FLOAT, _FLOATS),
+    "log2": _Unary("log2", _ufunc_kernel(np.log2), _U_FLOAT, _FLOATS),
+    "sqrt": _Unary("sqrt", _ufunc_kernel(np.sqrt), _U_FLOAT, _FLOATS),
+    "rsqrt": _Unary("rsqrt", _rsqrt, _U_FLOAT, _FLOATS),
+    "sin": _Unary("sin", _ufunc_kernel(np.sin), _U_FLOAT, _FLOATS),
+    "cos": _Unary("cos", _ufunc_kernel(np.cos), _U_FLOAT, _FLOATS),
+    "tan": _Unary("tan", _ufunc_kernel(np.tan), _U_FLOAT, _FLOATS),
+    "tanh": _Unary("tanh", _ufunc_kernel(np.tanh), _U_FLOAT, _FLOATS),
+    "sigmoid": _Unary("sigmoid", _sigmoid, _U_FLOAT, _FLOATS),
+    "erf": _Unary("erf", _erf, _U_FLOAT, _FLOATS),
+    "reciprocal": _Unary("reciprocal", _ufunc_kernel(np.reciprocal), _U_FLOAT, _FLOATS),
+    "relu": _Unary("relu", _relu, _U_SAME, _NUMERIC, "b"),
+    "silu": _Unary("silu", _silu, "floatonly", _FLOATS),
+    "sign": _Unary("sign", _sign, _U_SAME, _NUMERIC),
+    "floor": _Unary("floor", _ufunc_kernel(np.floor), "round", _FLOATS),
+    "ceil": _Unary("ceil", _ufunc_kernel(np.ceil), "round", _FLOATS),
+    "trunc": _Unary("trunc", _ufunc_kernel(np.trunc), "round", _FLOATS),
+    "round": _Unary("round", _ufunc_kernel(np.rint), "round", _FLOATS),
+    "logical_not": _Unary("logical_not", _ufunc_kernel(np.logical_not), "bool", _REAL),
+    "isnan": _Unary("isnan", _ufunc_kernel(np.isnan), "bool", _REAL),
+    "isinf": _Unary("isinf", _ufunc_kernel(np.isinf), "bool", _REAL),
+    "isfinite": _Unary("isfinite", _ufunc_kernel(np.isfinite), "bool", _REAL),
+    "bitwise_not": _Unary("bitwise_not", _ufunc_kernel(np.invert), "integral", _INTS | _B),
+}
+
+neg = _unary_fn(_UNARY_SPECS["neg"])
+abs = _unary_fn(_UNARY_SPECS["abs"])
+exp = _unary_fn(_UNARY_SPECS["exp"])
+expm1 = _unary_fn(_UNARY_SPECS["expm1"])
+log = _unary_fn(_UNARY_SPECS["log"])
+log1p = _unary_fn(_UNARY_SPECS["log1p"])
+log2 = _unary_fn(_UNARY_SPECS["log2"])
+sqrt = _unary_fn(_UNARY_SPECS["sqrt"])
+rsqrt = _unary_fn(_UNARY_SPECS["rsqrt"])
+sin = _unary_fn(_UNARY_SPECS["sin"])
+cos = _unary_fn(_UNARY_SPECS["cos"])
+tan = _unary_fn(_UNARY_SPECS["tan"])
+tanh = _unary_fn(_UNARY_SPECS["tanh"])
+sigmoid = _unary_fn(_UNARY_SPECS["sigmoid"])
+erf = _unary_fn(_UNARY_SPECS["erf"])
+reciprocal = _unary_fn(_UNARY_SPECS["reciprocal"])
+relu = _unary_fn(_UNARY_SPECS["relu"])
+silu = _unary_fn(_UNARY_SPECS["silu"])
+sign = _unary_fn(_UNARY_SPECS["sign"])
+floor = _unary_fn(_UNARY_SPECS["floor"])
+ceil = _unary_fn(_UNARY_SPECS["ceil"])
+trunc = _unary_fn(_UNARY_SPECS["trunc"])
+logical_not = _unary_fn(_UNARY_SPECS["logical_not"])
+isnan = _unary_fn(_UNARY_SPECS["isnan"])
+isinf = _unary_fn(_UNARY_SPECS["isinf"])
+isfinite = _unary_fn(_UNARY_SPECS["isfinite"])
+bitwise_not = _unary_fn(_UNARY_SPECS["bitwise_not"])
+_round0 = _unary_fn(_UNARY_SPECS["round"])
+
+
+def round(input: Tensor, *, decimals: int = 0, out=None) -> Tensor:
+    """Round to the nearest integer (ties to even), or to ``decimals`` decimal places.
+
+    **Local.** Integer and bool tensors are returned as copies (``decimals=0``).
+
+    Parameters
+    ----------
+    input : Tensor
+    decimals : int, optional
+        Number of decimal places; floating tensors only when non-zero.
+    out : Tensor, optional
+
+    Returns
+    -------
+    Tensor
+    """
+    if decimals == 0:
+        return _round0(input, out=out)
+    a = as_array("round", input)
+    if a.dtype.kind != "f":
+        raise DTypeError(f"round: decimals={decimals} is not supported for {tname(a.dtype)} "
+                         "tensors")
+    o = out_buffer(a.shape, a.dtype, a) if out is None else check_out("round", out, a.shape,
+                                                                       a.dtype)
+    r = xp_of(a).round(a, decimals, out=o)
+    return out if out is not None else wrap(r)
+
+
+def gelu(input: Tensor, approximate: str = "none", *, out=None) -> Tensor:
+    """Gaussian error linear unit ``x * Phi(x)``. **Local**.
+
+    Parameters
+    ----------
+    input : Tensor
+        Floating tensor.
+    approximate : {'none', 'tanh'}
+        ``'none'``: ``0.5 x (1 + erf(x / sqrt(2)))``; ``'tanh'``: PyTorch's tanh
+        approximation ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``.
+    out : Tensor, optional
+
+    Returns
+    -------
+    Tensor
+    """
+    spec = _GELU.get(approximate)
+    if spec is None:
+        raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    r = spec.compute(as_array("gelu", input), out)
+    return out if out is not None else wrap(r)
+
+
+_GELU = {
+    "none": _Unary("gelu", _gelu_erf, "floatonly", _FLOATS),
+    "tanh": _Unary("gelu", _gelu_tanh, "floatonly", _FLOATS),
+}
+
+
+def softplus(
+    input: Tensor, beta: float = 1.0, threshold: float = 20.0, *, out=None
+) -> Tensor:
+    """``log(1 + exp(beta x)) / beta``, and ``x`` itself where ``beta x > threshold``.
+
+    **Local.** Floating tensors only (as in PyTorch).
+
+    Returns
+    -------
+    Tensor
+    """
+
+    def kernel(a, o):
+        xp = xp_of(a)
+        bx = a * a.dtype.type(beta)
+        # exp of the clipped value: no overflow where x itself is returned.
+        r = xp.log1p(xp.exp(xp.minimum(bx, a.dtype.type(threshold))))
+        r /= a.dtype.type(beta)
+        xp.copyto(r, a, where=bx > threshold)
+        return r
+
+    r = _Unary("softplus", kernel, "floatonly", _FLOATS).compute(as_array("softplus", input), out)
+    return out if out is not None else wrap(r)
+
+
+def leaky_relu(input: Tensor, negative_slope: float = 0.01, *, out=None) -> Tensor:
+    """``x`` where ``x > 0``, else ``negative_slope * x``. **Local**. Floating tensors only.
+
+    Returns
+    -------
+    Tensor
+    """
+
+    def kernel(a, o):
+        return xp_of(a).where(a > 0, a, a * a.dtype.type(negative_slope))
+
+    r = _Unary("leaky_relu", kernel, "floatonly", _FLOATS).compute(
+        as_array("leaky_relu", input), out
+    )
+    return out if out is not None else wrap(r)
+
+
+def square(input: Tensor, *, out=None) -> Tensor:
+    """``input ** 2`` (bool squares to int64, as ``pow(bool, 2)`` does). **Local**."""
+    return pow(input, 2, out=out)
+
+
+def positive(input: Tensor) -> Tensor:
+    """``input`` itself (``+t``); bool tensors are refused, as in PyTorch. **Local**."""
+    a = as_array("positive", input)
+    if a.dtype == BOOL:
+        raise DTypeError("positive: the `+` operator on a bool tensor is not supported")
+    return input
+
+
+# ----------------------------------------------------------------------------- binary
+
+
+def _check_int_divisor(name, a, b, ct):
+    # Note: PyTorch raises on integer division by zero (numpy silently returns 0); we
+    # raise ZeroDivisionError, before anything is written.
+    if ct.kind in "iu" and not xp_of(b).all(b):
+        raise ZeroDivisionError(f"{name}: integer division by zero")
+
+
+def _check_int_power(name, a, b, ct):
+    if ct.kind in "iu" and xp_of(b).any(b < 0):
+        raise DTypeError(f"{name}: integers to negative integer powers are not allowed")
+
+
+class _Binary:
+    """One binary op: its kernel ``kernel(a, b, out)`` and its dtype rule.
+
+    kind: ``"arith"`` computes in the promoted dtype; ``"float"`` also turns an integral
+    promoted dtype into the default float dtype (true division); ``"compare"`` computes in
+    the promoted dtype and returns bool; ``"logical"`` returns bool from any dtypes;
+    ``"bitwise"`` accepts bool and integers only. ``fast`` holds the dtypes for which the
+    kernel on two same-dtype arrays gives PyTorch's result; ``reject`` the dtype kinds
+    refused; ``check(name, a, b, ct)`` validates values before anything is written.
+    """
+
+    __slots__ = ("check", "fast", "kernel", "kind", "name", "reject")
+
+    def __init__(self, name, kernel, kind, fast, reject="", check=None):
+        self.name, self.kernel, self.kind = name, kernel, kind
+        self.fast, self.reject, self.check = fast, reject, check
+
+    def dtypes(self, x, y):
+        """(computation dtype, result dtype) of the op on operands ``x`` and ``y``."""
+        ct = result_type(x, y)
+        kind = self.kind
+        if kind == "float":
+            ct = float_dtype(ct)
+        if ct.kind in self.reject or (kind == "bitwise" and ct.kind not in "biu"):
+            raise DTypeError(f"{self.name}: not supported for {tname(ct)} tensors")
+        return ct, (BOOL if kind in ("compare", "logical") else ct)
+
+    def compute(self, x, y, out):
+        """The op on operands (arrays or python scalars); ``out`` is a Tensor or None."""
+        like = _array_like(x, y)
+        ct, rt = self.dtypes(x, y)
+        shape = broadcast_shapes(self.name, shape_of(x), shape_of(y))
+        if self.kind != "logical":
+            x, y = cast(x, ct), cast(y, ct)
+        if self.check is not None:
+            self.check(self.name, x, y, ct)
+        o = out_buffer(shape, rt, like) if out is None else check_out(self.name, out, shape, rt)
+        try:
+            return _into(o, self.kernel(x, y, o))
+        except TypeError as exc:  # a dtype the array module has no loop for (e.g. complex)
+            raise DTypeError(f"{self.name}: not supported for {tname(ct)} tensors") from exc
+
+
+def _ufunc2(ufunc):
+    def kernel(a, b, out):
+        return ufunc(a, b, out=out)
+
+    kernel.ufunc = ufunc
+    return kernel
+
+
+def _binary_fns(spec: _Binary):
+    """(function, operator, reflected operator) of a binary spec.
+
+    The function raises on unsupported operands; the operators return NotImplemented so
+    that python tries the other operand (a DTensor, for instance).
+    """
+    uf, fast, name = getattr(spec.kernel, "ufunc", None), spec.fast, spec.name
+    # Python ints keep any integer or floating dtype, python floats any floating dtype
+    # (weak scalars: numpy and PyTorch agree there).
+    fast_int = fast - _B
+    fast_float = fast & _FLOATS
+
+    def scalar_fast(a, s, swap):
+        """The op on a small array and a python int/float, or None for the slow path."""
+        t = type(s)
+        dt = a.dtype
+        if ((t is float and dt in fast_float) or (t is int and dt in fast_int)) and (
+            a.shape and a.nbytes < _allocator.POOL_MIN_BYTES
+        ):
+            try:
+                return _wrap(uf(s, a) if swap else uf(a, s))
+            except OverflowError:  # an int that does not fit: the slow path wraps it
+                return None
+        return None
+
+    # The tensor-tensor fast path is written out in ``fn`` and ``op`` (the hot path of
+    # ``a + b``): same dtype (one PyTorch and numpy agree on), not 0-d, and both inputs
+    # smaller than the allocator's pooling threshold, so numpy allocates the output. (Only
+    # an output larger than both inputs, an outer broadcast of two small tensors, can then
+    # exceed the threshold without coming from the caching allocator.)
+    def fn(input, other, *, out=None):
+        if out is None:
+            try:
+                a = input._arr
+            except AttributeError:
+                pass
+            else:
+                try:
+                    b = other._arr
+                except AttributeError:
+                    r = scalar_fast(a, other, False)
+                    if r is not None:
+                        return r
+                else:
+                    dt = a.dtype
+                    pool_min = _allocator.POOL_MIN_BYTES
+                    if (dt is b.dtype and dt in fast and a.ndim and a.nbytes < pool_min
+                            and b.nbytes < pool_min):
+                        try:
+                            return _wrap(uf(a, b))
+                        except ValueError:  # shapes that do not broadcast: the slow path
+                            pass            # raises the error
+        r = spec.compute(operand(name, input), operand(name, other), out)
+        return out if out is not None else wrap(r)
+
+    def op(self, other):
+        a = self._arr
+        try:
+            b = other._arr
+        except AttributeError:
+            r = scalar_fast(a, other, False)
+            if r is not None:
+                return r
+            try:
+                y = operand(name, other)
+            except OperandTypeError:
+                return NotImplemented
+            return wrap(spec.compute(a, y, None))
+        dt = a.dtype
+        pool_min = _allocator.POOL_MIN_BYTES
+        if (dt is b.dtype and dt in fast and a.ndim and a.nbytes < pool_min
+                and b.nbytes < pool_min):
+            try:
+                return _wrap(uf(a, b))
+            except ValueError:
+                pass
+        return wrap(spec.compute(a, b, None))
+
+    def rop(self, other):
+        a = self._arr
+        r = scalar_fast(a, other, True)
+        if r is not None:
+            return r
+        try:
+            y = operand(name, other)
+        except OperandTypeError:
+            return NotImplemented
+        return wrap(spec.compute(y, a, None))
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = f"""Elementwise ``{name}`` with broadcasting. **Local**.
+
+    Parameters
+    ----------
+    input, other : Tensor or python scalar
+        At least one is a Tensor. Dtypes promote as in PyTorch (python scalars are weak).
+    out : Tensor, optional
+        Written in place (shape must be the broadcast shape; the result dtype must be
+        castable to its dtype).
+
+    Returns
+    -------
+    Tensor
+    """
+    return fn, op, rop
+
+
+def _trunc_div(a, b, out):
+    xp = xp_of(a, b)
+    if a.dtype.kind in "fc":
+        r = xp.divide(a, b, out=out)
+        return xp.trunc(r, out=r)
+    # Integers: floor division, moved one toward zero where the signs differ and the
+    # division is inexact (computed before ``out``, which may alias ``a``, is written).
+    fix = xp.logical_and(xp.remainder(a, b) != 0, (a < 0) != (b < 0))
+    q = xp.floor_divide(a, b, out=out)
+    return xp.add(q, fix, out=q, casting="unsafe")
+
+
+_BINARY_SPECS = {
+    "add": _Binary("add", _ufunc2(np.add), "arith", _REAL),
+    "sub": _Binary("sub", _ufunc2(np.subtract), "arith", _NUMERIC, "b"),
+    "mul": _Binary("mul", _ufunc2(np.multiply), "arith", _REAL),
+    "true_divide": _Binary("div", _ufunc2(np.true_divide), "float", _FLOATS),
+    "trunc_divide": _Binary("div", _trunc_div, "arith", frozenset(), "bc", _check_int_divisor),
+    "floor_divide": _Binary(
+        "floor_divide", _ufunc2(np.floor_divide), "arith", _FLOATS, "bc", _check_int_divisor
+    ),
+    "remainder": _Binary(
+        "remainder", _ufunc2(np.remainder), "arith", _FLOATS, "bc", _check_int_divisor
+    ),
+    "fmod": _Binary("fmod", _ufunc2(np.fmod), "arith", _FLOATS, "bc", _check_int_divisor),
+    "pow": _Binary("pow", _ufunc2(np.power), "arith", _FLOATS, "b", _check_int_power),
+    # Ordering ops refuse complex (PyTorch does; numpy orders complex lexicographically).
+    "maximum": _Binary("maximum", _ufunc2(np.maximum), "arith", _REAL, "c"),
+    "minimum": _Binary("minimum", _ufunc2(np.minimum), "arith", _REAL, "c"),
+    "atan2": _Binary("atan2", _ufunc2(np.arctan2), "float", _FLOATS, "c"),
+    "eq": _Binary("eq", _ufunc2(np.equal), "compare", _REAL),
+    "ne": _Binary("ne", _ufunc2(np.not_equal), "compare", _REAL),
+    "lt": _Binary("lt", _ufunc2(np.less), "compare", _REAL, "c"),
+    "le": _Binary("le", _ufunc2(np.less_equal), "compare", _REAL, "c"),
+    "gt": _Binary("gt", _ufunc2(np.greater), "compare", _REAL, "c"),
+    "ge": _Binary("ge", _ufunc2(np.greater_equal), "compare", _REAL, "c"),
+    "logical_and": _Binary("logical_and", _ufunc2(np.logical_and), "logical", _REAL),
+    "logical_or": _Binary("logical_or", _ufunc2(np.logical_or), "logical", _REAL),
+    "logical_xor": _Binary("logical_xor", _ufunc2(np.logical_xor), "logical", _REAL),
+    "bitwise_and": _Binary("bitwise_and", _ufunc2(np.bitwise_and), "bitwise", _INTS | _B),
+    "bitwise_or": _Binary("bitwise_or", _ufunc2(np.bitwise_or), "bitwise", _INTS | _B),
+    "bitwise_xor": _Binary("bitwise_xor", _ufunc2(np.bitwise_xor), "bitwise", _INTS | _B),
+}
+
+_add, _add_op, _add_rop = _binary_fns(_BINARY_SPECS["add"])
+_sub, _sub_op, _sub_rop = _binary_fns(_BINARY_SPECS["sub"])
+mul, _mul_op, _mul_rop = _binary_fns(_BINARY_SPECS["mul"])
+_true_div, _div_op, _div_rop = _binary_fns(_BINARY_SPECS["true_divide"])
+_trunc_div_fn = _binary_fns(_BINARY_SPECS["trunc_divide"])[0]
+floor_divide, _floordiv_op, _floordiv_rop = _binary_fns(_BINARY_SPECS["floor_divide"])
+remainder, _mod_op, _mod_rop = _binary_fns(_BINARY_SPECS["remainder"])
+fmod = _binary_fns(_BINARY_SPECS["fmod"])[0]
+pow, _pow_op, _pow_rop = _binary_fns(_BINARY_SPECS["pow"])
+maximum = _binary_fns(_BINARY_SPECS["maximum"])[0]
+minimum = _binary_fns(_BINARY_SPECS["minimum"])[0]
+atan2 = _binary_fns(_BINARY_SPECS["atan2"])[0]
+eq, _eq_op, _ = _binary_fns(_BINARY_SPECS["eq"])
+ne, _ne_op, _ = _binary_fns(_BINARY_SPECS["ne"])
+lt, _lt_op, _ = _binary_fns(_BINARY_SPECS["lt"])
+le, _le_op, _ = _binary_fns(_BINARY_SPECS["le"])
+gt, _gt_op, _ = _binary_fns(_BINARY_SPECS["gt"])
+ge, _ge_op, _ = _binary_fns(_BINARY_SPECS["ge"])
+logical_and = _binary_fns(_BINARY_SPECS["logical_and"])[0]
+logical_or = _binary_fns(_BINARY_SPECS["logical_or"])[0]
+logical_xor = _binary_fns(_BINARY_SPECS["logical_xor"])[0]
+bitwise_and, _and_op, _and_rop = _binary_fns(_BINARY_SPECS["bitwise_and"])
+bitwise_or, _or_op, _or_rop = _binary_fns(_BINARY_SPECS["bitwise_or"])
+bitwise_xor, _xor_op, _xor_rop = _binary_fns(_BINARY_SPECS["bitwise_xor"])
+
+
+def _scaled(name, x, y, alpha, what="alpha"):
+    """``y * alpha`` in the dtype of ``x op y`` (PyTorch's alpha/value rules), or ``y``."""
+    if alpha == 1 and not isinstance(alpha, bool):
+        return y
+    ct = result_type(x, y)
+    if ct.kind in "iu" and isinstance(alpha, (float, complex, np.inexact)):
+        raise DTypeError(
+            f"{name}: for integral input tensors, argument {what} must not be a floating "
+            "point number"
+        )
+    if ct.kind == "b" and not isinstance(alpha, (bool, np.bool_)):
+        raise DTypeError(f"{name}: boolean {what} only supported for Boolean results")
+    y = cast(y, ct)
+    return y * cast_scalar(alpha, ct)
+
+
+def add(input: TensorLike, other: TensorLike, *, alpha=1, out=None) -> Tensor:
+    """``input + alpha * other`` with broadcasting. **Local**.
+
+    Parameters
+    ----------
+    input, other : Tensor or python scalar
+        At least one is a Tensor. Dtypes promote as in PyTorch (python scalars are weak:
+        float32 tensor + 2.5 is float32; int64 tensor + 2.5 is the default float dtype).
+    alpha : python scalar, optional
+        Multiplier of ``other`` (an int for integral results, a bool for bool results).
+    out : Tensor, optional
+
+    Returns
+    -------
+    Tensor
+    """
+    if alpha == 1 and not isinstance(alpha, bool):
+        return _add(input, other, out=out)
+    x, y = operand("add", input), operand("add", other)
+    r = _BINARY_SPECS["add"].compute(x, _scaled("add", x, y, alpha), out)
+    return out if out is not None else wrap(r)
+
+
+def sub(input: TensorLike, other: TensorLike, *, alpha=1, out=None) -> Tensor:
+    """``input - alpha * other`` with broadcasting (not for bool tensors). **Local**.
+
+    Parameters
+    ----------
+    input, other : Tensor or python scalar
+    alpha : python scalar, optional
+    out : Tensor, optional
+
+    Returns
+    -------
+    Tensor
+    """
+    if alpha == 1 and not isinstance(alpha, bool):
+        return _sub(input, other, out=out)
+    x, y = operand("sub", input), operand("sub", other)
+    r = _BINARY_SPECS["sub"].compute(x, _scaled("sub", x, y, alpha), out)
+    return out if out is not None else wrap(r)
+
+
+def div(input: TensorLike, other: TensorLike, *, rounding_mode=None, out=None) -> Tensor:
+    """Division with broadcasting. **Local**.
+
+    Parameters
+    ----------
+    input, other : Tensor or python scalar
+    rounding_mode : {None, 'trunc', 'floor'}
+        None: true division (integer inputs give the default float dtype, as in PyTorch);
+        ``'trunc'``: rounded toward zero; ``'floor'``: rounded down (integers stay integers).
+    out : Tensor, optional
+
+    Returns
+    -------
+    Tensor
+
+    Raises
+    ------
+    ZeroDivisionError
+        For an integer division (``'trunc'``/``'floor'``) by zero.
+    """
+    # Note: true division of integer tensors gives the default float dtype (float32), as
+    # in PyTorch; numpy gives float64.
+    if rounding_mode is None:
+        return _true_div(input, other, out=out)
+    if rounding_mode == "trunc":
+        return _trunc_div_fn(input, other, out=out)
+    if rounding_mode == "floor":
+        return floor_divide(input, other, out=out)
+    raise ValueError(
+        f"div: expected rounding_mode to be one of None, 'trunc', or 'floor' but found "
+        f"{rounding_mode!r}"
+    )
+
+
+# ---------------------------------------------------------------------------- ternary
+
+
+def where(condition: Tensor, input: TensorLike, other: TensorLike) -> Tensor:
+    """Elements of ``input`` where ``condition`` holds, else of ``other``. **Local**.
+
+    Parameters
+    ----------
+    condition : Tensor
+        Bool tensor.
+    input, other : Tensor or python scalar
+        Promoted together as in PyTorch.
+
+    Returns
+    -------
+    Tensor
+        Of the broadcast shape of the three arguments.
+    """
+    c = operand("where", condition)
+    if isinstance(c, SCALAR_TYPES) or c.dtype != BOOL:
+        raise DTypeError(
+            "where: expected condition to be a boolean tensor, but got "
+            + (f"a tensor with dtype {tname(c.dtype)}" if not isinstance(c, SCALAR_TYPES)
+               else type(c).__name__)
+        )
+    x, y = operand("where", input), operand("where", other)
+    ct = result_type(x, y)
+    shape = broadcast_shapes("where", c.shape, shape_of(x), shape_of(y))
+    xp = xp_of(c)
+    o = new_array(shape, ct, c)
+    xp.copyto(o, cast(y, ct))
+    xp.copyto(o, cast(x, ct), where=c)
+    return wrap(o)
+
+
+def clamp(
+    input: Tensor, min: TensorLike | None = None, max: TensorLike | None = None, *, out=None
+) -> Tensor:
+    """Clamp to ``[min, max]``: ``minimum(maximum(input, min), max)``. **Local**.
+
+    Parameters
+    ----------
+    input : Tensor
+    min, max : Tensor or python scalar, optional
+        At least one is given. Dtypes promote as in PyTorch (an int tensor clamped by a
+        python float gives the default float dtype). NaN propagates.
+    out : Tensor, optional
+
+    Returns
+    -------
+    Tensor
+    """
+    if min is None and max is None:
+        raise TypeError("clamp: at least one of 'min' or 'max' must not be None")
+    a = as_array("clamp", input)
+    bounds = [operand("clamp", v) for v in (min, max) if v is not None]
+    ct = result_type(a, *bounds)
+    if ct == BOOL:
+        raise DTypeError("clamp: not supported for Bool tensors")
+    shape = broadcast_shapes("clamp", a.shape, *(shape_of(v) for v in bounds))
+    lo = None if min is None else cast(operand("clamp", min), ct)
+    hi = None if max is None else cast(operand("clamp", max), ct)
+    o = out_buffer(shape, ct, a) if out is None else check_out("clamp", out, shape, ct)
+    r = xp_of(a).clip(cast(a, ct), lo, hi, out=o)
+    return out if out is not None else wrap(r)
+
+
+clip = clamp
+
+
+def lerp(input: Tensor, end: TensorLike, weight: TensorLike, *, out=None) -> Tensor:
+    """Linear interpolation ``input + weight * (end - input)``. **Local**.
+
+    Computed as PyTorch does: from ``input`` for ``|weight| < 0.5``, else from ``end``
+    (``end - (end - input) * (1 - weight)``), so that ``weight == 1`` gives ``end`` exactly.
+
+    Parameters
+    ----------
+    input, end : Tensor
+        Floating tensors.
+    weight : Tensor or python float
+
+    Returns
+    -------
+    Tensor
+    """
+    x, e, w = as_array("lerp", input), as_array("lerp", end), operand("lerp", weight)
+    if x.dtype.kind not in "fc":
+        raise DTypeError(f"lerp: expected a floating point input, got {tname(x.dtype)}")
+    ct = result_type(x, e, w)
+    shape = broadcast_shapes("lerp", shape_of(x), shape_of(e), shape_of(w))
+    x, e, w = cast(x, ct), cast(e, ct), cast(w, ct)
+    o = out_buffer(shape, ct, x) if out is None else check_out("lerp", out, shape, ct)
+    xp = xp_of(x, e)
+    d = e - x
+    r = xp.where(xp.abs(w) < 0.5, x + w * d, e - d * (ct.type(1) - w))
+    r = _into(o, r)
+    return out if out is not None else wrap(r)
+
+
+def _addc(name, input, tensor1, tensor2, value, out, divide):
+    x, t1, t2 = (operand(name, v) for v in (input, tensor1, tensor2))
+    ct = result_type(x, t1, t2)
+    if divide and ct.kind in "biu":
+        raise DTypeError(
+            f"{name}: integer division is not supported; use a floating dtype for "
+            "tensor1 and tensor2"
+        )
+    shape = broadcast_shapes(name, shape_of(x), shape_of(t1), shape_of(t2))
+    x, t1, t2 = cast(x, ct), cast(t1, ct), cast(t2, ct)
+    xp = xp_of(x, t1, t2)
+    p = xp.divide(t1, t2) if divide else xp.multiply(t1, t2)
+    p = _scaled(name, x, p, value, "value")
+    o = out_buffer(shape, ct, x) if out is None else check_out(name, out, shape, ct)
+    r = xp.add(x, p, out=o)
+    return out if out is not None else wrap(r)
+
+
+def addcmul(
+    input: Tensor, tensor1: TensorLike, tensor2: TensorLike, *, value=1, out=None
+) -> Tensor:
+    """``input + value * tensor1 * tensor2`` with broadcasting. **Local**.
+
+    Returns
+    -------
+    Tensor
+    """
+    return _addc("addcmul", input, tensor1, tensor2, value, out, divide=False)
+
+
+def addcdiv(
+    input: Tensor, tensor1: TensorLike, tensor2: TensorLike, *, value=1, out=None
+) -> Tensor:
+    """``input + value * tensor1 / tensor2`` with broadcasting (floating only). **Local**.
+
+    Returns
+    -------
+    Tensor
+    """
+    return _addc("addcdiv", input, tensor1, tensor2, value, out, divide=True)

@@ -1,0 +1,1213 @@
+"""The local strided tensor: :class:`Storage`, :class:`Tensor` and their view machinery.
+
+This module owns the three layers of a local tensor (DESIGN §2):
+
+* :class:`Storage` -- one flat byte buffer (a 1-D uint8 array), its size, device and the
+  allocator that made it;
+* the metadata -- sizes, strides and storage offset in *elements*, dtype and device,
+  all read from
+* the compute array ``Tensor._arr``: an ndarray (numpy, or cupy on a GPU) that *is* the
+  strided view of the storage.
+
+View ops (``view``, ``transpose``, ``select``, ``expand``, basic indexing ...) return new
+handles over the same memory with PyTorch's sizes, strides and storage offsets; copies
+(``clone``, ``contiguous``, ``reshape`` when no view exists, dtype/device conversions)
+allocate through :func:`dtensor._allocator.empty_array` only. Output arrays of other
+modules' kernels become tensors through :func:`_wrap` (zero-copy, no validation); the
+Storage of such a tensor is derived on first use from the array's memory owner.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+
+from . import _allocator, _dtypes
+from . import _backend as B
+from . import _strides as _S
+from .errors import ViewError
+
+__all__ = ["Size", "Storage", "Tensor", "is_tensor"]
+
+_VIEW_ERROR = (
+    "view size is not compatible with input tensor's size and stride (at least one "
+    "dimension spans across two contiguous subspaces). Use .reshape(...) instead."
+)
+
+
+class Size(tuple):
+    """Sizes of a tensor: a tuple of ints with :meth:`numel` (like ``torch.Size``)."""
+
+    __slots__ = ()
+
+    def numel(self) -> int:
+        """Product of the sizes. **Local.**"""
+        n = 1
+        for s in self:
+            n *= s
+        return n
+
+    def __repr__(self) -> str:
+        return f"dt.Size({list(self)})"
+
+
+class Storage:
+    """One flat byte buffer that tensors view.
+
+    Holds a 1-D uint8 array over the whole memory of an allocation (numpy on the host,
+    cupy on a GPU) and the allocator that made it. Keeping a Storage alive keeps the
+    allocation alive.
+    """
+
+    __slots__ = ("__weakref__", "_allocator", "_buf", "_ptr")
+
+    def __init__(self, buf, allocator) -> None:
+        self._buf = buf
+        self._allocator = allocator
+        self._ptr = B.data_ptr(buf)
+
+    def nbytes(self) -> int:
+        """Size of the buffer in bytes. **Local.**"""
+        return self._buf.nbytes
+
+    size = nbytes
+
+    def data_ptr(self) -> int:
+        """Address of the first byte. **Local.**"""
+        return self._ptr
+
+    @property
+    def device(self) -> B.Device:
+        """Device of the buffer."""
+        return B.device_of(self._buf)
+
+    @property
+    def allocator(self):
+        """The allocator the buffer came from."""
+        return self._allocator
+
+    def __len__(self) -> int:
+        return self._buf.nbytes
+
+    def _view(self, shape: tuple, dtype, byte_offset: int, byte_strides: tuple):
+        """Array over this buffer (raises ValueError if an element would lie outside)."""
+        if 0 in shape:
+            # Note: no element is addressed, but numpy wants a pointer inside the buffer, so
+            # an empty view whose offset would lie past the storage gets the nearest one.
+            byte_offset = min(max(byte_offset, 0), self._buf.nbytes)
+        return B.strided_view(self._buf, shape, dtype, byte_offset, byte_strides)
+
+    def __repr__(self) -> str:
+        return (
+            f"Storage(nbytes={self._buf.nbytes}, device='{self.device}', "
+            f"data_ptr=0x{self._ptr:x}, allocator={self._allocator!r})"
+        )
+
+
+def _storage_of(arr) -> Storage:
+    return Storage(*B.storage_buffer(arr))
+
+
+_new = object.__new__
+
+
+def _wrap(arr, storage: Storage | None = None) -> Tensor:
+    """Wrap an ndarray as a :class:`Tensor` without copying or validating.
+
+    **Local.** ``arr`` must be a numpy/cupy ndarray (0-d arrays, not numpy scalars) of a
+    supported dtype. ``storage`` is the Storage ``arr`` lives in when the caller knows it
+    (views pass their parent's); otherwise it is derived on first use. A tensor's
+    ``_arr`` is never reassigned: a different array means a new tensor.
+    """
+    t = _new(Tensor)
+    t._arr = arr
+    t._storage = storage
+    t._std = None
+    return t
+
+
+def _is_standard(arr) -> bool:
+    """True if ``arr`` has elements and exactly row-major strides (size-1 dims included).
+
+    For such an array numpy's ``reshape`` returns exactly the strides of PyTorch's
+    ``view``, so ``Tensor.view`` can use it directly.
+    """
+    if not (arr.size and arr.flags.c_contiguous):
+        return False
+    if 1 not in arr.shape:
+        return True
+    isz = arr.itemsize
+    return arr.strides == tuple([s * isz for s in _S.contiguous_strides(arr.shape)])
+
+
+def is_tensor(obj) -> bool:
+    """True if ``obj`` is a local :class:`Tensor`. **Local.**"""
+    return isinstance(obj, Tensor)
+
+
+def _norm_dim(dim, ndim: int) -> int:
+    """Wrap a possibly negative ``dim`` into ``[0, ndim)``, like PyTorch's ``maybe_wrap_dim``.
+
+    **Local.** A 0-d tensor accepts dims 0 and -1 (as PyTorch does).
+
+    Raises
+    ------
+    IndexError
+        ``Dimension out of range (expected to be in range of [-2, 1], but got 2)``.
+    TypeError
+        If ``dim`` is not an integer.
+    """
+    if type(dim) is not int:
+        dim = operator.index(dim)
+    if 0 <= dim < ndim:
+        return dim
+    if -ndim <= dim < 0:
+        return dim + ndim
+    if ndim == 0 and dim in (0, -1):
+        return 0
+    lo, hi = (-ndim, ndim - 1) if ndim else (-1, 0)
+    raise IndexError(
+        f"Dimension out of range (expected to be in range of [{lo}, {hi}], but got {dim})"
+    )
+
+
+def _is_int_like(x) -> bool:
+    return isinstance(x, int) or hasattr(x, "__index__")
+
+
+def _shape_arg(args: tuple) -> tuple:
+    """Sizes given as varargs ``f(2, 3)`` or as one sequence ``f((2, 3))``."""
+    if len(args) == 1 and not _is_int_like(args[0]):
+        return tuple(args[0])
+    return args
+
+
+def _dims_arg(dims) -> list:
+    """One dim or a sequence of dims, as a list."""
+    return [dims] if _is_int_like(dims) else list(dims)
+
+
+def _alloc(shape: tuple, dtype, device):
+    """Uninitialised row-major array from the allocator (PyTorch's strides even if empty)."""
+    out = _allocator.empty_array(shape, dtype, device)
+    if out.size == 0:
+        # Note: numpy gives arrays without elements zero strides; PyTorch reports the
+        # contiguous ones (numpy kernels' empty outputs may still carry zero strides).
+        isz = out.itemsize
+        out = B.restrided(
+            out, out.shape, tuple([s * isz for s in _S.contiguous_strides(out.shape)])
+        )
+    return out
+
+
+def _non_overlapping_and_dense(shape: tuple, strides: tuple) -> bool:
+    """PyTorch's ``is_non_overlapping_and_dense`` (strides a permutation of dense ones)."""
+    if len(shape) == 1:
+        return shape[0] < 2 or strides[0] == 1
+    # Size-0/1 dims go last; the others sort by stride (sorted() is stable like PyTorch).
+    perm = sorted(range(len(shape)), key=lambda d: (shape[d] < 2, strides[d]))
+    required = 1
+    for d in perm:
+        size = shape[d]
+        if size < 2:
+            return True
+        if strides[d] != required:
+            return False
+        required *= size
+    return True
+
+
+def _empty_like_arr(arr, dtype, device):
+    """Uninitialised array like ``arr`` with PyTorch's ``preserve_format``.
+
+    A non-overlapping and dense ``arr`` keeps its strides exactly; anything else
+    (overlapping, with holes, negative strides) gets contiguous strides.
+    """
+    shape = arr.shape
+    if arr.flags.c_contiguous:
+        return _alloc(shape, dtype, device)
+    isz = arr.itemsize
+    strides = tuple(s // isz for s in arr.strides)
+    if not _non_overlapping_and_dense(shape, strides):
+        return _alloc(shape, dtype, device)
+    extent = 1 + sum((n - 1) * s for n, s in zip(shape, strides)) if arr.size else 0
+    flat = _alloc((extent,), dtype, device)
+    isz = flat.itemsize
+    return B.strided_view(flat, shape, flat.dtype, 0, tuple(s * isz for s in strides))
+
+
+def _copy_into(dst, src) -> None:
+    """Copy (broadcasting, casting) ``src`` (array or scalar, any device) into ``dst``."""
+    if isinstance(dst, np.ndarray):
+        np.copyto(dst, _operand(src, np), casting="unsafe")
+    else:
+        cp = B.array_module_of(dst)
+        with dst.device:
+            cp.copyto(dst, cp.asarray(src), casting="unsafe")
+
+
+def _check_no_internal_overlap(arr, op: str) -> None:
+    """Raise if ``arr`` repeats an element along a stride-0 dim (an expanded tensor).
+
+    Only this simple case is detected, as in PyTorch; a tensor without elements never
+    overlaps.
+    """
+    if (
+        0 in arr.strides
+        and arr.size
+        and any(s == 0 and n > 1 for n, s in zip(arr.shape, arr.strides))
+    ):
+        raise ViewError(
+            f"{op}: unsupported operation: more than one element of the written-to tensor "
+            "refers to a single memory location. Please clone() the tensor before "
+            "performing the operation."
+        )
+
+
+def _operand(value, xp):
+    """``value`` as something ``xp`` arrays accept in assignments and copies."""
+    if isinstance(value, Tensor):
+        value = value._arr
+    if xp is np:
+        return B.to_host(value) if B.is_array(value) else value
+    if isinstance(value, (np.ndarray, list, tuple)):
+        return xp.asarray(value)
+    return value
+
+
+def _is_device_arg(a) -> bool:
+    """True for what ``to()`` takes as a device: a Device, an int, or a device string."""
+    if isinstance(a, str):
+        return a.partition(":")[0] in ("cpu", "cuda")
+    return isinstance(a, (B.Device, int)) and not isinstance(a, bool)
+
+
+def _check_step(s: slice) -> None:
+    if s.step is not None and s.step <= 0:
+        raise ValueError("step must be greater than zero")
+
+
+class Tensor:
+    """A local strided tensor (PyTorch semantics on a numpy or cupy array).
+
+    Create tensors with :func:`dtensor.tensor`, :func:`dtensor.from_numpy` or a factory
+    (``dt.zeros`` ...); ``Tensor(data)`` is ``dt.tensor(data)``. Many tensors can view
+    one :class:`Storage`; writes through one view are seen by all of them.
+    """
+
+    # _std caches _is_standard(_arr): None until first needed.
+    __slots__ = ("__weakref__", "_arr", "_std", "_storage")
+
+    # Binary operators with an ndarray on the left defer to the tensor (as in PyTorch).
+    __array_priority__ = 1000
+
+    def __init__(self, data) -> None:
+        from ._factory import tensor
+
+        self._arr = tensor(data)._arr
+        self._storage = None
+        self._std = None
+
+    # ------------------------------------------------------------------ metadata
+
+    @property
+    def shape(self) -> Size:
+        """Sizes of the tensor."""
+        return Size(self._arr.shape)
+
+    def size(self, dim: int | None = None):
+        """Sizes (a :class:`Size`), or the size of one dim. **Local.**"""
+        arr = self._arr
+        if dim is None:
+            return Size(arr.shape)
+        return arr.shape[self._dim_of_nonscalar(dim)]
+
+    def stride(self, dim: int | None = None):
+        """Strides in elements (a tuple), or the stride of one dim. **Local.**"""
+        arr = self._arr
+        isz = arr.itemsize
+        if dim is None:
+            return tuple([s // isz for s in arr.strides])
+        return arr.strides[self._dim_of_nonscalar(dim)] // isz
+
+    def _dim_of_nonscalar(self, dim) -> int:
+        ndim = self._arr.ndim
+        if ndim == 0:
+            raise IndexError(f"dimension specified as {dim} but tensor has no dimensions")
+        return _norm_dim(dim, ndim)
+
+    def storage_offset(self) -> int:
+        """Offset of the first element in the storage, in elements. **Local.**"""
+        arr = self._arr
+        return (B.data_ptr(arr) - self.untyped_storage()._ptr) // arr.itemsize
+
+    def untyped_storage(self) -> Storage:
+        """The :class:`Storage` this tensor views (derived once, then cached). **Local.**"""
+        st = self._storage
+        if st is None:
+            st = self._storage = _storage_of(self._arr)
+        return st
+
+    def data_ptr(self) -> int:
+        """Address of the first element. **Local.**"""
+        return B.data_ptr(self._arr)
+
+    @property
+    def dtype(self) -> np.dtype:
+        """Element dtype (a ``numpy.dtype``)."""
+        return self._arr.dtype
+
+    @property
+    def device(self) -> B.Device:
+        """Device holding the data."""
+        return B.device_of(self._arr)
+
+    @property
+    def is_cuda(self) -> bool:
+        """True when the data is on a CUDA device."""
+        return not isinstance(self._arr, np.ndarray)
+
+    @property
+    def ndim(self) -> int:
+        """Number of dims."""
+        return self._arr.ndim
+
+    def dim(self) -> int:
+        """Number of dims. **Local.**"""
+        return self._arr.ndim
+
+    def numel(self) -> int:
+        """Number of elements. **Local.**"""
+        return self._arr.size
+
+    def element_size(self) -> int:
+        """Bytes per element. **Local.**"""
+        return self._arr.itemsize
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element."""
+        return self._arr.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        """``numel() * element_size()`` (not the storage size)."""
+        return self._arr.nbytes
+
+    def is_contiguous(self) -> bool:
+        """PyTorch's rule: size-1 dims ignored, empty tensors contiguous. **Local.**"""
+        # The ndarray flag implements exactly this rule (numpy and cupy relaxed strides).
+        return self._arr.flags.c_contiguous
+
+    def is_floating_point(self) -> bool:
+        """True for floating dtypes. **Local.**"""
+        return self._arr.dtype.kind == "f"
+
+    def is_complex(self) -> bool:
+        """True for complex dtypes. **Local.**"""
+        return self._arr.dtype.kind == "c"
+
+    def __len__(self) -> int:
+        arr = self._arr
+        if arr.ndim == 0:
+            raise TypeError("len() of a 0-d tensor")
+        return arr.shape[0]
+
+    def __iter__(self):
+        if self._arr.ndim == 0:
+            raise TypeError("iteration over a 0-d tensor")
+        return iter(self.unbind(0))
+
+    def item(self):
+        """The value of a one-element tensor as a python scalar. **Local.**"""
+        arr = self._arr
+        if arr.size != 1:
+            raise RuntimeError(f"a Tensor with {arr.size} elements cannot be converted to Scalar")
+        return arr.item()
+
+    def tolist(self):
+        """Nested python lists (a python scalar for a 0-d tensor). **Local.**"""
+        return B.to_host(self._arr).tolist()
+
+    def __bool__(self) -> bool:
+        if self._arr.size != 1:
+            raise RuntimeError(f"Boolean value of Tensor with {self._arr.size} values is ambiguous")
+        return bool(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __complex__(self) -> complex:
+        return complex(self.item())
+
+    def __index__(self) -> int:
+        if self._arr.dtype.kind not in "iu":
+            raise TypeError("only integer tensors of a single element can be converted to an index")
+        return self.item()
+
+    def __reduce__(self):
+        # Note: pickling keeps the values, not storage sharing (a view pickles compactly).
+        return (_wrap, (self._arr,))
+
+    def __repr__(self) -> str:
+        arr = B.to_host(self._arr)
+        kwargs = {"prefix": "tensor(", "separator": ", "}
+        if arr.dtype.kind in "fc":
+            finite = arr[np.isfinite(arr)]
+            integral = finite.size == 0 or bool(np.all(finite == np.round(finite)))
+            kwargs.update(precision=4, floatmode="unique" if integral else "fixed")
+        body = "[]" if arr.size == 0 else np.array2string(arr, **kwargs)
+        extras = []
+        if arr.size == 0 and arr.ndim != 1:
+            extras.append(f"size={tuple(arr.shape)}")
+        if not isinstance(self._arr, np.ndarray):
+            extras.append(f"device='{self.device}'")
+        dtype = arr.dtype
+        if dtype not in (
+            _dtypes.get_default_dtype(),
+            _dtypes.default_complex_dtype(),
+            _dtypes.int64,
+            _dtypes.bool_,
+        ):
+            extras.append(f"dtype=dt.{dtype.name}")
+        return "tensor(" + ", ".join([body, *extras]) + ")"
+
+    # ------------------------------------------------------------ host / device / dtype
+
+    def __array__(self, dtype=None, copy=None):
+        arr = self.numpy()
+        if dtype is not None and np.dtype(dtype) != arr.dtype:
+            if copy is False:
+                raise ValueError(f"converting {arr.dtype} to {np.dtype(dtype)} needs a copy")
+            return arr.astype(dtype)
+        return arr.copy() if copy else arr
+
+    def numpy(self, force: bool = False) -> np.ndarray:
+        """The data as a numpy array: a zero-copy view on the CPU. **Local.**
+
+        Parameters
+        ----------
+        force : bool
+            Copy a GPU tensor to the host instead of raising.
+        """
+        arr = self._arr
+        if isinstance(arr, np.ndarray):
+            return arr.view()
+        if force:
+            return B.to_host(arr)
+        raise TypeError(
+            f"can't convert {self.device} tensor to numpy. Use Tensor.cpu() to copy the "
+            "tensor to host memory first."
+        )
+
+    def to(self, *args, dtype=None, device=None, copy: bool = False) -> Tensor:
+        """Convert dtype and/or device; returns ``self`` when nothing changes. **Local.**
+
+        Accepts PyTorch's forms: ``to(dtype)``, ``to(device)``, ``to(device, dtype)``,
+        ``to(other_tensor)`` and the keywords ``dtype=``, ``device=``, ``copy=``. A new
+        tensor keeps the strides of a dense input (``preserve_format``).
+        """
+        for a in args:
+            if isinstance(a, Tensor):
+                dtype, device = a.dtype, a.device
+            elif _is_device_arg(a):
+                device = a
+            else:
+                dtype = a
+        arr = self._arr
+        cur = B.device_of(arr)
+        dev = cur if device is None else B.as_device(device)
+        new_dtype = arr.dtype if dtype is None else _dtypes.to_dtype(dtype)
+        same_device = dev.type == cur.type and (dev.index is None or dev.index == cur.index)
+        if same_device and new_dtype == arr.dtype and not copy:
+            return self
+        if same_device:
+            dev = cur
+        out = _empty_like_arr(arr, new_dtype, dev)
+        _copy_into(out, arr)
+        return _wrap(out)
+
+    def cpu(self) -> Tensor:
+        """This tensor on the CPU (``self`` when already there). **Local.**"""
+        return self.to(device=B.CPU)
+
+    def cuda(self, device=None) -> Tensor:
+        """This tensor on a CUDA device (``self`` when already there). **Local.**"""
+        return self.to(device="cuda" if device is None else device)
+
+    def type_as(self, other: Tensor) -> Tensor:
+        """This tensor converted to ``other``'s dtype and device. **Local.**"""
+        return self.to(dtype=other.dtype, device=other.device)
+
+    # ------------------------------------------------------------------ views
+
+    def _restride(self, shape: tuple, strides: tuple, delta: int = 0) -> Tensor:
+        """View with new sizes/strides whose first element is ``delta`` elements on.
+
+        Sizes, strides and ``delta`` are in elements; every element of the view must lie
+        in the storage.
+        """
+        arr = self._arr
+        isz = arr.itemsize
+        bstrides = tuple([s * isz for s in strides])
+        out = None if delta else B.restrided(arr, shape, bstrides)
+        if out is None:
+            st = self.untyped_storage()
+            offset = B.data_ptr(arr) - st._ptr + delta * isz
+            out = st._view(shape, arr.dtype, offset, bstrides)
+        return _wrap(out, self._storage)
+
+    def as_strided(self, size, stride, storage_offset: int | None = None) -> Tensor:
+        """View of the same storage with the given sizes, strides and offset. **Local.**
+
+        Raises
+        ------
+        ViewError
+            When some element would lie outside the storage.
+        """
+        arr = self._arr
+        st = self.untyped_storage()
+        isz = arr.itemsize
+        if storage_offset is None:
+            storage_offset = self.storage_offset()
+        size, stride = tuple(size), tuple(stride)
+        if len(size) != len(stride):
+            raise ViewError(
+                f"as_strided: mismatch in length of strides and shape: {len(size)} vs {len(stride)}"
+            )
+        try:
+            out = st._view(size, arr.dtype, storage_offset * isz, tuple(s * isz for s in stride))
+        except ValueError as exc:
+            raise ViewError(
+                f"as_strided: sizes {list(size)}, strides {list(stride)}, storage offset "
+                f"{storage_offset}, and itemsize {isz} are out of bounds for storage of "
+                f"size {st.nbytes()}"
+            ) from exc
+        return _wrap(out, st)
+
+    def _view_general(self, shape: tuple) -> Tensor | None:
+        """``view(shape)`` by PyTorch's computeStride, or ``None`` if no view exists."""
+        arr = self._arr
+        new = _S.infer_size(shape, arr.size)
+        strides = _S.compute_view_strides(arr.shape, self.stride(), new)
+        if strides is None:
+            return None
+        return self._restride(new, strides)
+
+    def view(self, *shape) -> Tensor:
+        """View with new sizes (one may be -1), or a reinterpretation as another dtype.
+
+        **Local.** Never copies.
+
+        Raises
+        ------
+        ViewError
+            When the strides do not allow a view (PyTorch's message, use ``reshape``),
+            or the sizes do not match the number of elements.
+        """
+        if len(shape) == 1 and type(shape[0]) is not int:
+            arg = shape[0]
+            if not isinstance(arg, (tuple, list)) and not hasattr(arg, "__index__"):
+                return self._view_dtype(_dtypes.to_dtype(arg))
+            shape = _shape_arg(shape)
+        std = self._std
+        if std is None:
+            std = self._std = _is_standard(self._arr)
+        if std:
+            # Hot path, kept inline: numpy's reshape of a standard row-major array gives
+            # exactly PyTorch's strides (and the result is standard again).
+            try:
+                out = self._arr.reshape(shape)
+            except ValueError:
+                pass  # wrong element count: infer_size below raises PyTorch's error
+            else:
+                # numpy infers any one negative size; PyTorch accepts only -1.
+                if -1 in shape or out.shape == shape:
+                    t = _new(Tensor)
+                    t._arr = out
+                    t._storage = self._storage
+                    t._std = True
+                    return t
+        out = self._view_general(shape)
+        if out is None:
+            raise ViewError(_VIEW_ERROR)
+        return out
+
+    def _view_dtype(self, dtype: np.dtype) -> Tensor:
+        arr = self._arr
+        old, new = arr.itemsize, dtype.itemsize
+        if old != new:
+            msg = f"view: cannot view a tensor of {arr.dtype} as {dtype}"
+            if arr.ndim == 0:
+                raise ViewError(f"{msg}: a 0-dim tensor cannot change element size")
+            if arr.strides[-1] != old:
+                raise ViewError(f"{msg}: the last dim must have stride 1")
+            if new > old:
+                ratio = new // old
+                if arr.shape[-1] % ratio:
+                    raise ViewError(f"{msg}: size of the last dim must be divisible by {ratio}")
+                if self.storage_offset() % ratio or any(s % new for s in arr.strides[:-1]):
+                    raise ViewError(
+                        f"{msg}: the storage offset and the strides of all dims but the "
+                        f"last must be divisible by {ratio}"
+                    )
+        return _wrap(arr.view(dtype), self._storage)
+
+    def view_as(self, other: Tensor) -> Tensor:
+        """``view(other.shape)``. **Local.**"""
+        return self.view(other.shape)
+
+    def reshape(self, *shape) -> Tensor:
+        """A view when one exists, else a contiguous copy with the new sizes. **Local.**"""
+        shape = _shape_arg(shape)
+        if self._arr.flags.c_contiguous:
+            return self.view(shape)  # a contiguous tensor can always be viewed
+        out = self._view_general(shape)
+        return self.contiguous().view(shape) if out is None else out
+
+    def reshape_as(self, other: Tensor) -> Tensor:
+        """``reshape(other.shape)``. **Local.**"""
+        return self.reshape(other.shape)
+
+    def contiguous(self) -> Tensor:
+        """``self`` when contiguous, else a row-major copy. **Local.**"""
+        arr = self._arr
+        if arr.flags.c_contiguous:
+            return self
+        out = _alloc(arr.shape, arr.dtype, B.device_of(arr))
+        _copy_into(out, arr)
+        return _wrap(out)
+
+    def transpose(self, dim0: int, dim1: int) -> Tensor:
+        """View with two dims swapped. **Local.**"""
+        arr = self._arr
+        ndim = arr.ndim
+        d0, d1 = _norm_dim(dim0, ndim), _norm_dim(dim1, ndim)
+        return _wrap(arr.swapaxes(d0, d1) if ndim else arr.view(), self._storage)
+
+    swapaxes = transpose
+    swapdims = transpose
+
+    def t(self) -> Tensor:
+        """Transpose of a <= 2-D tensor (0-D and 1-D come back as they are). **Local.**"""
+        arr = self._arr
+        ndim = arr.ndim
+        if ndim == 2:
+            t = _new(Tensor)  # _wrap inlined: this is a hot path
+            t._arr = arr.T
+            t._storage = self._storage
+            t._std = None
+            return t
+        if ndim < 2:
+            return _wrap(arr.view(), self._storage)
+        raise ViewError(f"t() expects a tensor with <= 2 dimensions, but self is {ndim}D")
+
+    @property
+    def T(self) -> Tensor:
+        """All dims reversed."""
+        return _wrap(self._arr.T, self._storage)
+
+    @property
+    def mT(self) -> Tensor:
+        """The last two dims swapped (batches of matrices)."""
+        arr = self._arr
+        if arr.ndim < 2:
+            raise ViewError(
+                "tensor.mT is only supported on matrices or batches of matrices. "
+                f"Got {arr.ndim}-D tensor."
+            )
+        return _wrap(arr.swapaxes(-1, -2), self._storage)
+
+    def permute(self, *dims) -> Tensor:
+        """View with the dims reordered. **Local.**"""
+        dims = _shape_arg(dims)
+        arr = self._arr
+        ndim = arr.ndim
+        if len(dims) != ndim:
+            raise ViewError(
+                "permute(): number of dimensions in the tensor input does not match the "
+                f"length of the desired ordering of dimensions i.e. input.dim() = {ndim} "
+                f"is not equal to len(dims) = {len(dims)}"
+            )
+        perm = tuple([_norm_dim(d, ndim) for d in dims])
+        if len(set(perm)) != ndim:
+            raise ViewError(f"permute(): duplicate dims are not allowed: {list(dims)}")
+        return _wrap(arr.transpose(perm), self._storage)
+
+    def movedim(self, source, destination) -> Tensor:
+        """View with dims ``source`` moved to positions ``destination``. **Local.**"""
+        ndim = self._arr.ndim
+        src, dst = _dims_arg(source), _dims_arg(destination)
+        if len(src) != len(dst):
+            raise ViewError(
+                "movedim: Invalid source or destination dims: source "
+                f"({src} dims) should contain the same number of dims as destination "
+                f"({dst} dims)"
+            )
+        src = [_norm_dim(d, ndim) for d in src]
+        dst = [_norm_dim(d, ndim) for d in dst]
+        for name, ds in (("source", src), ("destination", dst)):
+            if len(set(ds)) != len(ds):
+                raise ViewError(f"movedim: repeated dim in `{name}` ({ds})")
+        order = [d for d in range(ndim) if d not in src]
+        for d, s in sorted(zip(dst, src)):
+            order.insert(d, s)
+        return self.permute(order)
+
+    moveaxis = movedim
+
+    def narrow(self, dim: int, start: int, length: int) -> Tensor:
+        """View of ``length`` entries of ``dim`` from ``start``. **Local.**"""
+        arr = self._arr
+        if arr.ndim == 0:
+            raise ViewError("narrow() cannot be applied to a 0-dim tensor.")
+        dim = _norm_dim(dim, arr.ndim)
+        size = arr.shape[dim]
+        start, length = operator.index(start), operator.index(length)
+        if length < 0:
+            raise ViewError("narrow(): length must be non-negative.")
+        if not -size <= start <= size:
+            raise IndexError(
+                f"start out of range (expected to be in range of [{-size}, {size}], "
+                f"but got {start})"
+            )
+        if start < 0:
+            start += size
+        if start > size - length:
+            raise ViewError(f"start ({start}) + length ({length}) exceeds dimension size ({size}).")
+        return self._narrow_view(dim, start, length)
+
+    def _narrow_view(self, dim: int, start: int, length: int) -> Tensor:
+        arr = self._arr
+        if length:
+            return _wrap(arr[(slice(None),) * dim + (slice(start, start + length),)], self._storage)
+        # numpy does not move the data pointer for an empty slice; PyTorch moves the
+        # storage offset by start * stride all the same.
+        strides = self.stride()
+        return self._restride(
+            arr.shape[:dim] + (0,) + arr.shape[dim + 1 :], strides, start * strides[dim]
+        )
+
+    def select(self, dim: int, index: int) -> Tensor:
+        """View of entry ``index`` of ``dim`` (the dim is removed). **Local.**"""
+        arr = self._arr
+        if arr.ndim == 0:
+            raise IndexError("select() cannot be applied to a 0-dim tensor.")
+        dim = _norm_dim(dim, arr.ndim)
+        size = arr.shape[dim]
+        index = operator.index(index)
+        if not -size <= index < size:
+            raise IndexError(
+                f"select(): index {index} out of range for tensor of size {list(arr.shape)} "
+                f"at dimension {dim}"
+            )
+        return _wrap(arr[(slice(None),) * dim + (index, Ellipsis)], self._storage)
+
+    def squeeze(self, dim=None) -> Tensor:
+        """View without size-1 dims (all, or those of ``dim``: an int or tuple). **Local.**
+
+        A listed dim whose size is not 1 is left alone (PyTorch's behaviour).
+        """
+        arr = self._arr
+        if dim is None:
+            return _wrap(arr.squeeze(), self._storage)
+        ndim = arr.ndim
+        shape = arr.shape
+        dims = {_norm_dim(d, ndim) for d in _dims_arg(dim)}
+        axes = tuple([d for d in dims if ndim and shape[d] == 1])
+        return _wrap(arr.squeeze(axes), self._storage)
+
+    def unsqueeze(self, dim: int) -> Tensor:
+        """View with a size-1 dim inserted at ``dim``. **Local.**"""
+        arr = self._arr
+        ndim = arr.ndim
+        dim = _norm_dim(dim, ndim + 1)
+        shape, strides = arr.shape, self.stride()
+        new_stride = shape[dim] * strides[dim] if dim < ndim else 1
+        return self._restride(
+            shape[:dim] + (1,) + shape[dim:], strides[:dim] + (new_stride,) + strides[dim:]
+        )
+
+    def expand(self, *sizes) -> Tensor:
+        """View broadcast to ``sizes`` (-1 keeps a size; new dims lead; stride 0). **Local.**"""
+        sizes = tuple([operator.index(s) for s in _shape_arg(sizes)])
+        arr = self._arr
+        shape, strides = arr.shape, self.stride()
+        ndim, tdim = len(sizes), len(shape)
+        if ndim < tdim:
+            raise ViewError(
+                f"expand: the number of sizes provided ({ndim}) must be greater or equal "
+                f"to the number of dimensions in the tensor ({tdim})"
+            )
+        new_shape = [0] * ndim
+        new_strides = [0] * ndim  # a 0-d input keeps stride 0 everywhere (as PyTorch)
+        for i in range(ndim - 1, -1, -1):
+            d = tdim - ndim + i
+            size = shape[d] if d >= 0 else 1
+            if d >= 0:
+                stride = strides[d]
+            else:
+                stride = new_shape[i + 1] * new_strides[i + 1] if i + 1 < ndim else 0
+            target = sizes[i]
+            if target == -1:
+                if d < 0:
+                    raise ViewError(
+                        f"The expanded size of the tensor (-1) isn't allowed in a leading, "
+                        f"non-existing dimension {i}"
+                    )
+                target = size
+            elif target < 0:
+                raise ViewError(f"expand: invalid size {target} at dimension {i}")
+            if size != target:
+                if size != 1:
+                    raise ViewError(
+                        f"The expanded size of the tensor ({target}) must match the existing "
+                        f"size ({size}) at non-singleton dimension {i}.  Target sizes: "
+                        f"{list(sizes)}.  Tensor sizes: {list(shape)}"
+                    )
+                size, stride = target, 0
+            new_shape[i] = size
+            new_strides[i] = stride
+        return self._restride(tuple(new_shape), tuple(new_strides))
+
+    def expand_as(self, other: Tensor) -> Tensor:
+        """``expand(other.shape)``. **Local.**"""
+        return self.expand(other.shape)
+
+    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+        """Dims ``start_dim..end_dim`` merged into one (a view when possible). **Local.**"""
+        arr = self._arr
+        ndim = arr.ndim
+        if ndim == 0:
+            return self.reshape(1)
+        start, end = _norm_dim(start_dim, ndim), _norm_dim(end_dim, ndim)
+        if start > end:
+            raise ViewError("flatten() has invalid args: start_dim cannot come after end_dim")
+        if start == end:
+            return self
+        shape = arr.shape
+        n = 1
+        for s in shape[start : end + 1]:
+            n *= s
+        return self.reshape(shape[:start] + (n,) + shape[end + 1 :])
+
+    def unflatten(self, dim: int, sizes) -> Tensor:
+        """View with ``dim`` split into ``sizes`` (one may be -1). **Local.**"""
+        arr = self._arr
+        dim = _norm_dim(dim, arr.ndim)
+        sizes = tuple(sizes)
+        if not sizes:
+            raise ViewError("unflatten: sizes must be non-empty")
+        shape = arr.shape
+        try:
+            inferred = _S.infer_size(sizes, shape[dim])
+        except ViewError as exc:
+            raise ViewError(
+                f"unflatten: Provided sizes {list(sizes)} don't multiply up to the size of "
+                f"dim {dim} ({shape[dim]}) in the input tensor"
+            ) from exc
+        return self.view(shape[:dim] + inferred + shape[dim + 1 :])
+
+    def unbind(self, dim: int = 0) -> tuple:
+        """All slices along ``dim`` (views without that dim). **Local.**"""
+        arr = self._arr
+        if arr.ndim == 0:
+            raise IndexError("unbind() cannot be applied to a 0-dim tensor.")
+        dim = _norm_dim(dim, arr.ndim)
+        lead = (slice(None),) * dim
+        st = self._storage
+        return tuple([_wrap(arr[(*lead, i, Ellipsis)], st) for i in range(arr.shape[dim])])
+
+    def _split_sizes(self, sizes, dim: int) -> tuple:
+        out = []
+        start = 0
+        for n in sizes:
+            out.append(self._narrow_view(dim, start, n))
+            start += n
+        return tuple(out)
+
+    def _split_dim(self, dim: int, op: str) -> int:
+        ndim = self._arr.ndim
+        if ndim == 0:
+            raise ViewError(f"{op} expects at least a 1-dimensional tensor")
+        return _norm_dim(dim, ndim)
+
+    def split(self, split_size_or_sections, dim: int = 0) -> tuple:
+        """Views of consecutive pieces along ``dim``. **Local.**
+
+        An int gives pieces of that size (the last may be smaller); a sequence gives
+        the size of each piece (they must add up to the dim's size).
+        """
+        dim = self._split_dim(dim, "split")
+        size = self._arr.shape[dim]
+        if _is_int_like(split_size_or_sections):
+            n = operator.index(split_size_or_sections)
+            if n < 0:
+                raise ViewError(f"split expects split_size be non-negative, but got split_size={n}")
+            if n == 0 and size != 0:
+                raise ViewError(
+                    "split_size can only be 0 if dimension size is 0, but got dimension size "
+                    f"of {size}"
+                )
+            count = max(-(-size // n), 1) if n else 1
+            sizes = [n] * (count - 1) + [size - n * (count - 1)]
+        else:
+            sizes = [operator.index(s) for s in split_size_or_sections]
+            if any(s < 0 for s in sizes):
+                raise ViewError(
+                    "split_with_sizes expects split_sizes have only non-negative entries, "
+                    f"but got split_sizes={sizes}"
+                )
+            if sum(sizes) != size:
+                raise ViewError(
+                    f"split_with_sizes expects split_sizes to sum exactly to {size} (input "
+                    f"tensor's size at dimension {dim}), but got split_sizes={sizes}"
+                )
+        return self._split_sizes(sizes, dim)
+
+    def chunk(self, chunks: int, dim: int = 0) -> tuple:
+        """``torch.chunk``: pieces of ``ceil(size / chunks)`` (maybe fewer pieces). **Local.**"""
+        dim = self._split_dim(dim, "chunk")
+        if chunks <= 0:
+            raise ViewError(f"chunk expects `chunks` to be greater than 0, got: {chunks}")
+        size = self._arr.shape[dim]
+        if size == 0:
+            return self._split_sizes([0] * chunks, dim)
+        return self.split(-(-size // chunks), dim)
+
+    # --------------------------------------------------------------- indexing
+
+    def _index(self, idx, op: str):
+        """Convert an index to ndarray terms; returns ``(index_tuple, basic, consumed)``.
+
+        ``basic`` is False when the index holds tensors, arrays, lists or bools
+        (advanced indexing); ``consumed`` counts the ints and slices. A basic index ends
+        with ``...`` so that a full integer index gives a 0-d array, not a scalar.
+        """
+        if type(idx) is not tuple:
+            idx = (idx,)
+        basic = True
+        has_ellipsis = False
+        consumed = 0
+        out = []
+        for i in idx:
+            if isinstance(i, Tensor):
+                i = i._arr
+                basic = False
+            elif isinstance(i, slice):
+                _check_step(i)
+                consumed += 1
+            elif i is None:
+                pass
+            elif i is Ellipsis:
+                has_ellipsis = True
+            elif isinstance(i, (bool, np.bool_, list)) or B.is_array(i):
+                # Note: a python bool index follows numpy (advanced indexing, a copy with
+                # a new dim), where PyTorch returns a view.
+                basic = False
+            else:
+                try:
+                    i = operator.index(i)
+                except TypeError as exc:
+                    raise IndexError(
+                        f"{op}: only integers, slices, None, ..., and integer or boolean "
+                        f"tensors are valid indices (got {type(i).__name__})"
+                    ) from exc
+                consumed += 1
+            out.append(i)
+        if basic and not has_ellipsis:
+            out.append(Ellipsis)
+        return tuple(out), basic, consumed
+
+    def _basic_view(self, out, index: tuple, consumed: int) -> Tensor:
+        """Redo numpy's basic-indexing view ``out`` where PyTorch differs.
+
+        PyTorch unsqueezes for each ``None`` in turn, so the new dim's stride is
+        size * stride of the source dim it lands before (1 past the last dim), where
+        numpy uses 0; and for an empty result PyTorch still moves the storage offset by
+        every slice's start * stride, which numpy skips.
+        """
+        arr = self._arr
+        shape, strides = arr.shape, self.stride()
+        ndim = arr.ndim
+        isz = arr.itemsize
+        new_strides = [s // isz for s in out.strides]
+        src = dst = delta = 0
+        for i in index:
+            if i is None:
+                new_strides[dst] = shape[src] * strides[src] if src < ndim else 1
+                dst += 1
+            elif i is Ellipsis:
+                span = ndim - consumed
+                src += span
+                dst += span
+            elif isinstance(i, slice):
+                delta += i.indices(shape[src])[0] * strides[src]
+                src += 1
+                dst += 1
+            else:
+                delta += (i % shape[src]) * strides[src]
+                src += 1
+        return self._restride(out.shape, tuple(new_strides), delta)
+
+    def __getitem__(self, idx) -> Tensor:
+        arr = self._arr
+        if arr.ndim:
+            # Fast paths of x[i] and x[a:b:c] (numpy's view is PyTorch's unless empty).
+            if type(idx) is int:
+                return _wrap(arr[idx, ...], self._storage)
+            if type(idx) is slice:
+                _check_step(idx)
+                out = arr[idx]
+                if out.size:
+                    return _wrap(out, self._storage)
+        index, basic, consumed = self._index(idx, "__getitem__")
+        if not basic:
+            # Note: advanced indexing copies, into memory numpy allocates (the storage then
+            # reports the host allocator), as numpy's indexing does not take an output.
+            return _wrap(arr[index])
+        out = arr[index]
+        if out.size and None not in index:
+            return _wrap(out, self._storage)
+        return self._basic_view(out, index, consumed)
+
+    def __setitem__(self, idx, value) -> None:
+        arr = self._arr
+        _check_no_internal_overlap(arr, "__setitem__")
+        index = self._index(idx, "__setitem__")[0]
+        arr[index] = _operand(value, B.array_module_of(arr))
+
+    # ------------------------------------------------------------------ copies
+
+    def clone(self) -> Tensor:
+        """Copy into a new Storage; a dense input keeps its strides. **Local.**"""
+        arr = self._arr
+        out = _empty_like_arr(arr, arr.dtype, B.device_of(arr))
+        _copy_into(out, arr)
+        return _wrap(out)
+
+    def detach(self) -> Tensor:
+        """A new handle on the same Storage. **Local.**"""
+        return _wrap(self._arr.view(), self._storage)
+
+    def copy_(self, src) -> Tensor:
+        """Copy ``src`` (broadcast to this shape, cast to this dtype) into ``self``.
+
+        **Local.** Writes through views. ``src`` may be a tensor, array or scalar, on
+        any device.
+
+        Raises
+        ------
+        ValueError
+            If ``src`` does not broadcast to this tensor's shape.
+        """
+        arr = self._arr
+        _check_no_internal_overlap(arr, "copy_")
+        # Note: a source overlapping the destination is copied correctly (numpy buffers
+        # it), where PyTorch raises for partial overlap.
+        if isinstance(src, Tensor):
+            src = src._arr
+        try:
+            _copy_into(arr, src)
+        except ValueError as exc:
+            raise ValueError(
+                f"copy_: source of shape {tuple(np.shape(src))} cannot be broadcast to "
+                f"{tuple(arr.shape)}"
+            ) from exc
+        return self
+
+    def fill_(self, value) -> Tensor:
+        """Set every element to ``value`` (a scalar or one-element tensor). **Local.**"""
+        arr = self._arr
+        _check_no_internal_overlap(arr, "fill_")
+        if isinstance(value, Tensor):
+            if value.numel() != 1:
+                raise ValueError(
+                    "fill_ only supports 0-dimension value tensor but got tensor with "
+                    f"{value.ndim} dimensions."
+                )
+            value = value.item()
+        arr.fill(value)
+        return self
+
+    def zero_(self) -> Tensor:
+        """Set every element to zero. **Local.**"""
+        return self.fill_(0)
+
+    def _new_options(self, dtype, device) -> dict:
+        return {
+            "dtype": self._arr.dtype if dtype is None else dtype,
+            "device": B.device_of(self._arr) if device is None else device,
+        }
+
+    def new_empty(self, *size, dtype=None, device=None) -> Tensor:
+        """Uninitialised tensor; dtype/device default to this tensor's. **Local.**"""
+        from ._factory import empty
+
+        return empty(*size, **self._new_options(dtype, device))
+
+    def new_zeros(self, *size, dtype=None, device=None) -> Tensor:
+        """Zeros; dtype/device default to this tensor's. **Local.**"""
+        from ._factory import zeros
+
+        return zeros(*size, **self._new_options(dtype, device))
+
+    def new_ones(self, *size, dtype=None, device=None) -> Tensor:
+        """Ones; dtype/device default to this tensor's. **Local.**"""
+        from ._factory import ones
+
+        return ones(*size, **self._new_options(dtype, device))
+
+    def new_full(self, size, fill_value, *, dtype=None, device=None) -> Tensor:
+        """Filled with ``fill_value``; dtype/device default to this tensor's. **Local.**"""
+        from ._factory import full
+
+        return full(size, fill_value, **self._new_options(dtype, device))
+
+    def new_tensor(self, data, dtype=None, device=None) -> Tensor:
+        """Copy of ``data``; dtype/device default to this tensor's. **Local.**"""
+        from ._factory import tensor
+
+        return tensor(data, **self._new_options(dtype, device))
+
+    # ------------------------------------------------- dtype shorthands (PyTorch names)
+
+    def float(self) -> Tensor:
+        """``to(float32)``. **Local.**"""
+        return self.to(_dtypes.float32)
+
+    def double(self) -> Tensor:
+        """``to(float64)``. **Local.**"""
+        return self.to(_dtypes.float64)
+
+    def half(self) -> Tensor:
+        """``to(float16)``. **Local.**"""
+        return self.to(_dtypes.float16)
+
+    def int(self) -> Tensor:
+        """``to(int32)``. **Local.**"""
+        return self.to(_dtypes.int32)
+
+    def long(self) -> Tensor:
+        """``to(int64)``. **Local.**"""
+        return self.to(_dtypes.int64)
+
+    def short(self) -> Tensor:
+        """``to(int16)``. **Local.**"""
+        return self.to(_dtypes.int16)
+
+    def char(self) -> Tensor:
+        """``to(int8)``. **Local.**"""
+        return self.to(_dtypes.int8)
+
+    def byte(self) -> Tensor:
+        """``to(uint8)``. **Local.**"""
+        return self.to(_dtypes.uint8)
+
+    def bool(self) -> Tensor:
+        """``to(bool)``. **Local.**"""
+        return self.to(_dtypes.bool_)

@@ -1,0 +1,149 @@
+"""Timing and reporting helpers shared by the benchmarks in ``launch/bench/``.
+
+Two ways to time:
+
+* :func:`per_call_us` for fast calls (microseconds): each sample runs the call in a
+  batched loop of ``number`` calls and divides, so timer overhead disappears.
+* :func:`each_call_us` for slow calls (collectives, big copies): each sample times one
+  call; with a communicator the ranks meet at a barrier before every call.
+
+Both warm up first and return all samples; :func:`summary` reduces them to the median
+(the figure to report on a noisy machine) plus spread. Under MPI, :func:`worst_rank`
+turns a per-rank figure into the slowest rank's. :func:`bench_args` and
+:func:`emit` give every benchmark the same ``--repeat`` / ``--out`` options and the same
+JSON output (stdout, and a file when asked).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+def per_call_us(
+    fn: Callable[[], Any],
+    *,
+    repeat: int = 15,
+    number: int | None = None,
+    warmup: int = 100,
+    target_s: float = 0.005,
+) -> list[float]:
+    """Microseconds per call of ``fn`` for each of ``repeat`` batched samples. **Local**.
+
+    Parameters
+    ----------
+    fn : callable
+        Called with no arguments; its result is dropped.
+    repeat : int
+        Number of samples.
+    number : int, optional
+        Calls per sample; by default chosen so that one sample lasts about ``target_s``.
+    warmup : int
+        Calls made before timing (and before choosing ``number``).
+    target_s : float
+        Duration of one sample when ``number`` is not given.
+    """
+    clock = time.perf_counter_ns
+    for _ in range(warmup):
+        fn()
+    if number is None:
+        number = 1
+        while True:
+            start = clock()
+            for _ in range(number):
+                fn()
+            if clock() - start >= target_s * 1e9:
+                break
+            number *= 2
+    samples = []
+    for _ in range(repeat):
+        start = clock()
+        for _ in range(number):
+            fn()
+        samples.append((clock() - start) / number / 1e3)
+    return samples
+
+
+def each_call_us(
+    fn: Callable[[], Any], *, repeat: int = 30, warmup: int = 3, comm: Any = None
+) -> list[float]:
+    """Microseconds of each of ``repeat`` single calls of ``fn``.
+
+    **Collective** when ``comm`` is given (every rank must call it with the same
+    ``repeat`` and ``warmup``): the ranks meet at a barrier before each call, so every
+    sample starts together. **Local** otherwise.
+    """
+    clock = time.perf_counter_ns
+    samples = []
+    for i in range(warmup + repeat):
+        if comm is not None:
+            comm.Barrier()
+        start = clock()
+        fn()
+        elapsed = clock() - start
+        if i >= warmup:
+            samples.append(elapsed / 1e3)
+    return samples
+
+
+def summary(samples: list[float]) -> dict[str, float]:
+    """Median, min, max and count of timing samples (microseconds). **Local**."""
+    return {
+        "median_us": round(statistics.median(samples), 3),
+        "min_us": round(min(samples), 3),
+        "max_us": round(max(samples), 3),
+        "samples": len(samples),
+    }
+
+
+def worst_rank(value: float, comm: Any) -> float:
+    """The largest ``value`` over the ranks of ``comm`` (MPI MAX). **Collective**."""
+    from mpi4py import MPI
+
+    return comm.allreduce(value, op=MPI.MAX)
+
+
+def ratio(numerator: float, denominator: float) -> float:
+    """``numerator / denominator`` rounded for reports (inf when the denominator is 0)."""
+    return round(numerator / denominator, 2) if denominator else float("inf")
+
+
+def bench_args(description: str, argv: list[str] | None = None, **extra: Any) -> Any:
+    """Parse the options every benchmark has: ``--repeat`` and ``--out``. **Local**.
+
+    ``extra`` maps further flag names (without dashes) to ``argparse`` keyword dicts.
+    """
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--repeat", type=int, default=30, help="timing samples per figure")
+    parser.add_argument("--out", help="also write the JSON result to this file")
+    for name, kwargs in extra.items():
+        parser.add_argument(f"--{name.replace('_', '-')}", **kwargs)
+    return parser.parse_args(argv)
+
+
+def environment() -> dict[str, Any]:
+    """Machine facts that belong next to any timing. **Local**."""
+    import numpy as np
+
+    return {
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+    }
+
+
+def emit(result: dict[str, Any], out: str | None) -> None:
+    """Print ``result`` as JSON and, when ``out`` is given, write it there too. **Local**."""
+    text = json.dumps(result, indent=2, sort_keys=False)
+    sys.stdout.write(text + "\n")
+    if out:
+        with open(out, "w", encoding="utf-8") as handle:
+            handle.write(text + "\n")

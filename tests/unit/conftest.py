@@ -1,0 +1,20 @@
+"""Fixtures of the unit tests: process-wide dtensor state is restored after each test.
+
+The default dtype and the global random generator are module state; a test that
+changes them must not leak into the next one.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import dtensor as dt
+
+
+@pytest.fixture(autouse=True)
+def _restore_dtensor_globals():
+    dtype = dt.get_default_dtype()
+    rng = dt.get_rng_state()
+    yield
+    dt.set_default_dtype(dtype)
+    dt.set_rng_state(rng)

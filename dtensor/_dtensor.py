@@ -1,0 +1,451 @@
+"""DTensor: a local :class:`~dtensor.Tensor` plus a :class:`~placements.spec.DTensorSpec`.
+
+This module owns the DTensor class, its construction (``distribute_tensor``,
+``DTensor.from_local``) and its conversions (``to_local``, ``full_tensor``,
+``redistribute``). Data movement is delegated to :mod:`redistribute` (plan, then execute on
+the mesh's communicators); ops on DTensors are served by the dispatcher.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+import fastpath as _fp
+from placements import Placement, Replicate, Shard
+from placements.layout import local_shape as _layout_local_shape
+from placements.spec import DTensorSpec
+from redistribute.execute import execute as _execute
+from redistribute.execute import scatter_from as _scatter_from
+from redistribute.plan import plan as _plan
+
+from . import _allocator
+from ._mesh import DeviceMesh
+from ._tensor import Tensor, _wrap
+from .errors import MeshError, PlacementError, ShardingError
+
+__all__ = ["DTensor", "distribute_tensor"]
+
+
+def _allocator_for(device: str):
+    """The ``alloc(shape, dtype)`` callback the executor uses for a mesh's device. **Local**."""
+    cached = _ALLOCS.get(device)
+    if cached is None:
+
+        def cached(shape, dtype, _device=device):
+            return _allocator.empty_array(shape, dtype, _device)
+
+        _ALLOCS[device] = cached
+    return cached
+
+
+_ALLOCS: dict = {}
+
+
+def _normalize_placements(
+    placements: Sequence[Placement] | None, mesh: DeviceMesh, op: str
+) -> tuple[Placement, ...]:
+    """Placements as a tuple of the mesh's length (None means all Replicate). **Local**."""
+    if placements is None:
+        return (Replicate(),) * mesh.ndim
+    placements = tuple(placements)
+    for p in placements:
+        if not isinstance(p, Placement):
+            raise PlacementError(
+                f"{op}: {p!r} is not a placement (expected Shard(dim), Replicate() or "
+                f"Partial(op)); placements={placements!r}"
+            )
+    if len(placements) != mesh.ndim:
+        raise PlacementError(
+            f"{op}: {len(placements)} placements {_short(placements)} for a {mesh.ndim}-D mesh "
+            f"of shape {mesh.shape}: give one placement per mesh dim"
+        )
+    return placements
+
+
+def _short(placements: Sequence[Placement]) -> str:
+    return "[" + ", ".join(p.short() for p in placements) + "]"
+
+
+def _as_local_tensor(data: object, op: str) -> Tensor:
+    if isinstance(data, Tensor):
+        return data
+    if isinstance(data, DTensor):
+        raise TypeError(f"{op}: expected a local tensor or array, got a DTensor {data!r}")
+    from ._factory import as_tensor
+
+    return as_tensor(data)
+
+
+_dnew = _fp.DTensorBase.__new__
+
+
+class DTensor(_fp.DTensorBase):
+    """A distributed tensor: this rank's local shard plus the global spec.
+
+    Attributes are metadata only; nothing in this class communicates unless its docstring
+    says **Collective**. The slots ``_local`` and ``_spec`` live in the base (compiled when
+    the fast path is enabled); one class serves both the compiled and the Python path.
+    """
+
+    __slots__ = ()
+
+    # Lets numpy defer to our reflected operators (ndarray + DTensor -> DTensor.__radd__).
+    __array_priority__ = 1000
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        raise TypeError(
+            "DTensor: use dt.distribute_tensor(...), DTensor.from_local(...) or a factory "
+            "with device_mesh= and placements= to create one"
+        )
+
+    @classmethod
+    def _make(cls, local: Tensor, spec: DTensorSpec) -> DTensor:
+        """Wrap a local tensor with a spec, no checks. **Local**."""
+        self = _dnew(cls)
+        self._local = local
+        self._spec = spec
+        return self
+
+    # -- metadata (Local) ------------------------------------------------------------------
+    @property
+    def placements(self) -> tuple[Placement, ...]:
+        """The placement on each mesh dim. **Local**."""
+        return self._spec.placements
+
+    @property
+    def device_mesh(self) -> DeviceMesh:
+        """The mesh this tensor is distributed over. **Local**."""
+        return self._spec.mesh
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The global shape. **Local**."""
+        return self._spec.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The element dtype. **Local**."""
+        return self._spec.dtype
+
+    @property
+    def device(self) -> str:
+        """The device of the local shard. **Local**."""
+        return self._local.device
+
+    @property
+    def ndim(self) -> int:
+        """Number of tensor dims. **Local**."""
+        return len(self._spec.shape)
+
+    def dim(self) -> int:
+        """Number of tensor dims. **Local**."""
+        return len(self._spec.shape)
+
+    def size(self, dim: int | None = None):
+        """Global size, or the global size of one dim. **Local**."""
+        if dim is None:
+            return self._spec.shape
+        from ._tensor import _norm_dim
+
+        return self._spec.shape[_norm_dim(dim, self.ndim)]
+
+    def numel(self) -> int:
+        """Number of elements of the global tensor. **Local**."""
+        return self._spec.numel()
+
+    def stride(self, dim: int | None = None):
+        """Global strides (row-major of the global shape unless given at creation). **Local**."""
+        strides = self._spec.stride
+        if strides is None:
+            from ._strides import contiguous_strides
+
+            strides = contiguous_strides(self._spec.shape)
+        if dim is None:
+            return tuple(strides)
+        from ._tensor import _norm_dim
+
+        return strides[_norm_dim(dim, self.ndim)]
+
+    def __len__(self) -> int:
+        if not self._spec.shape:
+            raise TypeError("len() of a 0-d DTensor")
+        return self._spec.shape[0]
+
+    @property
+    def spec(self) -> DTensorSpec:
+        """The full spec (mesh, placements, global shape, dtype). **Local**."""
+        return self._spec
+
+    def __repr__(self) -> str:
+        return (
+            f"DTensor(local_tensor={self._local!r}, device_mesh={self._spec.mesh!r}, "
+            f"placements={self._spec.placements!r}, shape={self._spec.shape})"
+        )
+
+    # -- conversions -----------------------------------------------------------------------
+    def to_local(self) -> Tensor:
+        """This rank's shard (shares memory with the DTensor). **Local**."""
+        return self._local
+
+    def redistribute(
+        self,
+        device_mesh: DeviceMesh | None = None,
+        placements: Sequence[Placement] | None = None,
+        *,
+        async_op: bool = False,
+    ) -> DTensor:
+        """The same global tensor with other placements.
+
+        **Collective** over the mesh (the plan's collectives run on the mesh-dim
+        communicators; a plan without communication, such as R -> S, is Local and returns a
+        view of the local shard).
+
+        Parameters
+        ----------
+        device_mesh : DeviceMesh, optional
+            Must be this tensor's mesh (moving between meshes is not supported).
+        placements : sequence of Placement, optional
+            Target placements; None means Replicate on every mesh dim.
+        async_op : bool
+            Accepted for PyTorch compatibility; the call is always synchronous.
+        """
+        spec = self._spec
+        mesh = spec.mesh
+        if device_mesh is not None and device_mesh != mesh:
+            raise MeshError(
+                f"redistribute: moving a DTensor from {mesh!r} to another mesh "
+                f"{device_mesh!r} is not supported; placements={_short(spec.placements)}"
+            )
+        dst = spec.with_placements(_normalize_placements(placements, mesh, "redistribute"))
+        if dst.placements == spec.placements:
+            return self
+        steps = _plan(spec, dst.placements)
+        out = _execute(
+            steps,
+            self._local._arr,
+            spec,
+            mesh._coord,
+            mesh._dim_comms,
+            _allocator_for(mesh.device_type),
+        )
+        return DTensor._make(_wrap(out), dst)
+
+    def full_tensor(self) -> Tensor:
+        """The whole global tensor, on every rank. **Collective** over the mesh."""
+        return self.redistribute(None, (Replicate(),) * self._spec.mesh.ndim)._local
+
+    @staticmethod
+    def from_local(
+        local_tensor: object,
+        device_mesh: DeviceMesh | None = None,
+        placements: Sequence[Placement] | None = None,
+        *,
+        shape: Sequence[int] | None = None,
+        stride: Sequence[int] | None = None,
+        run_check: bool = False,
+    ) -> DTensor:
+        """Build a DTensor from each rank's local shard.
+
+        **Local** when ``shape`` is given (or no placement is a Shard) and ``run_check`` is
+        False. **Collective** otherwise: without ``shape``, the global shape is computed
+        exactly from every rank's local shape (one small Allgather; uneven shards are never
+        guessed), and the local shapes are checked to be the torch.chunk split of it; with
+        ``run_check=True`` the local shapes and dtypes of all ranks are checked against the
+        spec and a :class:`ShardingError` is raised on every rank on disagreement.
+
+        Parameters
+        ----------
+        local_tensor : Tensor or array_like
+            This rank's shard (shared, not copied).
+        device_mesh : DeviceMesh
+            The mesh; default a 1-D mesh over COMM_WORLD (collective to create).
+        placements : sequence of Placement, optional
+            Default Replicate on every mesh dim.
+        shape, stride : sequence of int, optional
+            The global shape (and strides). Give ``shape`` for exact uneven shards without
+            communication.
+        """
+        if device_mesh is None:
+            from ._mesh import init_device_mesh
+
+            device_mesh = init_device_mesh()
+        local = _as_local_tensor(local_tensor, "DTensor.from_local")
+        placements = _normalize_placements(placements, device_mesh, "DTensor.from_local")
+        if shape is None:
+            shape = _infer_global_shape(local, device_mesh, placements)
+            run_check = False  # the inference checked every rank's shape already
+        spec = DTensorSpec(
+            device_mesh, placements, tuple(int(s) for s in shape), local.dtype,
+            None if stride is None else tuple(int(s) for s in stride),
+        )
+        if run_check:
+            _check_local_shapes(local, spec)
+        else:
+            expected = spec.local_shape(device_mesh._coord)
+            if tuple(local.shape) != expected:
+                raise ShardingError(
+                    f"DTensor.from_local: local shape {tuple(local.shape)} on mesh coordinate "
+                    f"{device_mesh._coord} does not match the shard {expected} of global shape "
+                    f"{spec.shape} under placements {_short(placements)}"
+                )
+        return DTensor._make(local, spec)
+
+
+_MAX_NDIM = 32
+
+
+def _gather_local_meta(local: Tensor, mesh: DeviceMesh) -> np.ndarray:
+    """Every rank's record (dtype char, ndim, shape padded with -1 to ``_MAX_NDIM``), as an
+    array of shape ``mesh.shape + (2 + _MAX_NDIM,)`` in mesh grid order.
+
+    **Collective** over the mesh. The record length is fixed, so ranks whose local ndim
+    differs still take part and get reported instead of hanging the collective.
+    """
+    if local.ndim > _MAX_NDIM:
+        raise ShardingError(f"DTensor.from_local: {local.ndim}-D tensors are not supported")
+    mine = np.full(2 + _MAX_NDIM, -1, dtype=np.int64)
+    mine[0] = ord(local.dtype.char)
+    mine[1] = local.ndim
+    mine[2 : 2 + local.ndim] = local.shape
+    allmeta = mesh._base.allgather_ints(mine).reshape(-1, mine.size)
+    # rows come in communicator-rank order; the grid maps mesh coordinates to those ranks
+    return allmeta[mesh._grid.ravel()].reshape(mesh.shape + (mine.size,))
+
+
+def _infer_global_shape(
+    local: Tensor, mesh: DeviceMesh, placements: tuple[Placement, ...]
+) -> tuple[int, ...]:
+    """Exact global shape from all ranks' local shapes. **Collective** when any placement
+    is a Shard, Local otherwise."""
+    if not any(isinstance(p, Shard) for p in placements):
+        return tuple(local.shape)
+    ndim = local.ndim
+    for p in placements:
+        if isinstance(p, Shard) and not -ndim <= p.dim < ndim:
+            raise PlacementError(
+                f"DTensor.from_local: {p!r} is out of range for a {ndim}-D local tensor of "
+                f"shape {tuple(local.shape)} (placements {_short(placements)})"
+            )
+    meta = _gather_local_meta(local, mesh)
+    shape = []
+    for d in range(ndim):
+        mesh_dims = [
+            m for m, p in enumerate(placements) if isinstance(p, Shard) and p.dim % ndim == d
+        ]
+        # sum the local sizes over the sub-grid of the mesh dims that shard d (others at 0)
+        index = tuple(slice(None) if m in mesh_dims else 0 for m in range(mesh.ndim))
+        shape.append(int(meta[index + (2 + d,)].sum()))
+    spec = DTensorSpec(mesh, placements, tuple(shape), local.dtype)
+    _raise_on_bad_meta(meta, spec, "from_local")
+    return spec.shape
+
+
+def _check_local_shapes(local: Tensor, spec: DTensorSpec) -> None:
+    """Raise on every rank if any rank's local shape or dtype disagrees with ``spec``.
+    **Collective** over the mesh."""
+    _raise_on_bad_meta(_gather_local_meta(local, spec.mesh), spec, "from_local(run_check=True)")
+
+
+def _raise_on_bad_meta(meta: np.ndarray, spec: DTensorSpec, op: str) -> None:
+    """Compare gathered records with the spec; raise the same error on every rank.
+    **Local** (works on already-gathered data)."""
+    mesh = spec.mesh
+    bad = []
+    for coord in np.ndindex(*mesh.shape):
+        rec = meta[coord]
+        dtype_char, ndim = chr(int(rec[0])), int(rec[1])
+        got = tuple(int(v) for v in rec[2 : 2 + ndim])
+        want = _layout_local_shape(spec.shape, mesh.shape, spec.placements, coord)
+        if dtype_char != spec.dtype.char or got != want:
+            bad.append(
+                f"coordinate {coord} (rank {int(mesh.mesh[coord])}): local "
+                f"{np.dtype(dtype_char).name} {got}, expected {spec.dtype.name} {want}"
+            )
+    if bad:
+        raise ShardingError(
+            f"DTensor.{op}: local shards do not match global shape {spec.shape} under "
+            f"placements {_short(spec.placements)} on mesh {mesh.shape}: " + "; ".join(bad)
+        )
+
+
+def distribute_tensor(
+    tensor: object,
+    device_mesh: DeviceMesh | None = None,
+    placements: Sequence[Placement] | None = None,
+    *,
+    src_data_rank: int | None = 0,
+) -> DTensor:
+    """Distribute a global tensor over a mesh.
+
+    **Collective** over the mesh.
+
+    Parameters
+    ----------
+    tensor : Tensor, ndarray or array_like, or None
+        The global data. With ``src_data_rank=r`` only rank ``r`` needs it (others may pass
+        None or anything of the right shape; its values are ignored): the source packs each
+        rank's shard once and scatters it, so no other rank builds the global tensor. With
+        ``src_data_rank=None`` every rank passes the same global data and keeps a view of its
+        own shard (no communication, no copy).
+    device_mesh : DeviceMesh, optional
+        Default: a 1-D mesh over COMM_WORLD.
+    placements : sequence of Placement, optional
+        Default: Replicate on every mesh dim. ``Partial("sum")`` places the value on mesh
+        coordinate 0 of that dim and zeros elsewhere; other Partial kinds place it everywhere.
+    src_data_rank : int or None
+        Rank (in ``device_mesh.mesh`` numbering) that holds the data.
+    """
+    if device_mesh is None:
+        from ._mesh import init_device_mesh
+
+        device_mesh = init_device_mesh()
+    mesh = device_mesh
+    placements = _normalize_placements(placements, mesh, "distribute_tensor")
+    alloc = _allocator_for(mesh.device_type)
+    if src_data_rank is None:
+        data = _as_local_tensor(tensor, "distribute_tensor")
+        spec = DTensorSpec(mesh, placements, tuple(data.shape), data.dtype)
+        src_spec = spec.with_placements((Replicate(),) * mesh.ndim)
+        steps = _plan(src_spec, placements)
+        out = _execute(steps, data._arr, src_spec, mesh._coord, mesh._dim_comms, alloc)
+        return DTensor._make(_wrap(out) if out is not data._arr else data, spec)
+
+    hits = np.argwhere(mesh.mesh == src_data_rank)
+    if hits.size == 0:
+        raise MeshError(
+            f"distribute_tensor: src_data_rank={src_data_rank} is not in the mesh "
+            f"{mesh.mesh.tolist()}"
+        )
+    src = int(mesh._grid[tuple(hits[0])])
+    base = mesh._base
+    is_src = base.rank == src
+    data = _as_local_tensor(tensor, "distribute_tensor") if (is_src or tensor is not None) else None
+    if is_src and data is None:
+        raise ShardingError("distribute_tensor: the source rank passed no data")
+    # Agree on (ndim, dtype, shape) from the source; every rank checks its own claim.
+    meta = np.zeros(2 + _MAX_NDIM, dtype=np.int64)
+    if is_src:
+        if data.ndim > _MAX_NDIM:
+            raise ShardingError(f"distribute_tensor: {data.ndim}-D tensors are not supported")
+        meta[0] = data.ndim
+        meta[1] = ord(data.dtype.char)
+        meta[2 : 2 + data.ndim] = data.shape
+    base.bcast_array(meta, src)
+    ndim = int(meta[0])
+    shape = tuple(int(s) for s in meta[2 : 2 + ndim])
+    dtype = np.dtype(chr(int(meta[1])))
+    spec = DTensorSpec(mesh, placements, shape, dtype)
+    mismatch = data is not None and not is_src and (tuple(data.shape) != shape)
+    flags = base.allgather_ints(np.array([int(mismatch)], dtype=np.int64))
+    if flags.any():
+        ranks = [int(mesh.mesh.ravel()[i]) for i in np.nonzero(flags.ravel())[0]]
+        raise ShardingError(
+            f"distribute_tensor: ranks {ranks} passed a tensor whose shape differs from the "
+            f"source rank {src_data_rank}'s {shape} (placements {_short(placements)})"
+        )
+    out = _scatter_from(
+        src, data._arr if is_src else None, spec, mesh._coord, base, alloc
+    )
+    return DTensor._make(_wrap(out), spec)

@@ -1,0 +1,331 @@
+"""DeviceMesh: an N-D array of MPI ranks with optional dim names.
+
+A mesh owns one communicator per mesh dim (created once, at construction, with
+``MPI_Comm_split``) and caches sub-communicators for groups of dims on first use. It is
+immutable and hashable, so it can be part of a :class:`placements.spec.DTensorSpec` (the
+cache key of sharding decisions and redistribute plans).
+
+Ranks in ``mesh.mesh`` are ranks of the *root* communicator the mesh (or its parent) was
+built on, as in PyTorch; a sub-mesh ``mesh["tp"]`` communicates over the cached
+sub-communicator of that dim.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+from redistribute import comm as _comm
+
+from .errors import MeshError
+
+__all__ = ["DeviceMesh", "init_device_mesh"]
+
+
+def _parse_mesh_env(value: str) -> tuple[int, ...]:
+    """Parse ``DTENSOR_MESH`` ("2x2", "4", "2,2") into a shape tuple. **Local**."""
+    parts = value.replace(",", "x").lower().split("x")
+    try:
+        shape = tuple(int(p) for p in parts if p.strip())
+    except ValueError:
+        raise MeshError(f"DTENSOR_MESH={value!r} is not a mesh shape like '2x2'") from None
+    if not shape or any(s <= 0 for s in shape):
+        raise MeshError(f"DTENSOR_MESH={value!r} is not a mesh shape like '2x2'")
+    return shape
+
+
+class DeviceMesh:
+    """An N-D mesh of MPI ranks.
+
+    **Collective** to construct: every rank of ``comm`` must build the same mesh in the same
+    order, because construction splits the communicator once per mesh dim.
+
+    Parameters
+    ----------
+    device_type : str
+        ``"cpu"`` or ``"cuda"``: where the local tensors of DTensors on this mesh live.
+    mesh : array_like of int
+        The ranks of ``comm`` laid out as an N-D array (each rank exactly once).
+    mesh_dim_names : sequence of str, optional
+        One unique name per mesh dim, for ``mesh["tp"]``.
+    comm : mpi4py communicator or :class:`redistribute.comm.Comm`, optional
+        The communicator the mesh spans; default ``MPI.COMM_WORLD``.
+    """
+
+    __slots__ = (
+        "device_type",
+        "_grid",
+        "_world_grid",
+        "_names",
+        "_base",
+        "_coord",
+        "_dim_comms",
+        "_group_comms",
+        "_hash",
+        "_root_rank",
+    )
+
+    def __init__(
+        self,
+        device_type: str = "cpu",
+        mesh: object = None,
+        *,
+        mesh_dim_names: Sequence[str] | None = None,
+        comm: object = None,
+    ) -> None:
+        base = _as_comm(comm)
+        grid = np.arange(base.size) if mesh is None else np.asarray(mesh)
+        if grid.dtype.kind not in "iu":
+            raise MeshError(f"DeviceMesh: mesh must hold integer ranks, got dtype {grid.dtype}")
+        grid = grid.astype(np.int64)
+        if grid.ndim == 0:
+            raise MeshError("DeviceMesh: mesh must have at least one dimension")
+        if grid.size != base.size or sorted(grid.ravel().tolist()) != list(range(base.size)):
+            raise MeshError(
+                f"DeviceMesh: mesh of shape {tuple(grid.shape)} with ranks "
+                f"{grid.ravel().tolist()} does not match the communicator of size {base.size} "
+                f"(each rank 0..{base.size - 1} must appear exactly once)"
+            )
+        coord, dim_comms = _comm.make_mesh_comms(base, grid)
+        self._init(device_type, grid, grid, mesh_dim_names, base, tuple(coord), tuple(dim_comms))
+
+    def _init(self, device_type, grid, world_grid, names, base, coord, dim_comms) -> None:
+        names = None if names is None else tuple(names)
+        if names is not None:
+            if len(names) != grid.ndim:
+                raise MeshError(
+                    f"DeviceMesh: {len(names)} mesh_dim_names {names} for a {grid.ndim}-D mesh "
+                    f"of shape {tuple(grid.shape)}"
+                )
+            if len(set(names)) != len(names):
+                raise MeshError(f"DeviceMesh: mesh_dim_names {names} are not unique")
+        grid = grid.copy()
+        grid.flags.writeable = False
+        world_grid = world_grid.copy()
+        world_grid.flags.writeable = False
+        self.device_type = str(device_type)
+        self._grid = grid
+        self._world_grid = world_grid
+        self._names = names
+        self._base = base
+        self._coord = coord
+        self._dim_comms = dim_comms
+        self._group_comms: dict[tuple[int, ...], _comm.Comm] = {}
+        self._root_rank = int(world_grid[coord])
+        self._hash = hash(
+            (self.device_type, world_grid.shape, tuple(world_grid.ravel().tolist()), names)
+        )
+
+    @classmethod
+    def _submesh(cls, parent: DeviceMesh, dims: tuple[int, ...], comm: _comm.Comm) -> DeviceMesh:
+        """Sub-mesh of ``parent`` over ``dims`` that contains this rank. **Local**."""
+        index = tuple(slice(None) if d in dims else c for d, c in enumerate(parent._coord))
+        world_grid = parent._world_grid[index]
+        shape = world_grid.shape
+        coord = tuple(parent._coord[d] for d in dims)
+        grid = np.arange(world_grid.size, dtype=np.int64).reshape(shape)
+        if len(dims) == 1:
+            dim_comms = (comm,)
+        else:
+            dim_comms = tuple(parent._dim_comms[d] for d in dims)
+        names = None if parent._names is None else tuple(parent._names[d] for d in dims)
+        self = cls.__new__(cls)
+        self._init(parent.device_type, grid, world_grid, names, comm, coord, dim_comms)
+        return self
+
+    # -- metadata (all Local) -------------------------------------------------------------
+    @property
+    def mesh(self) -> np.ndarray:
+        """The ranks (of the root communicator) as a read-only N-D array. **Local**."""
+        return self._world_grid
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The mesh shape. **Local**."""
+        return self._grid.shape
+
+    @property
+    def ndim(self) -> int:
+        """Number of mesh dims. **Local**."""
+        return self._grid.ndim
+
+    @property
+    def mesh_dim_names(self) -> tuple[str, ...] | None:
+        """The mesh dim names, or None. **Local**."""
+        return self._names
+
+    def size(self, mesh_dim: int | str | None = None) -> int:
+        """Number of ranks in the mesh, or along one mesh dim. **Local**."""
+        if mesh_dim is None:
+            return int(self._grid.size)
+        return self._grid.shape[self._dim_index(mesh_dim)]
+
+    def get_coordinate(self) -> tuple[int, ...]:
+        """This rank's coordinate in the mesh. **Local**."""
+        return self._coord
+
+    def get_local_rank(self, mesh_dim: int | str | None = None) -> int:
+        """This rank's index along ``mesh_dim`` (required for meshes of more than 1 dim).
+
+        **Local**.
+        """
+        if mesh_dim is None:
+            if self.ndim != 1:
+                raise MeshError(
+                    f"get_local_rank: mesh_dim is required for a {self.ndim}-D mesh "
+                    f"of shape {self.shape}"
+                )
+            mesh_dim = 0
+        return self._coord[self._dim_index(mesh_dim)]
+
+    def get_rank(self) -> int:
+        """This rank in the root communicator (``mesh.mesh`` numbering). **Local**."""
+        return self._root_rank
+
+    def get_group(self, mesh_dim: int | str | None = None) -> _comm.Comm:
+        """The communicator of one mesh dim (or the whole mesh when None). **Local**.
+
+        ``.mpi`` of the result is the mpi4py communicator, for users who call MPI directly.
+        """
+        if mesh_dim is None:
+            return self._base
+        return self._dim_comms[self._dim_index(mesh_dim)]
+
+    def get_all_groups(self) -> tuple[_comm.Comm, ...]:
+        """One communicator per mesh dim, in mesh dim order. **Local**."""
+        return self._dim_comms
+
+    def _dim_index(self, mesh_dim: int | str) -> int:
+        if isinstance(mesh_dim, str):
+            if self._names is None or mesh_dim not in self._names:
+                raise MeshError(
+                    f"DeviceMesh: no mesh dim named {mesh_dim!r} (mesh_dim_names={self._names})"
+                )
+            return self._names.index(mesh_dim)
+        nd = self.ndim
+        if not isinstance(mesh_dim, (int, np.integer)) or not -nd <= mesh_dim < nd:
+            raise MeshError(
+                f"DeviceMesh: mesh dim {mesh_dim!r} is out of range for a {nd}-D mesh "
+                f"of shape {self.shape}"
+            )
+        return int(mesh_dim) % nd
+
+    # -- sub-meshes ------------------------------------------------------------------------
+    def __getitem__(self, names: str | int | tuple) -> DeviceMesh:
+        """Sub-mesh over one or several mesh dims (by name or index). **Local** on first use
+        for a single dim; **Collective** over the mesh the first time a group of several dims
+        is asked for (its communicator is created then, and cached)."""
+        if not isinstance(names, tuple):
+            names = (names,)
+        dims = tuple(self._dim_index(n) for n in names)
+        if len(set(dims)) != len(dims) or list(dims) != sorted(dims):
+            raise MeshError(
+                f"DeviceMesh: sub-mesh dims {names} must be distinct and in mesh order "
+                f"(mesh_dim_names={self._names})"
+            )
+        if dims == tuple(range(self.ndim)):
+            return self
+        return DeviceMesh._submesh(self, dims, self._group_comm(dims))
+
+    def _group_comm(self, dims: tuple[int, ...]) -> _comm.Comm:
+        """Communicator over the ranks that share this rank's coordinates outside ``dims``.
+
+        **Collective** over the whole mesh on first use for ``dims`` (then cached).
+        """
+        if len(dims) == 1:
+            return self._dim_comms[dims[0]]
+        cached = self._group_comms.get(dims)
+        if cached is None:
+            rest = tuple(d for d in range(self.ndim) if d not in dims)
+            flat = self._grid.transpose(rest + dims).reshape(
+                tuple(self.shape[d] for d in rest) + (-1,)
+            )
+            _, comms = _comm.make_mesh_comms(self._base, flat)
+            cached = self._group_comms[dims] = comms[-1]
+        return cached
+
+    # -- identity --------------------------------------------------------------------------
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, DeviceMesh):
+            return NotImplemented
+        return (
+            self._hash == other._hash
+            and self.device_type == other.device_type
+            and self._names == other._names
+            and np.array_equal(self._world_grid, other._world_grid)
+        )
+
+    def __repr__(self) -> str:
+        names = "" if self._names is None else f", mesh_dim_names={self._names}"
+        return f"DeviceMesh('{self.device_type}', {self._world_grid.tolist()}{names})"
+
+
+def _as_comm(comm: object) -> _comm.Comm:
+    if comm is None:
+        return _comm.world()
+    if isinstance(comm, _comm.Comm):
+        return comm
+    return _comm.Comm(comm)
+
+
+def init_device_mesh(
+    *args: object,
+    mesh_dim_names: Sequence[str] | None = None,
+    device: str = "cpu",
+    comm: object = None,
+    device_type: str | None = None,
+    mesh_shape: Sequence[int] | int | None = None,
+) -> DeviceMesh:
+    """Create a mesh over all ranks of ``comm`` (default COMM_WORLD) in row-major order.
+
+    **Collective**: every rank must call it with the same arguments.
+
+    Call as ``init_device_mesh((2, 2), ("dp", "tp"))``, ``init_device_mesh((2, 2),
+    mesh_dim_names=("dp", "tp"), device="cpu")`` or, PyTorch's order,
+    ``init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))``.
+
+    Parameters
+    ----------
+    mesh_shape : tuple of int, optional
+        The mesh shape; its product must equal the communicator size. When omitted, the
+        ``DTENSOR_MESH`` environment variable (``"2x2"``, set by ``python -m launch --mesh``)
+        is used, else a 1-D mesh of all ranks.
+    mesh_dim_names : sequence of str, optional
+        Names of the mesh dims.
+    device : str
+        ``"cpu"`` or ``"cuda"`` (``device_type`` is an alias).
+    comm : mpi4py communicator, optional
+        The communicator to span; default COMM_WORLD.
+    """
+    args_list = list(args)
+    if args_list and isinstance(args_list[0], str):
+        device = args_list.pop(0)
+    if args_list:
+        mesh_shape = args_list.pop(0)
+    if args_list:
+        mesh_dim_names = args_list.pop(0)
+    if args_list:
+        raise TypeError(f"init_device_mesh: unexpected positional arguments {args_list}")
+    if device_type is not None:
+        device = device_type
+    base = _as_comm(comm)
+    if mesh_shape is None:
+        env = os.environ.get("DTENSOR_MESH")
+        mesh_shape = _parse_mesh_env(env) if env else (base.size,)
+    if isinstance(mesh_shape, (int, np.integer)):
+        mesh_shape = (int(mesh_shape),)
+    shape = tuple(int(s) for s in mesh_shape)
+    if not shape or any(s <= 0 for s in shape) or int(np.prod(shape)) != base.size:
+        raise MeshError(
+            f"init_device_mesh: mesh shape {shape} needs {int(np.prod(shape)) if shape else 0} "
+            f"ranks but the communicator has {base.size}"
+        )
+    grid = np.arange(base.size, dtype=np.int64).reshape(shape)
+    return DeviceMesh(device, grid, mesh_dim_names=mesh_dim_names, comm=base)

@@ -1,0 +1,570 @@
+"""Run redistribute plans on this rank's shard, and scatter a tensor from one rank.
+
+This module owns the data movement of :func:`redistribute.plan.plan`'s steps: for every
+step it computes from the layout math which block of the local shard goes to which peer
+and where the blocks from the peers land, then moves the data with the buffer-based
+collectives of :mod:`redistribute.comm` (as bytes; reductions typed).
+
+- Uneven and empty shards use exact per-peer counts (no padding).
+- Outputs, pack and staging buffers come from the caller's allocator.
+- LocalChunk returns a view of its input and PartitionPartial the input itself (or the
+  op's identity); nothing is copied.
+- AllGather of an output up to ``_MAX_ALLGATHER_BYTES`` is one MPI all-gather (lowest
+  latency). Larger gathers and every AllToAll are a peer exchange: the own block is copied
+  locally and the peers' blocks move with one ``Alltoallw``. Measured with MPICH at 2
+  ranks, 2048x2048 float32: the exchange beats MPICH's ``Allgather`` (~2x at 16 MiB) and
+  by far its ``Allgatherv`` on uneven blocks (~4 ms against ~500 ms).
+- A contiguous input is sent in place. Blocks to send that are not contiguous (a shard
+  dim other than the outermost, or any non-contiguous input such as a transposed view) are
+  packed with one numpy copy each: faster than derived send types (S(0)->S(1): 0.74 ms
+  against 1.0 ms; raw ``Alltoall`` 0.6 ms).
+- Blocks received into a non-contiguous place land there through a derived datatype (no
+  unpack copy: S(1)->R 1.0 ms, against 1.65 ms for gather-then-unpack and 0.8 ms for a raw
+  ``Allgather``), unless their contiguous runs are shorter than ``_MIN_TYPED_RUN`` bytes:
+  MPI handles tiny runs slower than numpy (8-byte runs: 20 ms against 8.8 ms), so such
+  blocks are staged and unpacked with one numpy copy each.
+- Each (plan, source spec, coordinate) is compiled once into a program of step runners
+  (counts, displacements, derived datatypes), kept in a bounded cache (oldest first out):
+  evicted programs free their datatypes, and the rest are freed at exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from placements.errors import DTypeError, ShardingError
+from placements.layout import local_offsets, local_shape, local_slices
+
+from . import comm as _comm
+from .plan import AllGather, AllReduce, AllToAll, LocalChunk, PartitionPartial, ReduceScatter
+
+__all__ = ["execute", "scatter_from"]
+
+Alloc = Callable[[tuple, np.dtype], np.ndarray]
+
+# Non-contiguous receive blocks with contiguous runs shorter than this (bytes) are staged
+# and unpacked with numpy instead of received through a derived datatype.
+_MIN_TYPED_RUN = 256
+
+# Gathers up to this many bytes (output) use MPI's all-gather (lowest latency); larger ones
+# exchange blocks peer to peer with an alltoallw, which MPICH runs about 2x faster than its
+# Allgather at 16 MiB and far faster than its Allgatherv for uneven blocks.
+_MAX_ALLGATHER_BYTES = 1 << 16
+
+# Programs kept compiled (an entry holds its derived datatypes).
+_MAX_PROGRAMS = 512
+
+# Note: placing a value as Partial(sum) / Partial(prod) keeps it on mesh coordinate 0 of
+# that dim and puts the op's identity elsewhere (0 / 1); Partial(avg/max/min) keeps the value
+# on every coordinate.
+_IDENTITY = {"sum": 0, "prod": 1}
+
+
+def _fill_value(placements: Sequence[Any], coord: Sequence[int]) -> int | None:
+    """The identity this coordinate holds instead of the data, or None if it holds data.
+
+    Partial values reduce from the highest mesh dim down, so the highest Partial(sum/prod)
+    dim on which this coordinate is not 0 decides.
+    """
+    for m in reversed(range(len(placements))):
+        p = placements[m]
+        if p.is_partial() and coord[m] != 0 and p.reduce_op in _IDENTITY:
+            return _IDENTITY[p.reduce_op]
+    return None
+
+
+# -- geometry -----------------------------------------------------------------------------
+
+
+class _Slab:
+    """Elements ``[start, start + n)`` along ``dim`` of a C-contiguous array of ``shape``."""
+
+    __slots__ = ("contiguous", "index", "offset", "pre", "row", "run", "shape", "size")
+
+    def __init__(self, shape: tuple, dim: int, start: int, n: int, itemsize: int) -> None:
+        pre = math.prod(shape[:dim])
+        post = math.prod(shape[dim + 1 :])
+        self.index = (slice(None),) * dim + (slice(start, start + n),)
+        self.shape = shape[:dim] + (n,) + shape[dim + 1 :]
+        self.offset = start * post * itemsize  # bytes from the array's start
+        self.size = pre * n * post  # elements
+        self.contiguous = self.size == 0 or pre == 1 or n == shape[dim]
+        self.pre = pre
+        self.run = n * post * itemsize  # bytes per contiguous piece
+        self.row = shape[dim] * post * itemsize  # bytes between pieces
+
+
+def _region(spec: Any, placements: Sequence[Any], coord: tuple) -> tuple[tuple, tuple]:
+    """(global offsets, shape) of the block that ``coord`` holds under ``placements``."""
+    return (
+        local_offsets(spec.shape, spec.mesh_shape, placements, coord),
+        local_shape(spec.shape, spec.mesh_shape, placements, coord),
+    )
+
+
+def _peers(coord: tuple, m: int, k: int) -> list[tuple]:
+    return [coord[:m] + (j,) + coord[m + 1 :] for j in range(k)]
+
+
+def _piece(spec: Any, dim: int, outer: tuple, inner: tuple) -> tuple[int, int]:
+    """(start, length) along ``dim`` of the ``inner`` (placements, coord) block inside the
+    ``outer`` one."""
+    o_off, _ = _region(spec, *outer)
+    off, shape = _region(spec, *inner)
+    return off[dim] - o_off[dim], shape[dim]
+
+
+def _pieces(spec: Any, step: Any, dim: int, outer: tuple, inner: list[tuple]) -> list[tuple]:
+    """:func:`_piece` of each ``inner`` block; checks that they tile the outer block in order."""
+    pieces = [_piece(spec, dim, outer, block) for block in inner]
+    ends = [s + n for s, n in pieces]
+    extent = _region(spec, *outer)[1][dim]
+    if [s for s, _ in pieces] != [0] + ends[:-1] or ends[-1] != extent:
+        raise ShardingError(
+            f"redistribute: step {step!r} of {spec!r}: the blocks {pieces} along tensor dim "
+            f"{dim} do not tile the local extent {extent}"
+        )
+    return pieces
+
+
+# -- step runners -------------------------------------------------------------------------
+# A runner is compiled for one (step, source spec, coordinate); run(x, owned, comm, alloc)
+# returns (output, owned) where ``owned`` says the output is a buffer of this execution
+# (not the caller's input), which later steps may overwrite.
+
+
+class _Exchange:
+    """Peer ``j`` gets ``x[send[j]]`` and this rank gets peer ``j``'s block in ``out[recv[j]]``
+    (AllGather: every peer gets all of ``x``; AllToAll: one slab each)."""
+
+    __slots__ = (
+        "direct", "direct_displs", "gather_counts", "in_shape", "kind", "mesh_dim",
+        "out_shape", "pack", "pack_displs", "peers", "rcounts", "rdispls", "rtypes",
+        "scounts", "self_recv", "self_send", "stage_len", "stypes", "types", "unstage",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        mesh_dim: int,
+        me: int,
+        in_shape: tuple,
+        out_shape: tuple,
+        itemsize: int,
+        send: list[_Slab],
+        recv: list[_Slab],
+        gather: bool,
+    ) -> None:
+        self.mesh_dim, self.in_shape, self.out_shape = mesh_dim, in_shape, out_shape
+        self.kind = "all_gather" if gather else "all_to_all"
+        self.types: list[Any] = []
+        self.self_send, self.self_recv = send[me].index, recv[me].index
+        peers = [j for j in range(len(send)) if j != me]
+        self.peers = bool(peers)
+        # A small gather is one MPI all-gather (rank-ordered blocks: straight into the
+        # output when they are contiguous there, else staged). Other exchanges are an
+        # alltoallw over the peers, the own block being copied locally.
+        small = gather and math.prod(out_shape) * itemsize <= _MAX_ALLGATHER_BYTES
+        if small:
+            staged = not all(s.contiguous for s in recv)
+            staged_blocks = range(len(recv)) if staged else ()
+        else:
+            runs = [recv[j].run for j in peers if not recv[j].contiguous]
+            staged = bool(runs) and min(runs) < _MIN_TYPED_RUN
+            staged_blocks = peers if staged else ()
+        self.unstage, pos = [], 0
+        for j in staged_blocks:
+            s = recv[j]
+            self.unstage.append((s.index, pos, pos + s.size, s.shape))
+            pos += s.size
+        self.stage_len = pos if staged else None
+        self.gather_counts = [s.size for s in recv] if small else None
+        if small:
+            return
+        # sends: in place from a C-contiguous input, else packed (each distinct slab once)
+        self.scounts = [s.size * itemsize if j != me else 0 for j, s in enumerate(send)]
+        self.stypes = [_comm.BYTES] * len(send)
+        self.direct = all(send[j].contiguous for j in peers)
+        self.direct_displs = [s.offset for s in send]
+        self.pack, self.pack_displs, packed, pos = [], [0] * len(send), {}, 0
+        for j in peers:
+            s = send[j]
+            if (s.offset, s.size) not in packed:
+                self.pack.append((s.index, pos, pos + s.size, s.shape))
+                packed[s.offset, s.size] = pos
+                pos += s.size
+            self.pack_displs[j] = packed[s.offset, s.size] * itemsize
+        # receives: into the staging buffer, in place when contiguous, else through a
+        # derived datatype
+        self.rcounts, self.rdispls = [0] * len(recv), [0] * len(recv)
+        self.rtypes = [_comm.BYTES] * len(recv)
+        for j, (_, start, _, _) in zip(peers, self.unstage):
+            self.rcounts[j], self.rdispls[j] = recv[j].size * itemsize, start * itemsize
+        for j in peers if not staged else ():
+            s = recv[j]
+            if s.contiguous:
+                self.rcounts[j], self.rdispls[j] = s.size * itemsize, s.offset
+            else:
+                # the slab as (pre) runs of (run) bytes, one every (row) bytes
+                count, dtype = _comm.block_type((s.pre, s.run), (s.row, 1), 1)
+                self.rcounts[j], self.rdispls[j], self.rtypes[j] = count, s.offset, dtype
+                self.types.append(dtype)
+
+    def run(self, x: np.ndarray, owned: bool, comm: _comm.Comm, alloc: Alloc) -> tuple:
+        out = alloc(self.out_shape, x.dtype)
+        rbuf = out if self.stage_len is None else alloc((self.stage_len,), x.dtype)
+        if self.gather_counts is not None:
+            comm.allgatherv(_contiguous(x, alloc), rbuf, self.gather_counts)
+        else:
+            np.copyto(out[self.self_recv], x[self.self_send])
+            if self.peers:
+                if self.direct and x.flags.c_contiguous:
+                    sbuf, sdispls = x, self.direct_displs
+                else:
+                    sbuf, sdispls = alloc((self.pack[-1][2],), x.dtype), self.pack_displs
+                    for index, start, stop, shape in self.pack:
+                        np.copyto(sbuf[start:stop].reshape(shape), x[index])
+                comm.alltoallw(
+                    sbuf, self.scounts, sdispls, self.stypes,
+                    rbuf, self.rcounts, self.rdispls, self.rtypes,
+                    self.kind,
+                )  # fmt: skip
+        for index, start, stop, shape in self.unstage:
+            np.copyto(out[index], rbuf[start:stop].reshape(shape))
+        return out, True
+
+
+class _ReduceScatter:
+    """Reduce over the mesh dim; peer ``j`` keeps the ``j``-th slab along one tensor dim."""
+
+    __slots__ = ("counts", "direct", "in_shape", "mesh_dim", "op", "out_shape", "pack", "types")
+
+    def __init__(
+        self, mesh_dim: int, in_shape: tuple, out_shape: tuple, send: list[_Slab], op: str
+    ) -> None:
+        self.mesh_dim, self.in_shape, self.out_shape, self.op = mesh_dim, in_shape, out_shape, op
+        self.types: list[Any] = []
+        self.counts = [s.size for s in send]
+        # slabs tile the input in rank order: a C-contiguous input is already the send buffer
+        # when every slab is contiguous
+        self.direct = all(s.contiguous for s in send)
+        starts = np.concatenate(([0], np.cumsum(self.counts, dtype=np.int64))).tolist()
+        self.pack = [(s.index, starts[j], starts[j + 1], s.shape) for j, s in enumerate(send)]
+
+    def run(self, x: np.ndarray, owned: bool, comm: _comm.Comm, alloc: Alloc) -> tuple:
+        if self.direct and x.flags.c_contiguous:
+            sbuf = x
+        else:
+            sbuf = alloc((self.pack[-1][2],), x.dtype)
+            for index, start, stop, shape in self.pack:
+                np.copyto(sbuf[start:stop].reshape(shape), x[index])
+        out = alloc(self.out_shape, x.dtype)
+        comm.reduce_scatter(sbuf, out, self.counts, self.op)
+        return out, True
+
+
+class _AllReduce:
+    """Reduce over the mesh dim; every peer gets the result (in place on owned buffers)."""
+
+    __slots__ = ("in_shape", "mesh_dim", "op", "out_shape", "types")
+
+    def __init__(self, mesh_dim: int, shape: tuple, op: str) -> None:
+        self.mesh_dim, self.in_shape, self.out_shape, self.op = mesh_dim, shape, shape, op
+        self.types: list[Any] = []
+
+    def run(self, x: np.ndarray, owned: bool, comm: _comm.Comm, alloc: Alloc) -> tuple:
+        if x.flags.c_contiguous:
+            if owned:
+                comm.allreduce(x, None, self.op)
+                return x, True
+            out = alloc(x.shape, x.dtype)
+            comm.allreduce(x, out, self.op)
+            return out, True
+        out = alloc(x.shape, x.dtype)
+        np.copyto(out, x)
+        comm.allreduce(out, None, self.op)
+        return out, True
+
+
+class _Local:
+    """A step without communication: a view of the input (LocalChunk), the input itself
+    (PartitionPartial on a holder) or the op's identity (PartitionPartial on a non-holder)."""
+
+    __slots__ = ("fill", "in_shape", "index", "mesh_dim", "out_shape", "types")
+
+    def __init__(
+        self,
+        mesh_dim: int,
+        in_shape: tuple,
+        out_shape: tuple,
+        index: tuple | None,
+        fill: int | None,
+    ) -> None:
+        self.mesh_dim, self.in_shape, self.out_shape = mesh_dim, in_shape, out_shape
+        self.index, self.fill, self.types = index, fill, []
+
+    def run(self, x: np.ndarray, owned: bool, comm: _comm.Comm, alloc: Alloc) -> tuple:
+        if self.fill is None:
+            return (x if self.index is None else x[self.index]), owned
+        out = alloc(self.out_shape, x.dtype)
+        out.fill(self.fill)
+        return out, True
+
+
+# -- compiling steps ----------------------------------------------------------------------
+
+
+def _compile_all_gather(step: Any, spec: Any, coord: tuple, isz: int) -> _Exchange:
+    m, d = step.mesh_dim, step.tensor_dim
+    k = spec.mesh_shape[m]
+    peers = _peers(coord, m, k)
+    _, in_shape = _region(spec, step.before, coord)
+    _, out_shape = _region(spec, step.after, coord)
+    pieces = _pieces(spec, step, d, (step.after, coord), [(step.before, p) for p in peers])
+    send = [_Slab(in_shape, d, 0, in_shape[d], isz)] * k
+    recv = [_Slab(out_shape, d, s, n, isz) for s, n in pieces]
+    return _Exchange(m, coord[m], in_shape, out_shape, isz, send, recv, gather=True)
+
+
+def _compile_all_to_all(step: Any, spec: Any, coord: tuple, isz: int) -> _Exchange:
+    m, src, dst = step.mesh_dim, step.src_dim, step.dst_dim
+    peers = _peers(coord, m, spec.mesh_shape[m])
+    _, in_shape = _region(spec, step.before, coord)
+    _, out_shape = _region(spec, step.after, coord)
+    sends = _pieces(spec, step, dst, (step.before, coord), [(step.after, p) for p in peers])
+    recvs = _pieces(spec, step, src, (step.after, coord), [(step.before, p) for p in peers])
+    send = [_Slab(in_shape, dst, s, n, isz) for s, n in sends]
+    recv = [_Slab(out_shape, src, s, n, isz) for s, n in recvs]
+    return _Exchange(m, coord[m], in_shape, out_shape, isz, send, recv, gather=False)
+
+
+def _compile_reduce_scatter(step: Any, spec: Any, coord: tuple, isz: int) -> _ReduceScatter:
+    m, d = step.mesh_dim, step.tensor_dim
+    peers = _peers(coord, m, spec.mesh_shape[m])
+    _, in_shape = _region(spec, step.before, coord)
+    _, out_shape = _region(spec, step.after, coord)
+    pieces = _pieces(spec, step, d, (step.before, coord), [(step.after, p) for p in peers])
+    send = [_Slab(in_shape, d, s, n, isz) for s, n in pieces]
+    return _ReduceScatter(m, in_shape, out_shape, send, step.reduce_op)
+
+
+def _compile_all_reduce(step: Any, spec: Any, coord: tuple, isz: int) -> _AllReduce:
+    return _AllReduce(step.mesh_dim, _region(spec, step.before, coord)[1], step.reduce_op)
+
+
+def _compile_local_chunk(step: Any, spec: Any, coord: tuple, isz: int) -> _Local:
+    d = step.tensor_dim
+    _, in_shape = _region(spec, step.before, coord)
+    _, out_shape = _region(spec, step.after, coord)
+    start, n = _piece(spec, d, (step.before, coord), (step.after, coord))
+    index = (slice(None),) * d + (slice(start, start + n),)
+    return _Local(step.mesh_dim, in_shape, out_shape, index, None)
+
+
+def _compile_partition_partial(step: Any, spec: Any, coord: tuple, isz: int) -> _Local:
+    _, shape = _region(spec, step.before, coord)
+    fill = _IDENTITY.get(step.reduce_op) if coord[step.mesh_dim] != 0 else None
+    return _Local(step.mesh_dim, shape, shape, None, fill)
+
+
+_COMPILERS: dict[type, Callable[..., Any]] = {
+    AllGather: _compile_all_gather,
+    AllToAll: _compile_all_to_all,
+    ReduceScatter: _compile_reduce_scatter,
+    AllReduce: _compile_all_reduce,
+    LocalChunk: _compile_local_chunk,
+    PartitionPartial: _compile_partition_partial,
+}
+
+
+# -- program cache ------------------------------------------------------------------------
+
+# (steps, spec, coord) -> program; insertion-ordered, the oldest entry is evicted first
+_programs: dict[tuple, tuple] = {}
+
+
+def _release(program: tuple) -> None:
+    _comm.free_types([t for runner in program for t in runner.types])
+
+
+@atexit.register
+def _release_all() -> None:
+    while _programs:
+        _release(_programs.popitem()[1])
+
+
+def _program(steps: tuple, spec: Any, coord: tuple) -> tuple:
+    key = (steps, spec, coord)
+    program = _programs.get(key)
+    if program is None:
+        isz = spec.dtype.itemsize
+        program = tuple(_COMPILERS[type(step)](step, spec, coord, isz) for step in steps)
+        _programs[key] = program
+        if len(_programs) > _MAX_PROGRAMS:
+            _release(_programs.pop(next(iter(_programs))))
+    return program
+
+
+def _contiguous(x: np.ndarray, alloc: Alloc) -> np.ndarray:
+    """``x`` itself when C-contiguous, else one packed copy from ``alloc``."""
+    if x.flags.c_contiguous:
+        return x
+    out = alloc(x.shape, x.dtype)
+    np.copyto(out, x)
+    return out
+
+
+# -- public -------------------------------------------------------------------------------
+
+
+def execute(
+    steps: Sequence[Any],
+    local: np.ndarray,
+    spec: Any,
+    coord: Sequence[int],
+    comms: Sequence[_comm.Comm],
+    alloc: Alloc | None = None,
+) -> np.ndarray:
+    """Run a redistribute plan on this rank's shard.
+
+    **Collective** over the communicators of the mesh dims the steps touch (every rank of
+    the mesh runs the same plan); steps without communication (LocalChunk,
+    PartitionPartial) are Local.
+
+    Parameters
+    ----------
+    steps : sequence of Step
+        The plan, from :func:`redistribute.plan.plan` for ``spec``.
+    local : ndarray
+        This rank's shard under ``spec`` (any strides; it is never written to).
+    spec : DTensorSpec
+        The source spec (mesh shape, placements, global shape, dtype).
+    coord : sequence of int
+        This rank's mesh coordinate.
+    comms : sequence of Comm
+        ``comms[m]`` is the communicator of mesh dim ``m`` (ordered by coordinate).
+    alloc : callable, optional
+        ``alloc(shape, dtype) -> C-contiguous ndarray`` for outputs and staging buffers;
+        default ``numpy.empty``.
+
+    Returns
+    -------
+    ndarray
+        This rank's shard under the plan's target placements. An empty plan returns
+        ``local``; a plan of local steps may return a view of it (no copy).
+    """
+    if not steps:
+        return local
+    coord = tuple(coord)
+    program = _program(tuple(steps), spec, coord)
+    if local.shape != program[0].in_shape or local.dtype != spec.dtype:
+        err = DTypeError if local.shape == program[0].in_shape else ShardingError
+        raise err(
+            f"redistribute: local shard {local.dtype} {local.shape} at mesh coordinate "
+            f"{coord} does not match {spec!r} (expected {spec.dtype} {program[0].in_shape})"
+        )
+    alloc = np.empty if alloc is None else alloc
+    x, owned = local, False
+    for runner in program:
+        x, owned = runner.run(x, owned, comms[runner.mesh_dim], alloc)
+    return x
+
+
+def scatter_from(
+    src_rank_in_base: int,
+    global_or_none: np.ndarray | None,
+    spec: Any,
+    coord: Sequence[int],
+    base_comm: _comm.Comm,
+    alloc: Alloc | None = None,
+) -> np.ndarray:
+    """Give every rank its shard of a global array that only one rank holds.
+
+    **Collective** over ``base_comm`` (every rank of the mesh takes part).
+
+    The source packs each destination's block once and scatters them with one
+    ``Scatterv`` (its own block is copied locally); when no placement is a Shard, every
+    block is the whole tensor and it is broadcast instead. Ranks that hold the identity
+    of a Partial(sum/prod) placement (mesh coordinate not 0 on that dim) receive nothing
+    and fill their shard locally; other Partial kinds receive the data.
+
+    Parameters
+    ----------
+    src_rank_in_base : int
+        Rank of ``base_comm`` that holds the global array.
+    global_or_none : ndarray or None
+        The global array of shape ``spec.shape`` and dtype ``spec.dtype`` on the source
+        (any strides); ignored elsewhere.
+    spec : DTensorSpec
+        Target spec, identical on every rank.
+    coord : sequence of int
+        This rank's mesh coordinate.
+    base_comm : Comm
+        The communicator the mesh spans.
+    alloc : callable, optional
+        As in :func:`execute`.
+
+    Returns
+    -------
+    ndarray
+        This rank's shard (a new buffer).
+    """
+    alloc = np.empty if alloc is None else alloc
+    coord = tuple(coord)
+    src = src_rank_in_base
+    is_src = base_comm.rank == src
+    bad = is_src and (
+        not isinstance(global_or_none, np.ndarray)
+        or global_or_none.shape != spec.shape
+        or global_or_none.dtype != spec.dtype
+    )
+    # one metadata exchange: the source's verdict on its data and every rank's coordinate
+    meta = base_comm.allgather_ints((int(bad),) + coord)
+    if meta[src, 0]:
+        got = (
+            f"{global_or_none.dtype} {global_or_none.shape}"
+            if isinstance(global_or_none, np.ndarray)
+            else type(global_or_none).__name__
+        )
+        raise ShardingError(
+            f"distribute_tensor: the source rank {src} holds "
+            f"{got if is_src else 'data'} that does not match {spec!r}"
+        )
+    placements = spec.placements
+    out = alloc(spec.local_shape(coord), spec.dtype)
+    fill = _fill_value(placements, coord)
+    if not any(p.is_shard() for p in placements):
+        if is_src:
+            np.copyto(out, global_or_none)
+        base_comm.bcast_array(out, src)
+    else:
+        # what each rank receives: nothing for the source (its block is copied locally)
+        # and for identity holders
+        blocks = [
+            None if rank == src or _fill_value(placements, c) is not None else tuple(c)
+            for rank, c in enumerate(meta[:, 1:].tolist())
+        ]
+        counts = [0 if c is None else math.prod(spec.local_shape(c)) for c in blocks]
+        displs = np.concatenate(([0], np.cumsum(counts[:-1], dtype=np.int64))).tolist()
+        if is_src:
+
+            def block(c: tuple) -> np.ndarray:
+                return global_or_none[local_slices(spec.shape, spec.mesh_shape, placements, c)]
+
+            sbuf = alloc((sum(counts),), spec.dtype)
+            for c, start, n in zip(blocks, displs, counts):
+                if n:
+                    np.copyto(sbuf[start : start + n].reshape(spec.local_shape(c)), block(c))
+            if fill is None:
+                np.copyto(out, block(coord))
+            base_comm.scatterv(sbuf, counts, displs, None, src)
+        else:
+            recv = out if fill is None else out.reshape(-1)[:0]
+            base_comm.scatterv(None, counts, displs, recv, src)
+    if fill is not None:
+        out.fill(fill)
+    return out

@@ -1,0 +1,950 @@
+"""The strategy validator: every candidate of every sharding rule, checked on data.
+
+For every op of the table (:data:`dtensor._optable.OPS`) and a set of sample calls (even,
+uneven and empty-shard shapes; float, int and bool dtypes where meaningful; python
+scalars; broadcasting), on meshes (2,), (3,), (4,) and (2, 2), in ONE process:
+
+1. the op's rule gives the output shapes/dtypes and its 1-D candidates;
+2. each candidate (on 1-D meshes), each valid N-D combination of candidates (on the 2-D
+   mesh) and the strategy :func:`placements.rules.propagate` chooses for random input
+   placements is checked: every input is laid out under the strategy's input placements for
+   EVERY mesh coordinate (a Partial input is split into random per-coordinate
+   contributions that reduce to the global data; a python scalar split into ``P(sum)`` is
+   kept by the holder, 0 elsewhere), the op's local kernel (through its ``local_fn``, if
+   any) runs per coordinate, and the outputs are combined per the output placements
+   (Partial contributions reduced, shards stitched, replicas compared bit for bit; every
+   local output must have the shape and dtype its spec promises);
+3. the combined result is compared with the local kernel applied to the global inputs
+   (``allclose`` for floats, exact for ints and bools), as are the rule's shapes and dtypes.
+
+A call whose global kernel raises (an unsupported dtype, say) is skipped. Run
+``python -m dtensor.validate [--quick] [--op NAME ...]``: it prints one row per op and a
+summary line, and exits non-zero on any mismatch. **Local**: no MPI anywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from placements import Partial, Placement, Replicate, Shard
+from placements.layout import local_slices
+from placements.rules import ArgMeta, Candidate, OpSchema, OpStrategy, nd_valid, propagate
+from placements.rules._core import _rule_result, _strategy
+
+from . import (
+    _ops_registry,  # noqa: F401  (fills the op table)
+    _random,
+)
+from ._optable import OPS, OpInfo
+from ._tensor import Tensor, _wrap
+
+__all__ = ["Report", "main", "validate"]
+
+MESHES: tuple[tuple[int, ...], ...] = ((2,), (3,), (4,), (2, 2))
+_R = Replicate()
+_F32 = np.dtype(np.float32)
+_F64 = np.dtype(np.float64)
+_I64 = np.dtype(np.int64)
+_BOOL = np.dtype(np.bool_)
+
+
+class _CoordMesh:
+    """A mesh of a given shape seen from one coordinate (what a ``local_fn`` may read)."""
+
+    __slots__ = ("coord", "shape")
+
+    def __init__(self, shape: tuple[int, ...], coord: tuple[int, ...]) -> None:
+        self.shape = shape
+        self.coord = coord
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def get_coordinate(self) -> tuple[int, ...]:
+        return self.coord
+
+    def __hash__(self) -> int:
+        return hash((self.shape, self.coord))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _CoordMesh) and (self.shape, self.coord) == (
+            other.shape, other.coord
+        )
+
+
+# -- sample calls ------------------------------------------------------------------------------
+@dataclass
+class Case:
+    """One sample call: parameter values (numpy arrays stand for tensors) and a label."""
+
+    values: dict[str, object]
+    label: str
+
+
+class _Gen:
+    """Deterministic sample data."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+
+    def arr(self, shape: tuple[int, ...], dtype: np.dtype, kind: str = "any") -> np.ndarray:
+        rng = self.rng
+        if dtype == _BOOL:
+            return rng.random(shape) < (2.0 if kind == "pos" else 0.5)
+        if dtype.kind in "iu":
+            lo, hi = {"any": (-4, 5), "pos": (1, 5), "nonneg": (0, 4)}[kind]
+            return rng.integers(lo, hi, shape).astype(dtype)
+        a = rng.standard_normal(shape)
+        if kind == "pos":
+            a = np.abs(a) + 0.5
+        return a.astype(dtype)
+
+
+SHAPES = ((8, 12), (5, 7), (3, 2))
+QUICK_SHAPES = ((5, 7), (3, 2))
+_SCALAR = {_F32: 0.5, _F64: 0.5, _I64: 2, _BOOL: True}
+
+
+def _dtypes(*kinds: str) -> tuple[np.dtype, ...]:
+    table = {"f": _F32, "d": _F64, "i": _I64, "b": _BOOL}
+    return tuple(table[k] for k in kinds)
+
+
+def _unary_cases(g: _Gen, shapes, name: str) -> Iterator[Case]:
+    for shape in shapes:
+        for dt in _dtypes("f", "i", "b"):
+            v: dict[str, object] = {"input": g.arr(shape, dt)}
+            if name == "leaky_relu":
+                v["negative_slope"] = 0.1
+            yield Case(v, f"{dt.name}{shape}")
+
+
+def _binary_cases(g: _Gen, shapes, name: str) -> Iterator[Case]:
+    kind = "pos" if name in ("div", "floor_divide", "remainder", "fmod") else "any"
+    kind = "nonneg" if name == "pow" else kind
+    for shape in shapes:
+        r, c = shape
+        for dt in _dtypes("f", "i", "b"):
+            s = _SCALAR[dt]
+            pairs = [
+                ((shape, shape), "same"),
+                ((shape, (c,)), "bcast"),
+                (((r, 1), (1, c)), "outer"),
+            ]
+            for (sa, sb), tag in pairs:
+                yield Case({"input": g.arr(sa, dt), "other": g.arr(sb, dt, kind)},
+                           f"{dt.name}{sa}{sb}{tag}")
+            yield Case({"input": g.arr(shape, dt), "other": s}, f"{dt.name}{shape}+scalar")
+            yield Case({"input": s, "other": g.arr(shape, dt, kind)}, f"scalar+{dt.name}{shape}")
+        yield Case({"input": g.arr(shape, _I64), "other": g.arr(shape, _F32, kind)},
+                   f"mixed{shape}")
+    if name == "div":
+        for case in list(_binary_cases(g, shapes[:1], "floor_divide")):
+            case.values["rounding_mode"] = "floor"
+            yield Case(case.values, case.label + "/floor")
+
+
+def _ternary_cases(g: _Gen, shapes, name: str) -> Iterator[Case]:
+    for shape in shapes:
+        c = shape[-1]
+        if name == "where":
+            yield Case({"condition": g.arr(shape, _BOOL), "input": g.arr(shape, _F32),
+                        "other": g.arr((c,), _F32)}, f"{shape}")
+            yield Case({"condition": g.arr((c,), _BOOL), "input": g.arr(shape, _I64),
+                        "other": 0}, f"{shape}scalar")
+        elif name in ("clamp", "clip"):
+            yield Case({"input": g.arr(shape, _F32), "min": -0.5, "max": 0.5}, f"{shape}")
+            yield Case({"input": g.arr(shape, _F32), "min": None, "max": 0.3}, f"{shape}hi")
+            yield Case({"input": g.arr(shape, _F32), "min": g.arr(shape, _F32) - 1,
+                        "max": g.arr((c,), _F32) + 1}, f"{shape}tensors")
+            yield Case({"input": g.arr(shape, _I64), "min": -1, "max": 2}, f"{shape}int")
+        elif name == "lerp":
+            yield Case({"input": g.arr(shape, _F32), "end": g.arr(shape, _F32),
+                        "weight": 0.3}, f"{shape}")
+            yield Case({"input": g.arr(shape, _F32), "end": g.arr((c,), _F32),
+                        "weight": g.arr(shape, _F32)}, f"{shape}tensor-w")
+        else:
+            kind = "pos" if name == "addcdiv" else "any"
+            yield Case({"input": g.arr(shape, _F32), "tensor1": g.arr(shape, _F32),
+                        "tensor2": g.arr((c,), _F32, kind)}, f"{shape}")
+            yield Case({"input": g.arr((c,), _F32), "tensor1": g.arr(shape, _F32),
+                        "tensor2": g.arr(shape, _F32, kind), "value": 2}, f"{shape}v")
+
+
+_DIMS = (None, 0, 1, (0, 1), -1)
+
+
+def _reduce_cases(g: _Gen, shapes, name: str) -> Iterator[Case]:
+    shapes = (*shapes, (2, 3, 4))
+    dts = _dtypes("f", "i", "b") if name in ("sum", "prod", "amax", "amin", "max", "min",
+                                                  "any", "all", "count_nonzero", "argmax",
+                                                  "argmin") else _dtypes("f")
+    for i, shape in enumerate(shapes):
+        for dt in dts:
+            for j, dim in enumerate(_DIMS):
+                if name in ("logsumexp",) and dim is None:
+                    continue
+                if name in ("max", "min", "argmax", "argmin") and isinstance(dim, tuple):
+                    continue
+                keepdim = (i + j) % 2 == 1
+                v: dict[str, object] = {"input": g.arr(shape, dt), "dim": dim}
+                if name != "count_nonzero":
+                    v["keepdim"] = keepdim
+                if name == "norm":
+                    v["p"] = (2, 1, math.inf, "fro")[j % 4]
+                yield Case(v, f"{dt.name}{shape}dim={dim}")
+
+
+def _scan_cases(g: _Gen, shapes, name: str) -> Iterator[Case]:
+    for shape in shapes:
+        for dt in _dtypes("f", "i"):
+            for dim in (0, -1):
+                yield Case({"input": g.arr(shape, dt), "dim": dim}, f"{dt.name}{shape}dim={dim}")
+
+
+_PRODUCT_SHAPES = {
+    "matmul": (((5, 7), (7, 3)), ((8, 12), (12, 4)), ((7,), (7,)), ((5, 7), (7,)),
+               ((7,), (7, 3)), ((2, 5, 7), (7, 3)), ((2, 1, 5, 4), (3, 4, 2))),
+    "mm": (((5, 7), (7, 3)), ((8, 12), (12, 4)), ((3, 2), (2, 5))),
+    "bmm": (((2, 5, 7), (2, 7, 3)), ((3, 4, 2), (3, 2, 5))),
+    "dot": (((7,), (7,)), ((12,), (12,))),
+    "outer": (((5,), (7,)), ((8,), (3,))),
+}
+_EINSUM = (("ij,jk->ik", ((5, 7), (7, 3))), ("bij,bjk->bik", ((2, 5, 7), (2, 7, 3))),
+           ("ij->j", ((5, 7),)), ("i,i->", ((7,), (7,))), ("...ij,...jk->...ik",
+           ((2, 5, 4), (4, 3))), ("ij,kj", ((5, 7), (3, 7))), ("ii->i", ((4, 4),)))
+
+
+def _product_cases(g: _Gen, shapes, name: str) -> Iterator[Case]:
+    dts = _dtypes("f", "i")
+    if name in _PRODUCT_SHAPES:
+        params = OPS[name].params
+        for sa, sb in _PRODUCT_SHAPES[name]:
+            for dt in dts:
+                yield Case({params[0]: g.arr(sa, dt), params[1]: g.arr(sb, dt)},
+                           f"{dt.name}{sa}@{sb}")
+    elif name == "einsum":
+        for eq, ss in _EINSUM:
+            yield Case({"equation": eq, "operands": [g.arr(s, _F32) for s in ss]}, eq)
+    elif name == "addmm":
+        for cs in ((5, 3), (3,), (1, 3)):
+            yield Case({"input": g.arr(cs, _F32), "mat1": g.arr((5, 7), _F32),
+                        "mat2": g.arr((7, 3), _F32), "beta": 0.5, "alpha": 2.0}, f"bias{cs}")
+    elif name == "linear":
+        for xs, ws, bs in (((5, 7), (3, 7), (3,)), ((5, 7), (3, 7), None),
+                           ((2, 5, 4), (6, 4), (6,)), ((7,), (3, 7), (3,))):
+            b = None if bs is None else g.arr(bs, _F32)
+            yield Case({"input": g.arr(xs, _F32), "weight": g.arr(ws, _F32), "bias": b},
+                       f"{xs}{ws}{bs}")
+
+
+_VIEW_CASES: dict[str, tuple] = {
+    "view": (((8, 12), {"shape": (-1,)}), ((5, 7), {"shape": (35,)}),
+             ((3, 2), {"shape": (6,)}), ((12,), {"shape": (3, 4)}),
+             ((4, 6), {"shape": (2, 12)}), ((2, 3, 4), {"shape": (6, 4)}),
+             ((4, 6), {"shape": (4, 2, 3)}), ((6, 4), {"shape": (4, 6)}),
+             ((5, 1, 7), {"shape": (5, 7)})),
+    "flatten": (((2, 3, 4), {"start_dim": 0, "end_dim": -1}),
+                ((2, 3, 4), {"start_dim": 1, "end_dim": 2}), ((5, 7), {})),
+    "unflatten": (((12, 5), {"dim": 0, "sizes": (3, 4)}), ((5, 12), {"dim": 1, "sizes": (-1, 4)}),
+                  ((6, 2), {"dim": 0, "sizes": (2, 3)})),
+    "permute": (((2, 3, 4), {"dims": (2, 0, 1)}), ((5, 7), {"dims": (1, 0)})),
+    "transpose": (((2, 3, 4), {"dim0": 0, "dim1": 2}), ((5, 7), {"dim0": -1, "dim1": 0})),
+    "t": (((5, 7), {}), ((7,), {})),
+    "movedim": (((2, 3, 4), {"source": 0, "destination": -1}),
+                ((2, 3, 4), {"source": (0, 1), "destination": (2, 0)})),
+    "squeeze": (((5, 1, 7), {"dim": None}), ((5, 1, 7), {"dim": 1}), ((1, 3), {"dim": None}),
+                ((4, 1), {"dim": (0, 1)})),
+    "unsqueeze": (((5, 7), {"dim": 0}), ((5, 7), {"dim": -1}), ((5, 7), {"dim": 1})),
+    "expand": (((5, 1), {"sizes": (5, 7)}), ((7,), {"sizes": (3, 7)}),
+               ((1, 4), {"sizes": (2, 3, -1)})),
+    "narrow": (((8, 12), {"dim": 0, "start": 1, "length": 5}),
+               ((5, 7), {"dim": 1, "start": -3, "length": 2})),
+    "select": (((8, 12), {"dim": 0, "index": 3}), ((5, 7), {"dim": 1, "index": -1})),
+    "getitem": (((8, 12), {"idx": 1}), ((5, 7), {"idx": (slice(None), 2)}),
+                ((5, 7), {"idx": slice(1, 4)}), ((5, 7), {"idx": (None, Ellipsis, 0)}),
+                ((8, 12), {"idx": (slice(None, None, 2), slice(None))}),
+                ((2, 3, 4), {"idx": (Ellipsis, slice(0, 10))})),
+    "split": (((8, 12), {"split_size_or_sections": 3, "dim": 0}),
+              ((5, 7), {"split_size_or_sections": (2, 5), "dim": 1})),
+    "chunk": (((8, 12), {"chunks": 3, "dim": 1}), ((5, 7), {"chunks": 2, "dim": 0}),
+              ((3, 2), {"chunks": 4, "dim": 0})),
+    "unbind": (((3, 5), {"dim": 0}), ((4, 3), {"dim": 1})),
+    "flip": (((5, 7), {"dims": (0,)}), ((2, 3, 4), {"dims": (1, 2)})),
+    "roll": (((5, 7), {"shifts": 2, "dims": 1}), ((5, 7), {"shifts": 3, "dims": None}),
+             ((2, 3, 4), {"shifts": (1, -1), "dims": (0, 2)})),
+    "tril": (((5, 7), {"diagonal": 0}), ((2, 4, 4), {"diagonal": 1})),
+    "repeat": (((5, 7), {"sizes": (1, 2)}), ((3, 2), {"sizes": (2, 1, 1)})),
+    "tile": (((5, 7), {"dims": (2,)}), ((3, 2), {"dims": (2, 1, 1)})),
+}
+_VIEW_ALIASES = {"reshape": "view", "swapaxes": "transpose", "swapdims": "transpose",
+                 "moveaxis": "movedim", "triu": "tril"}
+
+
+def _view_cases(g: _Gen, shapes, name: str) -> Iterator[Case]:
+    for shape, kw in _VIEW_CASES[_VIEW_ALIASES.get(name, name)]:
+        for dt in _dtypes("f", "i"):
+            yield Case({"input": g.arr(shape, dt), **kw}, f"{dt.name}{shape}{kw}")
+
+
+def _join_cases(g: _Gen, shapes, name: str) -> Iterator[Case]:
+    for shape in shapes:
+        r, c = shape
+        if name == "stack":
+            for dim in (0, 1, -1):
+                yield Case({"tensors": [g.arr(shape, _F32), g.arr(shape, _F32)], "dim": dim},
+                           f"{shape}dim={dim}")
+        else:
+            yield Case({"tensors": [g.arr(shape, _F32), g.arr((r + 2, c), _F32)], "dim": 0},
+                       f"{shape}dim=0")
+            yield Case({"tensors": [g.arr(shape, _I64), g.arr((r, 1), _I64),
+                                    g.arr((r, c), _F32)], "dim": 1}, f"{shape}dim=1")
+    yield Case({"tensors": [g.arr((0,), _F32), g.arr((4, 3), _F32)], "dim": 0}, "legacy-empty")
+
+
+def _nn_cases(g: _Gen, shapes, name: str) -> Iterator[Case]:
+    if name in ("softmax", "log_softmax"):
+        for shape in (*shapes, (2, 3, 4)):
+            for dim in (0, -1):
+                yield Case({"input": g.arr(shape, _F32), "dim": dim}, f"{shape}dim={dim}")
+    elif name == "layer_norm":
+        yield Case({"input": g.arr((5, 7), _F32), "normalized_shape": (7,),
+                    "weight": g.arr((7,), _F32), "bias": g.arr((7,), _F32)}, "(5,7)")
+        yield Case({"input": g.arr((2, 3, 4), _F32), "normalized_shape": (3, 4)}, "(2,3,4)")
+    elif name == "embedding":
+        for idx_shape, (vocab, d) in (((5,), (10, 6)), ((3, 4), (3, 5)), ((7,), (8, 12))):
+            idx = g.rng.integers(0, vocab, idx_shape)
+            yield Case({"input": idx, "weight": g.arr((vocab, d), _F32)},
+                       f"{idx_shape}->{(vocab, d)}")
+    elif name == "cross_entropy":
+        for red in ("none", "sum", "mean"):
+            t = g.rng.integers(0, 7, (5,))
+            t[1] = -100
+            yield Case({"input": g.arr((5, 7), _F32), "target": t, "reduction": red}, red)
+            yield Case({"input": g.arr((2, 5, 3), _F32), "target": g.rng.integers(0, 5, (2, 3)),
+                        "weight": np.abs(g.arr((5,), _F32)), "reduction": red}, f"spatial-{red}")
+            p = np.abs(g.arr((4, 6), _F32))
+            yield Case({"input": g.arr((4, 6), _F32), "target": p / p.sum(1, keepdims=True),
+                        "reduction": red, "label_smoothing": 0.1}, f"probs-{red}")
+    elif name == "mse_loss":
+        for red in ("none", "sum", "mean"):
+            for shape in shapes:
+                yield Case({"input": g.arr(shape, _F32), "target": g.arr(shape, _F32),
+                            "reduction": red}, f"{shape}{red}")
+            yield Case({"input": g.arr((5, 7), _F32), "target": g.arr((7,), _F32),
+                        "reduction": red}, f"bcast-{red}")
+    elif name == "dropout":
+        for shape in shapes:
+            for training in (True, False):
+                yield Case({"input": g.arr(shape, _F32), "p": 0.3, "training": training},
+                           f"{shape}training={training}")
+
+
+def _cast_cases(g: _Gen, shapes, name: str) -> Iterator[Case]:
+    for shape in shapes:
+        for dt in _dtypes("f", "i", "b"):
+            v: dict[str, object] = {"input": g.arr(shape, dt)}
+            if name == "to":
+                for target in (_F64, _I64, _BOOL, _F32):
+                    yield Case({**v, "dtype": target}, f"{dt.name}{shape}->{target.name}")
+                continue
+            if name == "type_as":
+                v["other"] = g.arr((2,), _F64)
+            yield Case(v, f"{dt.name}{shape}")
+
+
+def _write_cases(g: _Gen, shapes, name: str) -> Iterator[Case]:
+    for shape in shapes:
+        c = shape[-1]
+        for dt in _dtypes("f", "i"):
+            if name == "copy_":
+                yield Case({"input": g.arr(shape, dt), "src": g.arr(shape, dt)}, f"{shape}")
+                yield Case({"input": g.arr(shape, dt), "src": g.arr((c,), _F64)}, f"{shape}b")
+            elif name == "fill_":
+                yield Case({"input": g.arr(shape, dt), "value": _SCALAR[dt]}, f"{shape}")
+            else:
+                yield Case({"input": g.arr(shape, dt)}, f"{shape}")
+
+
+_WRITES = ("copy_", "fill_", "zero_")
+
+
+def _family(name: str) -> Callable[[_Gen, tuple, str], Iterator[Case]] | None:
+    """The sample generator of op ``name`` (in-place ops use their out-of-place one's);
+    it is called with the out-of-place name."""
+    from placements.rules import pointwise as pw
+    from placements.rules import reduction as rd
+
+    base = name[:-1] if name.endswith("_") and name not in _WRITES else name
+    if base in _WRITES:
+        return _write_cases
+    if base in pw._UNARY or base in ("leaky_relu", "clone", "contiguous", "detach"):
+        return _unary_cases
+    if base in pw._BINARY:
+        return _binary_cases
+    if base in pw._TERNARY or base == "clip":
+        return _ternary_cases
+    if base in rd._REDUCE:
+        return _reduce_cases
+    if base in ("cumsum", "cumprod"):
+        return _scan_cases
+    if base in ("matmul", "mm", "bmm", "dot", "outer", "einsum", "addmm", "linear"):
+        return _product_cases
+    if base in ("cat", "concat", "stack"):
+        return _join_cases
+    if base in ("softmax", "log_softmax", "layer_norm", "embedding", "cross_entropy",
+                "mse_loss", "dropout"):
+        return _nn_cases
+    if base in pw._CAST_METHODS or base in ("to", "type_as"):
+        return _cast_cases
+    if base in _VIEW_CASES or base in _VIEW_ALIASES or base == "expand_as":
+        return _view_cases if base != "expand_as" else _expand_as_cases
+    return None
+
+
+def _expand_as_cases(g: _Gen, shapes, name: str) -> Iterator[Case]:
+    yield Case({"input": g.arr((5, 1), _F32), "other": g.arr((5, 7), _I64)}, "(5,1)->(5,7)")
+    yield Case({"input": g.arr((7,), _F32), "other": g.arr((3, 7), _F32)}, "(7,)->(3,7)")
+
+
+# -- laying out inputs, combining outputs --------------------------------------------------------
+_SCALARS = (bool, int, float)
+
+
+def _split_partial(g: np.ndarray, op: str, k: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """``k`` random contributions whose ``op``-reduction is ``g``."""
+    if op == "prod":
+        return [g.copy()] + [np.ones_like(g) for _ in range(k - 1)]
+    holder = rng.integers(0, k, g.shape)
+    if g.dtype == _BOOL:
+        if op in ("sum", "avg"):
+            raise _NotApplicable(f"P({op}) of a bool tensor")
+        noise = [rng.random(g.shape) < 0.5 for _ in range(k)]
+        parts = [(g & n) if op == "max" else (g | n) for n in noise]
+    elif op == "sum":
+        parts = [_noise(g, rng) for _ in range(k - 1)]
+        parts.append((g - sum(parts)).astype(g.dtype) if parts else g.copy())
+        return parts
+    elif op == "avg":
+        noise = [_noise(g, rng) for _ in range(k)]
+        if g.dtype.kind in "iu":
+            noise[-1] = -sum(noise[:-1]) if k > 1 else np.zeros_like(g)
+            return [(g + n).astype(g.dtype) for n in noise]
+        mean = sum(noise) / k
+        return [(g + n - mean).astype(g.dtype) for n in noise]
+    else:
+        sign = -1 if op == "max" else 1
+        parts = [(g + sign * np.abs(_noise(g, rng))).astype(g.dtype) for _ in range(k)]
+    for c, p in enumerate(parts):
+        p[holder == c] = g[holder == c]
+    return parts
+
+
+def _noise(g: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    if g.dtype.kind in "iu":
+        return rng.integers(-3, 4, g.shape).astype(g.dtype)
+    return rng.standard_normal(g.shape).astype(g.dtype)
+
+
+def _reduce(op: str, parts: list[np.ndarray]) -> np.ndarray:
+    if op == "sum":
+        return np.sum(parts, axis=0, dtype=parts[0].dtype)
+    if op == "avg":
+        out = np.sum(parts, axis=0, dtype=parts[0].dtype) / len(parts)
+        return out.astype(parts[0].dtype)
+    if op == "max":
+        return np.maximum.reduce(parts)
+    if op == "min":
+        return np.minimum.reduce(parts)
+    return np.prod(parts, axis=0, dtype=parts[0].dtype)
+
+
+class _NotApplicable(Exception):
+    """A strategy that cannot be exercised with these inputs (e.g. P(sum) of bools)."""
+
+
+class _Mismatch(Exception):
+    """A strategy whose combined result differs from the global one."""
+
+
+def _layout(
+    g: np.ndarray,
+    placements: tuple[Placement, ...],
+    mesh_shape: tuple[int, ...],
+    rng: np.random.Generator,
+) -> dict[tuple[int, ...], np.ndarray]:
+    """Every coordinate's local block of ``g`` (Partial mesh dims split, outer first)."""
+    pdims = [m for m, p in enumerate(placements) if p.kind == "P"]
+    contrib: dict[tuple[int, ...], np.ndarray] = {(): g}
+    for m in pdims:
+        nxt = {}
+        for key, val in contrib.items():
+            for c, part in enumerate(
+                _split_partial(val, placements[m].reduce_op, mesh_shape[m], rng)
+            ):
+                nxt[key + (c,)] = part
+        contrib = nxt
+    out = {}
+    for coord in np.ndindex(*mesh_shape):
+        src = contrib[tuple(coord[m] for m in pdims)]
+        out[coord] = _copy(src[local_slices(g.shape, mesh_shape, placements, coord)])
+    return out
+
+
+def _copy(a: np.ndarray) -> np.ndarray:
+    """A C-contiguous copy with row-major strides (also for empty arrays)."""
+    out = np.empty(a.shape, a.dtype)
+    out[...] = a
+    return out
+
+
+def _scalar_local(v: object, placements: tuple[Placement, ...], coord: tuple[int, ...]) -> object:
+    """A scalar operand on one coordinate: split into ``P(sum)``/``P(prod)`` it is held by
+    coordinate 0 of that mesh dim, the others hold the identity."""
+    for m, p in enumerate(placements):
+        if p.kind == "P" and coord[m] != 0 and p.reduce_op in ("sum", "prod"):
+            return type(v)(0 if p.reduce_op == "sum" else 1)
+    return v
+
+
+def _combine(
+    locs: dict[tuple[int, ...], np.ndarray],
+    placements: tuple[Placement, ...],
+    shape: tuple[int, ...],
+    mesh_shape: tuple[int, ...],
+) -> np.ndarray:
+    """The global array that per-coordinate outputs ``locs`` represent under ``placements``."""
+    grid = dict(locs)
+    for m in reversed(range(len(mesh_shape))):  # Partial: innermost (highest) mesh dim first
+        p = placements[m]
+        if p.kind != "P":
+            continue
+        nxt = {}
+        for coord in grid:
+            if coord[m] != 0:
+                continue
+            parts = [grid[coord[:m] + (i,) + coord[m + 1 :]] for i in range(mesh_shape[m])]
+            if any(q.shape != parts[0].shape for q in parts):
+                raise _Mismatch(f"Partial contributions of different shapes on mesh dim {m}")
+            nxt[coord] = _reduce(p.reduce_op, parts)
+        grid = nxt
+    plain = tuple(_R if p.kind == "P" else p for p in placements)
+    out = np.zeros(shape, dtype=next(iter(grid.values())).dtype)
+    covered = np.zeros(shape, dtype=np.int64)
+    seen: dict[tuple, tuple[tuple[int, ...], np.ndarray]] = {}
+    for coord, val in grid.items():
+        sl = local_slices(shape, mesh_shape, plain, coord)
+        key = tuple((s.start, s.stop) for s in sl)
+        if key in seen:
+            other_coord, other = seen[key]
+            if not np.array_equal(other, val, equal_nan=val.dtype.kind in "fc"):
+                raise _Mismatch(
+                    f"replicas differ: coordinates {other_coord} and {coord} hold different "
+                    "values for the same block"
+                )
+            continue
+        seen[key] = (coord, val)
+        out[sl] = val
+        covered[sl] += 1
+    if not (covered == 1).all():
+        raise _Mismatch("the output shards do not cover the global tensor exactly once")
+    return out
+
+
+_TOL = {2: 1e-2, 4: 1e-4, 8: 1e-10, 16: 1e-10}
+
+
+def _tolerance(call: _Call) -> float:
+    """Relative/absolute tolerance: that of the least precise float among inputs and output
+    (Partial contributions are split in the input dtype, outputs reduced in theirs)."""
+    sizes = [w.dtype.itemsize // (2 if w.dtype.kind == "c" else 1) for w in call.want
+             if w.dtype.kind in "fc"]
+    for slot in call.slots:
+        v = call.arg(slot)
+        if isinstance(v, np.ndarray) and v.dtype.kind in "fc":
+            sizes.append(v.dtype.itemsize // (2 if v.dtype.kind == "c" else 1))
+    return _TOL[min(sizes)] if sizes else 0.0
+
+
+def _compare(got: np.ndarray, want: np.ndarray, tol: float) -> str | None:
+    if got.shape != want.shape:
+        return f"shape {got.shape} != {want.shape}"
+    if got.dtype != want.dtype:
+        return f"dtype {got.dtype} != {want.dtype}"
+    if want.dtype.kind in "fc":
+        if not np.allclose(got, want, rtol=tol, atol=tol, equal_nan=True):
+            diff = np.nanmax(np.abs(got.astype(np.float64) - want.astype(np.float64)))
+            return f"values differ (max abs diff {diff:.3g})"
+    elif not np.array_equal(got, want):
+        return "values differ"
+    return None
+
+
+def _outputs(out: object) -> list[np.ndarray]:
+    """The arrays of a kernel's output Tensor(s); each must wrap an ndarray."""
+    outs = [out] if isinstance(out, Tensor) else list(out)  # type: ignore[call-overload]
+    for o in outs:
+        if not isinstance(o, Tensor) or not isinstance(o._arr, np.ndarray):
+            raise _Mismatch(f"the kernel returned {type(o).__name__} over "
+                            f"{type(getattr(o, '_arr', None)).__name__}, not a Tensor over an "
+                            "ndarray")
+    return [o._arr for o in outs]
+
+
+# -- one op, one case ------------------------------------------------------------------------------
+@dataclass
+class _Call:
+    """A case bound to an op: argument slots, schema pieces, the global result."""
+
+    info: OpInfo
+    values: list[object]
+    slots: list[tuple[int, int]]  # (param index, element index or -1)
+    metas: list[ArgMeta | None]
+    static: tuple[tuple[str, object], ...]
+    want: list[np.ndarray]
+    rng_state: bytes
+
+    def arg(self, slot: tuple[int, int]) -> object:
+        pi, ei = slot
+        return self.values[pi] if ei < 0 else self.values[pi][ei]  # type: ignore[index]
+
+
+def _as_kernel_value(v: object) -> object:
+    if isinstance(v, np.ndarray):
+        return _wrap(_copy(v))
+    if isinstance(v, list):
+        return [_as_kernel_value(e) for e in v]
+    return v
+
+
+def _bind(info: OpInfo, case: Case) -> _Call | None:
+    """Bind ``case`` to ``info``'s parameters and run the global kernel (None: it raised)."""
+    values: list[object] = []
+    for p in info.params:
+        if p in case.values:
+            values.append(case.values[p])
+        elif p in info.defaults:
+            values.append(info.defaults[p])
+        else:
+            raise KeyError(f"validator: case {case.label!r} of {info.name} lacks {p!r}")
+    slots = []
+    for p in info.tensor_params:
+        pi = info.params.index(p)
+        if p == info.variadic:
+            slots.extend((pi, ei) for ei in range(len(values[pi])))  # type: ignore[arg-type]
+        else:
+            slots.append((pi, -1))
+    state = _random.get_rng_state()
+    try:
+        _random.set_rng_state(state)
+        out = info.kernel(*[_as_kernel_value(v) for v in values])
+    except Exception:  # noqa: BLE001 - the op does not take these inputs on one device
+        return None
+    want = _outputs(out)
+    call = _Call(info, values, slots, [], (), want, state)
+    call.static = tuple((p, values[info.params.index(p)]) for p in info.static_params)
+    return call
+
+
+def _meta(v: object, placements: tuple[Placement, ...] | None) -> ArgMeta | None:
+    if v is None:
+        return None
+    if isinstance(v, _SCALARS):
+        dt = {bool: _BOOL, int: _I64, float: _F32}[type(v)]
+        return ArgMeta((), dt, None, True)
+    return ArgMeta(tuple(v.shape), v.dtype, placements)  # type: ignore[attr-defined]
+
+
+def _schema(call: _Call, mesh_shape: tuple[int, ...], current: Sequence) -> OpSchema:
+    metas = tuple(_meta(call.arg(s), cur) for s, cur in zip(call.slots, current))
+    return OpSchema(call.info.rule, metas, call.static, mesh_shape)
+
+
+def _run_strategy(
+    call: _Call,
+    schema: OpSchema,
+    combo: tuple[Candidate, ...],
+    rng: np.random.Generator,
+) -> None:
+    """Lay out, run per coordinate, combine and compare one N-D strategy."""
+    info = call.info
+    mesh_shape = schema.mesh_shape
+    result = _rule_result(schema)
+    n_out = len(result.out_shapes)
+    if [r.shape for r in call.want] != list(result.out_shapes):
+        raise _Mismatch(f"rule shapes {result.out_shapes} != kernel {[w.shape for w in call.want]}")
+    if [w.dtype for w in call.want] != list(result.out_dtypes):
+        raise _Mismatch(f"rule dtypes {result.out_dtypes} != kernel {[w.dtype for w in call.want]}")
+    # per argument, its target N-D placements (as the dispatcher would move it)
+    origin = _CoordMesh(mesh_shape, (0,) * len(mesh_shape))
+    targets = list(_strategy(schema, origin, result, combo, 0.0, ()).input_placements)
+    layouts = []
+    for slot, target in zip(call.slots, targets):
+        v = call.arg(slot)
+        layouts.append(_layout(v, target, mesh_shape, rng) if isinstance(v, np.ndarray) else None)
+    locs: list[dict] = [{} for _ in range(n_out)]
+    for coord in np.ndindex(*mesh_shape):
+        mesh = _CoordMesh(mesh_shape, coord)
+        strategy: OpStrategy = _strategy(schema, mesh, result, combo, 0.0, ())
+        values = list(call.values)
+        if info.variadic is not None:
+            vi = info.params.index(info.variadic)
+            values[vi] = list(values[vi])  # type: ignore[arg-type]
+        for slot, target, lay in zip(call.slots, targets, layouts):
+            v = call.arg(slot)
+            if lay is not None:
+                local: object = _wrap(lay[coord])
+            elif isinstance(v, _SCALARS):
+                local = _scalar_local(v, target, coord)  # type: ignore[arg-type]
+            else:
+                local = v
+            pi, ei = slot
+            if ei < 0:
+                values[pi] = local
+            else:
+                values[pi][ei] = local  # type: ignore[index]
+        kernel = info.local_fn(schema, strategy) if info.local_fn is not None else info.kernel
+        _random.set_rng_state(call.rng_state)
+        try:
+            outs = _outputs(kernel(*values))
+        except Exception as exc:
+            raise _Mismatch(f"local kernel raised on {coord}: {type(exc).__name__}: {exc}") from exc
+        for k, (o, spec) in enumerate(zip(outs, strategy.output_specs)):
+            want_shape = spec.local_shape(coord)
+            if o.shape != want_shape or o.dtype != spec.dtype:
+                raise _Mismatch(
+                    f"output {k} on {coord}: local {o.dtype}{o.shape}, spec promises "
+                    f"{spec.dtype}{want_shape} ({spec})"
+                )
+            locs[k][coord] = o
+    for k in range(n_out):
+        out_pl = tuple(c.placements[k] for c in combo)
+        got = _combine(locs[k], out_pl, result.out_shapes[k], mesh_shape)
+        err = _compare(got, call.want[k], _tolerance(call))
+        if err:
+            raise _Mismatch(f"output {k}: {err}")
+
+
+def _combos(
+    result, mesh_shape: tuple[int, ...], limit: int | None, rng: np.random.Generator
+) -> list[tuple[Candidate, ...]]:
+    allc = [
+        combo
+        for combo in itertools.product(result.candidates, repeat=len(mesh_shape))
+        if nd_valid(result, combo)
+    ]
+    if limit is not None and len(allc) > limit:
+        pick = sorted(rng.choice(len(allc), limit, replace=False))
+        allc = [allc[i] for i in pick]
+    return allc
+
+
+def _random_current(
+    call: _Call, mesh_shape: tuple[int, ...], rng: np.random.Generator
+) -> list[tuple[Placement, ...] | None]:
+    out = []
+    for slot in call.slots:
+        v = call.arg(slot)
+        if not isinstance(v, np.ndarray):
+            out.append(None)
+            continue
+        choices: list[Placement] = [_R, Partial("sum"), Partial("max")]
+        choices += [Shard(d) for d in range(v.ndim)]
+        if v.dtype == _BOOL:
+            choices.remove(Partial("sum"))
+        out.append(tuple(choices[i] for i in rng.integers(0, len(choices), len(mesh_shape))))
+    return out
+
+
+def _fake_cost(meta: ArgMeta, target: tuple[Placement, ...]) -> float:
+    """Bytes-like cost: elements times the number of mesh dims whose placement changes."""
+    changed = sum(a != b for a, b in zip(meta.placements, target))  # type: ignore[arg-type]
+    return float(changed * (math.prod(meta.shape) + 1))
+
+
+# -- the run -------------------------------------------------------------------------------------
+@dataclass
+class OpReport:
+    """Counts for one op."""
+
+    name: str
+    rule: str
+    cases: int = 0
+    skipped: int = 0
+    candidates: int = 0
+    strategies: int = 0
+    not_applicable: int = 0
+    refused: int = 0
+    mismatches: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Report:
+    """The validator's result: one :class:`OpReport` per op, and the wall time."""
+
+    ops: list[OpReport]
+    seconds: float
+
+    @property
+    def mismatches(self) -> int:
+        return sum(len(r.mismatches) for r in self.ops)
+
+    def summary(self) -> str:
+        cands = sum(r.candidates for r in self.ops)
+        strategies = sum(r.strategies for r in self.ops)
+        cases = sum(r.cases for r in self.ops)
+        return (
+            f"{len(self.ops)} ops, {cands} candidates, {cases} cases, {strategies} strategies "
+            f"checked, {self.mismatches} mismatches ({self.seconds:.1f} s)"
+        )
+
+    def table(self) -> str:
+        head = f"{'op':<16}{'rule':<16}{'cases':>6}{'skip':>6}{'cands':>7}{'checked':>9}" \
+               f"{'n/a':>6}{'refused':>8}{'bad':>5}"
+        rows = [head, "-" * len(head)]
+        for r in self.ops:
+            rows.append(
+                f"{r.name:<16}{r.rule:<16}{r.cases:>6}{r.skipped:>6}{r.candidates:>7}"
+                f"{r.strategies:>9}{r.not_applicable:>6}{r.refused:>8}{len(r.mismatches):>5}"
+            )
+        return "\n".join(rows)
+
+
+def _check_op(
+    info: OpInfo, quick: bool, meshes: Sequence[tuple[int, ...]], seed: int
+) -> OpReport:
+    rep = OpReport(info.name, info.rule)
+    family = _family(info.name)
+    if family is None:
+        rep.mismatches.append("no sample calls for this op in the validator")
+        return rep
+    gen = _Gen(seed)
+    rng = np.random.default_rng(seed + 1)
+    shapes = QUICK_SHAPES if quick else SHAPES
+    base = info.name[:-1] if info.name.endswith("_") and info.name not in _WRITES else info.name
+    for case in family(gen, shapes, base):
+        try:
+            call = _bind(info, case)
+        except _Mismatch as exc:
+            rep.mismatches.append(f"{case.label}: global call: {exc}")
+            continue
+        if call is None:
+            rep.skipped += 1
+            continue
+        rep.cases += 1
+        for mesh_shape in meshes:
+            current = [None] * len(call.slots)
+            try:
+                result = _rule_result(_schema(call, mesh_shape, current))
+            except Exception as exc:  # noqa: BLE001 - reported as a mismatch
+                rep.mismatches.append(f"{case.label} mesh {mesh_shape}: rule raised {exc!r}")
+                break
+            if len(mesh_shape) == 1:
+                combos = [(c,) for c in result.candidates if nd_valid(result, (c,))]
+                rep.candidates += len(combos)
+            else:
+                combos = _combos(result, mesh_shape, 12 if quick else None, rng)
+            tried = [(combo, None) for combo in combos]
+            # the strategies propagate() picks for random input placements
+            for _ in range(1 if quick else 3):
+                cur = _random_current(call, mesh_shape, rng)
+                schema = _schema(call, mesh_shape, cur)
+                try:
+                    st = propagate(schema, _CoordMesh(mesh_shape, (0,) * len(mesh_shape)),
+                                   _fake_cost)
+                except Exception as exc:  # noqa: BLE001 - reported as a mismatch
+                    if info.inplace and "in-place" in str(exc):
+                        rep.refused += 1
+                        continue
+                    rep.mismatches.append(f"{case.label} mesh {mesh_shape}: propagate {exc!r}")
+                    continue
+                tried.append((st.candidates_considered[-1][0], cur))
+            for combo, cur in tried:
+                schema = _schema(call, mesh_shape, cur or [None] * len(call.slots))
+                try:
+                    _run_strategy(call, schema, combo, rng)
+                except _NotApplicable:
+                    rep.not_applicable += 1
+                    continue
+                except _Mismatch as exc:
+                    pl = " | ".join(
+                        ",".join("-" if p is None else p.short() for p in c.placements)
+                        for c in combo
+                    )
+                    rep.mismatches.append(f"{case.label} mesh {mesh_shape} [{pl}]: {exc}")
+                    continue
+                rep.strategies += 1
+    return rep
+
+
+def validate(
+    ops: Sequence[str] | None = None,
+    quick: bool = False,
+    meshes: Sequence[tuple[int, ...]] = MESHES,
+    seed: int = 0,
+) -> Report:
+    """Check every candidate of the rules of ``ops`` (default: every op). **Local**.
+
+    Parameters
+    ----------
+    ops : sequence of str, optional
+        Op names of the table; default all.
+    quick : bool
+        Fewer shapes and a sample of the N-D combinations (for CI).
+    meshes : sequence of tuple of int
+        Mesh shapes to check on.
+    seed : int
+        Seed of the sample data and of the Partial splits.
+
+    Returns
+    -------
+    Report
+    """
+    names = sorted(OPS) if ops is None else list(ops)
+    t0 = time.perf_counter()
+    reports = []
+    state = _random.get_rng_state()
+    try:
+        # sample data hits 1/0, log(-1)...: inf/nan are compared, not warned about
+        with np.errstate(all="ignore"):
+            for i, name in enumerate(names):
+                reports.append(_check_op(OPS[name], quick, meshes, seed + 7919 * i))
+    finally:
+        _random.set_rng_state(state)
+    return Report(reports, time.perf_counter() - t0)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line: ``python -m dtensor.validate [--quick] [--op NAME ...]``. **Local**."""
+    ap = argparse.ArgumentParser(prog="python -m dtensor.validate", description=__doc__.split(
+        "\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer shapes, sampled N-D combos")
+    ap.add_argument("--op", action="append", help="only this op (repeatable)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--verbose", "-v", action="store_true", help="print every mismatch")
+    args = ap.parse_args(argv)
+    unknown = [o for o in args.op or () if o not in OPS]
+    if unknown:
+        ap.error(f"unknown op(s): {', '.join(unknown)}")
+    report = validate(args.op, quick=args.quick, seed=args.seed)
+    print(report.table())
+    for r in report.ops:
+        for m in r.mismatches[: None if args.verbose else 3]:
+            print(f"MISMATCH {r.name}: {m}")
+        if not args.verbose and len(r.mismatches) > 3:
+            print(f"MISMATCH {r.name}: ... {len(r.mismatches) - 3} more (use -v)")
+    print(report.summary())
+    return 1 if report.mismatches else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""Sharding rules: one module per op family, all registered in one table.
+
+Importing this package registers every family's rules (:mod:`.pointwise`,
+:mod:`.reduction`, :mod:`.matmul`, :mod:`.view`, :mod:`.tensor`, :mod:`.nn`); the
+framework (:mod:`._core`) gives the rule of an op (:func:`get_rule`) and expands one mesh
+dim's candidates into the cheapest N-D strategy (:func:`propagate`). Pure metadata: numpy
+only, no MPI, no data.
+"""
+
+from __future__ import annotations
+
+from . import matmul, nn, pointwise, reduction, tensor, view  # noqa: F401  (register rules)
+from ._core import (
+    ArgMeta,
+    Candidate,
+    OpSchema,
+    OpStrategy,
+    RuleResult,
+    get_rule,
+    nd_valid,
+    propagate,
+    register_rule,
+    rule_names,
+)
+
+__all__ = [
+    "ArgMeta",
+    "Candidate",
+    "OpSchema",
+    "OpStrategy",
+    "RuleResult",
+    "get_rule",
+    "nd_valid",
+    "propagate",
+    "register_rule",
+    "rule_names",
+]

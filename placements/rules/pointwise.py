@@ -1,0 +1,240 @@
+"""Sharding rules of elementwise ops: unary, binary, ternary, casts, and in-place forms.
+
+Every elementwise op shares one candidate builder (:func:`~._core.pointwise_candidates`):
+all-Replicate, Shard(d) on every output dim (an operand that broadcasts that dim is
+Replicate there), and the Partial candidates the math allows:
+
+- linear ops keep ``P(sum)``/``P(avg)``: ``add``/``sub`` ``[P, P, P]`` (a replicated
+  operand, such as a python scalar, is split so that it counts once), ``mul``
+  ``[P, P, R]``/``[P, R, P]``, ``div`` ``[P, P, R]``, ``neg``, ``lerp``, ``where``...;
+- monotonic non-decreasing unary ops keep ``P(max)``/``P(min)`` (relu, exp, sigmoid, tanh,
+  floor, ceil, clamp...), ``neg`` swaps them, ``add``/``sub`` of a replicated operand keeps
+  them (``[P(max), P(max), R]``), ``maximum`` of ``P(max)`` operands is ``P(max)``;
+- bool ``or``/``and`` behave as ``max``/``min``.
+
+Output dtypes follow PyTorch's promotion (:func:`~._core.result_dtype`): python scalars
+are weak, float ops on integers give the default float dtype, comparisons give bool.
+An in-place op ``name_`` uses the rule of ``name`` with the output fixed to its first
+argument's shape and dtype, and only candidates that keep that argument's placements.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import DTypeError, ShardingError
+from ._core import (
+    BOOL,
+    INT64,
+    ArgMeta,
+    Candidate,
+    OpSchema,
+    RuleResult,
+    as_dtype,
+    broadcast_shapes,
+    can_cast,
+    float_dtype,
+    pointwise_candidates,
+    register_rule,
+    result_dtype,
+)
+
+__all__ = ["cast_partials", "elementwise_rule", "inplace_result"]
+
+# -- unary ops: dtype kind, and the Partial kinds they keep (in -> out) ---------------------
+_SAME = ("neg", "abs", "relu", "sign", "positive", "floor", "ceil", "trunc", "round",
+         "bitwise_not", "silu", "gelu", "softplus", "leaky_relu", "clone", "contiguous",
+         "detach")
+_FLOAT = ("exp", "expm1", "log", "log1p", "log2", "sqrt", "rsqrt", "sin", "cos", "tan",
+          "tanh", "sigmoid", "erf", "reciprocal")
+_TO_BOOL = ("logical_not", "isnan", "isinf", "isfinite")
+_UNARY = (*_SAME, *_FLOAT, *_TO_BOOL, "square")
+
+_ALL_KINDS = ("sum", "avg", "max", "min")
+_IDENTITY = tuple((k, (k,)) for k in _ALL_KINDS)
+_MONO = (("max", ("max",)), ("min", ("min",)))
+_ANTI = (("min", ("max",)), ("max", ("min",)))
+# non-decreasing on the whole real line (domain-restricted ones like log/sqrt excluded:
+# a contribution outside the domain would turn the reduction into nan)
+_MONOTONE = frozenset(("relu", "exp", "expm1", "sigmoid", "tanh", "erf", "floor", "ceil",
+                       "trunc", "round", "sign", "softplus"))
+_COPIES = frozenset(("positive", "clone", "contiguous", "detach"))
+
+
+def _unary_partials(op: str, a: ArgMeta, schema: OpSchema) -> tuple:
+    if op in _COPIES:
+        return _IDENTITY
+    if op == "neg":
+        return (("sum", ("sum",)), ("avg", ("avg",)), *_ANTI)
+    if op in _MONOTONE:
+        return _MONO
+    if op == "leaky_relu":
+        return _MONO if float(schema.get("negative_slope", 0.01)) >= 0 else ()  # type: ignore[arg-type]
+    if op == "bitwise_not" or (op == "logical_not" and a.dtype == BOOL):
+        return _ANTI  # x -> -x - 1 on integers; not on bools (De Morgan)
+    return ()
+
+
+def _unary_dtype(op: str, a: ArgMeta, schema: OpSchema) -> np.dtype:
+    if op in _FLOAT:
+        return float_dtype(a.dtype, schema.default_float)
+    if op in _TO_BOOL:
+        return BOOL
+    if op == "square":  # pow(x, 2): bool squares to int64
+        return INT64 if a.dtype == BOOL else a.dtype
+    return a.dtype
+
+
+# -- binary ops -----------------------------------------------------------------------------
+_ARITH = ("add", "sub", "mul", "floor_divide", "remainder", "fmod", "pow", "maximum",
+          "minimum", "bitwise_and", "bitwise_or", "bitwise_xor")
+_TRUE_DIV = ("atan2",)
+_COMPARE = ("eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor")
+_BINARY = (*_ARITH, *_TRUE_DIV, *_COMPARE, "div")
+
+_LIN_ADD = (("sum", ("sum", "sum")), ("avg", ("avg", "avg")),
+            ("max", ("max", None)), ("min", ("min", None)))
+_LIN_MUL = (("sum", ("sum", None)), ("sum", (None, "sum")),
+            ("avg", ("avg", None)), ("avg", (None, "avg")))
+_MAX = (("max", ("max", "max")), ("min", ("min", None)), ("min", (None, "min")))
+_MIN = (("min", ("min", "min")), ("max", ("max", None)), ("max", (None, "max")))
+_BINARY_PARTIALS = {
+    "add": _LIN_ADD,
+    "sub": _LIN_ADD,
+    "mul": _LIN_MUL,
+    "maximum": _MAX,
+    "minimum": _MIN,
+}
+# bool or/and are max/min
+_BOOL_PARTIALS = {
+    "logical_or": _MAX, "bitwise_or": _MAX, "logical_and": _MIN, "bitwise_and": _MIN,
+}
+
+
+def _binary_partials(op: str, args: tuple[ArgMeta | None, ...], schema: OpSchema) -> tuple:
+    if op == "div":
+        if schema.get("rounding_mode") is None:
+            return (("sum", ("sum", None)), ("avg", ("avg", None)))
+        return ()
+    if op in _BOOL_PARTIALS:
+        return _BOOL_PARTIALS[op] if all(a.dtype == BOOL for a in args) else ()  # type: ignore[union-attr]
+    return _BINARY_PARTIALS.get(op, ())
+
+
+def _binary_dtype(op: str, args: tuple[ArgMeta, ...], schema: OpSchema) -> np.dtype:
+    if op in _COMPARE:
+        return BOOL
+    dt = result_dtype(args, schema.default_float)
+    if op in _TRUE_DIV or (op == "div" and schema.get("rounding_mode") is None):
+        return float_dtype(dt, schema.default_float)
+    return dt
+
+
+# -- ternary ops ----------------------------------------------------------------------------
+_TERNARY_PARTIALS = {
+    # where(cond, a, b) selects per element: every reduce op commutes with it
+    "where": tuple((k, (None, k, k)) for k in _ALL_KINDS),
+    "clamp": (("max", ("max", None, None)), ("min", ("min", None, None))),
+    "lerp": (("sum", ("sum", "sum", None)), ("avg", ("avg", "avg", None))),
+    "addcmul": (("sum", ("sum", "sum", None)), ("sum", ("sum", None, "sum")),
+                ("avg", ("avg", "avg", None)), ("avg", ("avg", None, "avg"))),
+    "addcdiv": (("sum", ("sum", "sum", None)), ("avg", ("avg", "avg", None))),
+}
+_TERNARY = tuple(_TERNARY_PARTIALS)
+_ALIASES = {"clip": "clamp"}
+
+
+def _ternary_dtype(op: str, args: tuple[ArgMeta | None, ...], schema: OpSchema) -> np.dtype:
+    if op == "where":
+        return result_dtype(args[1:], schema.default_float)
+    return result_dtype(args, schema.default_float)
+
+
+# -- casts ----------------------------------------------------------------------------------
+_CAST_METHODS = {
+    "float": np.float32, "double": np.float64, "half": np.float16, "int": np.int32,
+    "long": np.int64, "short": np.int16, "char": np.int8, "byte": np.uint8, "bool": np.bool_,
+}
+
+
+def _cast_target(op: str, schema: OpSchema) -> np.dtype:
+    if op in _CAST_METHODS:
+        return np.dtype(_CAST_METHODS[op])
+    a = schema.args[0]
+    if op == "type_as":
+        return schema.args[1].dtype  # type: ignore[union-attr]
+    dtype = schema.get("dtype")
+    return a.dtype if dtype is None else as_dtype(dtype, schema.default_float)  # type: ignore[union-attr]
+
+
+def cast_partials(src: np.dtype, dst: np.dtype) -> tuple:
+    if dst == src:
+        return _IDENTITY
+    out = ()
+    if dst.kind in "fc":  # exact enough to commute with sums
+        out += (("sum", ("sum",)), ("avg", ("avg",)))
+    if src.kind != "c" and (dst.kind == "f" or (dst.kind in "iu" and np.can_cast(src, dst))):
+        out += _MONO  # monotone: to a float, or to an int that holds every value
+    return out
+
+
+# -- the rule ---------------------------------------------------------------------------------
+@register_rule(
+    *_UNARY, *_BINARY, *_TERNARY, *_ALIASES, *_CAST_METHODS, "to", "type_as",
+    *(f"{op}_" for op in (*_UNARY, *_BINARY, *_TERNARY, *_ALIASES)),
+)
+def elementwise_rule(schema: OpSchema) -> RuleResult:
+    """Rule of every elementwise op (and its in-place form ``op_``). **Local**."""
+    name = schema.op
+    inplace = name.endswith("_")
+    op = name[:-1] if inplace else name
+    op = _ALIASES.get(op, op)
+    args = schema.args
+    if op in _UNARY:
+        a = args[0]
+        dtype, partials = _unary_dtype(op, a, schema), _unary_partials(op, a, schema)
+        shape = a.shape
+    elif op in _CAST_METHODS or op in ("to", "type_as"):
+        a = args[0]
+        dtype = _cast_target(op, schema)
+        partials = cast_partials(a.dtype, dtype)
+        shape = a.shape
+        if op == "type_as":  # other gives its dtype only: never moved
+            cands = pointwise_candidates(shape, (a,), partials)
+            return RuleResult(
+                (shape,), (dtype,), tuple(Candidate((*c.placements, None)) for c in cands)
+            )
+    else:
+        n = 2 if op in _BINARY else 3
+        args = args[:n] if len(args) >= n else args + (None,) * (n - len(args))
+        present = [a for a in args if a is not None]
+        shape = broadcast_shapes(name, [a.shape for a in present])
+        if op in _BINARY:
+            dtype, partials = _binary_dtype(op, args, schema), _binary_partials(op, args, schema)
+        else:
+            dtype, partials = _ternary_dtype(op, args, schema), _TERNARY_PARTIALS[op]
+    result = RuleResult((shape,), (dtype,), tuple(pointwise_candidates(shape, args, partials)))
+    return inplace_result(schema, result) if inplace else result
+
+
+def inplace_result(schema: OpSchema, result: RuleResult) -> RuleResult:
+    """The in-place form of an out-of-place result: output = first argument. **Local**.
+
+    Raises ShardingError (as PyTorch does) when broadcasting would grow the first argument.
+    """
+    a = schema.args[0]
+    if a is None or result.out_shapes[0] != a.shape:
+        raise ShardingError(
+            f"{schema.op}: output with shape {list(a.shape) if a else None} doesn't match the "
+            f"broadcast shape {list(result.out_shapes[0])}"
+        )
+    rt = result.out_dtypes[0]
+    if not can_cast(rt, a.dtype):
+        raise DTypeError(
+            f"{schema.op}: result type {rt.name} can't be cast to the desired output type "
+            f"{a.dtype.name}"
+        )
+    return RuleResult(
+        result.out_shapes, (a.dtype, *result.out_dtypes[1:]), result.candidates,
+        result.nd_check, True,
+    )

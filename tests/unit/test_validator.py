@@ -1,0 +1,107 @@
+"""The strategy validator over every op of the table (quick mode: two shapes per family and a
+sample of the 2-D mesh combinations; ``python -m dtensor.validate`` runs the full set), and
+checks that the validator itself catches wrong rules.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import dtensor as dt
+from dtensor import validate as V
+from dtensor._optable import OPS, OpInfo, register_op
+from placements import MeshShape, Partial, Replicate, Shard
+from placements.rules import ArgMeta, Candidate, OpSchema, RuleResult, _core, get_rule, propagate
+
+_NAMES = sorted(OPS)
+_CHUNKS = 8
+_GROUPS = [_NAMES[i::_CHUNKS] for i in range(_CHUNKS)]
+
+
+def test_every_op_has_a_rule_and_sample_calls():
+    for name, info in OPS.items():
+        get_rule(info.rule)
+        assert V._family(name) is not None, name
+
+
+@pytest.mark.parametrize("group", range(_CHUNKS))
+def test_every_candidate_of_every_rule(group):
+    report = V.validate(_GROUPS[group], quick=True)
+    bad = [f"{r.name}: {m}" for r in report.ops for m in r.mismatches[:3]]
+    assert not bad, "\n".join(bad)
+    for r in report.ops:  # every op was exercised on data
+        assert r.cases > 0 and r.strategies > 0, r
+
+
+def _install(name: str, kernel, rule_fn, params=("input",), static=()):
+    """Register a test-only op with its own rule; returns a cleanup function."""
+    register_op(OpInfo(name, kernel, params, ("input",), static, {}, name))
+    _core._RULES[name] = rule_fn
+
+    def cleanup():
+        OPS.pop(name, None)
+        _core._RULES.pop(name, None)
+        _core._MEMO.clear()
+
+    return cleanup
+
+
+def test_validator_catches_a_wrong_partial():
+    def bad_rule(schema):  # amax over a sharded dim claimed to be P(sum): wrong
+        a = schema.args[0]
+        cands = (Candidate((Replicate(), Replicate())), Candidate((Partial("sum"), Shard(0))))
+        return RuleResult(((),), (a.dtype,), cands)
+
+    cleanup = _install("test_bad_amax", lambda x: dt.amax(x), bad_rule)
+    V._VIEW_CASES["test_bad_amax"] = (((5, 7), {}),)
+    try:
+        report = V.validate(["test_bad_amax"], meshes=((2,), (4,)))
+        assert report.mismatches > 0
+        assert any("P(sum),S(0)" in m and "values differ" in m for m in report.ops[0].mismatches)
+    finally:
+        cleanup()
+        del V._VIEW_CASES["test_bad_amax"]
+
+
+def test_validator_catches_a_wrong_local_shape():
+    def bad_rule(schema):  # a view keeping S(0) on a non-exact merge of uneven rows
+        a = schema.args[0]
+        n = a.shape[0] * a.shape[1]
+        cands = (Candidate((Replicate(), Replicate())), Candidate((Shard(0), Shard(0))))
+        return RuleResult(((n,),), (a.dtype,), cands)
+
+    cleanup = _install("test_bad_flatten", lambda x: x.reshape(-1), bad_rule)
+    V._VIEW_CASES["test_bad_flatten"] = (((5, 3), {}),)
+    try:
+        report = V.validate(["test_bad_flatten"], meshes=((2,),))
+        assert any("spec promises" in m for m in report.ops[0].mismatches)
+    finally:
+        cleanup()
+        del V._VIEW_CASES["test_bad_flatten"]
+
+
+def test_command_line(capsys):
+    assert V.main(["--quick", "--op", "relu", "--op", "matmul"]) == 0
+    out = capsys.readouterr().out
+    assert "relu" in out and "matmul" in out
+    assert "2 ops," in out and "0 mismatches" in out
+
+
+def test_mean_over_uneven_shards_is_exact():
+    """mean(dim=0) of 5 rows over 4 coordinates (2, 2, 1, 0 rows): the P(sum) of the local
+    kernels equals the global mean (each scales its local sum by 1/5, the empty one gives 0)."""
+    x = np.random.default_rng(0).standard_normal((5, 7)).astype(np.float32)
+    schema = OpSchema("mean", (ArgMeta((5, 7), x.dtype, (Shard(0),)),),
+                      (("dim", 0), ("keepdim", False), ("dtype", None)), (4,))
+    strategy = propagate(schema, MeshShape((4,)), lambda m, t: 0.0)
+    assert strategy.output_specs[0].placements == (Partial("sum"),)
+    total = np.zeros(7, np.float32)
+    for c in range(4):
+        mesh = V._CoordMesh((4,), (c,))
+        st = _core._strategy(schema, mesh, _core._rule_result(schema),
+                             strategy.candidates_considered[-1][0], 0.0, ())
+        kernel = OPS["mean"].local_fn(schema, st)
+        lo, n = 2 * c, max(0, min(2, 5 - 2 * c))
+        total += kernel(dt.from_numpy(x[lo:lo + n]), 0, False, None).numpy()
+    np.testing.assert_allclose(total, x.mean(0), rtol=1e-6)

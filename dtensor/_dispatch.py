@@ -1,0 +1,682 @@
+"""The Python dispatcher of ops on DTensors and its propagation cache.
+
+``dispatch(info, args, kwargs)`` serves one call of a table op (:mod:`dtensor._optable`)
+whose arguments include a DTensor:
+
+1. bind the call to the op's parameters (a per-op binder precomputed once);
+2. build the cache key from metadata only: the op name, the default float dtype, one marker
+   per tensor-like argument (a DTensor's spec, a python scalar's type, a 0-d value's dtype,
+   ``None``) and the values of the op's decision-relevant static parameters;
+3. on a miss, ask the op's sharding rule (:func:`placements.rules.propagate`) for the
+   cheapest strategy under the redistribute cost model, then store a self-contained
+   :class:`CacheEntry`: the redistribute plan of every input, the kernel to run and the
+   output specs;
+4. run the entry: redistribute the inputs per the stored plans, call the kernel on the local
+   tensors and wrap the outputs with the stored specs.
+
+Every input to the key and to the strategy choice is metadata that is identical on every
+rank, so all ranks take the same decision and issue the same collectives. The cache is a
+bounded LRU (``DTENSOR_PROP_CACHE_SIZE``, default 4096) with hit/miss/eviction counters.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+
+from placements import Partial, Placement
+from placements.errors import MeshError, NoRuleError, ShardingError
+from placements.rules import ArgMeta, OpSchema, OpStrategy, propagate
+from placements.spec import DTensorSpec
+from redistribute.cost import default_cost_model
+from redistribute.execute import execute as _execute
+from redistribute.plan import plan as _plan
+from redistribute.plan import redistribute_cost
+
+from . import _dtypes
+from ._dtensor import DTensor, _allocator_for
+from ._optable import OpInfo
+from ._tensor import Tensor, _wrap
+
+__all__ = [
+    "CacheEntry",
+    "clear_prop_cache",
+    "current_op",
+    "dispatch",
+    "prop_cache_stats",
+    "set_prop_cache_size",
+]
+
+_MISSING = object()
+_new = object.__new__
+# Static-argument types that need _freeze to become (or to be refused as) key parts.
+_COMPOUND = frozenset({list, tuple, slice, np.ndarray, Tensor, DTensor})
+_PY_SCALARS = (bool, int, float, complex)
+# Note: numpy scalars take part as python scalars of their kind (weak dtypes), as in the
+# local kernels; a 0-d Tensor or ndarray is a 0-d tensor operand (its own dtype).
+_SCALAR_KIND = {"b": bool, "i": int, "u": int, "f": float, "c": complex}
+# Parameters that a method call may give as varargs (``x.view(2, 3)``, ``x.permute(1, 0)``).
+_SIZE_PARAMS = frozenset({"shape", "size", "sizes", "dims"})
+# The value a non-holder coordinate uses for a scalar partitioned to Partial(op).
+_PARTIAL_IDENTITY = {"sum": 0, "prod": 1}
+
+
+# -- current op (read by dtensor.debug.CommDebugMode) ----------------------------------------
+_current_op: str | None = None
+
+
+def current_op() -> str | None:
+    """The op whose inputs are being redistributed right now, or None. **Local**."""
+    return _current_op
+
+
+# -- binding ---------------------------------------------------------------------------------
+class _Binder:
+    """How one op's calls bind to its parameters; built once per :class:`OpInfo`."""
+
+    __slots__ = (
+        "fill",
+        "index",
+        "info",
+        "name",
+        "nparams",
+        "pack_idx",
+        "params",
+        "static_idx",
+        "tensor_idx",
+        "variadic_idx",
+    )
+
+    def __init__(self, info: OpInfo) -> None:
+        params = tuple(info.params)
+        self.info = info
+        self.name = info.name
+        self.params = params
+        self.nparams = len(params)
+        self.index = {p: i for i, p in enumerate(params)}
+        self.fill = [info.defaults.get(p, _MISSING) for p in params]
+        self.tensor_idx = tuple(self.index[p] for p in info.tensor_params)
+        self.static_idx = tuple(self.index[p] for p in info.static_params)
+        self.variadic_idx = -1 if info.variadic is None else self.index[info.variadic]
+        last = params[-1] if params else None
+        foldable = last in _SIZE_PARAMS or last == info.variadic
+        self.pack_idx = self.nparams - 1 if foldable else -1
+
+    def bind(self, args: Sequence[object], kwargs: Mapping[str, object]) -> list:
+        """Values of every parameter in order (defaults filled in). **Local**."""
+        n = len(args)
+        nparams = self.nparams
+        if n > nparams or n - 1 == self.pack_idx:
+            args = self._pack(args)
+            n = len(args)
+        values = list(args)
+        if n < nparams:
+            values.extend(self.fill[n:])
+        if kwargs:
+            index = self.index
+            for k, v in kwargs.items():
+                i = index.get(k)
+                if i is None:
+                    raise TypeError(f"{self.name}() got an unexpected keyword argument {k!r}")
+                if i < n:
+                    raise TypeError(f"{self.name}() got multiple values for argument {k!r}")
+                values[i] = v
+        if n < nparams:
+            for v in values[n:]:
+                if v is _MISSING:
+                    missing = [p for p, v in zip(self.params, values) if v is _MISSING]
+                    raise TypeError(
+                        f"{self.name}() missing required arguments: {', '.join(missing)}"
+                    )
+        return values
+
+    def _pack(self, args: Sequence[object]) -> tuple:
+        """Fold trailing positional arguments into the last (variadic or size) parameter:
+        ``einsum(eq, a, b)``, ``x.view(2, 3)``, ``x.view(-1)``; a single list or tuple is
+        taken as the whole value."""
+        last = self.pack_idx
+        if last < 0:
+            raise TypeError(
+                f"{self.name}() takes {self.nparams} positional arguments "
+                f"({', '.join(self.params)}) but {len(args)} were given"
+            )
+        tail = args[last:]
+        if len(tail) == 1 and isinstance(tail[0], (list, tuple)):
+            return tuple(args)
+        return (*args[:last], tuple(tail))
+
+
+_BINDERS: dict[str, _Binder] = {}
+
+
+def _binder(info: OpInfo) -> _Binder:
+    """The binder of ``info`` (rebuilt when the table entry of that name was replaced)."""
+    b = _BINDERS.get(info.name)
+    if b is None or b.info is not info:
+        b = _BINDERS[info.name] = _Binder(info)
+    return b
+
+
+# -- the cache -------------------------------------------------------------------------------
+class _Redist:
+    """One DTensor input's move to the strategy's placements (a stored plan)."""
+
+    __slots__ = ("dst", "src", "steps")
+
+    def __init__(self, steps: tuple, src: DTensorSpec, dst: DTensorSpec) -> None:
+        self.steps = steps
+        self.src = src
+        self.dst = dst
+
+
+class _ScalarIdentity:
+    """A scalar that this rank replaces by the identity of a Partial it is split into.
+
+    ``Partial(sum)`` of a replicated value: the holder (coordinate 0 on each such mesh dim)
+    keeps it, the other coordinates contribute 0, so the reduced value counts it once.
+    """
+
+    __slots__ = ("identity",)
+
+    def __init__(self, identity: int) -> None:
+        self.identity = identity
+
+    def apply(self, value: object) -> object:
+        if isinstance(value, Tensor):
+            arr = value._arr
+            return _wrap(np.full_like(arr, self.identity))
+        return type(value)(self.identity)
+
+
+class CacheEntry:
+    """Everything needed to run a propagation-cache hit, without the rule or the binder.
+
+    Attributes
+    ----------
+    name : str
+        The op.
+    kernel : callable
+        The local kernel, called with the bound values in parameter order (local tensors in
+        place of DTensors).
+    slots : tuple of (int, int)
+        Where the tensor-like arguments are: (parameter index, element index or -1).
+    moves : tuple
+        Per slot: None (use as is), a redistribute plan (DTensor inputs) or a scalar
+        replacement (a scalar split into a Partial on this rank).
+    out_specs : tuple of DTensorSpec
+        The outputs' specs.
+    inplace : bool
+        The op writes its first argument; the call returns that DTensor.
+    comm : bool
+        Whether running the entry issues collectives.
+    direct : tuple of int or None
+        When no input moves, the op is not in-place and has no variadic argument: the
+        parameter indices whose DTensors just give their local tensors (the short path).
+    strategy : OpStrategy
+        The chosen strategy (for debugging tools).
+    """
+
+    __slots__ = (
+        "comm",
+        "direct",
+        "inplace",
+        "kernel",
+        "moves",
+        "name",
+        "out_specs",
+        "slots",
+        "strategy",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        kernel: Callable,
+        slots: tuple[tuple[int, int], ...],
+        moves: tuple,
+        out_specs: tuple[DTensorSpec, ...],
+        inplace: bool,
+        strategy: OpStrategy,
+    ) -> None:
+        self.name = name
+        self.kernel = kernel
+        self.slots = slots
+        self.moves = moves
+        self.out_specs = out_specs
+        self.inplace = inplace
+        self.comm = any(isinstance(m, _Redist) and m.steps for m in moves)
+        self.strategy = strategy
+        plain = not inplace and all(m is None for m in moves) and all(e < 0 for _, e in slots)
+        self.direct = tuple(p for p, _ in slots) if plain else None
+
+
+class _PropCache:
+    """A bounded LRU map from call signatures to :class:`CacheEntry`."""
+
+    __slots__ = ("data", "evictions", "hits", "maxsize", "misses")
+
+    def __init__(self, maxsize: int) -> None:
+        self.data: OrderedDict[tuple, CacheEntry] = OrderedDict()
+        self.maxsize = maxsize
+        self.hits = 0
+        self.misses = 0
+        self.evictions = 0
+
+    def put(self, key: tuple, entry: CacheEntry) -> None:
+        self.data[key] = entry
+        self.trim()
+
+    def trim(self) -> None:
+        """Evict least recently used entries down to ``maxsize``."""
+        data = self.data
+        while len(data) > self.maxsize:
+            data.popitem(last=False)
+            self.evictions += 1
+
+
+def _env_cache_size() -> int:
+    raw = os.environ.get("DTENSOR_PROP_CACHE_SIZE", "4096")
+    try:
+        size = int(raw)
+    except ValueError:
+        raise ValueError(f"DTENSOR_PROP_CACHE_SIZE={raw!r} is not an integer") from None
+    if size < 1:
+        raise ValueError(f"DTENSOR_PROP_CACHE_SIZE={raw!r} must be at least 1")
+    return size
+
+
+_CACHE = _PropCache(_env_cache_size())
+
+
+def prop_cache_stats() -> dict[str, int]:
+    """Counters of the propagation cache. **Local**.
+
+    Returns
+    -------
+    dict
+        ``hits``, ``misses``, ``evictions`` (since the last :func:`clear_prop_cache`),
+        ``size`` (entries now) and ``maxsize``.
+    """
+    c = _CACHE
+    return {
+        "hits": c.hits,
+        "misses": c.misses,
+        "size": len(c.data),
+        "evictions": c.evictions,
+        "maxsize": c.maxsize,
+    }
+
+
+def clear_prop_cache() -> None:
+    """Drop every cached sharding decision and reset the counters. **Local**.
+
+    Call it on every rank (or none): ranks never diverge in their decisions either way,
+    but the counters then agree.
+    """
+    c = _CACHE
+    c.data.clear()
+    c.hits = c.misses = c.evictions = 0
+
+
+def set_prop_cache_size(maxsize: int) -> None:
+    """Change the bound of the propagation cache (evicting the oldest entries). **Local**."""
+    if int(maxsize) < 1:
+        raise ValueError(f"set_prop_cache_size: maxsize must be at least 1, got {maxsize}")
+    _CACHE.maxsize = int(maxsize)
+    _CACHE.trim()
+
+
+# -- the dispatcher --------------------------------------------------------------------------
+def _short(placements: Sequence[Placement]) -> str:
+    return "[" + ", ".join(p.short() for p in placements) + "]"
+
+
+def _describe(v: object) -> str:
+    if isinstance(v, DTensor):
+        return f"DTensor({_short(v.placements)}, shape {v.shape}, {v.dtype})"
+    if isinstance(v, Tensor):
+        return f"Tensor(shape {tuple(v.shape)}, {v.dtype})"
+    return repr(v)
+
+
+def dispatch(info: OpInfo, args: Sequence[object], kwargs: Mapping[str, object]) -> object:
+    """Run ``info``'s op on arguments of which at least one is a DTensor.
+
+    **Collective** over the mesh when an input must be redistributed for the chosen
+    strategy (every rank makes the same choice); **Local** otherwise.
+
+    Parameters
+    ----------
+    info : OpInfo
+        The op's table entry.
+    args, kwargs
+        The call's arguments, as for the local function.
+
+    Returns
+    -------
+    DTensor, tuple of DTensor or the op's namedtuple of DTensors
+        Outputs laid out per the chosen strategy; an in-place op returns its first argument.
+    """
+    binder = _BINDERS.get(info.name)
+    if binder is None or binder.info is not info:
+        binder = _binder(info)
+    values = binder.bind(args, kwargs)
+    entry, _, mesh = lookup(info, values, args, kwargs)
+    return run_entry(entry, values, mesh)
+
+
+def lookup(
+    info: OpInfo,
+    values: list,
+    args: Sequence[object] = (),
+    kwargs: Mapping[str, object] | None = None,
+) -> tuple[CacheEntry, tuple | None, object]:
+    """The cache entry for bound ``values`` (propagating sharding on a miss). **Local**.
+
+    Counts the hit or miss. Returns ``(entry, key, mesh)``; ``key`` is None when the call
+    cannot be cached (a tensor-valued static argument). ``args``/``kwargs`` (the original
+    call) only serve error messages. Normalises ``values`` as the kernel needs them.
+    """
+    name = info.name
+    binder = _BINDERS.get(name)
+    if binder is None or binder.info is not info:
+        binder = _binder(info)
+    vi = binder.variadic_idx
+    key = [name, _dtypes._default_float]
+    mesh = None
+    try:
+        for pi in binder.tensor_idx:
+            v = values[pi]
+            if pi == vi:
+                v = values[pi] = list(v)
+                key.append(len(v))
+                for ei, e in enumerate(v):
+                    m = _marker(name, e, v, ei)
+                    if type(m) is DTensorSpec:
+                        mesh = _same_mesh(name, mesh, m)
+                    key.append(m)
+                continue
+            if type(v) is DTensor:
+                m = v._spec
+                if m.mesh is not mesh:
+                    mesh = _same_mesh(name, mesh, m)
+            else:
+                m = _marker(name, v, values, pi)
+                if type(m) is DTensorSpec:
+                    mesh = _same_mesh(name, mesh, m)
+            key.append(m)
+    except _LocalOperand as e:
+        raise _mixed_error(name, e.args[0], args or values, kwargs or {}) from None
+    if mesh is None:
+        params = ", ".join(binder.params[i] for i in binder.tensor_idx)
+        raise TypeError(f"{name}: no DTensor among the tensor arguments ({params})")
+    cache = _CACHE
+    if _FRONT is not None:
+        _FRONT.flush(cache.data)
+    try:
+        for si in binder.static_idx:
+            s = values[si]
+            key.append(_freeze(s) if type(s) in _COMPOUND else s)
+        key = tuple(key)
+        entry = cache.data.get(key)
+    except _Uncacheable:
+        # a tensor-valued static argument (an index tensor): decide for this call only
+        cache.misses += 1
+        return _build_entry(info, binder, values, mesh), None, mesh
+    if entry is None:
+        cache.misses += 1
+        entry = _build_entry(info, binder, values, mesh)
+        cache.put(key, entry)
+    else:
+        cache.hits += 1
+        cache.data.move_to_end(key)
+    return entry, key, mesh
+
+
+class _Uncacheable(Exception):
+    """A static argument whose value cannot be part of a cache key."""
+
+
+def _freeze(v: object) -> object:
+    """A hashable stand-in for a static argument (lists -> tuples, slices -> tuples)."""
+    t = type(v)
+    if t is list or t is tuple:
+        return tuple(_freeze(e) if type(e) in _COMPOUND else e for e in v)
+    if t is slice:
+        return (slice, v.start, v.stop, v.step)
+    raise _Uncacheable(v)
+
+
+def _same_mesh(op: str, mesh: object, spec: DTensorSpec) -> object:
+    m = spec.mesh
+    if mesh is None or mesh is m:
+        return m
+    if mesh != m:
+        raise MeshError(
+            f"{op}: operands live on different meshes {mesh!r} and {m!r}; redistribute them "
+            "onto one mesh first"
+        )
+    return mesh
+
+
+class _LocalOperand(Exception):
+    """A local (non 0-d) tensor among the operands of a DTensor op."""
+
+
+def _marker(op: str, v: object, holder: list, i: int) -> object:
+    """The cache-key marker of one tensor-like argument (normalising 0-d values in
+    ``holder[i]`` to local 0-d Tensors)."""
+    t = type(v)
+    if t is DTensor:
+        return v._spec
+    if t in _PY_SCALARS or v is None:
+        return None if v is None else t
+    if isinstance(v, DTensor):
+        return v._spec
+    if isinstance(v, np.generic):
+        return _SCALAR_KIND[v.dtype.kind]
+    if isinstance(v, np.ndarray):
+        v = _wrap(v)
+        if v.ndim == 0:
+            holder[i] = v
+    if isinstance(v, Tensor):
+        if v.ndim == 0:
+            return v.dtype
+        raise _LocalOperand(v)
+    raise TypeError(f"{op}: unsupported argument of type {t.__name__}: {v!r}")
+
+
+def _mixed_error(op: str, local: Tensor, args: Sequence[object], kwargs: Mapping) -> ShardingError:
+    dtensors = [a for a in (*args, *kwargs.values()) if isinstance(a, DTensor)]
+    for a in (*args, *kwargs.values()):
+        if type(a) is list or type(a) is tuple:
+            dtensors.extend(e for e in a if isinstance(e, DTensor))
+    d = dtensors[0]
+    return ShardingError(
+        f"{op}: cannot mix a DTensor ({_short(d.placements)}, shape {d.shape}) with a local "
+        f"Tensor of shape {tuple(local.shape)}; use DTensor.from_local or distribute_tensor"
+    )
+
+
+def _arg_meta(v: object) -> ArgMeta | None:
+    if v is None:
+        return None
+    if isinstance(v, DTensor):
+        s = v._spec
+        return ArgMeta(s.shape, s.dtype, s.placements)
+    if type(v) in _PY_SCALARS:
+        return ArgMeta((), _dtypes.to_dtype(type(v)), None, True)
+    if isinstance(v, np.generic):
+        return ArgMeta((), _dtypes.to_dtype(_SCALAR_KIND[v.dtype.kind]), None, True)
+    return ArgMeta((), v.dtype, None)
+
+
+def _slots(binder: _Binder, values: list) -> tuple[tuple[int, int], ...]:
+    out = []
+    for pi in binder.tensor_idx:
+        if pi == binder.variadic_idx:
+            out.extend((pi, ei) for ei in range(len(values[pi])))
+        else:
+            out.append((pi, -1))
+    return tuple(out)
+
+
+def _slot_value(values: list, slot: tuple[int, int]) -> object:
+    pi, ei = slot
+    return values[pi] if ei < 0 else values[pi][ei]
+
+
+def _build_entry(info: OpInfo, binder: _Binder, values: list, mesh: object) -> CacheEntry:
+    """Propagate sharding for one call signature and precompute how to run it. **Local**."""
+    slots = _slots(binder, values)
+    args = [_slot_value(values, s) for s in slots]
+    metas = tuple(_arg_meta(v) for v in args)
+    static = tuple((binder.params[i], values[i]) for i in binder.static_idx)
+    schema = OpSchema(
+        info.name, metas, static, tuple(mesh.shape), _dtypes.get_default_dtype()
+    )
+    specs = {id(m): v._spec for m, v in zip(metas, args) if isinstance(v, DTensor)}
+    try:
+        strategy = propagate(schema, mesh, _cost_fn(specs))
+    except (NoRuleError, ShardingError) as e:
+        inputs = ", ".join(_describe(v) for v in args)
+        raise type(e)(f"{e} [op {info.name}; inputs: {inputs}; mesh {mesh.shape}]") from e
+    moves = []
+    coord = mesh.get_coordinate()
+    for v, target in zip(args, strategy.input_placements):
+        if isinstance(v, DTensor):
+            src = v._spec
+            if target is None or tuple(target) == src.placements:
+                moves.append(None)
+            else:
+                dst = src.with_placements(target)
+                moves.append(_Redist(_plan(src, dst.placements), src, dst))
+        else:
+            moves.append(_scalar_move(target, coord))
+    out_specs = tuple(strategy.output_specs)
+    if info.inplace:
+        _check_inplace(info.name, args, moves, out_specs)
+    kernel = info.local_fn(schema, strategy) if info.local_fn is not None else info.kernel
+    return CacheEntry(
+        info.name, kernel, slots, tuple(moves), out_specs, info.inplace, strategy
+    )
+
+
+def _scalar_move(target: Sequence[Placement] | None, coord: tuple[int, ...]):
+    """A scalar's replacement on this rank when the strategy splits it into a Partial."""
+    if target is None:
+        return None
+    for m, p in enumerate(target):
+        if isinstance(p, Partial) and coord[m] != 0:
+            ident = _PARTIAL_IDENTITY.get(p.reduce_op)
+            if ident is not None:
+                return _ScalarIdentity(ident)
+    return None
+
+
+def _check_inplace(op: str, args: list, moves: list, out_specs: tuple) -> None:
+    self = args[0]
+    if not isinstance(self, DTensor):
+        raise ShardingError(
+            f"{op}: the in-place op writes its first argument, which must be a DTensor when "
+            f"any argument is one (got {_describe(self)})"
+        )
+    src = self._spec
+    out = out_specs[0]
+    if moves[0] is not None or out.placements != src.placements or out.shape != src.shape:
+        raise ShardingError(
+            f"{op}: the in-place op would change its input from {_short(src.placements)} "
+            f"shape {src.shape} to {_short(out.placements)} shape {out.shape} (inputs: "
+            + ", ".join(_describe(v) for v in args)
+            + "); redistribute the input first or use the out-of-place op"
+        )
+
+
+def _cost_fn(specs: dict[int, DTensorSpec]) -> Callable[[ArgMeta, tuple], float]:
+    """The cost function ``propagate`` asks: the planned redistribution cost of one input.
+
+    Costs come from the redistribute planner (cached with its plans) under the process-wide
+    cost model; after replacing that model (``redistribute.set_default_cost_model``) call
+    :func:`clear_prop_cache` on every rank.
+    """
+    model = default_cost_model()
+
+    def cost(meta: ArgMeta, target: tuple[Placement, ...]) -> float:
+        spec = specs.get(id(meta))
+        if spec is None:
+            return 0.0
+        return redistribute_cost(spec, target, model)
+
+    return cost
+
+
+def run_entry(entry: CacheEntry, values: list, mesh: object) -> object:
+    """Run a cache entry on bound values: move inputs, call the kernel, wrap the outputs.
+
+    **Collective** when the entry redistributes an input, **Local** otherwise. ``values``
+    (the bound arguments) is modified: DTensors are replaced by their local tensors.
+    """
+    direct = entry.direct
+    if direct is not None:
+        for pi in direct:
+            v = values[pi]
+            if isinstance(v, DTensor):
+                values[pi] = v._local
+        out = entry.kernel(*values)
+        if type(out) is Tensor:
+            d = _new(DTensor)
+            d._local = out
+            d._spec = entry.out_specs[0]
+            return d
+        return _wrap_outputs(out, entry.out_specs)
+    global _current_op
+    target = _slot_value(values, entry.slots[0]) if entry.inplace else None
+    if entry.comm:
+        prev = _current_op
+        _current_op = entry.name
+        try:
+            _to_locals(entry, values, mesh)
+        finally:
+            _current_op = prev
+    else:
+        _to_locals(entry, values, mesh)
+    out = entry.kernel(*values)
+    if target is not None:
+        return target
+    return _wrap_outputs(out, entry.out_specs)
+
+
+def _wrap_outputs(out: object, specs: tuple[DTensorSpec, ...]) -> object:
+    """DTensors of the kernel's outputs, in the kernel's structure (Tensor, tuple, namedtuple)."""
+    if isinstance(out, Tensor):
+        return DTensor._make(out, specs[0])
+    wrapped = [DTensor._make(o, s) for o, s in zip(out, specs)]
+    if type(out) is tuple or type(out) is list:
+        return tuple(wrapped)
+    return type(out)(*wrapped)
+
+
+def _to_locals(entry: CacheEntry, values: list, mesh: object) -> None:
+    """Replace each tensor-like argument in ``values`` by what the kernel gets on this rank."""
+    for (pi, ei), move in zip(entry.slots, entry.moves):
+        holder, i = (values, pi) if ei < 0 else (values[pi], ei)
+        v = holder[i]
+        if isinstance(v, DTensor):
+            local = v._local
+            if move is not None:
+                local = _wrap(
+                    _execute(
+                        move.steps,
+                        local._arr,
+                        move.src,
+                        mesh._coord,
+                        mesh._dim_comms,
+                        _allocator_for(mesh.device_type),
+                    )
+                )
+            holder[i] = local
+        elif move is not None:
+            holder[i] = move.apply(v)

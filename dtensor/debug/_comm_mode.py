@@ -1,0 +1,129 @@
+"""CommDebugMode: count the collectives a block of code issues, and why.
+
+While active, the mode observes every collective of :mod:`redistribute.comm` on this rank
+and records its kind, the mesh dim of its communicator, the bytes this rank sends or
+receives, and the op that caused it: the dispatcher names the op whose inputs it is
+redistributing; collectives outside dispatched ops (``DTensor.redistribute``,
+``full_tensor``, ``distribute_tensor``, ``from_local``) count under ``"redistribute"``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import TYPE_CHECKING, NamedTuple
+
+from redistribute import comm as _comm
+
+from .. import _dispatch
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+__all__ = ["CommDebugMode", "CommRecord"]
+
+_OUTSIDE_OPS = "redistribute"
+
+
+class CommRecord(NamedTuple):
+    """One observed collective."""
+
+    op: str
+    kind: str
+    mesh_dim: int | None
+    nbytes: int
+
+
+class CommDebugMode:
+    """Context manager that records the collectives issued on this rank.
+
+    **Local**: observing adds no communication. Every rank records its own collectives
+    (their counts agree across ranks because every rank takes the same decisions).
+
+    Examples
+    --------
+    >>> with dt.debug.CommDebugMode() as mode:
+    ...     y = x @ w
+    >>> mode.get_total_counts()
+    0
+    """
+
+    def __init__(self) -> None:
+        self.records: list[CommRecord] = []
+        self._active = False
+
+    def _observe(self, kind: str, nbytes: int, comm: object) -> None:
+        op = _dispatch.current_op() or _OUTSIDE_OPS
+        mesh_dim = getattr(comm, "mesh_dim", None)
+        self.records.append(CommRecord(op, str(kind), mesh_dim, int(nbytes)))
+
+    def __enter__(self) -> Self:
+        if self._active:
+            raise RuntimeError("CommDebugMode: this mode is already active")
+        self.records = []
+        _comm.add_observer(self._observe)
+        self._active = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _comm.remove_observer(self._observe)
+        self._active = False
+
+    # -- queries (all Local) -------------------------------------------------------------
+    def get_total_counts(self) -> int:
+        """Number of collectives observed. **Local**."""
+        return len(self.records)
+
+    def get_comm_counts(self) -> dict[str, int]:
+        """Collectives by kind (``"allgatherv"``, ``"allreduce"``...). **Local**."""
+        return dict(Counter(r.kind for r in self.records))
+
+    def get_comm_counts_by_op(self) -> dict[str, dict[str, int]]:
+        """Collectives by causing op, then by kind. **Local**."""
+        out: dict[str, dict[str, int]] = {}
+        for r in self.records:
+            per = out.setdefault(r.op, {})
+            per[r.kind] = per.get(r.kind, 0) + 1
+        return out
+
+    def get_total_bytes(self) -> int:
+        """Bytes sent or received by this rank over all observed collectives. **Local**."""
+        return sum(r.nbytes for r in self.records)
+
+    def _groups(self) -> list[dict[str, object]]:
+        """Records grouped by (op, kind, mesh dim), in order of first appearance."""
+        groups: dict[tuple, dict[str, object]] = {}
+        for r in self.records:
+            g = groups.setdefault(
+                (r.op, r.kind, r.mesh_dim),
+                {"op": r.op, "kind": r.kind, "mesh_dim": r.mesh_dim, "count": 0, "bytes": 0},
+            )
+            g["count"] += 1
+            g["bytes"] += r.nbytes
+        return list(groups.values())
+
+    def table(self) -> str:
+        """A readable table: one row per (op, collective kind, mesh dim). **Local**."""
+        rows = [("op", "collective", "mesh dim", "count", "bytes")]
+        for g in self._groups():
+            md = "-" if g["mesh_dim"] is None else str(g["mesh_dim"])
+            rows.append((g["op"], g["kind"], md, str(g["count"]), str(g["bytes"])))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        lines.append(
+            f"total: {self.get_total_counts()} collectives, {self.get_total_bytes()} bytes"
+        )
+        return "\n".join(lines)
+
+    def to_json(self) -> str:
+        """The counts as a JSON document (totals, by kind, by op, grouped rows). **Local**."""
+        return json.dumps(
+            {
+                "total_counts": self.get_total_counts(),
+                "total_bytes": self.get_total_bytes(),
+                "by_kind": self.get_comm_counts(),
+                "by_op": self.get_comm_counts_by_op(),
+                "rows": self._groups(),
+            }
+        )

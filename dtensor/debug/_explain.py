@@ -1,0 +1,378 @@
+"""``explain``: what an op (or a whole function, or a redistribute) will communicate, and why.
+
+This module owns :func:`explain` and its result types. For one table op it runs the
+dispatcher's own decision (sharding rule -> cost model -> cheapest strategy -> stored
+redistribute plans) on metadata only, without running the op; it also prices every valid
+candidate strategy so the choice can be checked. For a function of DTensors it runs the
+function once while recording each dispatched op's decision. For ``explain(x,
+placements)`` it renders the redistribute plan (:func:`redistribute.explain.explain_plan`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+
+from placements.rules import OpSchema, get_rule, nd_valid
+from placements.spec import DTensorSpec
+from placements.types import Placement, short_placements
+from redistribute.cost import default_cost_model, step_bytes, step_cost
+from redistribute.explain import explain_plan, format_seconds
+from redistribute.plan import plan, redistribute_cost
+
+from .. import _dispatch, _dtypes
+from .._dtensor import DTensor
+from .._optable import OPS, OpInfo
+from . import _tap
+
+__all__ = ["Collective", "Explanation", "OpExplanation", "explain"]
+
+#: N-D combinations of candidates looked at per op at most.
+MAX_CANDIDATES = 4096
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One step of a planned input redistribution.
+
+    ``kind`` is the step kind (``all_gather``, ``all_reduce``, ``reduce_scatter``,
+    ``all_to_all`` communicate; ``local_chunk`` and ``partition_partial`` do not);
+    ``nbytes`` and ``seconds`` are the cost model's traffic and time estimates.
+    """
+
+    op: str
+    arg: int
+    kind: str
+    mesh_dim: int
+    communicates: bool
+    nbytes: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class OpExplanation:
+    """The decision for one op call: inputs, chosen strategy, candidates, collectives."""
+
+    op: str
+    inputs: tuple[str, ...]
+    input_placements: tuple[str | None, ...]
+    output_placements: tuple[str, ...]
+    cost_s: float
+    candidates: tuple[tuple[str, float], ...]
+    candidates_total: int
+    plans: tuple[str, ...]
+    collectives: tuple[Collective, ...]
+    cache: str | None = None
+
+    def text(self) -> str:
+        """The decision as indented lines. **Local**."""
+        head = f"{self.op}({', '.join(self.inputs)})"
+        if self.cache is not None:
+            head += f"  [propagation cache {self.cache}]"
+        ins = ", ".join("-" if p is None else p for p in self.input_placements)
+        lines = [
+            head,
+            f"  strategy: {', '.join(self.output_placements)} <- {ins}"
+            f"  (redistribution ~{format_seconds(self.cost_s)})",
+        ]
+        if self.candidates:
+            shown = len(self.candidates)
+            lines.append(
+                f"  candidates ({shown} of {self.candidates_total} valid, cheapest first):"
+            )
+            for i, (desc, cost) in enumerate(self.candidates):
+                mark = "*" if i == 0 else " "
+                lines.append(f"   {mark} {desc}  ~{format_seconds(cost)}")
+        comm = [c for c in self.collectives if c.communicates]
+        if not self.plans:
+            lines.append("  collectives: none")
+        else:
+            lines.append(f"  collectives: {len(comm)}")
+            lines += ["    " + line for p in self.plans for line in p.splitlines()]
+        return "\n".join(lines)
+
+
+@dataclass
+class Explanation:
+    """What :func:`explain` returns; ``str()`` renders it.
+
+    Attributes
+    ----------
+    ops : list of OpExplanation
+        One per op call (one for ``explain(op, ...)``; one per dispatched op, in order, for
+        a traced function; none for a redistribute).
+    redistribute : str or None
+        The plan of ``explain(x, placements)``.
+    steps : tuple of Collective
+        The steps of that plan (op ``"redistribute"``).
+    traced : bool
+        Whether the function was run to produce this.
+    result : object
+        The traced function's return value (None otherwise).
+    """
+
+    ops: list[OpExplanation] = field(default_factory=list)
+    redistribute: str | None = None
+    steps: tuple[Collective, ...] = ()
+    traced: bool = False
+    result: object = None
+
+    def collectives(self) -> list[Collective]:
+        """Every communicating step, in the order they will be (or were) issued. **Local**."""
+        all_steps = [*self.steps, *(c for o in self.ops for c in o.collectives)]
+        return [c for c in all_steps if c.communicates]
+
+    def comm_counts(self) -> dict[str, int]:
+        """Communicating steps by kind (compare with ``CommDebugMode.get_comm_counts``)."""
+        out: dict[str, int] = {}
+        for c in self.collectives():
+            out[c.kind] = out.get(c.kind, 0) + 1
+        return out
+
+    def to_json(self) -> str:
+        """The explanation as a JSON document (the traced result is left out). **Local**."""
+        data = {
+            "ops": [asdict(o) for o in self.ops],
+            "redistribute": self.redistribute,
+            "steps": [asdict(s) for s in self.steps],
+            "traced": self.traced,
+        }
+        return json.dumps(data, default=str)
+
+    def __str__(self) -> str:
+        parts = []
+        if self.redistribute is not None:
+            parts.append(self.redistribute)
+        if self.traced:
+            n = sum(1 for c in self.collectives())
+            parts.append(
+                f"traced (the function ran once): {len(self.ops)} dispatched ops, "
+                f"{n} collectives planned for their inputs"
+            )
+        parts += [o.text() for o in self.ops]
+        return "\n".join(parts)
+
+
+def _describe(v: object) -> str:
+    if isinstance(v, DTensor):
+        return f"{v.dtype}{list(v.shape)}[{short_placements(v.placements, ', ')}]"
+    return _dispatch._describe(v)
+
+
+def _plan_steps(op: str, arg: int, spec: DTensorSpec, steps: Sequence) -> list[Collective]:
+    model = default_cost_model()
+    return [
+        Collective(
+            op,
+            arg,
+            s.kind,
+            s.mesh_dim,
+            s.communicates,
+            step_bytes(s, spec) if s.communicates else 0,
+            step_cost(s, spec, model),
+        )
+        for s in steps
+    ]
+
+
+def _is_partial(v: object, m: int) -> bool:
+    return isinstance(v, DTensor) and v.placements[m].kind == "P"
+
+
+def _candidates(
+    schema: OpSchema, args: Sequence[object], mesh_ndim: int
+) -> tuple[list[tuple[str, float]], int]:
+    """Every valid N-D candidate of the op's rule with its redistribution cost, cheapest first
+    (ties in candidate-list order); at most :data:`MAX_CANDIDATES` are priced."""
+    result = get_rule(schema.op)(schema)
+    n_out = len(result.out_shapes)
+    # As the dispatcher does: never turn an input into a Partial kind no input holds there.
+    held = [
+        {v.placements[m].reduce_op for v in args if _is_partial(v, m)} for m in range(mesh_ndim)
+    ]
+    priced = []
+    combos = itertools.islice(
+        itertools.product(result.candidates, repeat=mesh_ndim), MAX_CANDIDATES
+    )
+    for order, combo in enumerate(combos):
+        if not nd_valid(result, combo):
+            continue
+        cost = 0.0
+        ins = []
+        for i, v in enumerate(args):
+            j = n_out + i
+            if not isinstance(v, DTensor):
+                ins.append("-" if combo[0].placements[j] is None else "scalar")
+                continue
+            cur = v.placements
+            target = tuple(
+                cur[m] if c.placements[j] is None else c.placements[j] for m, c in enumerate(combo)
+            )
+            if any(p.kind == "P" and p.reduce_op not in held[m] for m, p in enumerate(target)):
+                break
+            cost += redistribute_cost(v._spec, target)
+            ins.append(f"[{short_placements(target, ', ')}]")
+        else:
+            outs = [
+                f"[{short_placements(tuple(c.placements[k] for c in combo), ', ')}]"
+                for k in range(n_out)
+            ]
+            priced.append((cost, order, f"{', '.join(outs)} <- {', '.join(ins)}"))
+    priced.sort()
+    return [(desc, cost) for cost, _, desc in priced], len(priced)
+
+
+def _explain_entry(
+    info: OpInfo,
+    entry: _dispatch.CacheEntry,
+    values: list,
+    mesh: object,
+    cache: str | None,
+    top: int,
+) -> OpExplanation:
+    """Describe a decision of the dispatcher (``entry``) for the bound call ``values``."""
+    binder = _dispatch._binder(info)
+    args = [_dispatch._slot_value(values, s) for s in entry.slots]
+    schema = OpSchema(
+        info.name,
+        tuple(_dispatch._arg_meta(v) for v in args),
+        tuple((binder.params[i], values[i]) for i in binder.static_idx),
+        tuple(mesh.shape),
+        _dtypes.get_default_dtype(),
+    )
+    candidates, total = _candidates(schema, args, len(mesh.shape))
+    strategy = entry.strategy
+    plans = []
+    steps: list[Collective] = []
+    for i, move in enumerate(entry.moves):
+        if isinstance(move, _dispatch._Redist) and move.steps:
+            text = explain_plan(move.src, move.dst.placements)
+            plans.append(f"arg {i}: " + text.replace("\n", f"\narg {i}: "))
+            steps += _plan_steps(info.name, i, move.src, move.steps)
+    return OpExplanation(
+        op=info.name,
+        inputs=tuple(_describe(v) for v in args),
+        input_placements=tuple(
+            None if p is None else f"[{short_placements(p, ', ')}]"
+            for p in strategy.input_placements
+        ),
+        output_placements=tuple(
+            f"[{short_placements(s.placements, ', ')}]" for s in strategy.output_specs
+        ),
+        cost_s=float(strategy.cost),
+        candidates=tuple(candidates[:top]),
+        candidates_total=total,
+        plans=tuple(plans),
+        collectives=tuple(steps),
+        cache=cache,
+    )
+
+
+def _table_op(op: object) -> tuple[OpInfo, tuple] | None:
+    """The table entry that ``op`` names (an op name, a ``dt`` function or a bound DTensor
+    method) and the arguments it already binds; None for any other callable."""
+    if isinstance(op, str):
+        if op not in OPS:
+            raise KeyError(f"explain: {op!r} is not an op of the table")
+        return OPS[op], ()
+    name = getattr(op, "__name__", None)
+    if name not in OPS or not str(getattr(op, "__module__", "")).startswith("dtensor"):
+        return None
+    owner = getattr(op, "__self__", None)
+    return OPS[name], (() if owner is None else (owner,))
+
+
+def _mesh_of(info: OpInfo, binder: object, values: list) -> object:
+    for pi in binder.tensor_idx:
+        v = values[pi]
+        for e in v if pi == binder.variadic_idx else (v,):
+            if isinstance(e, DTensor):
+                return e.device_mesh
+    raise TypeError(f"explain: {info.name}() got no DTensor argument")
+
+
+def _explain_op(info: OpInfo, args: tuple, kwargs: dict, top: int) -> Explanation:
+    binder = _dispatch._binder(info)
+    values = binder.bind(args, kwargs)
+    if binder.variadic_idx >= 0:
+        values[binder.variadic_idx] = list(values[binder.variadic_idx])
+    mesh = _mesh_of(info, binder, values)
+    entry = _dispatch._build_entry(info, binder, values, mesh)
+    return Explanation(ops=[_explain_entry(info, entry, values, mesh, None, top)])
+
+
+def _trace(fn: Callable, args: tuple, kwargs: dict, top: int) -> Explanation:
+    ops: list[OpExplanation] = []
+
+    def record(entry: _dispatch.CacheEntry, miss: bool, values: list, mesh: object) -> None:
+        info = OPS[entry.name]
+        ops.append(_explain_entry(info, entry, values, mesh, "miss" if miss else "hit", top))
+
+    _tap.add_listener(record)
+    try:
+        result = fn(*args, **kwargs)
+    finally:
+        _tap.remove_listener(record)
+    return Explanation(ops=ops, traced=True, result=result)
+
+
+def explain(op: object, *args: object, top: int = 6, **kwargs: object) -> Explanation:
+    """Explain the sharding decision and the communication of an op, a function or a
+    redistribute.
+
+    Three forms:
+
+    - ``explain(x, placements)`` with a DTensor ``x`` and a list of placements: the plan of
+      ``x.redistribute(x.device_mesh, placements)``, one line per step with bytes and the
+      estimated time. **Local**, nothing runs.
+    - ``explain(op, *args, **kwargs)`` where ``op`` is a table op: its name (``"matmul"``),
+      its ``dt`` function (``dt.matmul``) or a bound DTensor method (``x.sum``). Runs the
+      dispatcher's decision on metadata only, *before* (and without) running the op: the
+      chosen strategy, up to ``top`` candidate strategies with their redistribution costs
+      (cheapest first, the chosen one marked ``*``), and the collectives it will issue
+      with bytes and estimated times. **Local**, nothing runs or communicates.
+    - ``explain(fn, *args, **kwargs)`` for any other callable (a function of DTensors):
+      *runs* ``fn(*args, **kwargs)`` once and records each dispatched op's decision as
+      above, marking propagation-cache hits and misses; the return value is in
+      ``.result``. **Collective** (it runs the function). Collectives that are not inputs
+      of a dispatched op (an explicit ``redistribute``, ``full_tensor``) are not listed;
+      ops served by the compiled fast path without entering the Python dispatcher are not
+      seen (set ``DTENSOR_FASTPATH=0`` to see every op).
+
+    Parameters
+    ----------
+    op : DTensor, str or callable
+        What to explain (see above).
+    *args, **kwargs
+        The op's or the function's arguments (or the target placements).
+    top : int
+        How many candidate strategies to list per op.
+
+    Returns
+    -------
+    Explanation
+        ``print(explain(...))`` shows it; ``.collectives()`` and ``.comm_counts()`` give
+        what it predicts, comparable with :class:`CommDebugMode`.
+    """
+    if isinstance(op, DTensor):
+        if len(args) != 1 or kwargs:
+            raise TypeError("explain(x, placements): give exactly the target placements")
+        placements = tuple(args[0])
+        if not all(isinstance(p, Placement) for p in placements):
+            raise TypeError(f"explain(x, placements): not a list of placements: {args[0]!r}")
+        spec = op._spec
+        steps = plan(spec, placements)
+        return Explanation(
+            redistribute=explain_plan(spec, placements),
+            steps=tuple(_plan_steps("redistribute", 0, spec, steps)),
+        )
+    found = _table_op(op)
+    if found is not None:
+        info, bound = found
+        return _explain_op(info, (*bound, *args), kwargs, top)
+    if not callable(op):
+        raise TypeError(f"explain: expected a DTensor, an op or a callable, got {op!r}")
+    return _trace(op, args, kwargs, top)
+

@@ -1,0 +1,134 @@
+"""CommDebugMode: no hidden communication, and collectives attributed to their op."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import dtensor as dt
+
+WORLD = MPI.COMM_WORLD
+R, S, P = dt.Replicate(), dt.Shard, dt.Partial
+
+
+def data(shape, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def dist(arr, mesh, placements):
+    return dt.distribute_tensor(arr, mesh, placements, src_data_rank=None)
+
+
+def meshes():
+    out = [dt.init_device_mesh((WORLD.size,))]
+    if WORLD.size == 4:
+        out.append(dt.init_device_mesh((2, 2)))
+    return out
+
+
+@pytest.mark.mpi(min_size=1)
+def test_matmul_without_communication():
+    a, b = data((8, 6)), data((6, 4), 1)
+    for mesh in meshes():
+        rest = [R] * (mesh.ndim - 1)
+        x0 = dist(a, mesh, [S(0), *rest])
+        x1 = dist(a, mesh, [S(1), *rest])
+        w = dist(b, mesh, [R] * mesh.ndim)
+        w0 = dist(b, mesh, [S(0), *rest])
+        with dt.debug.CommDebugMode() as mode:
+            y = x0 @ w
+            z = x1 @ w0
+        assert mode.get_total_counts() == 0, mode.table()
+        assert y.placements == (S(0), *rest)
+        assert z.placements == (P("sum"), *rest)
+        np.testing.assert_allclose(z.full_tensor().numpy(), a @ b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_elementwise_on_equal_placements_without_communication():
+    a, b = data((5, 6)), data((5, 6), 1)
+    for mesh in meshes():
+        rest = (R,) * (mesh.ndim - 1)
+        for pl in [(S(0),) * mesh.ndim, (S(1), *rest), (R, *rest), (P("sum"),) * mesh.ndim]:
+            x, y = dist(a, mesh, pl), dist(b, mesh, pl)
+            with dt.debug.CommDebugMode() as mode:
+                out = (x + y) - y * 2.0
+            assert mode.get_total_counts() == 0, (pl, mode.table())
+            assert out.placements == pl
+            np.testing.assert_allclose(out.full_tensor().numpy(), a - b, rtol=1e-5, atol=1e-5)
+        with dt.debug.CommDebugMode() as mode:
+            x = dist(a, mesh, [S(0)] * mesh.ndim)
+            x.relu().exp().sum(dim=1)
+        assert mode.get_total_counts() == 0, mode.table()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_shard_mismatch_costs_exactly_one_redistribution():
+    a, b = data((8, 6)), data((8, 6), 1)
+    mesh = dt.init_device_mesh((WORLD.size,))
+    x, y = dist(a, mesh, [S(0)]), dist(b, mesh, [S(1)])
+    with dt.debug.CommDebugMode() as mode:
+        out = x + y
+    assert mode.get_total_counts() == 1, mode.table()
+    assert mode.get_comm_counts_by_op() == {"add": mode.get_comm_counts()}
+    (kind,) = mode.get_comm_counts()
+    assert kind in ("all_to_all", "all_gather")
+    assert mode.records[0].mesh_dim == 0 and mode.records[0].nbytes > 0
+    np.testing.assert_allclose(out.full_tensor().numpy(), a + b, rtol=1e-6)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_partial_resolution_and_outside_ops_are_attributed():
+    a = data((6, 4))
+    mesh = dt.init_device_mesh((WORLD.size,))
+    x = dist(a, mesh, [P("sum")])
+    with dt.debug.CommDebugMode() as mode:
+        y = x.exp()  # exp of a partial sum needs the sum first: one reduction
+        x.redistribute(mesh, [S(0)])  # outside ops: counted under "redistribute"
+    by_op = mode.get_comm_counts_by_op()
+    (kind,) = by_op["exp"]  # reduce_scatter (to a Shard, the cheapest) or all_reduce
+    assert kind in ("reduce_scatter", "all_reduce") and by_op["exp"][kind] == 1, mode.table()
+    assert by_op["redistribute"] == {"reduce_scatter": 1}
+    assert set(by_op) == {"exp", "redistribute"}
+    assert not y.placements[0].is_partial()
+    assert mode.get_total_counts() == sum(sum(v.values()) for v in by_op.values())
+    np.testing.assert_allclose(y.full_tensor().numpy(), np.exp(a), rtol=1e-5)
+
+
+@pytest.mark.mpi(min_size=4)
+def test_mesh_dims_are_recorded_on_a_2d_mesh():
+    mesh = dt.init_device_mesh((2, 2))
+    a = data((8, 6))
+    x = dist(a, mesh, [S(0), S(1)])
+    y = dist(a, mesh, [S(0), P("sum")])
+    with dt.debug.CommDebugMode() as mode:
+        out = x + y  # the operands differ on mesh dim 1 only: communication there only
+    assert mode.get_total_counts() >= 1
+    assert {r.mesh_dim for r in mode.records} == {1}, mode.table()
+    np.testing.assert_allclose(out.full_tensor().numpy(), a + a, rtol=1e-6)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_table_and_json_report_the_counts():
+    a = data((4, 4))
+    mesh = dt.init_device_mesh((WORLD.size,))
+    x = dist(a, mesh, [S(0)])
+    with dt.debug.CommDebugMode() as mode:
+        x.redistribute(mesh, [R])
+        x.redistribute(mesh, [R])
+    report = json.loads(mode.to_json())
+    assert report["total_counts"] == mode.get_total_counts()
+    assert report["by_kind"] == mode.get_comm_counts()
+    assert report["by_op"] == mode.get_comm_counts_by_op()
+    text = mode.table()
+    assert text.splitlines()[0].split() == ["op", "collective", "mesh", "dim", "count", "bytes"]
+    assert f"total: {mode.get_total_counts()} collectives" in text
+    if WORLD.size > 1:
+        assert report["by_op"] == {"redistribute": {"all_gather": 2}}
+        assert "redistribute" in text and "all_gather" in text
+    # the mode stops observing on exit
+    x.redistribute(mesh, [R])
+    assert json.loads(mode.to_json())["total_counts"] == report["total_counts"]

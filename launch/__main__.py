@@ -1,13 +1,27 @@
 """Command line of the launcher: ``python -m launch`` (also installed as ``dtensor-run``).
 
 This module owns parsing the launcher's own options, which end at the script (or at
-``-m module``); everything after that belongs to the program. ``python -m launch test``
-runs the test suite (:mod:`launch.runtests`).
+``-m module``, or at ``--``); everything after that belongs to the program.
+``python -m launch test`` runs the test suite (:mod:`launch.runtests`) and
+``python -m launch --info`` describes the MPI, GPU and fast-path setup (:mod:`launch._info`).
+
+Beyond one machine, MPI is the engine:
+
+- hosts: ``--hosts a,b`` or ``--hostfile FILE`` are translated for the mpiexec in use
+  (Hydra's ``-hosts``/``-f``, Open MPI's ``--host``/``--hostfile``); any other mpiexec option
+  goes through ``--mpiexec-arg=OPT`` (repeatable);
+- a system MPI: build mpi4py against it (``pip install --no-binary mpi4py mpi4py`` with its
+  ``mpicc`` on ``PATH``) and point the launcher at its mpiexec with ``DTENSOR_MPIEXEC`` or
+  ``--mpiexec``; ``--info`` shows which library mpi4py loaded;
+- without the launcher: ``srun python prog.py`` or ``mpiexec -n 8 python prog.py`` runs a
+  dtensor program like any mpi4py program (set ``OMP_NUM_THREADS=1`` yourself; to get the
+  abort-on-failure behaviour run ``python -m launch._rank prog.py`` under them).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -17,12 +31,22 @@ from ._mpiexec import find_mpiexec, host_args, job_command, rank_env, run_job
 __all__ = ["main"]
 
 USAGE = """\
-python -m launch [-n N] [--timeout S] [options] script.py [args...]
-       python -m launch [-n N] [--timeout S] [options] -m module [args...]
+python -m launch [-n N] [--mesh 2x2] [--timeout S] [options] script.py [args...]
+       python -m launch [-n N] [--mesh 2x2] [--timeout S] [options] -m module [args...]
+       python -m launch --info
        python -m launch test [--quick] [--ranks 1,2,3,4] [-k EXPR] [--timeout S]"""
 
 # Launcher options that take a value: the value is not the start of the program's part.
-_VALUE_OPTIONS = ("-n", "-np", "--timeout", "--mpiexec", "--hosts", "--hostfile", "--mpiexec-arg")
+_VALUE_OPTIONS = (
+    "-n",
+    "-np",
+    "--mesh",
+    "--timeout",
+    "--mpiexec",
+    "--hosts",
+    "--hostfile",
+    "--mpiexec-arg",
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -31,16 +55,30 @@ def _parser() -> argparse.ArgumentParser:
         usage=USAGE,
         description="Run a Python program on N MPI ranks with the mpiexec of the MPI that "
         "mpi4py loads. When a rank raises, its traceback is printed and the whole job is "
-        "aborted; the job's exit status is forwarded.",
+        "aborted; the job's exit status is forwarded. Options for mpiexec that the "
+        "launcher does not know go through --mpiexec-arg.",
+    )
+    p.add_argument(
+        "--info",
+        action="store_true",
+        help="print the MPI library and version, CUDA-awareness, cupy/GPU presence and "
+        "whether the compiled fast path is built, then exit",
     )
     p.add_argument(
         "-n",
         "-np",
         dest="nprocs",
         type=int,
-        default=1,
+        default=None,
         metavar="N",
-        help="number of ranks (default 1)",
+        help="number of ranks (default: the product of --mesh, else 1)",
+    )
+    p.add_argument(
+        "--mesh",
+        default=None,
+        metavar="SHAPE",
+        help="default mesh shape such as 2x2, exported as DTENSOR_MESH for "
+        "dt.init_device_mesh() without a shape; -n defaults to its product",
     )
     p.add_argument(
         "--timeout",
@@ -96,6 +134,19 @@ def _split(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     return list(argv), []
 
 
+def _mesh_shape(parser: argparse.ArgumentParser, text: str | None) -> tuple[int, ...]:
+    """The ``--mesh`` shape (``2x2``, ``4``, ``2,2``); ``()`` when not given."""
+    if text is None:
+        return ()
+    try:
+        shape = tuple(int(p) for p in text.lower().replace(",", "x").split("x"))
+    except ValueError:
+        shape = ()
+    if not shape or any(s < 1 for s in shape):
+        parser.error(f"--mesh must look like 2x2 (positive sizes), got {text!r}")
+    return shape
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the launcher and return the job's exit status.
 
@@ -120,6 +171,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     own, program = _split(args_in)
     opts = parser.parse_args(own)
+    if opts.info:
+        from ._info import collect_info, format_info
+
+        print(format_info(collect_info()))
+        return 0
+    mesh_shape = _mesh_shape(parser, opts.mesh)
+    if opts.nprocs is None:
+        opts.nprocs = math.prod(mesh_shape) if mesh_shape else 1
+    if mesh_shape and math.prod(mesh_shape) != opts.nprocs:
+        parser.error(
+            f"--mesh {opts.mesh} needs {math.prod(mesh_shape)} ranks but -n is {opts.nprocs}"
+        )
     if opts.module is not None:
         target = ["-m", opts.module, *program]
     elif program:
@@ -138,7 +201,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as exc:
         parser.error(str(exc))
     cmd = job_command(mpiexec, opts.nprocs, target, extra)
-    return run_job(cmd, env=rank_env(), timeout=opts.timeout)
+    overrides = {"DTENSOR_MESH": "x".join(map(str, mesh_shape))} if mesh_shape else {}
+    return run_job(cmd, env=rank_env(**overrides), timeout=opts.timeout)
 
 
 if __name__ == "__main__":

@@ -1,39 +1,172 @@
-"""dtensor demo: ``python -m launch -n 4 launch/demo.py``.
+"""dtensor tour: ``python -m launch -n 4 launch/demo.py``.
 
-Each rank makes a local ``dt.Tensor`` (its block of rows of a global ``(size * 2, 3)``
-matrix), the blocks are gathered on every rank with mpi4py's buffer-based
-``Allgather`` straight from the tensors' memory (``Tensor.numpy()`` is zero-copy), and
-rank 0 prints the world size and the gathered tensor, checked against numpy.
+On 4 ranks the tour uses a 2x2 mesh (``dp`` x ``tp``); on any other number of ranks a 1-D
+mesh. Rank 0 prints, the other ranks stay quiet:
+
+1. the mesh;
+2. one tensor distributed several ways, drawn with ``dt.debug.visualize_sharding``
+   (uneven shards included);
+3. a few ops and the placements their sharding rules inferred;
+4. a redistribute with its ``dt.debug.explain`` plan, and what ``CommDebugMode`` counted;
+5. a tensor-parallel MLP (column- then row-parallel) checked against numpy;
+6. a small latency table (median microseconds per call, slowest rank).
 """
 
 from __future__ import annotations
+
+import statistics
+import time
 
 import numpy as np
 from mpi4py import MPI
 
 import dtensor as dt
+from dtensor.debug import explain, visualize_sharding
 
-ROWS, COLS = 2, 3
+R, S = dt.Replicate(), dt.Shard
+COMM = MPI.COMM_WORLD
+
+
+def say(*lines: object) -> None:
+    """Print on rank 0 only."""
+    if COMM.rank == 0:
+        print(*lines, sep="\n", flush=True)
+
+
+def section(title: str) -> None:
+    say("", f"== {title} " + "=" * max(0, 70 - len(title)))
+
+
+def fmt(placements: object) -> str:
+    """``[S(0), R]``: the short form of placements."""
+    return "[" + ", ".join(p.short() for p in placements) + "]"
+
+
+def make_mesh() -> dt.DeviceMesh:
+    if COMM.size == 4:
+        return dt.init_device_mesh((2, 2), mesh_dim_names=("dp", "tp"))
+    return dt.init_device_mesh((COMM.size,), mesh_dim_names=("tp",))
+
+
+def pl(*two_d: dt.Placement, mesh: dt.DeviceMesh) -> list[dt.Placement]:
+    """The placements for a 2-D mesh, or the last one of them on a 1-D mesh."""
+    return list(two_d) if mesh.ndim == 2 else [two_d[-1]]
+
+
+def tour_layouts(mesh: dt.DeviceMesh, a: np.ndarray) -> dt.DTensor:
+    section("one (6, 5) tensor, three layouts")
+    if mesh.ndim == 2:
+        layouts = [[S(0), R], [S(0), S(1)], [R, S(0)]]
+    else:
+        layouts = [[S(0)], [S(1)], [R]]
+    x = None
+    for placements in layouts:
+        d = dt.distribute_tensor(a, mesh, placements)
+        say(visualize_sharding(d), "")
+        x = d if x is None else x
+    return x
+
+
+def tour_ops(mesh: dt.DeviceMesh, x: dt.DTensor) -> None:
+    section("ops and their inferred placements")
+    shown = {
+        "x": x,
+        "x @ x.T": x @ x.T,
+        "(x @ x.T).relu().sum(dim=1)": (x @ x.T).relu().sum(dim=1),
+        "x * 2.0 + 1.0": x * 2.0 + 1.0,
+        "x.sum()": x.sum(),
+        "dt.softmax(x, dim=1)": dt.softmax(x, dim=1),
+    }
+    width = max(map(len, shown))
+    for expr, d in shown.items():
+        say(f"{expr.ljust(width)}  {fmt(d.placements):16}  shape {tuple(d.shape)}")
+
+
+def tour_redistribute(mesh: dt.DeviceMesh, x: dt.DTensor, a: np.ndarray) -> None:
+    target = pl(R, S(1), mesh=mesh)
+    section(f"redistribute {fmt(x.placements)} -> {fmt(target)}")
+    say("plan (dt.debug.explain, before running):", str(explain(x, target)))
+    with dt.debug.CommDebugMode() as mode:
+        y = x.redistribute(mesh, target)
+    say("", "what ran (CommDebugMode):", mode.table())
+    np.testing.assert_array_equal(y.full_tensor().numpy(), a)
+
+
+def tour_mlp(mesh: dt.DeviceMesh) -> None:
+    section("tensor-parallel MLP: relu(x @ W1) @ W2, W1 column- and W2 row-parallel")
+    rng = np.random.default_rng(0)
+    x_np = rng.standard_normal((8, 16)).astype(np.float32)
+    w1_np = rng.standard_normal((16, 32)).astype(np.float32) / 4
+    w2_np = rng.standard_normal((32, 16)).astype(np.float32) / 6
+    x = dt.distribute_tensor(x_np, mesh, pl(S(0), R, mesh=mesh))  # batch over dp
+    w1 = dt.distribute_tensor(w1_np, mesh, pl(R, S(1), mesh=mesh))  # columns over tp
+    w2 = dt.distribute_tensor(w2_np, mesh, pl(R, S(0), mesh=mesh))  # rows over tp
+    with dt.debug.CommDebugMode() as mode:
+        h = (x @ w1).relu()
+        out = h @ w2
+    say(
+        f"x {fmt(x.placements)}, W1 {fmt(w1.placements)}, W2 {fmt(w2.placements)}",
+        f"h = relu(x @ W1): {fmt(h.placements)}   out = h @ W2: {fmt(out.placements)}",
+        f"collectives in the forward pass: {mode.get_total_counts()} (the partial sum stays "
+        "pending until needed)",
+    )
+    got = out.full_tensor().numpy()
+    expected = np.maximum(x_np @ w1_np, 0) @ w2_np
+    err = float(np.max(np.abs(got - expected)))
+    say(f"max |dtensor - numpy| = {err:.2e}")
+    if err > 1e-4:
+        raise AssertionError(f"the MLP differs from numpy by {err}")
+
+
+def _median_us(fn: object, number: int, repeat: int = 5) -> float:
+    """Median over ``repeat`` samples of the time per call of ``number`` calls, slowest rank.
+
+    Every rank runs the same number of calls, so ops that communicate stay matched.
+    """
+    fn()
+    samples = []
+    for _ in range(repeat):
+        COMM.Barrier()
+        start = time.perf_counter()
+        for _ in range(number):
+            fn()
+        samples.append((time.perf_counter() - start) / number * 1e6)
+    return COMM.allreduce(statistics.median(samples), op=MPI.MAX)
+
+
+def tour_latency(mesh: dt.DeviceMesh) -> None:
+    section("latency (median us per call, slowest rank; small 64x64 float32)")
+    a = np.ones((64, 64), np.float32)
+    xs = dt.distribute_tensor(a, mesh, pl(S(0), R, mesh=mesh))
+    xr = dt.distribute_tensor(a, mesh, pl(R, R, mesh=mesh))
+    cases = {
+        "add (S(0) + S(0), no communication)": lambda: xs + xs,
+        "matmul (S(0) @ R, no communication)": lambda: xs @ xr,
+        "sum over the sharded dim (-> partial)": lambda: xs.sum(dim=0),
+        "redistribute S(0) -> R (all_gather)": lambda: xs.redistribute(mesh, pl(R, R, mesh=mesh)),
+        "numpy add, for scale": lambda: a + a,
+    }
+    width = max(map(len, cases))
+    for name, fn in cases.items():
+        say(f"{name.ljust(width)}  {_median_us(fn, 200):8.1f}")
 
 
 def main() -> None:
-    comm = MPI.COMM_WORLD
-    rank, size = comm.Get_rank(), comm.Get_size()
-
-    # This rank's block: rows [ROWS * rank, ROWS * (rank + 1)) of arange(size*ROWS*COLS).
-    local = dt.arange(rank * ROWS * COLS, (rank + 1) * ROWS * COLS, dtype=dt.float32)
-    local = local.view(ROWS, COLS)
-
-    gathered = np.empty((size * ROWS, COLS), dtype=np.float32)
-    comm.Allgather(local.numpy(), gathered)
-    result = dt.from_numpy(gathered)
-
-    expected = np.arange(size * ROWS * COLS, dtype=np.float32).reshape(size * ROWS, COLS)
-    np.testing.assert_array_equal(result.numpy(), expected)
-    if rank == 0:
-        print(f"world size: {size}")
-        print(f"rank 0's local tensor, shape {tuple(local.shape)}:\n{local}")
-        print(f"all-gathered on every rank, shape {tuple(result.shape)}:\n{result}")
+    t0 = time.perf_counter()
+    mesh = make_mesh()
+    section("mesh")
+    say(
+        f"{COMM.size} ranks, mesh shape {mesh.shape}, dim names {mesh.mesh_dim_names}",
+        "ranks:",
+        str(mesh.mesh),
+    )
+    a = np.arange(30, dtype=np.float32).reshape(6, 5)
+    x = tour_layouts(mesh, a)
+    tour_ops(mesh, x)
+    tour_redistribute(mesh, x, a)
+    tour_mlp(mesh)
+    tour_latency(mesh)
+    say("", f"tour done in {time.perf_counter() - t0:.1f} s")
 
 
 if __name__ == "__main__":

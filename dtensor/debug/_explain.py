@@ -10,11 +10,13 @@ placements)`` it renders the redistribute plan (:func:`redistribute.explain.expl
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
+from placements.errors import NoRuleError
 from placements.rules import OpSchema, get_rule, nd_valid
 from placements.spec import DTensorSpec
 from placements.types import Placement, short_placements
@@ -74,8 +76,10 @@ class OpExplanation:
         ins = ", ".join("-" if p is None else p for p in self.input_placements)
         lines = [
             head,
-            f"  strategy: {', '.join(self.output_placements)} <- {ins}"
-            f"  (redistribution ~{format_seconds(self.cost_s)})",
+            (
+                f"  strategy: {', '.join(self.output_placements)} <- {ins}"
+                f"  (redistribution ~{format_seconds(self.cost_s)})"
+            ),
         ]
         if self.candidates:
             shown = len(self.candidates)
@@ -146,10 +150,9 @@ class Explanation:
         if self.redistribute is not None:
             parts.append(self.redistribute)
         if self.traced:
-            n = sum(1 for c in self.collectives())
             parts.append(
                 f"traced (the function ran once): {len(self.ops)} dispatched ops, "
-                f"{n} collectives planned for their inputs"
+                f"{len(self.collectives())} collectives planned for their inputs"
             )
         parts += [o.text() for o in self.ops]
         return "\n".join(parts)
@@ -162,6 +165,7 @@ def _describe(v: object) -> str:
 
 
 def _plan_steps(op: str, arg: int, spec: DTensorSpec, steps: Sequence) -> list[Collective]:
+    """The steps as records; a step over a mesh dim of size 1 moves nothing."""
     model = default_cost_model()
     return [
         Collective(
@@ -169,7 +173,7 @@ def _plan_steps(op: str, arg: int, spec: DTensorSpec, steps: Sequence) -> list[C
             arg,
             s.kind,
             s.mesh_dim,
-            s.communicates,
+            s.communicates and spec.mesh_shape[s.mesh_dim] > 1,
             step_bytes(s, spec) if s.communicates else 0,
             step_cost(s, spec, model),
         )
@@ -275,13 +279,19 @@ def _table_op(op: object) -> tuple[OpInfo, tuple] | None:
     method) and the arguments it already binds; None for any other callable."""
     if isinstance(op, str):
         if op not in OPS:
-            raise KeyError(f"explain: {op!r} is not an op of the table")
+            close = difflib.get_close_matches(op, list(OPS), n=1)
+            hint = f"; the closest is {close[0]!r}" if close else ""
+            raise NoRuleError(f"explain: {op!r} is not an op of the table{hint}")
         return OPS[op], ()
     name = getattr(op, "__name__", None)
-    if name not in OPS or not str(getattr(op, "__module__", "")).startswith("dtensor"):
+    if name not in OPS:
         return None
     owner = getattr(op, "__self__", None)
-    return OPS[name], (() if owner is None else (owner,))
+    if isinstance(owner, DTensor):
+        return OPS[name], (owner,)
+    if owner is None and str(getattr(op, "__module__", "")).startswith("dtensor"):
+        return OPS[name], ()
+    return None
 
 
 def _mesh_of(info: OpInfo, binder: object, values: list) -> object:
@@ -375,4 +385,3 @@ def explain(op: object, *args: object, top: int = 6, **kwargs: object) -> Explan
     if not callable(op):
         raise TypeError(f"explain: expected a DTensor, an op or a callable, got {op!r}")
     return _trace(op, args, kwargs, top)
-

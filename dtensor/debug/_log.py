@@ -12,9 +12,10 @@ from __future__ import annotations
 import logging
 import os
 
+from placements.errors import ConfigError
 from placements.types import short_placements
 from redistribute import comm as _comm
-from redistribute.explain import explain_plan
+from redistribute.explain import explain_plan, format_seconds
 
 from .. import _dispatch
 from . import _tap
@@ -43,7 +44,8 @@ def _on_entry(entry: _dispatch.CacheEntry, miss: bool, values: list, mesh: objec
     ins = ", ".join(
         "-" if p is None else f"[{short_placements(p, ', ')}]" for p in strategy.input_placements
     )
-    lines = [f"prop cache miss: {entry.name}: {outs} <- {ins} (~{strategy.cost:.3g} s)"]
+    cost = format_seconds(strategy.cost)
+    lines = [f"prop cache miss: {entry.name}: {outs} <- {ins} (redistribution ~{cost})"]
     for i, move in enumerate(entry.moves):
         if isinstance(move, _dispatch._Redist) and move.steps:
             plan = explain_plan(move.src, move.dst.placements)
@@ -72,8 +74,8 @@ def configure_logging(level: str | int | None = None) -> None:
 
     Raises
     ------
-    ValueError
-        When ``level`` is not a level name.
+    ConfigError
+        When ``level`` is not a level name (a ``ValueError``).
     """
     global _handler, _tapped
     if level is None:
@@ -83,7 +85,7 @@ def configure_logging(level: str | int | None = None) -> None:
     if isinstance(level, str):
         value = logging.getLevelName(level.strip().upper())
         if not isinstance(value, int):
-            raise ValueError(
+            raise ConfigError(
                 f"DTENSOR_LOG={level!r} is not a logging level (debug, info, warning, error)"
             )
         level = value

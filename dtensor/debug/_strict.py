@@ -27,7 +27,7 @@ class ImplicitRedistributeError(ShardingError):
     """A dispatched op would redistribute an input while strict mode is active."""
 
 
-class no_implicit_redistribute:  # noqa: N801 - used like a function: ``with ...():``
+class no_implicit_redistribute:
     """Context manager that raises on any redistribution the user did not ask for.
 
     **Local** (every rank takes the same decisions, so every rank raises together, before

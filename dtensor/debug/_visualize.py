@@ -92,6 +92,10 @@ def _grid(spec: DTensorSpec, blocks: list[dict[str, object]]) -> list[str]:
             continue
         key = ((offsets[0], sizes[0]), (offsets[1], sizes[1]))
         holders.setdefault(key, []).append(b["rank"])
+    empty = [str(b["rank"]) for b in blocks if 0 in b["shape"]]
+    empty_line = [f"empty shards: rank {', '.join(empty)}"] if empty else []
+    if not holders:
+        return empty_line
     row_spans = sorted({k[0] for k in holders})
     col_spans = sorted({k[1] for k in holders})
     tag = " P" if blocks and blocks[0]["partial"] else ""
@@ -106,8 +110,7 @@ def _grid(spec: DTensorSpec, blocks: list[dict[str, object]]) -> list[str]:
         rows.append(cells)
     if len(spec.shape) == 1:
         rows[0][1:] = [f"[{_span(*c)}]" for c in col_spans]
-    empty = [str(b["rank"]) for b in blocks if 0 in b["shape"]]
-    return _table(rows) + ([f"empty shards: rank {', '.join(empty)}"] if empty else [])
+    return _table(rows) + empty_line
 
 
 def visualize_sharding(
@@ -118,7 +121,8 @@ def visualize_sharding(
     Metadata only (nothing is communicated): call it on one rank and print the result
     (PyTorch's version prints on rank 0 itself).
 
-    The text has a title line (shape, dtype, mesh, placements), one table row per mesh
+    The text has a title line (shape, dtype, mesh, placements; a second line when values
+    are partial), one table row per mesh
     coordinate (rank, coordinate, the global index range per tensor dim, the local
     shape; an empty shard shows ``n:n (empty)``), and for 1-D and 2-D tensors a grid of
     the distinct blocks with the ranks holding each (replicas share a cell; ``P`` marks
@@ -152,10 +156,11 @@ def visualize_sharding(
     for b in blocks:
         ranges = [_span(o, n) for o, n in zip(b["offsets"], b["shape"])]
         rows.append([str(b["rank"]), str(b["coord"]), *ranges, str(b["shape"])])
-    lines = ([header] if header else []) + [title, *_table(rows)]
+    lines = ([header] if header else []) + [title]
     if blocks[0]["partial"]:
         ops = ", ".join(blocks[0]["partial"])
-        lines.append(f"partial values ({ops}): every block is reduced over the Partial mesh dims")
+        lines.append(f"partial values ({ops}): blocks are still to be reduced over those mesh dims")
+    lines += _table(rows)
     if 1 <= len(spec.shape) <= 2:
         lines += ["", *_grid(spec, blocks)]
     if png is not None:

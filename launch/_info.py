@@ -1,0 +1,123 @@
+"""``python -m launch --info``: what this installation runs on.
+
+This module owns the facts the launcher reports about the environment: the MPI library that
+mpi4py loads (name, version, its ``mpiexec``), whether that MPI is CUDA-aware, whether cupy
+and a GPU are present and whether dtensor's compiled fast path is built. It initialises MPI
+in this one process (a singleton job) to ask the library.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import os
+import sys
+from typing import Any
+
+from ._mpiexec import find_mpiexec
+
+__all__ = ["collect_info", "format_info"]
+
+
+def _loaded_libmpi() -> str | None:
+    """Path of the MPI shared library mapped into this process (Linux), or None."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as maps:
+            paths = {line.split()[-1] for line in maps if "libmpi" in line and "/" in line}
+    except OSError:
+        return None
+    # Open MPI maps libmpi.so and helper libraries (libmpi_*); the core library is shortest.
+    return min(paths, key=len) if paths else None
+
+
+def _cuda_aware(libpath: str | None) -> str:
+    """``"yes"``, ``"no"`` or ``"unknown"`` from ``MPIX_Query_cuda_support`` of the library."""
+    if libpath is None:
+        return "unknown"
+    try:
+        query = ctypes.CDLL(libpath).MPIX_Query_cuda_support
+    except (OSError, AttributeError):
+        return "unknown"
+    query.restype = ctypes.c_int
+    return "yes" if query() else "no"
+
+
+def _gpu() -> dict[str, Any]:
+    """cupy's presence and version, and the number of CUDA devices it sees."""
+    if importlib.util.find_spec("cupy") is None:
+        return {"cupy": None, "gpus": 0}
+    import cupy
+
+    try:
+        count = int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:  # noqa: BLE001 - no driver / no device: cupy raises its own types
+        count = 0
+    return {"cupy": cupy.__version__, "gpus": count}
+
+
+def collect_info() -> dict[str, Any]:
+    """The facts ``--info`` prints, as a dict. **Local** (initialises MPI in this process).
+
+    Returns
+    -------
+    dict
+        ``mpi_library`` (first line of ``MPI_Get_library_version``), ``mpi_standard``,
+        ``mpi4py``, ``libmpi`` (path of the loaded library or None), ``mpiexec`` (what the
+        launcher would run, or the reason none was found), ``cuda_aware_mpi`` (``yes``,
+        ``no`` or ``unknown``), ``cupy`` (version or None), ``gpus``, ``fastpath``
+        (``compiled``, ``disabled`` or ``not built: <reason>``), ``python``, ``numpy``.
+    """
+    import mpi4py
+    import numpy as np
+    from mpi4py import MPI
+
+    import fastpath
+
+    try:
+        mpiexec = find_mpiexec()
+    except FileNotFoundError as exc:
+        mpiexec = f"not found ({exc})"
+    if not fastpath.AVAILABLE:
+        fast = f"not built: {fastpath.IMPORT_ERROR}"
+    elif os.environ.get("DTENSOR_FASTPATH") == "0":
+        fast = "compiled, disabled by DTENSOR_FASTPATH=0"
+    else:
+        fast = "compiled"
+    libpath = _loaded_libmpi()
+    major, minor = MPI.Get_version()
+    return {
+        "mpi_library": MPI.Get_library_version().strip().splitlines()[0].strip(),
+        "mpi_standard": f"{major}.{minor}",
+        "mpi4py": mpi4py.__version__,
+        "libmpi": libpath,
+        "mpiexec": mpiexec,
+        "cuda_aware_mpi": _cuda_aware(libpath),
+        **_gpu(),
+        "fastpath": fast,
+        "python": sys.version.split()[0],
+        "numpy": np.__version__,
+    }
+
+
+def format_info(info: dict[str, Any]) -> str:
+    """``collect_info()`` as aligned ``key: value`` lines. **Local**."""
+    labels = {
+        "mpi_library": "MPI library",
+        "mpi_standard": "MPI standard",
+        "mpi4py": "mpi4py",
+        "libmpi": "libmpi",
+        "mpiexec": "mpiexec",
+        "cuda_aware_mpi": "CUDA-aware MPI",
+        "cupy": "cupy",
+        "gpus": "GPUs",
+        "fastpath": "fast path",
+        "python": "python",
+        "numpy": "numpy",
+    }
+    width = max(len(v) for v in labels.values())
+    lines = []
+    for key, label in labels.items():
+        value = info[key]
+        shown = "not installed" if key == "cupy" and value is None else value
+        lines.append(f"{label.ljust(width)}  {'unknown' if shown is None else shown}")
+    return "\n".join(lines)

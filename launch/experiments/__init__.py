@@ -1,0 +1,1 @@
+"""Sharding-strategy experiments (run under ``python -m launch``)."""

@@ -1,0 +1,77 @@
+"""Sweep sharding strategies of a model: ``python -m launch -n 4 launch/experiments/strategy_sweep.py``.
+
+Runs the MLP block (``--model mlp``) or the self-attention block (``--model attention``)
+under the standard layouts (replicated, data-parallel, tensor-parallel, and on 4 ranks the
+2-D dp x tp layout on a 2x2 mesh), or under every legal combination (``--all``, capped by
+``--limit``), and prints per strategy the slowest rank's median forward time, the cost
+model's prediction of its collectives, collectives by kind, bytes, peak memory and the error
+against numpy. ``--out FILE`` writes the JSON, ``--png FILE`` a chart (needs matplotlib).
+Sizes: ``--size tiny|small|medium``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from mpi4py import MPI
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import dtensor as dt
+from launch.experiments._sweep import (
+    all_strategies,
+    attention_block,
+    format_table,
+    mlp_block,
+    run_sweep,
+    save_png,
+    standard_strategies,
+)
+
+SIZES = {"tiny": (8, 16, 32), "small": (64, 128, 512), "medium": (256, 512, 2048)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the sweep and report on rank 0. **Collective**."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", choices=("mlp", "attention"), default="mlp")
+    p.add_argument("--size", choices=tuple(SIZES), default="small")
+    p.add_argument("--all", action="store_true", help="every legal R/S(d) combination")
+    p.add_argument("--limit", type=int, default=64, help="most combinations with --all")
+    p.add_argument("--repeat", type=int, default=5, help="timing samples per strategy")
+    p.add_argument("--out", help="write the results as JSON to this file")
+    p.add_argument("--png", help="draw a chart into this PNG file (needs matplotlib)")
+    args = p.parse_args(argv)
+    comm = MPI.COMM_WORLD
+    shape = (2, 2) if comm.size == 4 else (comm.size,)
+    mesh = dt.init_device_mesh(shape)
+    batch, dim, hidden = SIZES[args.size]
+    model = mlp_block(batch, dim, hidden) if args.model == "mlp" else attention_block(batch, dim)
+    strategies = (
+        all_strategies(model, mesh.ndim, args.limit)
+        if args.all
+        else standard_strategies(model, mesh.ndim)
+    )
+    results = run_sweep(model, strategies, mesh, repeat=args.repeat)
+    if comm.rank == 0:
+        sizes = ", ".join(f"{n} {s}" for n, s in model.shapes.items())
+        print(f"{model.name} on mesh {mesh.shape} ({sizes})")
+        print(format_table(results))
+        if args.out:
+            doc = {
+                "model": model.name,
+                "mesh": list(mesh.shape),
+                "shapes": model.shapes,
+                "results": results,
+            }
+            Path(args.out).write_text(json.dumps(doc, indent=2))
+        if args.png and not save_png(results, args.png):
+            print("--png: matplotlib is not installed; no chart written")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

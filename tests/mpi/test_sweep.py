@@ -1,0 +1,86 @@
+"""Strategy sweeps on tiny sizes: every strategy's result matches numpy, and the reported
+communication matches each layout.
+
+Run: ``mpiexec -n 4 python -m pytest tests/mpi/test_sweep.py --with-mpi`` (1-3 ranks use a
+1-D mesh and the three 1-D strategies).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from mpi4py import MPI
+
+import dtensor as dt
+from launch.experiments._sweep import (
+    all_strategies,
+    attention_block,
+    format_table,
+    mlp_block,
+    run_sweep,
+    standard_strategies,
+)
+
+WORLD = MPI.COMM_WORLD
+
+
+def mesh_for_world():
+    return dt.init_device_mesh((2, 2) if WORLD.size == 4 else (WORLD.size,))
+
+
+def by_name(results):
+    return {r["name"]: r for r in results}
+
+
+@pytest.mark.mpi(min_size=1)
+def test_mlp_sweep_all_strategies_match_numpy():
+    mesh = mesh_for_world()
+    model = mlp_block(batch=8, dim=8, hidden=16)
+    strategies = standard_strategies(model, mesh.ndim)
+    assert len(strategies) == (4 if mesh.ndim == 2 else 3)
+    results = by_name(run_sweep(model, strategies, mesh, repeat=1, number=1))
+    assert set(results) == set(strategies)
+    for name, r in results.items():
+        assert "error" not in r, r
+        assert r["max_error"] < 1e-4, name
+        assert r["time_us"] > 0
+        assert len(r["peak_bytes"]) == WORLD.size
+        assert r["comm_count"] == sum(v["count"] for v in r["comm"].values())
+        assert (r["predicted_comm_us"] > 0) == (r["comm_count"] > 0 and WORLD.size > 1), name
+    # layouts that never communicate in the forward pass
+    assert results["replicated"]["comm_count"] == 0
+    assert results["data-parallel"]["comm_count"] == 0
+    if WORLD.size > 1:
+        # Megatron TP: the row-parallel matmul leaves a partial sum, reduced once per mesh dim
+        tp = results["tensor-parallel"]["comm"]
+        assert set(tp) == {"all_reduce"} and tp["all_reduce"]["count"] == mesh.ndim
+    if mesh.ndim == 2:
+        assert results["2-D dp x tp"]["comm"] == {
+            "all_reduce": {"count": 1, "bytes": results["2-D dp x tp"]["comm_bytes"]}
+        }
+    table = format_table(list(results.values()))
+    assert all(name in table for name in strategies)
+    json.dumps(list(results.values()))  # the report is JSON-serialisable
+
+
+@pytest.mark.mpi(min_size=1)
+def test_attention_sweep_matches_numpy():
+    mesh = mesh_for_world()
+    model = attention_block(seq=8, dim=8)
+    results = run_sweep(model, standard_strategies(model, mesh.ndim), mesh, repeat=1, number=1)
+    for r in results:
+        assert "error" not in r, r
+        assert r["max_error"] < 1e-4, r["name"]
+
+
+@pytest.mark.mpi(min_size=2)
+def test_every_combination_for_a_small_case():
+    mesh = dt.init_device_mesh((WORLD.size,))
+    model = mlp_block(batch=4, dim=4, hidden=8)
+    strategies = all_strategies(model, mesh.ndim, limit=27)
+    assert len(strategies) == 27  # {R, S(0), S(1)} for each of x, w1, w2
+    results = run_sweep(model, strategies, mesh, repeat=1, number=1)
+    for r in results:
+        assert "error" not in r, r
+        assert r["max_error"] < 1e-4, r["name"]

@@ -1,0 +1,142 @@
+"""The demo, the examples, the strategy-sweep script and the calibration script run under
+the launcher (short sizes) and exit 0 with the output they promise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launch.bench.calibrate import fit
+
+ROOT = Path(__file__).resolve().parents[2]
+LIMIT_S = 120
+
+
+def launch(n: int, *args: str, cwd: Path = ROOT, env: dict | None = None):
+    full_env = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
+    full_env.pop("DTENSOR_MESH", None)
+    cmd = [sys.executable, "-m", "launch", "-n", str(n), "--timeout", str(LIMIT_S), *args]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=LIMIT_S + 30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail(f"{' '.join(cmd)} did not end")
+    assert proc.returncode == 0, f"{' '.join(cmd)}\n{out}\n{err}"
+    return out
+
+
+@pytest.mark.parametrize("n", [4, 3, 1])
+def test_demo_tour(n):
+    out = launch(n, "launch/demo.py")
+    for title in (
+        "== mesh",
+        "== one (6, 5) tensor",
+        "== ops and their inferred placements",
+        "== redistribute",
+        "== tensor-parallel MLP",
+        "== latency",
+    ):
+        assert title in out
+    assert f"{n} ranks, mesh shape {(2, 2) if n == 4 else (n,)}" in out
+    err = float(re.search(r"max \|dtensor - numpy\| = (\S+)", out).group(1))
+    assert err < 1e-4
+    seconds = float(re.search(r"tour done in (\S+) s", out).group(1))
+    assert seconds < 60
+    assert out.count("placements [") >= 3  # three visualize_sharding tables
+    # rank 0 prints alone: every section once
+    assert out.count("== mesh") == 1
+
+
+@pytest.mark.parametrize(
+    ("name", "n", "expect"),
+    [
+        ("tp_mlp.py", 4, "max |error| against numpy"),
+        ("tp_mlp.py", 2, "all_reduce"),
+        ("dp_tp_2d.py", 4, "mesh (2, 2) ('dp', 'tp')"),
+        ("redistribute_tour.py", 4, "--- S(0),S(1) -> R,R"),
+        ("redistribute_tour.py", 3, "--- S(0) -> S(1)"),
+        ("custom_rule.py", 4, "observed: {'all_to_all': 1}"),
+    ],
+)
+def test_examples_run(name, n, expect):
+    out = launch(n, f"launch/examples/{name}")
+    assert expect in out
+
+
+def test_strategy_sweep_script_writes_json(tmp_path):
+    path = tmp_path / "sweep.json"
+    out = launch(
+        4,
+        "launch/experiments/strategy_sweep.py",
+        "--size",
+        "tiny",
+        "--repeat",
+        "1",
+        "--out",
+        str(path),
+        "--png",
+        str(tmp_path / "sweep.png"),
+    )
+    doc = json.loads(path.read_text())
+    assert doc["mesh"] == [2, 2] and doc["model"] == "mlp"
+    names = [r["name"] for r in doc["results"]]
+    assert sorted(names) == sorted(
+        ["replicated", "data-parallel", "tensor-parallel", "2-D dp x tp"]
+    )
+    assert all(r["max_error"] < 1e-4 for r in doc["results"])
+    for name in names:
+        assert name in out
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert "matplotlib is not installed" in out
+    else:
+        assert (tmp_path / "sweep.png").stat().st_size > 0
+
+
+def test_calibrate_writes_a_usable_cost_model(tmp_path):
+    path = tmp_path / "costs.json"
+    launch(2, "launch/bench/calibrate.py", "--sizes", "8,64", "--repeat", "3", "--out", str(path))
+    doc = json.loads(path.read_text())
+    assert set(doc["per_kind"]) == {"all_gather", "reduce_scatter", "all_reduce", "all_to_all"}
+    points = json.loads(Path(str(path) + ".points.json").read_text())["points"]
+    assert all(len(v) == 2 and v[1][0] > v[0][0] for v in points.values())  # bytes grow
+    # the file is accepted as DTENSOR_COST_MODEL
+    code = "from redistribute.cost import default_cost_model as d; print(d().alpha_s)"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), DTENSOR_COST_MODEL=str(path))
+    got = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert float(got.stdout) == pytest.approx(doc["alpha_s"])
+
+
+def test_calibration_fit_recovers_alpha_and_beta():
+    alpha, beta = 7e-6, 2e9
+    points = [(b, alpha + b / beta) for b in (1e3, 1e5, 1e6, 4e6)]
+    got_alpha, got_beta = fit(points)
+    assert got_alpha == pytest.approx(alpha, rel=1e-6)
+    assert got_beta == pytest.approx(beta, rel=1e-6)
+    assert fit([(1e3, 5e-6), (1e4, 5e-6)])[1] == 1e12  # flat: bandwidth not measurable

@@ -15,6 +15,8 @@ import warnings
 
 import numpy as np
 
+from placements.rules._core import _CATEGORY, BOOL, INT64, combine_categories, promote_types
+
 from . import _allocator, _dtypes
 from ._backend import array_module_of, device_of, is_array
 from ._tensor import Tensor, _check_no_internal_overlap, _norm_dim, _wrap
@@ -27,13 +29,9 @@ warnings.filterwarnings(
     "ignore", message=".*encountered in", category=RuntimeWarning, module=r"dtensor\._math"
 )
 
-BOOL = np.dtype(np.bool_)
-INT64 = np.dtype(np.int64)
 FLOAT32 = np.dtype(np.float32)
 FLOAT16 = np.dtype(np.float16)
 
-# Dtype categories of PyTorch's promotion: bool < integer < floating < complex.
-_CATEGORY = {"b": 0, "u": 1, "i": 1, "f": 2, "c": 3}
 # Python scalar types (numpy scalars are treated as python scalars of their kind).
 SCALAR_TYPES = (bool, int, float, complex, np.generic)
 # What ops that accept python scalars take.
@@ -59,32 +57,6 @@ def tname(dtype) -> str:
     return _TORCH_NAMES.get(dtype.name, dtype.name)
 
 
-_PROMOTED: dict = {}
-
-
-def promote_types(d1, d2):
-    """PyTorch's ``promote_types``; ``None`` stands for "no operand yet".
-
-    Within one category numpy's table is PyTorch's; across categories the higher category
-    wins (``int64`` with ``float16`` gives ``float16``, where numpy gives ``float64``),
-    except float with complex, which widens the complex type as numpy does.
-    """
-    if d1 is None or d1 == d2:
-        return d2
-    if d2 is None:
-        return d1
-    key = (d1, d2)
-    out = _PROMOTED.get(key)
-    if out is None:
-        c1, c2 = _CATEGORY[d1.kind], _CATEGORY[d2.kind]
-        if c1 == c2 or min(c1, c2) >= 2:
-            out = np.promote_types(d1, d2)
-        else:
-            out = d1 if c1 > c2 else d2
-        _PROMOTED[key] = out
-    return out
-
-
 def scalar_dtype(value):
     """Dtype of a python scalar as a "wrapped number" in PyTorch's promotion.
 
@@ -100,24 +72,6 @@ def scalar_dtype(value):
     if isinstance(value, (complex, np.complexfloating)):
         return _dtypes.default_complex_dtype()
     raise DTypeError(f"unsupported scalar {value!r} of type {type(value).__name__}")
-
-
-def _combine(higher, lower):
-    """Combine two promotion tiers (PyTorch's ``combine_categories``)."""
-    if higher is None:
-        return lower
-    if lower is None:
-        return higher
-    ch, cl = _CATEGORY[higher.kind], _CATEGORY[lower.kind]
-    if ch == 3:
-        return higher
-    if cl == 3:
-        return promote_types(higher, lower) if ch == 2 else lower
-    if ch == 2:
-        return higher
-    if ch == 0 or cl == 2:
-        return promote_types(higher, lower)
-    return higher
 
 
 def result_type(*operands):
@@ -140,7 +94,7 @@ def result_type(*operands):
             dim = promote_types(dim, o.dtype)
         else:
             zero = promote_types(zero, o.dtype)
-    return _combine(dim, _combine(zero, wrapped))
+    return combine_categories(dim, combine_categories(zero, wrapped))
 
 
 def can_cast(src, dst) -> bool:

@@ -243,23 +243,32 @@ BOOL = np.dtype(np.bool_)
 INT64 = np.dtype(np.int64)
 
 
+_PROMOTED: dict[tuple[np.dtype, np.dtype], np.dtype] = {}
+
+
 def promote_types(a: np.dtype | None, b: np.dtype | None) -> np.dtype | None:
     """PyTorch's ``promote_types`` (None: no operand yet). **Local**.
 
     Within a category numpy's table is PyTorch's; across categories the higher category's
     dtype wins (``int64`` with ``float16`` is ``float16``), float with complex widens.
+    Results are memoised: the local kernels call this on every op.
     """
     if a is None or a == b:
         return b
     if b is None:
         return a
-    ca, cb = _CATEGORY[a.kind], _CATEGORY[b.kind]
-    if ca == cb or min(ca, cb) >= 2:
-        return np.promote_types(a, b)
-    return a if ca > cb else b
+    out = _PROMOTED.get((a, b))
+    if out is None:
+        ca, cb = _CATEGORY[a.kind], _CATEGORY[b.kind]
+        out = np.promote_types(a, b) if ca == cb or min(ca, cb) >= 2 else (a if ca > cb else b)
+        _PROMOTED[(a, b)] = out
+    return out
 
 
-def _combine(higher: np.dtype | None, lower: np.dtype | None) -> np.dtype | None:
+def combine_categories(higher: np.dtype | None, lower: np.dtype | None) -> np.dtype | None:
+    """Combine two promotion tiers, e.g. dimensioned tensors with 0-d ones (PyTorch's
+    ``combine_categories``): the lower tier matters only when its category is higher.
+    **Local**."""
     if higher is None:
         return lower
     if lower is None:
@@ -302,7 +311,7 @@ def result_dtype(args: Sequence[ArgMeta | None], default_float: np.dtype) -> np.
             dim = promote_types(dim, a.dtype)
         else:
             zero = promote_types(zero, a.dtype)
-    out = _combine(dim, _combine(zero, wrapped))
+    out = combine_categories(dim, combine_categories(zero, wrapped))
     return default_float if out is None else out
 
 

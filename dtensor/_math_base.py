@@ -16,6 +16,7 @@ import warnings
 import numpy as np
 
 from placements.rules._core import _CATEGORY, BOOL, INT64, combine_categories, promote_types
+from placements.rules._core import broadcast_shapes as _broadcast_shapes
 
 from . import _allocator, _dtypes
 from ._backend import array_module_of, device_of, is_array
@@ -166,20 +167,7 @@ def cast(x, dtype):
 
 def broadcast_shapes(op: str, *shapes) -> tuple:
     """Broadcast shape of ``shapes``; raises ShardingError naming ``op`` and the shapes."""
-    ndim = max(len(s) for s in shapes)
-    out = [1] * ndim
-    for s in shapes:
-        for i, n in enumerate(s, ndim - len(s)):
-            if n != 1:
-                if out[i] == 1:
-                    out[i] = n
-                elif out[i] != n:
-                    listed = " and ".join(str(tuple(t)) for t in shapes)
-                    raise ShardingError(
-                        f"{op}: shapes {listed} do not broadcast (size {out[i]} vs {n} "
-                        f"at dimension {i - ndim})"
-                    )
-    return tuple(out)
+    return _broadcast_shapes(op, shapes)
 
 
 def shape_of(x) -> tuple:

@@ -133,3 +133,11 @@ def test_blocks_tile_the_tensor_once_per_replica(mesh, shape, data):
     assert len(rows_of(text)) == math.prod(mesh)
     coords = [b["coord"] for b in blocks]
     assert coords == list(itertools.product(*(range(k) for k in mesh)))
+
+
+def test_png_is_written_when_matplotlib_is_installed(tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "shards.png"
+    text = visualize_sharding(spec((2, 2), [Shard(0), Shard(1)], (5, 3)), png=str(out))
+    assert "rank" in text
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

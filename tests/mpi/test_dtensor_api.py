@@ -250,3 +250,29 @@ def test_random_factories_same_global_values_on_any_placement(name):
     gathered = np.empty((WORLD.size, 16), np.float32)
     WORLD.Allgather(np.ascontiguousarray(b.ravel()), gathered)
     assert (gathered == gathered[0]).all()
+
+
+@pytest.mark.mpi(min_size=1)
+def test_redistribute_allocates_only_its_output_after_warmup():
+    mesh = dt.init_device_mesh((WORLD.size,))
+    arr = global_data((2048, 2048))
+    for src in [(S(0),), (S(1),)]:
+        x = dt.distribute_tensor(arr, mesh, src, src_data_rank=None)
+        x = dt.DTensor.from_local(x.to_local().clone(), mesh, src, shape=arr.shape)
+        y = x.redistribute(mesh, [R])  # warm-up: plans, datatypes, pool segments
+        del y
+        before = dt.memory_stats()
+        y = x.redistribute(mesh, [R])
+        during = dt.memory_stats()
+        out_bytes = y.to_local().nbytes
+        # one pooled allocation (the output), nothing else; no new segment reserved
+        assert during["num_allocs"] - before["num_allocs"] <= 1, src
+        assert during["allocated_bytes"] - before["allocated_bytes"] <= out_bytes + 4096
+        assert during["reserved_bytes"] == before["reserved_bytes"], src
+        del y
+        for _ in range(5):
+            y = x.redistribute(mesh, [R])
+            del y
+        after = dt.memory_stats()
+        assert after["reserved_bytes"] == before["reserved_bytes"]
+        assert after["allocated_bytes"] == before["allocated_bytes"]

@@ -44,7 +44,10 @@ def _extensions() -> list[Extension]:
         return []
     try:
         return cythonize(
-            [Extension("fastpath._strides", [EXT_SOURCE])],
+            [
+                Extension("fastpath._strides", [EXT_SOURCE]),
+                Extension("fastpath._dispatch", [os.path.join("fastpath", "_dispatch.pyx")]),
+            ],
             compiler_directives={"language_level": "3"},
         )
     except (PyrexError, OSError) as exc:

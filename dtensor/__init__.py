@@ -172,6 +172,9 @@ from ._allocator import (  # noqa: F401
     reset_peak_memory_stats,
 )
 
+# --- GPU: _cuda
+from ._cuda import from_dlpack, to_dlpack  # noqa: F401
+
 # --- distributed: _mesh, _dtensor
 from placements import Partial, Placement, Replicate, Shard  # noqa: F401
 
@@ -179,3 +182,6 @@ from ._dtensor import DTensor, distribute_tensor  # noqa: F401
 from ._mesh import DeviceMesh, init_device_mesh  # noqa: F401
 from ._dtensor_ops import *  # dt.<op> functions that accept DTensors; DTensor methods
 from . import debug  # noqa: F401
+
+# --- custom ops: _custom_op
+from ._custom_op import register_op  # noqa: F401

@@ -21,14 +21,16 @@ bounded LRU (``DTENSOR_PROP_CACHE_SIZE``, default 4096) with hit/miss/eviction c
 
 from __future__ import annotations
 
+import math
 import os
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
+import fastpath as _fp
 from placements import Partial, Placement
-from placements.errors import MeshError, NoRuleError, ShardingError
+from placements.errors import DTypeError, MeshError, NoRuleError, ShardingError
 from placements.rules import ArgMeta, OpSchema, OpStrategy, propagate
 from placements.spec import DTensorSpec
 from redistribute.cost import default_cost_model
@@ -36,8 +38,9 @@ from redistribute.execute import execute as _execute
 from redistribute.plan import plan as _plan
 from redistribute.plan import redistribute_cost
 
-from . import _dtypes
+from . import _allocator, _dtypes
 from ._dtensor import DTensor, _allocator_for
+from ._math_base import norm_dims
 from ._optable import OpInfo
 from ._tensor import Tensor, _wrap
 
@@ -46,12 +49,13 @@ __all__ = [
     "clear_prop_cache",
     "current_op",
     "dispatch",
+    "lookup",
     "prop_cache_stats",
     "set_prop_cache_size",
 ]
 
 _MISSING = object()
-_new = object.__new__
+_new = _fp.DTensorBase.__new__
 # Static-argument types that need _freeze to become (or to be refused as) key parts.
 _COMPOUND = frozenset({list, tuple, slice, np.ndarray, Tensor, DTensor})
 _PY_SCALARS = (bool, int, float, complex)
@@ -272,6 +276,11 @@ class _PropCache:
     def trim(self) -> None:
         """Evict least recently used entries down to ``maxsize``."""
         data = self.data
+        if len(data) <= self.maxsize:
+            return
+        if _FRONT is not None:
+            _FRONT.flush(data)
+            _FRONT.invalidate()
         while len(data) > self.maxsize:
             data.popitem(last=False)
             self.evictions += 1
@@ -297,16 +306,21 @@ def prop_cache_stats() -> dict[str, int]:
     Returns
     -------
     dict
-        ``hits``, ``misses``, ``evictions`` (since the last :func:`clear_prop_cache`),
-        ``size`` (entries now) and ``maxsize``.
+        ``hits`` (all paths), ``misses``, ``evictions`` (since the last
+        :func:`clear_prop_cache`), ``size`` (entries now) and ``maxsize``; ``python_hits``
+        and ``fast_hits`` split the hits by the path that served them (the compiled front
+        serves repeated calls; its first sight of a signature is a Python-path hit or a miss).
     """
     c = _CACHE
+    fast = _FRONT.stats()["hits"] if _FRONT is not None else 0
     return {
-        "hits": c.hits,
+        "hits": c.hits + fast,
         "misses": c.misses,
         "size": len(c.data),
         "evictions": c.evictions,
         "maxsize": c.maxsize,
+        "python_hits": c.hits,
+        "fast_hits": fast,
     }
 
 
@@ -317,6 +331,10 @@ def clear_prop_cache() -> None:
     but the counters then agree.
     """
     c = _CACHE
+    if _FRONT is not None:
+        _FRONT.flush(c.data)
+        _FRONT.invalidate()
+        _FRONT.reset_stats()
     c.data.clear()
     c.hits = c.misses = c.evictions = 0
 
@@ -327,6 +345,164 @@ def set_prop_cache_size(maxsize: int) -> None:
         raise ValueError(f"set_prop_cache_size: maxsize must be at least 1, got {maxsize}")
     _CACHE.maxsize = int(maxsize)
     _CACHE.trim()
+
+
+# -- the compiled front (fastpath._dispatch) ------------------------------------------------
+_FRONT = None
+
+
+def raw_form(info: OpInfo, entry: CacheEntry, values: list) -> tuple | None:
+    """How the compiled front may run ``entry`` on raw ndarrays, or None. **Local**.
+
+    A pointwise op whose local kernel would take its own short path (same dtype of a kind
+    the kernel takes as is, not 0-d, no operand at the allocator's pooling size) computes
+    exactly ``ufunc(a, b)``, ``ufunc(a, scalar)`` or ``kernel(a, None)`` on the local
+    arrays; ``view``/``reshape`` of a standard (row-major) local tensor is numpy's reshape to
+    the local output shape (``Tensor.view``'s own short path), and ``t`` of a 2-D tensor is
+    the transposed array; ``sum`` and ``matmul``/``mm`` of small host arrays are the numpy
+    calls their kernels make. Everything here is fixed by the entry's specs and the key, so it
+    is decided once. Returns ``(form, arg, extra[, const])``: ``arg`` is the ufunc, kernel,
+    shape or index, ``extra`` lists ``(index, value)`` pairs of other bound values that must
+    be unchanged (``alpha=1``), ``const`` the second operand of a ``const`` form (relu's 0).
+    """
+    from . import _math_pointwise as mp
+
+    name = info.name
+    if entry.direct is None or not values:
+        return None
+    a = values[0]
+    if type(a) is not DTensor:
+        return None
+    spec = a._spec
+    if name in ("view", "reshape") and info.kernel is getattr(Tensor, name):
+        shape = values[1]
+        if type(shape) in (tuple, list) and all(type(s) is int for s in shape):
+            out = entry.out_specs[0]
+            return _RAW["view"], out.local_shape(out.mesh._coord), ()
+        return None
+    if name == "t" and entry.kernel is Tensor.t and len(spec.shape) == 2:
+        return _RAW["t"], None, ()
+    if name == "getitem" and entry.kernel is Tensor.__getitem__ and spec.shape:
+        index = _basic_index(values[1])
+        return None if index is None else (_RAW["getitem"], index, ())
+    if entry.kernel is not info.kernel:
+        return None
+    if name == "sum":
+        return _raw_sum(entry, values, spec)
+    if name in ("matmul", "mm"):
+        return _raw_matmul(entry, values, spec)
+    pool_min = _allocator.POOL_MIN_BYTES
+    coord = spec.mesh._coord
+    if not spec.shape or math.prod(spec.local_shape(coord)) * spec.dtype.itemsize >= pool_min:
+        return None
+    dt = spec.dtype
+    fill = _BINDERS[name].fill
+    if name in mp._UNARY_SPECS and getattr(mp, name, None) is info.kernel:
+        u = mp._UNARY_SPECS[name]
+        if dt not in u.fast:
+            return None
+        if u.kernel is mp._relu and spec.mesh.device_type == "cpu":
+            # what _relu computes on a host array, with its zero made once
+            return _RAW["const"], np.maximum, (), dt.type(0)
+        return _RAW["unary"], u.kernel, ()
+    b_spec = mp._BINARY_SPECS.get(name)
+    uf = getattr(b_spec.kernel, "ufunc", None) if b_spec is not None else None
+    if uf is None or len(values) < 2:
+        return None
+    extra = tuple((i, fill[i]) for i in range(2, len(values)))
+    if any(v is not values[i] for i, v in extra):
+        return None
+    b = values[1]
+    if type(b) is DTensor:
+        bs = b._spec
+        if bs.dtype is not dt or dt not in b_spec.fast or not bs.shape:
+            return None
+        if math.prod(bs.local_shape(coord)) * dt.itemsize >= pool_min:
+            return None
+        return _RAW["binary"], uf, extra
+    fast = b_spec.fast
+    if (type(b) is float and dt in fast & mp._FLOATS) or (type(b) is int and dt in fast - mp._B):
+        return _RAW["scalar"], uf, extra
+    return None
+
+
+def _raw_sum(entry: CacheEntry, values: list, spec: DTensorSpec) -> tuple | None:
+    """``sum`` of a small float32/float64 host array as ``_math.sum`` computes it:
+    ``np.add.reduce`` over the normalised dims, in the input dtype (numpy allocates)."""
+    _, dim, keepdim, dtype = values
+    dt = spec.dtype
+    if dtype is not None or spec.mesh.device_type != "cpu":
+        return None
+    if dt not in (np.dtype(np.float32), np.dtype(np.float64)) or type(keepdim) is not bool:
+        return None
+    out = entry.out_specs[0]
+    if math.prod(out.local_shape(out.mesh._coord)) * dt.itemsize >= _allocator.POOL_MIN_BYTES:
+        return None
+    axes = norm_dims("sum", dim, len(spec.shape))
+    return _RAW["reduce"], np.add.reduce, (), (axes, dt, keepdim)
+
+
+def _raw_matmul(entry: CacheEntry, values: list, spec: DTensorSpec) -> tuple | None:
+    """``matmul``/``mm`` of two host DTensors of one dtype, both at least 2-D, with a small
+    result: ``np.matmul(a, b)``, as the local kernel computes it (numpy allocates)."""
+    b = values[1]
+    if type(b) is not DTensor or spec.mesh.device_type != "cpu":
+        return None
+    bs = b._spec
+    if bs.dtype is not spec.dtype or len(spec.shape) < 2 or len(bs.shape) < 2:
+        return None
+    out = entry.out_specs[0]
+    nbytes = math.prod(out.local_shape(out.mesh._coord)) * out.dtype.itemsize
+    if nbytes >= _allocator.POOL_MIN_BYTES:
+        return None
+    return _RAW["binary"], np.matmul, ()
+
+
+def _basic_index(idx: object) -> tuple | None:
+    """``idx`` as a numpy index that always yields an array view (a trailing Ellipsis), when
+    it holds only ints, slices of ints with positive steps and at most one Ellipsis."""
+    parts = idx if type(idx) is tuple else (idx,)
+    for p in parts:
+        if type(p) is slice:
+            if not all(v is None or type(v) is int for v in (p.start, p.stop, p.step)):
+                return None
+            if p.step is not None and p.step <= 0:
+                return None
+        elif type(p) is not int and p is not Ellipsis:
+            return None
+    if sum(p is Ellipsis for p in parts) > 1:
+        return None
+    return parts if Ellipsis in parts else (*parts, Ellipsis)
+
+
+def plug_fastpath() -> object:
+    """Connect the compiled front (``fastpath._dispatch``) to this dispatcher. **Local**.
+
+    Returns the compiled module, or None when the fast path is not enabled (not built, or
+    ``DTENSOR_FASTPATH=0`` at import).
+    """
+    global _FRONT, _RAW
+    if not _fp.ENABLED:
+        return None
+    front = _fp.dispatch
+    front.install(
+        DTensor, vars(_dtypes), lookup, dispatch, run_entry, _wrap_outputs, raw_form, _MISSING
+    )
+    _RAW = front.RAW_FORMS
+    _FRONT = front
+    return front
+
+
+def fast_op(info: OpInfo) -> object:
+    """The compiled runner of ``info`` (built once per op). **Local**."""
+    fop = _FAST_OPS.get(info.name)
+    if fop is None or fop.info is not info:
+        fop = _FAST_OPS[info.name] = _FRONT.FastOp(info, _binder(info))
+    return fop
+
+
+_FAST_OPS: dict[str, object] = {}
+_RAW: dict[str, int] = {}
 
 
 # -- the dispatcher --------------------------------------------------------------------------
@@ -486,7 +662,7 @@ def _marker(op: str, v: object, holder: list, i: int) -> object:
         if v.ndim == 0:
             return v.dtype
         raise _LocalOperand(v)
-    raise TypeError(f"{op}: unsupported argument of type {t.__name__}: {v!r}")
+    raise DTypeError(f"{op}: unsupported argument of type {t.__name__}: {v!r}")
 
 
 def _mixed_error(op: str, local: Tensor, args: Sequence[object], kwargs: Mapping) -> ShardingError:

@@ -405,7 +405,7 @@ def distribute_tensor(
     placements = _normalize_placements(placements, mesh, "distribute_tensor")
     alloc = _allocator_for(mesh.device_type)
     if src_data_rank is None:
-        data = _as_local_tensor(tensor, "distribute_tensor")
+        data = _as_local_tensor(tensor, "distribute_tensor").to(mesh.device_type)
         spec = DTensorSpec(mesh, placements, tuple(data.shape), data.dtype)
         src_spec = spec.with_placements((Replicate(),) * mesh.ndim)
         steps = _plan(src_spec, placements)
@@ -446,6 +446,6 @@ def distribute_tensor(
             f"source rank {src_data_rank}'s {shape} (placements {_short(placements)})"
         )
     out = _scatter_from(
-        src, data._arr if is_src else None, spec, mesh._coord, base, alloc
+        src, data.to(mesh.device_type)._arr if is_src else None, spec, mesh._coord, base, alloc
     )
     return DTensor._make(_wrap(out), spec)

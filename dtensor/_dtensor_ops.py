@@ -21,8 +21,10 @@ import functools
 import sys
 from collections.abc import Callable, Mapping
 
+import fastpath as _fp
+
 from . import _ops_registry  # noqa: F401  (fills the op table)
-from ._dispatch import dispatch
+from ._dispatch import dispatch, fast_op, plug_fastpath
 from ._dtensor import DTensor
 from ._optable import OPS, OpInfo
 from ._tensor import Tensor
@@ -73,17 +75,28 @@ def _has_dtensor(args: tuple, kwargs: Mapping[str, object]) -> bool:
     return False
 
 
+_FUNCTION_DOC = (
+    "\n\nAccepts DTensors too (**Collective** when an input must be redistributed for "
+    "the chosen sharding strategy, **Local** otherwise)."
+)
+_METHOD_DOC = (
+    "``{}`` on a DTensor; placements are inferred by its sharding rule. "
+    "**Collective** when an input must be redistributed, **Local** otherwise."
+)
+
+
 def _function(info: OpInfo, local: Callable) -> Callable:
-    def fn(*args: object, **kwargs: object) -> object:
-        if _has_dtensor(args, kwargs):
-            return dispatch(info, args, kwargs)
-        return local(*args, **kwargs)
+    if _FAST:
+        fn = _front.make_function(fast_op(info), local)
+    else:
+
+        def fn(*args: object, **kwargs: object) -> object:
+            if _has_dtensor(args, kwargs):
+                return dispatch(info, args, kwargs)
+            return local(*args, **kwargs)
 
     functools.update_wrapper(fn, local)
-    fn.__doc__ = (local.__doc__ or "") + (
-        "\n\nAccepts DTensors too (**Collective** when an input must be redistributed for "
-        "the chosen sharding strategy, **Local** otherwise)."
-    )
+    fn.__doc__ = (local.__doc__ or "") + _FUNCTION_DOC
     return fn
 
 
@@ -95,53 +108,68 @@ def _name(fn: Callable, name: str, doc: str) -> Callable:
 
 
 def _method(info: OpInfo) -> Callable:
+    doc = _METHOD_DOC.format(info.name)
+    if _FAST:
+        return _front.make_method(fast_op(info), info.name, doc)
+
     def method(self: DTensor, *args: object, **kwargs: object) -> object:
         return dispatch(info, (self, *args), kwargs)
 
-    return _name(
-        method,
-        info.name,
-        f"``{info.name}`` on a DTensor; placements are inferred by its sharding rule. "
-        "**Collective** when an input must be redistributed, **Local** otherwise.",
-    )
+    return _name(method, info.name, doc)
 
 
-def _binary(info: OpInfo, dunder: str) -> Callable:
+def _operator(info: OpInfo, dunder: str, form: str, doc: str) -> Callable:
+    """A DTensor operator of ``form``: binary, reflected, compare, unary or where."""
+    if _FAST:
+        return _front.make_operator(fast_op(info), dunder, doc, form)
+    return _name(_PY_OPERATORS[form](info), dunder, doc)
+
+
+def _binary(info: OpInfo) -> Callable:
     def op(self: DTensor, other: object) -> object:
         return dispatch(info, (self, other), {})
 
-    return _name(op, dunder, f"``self {dunder}`` other: :func:`{info.name}`.")
+    return op
 
 
-def _reflected(info: OpInfo, dunder: str) -> Callable:
+def _reflected(info: OpInfo) -> Callable:
     def op(self: DTensor, other: object) -> object:
         return dispatch(info, (other, self), {})
 
-    return _name(op, dunder, f"``other {dunder}`` self: :func:`{info.name}` (other, self).")
+    return op
 
 
-def _compare(info: OpInfo, dunder: str) -> Callable:
+def _compare(info: OpInfo) -> Callable:
     def op(self: DTensor, other: object) -> object:
         if not isinstance(other, _TENSOR_LIKE):
             return NotImplemented
         return dispatch(info, (self, other), {})
 
-    return _name(op, dunder, f"Elementwise :func:`{info.name}`, a bool DTensor.")
+    return op
 
 
-def _unary(info: OpInfo, dunder: str) -> Callable:
+def _unary(info: OpInfo) -> Callable:
     def op(self: DTensor) -> object:
         return dispatch(info, (self,), {})
 
-    return _name(op, dunder, f":func:`{info.name}` of a DTensor.")
+    return op
 
 
-def _where_method(info: OpInfo) -> Callable:
+def _where(info: OpInfo) -> Callable:
     # Tensor.where(condition, other) is where(condition, self, other)
     def where(self: DTensor, condition: object, other: object) -> object:
         return dispatch(info, (condition, self, other), {})
 
-    return _name(where, "where", "``where(condition, self, other)`` (PyTorch's method form).")
+    return where
+
+
+_PY_OPERATORS = {
+    "binary": _binary,
+    "reflected": _reflected,
+    "compare": _compare,
+    "unary": _unary,
+    "where": _where,
+}
 
 
 def _T(self: DTensor) -> DTensor:
@@ -155,29 +183,47 @@ def _mT(self: DTensor) -> DTensor:
 
 
 def _install_methods() -> None:
-    own = set(vars(DTensor))
     for name, info in OPS.items():
-        if name in own or not hasattr(Tensor, name):
+        if name in _OWN or not hasattr(Tensor, name):
             continue
-        setattr(DTensor, name, _where_method(info) if name == "where" else _method(info))
+        if name == "where":
+            doc = "``where(condition, self, other)`` (PyTorch's method form)."
+            setattr(DTensor, name, _operator(info, "where", "where", doc))
+        else:
+            setattr(DTensor, name, _method(info))
     for dunder, names in _ITEM.items():
         for name in names:
             if name in OPS:
                 setattr(DTensor, dunder, _method(OPS[name]))
                 break
+    slots = _slot_ops()
     for tag, name in _BINARY.items():
         if name in OPS:
-            setattr(DTensor, f"__{tag}__", _binary(OPS[name], f"__{tag}__"))
-            setattr(DTensor, f"__r{tag}__", _reflected(OPS[name], f"__r{tag}__"))
+            info = OPS[name]
+            d, r = f"__{tag}__", f"__r{tag}__"
+            if tag in slots:
+                continue
+            doc = f"``self {d}`` other: :func:`{name}`."
+            setattr(DTensor, d, _operator(info, d, "binary", doc))
+            doc = f"``other {r}`` self: :func:`{name}` (other, self)."
+            setattr(DTensor, r, _operator(info, r, "reflected", doc))
     for tag, name in _INPLACE.items():
         if name in OPS:
-            setattr(DTensor, f"__{tag}__", _binary(OPS[name], f"__{tag}__"))
+            d = f"__{tag}__"
+            doc = f"``self {d}`` other: :func:`{name}`."
+            setattr(DTensor, d, _operator(OPS[name], d, "binary", doc))
     for tag, name in _COMPARE.items():
         if name in OPS:
-            setattr(DTensor, f"__{tag}__", _compare(OPS[name], f"__{tag}__"))
+            d = f"__{tag}__"
+            doc = f"Elementwise :func:`{name}`, a bool DTensor."
+            setattr(DTensor, d, _operator(OPS[name], d, "compare", doc))
     for tag, name in _UNARY.items():
         if name in OPS:
-            setattr(DTensor, f"__{tag}__", _unary(OPS[name], f"__{tag}__"))
+            d = f"__{tag}__"
+            if tag in slots:
+                continue
+            doc = f":func:`{name}` of a DTensor."
+            setattr(DTensor, d, _operator(OPS[name], d, "unary", doc))
     DTensor.__hash__ = object.__hash__
     if "permute" in OPS:
         DTensor.T = property(_T)
@@ -185,17 +231,92 @@ def _install_methods() -> None:
         DTensor.mT = property(_mT)
 
 
+def _slot_ops() -> dict[str, object]:
+    """With the compiled base, register what runs behind its operator slots.
+
+    The slots (``+ - * / @`` and unary ``-``) stay on DTensor in both modes, so that
+    switching paths never replaces them by CPython's generic slot dispatch: on the fast path
+    they run a FastOp; on the Python path a function that dispatches the operands in
+    expression order. Returns ``{operator tag: op}`` (empty without the compiled base, where
+    DTensor gets Python operator functions)."""
+    if _front is None:
+        return {}
+    ops = {**_BINARY, **_UNARY}
+    slots = {}
+    for tag in _front.SLOT_TAGS:
+        name = ops.get(tag)
+        if name in OPS:
+            info = OPS[name]
+            slots[tag] = fast_op(info) if _FAST else _python_slot(info, tag in _UNARY)
+    _front.set_slot_ops(slots)
+    return slots
+
+
+def _python_slot(info: OpInfo, unary: bool) -> Callable:
+    """The Python path behind an operator slot (operands in expression order)."""
+    if unary:
+        return lambda a: dispatch(info, (a,), {})
+    return lambda a, b: dispatch(info, (a, b), {})
+
+
 def _public_functions() -> dict[str, Callable]:
     """Dispatching twins of the local functions ``dtensor`` exports under op names."""
-    pkg = sys.modules[__package__]
     out = {}
     for name, info in OPS.items():
-        local = getattr(pkg, name, None)
+        local = _LOCALS.get(name)
         if callable(local) and not isinstance(local, type):
             out[name] = _function(info, local)
     return out
 
 
+def set_fastpath(enabled: bool) -> bool:
+    """Serve DTensor ops from the compiled front (True) or the Python dispatcher (False).
+
+    **Local.** Reinstalls the DTensor methods and operators and the ``dtensor.<op>``
+    functions; results and cache behaviour are the same either way. Call it on every rank
+    (the paths differ in speed only). Turning it on needs the extension built and
+    ``DTENSOR_FASTPATH`` not ``0`` at import.
+
+    Returns
+    -------
+    bool
+        Whether the compiled front is now active.
+
+    Raises
+    ------
+    RuntimeError
+        When asked to enable a fast path that is not available.
+    """
+    global _FAST, _FUNCTIONS
+    if enabled and _front is None:
+        raise RuntimeError(
+            "set_fastpath(True): the compiled fast path is not available "
+            f"(extension built: {_fp.AVAILABLE}; DTENSOR_FASTPATH=0 at import: "
+            f"{_fp.AVAILABLE and not _fp.ENABLED})"
+        )
+    _FAST = bool(enabled)
+    _install_methods()
+    pkg = sys.modules[__package__]
+    old = _FUNCTIONS
+    _FUNCTIONS = _public_functions()
+    for name, fn in _FUNCTIONS.items():
+        if getattr(pkg, name, None) is old.get(name):
+            setattr(pkg, name, fn)
+    globals().update(_FUNCTIONS)
+    return _FAST
+
+
+def fastpath_active() -> bool:
+    """Whether DTensor ops are served from the compiled front now. **Local**."""
+    return _FAST
+
+
+_front = plug_fastpath()
+_FAST = _front is not None
+_OWN = frozenset(vars(DTensor))
+_LOCALS = {
+    name: getattr(sys.modules[__package__], name, None) for name in OPS
+}
 _install_methods()
 _FUNCTIONS = _public_functions()
 globals().update(_FUNCTIONS)

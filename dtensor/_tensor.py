@@ -23,12 +23,16 @@ import operator
 
 import numpy as np
 
-from . import _allocator, _dtypes
+import fastpath as _fp
+
+from . import _allocator, _dtypes, _strides
 from . import _backend as B
-from . import _strides as _S
 from .errors import ViewError
 
 __all__ = ["Size", "Storage", "Tensor", "is_tensor"]
+
+# The stride math: the compiled twin (same functions, same errors) when the fast path is on.
+_S = _fp.strides if _fp.ENABLED else _strides
 
 _VIEW_ERROR = (
     "view size is not compatible with input tensor's size and stride (at least one "
@@ -109,7 +113,7 @@ def _storage_of(arr) -> Storage:
     return Storage(*B.storage_buffer(arr))
 
 
-_new = object.__new__
+_new = _fp.TensorBase.__new__
 
 
 def _wrap(arr, storage: Storage | None = None) -> Tensor:
@@ -288,7 +292,7 @@ def _check_step(s: slice) -> None:
         raise ValueError("step must be greater than zero")
 
 
-class Tensor:
+class Tensor(_fp.TensorBase):
     """A local strided tensor (PyTorch semantics on a numpy or cupy array).
 
     Create tensors with :func:`dtensor.tensor`, :func:`dtensor.from_numpy` or a factory
@@ -296,8 +300,9 @@ class Tensor:
     one :class:`Storage`; writes through one view are seen by all of them.
     """
 
-    # _std caches _is_standard(_arr): None until first needed.
-    __slots__ = ("__weakref__", "_arr", "_std", "_storage")
+    # The slots ``_arr``, ``_std`` (caches _is_standard(_arr): None until first needed) and
+    # ``_storage`` live in the base: compiled when the fast path is enabled.
+    __slots__ = ()
 
     # Binary operators with an ndarray on the left defer to the tensor (as in PyTorch).
     __array_priority__ = 1000
@@ -477,6 +482,14 @@ class Tensor:
         return "tensor(" + ", ".join([body, *extras]) + ")"
 
     # ------------------------------------------------------------ host / device / dtype
+
+    def __dlpack__(self, stream=None, **kwargs):
+        """DLPack export of the data (no copy); see ``dt.from_dlpack``. **Local.**"""
+        return self._arr.__dlpack__(stream=stream, **kwargs)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """DLPack (device type, index) of the data. **Local.**"""
+        return self._arr.__dlpack_device__()
 
     def __array__(self, dtype=None, copy=None):
         arr = self.numpy()
@@ -1211,3 +1224,9 @@ class Tensor:
     def bool(self) -> Tensor:
         """``to(bool)``. **Local.**"""
         return self.to(_dtypes.bool_)
+
+
+if _fp.ENABLED:
+    # Outputs of every kernel become tensors through _wrap: the compiled twin creates them.
+    _fp.dispatch.install_tensor(Tensor)
+    _wrap = _fp.dispatch.wrap

@@ -1,37 +1,85 @@
 """Compiled fast paths of dtensor (an optional Cython extension).
 
-This package owns the compiled modules and reports whether they were built. It never
-imports dtensor at module level: dtensor plugs these modules in at its own import time
-(unless ``DTENSOR_FASTPATH=0``) and falls back to its pure-Python twins when
-``AVAILABLE`` is false.
+This package owns the compiled modules, reports whether they were built, and decides which
+base classes dtensor's ``Tensor`` and ``DTensor`` derive from. It never imports dtensor at
+module level: dtensor plugs these modules in at its own import time (unless
+``DTENSOR_FASTPATH=0``) and falls back to its pure-Python twins when they are missing. When
+the extension was not built, importing this package says so once (a ``RuntimeWarning``).
 
 Attributes
 ----------
 strides : module or None
     ``fastpath._strides``, the compiled twin of ``dtensor._strides``; ``None`` when the
     extension was not built (no C compiler at install time, or ``DTENSOR_NO_EXT=1``).
+dispatch : module or None
+    ``fastpath._dispatch``, the compiled dispatch front (``None`` when not built).
 AVAILABLE : bool
-    Whether the compiled extension can be imported.
+    Whether the compiled extensions can be imported.
+ENABLED : bool
+    Whether dtensor uses them: ``AVAILABLE`` and ``DTENSOR_FASTPATH`` is not ``0``. Fixed
+    at import: it selects the base classes below; the dispatch front can still be turned
+    off and on at runtime (``dtensor.debug.set_fastpath``).
 IMPORT_ERROR : str or None
-    Why it cannot (the ``ImportError`` message), for diagnostics.
+    Why they cannot be imported (the ``ImportError`` message), for diagnostics.
+TensorBase, DTensorBase : type
+    The bases of ``dtensor.Tensor`` and ``dtensor.DTensor``: the compiled classes when
+    ``ENABLED``, otherwise plain classes with the same slots.
 """
 
 from __future__ import annotations
 
+import os
+import warnings
 from importlib import import_module
 from types import ModuleType
 
 strides: ModuleType | None
+dispatch: ModuleType | None
 IMPORT_ERROR: str | None
 
 try:
     strides = import_module(f"{__name__}._strides")
+    dispatch = import_module(f"{__name__}._dispatch")
 except ImportError as exc:
-    strides = None
+    strides = dispatch = None
     IMPORT_ERROR = str(exc)
 else:
     IMPORT_ERROR = None
 
-AVAILABLE: bool = strides is not None
+AVAILABLE: bool = strides is not None and dispatch is not None
+ENABLED: bool = AVAILABLE and os.environ.get("DTENSOR_FASTPATH", "1").strip() != "0"
 
-__all__ = ["AVAILABLE", "IMPORT_ERROR", "strides"]
+if not AVAILABLE:
+    warnings.warn(
+        f"dtensor: the compiled fast path is not built ({IMPORT_ERROR}); running on the "
+        "Python path",
+        RuntimeWarning,
+        stacklevel=2,
+    )
+
+
+if ENABLED:
+    TensorBase = dispatch.TensorBase
+    DTensorBase = dispatch.DTensorBase
+else:
+
+    class TensorBase:
+        """Slots of the local Tensor (pure-Python twin of the compiled base)."""
+
+        __slots__ = ("__weakref__", "_arr", "_std", "_storage")
+
+    class DTensorBase:
+        """Slots of DTensor (pure-Python twin of the compiled base)."""
+
+        __slots__ = ("__weakref__", "_local", "_spec")
+
+
+__all__ = [
+    "AVAILABLE",
+    "ENABLED",
+    "IMPORT_ERROR",
+    "DTensorBase",
+    "TensorBase",
+    "dispatch",
+    "strides",
+]

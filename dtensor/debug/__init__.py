@@ -1,14 +1,35 @@
-"""Debugging tools: communication counting and the propagation cache's statistics."""
+"""Debugging tools: communication counting, the propagation cache's statistics and the
+dispatch path in use (compiled fast path or Python)."""
 
 from __future__ import annotations
 
 from .._dispatch import clear_prop_cache, prop_cache_stats, set_prop_cache_size
 from ._comm_mode import CommDebugMode, CommRecord
+from ._explain import Collective, Explanation, OpExplanation, explain
+from ._fastpath import fastpath_status, set_fastpath
+from ._log import configure_logging
+from ._spmd import check_spmd
+from ._strict import ImplicitRedistributeError, no_implicit_redistribute
+from ._visualize import shard_blocks, visualize_sharding
+from ._watchdog import watchdog
 
 __all__ = [
+    "Collective",
     "CommDebugMode",
     "CommRecord",
+    "Explanation",
+    "ImplicitRedistributeError",
+    "OpExplanation",
+    "check_spmd",
     "clear_prop_cache",
+    "configure_logging",
+    "explain",
+    "fastpath_status",
+    "no_implicit_redistribute",
     "prop_cache_stats",
+    "set_fastpath",
     "set_prop_cache_size",
+    "shard_blocks",
+    "visualize_sharding",
+    "watchdog",
 ]

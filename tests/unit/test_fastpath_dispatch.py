@@ -1,0 +1,331 @@
+"""The compiled dispatch front against the Python dispatcher (one process, a 1-rank mesh).
+
+Both paths must give identical values, placements, shapes, strides and dtypes, and identical
+propagation-cache behaviour (hits, misses, size, evictions and the LRU order). Tests that
+need the compiled front skip when it is not available (extension not built or
+``DTENSOR_FASTPATH=0``); the fallback behaviour is checked in subprocesses.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import dtensor as dt
+import fastpath
+from dtensor import _dispatch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+needs_front = pytest.mark.skipif(
+    not fastpath.ENABLED, reason="compiled fast path not enabled (not built or disabled)"
+)
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    return dt.init_device_mesh((1,))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    active = dt.debug.fastpath_status()["active"]
+    dt.debug.clear_prop_cache()
+    yield
+    dt.debug.set_prop_cache_size(4096)
+    dt.debug.clear_prop_cache()
+    if fastpath.ENABLED:
+        dt.debug.set_fastpath(active)
+
+
+def _data(shape=(4, 6), dtype=np.float32, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+def _programs(mesh):
+    """Calls that reach the dispatcher through every kind of entry point."""
+    s0, r = [dt.Shard(0)], [dt.Replicate()]
+    a, b = _data(), _data(seed=1)
+    x = dt.distribute_tensor(a, mesh, s0, src_data_rank=None)
+    y = dt.distribute_tensor(b, mesh, s0, src_data_rank=None)
+    w = dt.distribute_tensor(_data((6, 3), seed=2), mesh, r, src_data_rank=None)
+    i = dt.distribute_tensor(np.arange(24, dtype=np.int64).reshape(4, 6), mesh, s0,
+                             src_data_rank=None)
+    return {
+        "add": lambda: x + y,
+        "add_alpha": lambda: x.add(y, alpha=2),
+        "radd": lambda: 1.5 + x,
+        "sub": lambda: x - y,
+        "mul_scalar": lambda: x * 2.5,
+        "mul_int": lambda: x * 3,
+        "div": lambda: x / y,
+        "pow": lambda: x ** 2,
+        "neg": lambda: -x,
+        "rsub": lambda: 1.0 - x,
+        "rtruediv": lambda: 2 / x,
+        "numpy_scalar_plus": lambda: np.float32(2) + x,
+        "lt": lambda: x < y,
+        "eq_scalar": lambda: x == 0.5,
+        "matmul": lambda: x @ w,
+        "relu": lambda: x.relu(),
+        "gelu": lambda: dt.gelu(x),
+        "dt_add": lambda: dt.add(x, y),
+        "sum": lambda: x.sum(),
+        "sum_dim": lambda: x.sum(dim=1),
+        "sum_keepdim": lambda: x.sum(1, True),
+        "mean": lambda: x.mean(),
+        "softmax": lambda: x.softmax(dim=-1),
+        "view": lambda: x.view(-1),
+        "view_args": lambda: x.view(2, 12),
+        "reshape": lambda: x.reshape((6, 4)),
+        "t": lambda: x.t(),
+        "transpose": lambda: x.transpose(0, 1),
+        "permute": lambda: x.permute(1, 0),
+        "contiguous": lambda: x.t().contiguous(),
+        "getitem": lambda: x[:, 1:5],
+        "getitem_int": lambda: x[:, 2],
+        "int_plus_float": lambda: i + 0.5,
+        "int_floordiv": lambda: i // 4,
+        "max_dim": lambda: x.max(dim=1),
+        "split": lambda: x.split(2, dim=1),
+    }
+
+
+def _describe(out):
+    """Everything observable about a result: values, dtype, shape, placements, strides."""
+    if isinstance(out, tuple):
+        return tuple(_describe(o) for o in out)
+    loc = out.to_local()
+    return (
+        type(out).__name__,
+        tuple(out.shape),
+        str(out.dtype),
+        tuple(out.placements),
+        tuple(loc.shape),
+        loc.stride(),
+        loc.storage_offset(),
+        loc.numpy().tobytes(),
+    )
+
+
+def _run_all(mesh, repeat=3):
+    """Run every program ``repeat`` times; results of the last round and cache counters."""
+    dt.debug.clear_prop_cache()
+    progs = _programs(mesh)
+    results = {}
+    for _ in range(repeat):
+        for name, fn in progs.items():
+            results[name] = _describe(fn())
+    stats = dt.debug.prop_cache_stats()
+    return results, {k: stats[k] for k in ("hits", "misses", "size", "evictions")}
+
+
+@needs_front
+def test_both_paths_give_identical_results_and_cache_behaviour(mesh):
+    dt.debug.set_fastpath(False)
+    slow, slow_stats = _run_all(mesh)
+    assert dt.debug.prop_cache_stats()["fast_hits"] == 0
+    dt.debug.set_fastpath(True)
+    fast, fast_stats = _run_all(mesh)
+    assert fast == slow
+    assert fast_stats == slow_stats
+    assert dt.debug.prop_cache_stats()["fast_hits"] > 0
+
+
+@needs_front
+def test_fast_hits_are_served_without_the_python_dispatcher(mesh, monkeypatch):
+    dt.debug.set_fastpath(True)
+    x = dt.distribute_tensor(_data(), mesh, [dt.Shard(0)], src_data_rank=None)
+    x + x
+    calls = []
+    real = _dispatch.lookup
+    monkeypatch.setattr(_dispatch, "lookup", lambda *a: calls.append(a) or real(*a))
+    before = dt.debug.prop_cache_stats()
+    x + x
+    after = dt.debug.prop_cache_stats()
+    assert after["fast_hits"] == before["fast_hits"] + 1
+    assert after["hits"] == before["hits"] + 1
+    assert after["misses"] == before["misses"]
+
+
+@needs_front
+@pytest.mark.parametrize("mode", [True, False])
+def test_cache_keys_distinguish_what_matters(mesh, mode):
+    dt.debug.set_fastpath(mode)
+    s0, r = [dt.Shard(0)], [dt.Replicate()]
+    x = dt.distribute_tensor(_data(), mesh, s0, src_data_rank=None)
+    xr = dt.distribute_tensor(_data(), mesh, r, src_data_rank=None)
+    x64 = dt.distribute_tensor(_data(dtype=np.float64), mesh, s0, src_data_rank=None)
+    xs = dt.distribute_tensor(_data((4, 5)), mesh, s0, src_data_rank=None)
+    calls = [
+        lambda: x.sum(dim=0), lambda: x.sum(dim=1), lambda: x.sum(dim=1, keepdim=True),
+        lambda: xr.sum(dim=1), lambda: x64.sum(dim=1), lambda: xs.sum(dim=1),
+        lambda: x * 2.0, lambda: x * 2, lambda: x.view(-1), lambda: x.view(6, 4),
+    ]
+    for i, call in enumerate(calls):
+        call()
+        assert dt.debug.prop_cache_stats()["misses"] == i + 1, i
+    for call in calls:
+        call()
+    assert dt.debug.prop_cache_stats()["misses"] == len(calls)
+    before = dt.debug.prop_cache_stats()["hits"]
+    for k in range(5):  # a changing python scalar's value never misses
+        out = x * (0.5 + k)
+        np.testing.assert_array_equal(out.to_local().numpy(), x.to_local().numpy() * (0.5 + k))
+    assert dt.debug.prop_cache_stats()["misses"] == len(calls)
+    assert dt.debug.prop_cache_stats()["hits"] == before + 5
+
+
+@needs_front
+def test_a_mutated_static_list_is_not_mistaken_for_the_old_value(mesh):
+    dt.debug.set_fastpath(True)
+    x = dt.distribute_tensor(_data((2, 3, 4)), mesh, [dt.Replicate()], src_data_rank=None)
+    dims = [2, 0, 1]
+    assert x.permute(dims).shape == (4, 2, 3)
+    assert x.permute(dims).shape == (4, 2, 3)
+    dims[:] = [1, 2, 0]
+    assert x.permute(dims).shape == (3, 4, 2)
+    assert x.permute((1, 2, 0)).shape == (3, 4, 2)
+    assert dt.debug.prop_cache_stats()["misses"] == 2
+
+
+@needs_front
+def test_meshes_never_share_an_entry():
+    dt.debug.set_fastpath(True)
+    m1 = dt.init_device_mesh((1,))
+    m2 = dt.init_device_mesh((1, 1))
+    a = _data()
+    x1 = dt.distribute_tensor(a, m1, [dt.Shard(0)], src_data_rank=None)
+    x2 = dt.distribute_tensor(a, m2, [dt.Shard(0), dt.Replicate()], src_data_rank=None)
+    assert (x1 + x1).device_mesh is m1
+    assert (x2 + x2).device_mesh is m2
+    assert (x1 + x1).device_mesh is m1
+    assert dt.debug.prop_cache_stats()["misses"] == 2
+
+
+@needs_front
+def test_lru_eviction_order_is_the_same_on_both_paths(mesh):
+    def trace():
+        dt.debug.clear_prop_cache()
+        dt.debug.set_prop_cache_size(3)
+        x = dt.distribute_tensor(_data(), mesh, [dt.Shard(0)], src_data_rank=None)
+        ops = [lambda: x + x, lambda: x * 2.0, lambda: x.relu(), lambda: x.sum()]
+        seen = []
+        for i in (0, 1, 2, 0, 0, 1, 3, 2, 0, 1, 0, 3, 3, 2):
+            ops[i]()
+            stats = dt.debug.prop_cache_stats()
+            seen.append((stats["hits"], stats["misses"], stats["evictions"]))
+        _dispatch._FRONT.flush(_dispatch._CACHE.data)
+        return seen, [k[0] for k in _dispatch._CACHE.data]
+
+    dt.debug.set_fastpath(False)
+    slow = trace()
+    dt.debug.set_fastpath(True)
+    assert trace() == slow
+
+
+@needs_front
+def test_default_dtype_change_is_part_of_the_key(mesh):
+    dt.debug.set_fastpath(True)
+    i = dt.distribute_tensor(np.arange(6, dtype=np.int64), mesh, [dt.Shard(0)],
+                             src_data_rank=None)
+    assert (i + 0.5).dtype == np.float32
+    dt.set_default_dtype(dt.float64)
+    assert (i + 0.5).dtype == np.float64
+    dt.set_default_dtype(dt.float32)
+    assert (i + 0.5).dtype == np.float32
+    assert dt.debug.prop_cache_stats()["misses"] == 2
+
+
+@needs_front
+def test_entry_points_are_compiled_and_status_reports_them():
+    dt.debug.set_fastpath(True)
+    st = dt.debug.fastpath_status()
+    assert st["active"] and st["path"] == "compiled" and st["reason"] is None
+    for fn in (dt.DTensor.__lt__, dt.DTensor.relu, dt.DTensor.sum, dt.add):
+        assert type(fn).__name__ == "cython_function_or_method", fn
+    # arithmetic operators are the compiled base's C slots
+    for d in ("__add__", "__radd__", "__mul__", "__matmul__", "__neg__"):
+        assert d not in vars(dt.DTensor), d
+    assert dt.DTensor.__add__ is fastpath.DTensorBase.__add__
+    dt.debug.set_fastpath(False)
+    st = dt.debug.fastpath_status()
+    assert not st["active"] and st["path"] == "python"
+    for fn in (dt.DTensor.__lt__, dt.DTensor.relu, dt.add):
+        assert type(fn).__name__ == "function", fn
+    # the operator slots stay, now running the Python dispatcher
+    assert dt.DTensor.__add__ is fastpath.DTensorBase.__add__
+
+
+@needs_front
+def test_errors_and_local_calls_fall_through_unchanged(mesh):
+    dt.debug.set_fastpath(True)
+    x = dt.distribute_tensor(_data(), mesh, [dt.Shard(0)], src_data_rank=None)
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        x.sum(axis_typo=1)
+    with pytest.raises(dt.errors.ShardingError):
+        x + dt.tensor(_data())
+    local = dt.tensor(_data())
+    assert isinstance(dt.add(local, local), dt.Tensor)
+    assert (x == "text") is False
+
+
+def _subprocess(code: str, **env: str) -> str:
+    full = {**os.environ, "PYTHONPATH": ROOT, **env}
+    res = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], check=False, capture_output=True,
+        text=True,
+        env=full, timeout=120, cwd=ROOT,
+    )
+    assert res.returncode == 0, res.stderr
+    return res.stdout + res.stderr
+
+
+def test_env_switch_forces_the_python_path():
+    out = _subprocess(
+        """
+        import numpy as np, dtensor as dt, fastpath
+        st = dt.debug.fastpath_status()
+        assert not st["active"] and st["path"] == "python", st
+        assert not fastpath.ENABLED
+        assert type(dt.Tensor.__mro__[1]).__name__ == "type"  # the pure-Python base
+        m = dt.init_device_mesh((1,))
+        x = dt.distribute_tensor(np.ones((2, 2), np.float32), m, [dt.Shard(0)])
+        assert (x + x).to_local().numpy().sum() == 8
+        print("ok")
+        """,
+        DTENSOR_FASTPATH="0",
+    )
+    assert "ok" in out
+
+
+def test_missing_extension_warns_once_and_runs_on_the_python_path():
+    out = _subprocess(
+        """
+        import sys, warnings
+        class Block:
+            def find_spec(self, name, path=None, target=None):
+                if name in ("fastpath._dispatch", "fastpath._strides"):
+                    raise ImportError(f"blocked {name}")
+        sys.meta_path.insert(0, Block())
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            import numpy as np, dtensor as dt, fastpath
+        msgs = [str(w.message) for w in caught if "Python path" in str(w.message)]
+        assert len(msgs) == 1, msgs
+        st = dt.debug.fastpath_status()
+        assert not st["built"] and st["path"] == "python" and "not built" in st["reason"]
+        m = dt.init_device_mesh((1,))
+        x = dt.distribute_tensor(np.ones((2, 2), np.float32), m, [dt.Shard(0)])
+        assert (x * 3.0).sum().to_local().item() == 12.0
+        try:
+            dt.debug.set_fastpath(True)
+        except RuntimeError:
+            print("ok")
+        """,
+    )
+    assert "ok" in out

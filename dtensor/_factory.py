@@ -24,7 +24,7 @@ import numpy as np
 from . import _backend as B
 from . import _dtypes, _random
 from ._tensor import Tensor, _alloc, _copy_into, _empty_like_arr, _shape_arg, _wrap
-from .errors import DTypeError, PlacementError, ViewError
+from .errors import DTypeError, PlacementError, ShardingError, ViewError
 
 __all__ = [
     "arange",
@@ -160,7 +160,9 @@ def _size(args: tuple) -> tuple:
     size = tuple([operator.index(s) for s in _shape_arg(args)])
     for s in size:
         if s < 0:
-            raise ValueError(f"Trying to create tensor with negative dimension {s}: {list(size)}")
+            raise ShardingError(
+                f"Trying to create tensor with negative dimension {s}: {list(size)}"
+            )
     return size
 
 
@@ -331,7 +333,7 @@ def arange(
     if end is None:
         start, end = 0, start
     if step == 0:
-        raise ValueError("arange: step must be nonzero")
+        raise ShardingError("arange: step must be nonzero")
     if (step > 0 and start > end) or (step < 0 and start < end):
         raise ValueError(
             f"arange: upper bound and larger bound inconsistent with step sign "

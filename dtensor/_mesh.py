@@ -13,12 +13,14 @@ sub-communicator of that dim.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 
 import numpy as np
 
 from redistribute import comm as _comm
 
+from . import _cuda
 from .errors import MeshError
 
 __all__ = ["DeviceMesh", "init_device_mesh"]
@@ -55,16 +57,16 @@ class DeviceMesh:
     """
 
     __slots__ = (
-        "device_type",
-        "_grid",
-        "_world_grid",
-        "_names",
         "_base",
         "_coord",
         "_dim_comms",
+        "_grid",
         "_group_comms",
         "_hash",
+        "_names",
         "_root_rank",
+        "_world_grid",
+        "device_type",
     )
 
     def __init__(
@@ -75,6 +77,11 @@ class DeviceMesh:
         mesh_dim_names: Sequence[str] | None = None,
         comm: object = None,
     ) -> None:
+        if not re.fullmatch(r"cpu|cuda(:\d+)?", str(device_type)):
+            raise MeshError(
+                f"DeviceMesh: unknown device_type {device_type!r}; expected 'cpu', 'cuda' or "
+                "'cuda:N'"
+            )
         base = _as_comm(comm)
         grid = np.arange(base.size) if mesh is None else np.asarray(mesh)
         if grid.dtype.kind not in "iu":
@@ -89,6 +96,8 @@ class DeviceMesh:
                 f"(each rank 0..{base.size - 1} must appear exactly once)"
             )
         coord, dim_comms = _comm.make_mesh_comms(base, grid)
+        if str(device_type).startswith("cuda"):
+            base, dim_comms = _cuda_comms(base, dim_comms)
         self._init(device_type, grid, grid, mesh_dim_names, base, tuple(coord), tuple(dim_comms))
 
     def _init(self, device_type, grid, world_grid, names, base, coord, dim_comms) -> None:
@@ -243,7 +252,10 @@ class DeviceMesh:
                 tuple(self.shape[d] for d in rest) + (-1,)
             )
             _, comms = _comm.make_mesh_comms(self._base, flat)
-            cached = self._group_comms[dims] = comms[-1]
+            cached = comms[-1]
+            if self.device_type.startswith("cuda"):
+                cached = _cuda.device_comm(cached, _comm.cuda_aware())
+            self._group_comms[dims] = cached
         return cached
 
     # -- identity --------------------------------------------------------------------------
@@ -265,6 +277,16 @@ class DeviceMesh:
     def __repr__(self) -> str:
         names = "" if self._names is None else f", mesh_dim_names={self._names}"
         return f"DeviceMesh('{self.device_type}', {self._world_grid.tolist()}{names})"
+
+
+def _cuda_comms(base: _comm.Comm, dim_comms: tuple) -> tuple:
+    """Bind this rank to its GPU and wrap the mesh's communicators for device buffers.
+
+    **Collective** over ``base`` (the node-local rank comes from a shared-memory split).
+    """
+    _cuda.bind_device(_comm.local_rank(base))
+    aware = _comm.cuda_aware()
+    return _cuda.device_comm(base, aware), tuple(_cuda.device_comm(c, aware) for c in dim_comms)
 
 
 def _as_comm(comm: object) -> _comm.Comm:

@@ -1,7 +1,11 @@
 """Exception types of dtensor (re-exported from :mod:`placements.errors`, the lowest layer)."""
 
-from placements.errors import (  # noqa: F401
+from __future__ import annotations
+
+from placements.errors import (
     CommError,
+    ConfigError,
+    DimError,
     DTensorError,
     DTypeError,
     MeshError,
@@ -13,8 +17,10 @@ from placements.errors import (  # noqa: F401
 
 __all__ = [
     "CommError",
+    "ConfigError",
     "DTensorError",
     "DTypeError",
+    "DimError",
     "MeshError",
     "NoRuleError",
     "PlacementError",

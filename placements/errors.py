@@ -3,18 +3,37 @@
 This module sits in the lowest layer (``placements``) so that every package can raise
 these types; ``dtensor.errors`` re-exports it. Each subclass also subclasses the matching
 builtin, so ``except ValueError`` keeps working for users who do not know our types.
+
+Which type for which check:
+
+- :class:`PlacementError`: a Shard dim out of range, placements whose count is not the
+  mesh's ndim, an unknown Partial op, a value that is not a placement;
+- :class:`MeshError`: a mesh that does not match the communicator (shape vs world size,
+  duplicate ranks), bad mesh dim names, operands on different meshes;
+- :class:`ShardingError`: shapes that do not broadcast or multiply (with the global shapes
+  and the placements), local shards that do not match the global shape, an in-place op
+  that would change its input's placements;
+- :class:`DTypeError`: a dtype the op does not support (reductions included);
+- :class:`ViewError`: ``view`` incompatible with the input's strides, a bad view size;
+- :class:`DimError`: a tensor dim or an index out of range;
+- :class:`NoRuleError`: an op without a sharding rule or local kernel for its inputs;
+- :class:`CommError`: a failure in, or an SPMD divergence before, a collective;
+- :class:`ConfigError`: a bad setting (an environment variable such as
+  ``DTENSOR_WATCHDOG``, or a debug option).
 """
 
 from __future__ import annotations
 
 __all__ = [
-    "DTensorError",
-    "ShardingError",
-    "PlacementError",
-    "NoRuleError",
     "CommError",
-    "MeshError",
+    "ConfigError",
+    "DTensorError",
     "DTypeError",
+    "DimError",
+    "MeshError",
+    "NoRuleError",
+    "PlacementError",
+    "ShardingError",
     "ViewError",
 ]
 
@@ -49,3 +68,11 @@ class NoRuleError(DTensorError, NotImplementedError):
 
 class CommError(DTensorError, RuntimeError):
     """A failure in, or a divergence before, a collective."""
+
+
+class DimError(DTensorError, IndexError):
+    """A tensor dim or an index out of range for the tensor's shape."""
+
+
+class ConfigError(DTensorError, ValueError):
+    """A bad setting: an environment variable or an option of a debug tool."""

@@ -12,7 +12,27 @@ This module owns:
   (:func:`block_type`, :func:`free_types`), so received data lands in place;
 - :func:`world` and :func:`make_mesh_comms`, which split a base communicator into one
   sub-communicator per mesh dim (the caller, ``DeviceMesh``, caches them);
-- the observer registry of the communication debug mode (:func:`add_observer`).
+- the observer registry of the communication debug mode (:func:`add_observer`);
+- two debug checks around every collective, both off by default (then their cost is one
+  falsy check per collective):
+
+  * the SPMD divergence check (``DTENSOR_CHECK_SPMD=1`` or :func:`set_check_spmd`): before
+    each collective the ranks of its communicator agree on a *fingerprint* (kind, the op
+    being dispatched, the caller's description ``what=``, the rank-invariant arguments such
+    as counts, dtype and reduce op, and a per-communicator call counter). The agreement is
+    an all-gather of one int64 hash; on a mismatch a second fixed-size exchange of the
+    fingerprint texts follows and every rank raises :class:`CommError` showing its own and
+    the others' fingerprints, instead of hanging or exchanging mismatched data.
+  * the collective watchdog (``DTENSOR_WATCHDOG=seconds`` or :func:`set_watchdog`): each
+    blocking collective records its start time and fingerprint in a per-process slot; a
+    daemon thread reports to stderr a collective that has not returned after the timeout
+    (kind, communicator, mesh dim, fingerprint, how long) together with the state of the
+    other ranks on this node, which each watchdog thread writes to a small file in a
+    per-job folder under the temporary directory; ``DTENSOR_WATCHDOG_ABORT=1`` then aborts
+    the job.
+
+  Both settings are read from the environment at import and again at each mesh creation
+  (:func:`make_mesh_comms`).
 
 Counts and displacements of :class:`Comm` methods are in *elements* of the buffers' dtype,
 except :meth:`Comm.alltoallw`, which follows MPI (counts in units of each datatype,
@@ -21,14 +41,22 @@ displacements in bytes).
 
 from __future__ import annotations
 
+import atexit
+import ctypes
+import os
+import sys
+import tempfile
+import threading
+import time
 import zlib
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
-from placements.errors import CommError, DTypeError, MeshError
+from placements.errors import CommError, ConfigError, DTypeError, MeshError
 
 __all__ = [
     "BYTES",
@@ -36,9 +64,16 @@ __all__ = [
     "Comm",
     "add_observer",
     "block_type",
+    "check_spmd_enabled",
+    "configure_from_env",
+    "cuda_aware",
     "free_types",
+    "local_rank",
     "make_mesh_comms",
     "remove_observer",
+    "set_check_spmd",
+    "set_op_source",
+    "set_watchdog",
     "world",
 ]
 
@@ -77,6 +112,327 @@ def _notify(kind: str, nbytes: int, comm: Comm) -> None:
         fn(kind, int(nbytes), comm)
 
 
+# -- debug checks: SPMD agreement and the collective watchdog -----------------------------
+
+# True while the SPMD check or the watchdog is on: the one falsy check per collective.
+_checks = False
+_spmd_env = False  # DTENSOR_CHECK_SPMD
+_spmd_forced: bool | None = None  # set_check_spmd; None follows the environment
+_spmd = False
+_FP_TEXT = 480  # bytes of fingerprint text exchanged on a mismatch
+_HISTORY = 8  # fingerprints of this rank kept for the error message
+_history: deque[tuple] = deque(maxlen=_HISTORY)
+_counters: dict[int, int] = {}  # MPI communicator handle -> collectives checked on it
+
+
+def _no_op() -> str | None:
+    return None
+
+
+_op_source: Callable[[], str | None] = _no_op
+
+
+def set_op_source(fn: Callable[[], str | None] | None) -> None:
+    """Register ``fn() -> op name or None``, asked for the op being dispatched. **Local**.
+
+    The debug checks put that name into each collective's fingerprint (importing
+    ``dtensor.debug`` registers the dispatcher's "current op"); ``None`` unregisters.
+    """
+    global _op_source
+    _op_source = _no_op if fn is None else fn
+
+
+def _update() -> None:
+    global _spmd, _checks
+    _spmd = _spmd_env if _spmd_forced is None else _spmd_forced
+    _checks = _spmd or _watchdog is not None
+
+
+def set_check_spmd(on: bool | None) -> bool | None:
+    """Turn the SPMD divergence check on or off for this process. **Local**.
+
+    Every rank of a communicator must have the same setting when it enters a collective
+    (the check is itself a collective), so call this at the same point of the program on
+    every rank. The call counter of a fingerprint counts the checked collectives of its
+    communicator, so it stays equal across ranks that turn the check on together.
+
+    Parameters
+    ----------
+    on : bool or None
+        True or False forces the check; None follows ``DTENSOR_CHECK_SPMD``.
+
+    Returns
+    -------
+    bool or None
+        The previous forced setting (pass it back to restore).
+    """
+    global _spmd_forced
+    prev, _spmd_forced = _spmd_forced, None if on is None else bool(on)
+    _update()
+    return prev
+
+
+def check_spmd_enabled() -> bool:
+    """Whether collectives check that all ranks agree before they run. **Local**."""
+    return _spmd
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def configure_from_env() -> None:
+    """Read ``DTENSOR_CHECK_SPMD``, ``DTENSOR_WATCHDOG``, ``DTENSOR_WATCHDOG_ABORT``. **Local**.
+
+    Called at import and at each mesh creation. ``DTENSOR_WATCHDOG`` is a timeout in
+    seconds (unset, empty or 0: off); a forced SPMD setting (:func:`set_check_spmd`) wins
+    over the environment.
+    """
+    global _spmd_env
+    _spmd_env = _env_flag("DTENSOR_CHECK_SPMD")
+    value = os.environ.get("DTENSOR_WATCHDOG", "").strip()
+    try:
+        seconds = float(value) if value else 0.0
+    except ValueError:
+        raise ConfigError(f"DTENSOR_WATCHDOG={value!r} is not a number of seconds") from None
+    abort = _env_flag("DTENSOR_WATCHDOG_ABORT")
+    current = _watchdog
+    same = current is not None and (current.timeout, current.abort) == (seconds, abort)
+    if not same and (seconds > 0 or current is not None and current.from_env):
+        set_watchdog(seconds or None, abort, from_env=True)
+    else:
+        _update()
+
+
+def _render(what: object) -> str:
+    if isinstance(what, tuple):
+        return " ".join(str(w) for w in what)
+    return str(what)
+
+
+def _fingerprint(fp: tuple) -> str:
+    """The text of a fingerprint tuple made by :func:`_enter`."""
+    n, kind, what, op, detail, size, mesh_dim = fp
+    parts = ([] if what is None else [_render(what)]) + ([] if op is None else [f"op {op}"])
+    return (
+        f"#{n} {kind} ({'; '.join([*parts, detail])}) on communicator size {size}, "
+        f"mesh dim {mesh_dim}"
+    )
+
+
+def _enter(comm: Comm, kind: str, what: object, detail: str) -> None:
+    """Start of a checked collective: fingerprint, watchdog slot, SPMD agreement.
+
+    The fingerprint is kept as a tuple and only rendered as text for the SPMD check or a
+    report, so the watchdog alone costs little.
+    """
+    key = comm.mpi.handle
+    n = _counters.get(key, 0) + 1
+    _counters[key] = n
+    fp = (n, kind, what, _op_source(), detail, comm.size, comm.mesh_dim)
+    if _watchdog is not None:
+        _watchdog.enter(comm, kind, fp)
+    if _spmd:
+        try:
+            _agree(comm, _fingerprint(fp))
+        except BaseException:
+            _leave()
+            raise
+    _history.append(fp)
+
+
+def _leave() -> None:
+    if _watchdog is not None:
+        _watchdog.slot = None
+
+
+def _agree(comm: Comm, text: str) -> None:
+    """All ranks of ``comm`` compare fingerprint hashes; on a mismatch all of them raise."""
+    raw = text.encode()
+    digest = np.array([zlib.crc32(raw) << 31 ^ zlib.adler32(raw)], dtype=np.int64)
+    hashes = np.empty(comm.size, dtype=np.int64)
+    comm.mpi.Allgather([digest, MPI.INT64_T], [hashes, MPI.INT64_T])
+    if (hashes == digest[0]).all():
+        return
+    mine = np.zeros(_FP_TEXT, dtype=np.uint8)
+    label = f"world rank {MPI.COMM_WORLD.Get_rank()}: ".encode() + raw
+    mine[: min(len(label), _FP_TEXT)] = np.frombuffer(label[:_FP_TEXT], dtype=np.uint8)
+    texts = np.empty((comm.size, _FP_TEXT), dtype=np.uint8)
+    comm.mpi.Allgather([mine, MPI.BYTE], [texts, MPI.BYTE])
+    lines = []
+    for r in range(comm.size):
+        got = texts[r].tobytes().rstrip(b"\0").decode(errors="replace")
+        mark = " (this rank)" if r == comm.rank else ""
+        same = "" if hashes[r] == digest[0] else "  <- differs from this rank"
+        lines.append(f"  comm rank {r}{mark}, {got}{same}")
+    before = "\n".join(f"    {_fingerprint(fp)}" for fp in _history) or "    (none)"
+    raise CommError(
+        "SPMD divergence: the ranks of a communicator entered different collectives (or "
+        "the same one with different arguments); every rank raises instead of hanging.\n"
+        "Fingerprints:\n" + "\n".join(lines) + "\nThis rank's previous checked collectives "
+        "(oldest first):\n" + before
+    )
+
+
+def _job_dir() -> str:
+    """A folder shared by the ranks of this job on this node."""
+    env = os.environ
+    explicit = env.get("DTENSOR_WATCHDOG_DIR")
+    if explicit:
+        return explicit
+    if "SLURM_JOB_ID" in env:
+        key = f"slurm-{env['SLURM_JOB_ID']}.{env.get('SLURM_STEP_ID', '0')}"
+    else:  # ranks started by one mpiexec proxy on this node share their parent process
+        key = f"ppid-{os.getppid()}"
+    return os.path.join(tempfile.gettempdir(), f"dtensor-watchdog-{key}")
+
+
+class _Watchdog:
+    """The watchdog's state and its daemon thread (one per process)."""
+
+    def __init__(self, timeout: float, abort: bool, from_env: bool) -> None:
+        self.timeout, self.abort, self.from_env = timeout, abort, from_env
+        # (seq, start time, kind, fingerprint tuple, world ranks of the communicator) or None
+        self.slot: tuple | None = None
+        self.seq = 0
+        self.members: dict[int, list[int]] = {}
+        self.rank = MPI.COMM_WORLD.Get_rank()
+        self.dir = _job_dir()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="dtensor-watchdog", daemon=True)
+        self.thread.start()
+
+    def enter(self, comm: Comm, kind: str, fp: tuple) -> None:
+        key = comm.mpi.handle
+        members = self.members.get(key)
+        if members is None:
+            group = comm.mpi.Get_group()
+            world = MPI.COMM_WORLD.Get_group()
+            members = self.members[key] = list(
+                MPI.Group.Translate_ranks(group, list(range(comm.size)), world)
+            )
+            group.Free()
+            world.Free()
+        self.seq += 1
+        self.slot = (self.seq, time.monotonic(), kind, fp, members)
+
+    def close(self) -> None:
+        """Stop the thread and remove this rank's state file."""
+        self.stop.set()
+        if self.thread is not threading.current_thread():
+            self.thread.join(timeout=1.0)  # no state write after the removal
+        for remove, path in ((os.remove, self._state_path(self.rank)), (os.rmdir, self.dir)):
+            try:  # the state file, then the folder if this rank is the last to leave
+                remove(path)
+            except OSError:
+                pass
+
+    def _state_path(self, rank: int) -> str:
+        return os.path.join(self.dir, f"rank{rank}")
+
+    def _write_state(self, slot: tuple | None) -> None:
+        now = time.time()
+        if slot is None:
+            line = f"idle {now}"
+        else:
+            line = f"in {now - (time.monotonic() - slot[1])} {_fingerprint(slot[3])}"
+        tmp = self._state_path(self.rank) + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(line)
+        os.replace(tmp, self._state_path(self.rank))
+
+    def _peer_states(self, members: list[int]) -> list[str]:
+        lines, now = [], time.time()
+        for r in members:
+            if r == self.rank:
+                continue
+            try:
+                with open(self._state_path(r)) as f:
+                    state = f.read()
+            except OSError:
+                lines.append(f"  world rank {r}: no state (not on this node, or no watchdog)")
+                continue
+            head, _, rest = state.partition(" ")
+            stamp, _, text = rest.partition(" ")
+            if head == "in":
+                lines.append(f"  world rank {r}: in {text} for {now - float(stamp):.1f} s")
+            else:
+                lines.append(f"  world rank {r}: not in a dtensor collective")
+        return lines
+
+    def _report(self, slot: tuple) -> None:
+        _, start, kind, fp, members = slot
+        waited = time.monotonic() - start
+        lines = [
+            (
+                f"[dtensor watchdog] world rank {self.rank} (pid {os.getpid()}): stuck for "
+                f"{waited:.1f} s (timeout {self.timeout:g} s) in {kind}: {_fingerprint(fp)}; "
+                f"communicator of world ranks {members}. Other ranks of that communicator:"
+            ),
+            *self._peer_states(members),
+        ]
+        sys.stderr.write("\n".join(lines) + "\n")
+        sys.stderr.flush()
+        if self.abort:
+            sys.stderr.write(f"[dtensor watchdog] world rank {self.rank}: aborting the job\n")
+            sys.stderr.flush()
+            MPI.COMM_WORLD.Abort(1)
+
+    def _loop(self) -> None:
+        tick = min(0.5, self.timeout / 4)
+        written, reported = -1, -1
+        try:
+            os.makedirs(self.dir, exist_ok=True)
+        except OSError:
+            pass
+        while not self.stop.wait(tick):
+            slot = self.slot
+            seq = 0 if slot is None else slot[0]
+            if seq != written:
+                try:
+                    self._write_state(slot)
+                    written = seq
+                except OSError:
+                    pass
+            late = slot is not None and time.monotonic() - slot[1] > self.timeout
+            if late and seq != reported:
+                reported = seq
+                self._report(slot)
+
+
+_watchdog: _Watchdog | None = None
+
+
+@atexit.register
+def _close_watchdog() -> None:
+    if _watchdog is not None:
+        _watchdog.close()
+
+
+def set_watchdog(seconds: float | None, abort: bool = False, *, from_env: bool = False) -> None:
+    """Start (or stop, with ``seconds=None``) the collective watchdog. **Local**.
+
+    Parameters
+    ----------
+    seconds : float or None
+        Report a collective of this process that has not returned after this many seconds.
+    abort : bool
+        After the report, abort the whole job (``MPI_Abort``).
+    from_env : bool
+        Whether the setting comes from the environment (a later :func:`configure_from_env`
+        may then turn it off).
+    """
+    global _watchdog
+    if seconds is not None and not seconds > 0:
+        raise ConfigError(f"set_watchdog: the timeout must be > 0 seconds, got {seconds!r}")
+    if _watchdog is not None:
+        _watchdog.close()
+        _watchdog = None
+    if seconds is not None:
+        _watchdog = _Watchdog(float(seconds), bool(abort), from_env)
+    _update()
+
+
 # -- reduce ops ---------------------------------------------------------------------------
 
 _MPI_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD}
@@ -88,10 +444,12 @@ _BOOL_OPS = {"sum": MPI.LOR, "max": MPI.LOR, "min": MPI.LAND, "prod": MPI.LAND}
 _reductions: dict[tuple[np.dtype, str], tuple[Any, Any]] = {}
 
 
-def _reduction(dtype: np.dtype, op: str, where: str) -> tuple[Any, Any]:
-    """(MPI datatype, MPI op) for reducing ``dtype`` data with ``op``; raises on bad pairs."""
+def _reduction(dtype: np.dtype, op: str, kind: str, what: object) -> tuple[Any, Any]:
+    """(MPI datatype, MPI op) for reducing ``dtype`` data with ``op``; raises on bad pairs
+    (the message names ``kind`` and the caller's description ``what``)."""
     found = _reductions.get((dtype, op))
     if found is None:
+        where = kind if what is None else f"{kind} ({_render(what)})"
         found = _reductions[dtype, op] = _check_reduction(dtype, op, where)
     return found
 
@@ -195,6 +553,10 @@ class Comm:
 
     __slots__ = ("mesh_dim", "mpi", "rank", "size")
 
+    # Every collective method takes ``what=``: a description of the caller's purpose (a
+    # string, or a tuple of parts joined with spaces when needed) that the debug checks put
+    # into the collective's fingerprint; it is only rendered while a check is on.
+
     def __init__(self, mpi_comm: Any, mesh_dim: int | None = None) -> None:
         if not isinstance(mpi_comm, MPI.Comm) or mpi_comm == MPI.COMM_NULL:
             raise CommError(f"Comm: expected an mpi4py communicator, got {mpi_comm!r}")
@@ -209,6 +571,7 @@ class Comm:
     def free(self) -> None:
         """Release the underlying communicator (not COMM_WORLD/COMM_SELF). **Collective**."""
         if self.mpi not in (MPI.COMM_WORLD, MPI.COMM_SELF) and not MPI.Is_finalized():
+            _counters.pop(self.mpi.handle, None)  # a later communicator may reuse the handle
             self.mpi.Free()
 
     def allgatherv(
@@ -217,6 +580,7 @@ class Comm:
         recv: np.ndarray,
         counts: Sequence[int],
         displs: Sequence[int] | None = None,
+        what: object = None,
     ) -> None:
         """Gather every rank's ``send`` into ``recv``. **Collective**.
 
@@ -238,31 +602,55 @@ class Comm:
         if _observers:
             _notify("all_gather", max(send.nbytes, sum(counts) * isz), self)
         mine = counts[self.rank] * isz
-        if displs is None and counts.count(counts[self.rank]) == len(counts):
-            self.mpi.Allgather([send, mine, BYTES], [recv, mine, BYTES])  # counts per rank
-            return
-        bdispls = _bytes(_displs(counts) if displs is None else displs, isz)
-        self.mpi.Allgatherv([send, mine, BYTES], [recv, _bytes(counts, isz), bdispls, BYTES])
+        if _checks:
+            _enter(self, "all_gather", what, f"{isz}-byte items, counts {counts}")
+        try:
+            if displs is None and counts.count(counts[self.rank]) == len(counts):
+                self.mpi.Allgather([send, mine, BYTES], [recv, mine, BYTES])  # counts per rank
+                return
+            bdispls = _bytes(_displs(counts) if displs is None else displs, isz)
+            self.mpi.Allgatherv([send, mine, BYTES], [recv, _bytes(counts, isz), bdispls, BYTES])
+        finally:
+            if _checks:
+                _leave()
 
-    def allreduce(self, send: np.ndarray, recv: np.ndarray | None = None, op: str = "sum") -> None:
+    def allreduce(
+        self,
+        send: np.ndarray,
+        recv: np.ndarray | None = None,
+        op: str = "sum",
+        what: object = None,
+    ) -> None:
         """Reduce ``send`` over all ranks into ``recv`` (in place when ``recv`` is None).
 
         **Collective**. ``op`` is one of sum, avg (sum, then divide by the size), max, min,
         prod. Buffers are contiguous and of the same shape and dtype.
         """
-        mpi_type, mpi_op = _reduction(send.dtype, op, "all_reduce")
+        mpi_type, mpi_op = _reduction(send.dtype, op, "all_reduce", what)
         if _observers:
             _notify("all_reduce", send.nbytes, self)
-        if recv is None:
-            self.mpi.Allreduce(MPI.IN_PLACE, [send, send.size, mpi_type], mpi_op)
-            recv = send
-        else:
-            self.mpi.Allreduce([send, send.size, mpi_type], [recv, recv.size, mpi_type], mpi_op)
+        if _checks:
+            _enter(self, "all_reduce", what, f"{send.size} x {send.dtype}, op {op}")
+        try:
+            if recv is None:
+                self.mpi.Allreduce(MPI.IN_PLACE, [send, send.size, mpi_type], mpi_op)
+                recv = send
+            else:
+                send_spec = [send, send.size, mpi_type]
+                self.mpi.Allreduce(send_spec, [recv, recv.size, mpi_type], mpi_op)
+        finally:
+            if _checks:
+                _leave()
         if op == "avg":
             np.divide(recv, self.size, out=recv)
 
     def reduce_scatter(
-        self, send: np.ndarray, recv: np.ndarray, counts: Sequence[int], op: str = "sum"
+        self,
+        send: np.ndarray,
+        recv: np.ndarray,
+        counts: Sequence[int],
+        op: str = "sum",
+        what: object = None,
     ) -> None:
         """Reduce ``send`` over all ranks; rank ``i`` gets the ``i``-th block. **Collective**.
 
@@ -270,18 +658,25 @@ class Comm:
         ``counts[rank]`` elements. Zero counts are legal. ``op`` as in :meth:`allreduce`.
         Equal counts use ``Reduce_scatter_block``, others ``Reduce_scatter``.
         """
-        mpi_type, mpi_op = _reduction(send.dtype, op, "reduce_scatter")
+        mpi_type, mpi_op = _reduction(send.dtype, op, "reduce_scatter", what)
         counts = [int(c) for c in counts]
         if _observers:
             _notify("reduce_scatter", send.nbytes, self)
         mine = counts[self.rank]
-        if counts.count(mine) == len(counts):
-            # counts per block
-            self.mpi.Reduce_scatter_block([send, mine, mpi_type], [recv, mine, mpi_type], mpi_op)
-        else:
-            self.mpi.Reduce_scatter(
-                [send, sum(counts), mpi_type], [recv, mine, mpi_type], counts, mpi_op
-            )
+        if _checks:
+            _enter(self, "reduce_scatter", what, f"{send.dtype}, counts {counts}, op {op}")
+        try:
+            if counts.count(mine) == len(counts):
+                # counts per block
+                send_spec, recv_spec = [send, mine, mpi_type], [recv, mine, mpi_type]
+                self.mpi.Reduce_scatter_block(send_spec, recv_spec, mpi_op)
+            else:
+                self.mpi.Reduce_scatter(
+                    [send, sum(counts), mpi_type], [recv, mine, mpi_type], counts, mpi_op
+                )
+        finally:
+            if _checks:
+                _leave()
         if op == "avg":
             np.divide(recv, self.size, out=recv)
 
@@ -293,6 +688,7 @@ class Comm:
         recv: np.ndarray,
         recv_counts: Sequence[int],
         recv_displs: Sequence[int],
+        what: object = None,
     ) -> None:
         """Send block ``j`` of ``send`` to rank ``j``; receive rank ``i``'s into ``recv``.
 
@@ -302,10 +698,16 @@ class Comm:
         scounts, rcounts = _bytes(send_counts, isz), _bytes(recv_counts, isz)
         if _observers:
             _notify("all_to_all", max(sum(scounts), sum(rcounts)), self)
-        self.mpi.Alltoallv(
-            [send, scounts, _bytes(send_displs, isz), BYTES],
-            [recv, rcounts, _bytes(recv_displs, isz), BYTES],
-        )
+        if _checks:  # counts differ between ranks: only the item size is rank-invariant
+            _enter(self, "all_to_all", what, f"{isz}-byte items")
+        try:
+            self.mpi.Alltoallv(
+                [send, scounts, _bytes(send_displs, isz), BYTES],
+                [recv, rcounts, _bytes(recv_displs, isz), BYTES],
+            )
+        finally:
+            if _checks:
+                _leave()
 
     def alltoallw(
         self,
@@ -318,22 +720,34 @@ class Comm:
         recv_displs: Sequence[int],
         recv_types: Sequence[Any],
         kind: str = "all_to_all",
+        what: object = None,
+        nbytes: int | None = None,
     ) -> None:
         """Like :meth:`alltoallv` with one datatype per peer. **Collective**.
 
         Counts are in units of the peer's datatype (:data:`BYTES` or one from
         :func:`block_type`), displacements in bytes from the start of the buffer. ``kind``
-        is what observers are told (e.g. ``"all_gather"`` when the exchange implements
-        one).
+        and ``nbytes`` are what observers are told: a caller that implements a larger
+        collective with this exchange (an all-gather whose own block is copied locally)
+        passes its kind and buffer size; by default the larger of the bytes sent and
+        received.
         """
         if _observers:
-            sent = sum(c * t.Get_size() for c, t in zip(send_counts, send_types))
-            got = sum(c * t.Get_size() for c, t in zip(recv_counts, recv_types))
-            _notify(kind, max(sent, got), self)
-        self.mpi.Alltoallw(
-            [send, send_counts, send_displs, send_types],
-            [recv, recv_counts, recv_displs, recv_types],
-        )
+            if nbytes is None:
+                sent = sum(c * t.Get_size() for c, t in zip(send_counts, send_types))
+                got = sum(c * t.Get_size() for c, t in zip(recv_counts, recv_types))
+                nbytes = max(sent, got)
+            _notify(kind, nbytes, self)
+        if _checks:  # counts and types differ between ranks
+            _enter(self, kind, what, "alltoallw")
+        try:
+            self.mpi.Alltoallw(
+                [send, send_counts, send_displs, send_types],
+                [recv, recv_counts, recv_displs, recv_types],
+            )
+        finally:
+            if _checks:
+                _leave()
 
     def scatterv(
         self,
@@ -342,6 +756,7 @@ class Comm:
         displs: Sequence[int],
         recv: np.ndarray | None,
         root: int,
+        what: object = None,
     ) -> None:
         """Rank ``i`` receives ``counts[i]`` elements of ``send`` (read on ``root`` only).
 
@@ -358,22 +773,40 @@ class Comm:
         else:
             sendspec = None
             recvspec = [recv, recv.nbytes, BYTES]
-        self.mpi.Scatterv(sendspec, recvspec, root)
+        if _checks:
+            _enter(self, "scatter", what, f"root {root}, counts {list(counts)}")
+        try:
+            self.mpi.Scatterv(sendspec, recvspec, root)
+        finally:
+            if _checks:
+                _leave()
 
-    def bcast_array(self, arr: np.ndarray, root: int = 0) -> np.ndarray:
+    def bcast_array(self, arr: np.ndarray, root: int = 0, what: object = None) -> np.ndarray:
         """Broadcast the contiguous ``arr`` from ``root`` in place; returns it. **Collective**."""
         if _observers:
             _notify("broadcast", arr.nbytes, self)
-        self.mpi.Bcast([arr, arr.nbytes, BYTES], root)
+        if _checks:
+            _enter(self, "broadcast", what, f"root {root}, {arr.nbytes} bytes")
+        try:
+            self.mpi.Bcast([arr, arr.nbytes, BYTES], root)
+        finally:
+            if _checks:
+                _leave()
         return arr
 
-    def barrier(self) -> None:
+    def barrier(self, what: object = None) -> None:
         """Wait for every rank. **Collective**."""
         if _observers:
             _notify("barrier", 0, self)
-        self.mpi.Barrier()
+        if _checks:
+            _enter(self, "barrier", what, "no data")
+        try:
+            self.mpi.Barrier()
+        finally:
+            if _checks:
+                _leave()
 
-    def allgather_ints(self, values: Sequence[int] | np.ndarray) -> np.ndarray:
+    def allgather_ints(self, values: Sequence[int] | np.ndarray, what: object = None) -> np.ndarray:
         """Exchange a few int64 values; row ``i`` of the result is rank ``i``'s. **Collective**.
 
         Every rank must pass the same number of values. For metadata (shapes, coordinates,
@@ -383,13 +816,43 @@ class Comm:
         out = np.empty((self.size, mine.size), dtype=np.int64)
         if _observers:
             _notify("all_gather_ints", out.nbytes, self)
-        self.mpi.Allgather([mine, MPI.INT64_T], [out, MPI.INT64_T])
+        if _checks:
+            _enter(self, "all_gather_ints", what, f"{mine.size} values")
+        try:
+            self.mpi.Allgather([mine, MPI.INT64_T], [out, MPI.INT64_T])
+        finally:
+            if _checks:
+                _leave()
         return out
 
 
 def world() -> Comm:
     """A :class:`Comm` over ``MPI.COMM_WORLD``. **Local**."""
     return Comm(MPI.COMM_WORLD)
+
+
+def cuda_aware() -> bool:
+    """Whether the loaded MPI library takes CUDA device buffers. **Local**.
+
+    Asks ``MPIX_Query_cuda_support`` (MPICH, Open MPI, MVAPICH), found through mpi4py's
+    extension module; False for a library without it.
+    """
+    try:
+        query = ctypes.CDLL(MPI.__file__).MPIX_Query_cuda_support
+    except (OSError, AttributeError):
+        return False
+    query.restype = ctypes.c_int
+    return bool(query())
+
+
+def local_rank(base: Comm) -> int:
+    """This process's rank among the ranks of ``base`` on its node. **Collective** over
+    ``base`` (a shared-memory split)."""
+    node = base.mpi.Split_type(MPI.COMM_TYPE_SHARED, base.rank)
+    try:
+        return node.Get_rank()
+    finally:
+        node.Free()
 
 
 def make_mesh_comms(
@@ -414,6 +877,7 @@ def make_mesh_comms(
         coordinate (so the comm rank is ``coord[m]``). Ranks outside the mesh get
         ``(None, ())``. Nothing is cached here.
     """
+    configure_from_env()
     grid = np.asarray(rank_grid)
     if grid.dtype.kind not in "iu" or grid.ndim == 0:
         raise MeshError(
@@ -422,7 +886,7 @@ def make_mesh_comms(
         )
     grid = np.ascontiguousarray(grid, dtype=np.int64)
     digest = zlib.crc32(np.asarray(grid.shape, dtype=np.int64).tobytes() + grid.tobytes())
-    digests = base.allgather_ints([digest])[:, 0]
+    digests = base.allgather_ints([digest], what="make_mesh_comms")[:, 0]
     if (digests != digest).any():
         raise MeshError(
             f"make_mesh_comms: ranks passed different rank grids (this rank: shape "
@@ -446,3 +910,6 @@ def make_mesh_comms(
         color = int(np.ravel_multi_index(rest, rest_shape)) if rest else 0
         comms.append(Comm(base.mpi.Split(color, coord[m]), mesh_dim=m))
     return coord, tuple(comms)
+
+
+configure_from_env()

@@ -39,6 +39,7 @@ import numpy as np
 
 from placements.errors import DTypeError, ShardingError
 from placements.layout import local_offsets, local_shape, local_slices
+from placements.types import short_placements
 
 from . import comm as _comm
 from .plan import AllGather, AllReduce, AllToAll, LocalChunk, PartitionPartial, ReduceScatter
@@ -145,7 +146,7 @@ class _Exchange:
     __slots__ = (
         "direct", "direct_displs", "gather_counts", "in_shape", "kind", "mesh_dim",
         "out_shape", "pack", "pack_displs", "peers", "rcounts", "rdispls", "rtypes",
-        "scounts", "self_recv", "self_send", "stage_len", "stypes", "types", "unstage",
+        "scounts", "self_recv", "self_send", "stage_len", "stypes", "types", "unstage", "what",
     )  # fmt: skip
 
     def __init__(
@@ -218,30 +219,32 @@ class _Exchange:
         out = alloc(self.out_shape, x.dtype)
         rbuf = out if self.stage_len is None else alloc((self.stage_len,), x.dtype)
         if self.gather_counts is not None:
-            comm.allgatherv(_contiguous(x, alloc), rbuf, self.gather_counts)
+            comm.allgatherv(_contiguous(x, alloc), rbuf, self.gather_counts, what=self.what)
         else:
-            np.copyto(out[self.self_recv], x[self.self_send])
+            _copy(out[self.self_recv], x[self.self_send])
             if self.peers:
                 if self.direct and x.flags.c_contiguous:
                     sbuf, sdispls = x, self.direct_displs
                 else:
                     sbuf, sdispls = alloc((self.pack[-1][2],), x.dtype), self.pack_displs
                     for index, start, stop, shape in self.pack:
-                        np.copyto(sbuf[start:stop].reshape(shape), x[index])
+                        _copy(sbuf[start:stop].reshape(shape), x[index])
                 comm.alltoallw(
                     sbuf, self.scounts, sdispls, self.stypes,
                     rbuf, self.rcounts, self.rdispls, self.rtypes,
-                    self.kind,
+                    self.kind, self.what, max(x.nbytes, out.nbytes),
                 )  # fmt: skip
         for index, start, stop, shape in self.unstage:
-            np.copyto(out[index], rbuf[start:stop].reshape(shape))
+            _copy(out[index], rbuf[start:stop].reshape(shape))
         return out, True
 
 
 class _ReduceScatter:
     """Reduce over the mesh dim; peer ``j`` keeps the ``j``-th slab along one tensor dim."""
 
-    __slots__ = ("counts", "direct", "in_shape", "mesh_dim", "op", "out_shape", "pack", "types")
+    __slots__ = (
+        "counts", "direct", "in_shape", "mesh_dim", "op", "out_shape", "pack", "types", "what",
+    )  # fmt: skip
 
     def __init__(
         self, mesh_dim: int, in_shape: tuple, out_shape: tuple, send: list[_Slab], op: str
@@ -261,16 +264,16 @@ class _ReduceScatter:
         else:
             sbuf = alloc((self.pack[-1][2],), x.dtype)
             for index, start, stop, shape in self.pack:
-                np.copyto(sbuf[start:stop].reshape(shape), x[index])
+                _copy(sbuf[start:stop].reshape(shape), x[index])
         out = alloc(self.out_shape, x.dtype)
-        comm.reduce_scatter(sbuf, out, self.counts, self.op)
+        comm.reduce_scatter(sbuf, out, self.counts, self.op, self.what)
         return out, True
 
 
 class _AllReduce:
     """Reduce over the mesh dim; every peer gets the result (in place on owned buffers)."""
 
-    __slots__ = ("in_shape", "mesh_dim", "op", "out_shape", "types")
+    __slots__ = ("in_shape", "mesh_dim", "op", "out_shape", "types", "what")
 
     def __init__(self, mesh_dim: int, shape: tuple, op: str) -> None:
         self.mesh_dim, self.in_shape, self.out_shape, self.op = mesh_dim, shape, shape, op
@@ -279,14 +282,14 @@ class _AllReduce:
     def run(self, x: np.ndarray, owned: bool, comm: _comm.Comm, alloc: Alloc) -> tuple:
         if x.flags.c_contiguous:
             if owned:
-                comm.allreduce(x, None, self.op)
+                comm.allreduce(x, None, self.op, self.what)
                 return x, True
             out = alloc(x.shape, x.dtype)
-            comm.allreduce(x, out, self.op)
+            comm.allreduce(x, out, self.op, self.what)
             return out, True
         out = alloc(x.shape, x.dtype)
-        np.copyto(out, x)
-        comm.allreduce(out, None, self.op)
+        _copy(out, x)
+        comm.allreduce(out, None, self.op, self.what)
         return out, True
 
 
@@ -381,6 +384,30 @@ _COMPILERS: dict[type, Callable[..., Any]] = {
 }
 
 
+def _describe(i: int, steps: tuple, spec: Any) -> str:
+    """What the debug checks of redistribute.comm show for a collective: its step in the
+    plan (the same on every rank; the coordinate is not part of it)."""
+    step = steps[i]
+    return (
+        f"redistribute step {i + 1}/{len(steps)} {short_placements(step.before)} "
+        f"-> {short_placements(step.after)} of {spec!r}"
+    )
+
+
+def _compile(step: Any, spec: Any, coord: tuple, isz: int, what: str) -> Any:
+    """The runner of one step. A collective over a mesh dim of size 1 moves nothing (this
+    rank's block is already the whole group's), so it runs as the identity."""
+    if step.communicates and spec.mesh_shape[step.mesh_dim] == 1:
+        if hasattr(step, "reduce_op"):  # the same dtype checks as on a larger group
+            _comm._reduction(spec.dtype, step.reduce_op, step.kind, what)
+        _, shape = _region(spec, step.before, coord)
+        return _Local(step.mesh_dim, shape, shape, None, None)
+    runner = _COMPILERS[type(step)](step, spec, coord, isz)
+    if step.communicates:
+        runner.what = what
+    return runner
+
+
 # -- program cache ------------------------------------------------------------------------
 
 # (steps, spec, coord) -> program; insertion-ordered, the oldest entry is evicted first
@@ -402,11 +429,19 @@ def _program(steps: tuple, spec: Any, coord: tuple) -> tuple:
     program = _programs.get(key)
     if program is None:
         isz = spec.dtype.itemsize
-        program = tuple(_COMPILERS[type(step)](step, spec, coord, isz) for step in steps)
+        program = tuple(
+            _compile(step, spec, coord, isz, _describe(i, steps, spec))
+            for i, step in enumerate(steps)
+        )
         _programs[key] = program
         if len(_programs) > _MAX_PROGRAMS:
             _release(_programs.pop(next(iter(_programs))))
     return program
+
+
+def _copy(dst: Any, src: Any) -> None:
+    """``dst[...] = src`` for numpy and cupy arrays alike (``np.copyto`` is numpy-only)."""
+    dst[...] = src
 
 
 def _contiguous(x: np.ndarray, alloc: Alloc) -> np.ndarray:
@@ -414,7 +449,7 @@ def _contiguous(x: np.ndarray, alloc: Alloc) -> np.ndarray:
     if x.flags.c_contiguous:
         return x
     out = alloc(x.shape, x.dtype)
-    np.copyto(out, x)
+    _copy(out, x)
     return out
 
 
@@ -517,17 +552,20 @@ def scatter_from(
     coord = tuple(coord)
     src = src_rank_in_base
     is_src = base_comm.rank == src
+    # any ndarray of the mesh's array module (numpy or cupy)
+    is_array = hasattr(global_or_none, "shape") and hasattr(global_or_none, "dtype")
     bad = is_src and (
-        not isinstance(global_or_none, np.ndarray)
+        not is_array
         or global_or_none.shape != spec.shape
         or global_or_none.dtype != spec.dtype
     )
     # one metadata exchange: the source's verdict on its data and every rank's coordinate
-    meta = base_comm.allgather_ints((int(bad),) + coord)
+    what = ("distribute_tensor", spec)
+    meta = base_comm.allgather_ints((int(bad),) + coord, what)
     if meta[src, 0]:
         got = (
             f"{global_or_none.dtype} {global_or_none.shape}"
-            if isinstance(global_or_none, np.ndarray)
+            if is_array
             else type(global_or_none).__name__
         )
         raise ShardingError(
@@ -539,8 +577,8 @@ def scatter_from(
     fill = _fill_value(placements, coord)
     if not any(p.is_shard() for p in placements):
         if is_src:
-            np.copyto(out, global_or_none)
-        base_comm.bcast_array(out, src)
+            _copy(out, global_or_none)
+        base_comm.bcast_array(out, src, what)
     else:
         # what each rank receives: nothing for the source (its block is copied locally)
         # and for identity holders
@@ -558,13 +596,13 @@ def scatter_from(
             sbuf = alloc((sum(counts),), spec.dtype)
             for c, start, n in zip(blocks, displs, counts):
                 if n:
-                    np.copyto(sbuf[start : start + n].reshape(spec.local_shape(c)), block(c))
+                    _copy(sbuf[start : start + n].reshape(spec.local_shape(c)), block(c))
             if fill is None:
-                np.copyto(out, block(coord))
-            base_comm.scatterv(sbuf, counts, displs, None, src)
+                _copy(out, block(coord))
+            base_comm.scatterv(sbuf, counts, displs, None, src, what)
         else:
             recv = out if fill is None else out.reshape(-1)[:0]
-            base_comm.scatterv(None, counts, displs, recv, src)
+            base_comm.scatterv(None, counts, displs, recv, src, what)
     if fill is not None:
         out.fill(fill)
     return out

@@ -65,7 +65,10 @@ def _unary_partials(op: str, a: ArgMeta, schema: OpSchema) -> tuple:
     if op in _COPIES:
         return _IDENTITY
     if op == "neg":
-        return (("sum", ("sum",)), ("avg", ("avg",)), *_ANTI)
+        # Note: an integer P(max)/P(min) may hold its reduction's identity (INT64_MIN on an
+        # empty shard), which neg would overflow: only floats map max <-> min
+        anti = _ANTI if a.dtype.kind in "fc" else ()
+        return (("sum", ("sum",)), ("avg", ("avg",)), *anti)
     if op in _MONOTONE:
         return _MONO
     if op == "leaky_relu":
@@ -118,6 +121,10 @@ def _binary_partials(op: str, args: tuple[ArgMeta | None, ...], schema: OpSchema
         return ()
     if op in _BOOL_PARTIALS:
         return _BOOL_PARTIALS[op] if all(a.dtype == BOOL for a in args) else ()  # type: ignore[union-attr]
+    if op in ("add", "sub") and _binary_dtype(op, args, schema).kind not in "fc":
+        # integer P(max)/P(min) may hold the identity (INT64_MIN/MAX on an empty shard):
+        # adding a value to it would wrap around, so only the linear partials stay
+        return _LIN_ADD[:2]
     return _BINARY_PARTIALS.get(op, ())
 
 

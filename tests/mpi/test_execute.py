@@ -363,26 +363,21 @@ def test_partition_partial_layout(meshes, seed):
 
 @pytest.mark.parametrize("path", ["default", "typed"], indirect=True)
 def test_collectives_issued(path, meshes, seed, observed):
-    """One collective of the expected kind and size per communicating step; none for R->S.
-
-    Gathers go through MPI's all-gather (the whole output) by default, else through a peer
-    exchange (this rank's block to each peer, the peers' blocks back; none at 1 rank).
+    """One collective of the expected kind per communicating step, reported with the size
+    of its largest buffer (the whole output of a gather, whichever path moves it); none for
+    R->S, and none at all on a group of one rank (its block is already the whole).
     """
     coord, comms = meshes[(WORLD,)]
     data = global_data((8, 6), np.float32, seed)
 
-    def gathered(src):
-        if path == "default":
-            return [("all_gather", data.nbytes, 0)]
-        mine = data[local_slices(data.shape, (WORLD,), src, coord)].nbytes
-        exchanged = max(mine * (WORLD - 1), data.nbytes - mine)
-        return [("all_gather", exchanged, 0)] if WORLD > 1 else []
+    def one(kind):
+        return [(kind, data.nbytes, 0)] if WORLD > 1 else []
 
     cases = [
-        ((Shard(0),), (Replicate(),), gathered((Shard(0),))),
-        ((Shard(1),), (Replicate(),), gathered((Shard(1),))),
-        ((Partial("sum"),), (Replicate(),), [("all_reduce", data.nbytes, 0)]),
-        ((Partial("sum"),), (Shard(0),), [("reduce_scatter", data.nbytes, 0)]),
+        ((Shard(0),), (Replicate(),), one("all_gather")),
+        ((Shard(1),), (Replicate(),), one("all_gather")),
+        ((Partial("sum"),), (Replicate(),), one("all_reduce")),
+        ((Partial("sum"),), (Shard(0),), one("reduce_scatter")),
         ((Replicate(),), (Shard(0),), []),
     ]
     for src, dst, want in cases:
@@ -393,20 +388,32 @@ def test_collectives_issued(path, meshes, seed, observed):
         assert observed == want, (src, dst)
 
 
-def test_all_to_all_moves_only_peer_blocks(meshes, seed, observed):
-    """S(0)->S(1): the bytes passed to MPI are the off-diagonal blocks only."""
+def test_all_to_all_moves_only_peer_blocks(meshes, seed, monkeypatch):
+    """S(0)->S(1): the bytes passed to MPI are the off-diagonal blocks only (this rank's own
+    block is copied locally)."""
     coord, comms = meshes[(WORLD,)]
     data = global_data((8, 6), np.float64, seed)
     spec = DTensorSpec(MeshShape((WORLD,)), (Shard(0),), data.shape, data.dtype)
     dst = spec.with_placements((Shard(1),))
     local = source_shard(data, spec, coord, seed)
-    E.execute(plan(spec, (Shard(1),)), local, spec, coord, comms)
-    seen = [nbytes for _, nbytes, _ in observed]
+    seen = []
+    real = C.Comm.alltoallw
+
+    def spy(self, send, scounts, sdispls, stypes, recv, rcounts, rdispls, rtypes, *rest):
+        sent = sum(c * t.Get_size() for c, t in zip(scounts, stypes))
+        got = sum(c * t.Get_size() for c, t in zip(rcounts, rtypes))
+        seen.append((sent, got))
+        return real(self, send, scounts, sdispls, stypes, recv, rcounts, rdispls, rtypes, *rest)
+
+    monkeypatch.setattr(C.Comm, "alltoallw", spy)
+    E._release_all()  # recompile, so the exchange goes through the spy
+    out = E.execute(plan(spec, (Shard(1),)), local, spec, coord, comms)
     mine = np.prod(spec.local_shape(coord)) * data.itemsize
     diagonal = np.prod(dst.local_shape(coord)[1:]) * spec.local_shape(coord)[0] * data.itemsize
     sent = mine - diagonal
     received = np.prod(dst.local_shape(coord)) * data.itemsize - diagonal
-    assert seen == ([max(sent, received)] if WORLD > 1 else [])
+    assert seen == ([(sent, received)] if WORLD > 1 else [])
+    np.testing.assert_array_equal(out, data[local_slices(data.shape, (WORLD,), (Shard(1),), coord)])
 
 
 # -- errors -------------------------------------------------------------------------------

@@ -1,0 +1,224 @@
+"""Failure handling of real dtensor jobs: a raising rank, SPMD divergence, the watchdog.
+
+Each test starts a 2-rank ``mpiexec`` job in a subprocess (its own process group, killed
+when it outlives its limit) whose ranks use dtensor collectives, and checks that the job
+ends promptly with the expected exit status and messages instead of hanging:
+
+- one rank raises while the other waits in a collective: under ``python -m launch`` and
+  under ``mpiexec -n 2 python -m mpi4py script.py`` the job aborts with that traceback;
+- ranks that diverge (one enters an all-reduce, the other an all-gather) with
+  ``DTENSOR_CHECK_SPMD=1`` or ``dt.debug.check_spmd()``: every rank raises ``CommError``
+  showing both ranks' fingerprints;
+- a rank that never arrives, with ``DTENSOR_WATCHDOG``: the waiting rank reports the
+  collective it is stuck in and where the late rank is, then aborts the job
+  (``DTENSOR_WATCHDOG_ABORT=1``) or, without abort, carries on once the rank arrives.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
+#: Hard limit of one job (a job that hangs is killed and the test fails).
+LIMIT_S = 60
+#: A job that should end promptly must end within this many seconds.
+PROMPT_S = 20
+
+# A prologue shared by the scripts: a 2-rank mesh and a sharded tensor.
+PROLOGUE = """\
+import sys, time
+import numpy as np
+import dtensor as dt
+from dtensor.errors import CommError
+mesh = dt.init_device_mesh((2,))
+me = mesh.get_coordinate()[0]
+x = dt.distribute_tensor(np.arange(12.0, dtype=np.float32).reshape(6, 2), mesh, [dt.Shard(0)])
+"""
+
+pytestmark = pytest.mark.skipif(not Path(MPIEXEC).exists(), reason="no mpiexec next to python")
+
+
+def _job(
+    tmp_path: Path, body: str, cmd: list[str], env: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess, float]:
+    """Write ``PROLOGUE + body`` to ``job.py``, run ``cmd + [job.py]``; (result, seconds)."""
+    script = tmp_path / "job.py"
+    script.write_text(PROLOGUE + textwrap.dedent(body))
+    full_env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", **(env or {}))
+    for name in ("DTENSOR_CHECK_SPMD", "DTENSOR_WATCHDOG", "DTENSOR_WATCHDOG_ABORT"):
+        if env is None or name not in env:
+            full_env.pop(name, None)
+    full_env["DTENSOR_WATCHDOG_DIR"] = str(tmp_path / "watchdog")
+    argv = [*cmd, str(script)]
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        argv,
+        cwd=tmp_path,
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=LIMIT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{shlex.join(argv)} hung (killed after {LIMIT_S} s)\n{out}\n{err}")
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err), time.monotonic() - start
+
+
+LAUNCH = [sys.executable, "-m", "launch", "-n", "2"]
+MPI4PY_RUNNER = [MPIEXEC, "-n", "2", sys.executable, "-m", "mpi4py"]
+
+RAISE_ON_RANK_1 = """\
+def fail():
+    raise ValueError("deliberate failure on rank 1")
+
+if me == 1:
+    fail()
+print(x.full_tensor().numpy().sum())  # rank 0 would wait here forever
+"""
+
+
+@pytest.mark.parametrize("runner", [LAUNCH, MPI4PY_RUNNER], ids=["launch", "mpi4py"])
+def test_raising_rank_ends_the_job_with_its_traceback(tmp_path, runner):
+    out, took = _job(tmp_path, RAISE_ON_RANK_1, runner)
+    assert out.returncode != 0
+    assert took < PROMPT_S, f"the job took {took:.1f} s to end"
+    assert "Traceback (most recent call last):" in out.stderr
+    assert "ValueError: deliberate failure on rank 1" in out.stderr
+    assert "in fail" in out.stderr
+
+
+DIVERGE_CAUGHT = """\
+try:
+    if me == 0:
+        x.sum().full_tensor()    # an all-reduce of the partial sum
+    else:
+        x.full_tensor()          # an all-gather of the shards
+except CommError as e:
+    text = str(e).replace("\\n", " | ")
+    print(f"rank {me} raised CommError: {text}\\n", end="", flush=True)  # one write
+    sys.exit(0)
+print(f"rank {me} did not raise", flush=True)
+sys.exit(3)
+"""
+
+
+def test_divergence_under_env_makes_every_rank_raise(tmp_path):
+    out, took = _job(tmp_path, DIVERGE_CAUGHT, MPI4PY_RUNNER, {"DTENSOR_CHECK_SPMD": "1"})
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert took < PROMPT_S
+    lines = [ln for ln in out.stdout.splitlines() if "raised CommError" in ln]
+    assert sorted(ln.split()[1] for ln in lines) == ["0", "1"], out.stdout
+    for line in lines:
+        assert "SPMD divergence" in line
+        # every rank shows both fingerprints: its own all-reduce or all-gather and the other's
+        assert "all_reduce" in line and "all_gather" in line
+        assert "world rank 0" in line and "world rank 1" in line
+        assert "(this rank)" in line and "differs from this rank" in line
+
+
+def test_divergence_with_context_manager_and_uncaught_ends_the_job(tmp_path):
+    body = """\
+    from dtensor.debug._spmd import check_spmd
+    with check_spmd():
+        if me == 0:
+            x.sum().full_tensor()
+        else:
+            x.full_tensor()
+    """
+    out, took = _job(tmp_path, body, LAUNCH)
+    assert out.returncode != 0
+    assert took < PROMPT_S
+    assert "CommError: SPMD divergence" in out.stderr
+
+
+@pytest.mark.parametrize("check", [False, True])
+def test_same_sized_divergence_is_only_caught_by_the_check(tmp_path, check):
+    # both ranks all-reduce 2 float32 values, but with different reduce ops: MPI does not
+    # notice (the result is undefined); the check does
+    body = """\
+    op = "sum" if me == 0 else "max"
+    p = dt.DTensor.from_local(dt.ones(2), mesh, [dt.Partial(op)])
+    try:
+        p.full_tensor()
+        print(f"rank {me} ran\\n", end="", flush=True)
+    except CommError as e:
+        print(f"rank {me} raised: {str(e).splitlines()[0]}\\n", end="", flush=True)
+    """
+    env = {"DTENSOR_CHECK_SPMD": "1"} if check else {}
+    out, took = _job(tmp_path, body, MPI4PY_RUNNER, env)
+    assert out.returncode == 0, out.stderr
+    assert took < PROMPT_S
+    if check:
+        assert out.stdout.count("raised: SPMD divergence") == 2, out.stdout
+    else:
+        assert out.stdout.count(" ran") == 2, out.stdout
+
+
+def test_watchdog_reports_and_aborts(tmp_path):
+    body = """\
+    if me == 1:
+        time.sleep(45)  # never arrives in time
+    x.full_tensor()
+    """
+    env = {"DTENSOR_WATCHDOG": "1.5", "DTENSOR_WATCHDOG_ABORT": "1"}
+    out, took = _job(tmp_path, body, MPI4PY_RUNNER, env)
+    assert out.returncode != 0
+    assert took < PROMPT_S, f"the job took {took:.1f} s to end"
+    err = out.stderr
+    assert "[dtensor watchdog] world rank 0" in err
+    assert "in all_gather" in err and "mesh dim 0" in err
+    assert "S(0) -> R" in err  # the redistribute step being run
+    assert "world rank 1: not in a dtensor collective" in err
+    assert "aborting the job" in err
+
+
+def test_watchdog_without_abort_reports_and_carries_on(tmp_path):
+    body = """\
+    if me == 1:
+        time.sleep(4)  # arrives late
+    print(f"sum {x.full_tensor().numpy().sum()}\\n", end="", flush=True)
+    """
+    out, _ = _job(tmp_path, body, MPI4PY_RUNNER, {"DTENSOR_WATCHDOG": "1"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("sum 66.0") == 2
+    assert "[dtensor watchdog] world rank 0" in out.stderr
+    assert "stuck for" in out.stderr
+    # rank 1 was never stuck
+    assert "[dtensor watchdog] world rank 1" not in out.stderr
+
+
+def test_watchdog_shows_where_the_other_rank_is_stuck(tmp_path):
+    # rank 0 gathers on the mesh's communicator, rank 1 waits in a barrier of the world:
+    # both hang, and each watchdog names the other rank's collective
+    body = """\
+    from redistribute.comm import world
+    if me == 0:
+        x.full_tensor()
+    else:
+        world().barrier(what="rank one's barrier")
+    """
+    env = {"DTENSOR_WATCHDOG": "1.5", "DTENSOR_WATCHDOG_ABORT": "1"}
+    out, took = _job(tmp_path, body, MPI4PY_RUNNER, env)
+    assert out.returncode != 0
+    assert took < PROMPT_S
+    err = out.stderr
+    assert "stuck for" in err
+    # whichever watchdog fires first reports the other rank's position
+    assert ("world rank 1: in #" in err and "rank one's barrier" in err) or (
+        "world rank 0: in #" in err and "S(0) -> R" in err
+    ), err

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["OpInfo", "OPS", "register_op", "get_op"]
+__all__ = ["OPS", "OpInfo", "get_op", "register_op"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,6 +55,20 @@ def _gpu() -> dict[str, Any]:
     return {"cupy": cupy.__version__, "gpus": count}
 
 
+def _gpu_comm(aware: str, gpus: int) -> str:
+    """How device buffers reach MPI: ``cuda-aware``, ``staged`` (pinned host buffers), or why
+    neither applies."""
+    if not gpus:
+        return "none (no GPU)"
+    from placements.errors import CommError
+    from redistribute.staging import select_path
+
+    try:
+        return select_path(aware == "yes")
+    except CommError as exc:
+        return f"invalid setting: {exc}"
+
+
 def collect_info() -> dict[str, Any]:
     """The facts ``--info`` prints, as a dict. **Local** (initialises MPI in this process).
 
@@ -64,7 +78,8 @@ def collect_info() -> dict[str, Any]:
         ``mpi_library`` (first line of ``MPI_Get_library_version``), ``mpi_standard``,
         ``mpi4py``, ``libmpi`` (path of the loaded library or None), ``mpiexec`` (what the
         launcher would run, or the reason none was found), ``cuda_aware_mpi`` (``yes``,
-        ``no`` or ``unknown``), ``cupy`` (version or None), ``gpus``, ``fastpath``
+        ``no`` or ``unknown``), ``cupy`` (version or None), ``gpus``, ``gpu_comm`` (the
+        path of collectives on device buffers: ``cuda-aware`` or ``staged``), ``fastpath``
         (``compiled``, ``disabled`` or ``not built: <reason>``), ``python``, ``numpy``.
     """
     import mpi4py
@@ -84,6 +99,7 @@ def collect_info() -> dict[str, Any]:
     else:
         fast = "compiled"
     libpath = _loaded_libmpi()
+    aware, gpu = _cuda_aware(libpath), _gpu()
     major, minor = MPI.Get_version()
     return {
         "mpi_library": MPI.Get_library_version().strip().splitlines()[0].strip(),
@@ -91,8 +107,9 @@ def collect_info() -> dict[str, Any]:
         "mpi4py": mpi4py.__version__,
         "libmpi": libpath,
         "mpiexec": mpiexec,
-        "cuda_aware_mpi": _cuda_aware(libpath),
-        **_gpu(),
+        "cuda_aware_mpi": aware,
+        **gpu,
+        "gpu_comm": _gpu_comm(aware, gpu["gpus"]),
         "fastpath": fast,
         "python": sys.version.split()[0],
         "numpy": np.__version__,
@@ -110,6 +127,7 @@ def format_info(info: dict[str, Any]) -> str:
         "cuda_aware_mpi": "CUDA-aware MPI",
         "cupy": "cupy",
         "gpus": "GPUs",
+        "gpu_comm": "GPU collectives",
         "fastpath": "fast path",
         "python": "python",
         "numpy": "numpy",

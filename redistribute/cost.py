@@ -47,6 +47,7 @@ __all__ = [
     "COMM_KINDS",
     "CostModel",
     "block_bytes",
+    "buffer_bytes",
     "default_cost_model",
     "plan_cost",
     "set_default_cost_model",
@@ -196,7 +197,10 @@ class CostModel:
         if not isinstance(other, CostModel):
             return NotImplemented
         return (self.alpha_s, self.beta_bytes_per_s, self.local_s, self._overrides) == (
-            other.alpha_s, other.beta_bytes_per_s, other.local_s, other._overrides
+            other.alpha_s,
+            other.beta_bytes_per_s,
+            other.local_s,
+            other._overrides,
         )
 
     def __repr__(self) -> str:
@@ -357,6 +361,21 @@ def step_bytes(step: Any, spec: DTensorSpec) -> int:
         block_bytes(spec, step.before),
         block_bytes(spec, step.after),
     )
+
+
+def buffer_bytes(step: Any, spec: DTensorSpec) -> int:
+    """Bytes of the largest buffer the step's collective touches on a rank (the largest
+    over ranks). **Local**.
+
+    This is what :class:`dtensor.debug.CommDebugMode` counts for the collective (the
+    gathered output of an all-gather, the input of a reduce-scatter, the block of an
+    all-reduce, the larger side of an all-to-all), so a plan shown by ``explain`` and the
+    record of running it agree. :func:`step_bytes` is the traffic the cost model prices.
+    0 for steps without communication.
+    """
+    if not step.communicates:
+        return 0
+    return max(block_bytes(spec, step.before), block_bytes(spec, step.after))
 
 
 def step_cost(step: Any, spec: DTensorSpec, cost_model: CostModel | None = None) -> float:

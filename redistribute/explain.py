@@ -13,7 +13,7 @@ from placements.layout import normalize_placements
 from placements.spec import DTensorSpec
 from placements.types import Placement, short_placements
 
-from .cost import CostModel, default_cost_model, step_bytes, step_cost
+from .cost import CostModel, buffer_bytes, default_cost_model, step_cost
 from .plan import Step, plan
 
 __all__ = ["explain_plan", "format_bytes", "format_seconds"]
@@ -59,8 +59,8 @@ def explain_plan(
         S(0),R -> R,R: all_gather(mesh dim 0, tensor dim 0, 2.0 MiB, ~0.42 ms)
         total: 1 step, 2.0 MiB, ~0.42 ms
 
-    Bytes are what one rank sends/receives (the largest over ranks); times come from the cost
-    model. Local steps say ``no communication``; an empty plan is one line ending in
+    Bytes are the largest buffer each collective touches on a rank (the largest over ranks),
+    as :class:`dtensor.debug.CommDebugMode` counts them; times come from the cost model. Local steps say ``no communication``; an empty plan is one line ending in
     ``no communication``.
 
     Parameters
@@ -83,7 +83,7 @@ def explain_plan(
     total_time = 0.0
     for step in steps:
         args = f"mesh dim {step.mesh_dim}, {_ARGS[step.kind](step)}"
-        nbytes = step_bytes(step, src_spec)
+        nbytes = buffer_bytes(step, src_spec)
         seconds = step_cost(step, src_spec, model)
         total_bytes += nbytes
         total_time += seconds

@@ -20,7 +20,7 @@ from placements.errors import NoRuleError
 from placements.rules import OpSchema, get_rule, nd_valid
 from placements.spec import DTensorSpec
 from placements.types import Placement, short_placements
-from redistribute.cost import default_cost_model, step_bytes, step_cost
+from redistribute.cost import buffer_bytes, default_cost_model, step_cost
 from redistribute.explain import explain_plan, format_seconds
 from redistribute.plan import plan, redistribute_cost
 
@@ -41,7 +41,8 @@ class Collective:
 
     ``kind`` is the step kind (``all_gather``, ``all_reduce``, ``reduce_scatter``,
     ``all_to_all`` communicate; ``local_chunk`` and ``partition_partial`` do not);
-    ``nbytes`` and ``seconds`` are the cost model's traffic and time estimates.
+    ``nbytes`` is the largest buffer the collective touches on a rank (what
+    ``CommDebugMode`` records) and ``seconds`` the cost model's time estimate.
     """
 
     op: str
@@ -174,7 +175,7 @@ def _plan_steps(op: str, arg: int, spec: DTensorSpec, steps: Sequence) -> list[C
             s.kind,
             s.mesh_dim,
             s.communicates and spec.mesh_shape[s.mesh_dim] > 1,
-            step_bytes(s, spec) if s.communicates else 0,
+            buffer_bytes(s, spec),
             step_cost(s, spec, model),
         )
         for s in steps
@@ -374,8 +375,12 @@ def explain(op: object, *args: object, top: int = 6, **kwargs: object) -> Explan
             raise TypeError(f"explain(x, placements): not a list of placements: {args[0]!r}")
         spec = op._spec
         steps = plan(spec, placements)
+        text = explain_plan(spec, placements)
+        describe = getattr(spec.mesh.get_group(0), "describe", None)  # device meshes
+        if describe is not None and steps:
+            text += f"\ndevice buffers: {describe()}"
         return Explanation(
-            redistribute=explain_plan(spec, placements),
+            redistribute=text,
             steps=tuple(_plan_steps("redistribute", 0, spec, steps)),
         )
     found = _table_op(op)

@@ -39,7 +39,8 @@ import numpy as np
 from mpi4py import MPI
 
 import dtensor as dt
-from dtensor._allocator import empty_array
+from dtensor._backend import array_module
+from dtensor._dtensor import _allocator_for
 from redistribute.execute import execute
 from redistribute.plan import plan
 
@@ -80,17 +81,28 @@ def worst_rank(value: float) -> float:
     return WORLD.allreduce(value, op=MPI.MAX)
 
 
-def raw_collectives(n: int) -> dict[str, Callable[[], object]]:
-    """mpi4py collectives on preallocated buffers of the sizes an NxN float32 tensor moves
-    (a shard of ceil(N/k) rows per rank)."""
-    k = WORLD.Get_size()
+def raw_collectives(n: int, mesh: dt.DeviceMesh) -> dict[str, Callable[[], object]]:
+    """Collectives on preallocated buffers (of the mesh's device) of the sizes an NxN float32
+    tensor moves (a shard of ceil(N/k) rows per rank). On the CPU, and on a GPU with a
+    CUDA-aware MPI, these are the plain mpi4py calls; on the staged GPU path they go through
+    the mesh communicator's staging, like dtensor's own collectives."""
+    k, xp = WORLD.Get_size(), array_module(mesh.device_type)
     rows = -(-n // k)
-    shard = np.ones((rows, n), np.float32)
-    gathered = np.empty((rows * k, n), np.float32)
-    full = np.ones((n, n), np.float32)
-    reduced = np.empty((n, n), np.float32)
-    a2a_in = np.ones(rows * n, np.float32)
-    a2a_out = np.empty(rows * n, np.float32)
+    shard = xp.ones((rows, n), np.float32)
+    gathered = xp.empty((rows * k, n), np.float32)
+    full = xp.ones((n, n), np.float32)
+    reduced = xp.empty((n, n), np.float32)
+    a2a_in = xp.ones(rows * n, np.float32)
+    a2a_out = xp.empty(rows * n, np.float32)
+    comm = mesh.get_group(0)
+    if getattr(comm, "path", None) == "staged":
+        counts, a2a = [rows * n] * k, [rows * n // k] * k
+        displs = [i * (rows * n // k) for i in range(k)]
+        return {
+            "Allgather": lambda: comm.allgatherv(shard, gathered, counts),
+            "Allreduce": lambda: comm.allreduce(full, reduced),
+            "Alltoall": lambda: comm.alltoallv(a2a_in, a2a, displs, a2a_out, a2a, displs),
+        }
     return {
         "Allgather": lambda: WORLD.Allgather(shard, gathered),
         "Allreduce": lambda: WORLD.Allreduce(full, reduced),
@@ -110,16 +122,18 @@ CASES = [
 
 def measure(mesh: dt.DeviceMesh, n: int, repeat: int, batch_s: float) -> list[dict]:
     data = np.random.default_rng(n).standard_normal((n, n)).astype(np.float32)
-    fns = raw_collectives(n)
+    fns = raw_collectives(n, mesh)
     coord, comms = mesh.get_coordinate(), mesh.get_all_groups()
+    alloc = _allocator_for(mesh.device_type)
     for name, src, dst, _, _ in CASES:
         x = dt.distribute_tensor(data, mesh, src)
-        spec, local = x._spec, x.to_local().numpy()
+        spec, local = x._spec, x.to_local()._arr
         steps = plan(spec, dst)
         fns[f"dtensor {name}"] = lambda x=x, dst=dst: x.redistribute(mesh, dst)
-        fns[f"execute {name}"] = lambda a=(steps, local, spec, coord, comms): execute(
-            *a, empty_array
-        )
+        fns[f"execute {name}"] = lambda a=(steps, local, spec, coord, comms): execute(*a, alloc)
+    if mesh.device_type != "cpu":  # every call ends with the device idle
+        sync = array_module(mesh.device_type).cuda.get_current_stream().synchronize
+        fns = {name: (lambda f=f: (f(), sync())) for name, f in fns.items()}
     us = {name: worst_rank(t) for name, t in per_call_us(fns, repeat, batch_s).items()}
     rows = []
     for name, _, _, raw, ratio_target in CASES:
@@ -151,14 +165,17 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repeat", type=int, default=41, help="batches per figure")
     parser.add_argument("--sizes", type=int, nargs="+", default=[8, 2048], help="N of NxN")
     parser.add_argument("--batch-ms", type=float, default=1.0, help="length of one batch")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="mesh device")
     args = parser.parse_args(argv)
-    mesh = dt.init_device_mesh((WORLD.Get_size(),))
+    mesh = dt.init_device_mesh((WORLD.Get_size(),), device=args.device)
     results = []
     for n in args.sizes:
         results.extend(measure(mesh, n, args.repeat, args.batch_ms / 1e3))
     doc = {
         "benchmark": "redistribute",
         "world_size": WORLD.Get_size(),
+        "device": args.device,
+        "comm_path": getattr(mesh.get_group(0), "path", "host"),
         "dtype": "float32",
         "statistic": "median of batched per-call times per rank, then max over ranks",
         "results": results,

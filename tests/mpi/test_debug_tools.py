@@ -15,8 +15,7 @@ from mpi4py import MPI
 
 import dtensor as dt
 from dtensor import _dispatch
-from dtensor.debug import _tap
-from dtensor.debug import ImplicitRedistributeError, explain, no_implicit_redistribute
+from dtensor.debug import ImplicitRedistributeError, _tap, explain, no_implicit_redistribute
 from placements.errors import ShardingError
 
 WORLD = MPI.COMM_WORLD
@@ -215,6 +214,10 @@ def test_explain_redistribute_matches_the_run():
                 y = x.redistribute(mesh, dst)
             if mesh.size() > 1:
                 assert observed(mode) == predicted(expl), f"{expl}\n{mode.table()}"
+                if WORLD.rank == 0:  # coordinate 0 holds the largest block: bytes agree exactly
+                    got = sorted(r.nbytes for r in mode.records)
+                    want = sorted(c.nbytes for c in expl.collectives() if c.communicates)
+                    assert got == want, f"{expl}\n{mode.table()}"
             assert expl.redistribute.splitlines()[-1].startswith(("total:", "R"))
             np.testing.assert_array_equal(y.full_tensor().numpy(), a)
     with pytest.raises(TypeError, match="exactly the target placements"):

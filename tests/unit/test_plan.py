@@ -487,22 +487,22 @@ def test_explain_one_line_per_step_and_a_total():
     spec = _spec((2, 2), [S0, R], shape=(1024, 1024), dtype=np.float32)  # 4 MiB global
     text = explain_plan(spec, [R, R], model)
     assert text.splitlines() == [
-        "S(0),R -> R,R: all_gather(mesh dim 0, tensor dim 0, 2.0 MiB, ~0.42 ms)",
-        "total: 1 step, 2.0 MiB, ~0.42 ms",
+        "S(0),R -> R,R: all_gather(mesh dim 0, tensor dim 0, 4.0 MiB, ~0.42 ms)",
+        "total: 1 step, 4.0 MiB, ~0.42 ms",
     ]
     lines = explain_plan(_spec((2, 2), [S0, S0]), [R, S0], model).splitlines()
     assert len(lines) == 4
     assert re.fullmatch(r"S\(0\),S\(0\) -> S\(0\),R: all_gather\(mesh dim 1, tensor dim 0, "
-                        r"48 B, ~5\.0 us\)", lines[0])
+                        r"96 B, ~5\.0 us\)", lines[0])
     assert lines[2] == "R,R -> R,S(0): local_chunk(mesh dim 1, tensor dim 0, no communication)"
-    assert lines[3] == "total: 3 steps, 144 B, ~10.1 us"
+    assert lines[3] == "total: 3 steps, 288 B, ~10.1 us"
 
 
 def test_explain_other_kinds_and_empty_plan():
     model = CostModel()
     assert explain_plan(_spec((2,), [S0]), [Shard(-2)], model) == "S(0) -> S(0): no communication"
     text = explain_plan(_spec((2,), [PSUM]), [S1], model)
-    assert text.startswith("P(sum) -> S(1): reduce_scatter(mesh dim 0, tensor dim 1, sum, 96 B")
+    assert text.startswith("P(sum) -> S(1): reduce_scatter(mesh dim 0, tensor dim 1, sum, 192 B")
     text = explain_plan(_spec((2,), [S0]), [S1], model)
     assert text.startswith("S(0) -> S(1): all_to_all(mesh dim 0, tensor dim 0 -> 1, ")
     text = explain_plan(_spec((2,), [PMAX]), [PAVG], model).splitlines()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import importlib.util
 import itertools
 import os
 import queue
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import threading
 import weakref
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -30,6 +32,8 @@ from dtensor.errors import DTensorError
 
 MiB = 1 << 20
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# where the imported dtensor lives (site-packages when installed): subprocesses use the same
+PKG_ROOT = str(Path(importlib.util.find_spec("dtensor").origin).resolve().parents[1])
 needs_caching = pytest.mark.skipif(
     not alloc._CPU.caching, reason="the default allocator runs with DTENSOR_ALLOCATOR=nocache"
 )
@@ -351,7 +355,7 @@ def test_nocache_allocator():
 
 
 def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, "PYTHONPATH": REPO, **env}
+    full_env = {**os.environ, "PYTHONPATH": PKG_ROOT, **env}
     return subprocess.run(
         [sys.executable, "-c", code],
         env=full_env,

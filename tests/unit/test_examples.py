@@ -4,6 +4,7 @@ the launcher (short sizes) and exit 0 with the output they promise.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -17,11 +18,13 @@ import pytest
 from launch.bench.calibrate import fit
 
 ROOT = Path(__file__).resolve().parents[2]
+# where the imported dtensor lives (site-packages when installed): subprocesses use the same
+PKG_ROOT = str(Path(importlib.util.find_spec("dtensor").origin).resolve().parents[1])
 LIMIT_S = 120
 
 
 def launch(n: int, *args: str, cwd: Path = ROOT, env: dict | None = None):
-    full_env = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
+    full_env = dict(os.environ, PYTHONPATH=PKG_ROOT, **(env or {}))
     full_env.pop("DTENSOR_MESH", None)
     cmd = [sys.executable, "-m", "launch", "-n", str(n), "--timeout", str(LIMIT_S), *args]
     proc = subprocess.Popen(
@@ -121,7 +124,7 @@ def test_calibrate_writes_a_usable_cost_model(tmp_path):
     assert all(len(v) == 2 and v[1][0] > v[0][0] for v in points.values())  # bytes grow
     # the file is accepted as DTENSOR_COST_MODEL
     code = "from redistribute.cost import default_cost_model as d; print(d().alpha_s)"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), DTENSOR_COST_MODEL=str(path))
+    env = dict(os.environ, PYTHONPATH=PKG_ROOT, DTENSOR_COST_MODEL=str(path))
     got = subprocess.run(
         [sys.executable, "-c", code],
         env=env,

@@ -16,6 +16,7 @@ ends promptly with the expected exit status and messages instead of hanging:
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shlex
 import signal
@@ -28,6 +29,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+# where the imported dtensor lives (site-packages when installed): subprocesses use the same
+PKG_ROOT = str(Path(importlib.util.find_spec("dtensor").origin).resolve().parents[1])
 MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
 #: Hard limit of one job (a job that hangs is killed and the test fails).
 LIMIT_S = 60
@@ -54,7 +57,7 @@ def _job(
     """Write ``PROLOGUE + body`` to ``job.py``, run ``cmd + [job.py]``; (result, seconds)."""
     script = tmp_path / "job.py"
     script.write_text(PROLOGUE + textwrap.dedent(body))
-    full_env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", **(env or {}))
+    full_env = dict(os.environ, PYTHONPATH=PKG_ROOT, OMP_NUM_THREADS="1", **(env or {}))
     for name in ("DTENSOR_CHECK_SPMD", "DTENSOR_WATCHDOG", "DTENSOR_WATCHDOG_ABORT"):
         if env is None or name not in env:
             full_env.pop(name, None)

@@ -8,10 +8,12 @@ need the compiled front skip when it is not available (extension not built or
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,6 +23,8 @@ import fastpath
 from dtensor import _dispatch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# where the imported dtensor lives (site-packages when installed): subprocesses use the same
+PKG_ROOT = str(Path(importlib.util.find_spec("dtensor").origin).resolve().parents[1])
 needs_front = pytest.mark.skipif(
     not fastpath.ENABLED, reason="compiled fast path not enabled (not built or disabled)"
 )
@@ -275,7 +279,7 @@ def test_errors_and_local_calls_fall_through_unchanged(mesh):
 
 
 def _subprocess(code: str, **env: str) -> str:
-    full = {**os.environ, "PYTHONPATH": ROOT, **env}
+    full = {**os.environ, "PYTHONPATH": PKG_ROOT, **env}
     res = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)], check=False, capture_output=True,
         text=True,

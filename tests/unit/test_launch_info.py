@@ -6,6 +6,7 @@ repository root (so that ``dtensor`` is importable by the ranks).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import signal
@@ -20,11 +21,13 @@ import pytest
 from launch._info import collect_info, format_info
 
 ROOT = Path(__file__).resolve().parents[2]
+# where the imported dtensor lives (site-packages when installed): subprocesses use the same
+PKG_ROOT = str(Path(importlib.util.find_spec("dtensor").origin).resolve().parents[1])
 LIMIT_S = 90
 
 
 def _run(args: list[str], tmp_path: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    full_env = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
+    full_env = dict(os.environ, PYTHONPATH=PKG_ROOT, **(env or {}))
     full_env.pop("DTENSOR_MESH", None)
     proc = subprocess.Popen(
         [sys.executable, "-m", "launch", *args],

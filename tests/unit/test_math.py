@@ -9,10 +9,12 @@ expected values are PyTorch's.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,6 +30,8 @@ C64 = np.dtype(np.complex64)
 
 RNG = np.random.default_rng(0)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# where the imported dtensor lives (site-packages when installed): subprocesses use the same
+PKG_ROOT = str(Path(importlib.util.find_spec("dtensor").origin).resolve().parents[1])
 
 # numpy's floating-point RuntimeWarnings are silenced by a filter installed when dtensor is
 # imported; pytest resets warning filters around each test, so they are ignored here too
@@ -205,7 +209,7 @@ def test_no_floating_point_warnings():
         "    r.numpy()\n"
     )
     done = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True,
-                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": ROOT},
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": PKG_ROOT},
                           check=False)
     assert done.returncode == 0, done.stderr
 

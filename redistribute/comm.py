@@ -376,6 +376,8 @@ class _Watchdog:
         if self.abort:
             sys.stderr.write(f"[dtensor watchdog] world rank {self.rank}: aborting the job\n")
             sys.stderr.flush()
+            # let the process manager forward the report before the abort kills the job
+            time.sleep(1.0)
             MPI.COMM_WORLD.Abort(1)
 
     def _loop(self) -> None:

@@ -710,6 +710,13 @@ def _scaled(name, x, y, alpha, what="alpha"):
     return y * cast_scalar(alpha, ct)
 
 
+def _with_alpha(op: str, input: TensorLike, other: TensorLike, alpha, out) -> Tensor:
+    """``input op alpha * other`` for add/sub with an ``alpha`` other than 1."""
+    x, y = operand(op, input), operand(op, other)
+    r = _BINARY_SPECS[op].compute(x, _scaled(op, x, y, alpha), out)
+    return out if out is not None else wrap(r)
+
+
 def add(input: TensorLike, other: TensorLike, *, alpha=1, out=None) -> Tensor:
     """``input + alpha * other`` with broadcasting. **Local**.
 
@@ -728,9 +735,7 @@ def add(input: TensorLike, other: TensorLike, *, alpha=1, out=None) -> Tensor:
     """
     if alpha == 1 and not isinstance(alpha, bool):
         return _add(input, other, out=out)
-    x, y = operand("add", input), operand("add", other)
-    r = _BINARY_SPECS["add"].compute(x, _scaled("add", x, y, alpha), out)
-    return out if out is not None else wrap(r)
+    return _with_alpha("add", input, other, alpha, out)
 
 
 def sub(input: TensorLike, other: TensorLike, *, alpha=1, out=None) -> Tensor:
@@ -748,9 +753,7 @@ def sub(input: TensorLike, other: TensorLike, *, alpha=1, out=None) -> Tensor:
     """
     if alpha == 1 and not isinstance(alpha, bool):
         return _sub(input, other, out=out)
-    x, y = operand("sub", input), operand("sub", other)
-    r = _BINARY_SPECS["sub"].compute(x, _scaled("sub", x, y, alpha), out)
-    return out if out is not None else wrap(r)
+    return _with_alpha("sub", input, other, alpha, out)
 
 
 def div(input: TensorLike, other: TensorLike, *, rounding_mode=None, out=None) -> Tensor:

@@ -215,6 +215,15 @@ def _nonempty(op, a, axes):
         )
 
 
+def _extreme(op: str, input: Tensor, dim, keepdim: bool) -> Tensor:
+    """amax/amin of ``input`` over ``dim`` (every dim when empty); NaN propagates."""
+    a = as_array(op, input)
+    axes = norm_dims(op, dim, a.ndim)
+    _nonempty(op, a, axes)
+    xp = xp_of(a)
+    return wrap(_reduce(xp.max if op == "amax" else xp.min, a, axes, keepdim))
+
+
 def amax(input: Tensor, dim=(), keepdim: bool = False) -> Tensor:
     """Maximum over ``dim`` (default: every dim); NaN propagates. **Local**.
 
@@ -222,10 +231,7 @@ def amax(input: Tensor, dim=(), keepdim: bool = False) -> Tensor:
     -------
     Tensor
     """
-    a = as_array("amax", input)
-    axes = norm_dims("amax", dim, a.ndim)
-    _nonempty("amax", a, axes)
-    return wrap(_reduce(xp_of(a).max, a, axes, keepdim))
+    return _extreme("amax", input, dim, keepdim)
 
 
 def amin(input: Tensor, dim=(), keepdim: bool = False) -> Tensor:
@@ -235,10 +241,7 @@ def amin(input: Tensor, dim=(), keepdim: bool = False) -> Tensor:
     -------
     Tensor
     """
-    a = as_array("amin", input)
-    axes = norm_dims("amin", dim, a.ndim)
-    _nonempty("amin", a, axes)
-    return wrap(_reduce(xp_of(a).min, a, axes, keepdim))
+    return _extreme("amin", input, dim, keepdim)
 
 
 def _arg(op, a, dim, keepdim):

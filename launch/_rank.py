@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import runpy
 import sys
+import time
 import traceback
 from collections.abc import Sequence
 from types import TracebackType
@@ -47,6 +48,8 @@ def _end_job(comm: MPI.Comm, status: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     if status != 0 and comm.Get_size() > 1:
+        # let the process manager forward this rank's report before the abort ends the job
+        time.sleep(0.5)
         comm.Abort(status)
     sys.exit(status)
 

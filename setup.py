@@ -1,4 +1,4 @@
-"""Build of the optional compiled extension ``fastpath._strides``.
+"""Build of the optional compiled extensions ``fastpath._strides``, ``_dispatch``, ``_kernels``.
 
 Everything else (metadata, packages, dependencies) lives in ``pyproject.toml``. The
 extension is optional: when Cython or the C compiler fails, the build prints a warning
@@ -19,6 +19,8 @@ from setuptools.errors import BaseError, CCompilerError
 BUILD_ERRORS = (BaseError, CCompilerError, OSError)
 
 EXT_SOURCE = os.path.join("fastpath", "_strides.pyx")
+# numpy's C API without the deprecated names
+NPY_API = [("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]
 
 
 def _warn(reason: str) -> None:
@@ -37,16 +39,23 @@ def _extensions() -> list[Extension]:
         _warn("DTENSOR_NO_EXT is set")
         return []
     try:
+        import numpy
         from Cython.Build import cythonize
         from Cython.Compiler.Errors import PyrexError
     except ImportError as exc:
-        _warn(f"Cython is not available ({exc})")
+        _warn(f"Cython or numpy is not available ({exc})")
         return []
     try:
         return cythonize(
             [
                 Extension("fastpath._strides", [EXT_SOURCE]),
                 Extension("fastpath._dispatch", [os.path.join("fastpath", "_dispatch.pyx")]),
+                Extension(
+                    "fastpath._kernels",
+                    [os.path.join("fastpath", "_kernels.pyx")],
+                    include_dirs=[numpy.get_include()],
+                    define_macros=NPY_API,
+                ),
             ],
             compiler_directives={"language_level": "3"},
         )

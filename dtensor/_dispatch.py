@@ -385,6 +385,8 @@ def raw_form(info: OpInfo, entry: CacheEntry, values: list) -> tuple | None:
     if name == "getitem" and entry.kernel is Tensor.__getitem__ and spec.shape:
         index = _basic_index(values[1])
         return None if index is None else (_RAW["getitem"], index, ())
+    if name == "mean":
+        return _raw_sum(entry, values, spec, getattr(entry.kernel, "scale", None))
     if entry.kernel is not info.kernel:
         return None
     if name == "sum":
@@ -401,9 +403,6 @@ def raw_form(info: OpInfo, entry: CacheEntry, values: list) -> tuple | None:
         u = mp._UNARY_SPECS[name]
         if dt not in u.fast:
             return None
-        if u.kernel is mp._relu and spec.mesh.device_type == "cpu":
-            # what _relu computes on a host array, with its zero made once
-            return _RAW["const"], np.maximum, (), dt.type(0)
         return _RAW["unary"], u.kernel, ()
     b_spec = mp._BINARY_SPECS.get(name)
     uf = getattr(b_spec.kernel, "ufunc", None) if b_spec is not None else None
@@ -426,9 +425,12 @@ def raw_form(info: OpInfo, entry: CacheEntry, values: list) -> tuple | None:
     return None
 
 
-def _raw_sum(entry: CacheEntry, values: list, spec: DTensorSpec) -> tuple | None:
+def _raw_sum(
+    entry: CacheEntry, values: list, spec: DTensorSpec, scale: float | None = None
+) -> tuple | None:
     """``sum`` of a small float32/float64 host array as ``_math.sum`` computes it:
-    ``np.add.reduce`` over the normalised dims, in the input dtype (numpy allocates)."""
+    ``np.add.reduce`` over the normalised dims, in the input dtype (numpy allocates); for
+    ``mean``, that sum times the kernel's ``scale`` (1 / the global count) in the dtype."""
     _, dim, keepdim, dtype = values
     dt = spec.dtype
     if dtype is not None or spec.mesh.device_type != "cpu":
@@ -438,8 +440,9 @@ def _raw_sum(entry: CacheEntry, values: list, spec: DTensorSpec) -> tuple | None
     out = entry.out_specs[0]
     if math.prod(out.local_shape(out.mesh._coord)) * dt.itemsize >= _allocator.POOL_MIN_BYTES:
         return None
-    axes = norm_dims("sum", dim, len(spec.shape))
-    return _RAW["reduce"], np.add.reduce, (), (axes, dt, keepdim)
+    axes = norm_dims(entry.name, dim, len(spec.shape))
+    return _RAW["reduce"], np.add.reduce, (), (
+        axes, dt, keepdim, None if scale is None else dt.type(scale))
 
 
 def _raw_matmul(entry: CacheEntry, values: list, spec: DTensorSpec) -> tuple | None:

@@ -8,7 +8,9 @@ in-place forms of :mod:`dtensor._math` use). An op's dtype handling follows PyTo
 promotion (see :func:`dtensor._math_base.result_type`). A spec object per op holds the
 kernel and its dtype rules; one generic path serves every op of a family, and a short fast
 path serves the common case (small tensors of one dtype, or a small tensor and a python
-number).
+number). relu, erf and gelu run the compiled loops of ``fastpath._kernels`` on contiguous
+float32/float64 host arrays when the compiled extension is enabled (their array-module
+twins here serve everything else, and everything with ``DTENSOR_FASTPATH=0``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
+import fastpath as _fp
 
 from . import _allocator
 from ._math_base import (
@@ -271,6 +275,16 @@ def _gelu_tanh(a, out):
     r *= a
     return xp.multiply(r, a.dtype.type(0.5), out=out)
 
+
+def _compiled(kind: str, twin):
+    """The compiled loop of ``kind`` falling back to ``twin``, or ``twin`` without it."""
+    return _fp.kernels.Unary(kind, twin) if _fp.ENABLED else twin
+
+
+_relu = _compiled("relu", _relu)
+_erf = _compiled("erf", _erf)
+_gelu_erf = _compiled("gelu", _gelu_erf)
+_gelu_tanh = _compiled("gelu_tanh", _gelu_tanh)
 
 _U_SAME = "same"
 _U_FLOAT = "float"

@@ -130,7 +130,8 @@ def _filled(like: Tensor, shape: tuple[int, ...], value: object, dtype: np.dtype
 
 
 def _scaled_sum(total: Callable, n_global: int, out_dtype: np.dtype) -> Callable:
-    """A kernel returning ``total(*values) / n_global`` in ``out_dtype``."""
+    """A kernel returning ``total(*values) / n_global`` in ``out_dtype``; its ``scale``
+    attribute is the factor (the compiled front computes ``mean`` from it)."""
     inv = 1.0 / n_global if n_global else math.nan
 
     def kernel(*values):
@@ -138,6 +139,7 @@ def _scaled_sum(total: Callable, n_global: int, out_dtype: np.dtype) -> Callable
         arr *= inv
         return _wrap(arr.astype(out_dtype, copy=False))
 
+    kernel.scale = inv
     return kernel
 
 

@@ -13,6 +13,9 @@ strides : module or None
     extension was not built (no C compiler at install time, or ``DTENSOR_NO_EXT=1``).
 dispatch : module or None
     ``fastpath._dispatch``, the compiled dispatch front (``None`` when not built).
+kernels : module or None
+    ``fastpath._kernels``, compiled local kernels (relu, erf, gelu, softmax) for small host
+    arrays (``None`` when not built).
 AVAILABLE : bool
     Whether the compiled extensions can be imported.
 ENABLED : bool
@@ -35,18 +38,20 @@ from types import ModuleType
 
 strides: ModuleType | None
 dispatch: ModuleType | None
+kernels: ModuleType | None
 IMPORT_ERROR: str | None
 
 try:
     strides = import_module(f"{__name__}._strides")
     dispatch = import_module(f"{__name__}._dispatch")
+    kernels = import_module(f"{__name__}._kernels")
 except ImportError as exc:
-    strides = dispatch = None
+    strides = dispatch = kernels = None
     IMPORT_ERROR = str(exc)
 else:
     IMPORT_ERROR = None
 
-AVAILABLE: bool = strides is not None and dispatch is not None
+AVAILABLE: bool = strides is not None
 ENABLED: bool = AVAILABLE and os.environ.get("DTENSOR_FASTPATH", "1").strip() != "0"
 
 if not AVAILABLE:
@@ -81,5 +86,6 @@ __all__ = [
     "DTensorBase",
     "TensorBase",
     "dispatch",
+    "kernels",
     "strides",
 ]

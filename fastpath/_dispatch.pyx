@@ -67,13 +67,12 @@ cdef enum:
     RAW_VIEW = 4                 # local_a.reshape(local out shape) of a standard local_a
     RAW_T = 5                    # local_a.T (2-D)
     RAW_GETITEM = 6              # local_a[basic index] when it has elements
-    RAW_CONST = 7                # ufunc(local_a, constant)
-    RAW_REDUCE = 8               # ufunc.reduce(local_a, axes, dtype, None, keepdim)
+    RAW_REDUCE = 7               # ufunc.reduce(local_a, axes, dtype, None, keepdim) [* scale]
 
 # The raw forms as Python values, for the dispatcher that chooses them.
 RAW_FORMS = {
     "binary": RAW_BINARY, "scalar": RAW_SCALAR, "unary": RAW_UNARY, "view": RAW_VIEW,
-    "t": RAW_T, "getitem": RAW_GETITEM, "const": RAW_CONST, "reduce": RAW_REDUCE,
+    "t": RAW_T, "getitem": RAW_GETITEM, "reduce": RAW_REDUCE,
 }
 
 
@@ -668,13 +667,15 @@ cdef object _run(FrontEntry fe, list values):
             return out
     if raw == RAW_UNARY:
         return _new_dtensor_arr(fe.rawfn(_local_arr(values[0]), None), fe.out_spec0)
-    if raw == RAW_CONST:
-        return _new_dtensor_arr(fe.rawfn(_local_arr(values[0]), fe.rawarg), fe.out_spec0)
     if raw == RAW_REDUCE:
-        axes, dtype, keepdim = <tuple>fe.rawarg
+        axes, dtype, keepdim, scale = <tuple>fe.rawarg
         out = fe.rawfn(_local_arr(values[0]), axes, dtype, None, keepdim)
         if type(out) is not _ndarray:  # a numpy scalar of a full reduction: 0-d array
+            if scale is not None:
+                out = out * scale
             out = _asarray(out)
+        elif scale is not None:
+            out *= scale
         return _new_dtensor_arr(out, fe.out_spec0)
     cdef TensorBase t, nt
     if raw == RAW_VIEW:

@@ -47,10 +47,13 @@ def _programs(mesh, placements, rng):
         "sum_dim": lambda: x.sum(dim=1),
         "mean": lambda: x.mean(),
         "mean_dim0": lambda: x.mean(dim=0, keepdim=True),
+        "mean_dim1": lambda: x.mean(dim=1),
         "mm_R": lambda: x @ wr,
         "mm_S0": lambda: x @ ws,  # redistributes (or yields a Partial) depending on x
         "partial_plus_scalar": lambda: (x @ ws) + 1.0,
         "softmax": lambda: x.softmax(dim=-1),
+        "log_softmax": lambda: dt.log_softmax(x, -1),
+        "gelu_tanh": lambda: dt.gelu(x, approximate="tanh"),
         "view": lambda: x.view(-1),
         "reshape": lambda: x.reshape(5, 7),
         "t": lambda: x.t(),

@@ -1,0 +1,16 @@
+"""Type stubs of fastpath._kernels (compiled local kernels for float32/float64 host arrays)."""
+
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["Unary", "softmax_lastdim"]
+
+class Unary:
+    """An elementwise compiled loop (relu, erf, gelu, gelu_tanh) with its array-module twin."""
+
+    name: str
+    fallback: Callable[[Any, Any], Any]
+    def __init__(self, kind: str, fallback: Callable[[Any, Any], Any]) -> None: ...
+    def __call__(self, a: Any, out: Any = None) -> Any: ...
+
+def softmax_lastdim(a: Any, take_log: bool, out: Any = None) -> Any | None: ...

@@ -1,0 +1,258 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+# cython: initializedcheck=False, nonecheck=False, binding=True, embedsignature=True
+"""Compiled local kernels for host arrays of float32 and float64.
+
+This module owns the loops that numpy has no single ufunc for, or whose ufunc call costs
+more than the arithmetic on a small array: ``relu`` (``maximum(x, 0)``: NaN stays NaN, -0
+becomes 0), ``erf``, ``gelu`` (exact and tanh forms), and ``softmax`` / ``log_softmax``
+along the last axis. Each kernel serves C-contiguous, aligned, native-order float32 and
+float64 numpy arrays (and an optional output array of the same kind, shape and dtype); any
+other input (another dtype, strides, a cupy array) goes to the array-module twin the kernel
+was built with, so callers never need to check. Loops over large arrays release the GIL.
+
+dtensor's local math uses these kernels when the compiled extension is enabled; with
+``DTENSOR_FASTPATH=0`` (or without the extension) it runs the array-module twins, so both
+forms are exercised by the test suite. Every function here is **Local**.
+"""
+
+cimport cython
+cimport numpy as cnp
+from libc.math cimport erf, erff, exp, expf, log, logf, tanh, tanhf, sqrt
+
+cnp.import_array()
+
+__all__ = ["Unary", "softmax_lastdim"]
+
+cdef enum:
+    K_RELU = 0
+    K_ERF = 1
+    K_GELU = 2
+    K_GELU_TANH = 3
+
+cdef Py_ssize_t NOGIL_MIN = 65536    # elements from which a loop releases the GIL
+
+cdef double SQRT1_2 = sqrt(0.5)
+cdef double SQRT_2_PI = sqrt(2.0 / 3.141592653589793)
+cdef double GELU_C = 0.044715
+
+_KINDS = {"relu": K_RELU, "erf": K_ERF, "gelu": K_GELU, "gelu_tanh": K_GELU_TANH}
+
+
+cdef inline bint _plain(object a):
+    """A C-contiguous, aligned, native-order float32/float64 numpy array."""
+    if type(a) is not cnp.ndarray:
+        return False
+    cdef cnp.ndarray arr = <cnp.ndarray>a
+    cdef int t = cnp.PyArray_TYPE(arr)
+    return (t == cnp.NPY_FLOAT32 or t == cnp.NPY_FLOAT64) and cnp.PyArray_ISCARRAY_RO(arr)
+
+
+cdef inline cnp.ndarray _output(cnp.ndarray a, object out):
+    """``out`` when it can take the result of an elementwise kernel on ``a``, a new array
+    shaped like ``a`` when ``out`` is None, else None (the caller falls back)."""
+    if out is None:
+        return cnp.PyArray_EMPTY(cnp.PyArray_NDIM(a), cnp.PyArray_DIMS(a),
+                                 cnp.PyArray_TYPE(a), 0)
+    if not _plain(out):
+        return None
+    cdef cnp.ndarray o = <cnp.ndarray>out
+    if (cnp.PyArray_TYPE(o) != cnp.PyArray_TYPE(a) or cnp.PyArray_SIZE(o) != cnp.PyArray_SIZE(a)
+            or not cnp.PyArray_ISWRITEABLE(o)):
+        return None
+    return o
+
+
+cdef void _loop_f(int kind, const float* x, float* y, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i
+    cdef float v, u
+    cdef float s1 = <float>SQRT1_2, s2 = <float>SQRT_2_PI, c = <float>GELU_C
+    if kind == K_RELU:
+        for i in range(n):
+            v = x[i]
+            y[i] = v if (v > 0 or v != v) else 0
+    elif kind == K_ERF:
+        for i in range(n):
+            y[i] = erff(x[i])
+    elif kind == K_GELU:
+        for i in range(n):
+            v = x[i]
+            y[i] = (erff(v * s1) + 1) * v * <float>0.5
+    else:
+        for i in range(n):
+            v = x[i]
+            u = tanhf((v * v * c + 1) * v * s2)
+            y[i] = (u + 1) * v * <float>0.5
+
+
+cdef void _loop_d(int kind, const double* x, double* y, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i
+    cdef double v, u
+    if kind == K_RELU:
+        for i in range(n):
+            v = x[i]
+            y[i] = v if (v > 0 or v != v) else 0
+    elif kind == K_ERF:
+        for i in range(n):
+            y[i] = erf(x[i])
+    elif kind == K_GELU:
+        for i in range(n):
+            v = x[i]
+            y[i] = (erf(v * SQRT1_2) + 1) * v * 0.5
+    else:
+        for i in range(n):
+            v = x[i]
+            u = tanh((v * v * GELU_C + 1) * v * SQRT_2_PI)
+            y[i] = (u + 1) * v * 0.5
+
+
+cdef inline void _unary(int kind, bint f32, void* x, void* y, Py_ssize_t n) noexcept nogil:
+    if f32:
+        _loop_f(kind, <const float*>x, <float*>y, n)
+    else:
+        _loop_d(kind, <const double*>x, <double*>y, n)
+
+
+@cython.final
+cdef class Unary:
+    """An elementwise kernel ``kernel(a, out)`` (``out``: an array or None) with its
+    array-module twin ``fallback(a, out)`` for inputs the loop does not serve. **Local**.
+
+    ``kind`` is one of ``relu``, ``erf``, ``gelu`` (``x * Phi(x)`` through erf) and
+    ``gelu_tanh`` (PyTorch's tanh approximation).
+    """
+
+    cdef int kind
+    cdef readonly str name
+    cdef readonly object fallback
+
+    def __init__(self, str kind, fallback):
+        if kind not in _KINDS:
+            raise ValueError(f"Unary: unknown kernel {kind!r}; one of {sorted(_KINDS)}")
+        self.kind = _KINDS[kind]
+        self.name = kind
+        self.fallback = fallback
+
+    def __call__(self, a, out=None):
+        if not _plain(a):
+            return self.fallback(a, out)
+        cdef cnp.ndarray x = <cnp.ndarray>a
+        cdef cnp.ndarray y = _output(x, out)
+        if y is None:
+            return self.fallback(a, out)
+        cdef Py_ssize_t n = cnp.PyArray_SIZE(x)
+        cdef bint f32 = cnp.PyArray_TYPE(x) == cnp.NPY_FLOAT32
+        cdef void* px = cnp.PyArray_DATA(x)
+        cdef void* py = cnp.PyArray_DATA(y)
+        if n >= NOGIL_MIN:
+            with nogil:
+                _unary(self.kind, f32, px, py, n)
+        else:
+            _unary(self.kind, f32, px, py, n)
+        return y
+
+    def __repr__(self):
+        return f"<compiled kernel {self.name}>"
+
+
+cdef void _softmax_f(const float* x, float* y, Py_ssize_t rows, Py_ssize_t n,
+                     bint take_log) noexcept nogil:
+    cdef Py_ssize_t r, i
+    cdef float m, v
+    cdef double s
+    cdef float ls
+    for r in range(rows):
+        m = x[0]
+        for i in range(1, n):
+            v = x[i]
+            if v > m or v != v:
+                m = v
+                if v != v:
+                    break
+        s = 0
+        if take_log:
+            for i in range(n):
+                s += expf(x[i] - m)
+            ls = logf(<float>s)
+            for i in range(n):
+                y[i] = (x[i] - m) - ls
+        else:
+            for i in range(n):
+                v = expf(x[i] - m)
+                y[i] = v
+                s += v
+            ls = <float>s
+            for i in range(n):
+                y[i] = y[i] / ls
+        x += n
+        y += n
+
+
+cdef void _softmax_d(const double* x, double* y, Py_ssize_t rows, Py_ssize_t n,
+                     bint take_log) noexcept nogil:
+    cdef Py_ssize_t r, i
+    cdef double m, v, s, ls
+    for r in range(rows):
+        m = x[0]
+        for i in range(1, n):
+            v = x[i]
+            if v > m or v != v:
+                m = v
+                if v != v:
+                    break
+        s = 0
+        if take_log:
+            for i in range(n):
+                s += exp(x[i] - m)
+            ls = log(s)
+            for i in range(n):
+                y[i] = (x[i] - m) - ls
+        else:
+            for i in range(n):
+                v = exp(x[i] - m)
+                y[i] = v
+                s += v
+            for i in range(n):
+                y[i] = y[i] / s
+        x += n
+        y += n
+
+
+cdef inline void _softmax(bint f32, void* x, void* y, Py_ssize_t rows, Py_ssize_t n,
+                          bint take_log) noexcept nogil:
+    if f32:
+        _softmax_f(<const float*>x, <float*>y, rows, n, take_log)
+    else:
+        _softmax_d(<const double*>x, <double*>y, rows, n, take_log)
+
+
+def softmax_lastdim(a, bint take_log, out=None):
+    """``softmax`` (or ``log_softmax`` when ``take_log``) of ``a`` along its last axis, in
+    its dtype, written to ``out`` when given (an array of the same kind, size and dtype) or
+    to a new array; None when ``a`` or ``out`` is not served (``a`` must be a non-empty
+    C-contiguous float32/float64 array of at least one dim): the caller computes it
+    otherwise. **Local**.
+
+    A slice holding NaN gives NaN; an all ``-inf`` slice gives NaN (as ``exp(x - max)``
+    does); sums accumulate in float64.
+    """
+    if not _plain(a):
+        return None
+    cdef cnp.ndarray x = <cnp.ndarray>a
+    cdef int nd = cnp.PyArray_NDIM(x)
+    cdef Py_ssize_t size = cnp.PyArray_SIZE(x)
+    if nd == 0 or size == 0:
+        return None
+    cdef Py_ssize_t n = cnp.PyArray_DIMS(x)[nd - 1]
+    cdef Py_ssize_t rows = size // n
+    cdef cnp.ndarray y = _output(x, out)
+    if y is None:
+        return None
+    cdef bint f32 = cnp.PyArray_TYPE(x) == cnp.NPY_FLOAT32
+    cdef void* px = cnp.PyArray_DATA(x)
+    cdef void* py = cnp.PyArray_DATA(y)
+    if size >= NOGIL_MIN:
+        with nogil:
+            _softmax(f32, px, py, rows, n, take_log)
+    else:
+        _softmax(f32, px, py, rows, n, take_log)
+    return y

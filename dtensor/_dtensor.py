@@ -23,7 +23,7 @@ from redistribute.plan import plan as _plan
 from . import _allocator
 from ._mesh import DeviceMesh
 from ._tensor import Tensor, _wrap
-from .errors import MeshError, PlacementError, ShardingError
+from .errors import DTypeError, MeshError, PlacementError, ShardDimError, ShardingError
 
 __all__ = ["DTensor", "distribute_tensor"]
 
@@ -41,6 +41,25 @@ def _allocator_for(device: str):
 
 
 _ALLOCS: dict = {}
+
+# (source spec, target placements) -> (target spec, plan): a repeated redistribute skips
+# building and hashing the target spec and the planner lookup. Bounded: cleared when full.
+_TARGETS: dict = {}
+_TARGETS_MAX = 4096
+
+
+def _target(spec: DTensorSpec, placements: tuple[Placement, ...]) -> tuple:
+    """``(spec.with_placements(placements), plan to it)``, cached. **Local**."""
+    key = (spec, placements)
+    hit = _TARGETS.get(key)
+    if hit is None:
+        dst = spec.with_placements(placements)
+        same = dst.placements == spec.placements
+        hit = (dst, () if same else _plan(spec, dst.placements))
+        if len(_TARGETS) >= _TARGETS_MAX:
+            _TARGETS.clear()
+        _TARGETS[key] = hit
+    return hit
 
 
 def _normalize_placements(
@@ -149,7 +168,7 @@ class DTensor(_fp.DTensorBase):
             return self._spec.shape
         from ._tensor import _norm_dim
 
-        return self._spec.shape[_norm_dim(dim, self.ndim)]
+        return self._spec.shape[_norm_dim(dim, self.ndim, "size")]
 
     def numel(self) -> int:
         """Number of elements of the global tensor. **Local**."""
@@ -166,7 +185,7 @@ class DTensor(_fp.DTensorBase):
             return tuple(strides)
         from ._tensor import _norm_dim
 
-        return strides[_norm_dim(dim, self.ndim)]
+        return strides[_norm_dim(dim, self.ndim, "stride")]
 
     def __len__(self) -> int:
         if not self._spec.shape:
@@ -218,10 +237,9 @@ class DTensor(_fp.DTensorBase):
                 f"redistribute: moving a DTensor from {mesh!r} to another mesh "
                 f"{device_mesh!r} is not supported; placements={_short(spec.placements)}"
             )
-        dst = spec.with_placements(_normalize_placements(placements, mesh, "redistribute"))
+        dst, steps = _target(spec, _normalize_placements(placements, mesh, "redistribute"))
         if dst.placements == spec.placements:
             return self
-        steps = _plan(spec, dst.placements)
         out = _execute(
             steps,
             self._local._arr,
@@ -266,12 +284,23 @@ class DTensor(_fp.DTensorBase):
         shape, stride : sequence of int, optional
             The global shape (and strides). Give ``shape`` for exact uneven shards without
             communication.
+
+        Raises
+        ------
+        DTypeError
+            If ``local_tensor`` is neither a tensor nor numeric data (a string, objects).
         """
         if device_mesh is None:
             from ._mesh import init_device_mesh
 
             device_mesh = init_device_mesh()
-        local = _as_local_tensor(local_tensor, "DTensor.from_local")
+        try:
+            local = _as_local_tensor(local_tensor, "DTensor.from_local")
+        except DTypeError as e:
+            raise DTypeError(
+                "DTensor.from_local: local_tensor must be a Tensor or numeric array_like, got "
+                f"a {type(local_tensor).__name__}: {e}"
+            ) from e
         placements = _normalize_placements(placements, device_mesh, "DTensor.from_local")
         if shape is None:
             shape = _infer_global_shape(local, device_mesh, placements)
@@ -324,7 +353,7 @@ def _infer_global_shape(
     ndim = local.ndim
     for p in placements:
         if isinstance(p, Shard) and not -ndim <= p.dim < ndim:
-            raise PlacementError(
+            raise ShardDimError(
                 f"DTensor.from_local: {p!r} is out of range for a {ndim}-D local tensor of "
                 f"shape {tuple(local.shape)} (placements {_short(placements)})"
             )

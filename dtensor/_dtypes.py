@@ -15,6 +15,8 @@ import builtins
 
 import numpy as np
 
+from placements.rules._core import TORCH_DTYPE_NAMES
+
 from .errors import DTypeError
 
 __all__ = [
@@ -74,22 +76,9 @@ _SUPPORTED_KINDS = frozenset("biufc")
 _FLOAT_DEFAULTS = (float16, float32, float64)
 _COMPLEX_OF = {float16: complex64, float32: complex64, float64: complex128}
 
-# Note: these strings follow PyTorch ("float" is float32, "int" is int32), not numpy
-# (where np.dtype("float") is float64 and np.dtype("int") is int64). Any other string
-# goes through numpy.dtype().
-_TORCH_NAMES = {
-    "float": float32,
-    "double": float64,
-    "half": float16,
-    "int": int32,
-    "long": int64,
-    "short": int16,
-    "char": int8,
-    "byte": uint8,
-    "bool": bool_,
-    "cfloat": complex64,
-    "cdouble": complex128,
-}
+# Note: dtype strings follow PyTorch ("float" is float32, "int" is int32), not numpy;
+# the table is shared with the sharding rules (placements.rules._core.TORCH_DTYPE_NAMES).
+_TORCH_NAMES = TORCH_DTYPE_NAMES
 
 _default_float = float32
 
@@ -234,4 +223,7 @@ def python_data_dtype(arr: np.ndarray) -> np.dtype:
         return int64
     if kind == "u" or (kind == "O" and all(isinstance(v, builtins.int) for v in arr.flat)):
         raise OverflowError("value cannot be converted to type int64 without overflow")
-    raise DTypeError(f"could not infer a dtype from python data of {arr.dtype} values")
+    raise DTypeError(
+        f"could not infer a dtype from python data of {arr.dtype} values (tensors hold "
+        "bool, int, float or complex values)"
+    )

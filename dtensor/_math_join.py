@@ -7,10 +7,11 @@ new tensor (never a view of an input).
 
 from __future__ import annotations
 
+from placements.rules._core import norm_dims
+
 from ._math_base import (
     as_array,
     new_array,
-    norm_dims,
     promote_types,
     wrap,
     xp_of,
@@ -57,7 +58,7 @@ def cat(tensors, dim: int = 0) -> Tensor:
     if not kept:
         return wrap(new_array((0,), dt, arrays[0]))
     first = kept[0]
-    d = _norm_dim(dim, first.ndim)
+    d = _norm_dim(dim, first.ndim, "cat")
     if first.ndim == 0:
         raise ShardingError("cat: zero-dimensional tensor cannot be concatenated")
     for i, a in enumerate(kept):
@@ -104,7 +105,7 @@ def stack(tensors, dim: int = 0) -> Tensor:
                 f"stack: expects each tensor to be equal size, but got {list(first.shape)} at "
                 f"entry 0 and {list(a.shape)} at entry {i}"
             )
-    d = _norm_dim(dim, first.ndim + 1)
+    d = _norm_dim(dim, first.ndim + 1, "stack")
     shape = first.shape[:d] + (len(arrays),) + first.shape[d:]
     o = new_array(shape, _promoted(arrays), first)
     return wrap(xp_of(first).stack(arrays, axis=d, out=o))
@@ -131,10 +132,11 @@ def flip(input: Tensor, dims) -> Tensor:
     """
     a = as_array("flip", input)
     # Note: numpy's flip is a view; PyTorch's (and this) is a copy.
-    axes = norm_dims("flip", dims, a.ndim)
+    dims = (dims,) if hasattr(dims, "__index__") else tuple(dims)
+    axes = norm_dims("flip", dims, a.ndim) if dims else ()  # no dims: nothing flipped
     o = new_array(a.shape, a.dtype, a)
     xp = xp_of(a)
-    xp.copyto(o, a if axes is None else xp.flip(a, axis=axes))
+    xp.copyto(o, xp.flip(a, axis=axes) if axes else a)
     return wrap(o)
 
 
@@ -165,7 +167,7 @@ def roll(input: Tensor, shifts, dims=None) -> Tensor:
             f"roll: shifts and dimensions must align. shifts: {len(shifts_t)}, dims: "
             f"{len(dims_t)}"
         )
-    axes = tuple(_norm_dim(d, a.ndim) for d in dims_t)
+    axes = tuple(_norm_dim(d, a.ndim, "roll") for d in dims_t)
     if a.ndim == 0:
         return wrap(a.copy())
     return wrap(xp.roll(a, shifts_t, axis=axes))

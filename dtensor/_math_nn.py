@@ -3,12 +3,17 @@ dropout and mse_loss.
 
 All are **Local** plain functions with the names and arguments of
 ``torch.nn.functional``. Softmax-like kernels subtract the maximum first (numerically
-stable); float16 inputs compute in float32 and return float16.
+stable); float16 inputs compute in float32 and return float16. With the compiled
+extension enabled, softmax and log_softmax along the last axis of a contiguous
+float32/float64 host array run one compiled loop (sums in float64).
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+import fastpath as _fp
+from placements.rules.nn import check_embedding_indices
 
 from . import _random
 from ._dtypes import to_dtype
@@ -25,9 +30,11 @@ from ._math_base import (
     xp_of,
 )
 from ._tensor import Tensor, _norm_dim
-from .errors import DTypeError, ShardingError
+from .errors import DimError, DTypeError, ShardingError
 
 _REDUCTIONS = ("none", "mean", "sum")
+# compiled last-axis softmax loops for contiguous float32/float64 host arrays
+_KERNELS = _fp.kernels if _fp.ENABLED else None
 
 
 def _float_input(op: str, input, dtype=None):
@@ -49,9 +56,9 @@ def _log_softmax_arr(a, d):
     return z
 
 
-def _softmax_axis(a, dim):
+def _softmax_axis(op, a, dim):
     """(array, axis) for a softmax along ``dim``; a 0-d input is seen as shape (1,)."""
-    d = _norm_dim(dim, a.ndim)
+    d = _norm_dim(dim, a.ndim, op)
     return (a.reshape(1), 0) if a.ndim == 0 else (a, d)
 
 
@@ -72,7 +79,11 @@ def softmax(input: Tensor, dim: int, dtype=None) -> Tensor:
         NaN along slices that are all ``-inf``.
     """
     a = _float_input("softmax", input, dtype)
-    x, d = _softmax_axis(a, dim)
+    x, d = _softmax_axis("softmax", a, dim)
+    if _KERNELS is not None and d == x.ndim - 1:
+        r = _KERNELS.softmax_lastdim(x, False, out_buffer(x.shape, x.dtype, x))
+        if r is not None:
+            return wrap(r.reshape(a.shape))
     xp = xp_of(x)
     if x.size == 0:
         return wrap(new_array(a.shape, a.dtype, a))
@@ -100,7 +111,11 @@ def log_softmax(input: Tensor, dim: int, dtype=None) -> Tensor:
     Tensor
     """
     a = _float_input("log_softmax", input, dtype)
-    x, d = _softmax_axis(a, dim)
+    x, d = _softmax_axis("log_softmax", a, dim)
+    if _KERNELS is not None and d == x.ndim - 1:
+        r = _KERNELS.softmax_lastdim(x, True, out_buffer(x.shape, x.dtype, x))
+        if r is not None:
+            return wrap(r.reshape(a.shape))
     if x.size == 0:
         return wrap(new_array(a.shape, a.dtype, a))
     return wrap(_log_softmax_arr(x, d).astype(a.dtype, copy=False).reshape(a.shape))
@@ -162,6 +177,20 @@ def _affine_param(name: str, p, ns: tuple):
     return arr
 
 
+def check_index_range(idx, n: int) -> None:
+    """Raise DimError unless every embedding index in array ``idx`` lies in ``[0, n)``.
+
+    **Local** (a distributed embedding passes the GLOBAL ``num_embeddings``)."""
+    if idx.size:
+        xp = xp_of(idx)
+        lo, hi = int(xp.min(idx)), int(xp.max(idx))
+        if lo < 0 or hi >= n:
+            raise DimError(
+                f"embedding: index {lo if lo < 0 else hi} out of range in self "
+                f"(num_embeddings {n})"
+            )
+
+
 def embedding(input: Tensor, weight: Tensor, padding_idx=None) -> Tensor:
     """Rows of ``weight`` selected by the integer tensor ``input``. **Local**.
 
@@ -181,27 +210,20 @@ def embedding(input: Tensor, weight: Tensor, padding_idx=None) -> Tensor:
 
     Raises
     ------
-    IndexError
-        For an index out of range.
+    DTypeError
+        For indices of a non-integer dtype.
+    DimError
+        For an index out of range (an IndexError).
     """
     idx, w = as_array("embedding", input), as_array("embedding", weight)
-    if idx.dtype.kind not in "iu":
-        raise DTypeError(
-            f"embedding: expected indices of an integer dtype (Long, Int), got {tname(idx.dtype)}"
-        )
+    check_embedding_indices(idx.dtype)
     if w.ndim != 2:
         raise ShardingError(f"embedding: weight must be 2-D, got {w.ndim}-D")
     n = w.shape[0]
     if padding_idx is not None and not -n <= padding_idx < n:
-        raise IndexError(f"embedding: padding_idx {padding_idx} must be within num_embeddings {n}")
+        raise DimError(f"embedding: padding_idx {padding_idx} must be within num_embeddings {n}")
+    check_index_range(idx, n)
     xp = xp_of(w)
-    if idx.size:
-        lo, hi = int(xp.min(idx)), int(xp.max(idx))
-        if lo < 0 or hi >= n:
-            raise IndexError(
-                f"embedding: index {lo if lo < 0 else hi} out of range in self "
-                f"(num_embeddings {n})"
-            )
     o = new_array(tuple(idx.shape) + (w.shape[1],), w.dtype, w)
     return wrap(xp.take(w, idx, axis=0, out=o))
 
@@ -298,7 +320,7 @@ def _nll(x, t, logp, wb, w, cdim, ignore_index, label_smoothing, xp):
     valid = t != ignore_index
     bad = valid & ((t < 0) | (t >= n_classes))
     if xp.any(bad):
-        raise IndexError(f"cross_entropy: target {int(t[bad][0])} is out of bounds "
+        raise DimError(f"cross_entropy: target {int(t[bad][0])} is out of bounds "
                          f"(classes 0..{n_classes - 1})")
     tc = xp.where(valid, t, 0).astype(np.int64)
     picked = xp.take_along_axis(logp, xp.expand_dims(tc, cdim), axis=cdim).squeeze(cdim)

@@ -15,13 +15,14 @@ from collections import namedtuple
 
 import numpy as np
 
+from placements.rules._core import norm_dims
+
 from ._dtypes import to_dtype
 from ._math_base import (
     INT64,
     acc_dtype,
     as_array,
     float_dtype,
-    norm_dims,
     out_buffer,
     real_dtype,
     reduced_shape,
@@ -102,7 +103,7 @@ def prod(input: Tensor, dim=None, keepdim: bool = False, *, dtype=None) -> Tenso
 
 
 def _count(shape, axes) -> int:
-    return math.prod(shape) if axes is None else math.prod(shape[i] for i in axes)
+    return math.prod(shape[i] for i in axes)
 
 
 def mean(input: Tensor, dim=None, keepdim: bool = False, *, dtype=None) -> Tensor:
@@ -253,7 +254,7 @@ def _arg(op, a, dim, keepdim):
         # Note: with dim=None, keepdim=True keeps every dim as size 1 (numpy's behaviour).
         r = fn(a, axis=None, keepdims=keepdim) if keepdim else fn(a)
     else:
-        d = _norm_dim(dim, a.ndim)
+        d = _norm_dim(dim, a.ndim, op)
         if a.ndim == 0:
             return xp.zeros((), INT64)
         _nonempty(op, a, (d,))
@@ -298,10 +299,10 @@ def _max_min(op, input, dim, keepdim, pairwise, result):
         return pairwise(input, dim)
     a = as_array(op, input)
     xp = xp_of(a)
-    idx = _arg("argmax" if op == "max" else "argmin", a, dim, True)
+    d = _norm_dim(dim, a.ndim, op)
+    idx = _arg("argmax" if op == "max" else "argmin", a, d, True)
     if a.ndim == 0:
         return result(wrap(a.copy()), wrap(idx))
-    d = _norm_dim(dim, a.ndim)
     values = xp.take_along_axis(a, idx, axis=d)
     if not keepdim:
         values, idx = values.squeeze(d), idx.squeeze(d)
@@ -359,9 +360,9 @@ def norm(input: Tensor, p="fro", dim=None, keepdim: bool = False, *, dtype=None)
     x = xp.abs(a)
     rt = x.dtype
     if p == math.inf:
-        return amax(wrap(x), () if axes is None else axes, keepdim)
+        return amax(wrap(x), axes, keepdim)
     if p == -math.inf:
-        return amin(wrap(x), () if axes is None else axes, keepdim)
+        return amin(wrap(x), axes, keepdim)
     if p == 0:
         return wrap(_reduce(xp.sum, x != 0, axes, keepdim, rt))
     if p == 1:
@@ -411,7 +412,7 @@ def logsumexp(input: Tensor, dim, keepdim: bool = False) -> Tensor:
 
 def _scan(op, input, dim, dtype):
     a = as_array(op, input)
-    d = _norm_dim(dim, a.ndim)
+    d = _norm_dim(dim, a.ndim, op)
     rt = _sum_dtype(a.dtype, dtype)
     xp = xp_of(a)
     fn = xp.cumsum if op == "cumsum" else xp.cumprod

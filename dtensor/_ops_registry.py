@@ -249,7 +249,8 @@ def _squeeze_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
 
 
 def _embedding_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
-    """Row-sharded weight: local rows only, other indices give zeros (``P(sum)`` output)."""
+    """Row-sharded weight: local rows only, other indices give zeros (``P(sum)`` output);
+    an index outside the GLOBAL rows raises as the unsharded embedding does."""
     w = schema.args[1]
     target = strategy.input_placements[1]
     if not any(p.is_shard(0) for p in target):
@@ -261,6 +262,7 @@ def _embedding_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
 
     def local(input, weight, padding_idx):
         idx = input._arr
+        _math_nn.check_index_range(idx, w.shape[0])
         outside = (idx < start) | (idx >= start + rows)
         if rows == 0:
             return _filled(weight, out_shape, 0, weight.dtype)
@@ -403,7 +405,9 @@ def _register() -> None:
     _method("unsqueeze", Tensor.unsqueeze, ("input", "dim"), ("dim",))
     _method("narrow", Tensor.narrow, ("input", "dim", "start", "length"),
             ("dim", "start", "length"))
-    _method("select", Tensor.select, ("input", "dim", "index"), ("dim",))
+    # index is static so that the rule checks it against the global size (before any
+    # redistribution); one cache entry per index value
+    _method("select", Tensor.select, ("input", "dim", "index"), ("dim", "index"))
     _method("getitem", Tensor.__getitem__, ("input", "idx"), ("idx",))
     _method("split", Tensor.split, ("input", "split_size_or_sections", "dim"),
             ("split_size_or_sections", "dim"), {"dim": 0})

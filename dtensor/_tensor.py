@@ -24,10 +24,11 @@ import operator
 import numpy as np
 
 import fastpath as _fp
+from placements.rules._core import norm_dim as _rules_norm_dim
 
 from . import _allocator, _dtypes, _strides
 from . import _backend as B
-from .errors import ViewError
+from .errors import DimError, ViewError
 
 __all__ = ["Size", "Storage", "Tensor", "is_tensor"]
 
@@ -150,30 +151,27 @@ def is_tensor(obj) -> bool:
     return isinstance(obj, Tensor)
 
 
-def _norm_dim(dim, ndim: int) -> int:
+def _norm_dim(dim, ndim: int, op: str | None = None) -> int:
     """Wrap a possibly negative ``dim`` into ``[0, ndim)``, like PyTorch's ``maybe_wrap_dim``.
 
-    **Local.** A 0-d tensor accepts dims 0 and -1 (as PyTorch does).
+    **Local.** A 0-d tensor accepts dims 0 and -1 (as PyTorch does). In-range python ints
+    are handled inline; the rest goes to the rules' ``norm_dim`` (one dim check for local
+    tensors and DTensors).
 
     Raises
     ------
-    IndexError
-        ``Dimension out of range (expected to be in range of [-2, 1], but got 2)``.
+    DimError
+        ``op: Dimension out of range (expected to be in range of [-2, 1], but got 2)``
+        (without ``op:`` when ``op`` is None).
     TypeError
         If ``dim`` is not an integer.
     """
-    if type(dim) is not int:
-        dim = operator.index(dim)
-    if 0 <= dim < ndim:
-        return dim
-    if -ndim <= dim < 0:
-        return dim + ndim
-    if ndim == 0 and dim in (0, -1):
-        return 0
-    lo, hi = (-ndim, ndim - 1) if ndim else (-1, 0)
-    raise IndexError(
-        f"Dimension out of range (expected to be in range of [{lo}, {hi}], but got {dim})"
-    )
+    if type(dim) is int:
+        if 0 <= dim < ndim:
+            return dim
+        if -ndim <= dim < 0:
+            return dim + ndim
+    return _rules_norm_dim(dim, ndim, op)
 
 
 def _is_int_like(x) -> bool:
@@ -326,7 +324,7 @@ class Tensor(_fp.TensorBase):
         arr = self._arr
         if dim is None:
             return Size(arr.shape)
-        return arr.shape[self._dim_of_nonscalar(dim)]
+        return arr.shape[self._dim_of_nonscalar(dim, "size")]
 
     def stride(self, dim: int | None = None):
         """Strides in elements (a tuple), or the stride of one dim. **Local.**"""
@@ -334,13 +332,13 @@ class Tensor(_fp.TensorBase):
         isz = arr.itemsize
         if dim is None:
             return tuple([s // isz for s in arr.strides])
-        return arr.strides[self._dim_of_nonscalar(dim)] // isz
+        return arr.strides[self._dim_of_nonscalar(dim, "stride")] // isz
 
-    def _dim_of_nonscalar(self, dim) -> int:
+    def _dim_of_nonscalar(self, dim, op: str) -> int:
         ndim = self._arr.ndim
         if ndim == 0:
-            raise IndexError(f"dimension specified as {dim} but tensor has no dimensions")
-        return _norm_dim(dim, ndim)
+            raise DimError(f"{op}: dimension specified as {dim} but tensor has no dimensions")
+        return _norm_dim(dim, ndim, op)
 
     def storage_offset(self) -> int:
         """Offset of the first element in the storage, in elements. **Local.**"""
@@ -699,7 +697,7 @@ class Tensor(_fp.TensorBase):
         """View with two dims swapped. **Local.**"""
         arr = self._arr
         ndim = arr.ndim
-        d0, d1 = _norm_dim(dim0, ndim), _norm_dim(dim1, ndim)
+        d0, d1 = _norm_dim(dim0, ndim, "transpose"), _norm_dim(dim1, ndim, "transpose")
         return _wrap(arr.swapaxes(d0, d1) if ndim else arr.view(), self._storage)
 
     swapaxes = transpose
@@ -746,7 +744,7 @@ class Tensor(_fp.TensorBase):
                 f"length of the desired ordering of dimensions i.e. input.dim() = {ndim} "
                 f"is not equal to len(dims) = {len(dims)}"
             )
-        perm = tuple([_norm_dim(d, ndim) for d in dims])
+        perm = tuple([_norm_dim(d, ndim, "permute") for d in dims])
         if len(set(perm)) != ndim:
             raise ViewError(f"permute(): duplicate dims are not allowed: {list(dims)}")
         return _wrap(arr.transpose(perm), self._storage)
@@ -761,8 +759,8 @@ class Tensor(_fp.TensorBase):
                 f"({src} dims) should contain the same number of dims as destination "
                 f"({dst} dims)"
             )
-        src = [_norm_dim(d, ndim) for d in src]
-        dst = [_norm_dim(d, ndim) for d in dst]
+        src = [_norm_dim(d, ndim, "movedim") for d in src]
+        dst = [_norm_dim(d, ndim, "movedim") for d in dst]
         for name, ds in (("source", src), ("destination", dst)):
             if len(set(ds)) != len(ds):
                 raise ViewError(f"movedim: repeated dim in `{name}` ({ds})")
@@ -778,14 +776,14 @@ class Tensor(_fp.TensorBase):
         arr = self._arr
         if arr.ndim == 0:
             raise ViewError("narrow() cannot be applied to a 0-dim tensor.")
-        dim = _norm_dim(dim, arr.ndim)
+        dim = _norm_dim(dim, arr.ndim, "narrow")
         size = arr.shape[dim]
         start, length = operator.index(start), operator.index(length)
         if length < 0:
             raise ViewError("narrow(): length must be non-negative.")
         if not -size <= start <= size:
-            raise IndexError(
-                f"start out of range (expected to be in range of [{-size}, {size}], "
+            raise DimError(
+                f"narrow(): start out of range (expected to be in range of [{-size}, {size}], "
                 f"but got {start})"
             )
         if start < 0:
@@ -809,12 +807,12 @@ class Tensor(_fp.TensorBase):
         """View of entry ``index`` of ``dim`` (the dim is removed). **Local.**"""
         arr = self._arr
         if arr.ndim == 0:
-            raise IndexError("select() cannot be applied to a 0-dim tensor.")
-        dim = _norm_dim(dim, arr.ndim)
+            raise DimError("select() cannot be applied to a 0-dim tensor.")
+        dim = _norm_dim(dim, arr.ndim, "select")
         size = arr.shape[dim]
         index = operator.index(index)
         if not -size <= index < size:
-            raise IndexError(
+            raise DimError(
                 f"select(): index {index} out of range for tensor of size {list(arr.shape)} "
                 f"at dimension {dim}"
             )
@@ -830,7 +828,7 @@ class Tensor(_fp.TensorBase):
             return _wrap(arr.squeeze(), self._storage)
         ndim = arr.ndim
         shape = arr.shape
-        dims = {_norm_dim(d, ndim) for d in _dims_arg(dim)}
+        dims = {_norm_dim(d, ndim, "squeeze") for d in _dims_arg(dim)}
         axes = tuple([d for d in dims if ndim and shape[d] == 1])
         return _wrap(arr.squeeze(axes), self._storage)
 
@@ -838,7 +836,7 @@ class Tensor(_fp.TensorBase):
         """View with a size-1 dim inserted at ``dim``. **Local.**"""
         arr = self._arr
         ndim = arr.ndim
-        dim = _norm_dim(dim, ndim + 1)
+        dim = _norm_dim(dim, ndim + 1, "unsqueeze")
         shape, strides = arr.shape, self.stride()
         new_stride = shape[dim] * strides[dim] if dim < ndim else 1
         return self._restride(
@@ -897,7 +895,7 @@ class Tensor(_fp.TensorBase):
         ndim = arr.ndim
         if ndim == 0:
             return self.reshape(1)
-        start, end = _norm_dim(start_dim, ndim), _norm_dim(end_dim, ndim)
+        start, end = _norm_dim(start_dim, ndim, "flatten"), _norm_dim(end_dim, ndim, "flatten")
         if start > end:
             raise ViewError("flatten() has invalid args: start_dim cannot come after end_dim")
         if start == end:
@@ -911,7 +909,7 @@ class Tensor(_fp.TensorBase):
     def unflatten(self, dim: int, sizes) -> Tensor:
         """View with ``dim`` split into ``sizes`` (one may be -1). **Local.**"""
         arr = self._arr
-        dim = _norm_dim(dim, arr.ndim)
+        dim = _norm_dim(dim, arr.ndim, "unflatten")
         sizes = tuple(sizes)
         if not sizes:
             raise ViewError("unflatten: sizes must be non-empty")
@@ -929,8 +927,8 @@ class Tensor(_fp.TensorBase):
         """All slices along ``dim`` (views without that dim). **Local.**"""
         arr = self._arr
         if arr.ndim == 0:
-            raise IndexError("unbind() cannot be applied to a 0-dim tensor.")
-        dim = _norm_dim(dim, arr.ndim)
+            raise DimError("unbind() cannot be applied to a 0-dim tensor.")
+        dim = _norm_dim(dim, arr.ndim, "unbind")
         lead = (slice(None),) * dim
         st = self._storage
         return tuple([_wrap(arr[(*lead, i, Ellipsis)], st) for i in range(arr.shape[dim])])
@@ -947,7 +945,7 @@ class Tensor(_fp.TensorBase):
         ndim = self._arr.ndim
         if ndim == 0:
             raise ViewError(f"{op} expects at least a 1-dimensional tensor")
-        return _norm_dim(dim, ndim)
+        return _norm_dim(dim, ndim, op)
 
     def split(self, split_size_or_sections, dim: int = 0) -> tuple:
         """Views of consecutive pieces along ``dim``. **Local.**

@@ -15,7 +15,12 @@ Which type for which check:
   that would change its input's placements;
 - :class:`DTypeError`: a dtype the op does not support (reductions included);
 - :class:`ViewError`: ``view`` incompatible with the input's strides, a bad view size;
-- :class:`DimError`: a tensor dim or an index out of range;
+- :class:`DimError`: a tensor dim or an index out of range: every ``dim`` argument, local
+  or distributed, goes through one check (``placements.rules._core.norm_dim``) whose
+  message names the op, the value and the valid range, e.g. ``sum: Dimension out of range
+  (expected to be in range of [-2, 1], but got 3)``; also indices (``x[10]`` of a DTensor,
+  ``embedding``, ``cross_entropy`` targets). A Shard dim out of range stays a
+  PlacementError;
 - :class:`NoRuleError`: an op without a sharding rule or local kernel for its inputs;
 - :class:`CommError`: a failure in, or an SPMD divergence before, a collective;
 - :class:`ConfigError`: a bad setting (an environment variable such as
@@ -33,6 +38,7 @@ __all__ = [
     "MeshError",
     "NoRuleError",
     "PlacementError",
+    "ShardDimError",
     "ShardingError",
     "ViewError",
 ]
@@ -71,7 +77,14 @@ class CommError(DTensorError, RuntimeError):
 
 
 class DimError(DTensorError, IndexError):
-    """A tensor dim or an index out of range for the tensor's shape."""
+    """A tensor dim or an index out of range for the tensor's shape (an IndexError, as in
+    PyTorch, so ``except IndexError`` keeps working)."""
+
+
+class ShardDimError(PlacementError, DimError):
+    """A ``Shard(dim)`` whose dim is out of range for the tensor: both a PlacementError (a
+    bad placement) and a DimError (a dim out of range), as numpy's AxisError is both a
+    ValueError and an IndexError."""
 
 
 class ConfigError(DTensorError, ValueError):

@@ -26,7 +26,7 @@ import functools
 from collections.abc import Sequence
 from typing import NoReturn
 
-from .errors import MeshError, PlacementError, ShardingError
+from .errors import MeshError, PlacementError, ShardDimError, ShardingError
 from .types import Placement, Shard, short_placements
 
 __all__ = [
@@ -90,8 +90,8 @@ def normalize_placements(
     Raises
     ------
     PlacementError
-        A non-placement entry, a count different from the mesh rank, or a shard dim out of
-        range for the tensor.
+        A non-placement entry or a count different from the mesh rank; a shard dim out of
+        range for the tensor raises its subclass ShardDimError (also a DimError).
     """
     placements = tuple(placements)
     try:
@@ -139,7 +139,7 @@ def _raise_invalid(
         )
     ndim = len(shape)
     bad = next(p for p in placements if p.kind == "S" and not -ndim <= p.dim < ndim)
-    raise PlacementError(
+    raise ShardDimError(
         f"{bad!r} is out of range for a {ndim}-D tensor of shape {shape} "
         f"(placements [{short_placements(placements, ', ')}])"
     )

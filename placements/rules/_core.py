@@ -34,12 +34,13 @@ from __future__ import annotations
 import difflib
 import itertools
 import math
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import NoRuleError, ShardingError
+from ..errors import DimError, DTypeError, NoRuleError, ShardingError
 from ..spec import DTensorSpec
 from ..types import Partial, Placement, Replicate, Shard, short_placements
 
@@ -190,34 +191,50 @@ def P(op: str) -> Partial:
 
 
 # -- shared metadata helpers --------------------------------------------------------------
-def norm_dim(dim: object, ndim: int) -> int:
+def norm_dim(dim: object, ndim: int, op: str | None = None) -> int:
     """A dim in ``[0, ndim)`` (a 0-d tensor accepts 0 and -1, as in PyTorch). **Local**.
 
-    Raises IndexError with PyTorch's wording, like the local kernels.
+    The one dim check of the package: the rules and the local tensor's ``_norm_dim`` use
+    it, so a local Tensor and a DTensor raise the same error.
+
+    Raises
+    ------
+    DimError
+        PyTorch's wording after the op's name (no prefix when ``op`` is None):
+        ``sum: Dimension out of range (expected to be in range of [-2, 1], but got 3)``.
+    TypeError
+        If ``dim`` is not an integer.
     """
-    n = ndim if ndim else 1
+    where = f"{op}: " if op else ""
     try:
-        d = int(dim)  # type: ignore[call-overload]
+        d = operator.index(dim)  # type: ignore[arg-type]
     except TypeError:
-        raise TypeError(f"dim must be an int, got {type(dim).__name__} ({dim!r})") from None
+        raise TypeError(f"{where}dim must be an int, got {type(dim).__name__} ({dim!r})") from None
+    n = ndim if ndim else 1
     if not -n <= d < n:
-        raise IndexError(
-            f"Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {d})"
+        raise DimError(
+            f"{where}Dimension out of range (expected to be in range of [{-n}, {n - 1}], "
+            f"but got {d})"
         )
     return d % n if ndim else 0
 
 
 def norm_dims(op: str, dim: object, ndim: int) -> tuple[int, ...]:
-    """A reduction's ``dim`` (None, int or sequence) as sorted axes; None/()/0-d: all."""
-    if dim is None or ndim == 0:
+    """A reduction's ``dim`` (None, int or sequence) as sorted axes; None or (): all.
+
+    **Local**. Every given dim is checked (a 0-d tensor accepts 0 and -1 and has no axes).
+    A dim given twice raises ShardingError; one out of range, :class:`DimError`.
+    """
+    if dim is None:
         return tuple(range(ndim))
-    if isinstance(dim, (int, np.integer)):
-        return (norm_dim(dim, ndim),)
-    axes = tuple(norm_dim(d, ndim) for d in dim)  # type: ignore[attr-defined]
+    if isinstance(dim, (int, np.integer)) or not hasattr(dim, "__iter__"):
+        d = norm_dim(dim, ndim, op)  # one dim (a TypeError naming the op if not an int)
+        return (d,) if ndim else ()
+    axes = tuple(norm_dim(d, ndim, op) for d in dim)  # type: ignore[attr-defined]
     if len(set(axes)) != len(axes):
         raise ShardingError(f"{op}: dim {list(dim)} has a dim that appears multiple times")
     # Note: like PyTorch, an empty dim list reduces over every dim.
-    return tuple(sorted(axes)) if axes else tuple(range(ndim))
+    return tuple(sorted(axes)) if axes and ndim else tuple(range(ndim))
 
 
 def broadcast_shapes(op: str, shapes: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
@@ -320,16 +337,43 @@ def can_cast(src: np.dtype, dst: np.dtype) -> bool:
     return _CATEGORY[src.kind] <= _CATEGORY[dst.kind]
 
 
+# Note: dtype strings follow PyTorch ("float" is float32, "int" is int32), not numpy (where
+# np.dtype("float") is float64 and np.dtype("int") is int64). Any other string goes through
+# numpy.dtype(). The local tensor's ``to_dtype`` uses this table too.
+TORCH_DTYPE_NAMES = {
+    "float": np.dtype(np.float32),
+    "double": np.dtype(np.float64),
+    "half": np.dtype(np.float16),
+    "int": np.dtype(np.int32),
+    "long": INT64,
+    "short": np.dtype(np.int16),
+    "char": np.dtype(np.int8),
+    "byte": np.dtype(np.uint8),
+    "bool": BOOL,
+    "cfloat": np.dtype(np.complex64),
+    "cdouble": np.dtype(np.complex128),
+}
+
+
 def as_dtype(value: object, default_float: np.dtype) -> np.dtype:
     """A ``dtype=`` argument as a numpy dtype (python ``float`` is the default float dtype,
-    ``int`` int64, ``bool`` bool, as in PyTorch's TensorOptions). **Local**."""
+    ``int`` int64, ``bool`` bool, as in PyTorch's TensorOptions; strings as in
+    :data:`TORCH_DTYPE_NAMES`). **Local**.
+
+    Raises DTypeError (as the local tensor's ``to_dtype``) for what is not a dtype.
+    """
     if value is float:
         return default_float
     if value is complex:
         return np.dtype(np.complex128 if default_float == np.float64 else np.complex64)
     if value is int:
         return INT64
-    return np.dtype(value)  # type: ignore[call-overload]
+    if isinstance(value, str) and value in TORCH_DTYPE_NAMES:
+        return TORCH_DTYPE_NAMES[value]
+    try:
+        return np.dtype(value)  # type: ignore[call-overload]
+    except TypeError as exc:
+        raise DTypeError(f"cannot interpret {value!r} as a dtype") from exc
 
 
 def float_dtype(dtype: np.dtype, default_float: np.dtype) -> np.dtype:

@@ -14,6 +14,10 @@ with its 1-D and broadcast batch cases, ``linear`` as ``...i,oi->...o``...) and 
 An added term (``addmm``'s ``input``, ``linear``'s ``bias``) follows the output: sharded
 like the output dims it has, Partial when the output is Partial (a replicated bias is then
 split so that it is added once).
+
+Before that, :func:`check_sizes` compares the operands' GLOBAL sizes letter by letter: a
+mismatch is a ShardingError naming the op and the global shapes (the dispatcher adds the
+placements), raised identically on every rank before any redistribution or local kernel.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from ._core import (
     result_dtype,
 )
 
-__all__ = ["einsum_result", "parse_einsum", "product_rule"]
+__all__ = ["check_sizes", "einsum_result", "parse_einsum", "product_rule"]
 
 
 def parse_einsum(equation: str, ndims: list[int]) -> tuple[list[str], str]:
@@ -137,6 +141,43 @@ def einsum_result(
     return RuleResult((out_shape,), (dtype,), cands)
 
 
+def check_sizes(
+    op: str,
+    subs: list[str],
+    operands: list[ArgMeta],
+    loose: str,
+    equation: str | None = None,
+) -> None:
+    """Raise ShardingError unless the operands' GLOBAL sizes agree on every subscript.
+
+    **Local**: a pure function of the global shapes, so every rank raises the same error
+    before any redistribution or local kernel runs. A letter in ``loose`` broadcasts (size
+    1 against n, across operands: einsum's letters, matmul's batch dims); the others must
+    match exactly (contracted dims, ``bmm``'s batch). ``equation`` is einsum's, for the
+    message.
+    """
+    first: dict[str, tuple[int, int, int]] = {}  # letter -> (operand, dim, size)
+    for i, (sub, a) in enumerate(zip(subs, operands)):
+        for pos, (c, n) in enumerate(zip(sub, a.shape)):
+            j, jpos, m = first.setdefault(c, (i, pos, n))
+            if m == n or (c in loose and i != j and 1 in (m, n)):
+                if m == 1:
+                    first[c] = (i, pos, n)
+                continue
+            if equation is not None:
+                name = repr(c) if c in equation else "'...'"
+                raise ShardingError(
+                    f"einsum: subscript {name} of equation {equation!r} is {m} in dim {jpos} "
+                    f"of operand {j} of shape {operands[j].shape} but {n} in dim {pos} of "
+                    f"operand {i} of shape {a.shape}"
+                )
+            shapes = " and ".join(str(b.shape) for b in operands)
+            raise ShardingError(f"{op}: shapes {shapes} cannot be multiplied ({m} != {n})")
+
+
+_BATCH = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"  # matmul's batch letters (they broadcast)
+
+
 def _matmul_subs(op: str, sa: tuple[int, ...], sb: tuple[int, ...]) -> tuple[list[str], str]:
     if not sa or not sb:
         raise ShardingError(
@@ -144,7 +185,7 @@ def _matmul_subs(op: str, sa: tuple[int, ...], sb: tuple[int, ...]) -> tuple[lis
             f"{len(sb)}D"
         )
     nb = max(len(sa), len(sb)) - 2
-    batch = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"[: max(nb, 0)]
+    batch = _BATCH[: max(nb, 0)]
     a = "k" if len(sa) == 1 else batch[len(batch) - (len(sa) - 2) :] + "mk"
     b = "k" if len(sb) == 1 else batch[len(batch) - (len(sb) - 2) :] + "kn"
     out = batch + ("m" if len(sa) > 1 else "") + ("n" if len(sb) > 1 else "")
@@ -191,6 +232,8 @@ def product_rule(schema: OpSchema) -> RuleResult:
         else:
             subs, out = _matmul_subs(op, operands[0].shape, operands[1].shape)
         order = (0, 1)
+    equation = str(schema.get("equation")) if op == "einsum" else None
+    check_sizes(op, list(subs), operands, _BATCH if equation is None else "".join(subs), equation)
     if addend is None and len(order) > len(operands):  # linear without bias
         order = order[: len(operands)]
     result = einsum_result(

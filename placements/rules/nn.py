@@ -22,7 +22,9 @@ cross_entropy, mse_loss, dropout.
 
 from __future__ import annotations
 
-from ..errors import ShardingError
+import numpy as np
+
+from ..errors import DTypeError, ShardingError
 from ._core import (
     Candidate,
     OpSchema,
@@ -38,7 +40,7 @@ from ._core import (
     result_dtype,
 )
 
-__all__ = ["nn_rule"]
+__all__ = ["check_embedding_indices", "nn_rule"]
 
 _KINDS = ("sum", "avg", "max", "min")
 
@@ -46,7 +48,7 @@ _KINDS = ("sum", "avg", "max", "min")
 def _softmax(schema: OpSchema) -> RuleResult:
     a = schema.args[0]
     ndim = len(a.shape)  # type: ignore[union-attr]
-    d = norm_dim(schema.get("dim"), ndim)
+    d = norm_dim(schema.get("dim"), ndim, schema.op)
     dtype = schema.get("dtype")
     dt = a.dtype if dtype is None else as_dtype(dtype, schema.default_float)  # type: ignore[union-attr]
     cands = [Candidate((R, R))]
@@ -72,14 +74,23 @@ def _layer_norm(schema: OpSchema) -> RuleResult:
     return RuleResult((x.shape,), (dtype,), tuple(cands))  # type: ignore[union-attr]
 
 
+def check_embedding_indices(dtype: np.dtype) -> None:
+    """Raise DTypeError unless ``dtype`` (embedding's indices) is an integer dtype.
+
+    **Local**. The local kernel and the rule both call it, so a local Tensor and a DTensor
+    raise the same error (a DTensor's before any communication).
+    """
+    if dtype.kind not in "iu":
+        raise DTypeError(
+            f"embedding: expected indices of an integer dtype (int64, int32...), got {dtype.name}"
+        )
+
+
 def _embedding(schema: OpSchema) -> RuleResult:
     idx, w = schema.args[:2]
+    check_embedding_indices(idx.dtype)  # type: ignore[union-attr]
     if len(w.shape) != 2:  # type: ignore[union-attr]
         raise ShardingError(f"embedding: weight must be 2-D, got shape {w.shape}")  # type: ignore[union-attr]
-    if idx.dtype.kind not in "iu":  # type: ignore[union-attr]
-        raise ShardingError(
-            f"embedding: indices must be an integer tensor, got {idx.dtype}"  # type: ignore[union-attr]
-        )
     nd = len(idx.shape)  # type: ignore[union-attr]
     rest = (None,) * (len(schema.args) - 2)
     cands = [Candidate((R, R, R, *rest))]

@@ -158,7 +158,7 @@ def scan_rule(schema: OpSchema) -> RuleResult:
     """Rule of ``cumsum``/``cumprod``: the scanned dim unsharded. **Local**."""
     a = schema.args[0]
     ndim = len(a.shape)  # type: ignore[union-attr]
-    d_scan = norm_dim(schema.get("dim"), ndim)
+    d_scan = norm_dim(schema.get("dim"), ndim, schema.op)
     req = schema.get("dtype")
     dt = a.dtype  # type: ignore[union-attr]
     if req is not None:

@@ -26,6 +26,7 @@ from ._core import (
     S,
     broadcast_shapes,
     norm_dim,
+    norm_dims,
     pointwise_candidates,
     register_rule,
     result_dtype,
@@ -58,7 +59,7 @@ def cat_rule(schema: OpSchema) -> RuleResult:
     shape = args[0].shape  # type: ignore[union-attr]
     ndim = len(shape)
     if schema.op == "stack":
-        d = norm_dim(schema.get("dim", 0), ndim + 1)
+        d = norm_dim(schema.get("dim", 0), ndim + 1, schema.op)
         for a in args:
             if a.shape != shape:  # type: ignore[union-attr]
                 raise ShardingError(
@@ -75,7 +76,7 @@ def cat_rule(schema: OpSchema) -> RuleResult:
     ndim = len(shape)
     if ndim == 0:
         raise ShardingError(f"{schema.op}: zero-dimensional tensor cannot be concatenated")
-    d = norm_dim(schema.get("dim", 0), ndim)
+    d = norm_dim(schema.get("dim", 0), ndim, schema.op)
     for a in kept:
         s = a.shape  # type: ignore[union-attr]
         if len(s) != ndim or s[:d] + s[d + 1 :] != shape[:d] + shape[d + 1 :]:
@@ -134,9 +135,10 @@ def _moved_dims(op: str, schema: OpSchema, ndim: int) -> set[int]:
     dims = schema.get("dims")
     if dims is None:
         return set(range(ndim))
-    if isinstance(dims, (int,)) or hasattr(dims, "__index__"):
-        dims = (dims,)
-    return {norm_dim(d, ndim) for d in dims}  # type: ignore[union-attr]
+    dims = (dims,) if hasattr(dims, "__index__") else tuple(dims)  # type: ignore[arg-type]
+    if op == "flip":  # the local kernel's checks: no dim twice; no dims, nothing flipped
+        return set(norm_dims(op, dims, ndim)) if dims else set()
+    return {norm_dim(d, ndim, op) for d in dims}
 
 
 @register_rule("triu", "tril", "flip", "roll")

@@ -28,7 +28,7 @@ import math
 import operator
 from collections.abc import Sequence
 
-from ..errors import NoRuleError, ShardingError, ViewError
+from ..errors import DimError, NoRuleError, ShardingError, ViewError
 from ..layout import shard_range
 from ._core import Candidate, OpSchema, P, R, RuleResult, S, norm_dim, register_rule
 
@@ -192,7 +192,7 @@ def _getitem(schema: OpSchema, key: object) -> RuleResult:
         else:
             consumed += 1
     if consumed > ndim:
-        raise IndexError(f"too many indices for tensor of dimension {ndim}")
+        raise DimError(f"__getitem__: too many indices for tensor of dimension {ndim}")
     if Ellipsis not in items:
         items = (*items, Ellipsis)
     out_shape: list[int] = []
@@ -217,7 +217,9 @@ def _getitem(schema: OpSchema, key: object) -> RuleResult:
         else:
             i, n = operator.index(it), shape[src]
             if not -n <= i < n:
-                raise IndexError(f"index {i} is out of bounds for dimension {src} with size {n}")
+                raise DimError(
+                    f"__getitem__: index {i} is out of bounds for dimension {src} with size {n}"
+                )
             src += 1
     return _map_result(schema, (tuple(out_shape),), dim_map)
 
@@ -269,16 +271,22 @@ def view_rule(schema: OpSchema) -> RuleResult:
     if op == "flatten":
         if ndim == 0:
             return _reshape(schema, shape, (1,))
-        s, e = norm_dim(get("start_dim", 0), ndim), norm_dim(get("end_dim", -1), ndim)
+        s, e = norm_dim(get("start_dim", 0), ndim, op), norm_dim(get("end_dim", -1), ndim, op)
         if s > e:
             raise ViewError("flatten() has invalid args: start_dim cannot come after end_dim")
         return _reshape(schema, shape, shape[:s] + (math.prod(shape[s : e + 1]),) + shape[e + 1 :])
     if op == "unflatten":
-        d = norm_dim(get("dim"), ndim)
-        sizes = infer_size(_dims(get("sizes")), shape[d])
+        d = norm_dim(get("dim"), ndim, op)
+        try:
+            sizes = infer_size(_dims(get("sizes")), shape[d])
+        except ViewError as exc:
+            raise ViewError(
+                f"unflatten: Provided sizes {list(_dims(get('sizes')))} don't multiply up to "
+                f"the size of dim {d} ({shape[d]}) in the input tensor"
+            ) from exc
         return _reshape(schema, shape, shape[:d] + sizes + shape[d + 1 :])
     if op == "permute":
-        perm = [norm_dim(d, ndim) for d in _dims(get("dims"))]
+        perm = [norm_dim(d, ndim, op) for d in _dims(get("dims"))]
         if sorted(perm) != list(range(ndim)):
             raise ViewError(f"permute(): dims {list(_dims(get('dims')))} are not a permutation "
                             f"of the {ndim} dims of the input")
@@ -286,7 +294,7 @@ def view_rule(schema: OpSchema) -> RuleResult:
     if op in ("transpose", "swapaxes", "swapdims"):
         perm = list(range(ndim))
         if ndim:
-            d0, d1 = norm_dim(get("dim0"), ndim), norm_dim(get("dim1"), ndim)
+            d0, d1 = norm_dim(get("dim0"), ndim, op), norm_dim(get("dim1"), ndim, op)
             perm[d0], perm[d1] = perm[d1], perm[d0]
         return _permutation(schema, perm)
     if op == "t":
@@ -294,8 +302,8 @@ def view_rule(schema: OpSchema) -> RuleResult:
             raise ViewError(f"t() expects a tensor with <= 2 dimensions, but self is {ndim}D")
         return _permutation(schema, list(range(ndim))[::-1])
     if op in ("movedim", "moveaxis"):
-        src = [norm_dim(d, ndim) for d in _dims(get("source"))]
-        dst = [norm_dim(d, ndim) for d in _dims(get("destination"))]
+        src = [norm_dim(d, ndim, op) for d in _dims(get("source"))]
+        dst = [norm_dim(d, ndim, op) for d in _dims(get("destination"))]
         if len(src) != len(dst) or len(set(src)) != len(src) or len(set(dst)) != len(dst):
             raise ViewError(f"movedim: invalid source {src} or destination {dst} dims")
         order = [d for d in range(ndim) if d not in src]
@@ -304,12 +312,12 @@ def view_rule(schema: OpSchema) -> RuleResult:
         return _permutation(schema, order)
     if op == "squeeze":
         dim = get("dim")
-        dims = range(ndim) if dim is None else {norm_dim(d, ndim) for d in _dims(dim)}
+        dims = range(ndim) if dim is None else {norm_dim(d, ndim, op) for d in _dims(dim)}
         removed = [d for d in dims if ndim and shape[d] == 1]
         out = tuple(n for d, n in enumerate(shape) if d not in removed)
         return _map_result(schema, (out,), _keep_except(ndim, removed))
     if op == "unsqueeze":
-        d = norm_dim(get("dim"), ndim + 1)
+        d = norm_dim(get("dim"), ndim + 1, op)
         out = shape[:d] + (1,) + shape[d:]
         return _map_result(schema, (out,), {i: i + (i >= d) for i in range(ndim)})
     if op in ("expand", "expand_as"):
@@ -339,7 +347,7 @@ def view_rule(schema: OpSchema) -> RuleResult:
             raise ViewError(f"expand: invalid sizes {list(sizes)} for a tensor of shape {shape}")
         return _map_result(schema, (tuple(out),), dim_map, extra=int(op == "expand_as"))
     if op == "narrow":
-        d = norm_dim(get("dim"), ndim)
+        d = norm_dim(get("dim"), ndim, op)
         start, length = operator.index(get("start")), operator.index(get("length"))  # type: ignore[arg-type]
         n = shape[d]
         if not -n <= start <= n or length < 0 or (start % n if n else 0) + length > n:
@@ -348,14 +356,18 @@ def view_rule(schema: OpSchema) -> RuleResult:
         out = shape[:d] + (length,) + shape[d + 1 :]
         return _map_result(schema, (out,), _keep_except(ndim, [d], keep_dim=True))
     if op == "select":
-        d = norm_dim(get("dim"), ndim)
+        d = norm_dim(get("dim"), ndim, op)
+        index = operator.index(get("index", 0))  # type: ignore[arg-type]
+        if not -shape[d] <= index < shape[d]:
+            raise DimError(f"select(): index {index} out of range for tensor of size "
+                           f"{list(shape)} at dimension {d}")
         return _map_result(schema, (shape[:d] + shape[d + 1 :],), _keep_except(ndim, [d]))
     if op == "getitem":
         return _getitem(schema, get("idx"))
     # split / chunk / unbind
     if ndim == 0:
         raise ViewError(f"{op} expects at least a 1-dimensional tensor")
-    d = norm_dim(get("dim", 0), ndim)
+    d = norm_dim(get("dim", 0), ndim, op)
     sizes = _split_sizes(op, schema, shape[d])
     if op == "unbind":
         outs = tuple(shape[:d] + shape[d + 1 :] for _ in sizes)

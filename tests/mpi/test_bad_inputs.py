@@ -3,8 +3,9 @@
 Each case asserts the error type (a :mod:`dtensor.errors` type), message fragments naming
 the op, the values and the placements/mesh, and that the inputs are unchanged afterwards.
 Checks that are collective (``from_local(run_check=True)``, mesh creation) raise on every
-rank even when only one rank's input is bad, so no rank is left waiting. Known gaps are
-``xfail(strict=True)``.
+rank even when only one rank's input is bad, so no rank is left waiting. Checks of op
+arguments against global specs (dims, product shapes, dtypes) raise on every rank before any
+collective runs (:func:`expect_no_comm`).
 """
 
 from __future__ import annotations
@@ -44,6 +45,18 @@ def expect(fn, exc, *fragments, unchanged=()):
         np.testing.assert_array_equal(local_copy(x), values)
     # every rank raised (a rank that did not would fail above, and the harness aborts)
     WORLD.Barrier()
+
+
+def expect_no_comm(fn, exc, *fragments, unchanged=()):
+    """As :func:`expect`, and ``fn`` issued no collective on this rank before raising."""
+    mode = dt.debug.CommDebugMode()
+
+    def observed():
+        with mode:
+            fn()
+
+    expect(observed, exc, *fragments, unchanged=unchanged)
+    assert mode.get_total_counts() == 0, mode.table()
 
 
 def x_of(mesh, placements=None, arr=A):
@@ -197,7 +210,7 @@ def test_from_local_placements_length(mesh):
 def test_from_local_shard_dim_beyond_local_ndim(mesh):
     expect(
         lambda: dt.DTensor.from_local(dt.ones(3), mesh, [S(1)]),
-        errors.PlacementError,
+        errors.ShardDimError,
         "from_local",
         "Shard(dim=1)",
         "(3,)",
@@ -258,7 +271,7 @@ def test_redistribute_to_shard_out_of_range(mesh):
     x = x_of(mesh)
     expect(
         lambda: x.redistribute(mesh, [S(3)]),
-        errors.PlacementError,
+        errors.ShardDimError,
         "Shard(dim=3)",
         "(4, 6)",
         unchanged=[x],
@@ -368,9 +381,32 @@ def test_mean_of_ints(mesh):
 
 
 @pytest.mark.mpi(min_size=1)
-def test_dim_out_of_range(mesh):
+@pytest.mark.parametrize(
+    "op, call",
+    [
+        ("sum", lambda x: x.sum(dim=3)),
+        ("softmax", lambda x: dt.softmax(x, dim=3)),
+        ("transpose", lambda x: x.transpose(3, 0)),
+        ("squeeze", lambda x: x.squeeze(3)),
+        ("cat", lambda x: dt.cat([x, x], dim=3)),
+        ("cumsum", lambda x: x.cumsum(3)),
+    ],
+    ids=["sum", "softmax", "transpose", "squeeze", "cat", "cumsum"],
+)
+def test_dim_out_of_range(mesh, op, call):
     x = x_of(mesh)
-    expect(lambda: x.sum(dim=3), IndexError, "Dimension out of range", "got 3", unchanged=[x])
+    expect_no_comm(
+        lambda: call(x),
+        errors.DimError,
+        f"{op}: Dimension out of range (expected to be in range of [-2, 1], but got 3)",
+        unchanged=[x],
+    )
+
+
+@pytest.mark.mpi(min_size=1)
+def test_dim_out_of_range_is_still_an_index_error(mesh):
+    x = x_of(mesh)
+    expect(lambda: x.size(-3), IndexError, "Dimension out of range", "got -3")
 
 
 @pytest.mark.mpi(min_size=1)
@@ -392,14 +428,94 @@ def test_where_with_float_condition(mesh):
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.xfail(strict=True, reason="the DTensor matmul shape check reports local shapes")
-def test_gap_matmul_mismatch_names_global_shapes(mesh):
+def test_matmul_mismatch_names_global_shapes(mesh):
     x, w = x_of(mesh), x_of(mesh, [R], np.ones((5, 2), np.float32))
-    expect(lambda: x @ w, errors.ShardingError, "matmul", "(4, 6)", "(5, 2)", "[S(0)]")
+    expect_no_comm(
+        lambda: x @ w,
+        errors.ShardingError,
+        "matmul: shapes (4, 6) and (5, 2) cannot be multiplied (6 != 5)",
+        "DTensor([S(0)], shape (4, 6), float32)",
+        "DTensor([R], shape (5, 2), float32)",
+        f"mesh ({W},)",
+        unchanged=[x, w],
+    )
 
 
-@pytest.mark.mpi(min_size=2)
-@pytest.mark.xfail(strict=True, reason="einsum shape errors come from numpy on local shapes")
-def test_gap_einsum_mismatch_names_global_shapes(mesh):
+@pytest.mark.mpi(min_size=1)
+def test_mm_of_two_sharded_operands_raises_before_redistributing(mesh):
+    # both S(0): any strategy would gather first; the shapes are refused before that
+    x, y = x_of(mesh), x_of(mesh, [S(1)])
+    expect_no_comm(
+        lambda: dt.mm(x, y),
+        errors.ShardingError,
+        "mm: shapes (4, 6) and (4, 6) cannot be multiplied (6 != 4)",
+        "[S(0)]",
+        "[S(1)]",
+        unchanged=[x, y],
+    )
+
+
+@pytest.mark.mpi(min_size=1)
+def test_bmm_batch_mismatch_names_global_shapes(mesh):
+    a = x_of(mesh, [S(0)], np.ones((2 * W, 3, 4), np.float32))
+    b = x_of(mesh, [R], np.ones((2 * W + 1, 4, 5), np.float32))
+    expect_no_comm(
+        lambda: dt.bmm(a, b),
+        errors.ShardingError,
+        f"bmm: shapes ({2 * W}, 3, 4) and ({2 * W + 1}, 4, 5)",
+        f"({2 * W} != {2 * W + 1})",
+        unchanged=[a, b],
+    )
+
+
+@pytest.mark.mpi(min_size=1)
+def test_einsum_mismatch_names_global_shapes(mesh):
     x = x_of(mesh)
-    expect(lambda: dt.einsum("ij,jk->ik", x, x), errors.ShardingError, "einsum", "[S(0)]")
+    expect_no_comm(
+        lambda: dt.einsum("ij,jk->ik", x, x),
+        errors.ShardingError,
+        "einsum: subscript 'j' of equation 'ij,jk->ik' is 6",
+        "shape (4, 6)",
+        "[S(0)]",
+        unchanged=[x],
+    )
+
+
+@pytest.mark.mpi(min_size=1)
+def test_embedding_with_float_indices(mesh):
+    idx, w = x_of(mesh), x_of(mesh, [R])
+    expect_no_comm(
+        lambda: dt.embedding(idx, w),
+        errors.DTypeError,
+        "embedding",
+        "integer",
+        "float32",
+        unchanged=[idx, w],
+    )
+
+
+@pytest.mark.mpi(min_size=1)
+def test_embedding_index_outside_the_global_rows_of_a_row_sharded_weight(mesh):
+    # every rank holds some rows (or none); index 9 is outside all 4 rows on every rank
+    idx = x_of(mesh, [R], np.array([[0, 1], [2, 9]]))
+    w = x_of(mesh, [S(0)], np.arange(24, dtype=np.float32).reshape(4, 6))
+    expect(lambda: dt.embedding(idx, w), errors.DimError, "embedding", "index 9",
+           "num_embeddings 4", unchanged=[idx, w])
+
+
+@pytest.mark.mpi(min_size=1)
+def test_select_index_outside_the_global_size(mesh):
+    x = x_of(mesh)  # S(0): selecting on dim 0 would gather first; the index is checked before
+    expect_no_comm(lambda: x.select(0, 9), errors.DimError, "select", "index 9", "size [4, 6]",
+                   unchanged=[x])
+    np.testing.assert_array_equal(x.select(0, -1).full_tensor().numpy(), A[-1])
+
+
+@pytest.mark.mpi(min_size=1)
+def test_from_local_of_a_string(mesh):
+    expect(
+        lambda: dt.DTensor.from_local("abc", mesh, [R]),
+        errors.DTypeError,
+        "DTensor.from_local",
+        "got a str",
+    )

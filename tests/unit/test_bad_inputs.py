@@ -1,12 +1,12 @@
 """Bad inputs in one process: each raises the catalogued error type with a useful message.
 
-Every case gives a callable, the expected type (a :mod:`dtensor.errors` type, or the builtin
-where the catalogue's subtype is still missing: those gaps are the ``xfail(strict=True)``
-cases at the end, which start passing, and then fail as XPASS, once they are fixed), the
-message fragments that must appear (the op, the values, the placements), and the tensors
-that must be unchanged afterwards (a failed op, in-place ones included, writes nothing).
+Every case gives a callable, the expected type (a :mod:`dtensor.errors` type), the message
+fragments that must appear (the op, the values, the placements), and the tensors that must
+be unchanged afterwards (a failed op, in-place ones included, writes nothing).
 
-DTensors live on simulated meshes (see ``test_dispatch.py``), so nothing here communicates.
+DTensors live on simulated meshes (see ``test_dispatch.py``) whose communicators are None:
+an op that tried to communicate would fail with an AttributeError, so a catalogued error
+from a DTensor op here also shows that it was raised before any communication.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def test_spec_placements_length_not_mesh_ndim():
 def test_spec_shard_dim_out_of_range():
     expect(
         lambda: DTensorSpec(MESH, [Shard(3)], (4, 6), np.float32),
-        errors.PlacementError,
+        errors.ShardDimError,
         "Shard(dim=3)",
         "2-D tensor of shape (4, 6)",
     )
@@ -89,7 +89,7 @@ def test_spec_shard_dim_out_of_range():
 
 def test_plan_to_invalid_target():
     spec = DTensorSpec(MESH, [Shard(0)], (4, 6), np.float32)
-    expect(lambda: plan(spec, (Shard(5),)), errors.PlacementError, "Shard(dim=5)", "(4, 6)")
+    expect(lambda: plan(spec, (Shard(5),)), errors.ShardDimError, "Shard(dim=5)", "(4, 6)")
 
 
 # -- local tensors --------------------------------------------------------------------------
@@ -339,42 +339,292 @@ def test_catalogue_types_subclass_the_builtins():
         (errors.CommError, RuntimeError),
         (errors.NoRuleError, NotImplementedError),
         (errors.DimError, IndexError),
+        (errors.ShardDimError, errors.PlacementError),
+        (errors.ShardDimError, errors.DimError),
     ]
     for sub, builtin in pairs:
         assert issubclass(sub, errors.DTensorError) and issubclass(sub, builtin)
 
 
-# -- known gaps (outside this module's files; see the report) --------------------------------
+# -- dims out of range: DimError naming the op, local and distributed alike ------------------
+
+# (op named in the message, the call on a 2-D tensor of shape (4, 6), the bad dim, its range)
+DIM_CASES = [
+    ("sum", lambda x: x.sum(dim=3), 3, "[-2, 1]"),
+    ("sum", lambda x: x.sum(dim=(0, -3)), -3, "[-2, 1]"),
+    ("mean", lambda x: x.mean(dim=2), 2, "[-2, 1]"),
+    ("amax", lambda x: dt.amax(x, dim=-3), -3, "[-2, 1]"),
+    ("argmax", lambda x: x.argmax(dim=2), 2, "[-2, 1]"),
+    ("max", lambda x: x.max(dim=2), 2, "[-2, 1]"),
+    ("cumsum", lambda x: x.cumsum(dim=2), 2, "[-2, 1]"),
+    ("softmax", lambda x: dt.softmax(x, dim=2), 2, "[-2, 1]"),
+    ("log_softmax", lambda x: dt.log_softmax(x, dim=-3), -3, "[-2, 1]"),
+    ("transpose", lambda x: x.transpose(0, 5), 5, "[-2, 1]"),
+    ("permute", lambda x: x.permute(0, 2), 2, "[-2, 1]"),
+    ("movedim", lambda x: x.movedim(2, 0), 2, "[-2, 1]"),
+    ("squeeze", lambda x: x.squeeze(4), 4, "[-2, 1]"),
+    ("unsqueeze", lambda x: x.unsqueeze(3), 3, "[-3, 2]"),
+    ("flatten", lambda x: x.flatten(0, 2), 2, "[-2, 1]"),
+    ("narrow", lambda x: x.narrow(2, 0, 1), 2, "[-2, 1]"),
+    ("select", lambda x: x.select(-3, 0), -3, "[-2, 1]"),
+    ("split", lambda x: x.split(2, dim=2), 2, "[-2, 1]"),
+    ("unbind", lambda x: x.unbind(2), 2, "[-2, 1]"),
+    ("cat", lambda x: dt.cat([x, x], dim=2), 2, "[-2, 1]"),
+    ("stack", lambda x: dt.stack([x, x], dim=3), 3, "[-3, 2]"),
+    ("flip", lambda x: dt.flip(x, (2,)), 2, "[-2, 1]"),
+    ("roll", lambda x: dt.roll(x, 1, 2), 2, "[-2, 1]"),
+]
 
 
-@pytest.mark.xfail(strict=True, reason="dim errors are builtin IndexError, not DimError")
-def test_gap_dim_out_of_range_is_dim_error():
-    expect(lambda: d().sum(dim=3), errors.DimError, "sum", "got 3")
+@pytest.mark.parametrize("make", [t, d], ids=["Tensor", "DTensor"])
+@pytest.mark.parametrize("op, fn, bad, valid", DIM_CASES, ids=[f"{c[0]}{c[2]}" for c in DIM_CASES])
+def test_dim_out_of_range_is_a_dim_error_naming_op_value_and_range(make, op, fn, bad, valid):
+    x = make()
+    e = expect(
+        lambda: fn(x),
+        errors.DimError,
+        f"{op}: Dimension out of range (expected to be in range of {valid}, but got {bad})",
+        unchanged=[x],
+    )
+    assert isinstance(e, IndexError)  # what code that predates the catalogue catches
 
 
-@pytest.mark.xfail(strict=True, reason="DTensor matmul shape check reports local shapes")
-def test_gap_matmul_mismatch_names_global_shapes_and_placements():
+def test_size_and_stride_dim_out_of_range():
+    x = t()
+    expect(lambda: x.size(2), errors.DimError, "size: Dimension out of range", "got 2")
+    expect(lambda: x.stride(-3), errors.DimError, "stride:", "[-2, 1]", "got -3")
+    expect(lambda: dt.tensor(1.0).size(0), errors.DimError, "size:", "no dimensions")
+    y = d()
+    expect(lambda: y.size(2), errors.DimError, "size:", "[-2, 1]", "got 2")
+    expect(lambda: y.stride(-3), errors.DimError, "stride:", "[-2, 1]", "got -3")
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda: dt.tensor(1.0), lambda: dtensor_of(np.float32(1), MESH, (R,))],
+    ids=["Tensor", "DTensor"],
+)
+def test_dim_of_a_0d_tensor_is_checked(make):
+    # a 0-d tensor accepts dims 0 and -1 only (PyTorch's rule)
+    x = make()
+    assert float(_local(x.sum(dim=-1)).item()) == 1.0
+    expect(lambda: x.sum(dim=1), errors.DimError, "sum:", "[-1, 0]", "got 1", unchanged=[x])
+    expect(lambda: x.sum(dim=(0, -1)), errors.ShardingError, "sum", "multiple")
+
+
+@pytest.mark.parametrize("make", [t, d], ids=["Tensor", "DTensor"])
+def test_dim_that_is_not_an_int(make):
+    x = make()
+    expect(lambda: x.sum(dim=1.0), TypeError, "sum: dim must be an int", "float (1.0)")
+    expect(lambda: x.transpose("a", 0), TypeError, "transpose:", "str ('a')")
+
+
+def test_dtensor_getitem_out_of_bounds_is_a_dim_error():
+    x = d()
+    expect(lambda: x[:, 7], errors.DimError, "__getitem__", "index 7", "dimension 1", "size 6")
+    expect(lambda: x[0, 0, 0], errors.DimError, "__getitem__", "too many indices", "2")
+
+
+IDX = np.array([[0, 1], [2, 9]])  # 9 is out of range for the 4 rows of A
+
+
+@pytest.mark.parametrize(
+    "idx, w",
+    [(lambda: dt.tensor(IDX), t), (lambda: d(IDX, (R,)), lambda: d(A, (R,)))],
+    ids=["Tensor", "DTensor"],
+)
+def test_embedding_index_out_of_range_is_a_dim_error(idx, w):
+    idx, w = idx(), w()
+    expect(
+        lambda: dt.embedding(idx, w),
+        errors.DimError,
+        "embedding",
+        "index 9",
+        "num_embeddings 4",
+        unchanged=[idx, w],
+    )
+
+
+def test_embedding_index_out_of_range_with_row_sharded_weight():
+    # indices outside the local rows give zeros (a P(sum) output); outside the GLOBAL rows
+    # they raise, as the unsharded embedding does
+    idx, w = d(IDX, (R,)), d(A, (S0,))
+    expect(lambda: dt.embedding(idx, w), errors.DimError, "embedding", "index 9")
+
+
+def test_dtensor_select_index_out_of_range_names_the_global_size():
+    # the rule checks the index against the global size, before any redistribution
+    x = d()
+    expect(lambda: x.select(0, 9), errors.DimError, "select", "index 9", "size [4, 6]")
+
+
+def test_cross_entropy_target_out_of_range_is_a_dim_error():
+    x, target = t(), dt.tensor(np.array([0, 1, 7, 2]))
+    expect(
+        lambda: dt.cross_entropy(x, target),
+        errors.DimError,
+        "cross_entropy",
+        "target 7",
+        "0..5",
+        unchanged=[x, target],
+    )
+
+
+# -- products: global shapes and placements, before any kernel or communication ---------------
+
+
+def test_matmul_mismatch_names_global_shapes_and_placements():
     x, w = d(), d(np.ones((5, 2), np.float32), (R,))
-    expect(lambda: x @ w, errors.ShardingError, "matmul", "(4, 6)", "(5, 2)", "[S(0)]")
+    # the local shards are (2, 6): a local check would report (2, 6), not (4, 6)
+    expect(
+        lambda: x @ w,
+        errors.ShardingError,
+        "matmul: shapes (4, 6) and (5, 2) cannot be multiplied (6 != 5)",
+        "DTensor([S(0)], shape (4, 6), float32)",
+        "DTensor([R], shape (5, 2), float32)",
+        "mesh (2,)",
+        unchanged=[x, w],
+    )
 
 
-def test_gap_unsupported_argument_type_is_dtype_error():
-    expect(lambda: d() + "abc", errors.DTypeError, "add", "str")
+@pytest.mark.parametrize(
+    "call, fragments",
+    [
+        (lambda: dt.mm(d(), d()), ["mm: shapes (4, 6) and (4, 6) cannot be multiplied (6 != 4)"]),
+        (
+            lambda: dt.bmm(d(np.ones((2, 3, 4), np.float32)), d(np.ones((3, 4, 5), np.float32))),
+            ["bmm: shapes (2, 3, 4) and (3, 4, 5)", "(2 != 3)"],
+        ),
+        (
+            lambda: dt.matmul(d(np.ones((2, 3, 4), np.float32)), d(np.ones((3, 4, 5)), (R,))),
+            ["matmul: shapes (2, 3, 4) and (3, 4, 5)", "(2 != 3)", "[R]"],
+        ),
+        (
+            lambda: dt.linear(d(), d(np.ones((3, 5), np.float32), (R,))),
+            ["linear: shapes (4, 6) and (3, 5) cannot be multiplied (6 != 5)"],
+        ),
+        (
+            lambda: dt.dot(d(np.ones(4, np.float32)), d(np.ones(5, np.float32), (R,))),
+            ["dot: shapes (4,) and (5,)", "(4 != 5)"],
+        ),
+        (
+            lambda: dt.addmm(d(np.ones((4, 3), np.float32), (R,)), d(), d(np.ones((5, 3)), (R,))),
+            ["addmm: shapes (4, 6) and (5, 3)", "(6 != 5)"],
+        ),
+        (
+            lambda: dt.einsum("ij,jk->ik", d(), d()),
+            [
+                (
+                    "einsum: subscript 'j' of equation 'ij,jk->ik' is 6 in dim 1 of operand 0 "
+                    "of shape (4, 6) but 4 in dim 0 of operand 1 of shape (4, 6)"
+                )
+            ],
+        ),
+        (
+            lambda: dt.einsum(
+                "...i,...i->...", d(np.ones((4, 3), np.float32)), d(np.ones((5, 3), np.float32))
+            ),
+            ["einsum: subscript '...'", "is 4 in dim 0 of operand 0 of shape (4, 3) but 5"],
+        ),
+    ],
+    ids=["mm", "bmm-batch", "matmul-batch", "linear", "dot", "addmm", "einsum", "einsum-ellipsis"],
+)
+def test_product_mismatch_is_raised_from_global_shapes(call, fragments):
+    # both operands sharded: a redistribution would come first (and fail on the simulated
+    # mesh), so the ShardingError proves the check ran before any communication
+    expect(call, errors.ShardingError, *fragments, "[op ", "inputs: DTensor([")
 
 
-def test_gap_negative_size_is_a_dtensor_error():
-    expect(lambda: dt.zeros(-1, 3), errors.DTensorError, "negative dimension -1")
+def test_product_rule_check_depends_only_on_global_shapes():
+    # the message is a function of the global shapes: every rank, whatever its shard, and
+    # every placement of the operands gives the same error
+    from placements.rules import ArgMeta, OpSchema, get_rule
+
+    msgs = set()
+    for pa in [(R,), (S0,), (Shard(1),), (Partial("sum"),)]:
+        for pb in [(R,), (S0,), (Shard(1),)]:
+            args = (
+                ArgMeta((4, 6), np.dtype(np.float32), pa),
+                ArgMeta((5, 2), np.dtype(np.float32), pb),
+            )
+            with pytest.raises(errors.ShardingError) as info:
+                get_rule("matmul")(OpSchema("matmul", args, (), (2,)))
+            msgs.add(str(info.value))
+    assert msgs == {"matmul: shapes (4, 6) and (5, 2) cannot be multiplied (6 != 5)"}
 
 
-def test_gap_arange_zero_step_is_a_dtensor_error():
-    expect(lambda: dt.arange(0, 10, 0), errors.DTensorError, "arange", "step")
+def test_einsum_broadcasts_size_one_like_the_local_kernel():
+    # a size-1 operand dim broadcasts (numpy's einsum does): no error, same values
+    a, b = np.arange(4, dtype=np.float32).reshape(4, 1), np.ones((3, 5), np.float32)
+    got = dt.einsum("ij,jk->ik", d(a, (R,)), d(b, (R,)))
+    np.testing.assert_array_equal(got.to_local().numpy(), np.einsum("ij,jk->ik", a, b))
 
 
-@pytest.mark.xfail(strict=True, reason="embedding with float indices is a ShardingError")
-def test_gap_embedding_float_indices_is_a_dtype_error():
-    expect(lambda: dt.embedding(d(), d()), errors.DTypeError, "embedding", "float32")
+# -- dtypes ---------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="from_local of a str does not name the op")
-def test_gap_from_local_of_a_string_names_the_op():
-    expect(lambda: dt.DTensor.from_local("abc", MESH, [R]), errors.DTypeError, "from_local")
+@pytest.mark.parametrize("make", [t, d], ids=["Tensor", "DTensor"])
+def test_embedding_float_indices_is_a_dtype_error(make):
+    idx, w = make(), make()
+    expect(
+        lambda: dt.embedding(idx, w),
+        errors.DTypeError,
+        "embedding",
+        "integer",
+        "float32",
+        unchanged=[idx, w],
+    )
+
+
+@pytest.mark.parametrize("bad, kind", [("abc", "str"), (["a", "b"], "list"), (object(), "object")])
+def test_from_local_of_non_numeric_data_names_the_op(bad, kind):
+    expect(
+        lambda: dt.DTensor.from_local(bad, MESH, [R]),
+        errors.DTypeError,
+        "DTensor.from_local",
+        f"got a {kind}",
+        "could not infer a dtype",
+    )
+
+
+@pytest.mark.parametrize("make", [t, d], ids=["Tensor", "DTensor"])
+def test_unknown_dtype_argument_is_a_dtype_error(make):
+    x = make()
+    expect(lambda: x.sum(dtype="float128x"), errors.DTypeError, "'float128x'", unchanged=[x])
+    expect(lambda: x.to("tpu"), errors.DTypeError, "'tpu'", unchanged=[x])
+
+
+@pytest.mark.parametrize("make", [t, d], ids=["Tensor", "DTensor"])
+def test_torch_dtype_names_mean_the_same_locally_and_distributed(make):
+    # "float" is float32 (PyTorch), not numpy's float64, in the kernel and in the rule alike
+    r = make().sum(dtype="float")
+    assert r.dtype == dt.float32 and _local(r).dtype == dt.float32
+
+
+# -- other unclear errors -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("make", [t, d], ids=["Tensor", "DTensor"])
+def test_unflatten_bad_sizes_names_the_op(make):
+    x = make()
+    expect(
+        lambda: x.unflatten(1, (4, 2)),
+        errors.ViewError,
+        "unflatten",
+        "[4, 2]",
+        "dim 1 (6)",
+        unchanged=[x],
+    )
+
+
+@pytest.mark.parametrize("make", [t, d], ids=["Tensor", "DTensor"])
+def test_flip_repeated_dim(make):
+    x = make()
+    expect(
+        lambda: dt.flip(x, (0, -2)),
+        errors.ShardingError,
+        "flip",
+        "[0, -2]",
+        "multiple",
+        unchanged=[x],
+    )

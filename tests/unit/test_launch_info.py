@@ -142,7 +142,7 @@ def test_rank_failing_in_dtensor_code_ends_the_job_once(tmp_path):
     assert out.returncode == 1, out.stderr
     assert out.stderr.count("Traceback (most recent call last)") == 1
     assert "[rank 2] Traceback" in out.stderr
-    assert "[rank 2] placements.errors.PlacementError: Shard(dim=7) is out of range" in out.stderr
+    assert "[rank 2] placements.errors.ShardDimError: Shard(dim=7) is out of range" in out.stderr
 
 
 # --- DTENSOR_LOG ----------------------------------------------------------------------------

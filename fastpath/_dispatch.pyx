@@ -392,6 +392,18 @@ cdef class FrontEntry:
     cdef bint pending
 
 
+cdef inline FrontEntry _touch(FrontEntry fe):
+    """Count a front hit of ``fe`` and queue its LRU touch for the Python cache."""
+    global _hits, _tick
+    _hits += 1
+    _tick += 1
+    fe.tick = _tick
+    if not fe.pending:
+        fe.pending = True
+        _pending.append(fe)
+    return fe
+
+
 cdef class FastOp:
     """One op of the table served from compiled code (see the module docstring)."""
 
@@ -404,6 +416,7 @@ cdef class FastOp:
     cdef tuple tensor_idx
     cdef tuple static_idx
     cdef list table
+    cdef FrontEntry last    # the entry of the previous hit or fill (checked first)
     cdef bint pair          # (a, b) calls key on two tensor-likes only: see call2
 
     def __init__(self, info, binder):
@@ -506,7 +519,6 @@ cdef class FastOp:
         For a binary op whose key is just its two operands (and the default float dtype),
         a front hit of a raw pointwise form runs without binding the other parameters (they
         hold their defaults, which the raw form requires anyway)."""
-        global _hits, _tick
         cdef FrontEntry fe
         cdef uintptr_t h
         if self.pair:
@@ -525,12 +537,7 @@ cdef class FastOp:
                             and (fe.raw == RAW_BINARY or fe.raw == RAW_SCALAR)):
                         out = _raw_pair(fe, a, b)
                         if out is not None:
-                            _hits += 1
-                            _tick += 1
-                            fe.tick = _tick
-                            if not fe.pending:
-                                fe.pending = True
-                                _pending.append(fe)
+                            _touch(fe)
                             return out
         cdef list values = self._bind_n(a, b, 2)
         if values is None:
@@ -545,9 +552,15 @@ cdef class FastOp:
         return self._serve(values, args, kwargs)
 
     cdef object _serve(self, list values, object args, dict kwargs):
-        """Key, front lookup and run of bound ``values`` (``args``/``kwargs``: the call)."""
-        global _hits, _tick
+        """Key, front lookup and run of bound ``values`` (``args``/``kwargs``: the call).
+
+        The entry of the previous hit is tried first: a call site that repeats one
+        signature (the common case) skips hashing the key. ``_matches`` alone decides a hit
+        (a value equal, type for type, to a stored static value is itself simple)."""
         dflt = <object>PyDict_GetItem(_dtypes_ns, "_default_float")
+        cdef FrontEntry fe = self.last
+        if fe is not None and self._matches(fe, values, dflt):
+            return _run(_touch(fe), values)
         cdef uintptr_t h = _addr(dflt)
         cdef Py_ssize_t pi
         for pi in self.tensor_idx:
@@ -563,21 +576,16 @@ cdef class FastOp:
         h ^= h >> 17
         cdef Py_ssize_t slot = <Py_ssize_t>(h & TABLE_MASK)
         cdef object found = self.table[slot]
-        cdef FrontEntry fe
         if found is not None and self._matches(<FrontEntry>found, values, dflt):
             fe = <FrontEntry>found
-            _hits += 1
-            _tick += 1
-            fe.tick = _tick
-            if not fe.pending:
-                fe.pending = True
-                _pending.append(fe)
-            return _run(fe, values)
+            self.last = fe
+            return _run(_touch(fe), values)
         res = _lookup(self.info, values)
         fe = self._fill(res, values, dflt)
         if fe is None:
             return _run_entry(res[0], values, res[2])
         self.table[slot] = fe
+        self.last = fe
         return _run(fe, values)
 
     cdef bint _matches(self, FrontEntry fe, list values, object dflt) except -1:

@@ -185,6 +185,24 @@ def test_cache_keys_distinguish_what_matters(mesh, mode):
 
 
 @needs_front
+def test_alternating_signatures_at_one_op_never_reuse_the_previous_entry(mesh):
+    # the front tries the previous hit's entry first: every switch must still key correctly
+    dt.debug.set_fastpath(True)
+    a = _data()
+    x = dt.distribute_tensor(a, mesh, [dt.Replicate()], src_data_rank=None)
+    y = dt.distribute_tensor(a[:, :3].copy(), mesh, [dt.Replicate()], src_data_rank=None)
+    for _ in range(3):
+        for t, arr in ((x, a), (y, a[:, :3])):
+            for dim in (0, 1):
+                got = t.sum(dim=dim).to_local().numpy()
+                np.testing.assert_array_equal(got, arr.sum(axis=dim))
+        dt.debug.clear_prop_cache()  # a cleared cache invalidates the remembered entry too
+        assert dt.debug.prop_cache_stats()["misses"] == 0
+        np.testing.assert_array_equal(x.sum(dim=1).to_local().numpy(), a.sum(axis=1))
+        assert dt.debug.prop_cache_stats()["misses"] == 1
+
+
+@needs_front
 def test_a_mutated_static_list_is_not_mistaken_for_the_old_value(mesh):
     dt.debug.set_fastpath(True)
     x = dt.distribute_tensor(_data((2, 3, 4)), mesh, [dt.Replicate()], src_data_rank=None)

@@ -49,7 +49,12 @@ def _extensions() -> list[Extension]:
         return cythonize(
             [
                 Extension("fastpath._strides", [EXT_SOURCE]),
-                Extension("fastpath._dispatch", [os.path.join("fastpath", "_dispatch.pyx")]),
+                Extension(
+                    "fastpath._dispatch",
+                    [os.path.join("fastpath", "_dispatch.pyx")],
+                    include_dirs=[numpy.get_include()],
+                    define_macros=NPY_API,
+                ),
                 Extension(
                     "fastpath._kernels",
                     [os.path.join("fastpath", "_kernels.pyx")],

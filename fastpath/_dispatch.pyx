@@ -36,6 +36,10 @@ from cpython.ref cimport Py_INCREF
 from cpython.tuple cimport PyTuple_GET_ITEM
 from cpython.object cimport PyObject
 from libc.stdint cimport uintptr_t
+cimport numpy as cnp
+from fastpath._kernels cimport Unary
+
+cnp.import_array()
 
 __all__ = [
     "DTensorBase",
@@ -181,6 +185,7 @@ cdef object _wrap_outputs = None     # _dispatch._wrap_outputs(out, specs)
 cdef object _raw_form = None         # _dispatch.raw_form(info, entry, values) -> tuple|None
 cdef object _MISSING = None          # the binder's "no default" marker
 cdef object _UNSUP = object()        # a tensor-like argument the front does not key
+cdef object _DECLINE = object()      # _serve's answer when the Python dispatcher must run
 cdef tuple _SIMPLE = (int, float, bool, str, type(None), type(Ellipsis), type)
 
 # counters and the LRU touches pending for the Python cache
@@ -511,7 +516,10 @@ cdef class FastOp:
         cdef list values = self._bind_n(a, None, 1)
         if values is None:
             return self.call((a,), None)
-        return self._serve(values, (a,), None)
+        out = self._serve(values)
+        if out is _DECLINE:
+            return _dispatch_py(self.info, (a,), {})
+        return out
 
     cdef object call2(self, object a, object b):
         """``call((a, b), None)`` without building the tuple on the common path.
@@ -542,17 +550,46 @@ cdef class FastOp:
         cdef list values = self._bind_n(a, b, 2)
         if values is None:
             return self.call((a, b), None)
-        return self._serve(values, (a, b), None)
+        out = self._serve(values)
+        if out is _DECLINE:
+            return _dispatch_py(self.info, (a, b), {})
+        return out
+
+    cdef object call_sizes(self, object a, tuple sizes):
+        """``call((a,) + sizes, None)`` for an op whose second parameter packs the trailing
+        positionals (``x.view(2, -1)``, ``x.view((2, -1))``), without re-packing them."""
+        cdef Py_ssize_t nparams = self.nparams, i
+        if self.pack_idx != 1 or nparams < 2 or not sizes:
+            return self.call((a,) + sizes, None)
+        b = sizes
+        if len(sizes) == 1 and isinstance(sizes[0], (list, tuple)):
+            b = sizes[0]
+        cdef list values = PyList_New(nparams)
+        cdef object v
+        for i in range(nparams):
+            v = a if i == 0 else (b if i == 1 else self.fill[i])
+            if v is _MISSING:
+                return self.call((a,) + sizes, None)
+            Py_INCREF(v)
+            PyList_SET_ITEM(values, i, v)
+        out = self._serve(values)
+        if out is _DECLINE:
+            return _dispatch_py(self.info, (a,) + sizes, {})
+        return out
 
     cdef object call(self, tuple args, dict kwargs):
         """Run the op on ``args``/``kwargs`` (at least one DTensor among them)."""
         cdef list values = self._bind(args, kwargs)
         if values is None:
             return _dispatch_py(self.info, args, kwargs or {})
-        return self._serve(values, args, kwargs)
+        out = self._serve(values)
+        if out is _DECLINE:
+            return _dispatch_py(self.info, args, kwargs or {})
+        return out
 
-    cdef object _serve(self, list values, object args, dict kwargs):
-        """Key, front lookup and run of bound ``values`` (``args``/``kwargs``: the call).
+    cdef object _serve(self, list values):
+        """Key, front lookup and run of bound ``values``; ``_DECLINE`` when the call needs
+        the Python dispatcher (a tensor-like or static value the front does not key).
 
         The entry of the previous hit is tried first: a call site that repeats one
         signature (the common case) skips hashing the key. ``_matches`` alone decides a hit
@@ -566,12 +603,12 @@ cdef class FastOp:
         for pi in self.tensor_idx:
             m = _marker(values[pi])
             if m is _UNSUP:
-                return _dispatch_py(self.info, args, kwargs or {})
+                return _DECLINE
             h = (h ^ (_addr(m) >> 4)) * <uintptr_t>0x9E3779B1
         for pi in self.static_idx:
             s = values[pi]
             if not _simple(s):
-                return _dispatch_py(self.info, args, kwargs or {})
+                return _DECLINE
             h = (h ^ _shash(s)) * <uintptr_t>0x9E3779B1
         h ^= h >> 17
         cdef Py_ssize_t slot = <Py_ssize_t>(h & TABLE_MASK)
@@ -674,7 +711,10 @@ cdef object _run(FrontEntry fe, list values):
         if out is not None:
             return out
     if raw == RAW_UNARY:
-        return _new_dtensor_arr(fe.rawfn(_local_arr(values[0]), None), fe.out_spec0)
+        f = fe.rawfn
+        if type(f) is Unary:  # a compiled kernel: its C entry, no Python call
+            return _new_dtensor_arr((<Unary>f).apply(_local_arr(values[0]), None), fe.out_spec0)
+        return _new_dtensor_arr(f(_local_arr(values[0]), None), fe.out_spec0)
     if raw == RAW_REDUCE:
         axes, dtype, keepdim, scale = <tuple>fe.rawarg
         out = fe.rawfn(_local_arr(values[0]), axes, dtype, None, keepdim)
@@ -691,7 +731,12 @@ cdef object _run(FrontEntry fe, list values):
         # strides; the result shares the Storage and is standard again.
         t = <TensorBase?>_get_local(<DTensorBase>values[0])
         if t._std is True:
-            nt = <TensorBase>_new_tensor(t._arr.reshape(fe.rawfn), t._storage)
+            arr = t._arr
+            if type(arr) is cnp.ndarray:  # numpy's C reshape (no method lookup)
+                arr = cnp.PyArray_Reshape(<cnp.ndarray>arr, fe.rawfn)
+            else:
+                arr = arr.reshape(fe.rawfn)
+            nt = <TensorBase>_new_tensor(arr, t._storage)
             nt._std = True
             return _new_dtensor(nt, fe.out_spec0)
     elif raw == RAW_T:
@@ -734,13 +779,19 @@ cdef bint _has_dtensor(tuple args, dict kwargs):
 
 def make_method(FastOp op, str name, str doc):
     """A DTensor method running ``op`` with ``self`` first. **Local** to build."""
-    def method(self, *args, **kwargs):
-        if not kwargs:
-            if not args:
-                return op.call1(self)
-            if len(args) == 1:
-                return op.call2(self, args[0])
-        return op.call((self,) + args, kwargs)
+    if op.pack_idx == 1:  # view(*shape)-style: the positionals are the packed value
+        def method(self, *args, **kwargs):
+            if not kwargs:
+                return op.call_sizes(self, args)
+            return op.call((self,) + args, kwargs)
+    else:
+        def method(self, *args, **kwargs):
+            if not kwargs:
+                if not args:
+                    return op.call1(self)
+                if len(args) == 1:
+                    return op.call2(self, args[0])
+            return op.call((self,) + args, kwargs)
 
     method.__name__ = name
     method.__qualname__ = f"DTensor.{name}"

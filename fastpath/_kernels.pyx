@@ -121,10 +121,6 @@ cdef class Unary:
     ``gelu_tanh`` (PyTorch's tanh approximation).
     """
 
-    cdef int kind
-    cdef readonly str name
-    cdef readonly object fallback
-
     def __init__(self, str kind, fallback):
         if kind not in _KINDS:
             raise ValueError(f"Unary: unknown kernel {kind!r}; one of {sorted(_KINDS)}")
@@ -133,6 +129,10 @@ cdef class Unary:
         self.fallback = fallback
 
     def __call__(self, a, out=None):
+        return self.apply(a, out)
+
+    cdef object apply(self, object a, object out):
+        """The kernel on ``a`` (``out``: an array or None); C-level entry for other modules."""
         if not _plain(a):
             return self.fallback(a, out)
         cdef cnp.ndarray x = <cnp.ndarray>a

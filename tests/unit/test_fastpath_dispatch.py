@@ -202,6 +202,35 @@ def test_alternating_signatures_at_one_op_never_reuse_the_previous_entry(mesh):
         assert dt.debug.prop_cache_stats()["misses"] == 1
 
 
+def _outcome(fn):
+    try:
+        out = fn()
+    except Exception as exc:  # the error type and message must agree between paths
+        return type(exc), str(exc)
+    loc = out.to_local()
+    return tuple(out.shape), out.placements, loc.stride(), loc.numpy().tobytes()
+
+
+@needs_front
+def test_packed_size_calls_bind_as_on_the_python_path(mesh):
+    # view/reshape take their sizes as positionals or as one sequence; the compiled method
+    # passes them on without re-packing, which must bind exactly as the Python binder does
+    x = dt.distribute_tensor(_data((4, 6)), mesh, [dt.Replicate()], src_data_rank=None)
+    one = dt.distribute_tensor(_data((1,)), mesh, [dt.Replicate()], src_data_rank=None)
+    calls = [
+        lambda: x.view(-1), lambda: x.view(2, -1), lambda: x.view((2, -1)),
+        lambda: x.view([3, 8]), lambda: x.reshape(6, 4), lambda: x.reshape((24,)),
+        lambda: x.view(5, -1), lambda: x.view(), lambda: one.view(), lambda: one.reshape(()),
+        lambda: x.view(2, (3, 4)), lambda: x.permute(1, 0), lambda: x.permute((1, 0)),
+    ]
+    for k, call in enumerate(calls):
+        dt.debug.set_fastpath(False)
+        slow = [_outcome(call) for _ in range(2)]
+        dt.debug.set_fastpath(True)
+        fast = [_outcome(call) for _ in range(2)]
+        assert fast == slow, k
+
+
 @needs_front
 def test_a_mutated_static_list_is_not_mistaken_for_the_old_value(mesh):
     dt.debug.set_fastpath(True)

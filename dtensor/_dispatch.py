@@ -30,8 +30,9 @@ import numpy as np
 
 import fastpath as _fp
 from placements import Partial, Placement
-from placements.errors import DTypeError, MeshError, NoRuleError, ShardingError
+from placements.errors import DimError, DTypeError, MeshError, NoRuleError, ShardingError
 from placements.rules import ArgMeta, OpSchema, OpStrategy, propagate
+from placements.rules._core import norm_dims
 from placements.spec import DTensorSpec
 from redistribute.cost import default_cost_model
 from redistribute.execute import execute as _execute
@@ -40,7 +41,6 @@ from redistribute.plan import redistribute_cost
 
 from . import _allocator, _dtypes
 from ._dtensor import DTensor, _allocator_for
-from ._math_base import norm_dims
 from ._optable import OpInfo
 from ._tensor import Tensor, _wrap
 
@@ -720,7 +720,7 @@ def _build_entry(info: OpInfo, binder: _Binder, values: list, mesh: object) -> C
     specs = {id(m): v._spec for m, v in zip(metas, args) if isinstance(v, DTensor)}
     try:
         strategy = propagate(schema, mesh, _cost_fn(specs))
-    except (NoRuleError, ShardingError) as e:
+    except (NoRuleError, ShardingError, DimError, DTypeError) as e:
         inputs = ", ".join(_describe(v) for v in args)
         raise type(e)(f"{e} [op {info.name}; inputs: {inputs}; mesh {mesh.shape}]") from e
     moves = []

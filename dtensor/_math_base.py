@@ -20,7 +20,7 @@ from placements.rules._core import broadcast_shapes as _broadcast_shapes
 
 from . import _allocator, _dtypes
 from ._backend import array_module_of, device_of, is_array
-from ._tensor import Tensor, _check_no_internal_overlap, _norm_dim, _wrap
+from ._tensor import Tensor, _check_no_internal_overlap, _wrap
 from .errors import DTypeError, ShardingError
 
 # Note: PyTorch never warns when a kernel produces inf or nan (1 / 0, log(0), overflow);
@@ -180,26 +180,6 @@ def wrap(r) -> Tensor:
     if isinstance(r, np.generic):
         r = np.asarray(r)
     return _wrap(r)
-
-
-def norm_dims(op: str, dim, ndim: int):
-    """Normalise a reduction's ``dim`` argument to a tuple of axes, or None for all dims.
-
-    ``dim`` is None, an int, or a sequence of ints. A repeated dim raises ShardingError.
-    """
-    if dim is None:
-        return None
-    if isinstance(dim, (int, np.integer)):
-        axes = (_norm_dim(dim, ndim),)
-    else:
-        axes = tuple(_norm_dim(d, ndim) for d in dim)
-        if len(set(axes)) != len(axes):
-            raise ShardingError(f"{op}: dim {list(dim)} has a dim that appears multiple times")
-        # Note: like PyTorch, an empty dim list reduces over every dim.
-        if not axes:
-            return None
-    # A 0-d tensor has nothing to reduce over; its dims 0/-1 mean "the whole tensor".
-    return axes if ndim else None
 
 
 def reduced_shape(shape: tuple, axes, keepdim: bool) -> tuple:

@@ -174,6 +174,15 @@ def _norm_dim(dim, ndim: int, op: str | None = None) -> int:
     return _rules_norm_dim(dim, ndim, op)
 
 
+def _dim_error(exc: IndexError, op: str) -> IndexError:
+    """numpy's IndexError of an index out of range as a DimError naming ``op`` (in PyTorch's
+    words: "dimension" and "tensor", not "axis" and "array"); a DimError raised by dtensor
+    itself passes through."""
+    if isinstance(exc, DimError):
+        return exc
+    return DimError(f"{op}: {str(exc).replace('axis', 'dimension').replace('array', 'tensor')}")
+
+
 def _is_int_like(x) -> bool:
     return isinstance(x, int) or hasattr(x, "__index__")
 
@@ -1067,21 +1076,25 @@ class Tensor(_fp.TensorBase):
 
     def __getitem__(self, idx) -> Tensor:
         arr = self._arr
-        if arr.ndim:
-            # Fast paths of x[i] and x[a:b:c] (numpy's view is PyTorch's unless empty).
-            if type(idx) is int:
-                return _wrap(arr[idx, ...], self._storage)
-            if type(idx) is slice:
-                _check_step(idx)
-                out = arr[idx]
-                if out.size:
-                    return _wrap(out, self._storage)
-        index, basic, consumed = self._index(idx, "__getitem__")
-        if not basic:
-            # Note: advanced indexing copies, into memory numpy allocates (the storage then
-            # reports the host allocator), as numpy's indexing does not take an output.
-            return _wrap(arr[index])
-        out = arr[index]
+        try:
+            if arr.ndim:
+                # Fast paths of x[i] and x[a:b:c] (numpy's view is PyTorch's unless empty).
+                if type(idx) is int:
+                    return _wrap(arr[idx, ...], self._storage)
+                if type(idx) is slice:
+                    _check_step(idx)
+                    out = arr[idx]
+                    if out.size:
+                        return _wrap(out, self._storage)
+            index, basic, consumed = self._index(idx, "__getitem__")
+            if not basic:
+                # Note: advanced indexing copies, into memory numpy allocates (the storage
+                # then reports the host allocator), as numpy's indexing does not take an
+                # output.
+                return _wrap(arr[index])
+            out = arr[index]
+        except IndexError as exc:
+            raise _dim_error(exc, "__getitem__") from None
         if out.size and None not in index:
             return _wrap(out, self._storage)
         return self._basic_view(out, index, consumed)
@@ -1089,8 +1102,11 @@ class Tensor(_fp.TensorBase):
     def __setitem__(self, idx, value) -> None:
         arr = self._arr
         _check_no_internal_overlap(arr, "__setitem__")
-        index = self._index(idx, "__setitem__")[0]
-        arr[index] = _operand(value, B.array_module_of(arr))
+        try:
+            index = self._index(idx, "__setitem__")[0]
+            arr[index] = _operand(value, B.array_module_of(arr))
+        except IndexError as exc:
+            raise _dim_error(exc, "__setitem__") from None
 
     # ------------------------------------------------------------------ copies
 

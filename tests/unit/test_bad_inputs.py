@@ -389,6 +389,18 @@ def test_dim_out_of_range_is_a_dim_error_naming_op_value_and_range(make, op, fn,
     assert isinstance(e, IndexError)  # what code that predates the catalogue catches
 
 
+def test_local_index_out_of_range_is_a_dim_error_naming_the_op():
+    x = t()
+    before = x.numpy().copy()
+    expect(lambda: x[10], errors.DimError, "__getitem__", "index 10", "dimension 0", "size 4")
+    expect(lambda: x[:, 7], errors.DimError, "__getitem__", "index 7", "dimension 1", "size 6")
+    expect(lambda: x[0, 0, 0], errors.DimError, "__getitem__", "too many indices", "tensor")
+    expect(lambda: x[np.array([0, 9])], errors.DimError, "__getitem__", "index 9")
+    expect(lambda: x.__setitem__(5, 1.0), errors.DimError, "__setitem__", "index 5")
+    expect(lambda: dt.tensor(1.0)[0], errors.DimError, "__getitem__", "0-dimensional")
+    np.testing.assert_array_equal(x.numpy(), before)  # a failed write changed nothing
+
+
 def test_size_and_stride_dim_out_of_range():
     x = t()
     expect(lambda: x.size(2), errors.DimError, "size: Dimension out of range", "got 2")

@@ -338,7 +338,9 @@ def _gather_local_meta(local: Tensor, mesh: DeviceMesh) -> np.ndarray:
     mine[0] = ord(local.dtype.char)
     mine[1] = local.ndim
     mine[2 : 2 + local.ndim] = local.shape
-    allmeta = mesh._base.allgather_ints(mine).reshape(-1, mine.size)
+    allmeta = mesh._base.allgather_ints(mine, "DTensor.from_local: local shapes").reshape(
+        -1, mine.size
+    )
     # rows come in communicator-rank order; the grid maps mesh coordinates to those ranks
     return allmeta[mesh._grid.ravel()].reshape(mesh.shape + (mine.size,))
 
@@ -461,13 +463,15 @@ def distribute_tensor(
         meta[0] = data.ndim
         meta[1] = ord(data.dtype.char)
         meta[2 : 2 + data.ndim] = data.shape
-    base.bcast_array(meta, src)
+    base.bcast_array(meta, src, "distribute_tensor: the source's shape and dtype")
     ndim = int(meta[0])
     shape = tuple(int(s) for s in meta[2 : 2 + ndim])
     dtype = np.dtype(chr(int(meta[1])))
     spec = DTensorSpec(mesh, placements, shape, dtype)
     mismatch = data is not None and not is_src and (tuple(data.shape) != shape)
-    flags = base.allgather_ints(np.array([int(mismatch)], dtype=np.int64))
+    flags = base.allgather_ints(
+        np.array([int(mismatch)], dtype=np.int64), "distribute_tensor: shape check"
+    )
     if flags.any():
         ranks = [int(mesh.mesh.ravel()[i]) for i in np.nonzero(flags.ravel())[0]]
         raise ShardingError(

@@ -94,6 +94,20 @@ def test_different_collectives_make_every_rank_raise():
 
 
 @pytest.mark.mpi(min_size=2)
+def test_divergent_api_calls_name_the_api_call():
+    # from_local's shape exchange on some ranks, distribute_tensor's on the others
+    mesh = dt.init_device_mesh((WORLD.size,))
+    with check_spmd(), pytest.raises(CommError) as info:
+        if WORLD.rank == 0:
+            dt.DTensor.from_local(dt.ones(2, 3), mesh, [S(0)])
+        else:
+            dist(data((4, 3)), mesh, [S(0)])
+    msg = str(info.value)
+    assert "DTensor.from_local: local shapes" in msg
+    assert "distribute_tensor" in msg
+
+
+@pytest.mark.mpi(min_size=2)
 def test_divergent_specs_raise_and_name_op_and_step():
     mesh = dt.init_device_mesh((WORLD.size,))
     n = 2 * WORLD.size

@@ -17,7 +17,8 @@ forms are exercised by the test suite. Every function here is **Local**.
 
 cimport cython
 cimport numpy as cnp
-from libc.math cimport erf, erff, exp, expf, log, logf, tanh, tanhf, sqrt
+from cython cimport floating
+from libc.math cimport erf, erff, exp, expf, log, tanh, tanhf, sqrt
 
 cnp.import_array()
 
@@ -62,54 +63,55 @@ cdef inline cnp.ndarray _output(cnp.ndarray a, object out):
     return o
 
 
-cdef void _loop_f(int kind, const float* x, float* y, Py_ssize_t n) noexcept nogil:
+cdef inline floating _erf(floating v) noexcept nogil:
+    if floating is float:
+        return erff(v)
+    else:
+        return erf(v)
+
+
+cdef inline floating _tanh(floating v) noexcept nogil:
+    if floating is float:
+        return tanhf(v)
+    else:
+        return tanh(v)
+
+
+cdef inline floating _exp(floating v) noexcept nogil:
+    if floating is float:
+        return expf(v)
+    else:
+        return exp(v)
+
+
+cdef void _loop(int kind, const floating* x, floating* y, Py_ssize_t n) noexcept nogil:
+    """One elementwise kernel over ``n`` elements, in the precision of ``floating``."""
     cdef Py_ssize_t i
-    cdef float v, u
-    cdef float s1 = <float>SQRT1_2, s2 = <float>SQRT_2_PI, c = <float>GELU_C
+    cdef floating v
+    cdef floating s1 = <floating>SQRT1_2, s2 = <floating>SQRT_2_PI, c = <floating>GELU_C
+    cdef floating half = <floating>0.5
     if kind == K_RELU:
         for i in range(n):
             v = x[i]
             y[i] = v if (v > 0 or v != v) else 0
     elif kind == K_ERF:
         for i in range(n):
-            y[i] = erff(x[i])
+            y[i] = _erf(x[i])
     elif kind == K_GELU:
         for i in range(n):
             v = x[i]
-            y[i] = (erff(v * s1) + 1) * v * <float>0.5
+            y[i] = (_erf(v * s1) + 1) * v * half
     else:
         for i in range(n):
             v = x[i]
-            u = tanhf((v * v * c + 1) * v * s2)
-            y[i] = (u + 1) * v * <float>0.5
-
-
-cdef void _loop_d(int kind, const double* x, double* y, Py_ssize_t n) noexcept nogil:
-    cdef Py_ssize_t i
-    cdef double v, u
-    if kind == K_RELU:
-        for i in range(n):
-            v = x[i]
-            y[i] = v if (v > 0 or v != v) else 0
-    elif kind == K_ERF:
-        for i in range(n):
-            y[i] = erf(x[i])
-    elif kind == K_GELU:
-        for i in range(n):
-            v = x[i]
-            y[i] = (erf(v * SQRT1_2) + 1) * v * 0.5
-    else:
-        for i in range(n):
-            v = x[i]
-            u = tanh((v * v * GELU_C + 1) * v * SQRT_2_PI)
-            y[i] = (u + 1) * v * 0.5
+            y[i] = (_tanh((v * v * c + 1) * v * s2) + 1) * v * half
 
 
 cdef inline void _unary(int kind, bint f32, void* x, void* y, Py_ssize_t n) noexcept nogil:
     if f32:
-        _loop_f(kind, <const float*>x, <float*>y, n)
+        _loop(kind, <const float*>x, <float*>y, n)
     else:
-        _loop_d(kind, <const double*>x, <double*>y, n)
+        _loop(kind, <const double*>x, <double*>y, n)
 
 
 @cython.final
@@ -154,12 +156,12 @@ cdef class Unary:
         return f"<compiled kernel {self.name}>"
 
 
-cdef void _softmax_f(const float* x, float* y, Py_ssize_t rows, Py_ssize_t n,
-                     bint take_log) noexcept nogil:
+cdef void _softmax_rows(const floating* x, floating* y, Py_ssize_t rows, Py_ssize_t n,
+                        bint take_log) noexcept nogil:
+    """softmax (or log_softmax) of ``rows`` contiguous rows of ``n``; sums in double."""
     cdef Py_ssize_t r, i
-    cdef float m, v
+    cdef floating m, v, ls
     cdef double s
-    cdef float ls
     for r in range(rows):
         m = x[0]
         for i in range(1, n):
@@ -171,48 +173,18 @@ cdef void _softmax_f(const float* x, float* y, Py_ssize_t rows, Py_ssize_t n,
         s = 0
         if take_log:
             for i in range(n):
-                s += expf(x[i] - m)
-            ls = logf(<float>s)
+                s += _exp(x[i] - m)
+            ls = <floating>log(s)
             for i in range(n):
                 y[i] = (x[i] - m) - ls
         else:
             for i in range(n):
-                v = expf(x[i] - m)
+                v = _exp(x[i] - m)
                 y[i] = v
                 s += v
-            ls = <float>s
+            ls = <floating>s
             for i in range(n):
                 y[i] = y[i] / ls
-        x += n
-        y += n
-
-
-cdef void _softmax_d(const double* x, double* y, Py_ssize_t rows, Py_ssize_t n,
-                     bint take_log) noexcept nogil:
-    cdef Py_ssize_t r, i
-    cdef double m, v, s, ls
-    for r in range(rows):
-        m = x[0]
-        for i in range(1, n):
-            v = x[i]
-            if v > m or v != v:
-                m = v
-                if v != v:
-                    break
-        s = 0
-        if take_log:
-            for i in range(n):
-                s += exp(x[i] - m)
-            ls = log(s)
-            for i in range(n):
-                y[i] = (x[i] - m) - ls
-        else:
-            for i in range(n):
-                v = exp(x[i] - m)
-                y[i] = v
-                s += v
-            for i in range(n):
-                y[i] = y[i] / s
         x += n
         y += n
 
@@ -220,9 +192,9 @@ cdef void _softmax_d(const double* x, double* y, Py_ssize_t rows, Py_ssize_t n,
 cdef inline void _softmax(bint f32, void* x, void* y, Py_ssize_t rows, Py_ssize_t n,
                           bint take_log) noexcept nogil:
     if f32:
-        _softmax_f(<const float*>x, <float*>y, rows, n, take_log)
+        _softmax_rows(<const float*>x, <float*>y, rows, n, take_log)
     else:
-        _softmax_d(<const double*>x, <double*>y, rows, n, take_log)
+        _softmax_rows(<const double*>x, <double*>y, rows, n, take_log)
 
 
 def softmax_lastdim(a, bint take_log, out=None):

@@ -4,12 +4,13 @@ Run as ``timeout 600 mpiexec -n 2 python -m launch.bench.small_ops`` (a 1-D mesh
 ``-n 4`` (a 2x2 mesh). For each op on 8x8 float32 operands it reports, in microseconds per
 call (median over batched samples on each rank, then the worst rank):
 
-- ``numpy_us``: the same computation with numpy on this rank's local arrays;
+- ``numpy_us``: the same computation with numpy on this rank's local arrays (with
+  ``--device cuda``: on the local cupy arrays, through numpy's dispatch to cupy);
 - ``fast_us``: the DTensor op served by the compiled fast path;
 - ``python_us``: the same op on the Python dispatcher (``dt.debug.set_fastpath(False)``,
   measured in the same run);
 - ``torch_us``: PyTorch's DTensor on a gloo process group with the same mesh and placements
-  (when torch is importable);
+  (when torch is importable; CPU only);
 - the overheads ``fast_us - numpy_us`` and ``python_us - numpy_us`` and the ratios
   ``python_us / fast_us`` and ``torch_us / fast_us``;
 - next to each median, the fastest sample (``*_min_us``): on a shared machine it shows the
@@ -17,8 +18,10 @@ call (median over batched samples on each rank, then the worst rank):
 
 ``--breakdown`` adds, per op, where a fast-path call spends its time: the kernel on the local
 arrays, the wrap of the output (Tensor + DTensor), and the rest (argument binding, key build
-and lookup), plus the Python path's bind+key+lookup. Output: JSON on stdout (``--out FILE``
-too) and, when matplotlib is installed, a bar chart (``--plot FILE.png``).
+and lookup), plus the Python path's bind+key+lookup (host meshes only). ``--device cuda``
+builds the mesh on the GPUs and ends every timed call with a stream synchronize. Output:
+JSON on stdout (``--out FILE`` too) and, when matplotlib is installed, a bar chart
+(``--plot FILE.png``).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from mpi4py import MPI
 
 import dtensor as dt
 from dtensor import _dispatch
+from dtensor._backend import array_module
 from launch.bench._common import bench_args, emit, environment, per_call_us, ratio, worst_rank
 
 SHAPE = (8, 8)
@@ -59,8 +63,14 @@ def _numpy_gelu(a: np.ndarray) -> np.ndarray:
     return 0.5 * a * (1.0 + np.tanh(0.7978845608028654 * (a + 0.044715 * a * a * a)))
 
 
+def _local(d: dt.DTensor):
+    """The local array of ``d``: numpy on the host, the device array (cupy) on a GPU mesh."""
+    return d.to_local().numpy() if d.device_mesh.device_type == "cpu" else d.to_local()._arr
+
+
 def _cases(mesh: dt.DeviceMesh, rest: list) -> dict[str, dict]:
-    """Per op: the DTensor call, the numpy call on the local arrays, the torch call maker."""
+    """Per op: the DTensor call, the array-module call on the local arrays (numpy on the
+    host; numpy's functions dispatch to cupy on a GPU mesh), the expression."""
     rng = np.random.default_rng(0)
     g = rng.standard_normal(SHAPE).astype(np.float32)
     h = rng.standard_normal(SHAPE).astype(np.float32)
@@ -70,8 +80,8 @@ def _cases(mesh: dt.DeviceMesh, rest: list) -> dict[str, dict]:
     w = dt.distribute_tensor(h, mesh, r, src_data_rank=None)
     x1 = dt.distribute_tensor(g, mesh, s1, src_data_rank=None)
     w0 = dt.distribute_tensor(h, mesh, s0, src_data_rank=None)
-    xa, ya, wa = x.to_local().numpy(), y.to_local().numpy(), w.to_local().numpy()
-    x1a, w0a = x1.to_local().numpy(), w0.to_local().numpy()
+    xa, ya, wa = _local(x), _local(y), _local(w)
+    x1a, w0a = _local(x1), _local(w0)
     xl = x.to_local()
     shape = x.shape
     cases = {
@@ -226,10 +236,18 @@ def run(args) -> dict:
         mesh_shape = (2, 2)
     else:
         mesh_shape = (comm.size,)
-    mesh = dt.init_device_mesh(mesh_shape)
+    mesh = dt.init_device_mesh(mesh_shape, device=args.device)
     cases = _cases(mesh, [dt.Replicate()] * (len(mesh_shape) - 1))
+    if args.device != "cpu":  # every timed call ends with the device idle
+        sync = array_module(args.device).cuda.get_current_stream().synchronize
+        for case in cases.values():
+            for k in ("dt", "np"):
+                case[k] = lambda f=case[k]: (f(), sync())
     status = dt.debug.fastpath_status()
-    torch_cases = None if args.no_torch else _torch_cases(comm, mesh_shape)
+    # PyTorch's DTensor runs on gloo (host memory): compared on the CPU only
+    torch_cases = None if args.no_torch or args.device != "cpu" else _torch_cases(
+        comm, mesh_shape
+    )
     results = {}
     for name, case in cases.items():
         row = {"expr": case["expr"]}
@@ -259,6 +277,7 @@ def run(args) -> dict:
         "dtype": "float32",
         "ranks": comm.size,
         "mesh": list(mesh_shape),
+        "device": args.device,
         "fastpath": status,
         "torch": torch_cases is not None,
         "units": "microseconds per call, median over samples, worst rank",
@@ -309,6 +328,7 @@ def main(argv: list[str] | None = None) -> None:
         breakdown={"action": "store_true", "help": "also split fast-path calls into parts"},
         no_torch={"action": "store_true", "help": "skip the PyTorch DTensor comparison"},
         plot={"help": "write a PNG bar chart here (needs matplotlib)"},
+        device={"default": "cpu", "choices": ["cpu", "cuda"], "help": "mesh device"},
     )
     doc = run(args)
     if MPI.COMM_WORLD.rank == 0:

@@ -143,3 +143,27 @@ def test_calibration_fit_recovers_alpha_and_beta():
     assert got_alpha == pytest.approx(alpha, rel=1e-6)
     assert got_beta == pytest.approx(beta, rel=1e-6)
     assert fit([(1e3, 5e-6), (1e4, 5e-6)])[1] == 1e12  # flat: bandwidth not measurable
+
+
+def test_small_ops_benchmark_reports_every_op_and_path(tmp_path):
+    path = tmp_path / "small_ops.json"
+    launch(2, "-m", "launch.bench.small_ops", "--no-torch", "--repeat", "2", "--out", str(path))
+    doc = json.loads(path.read_text())
+    assert doc["device"] == "cpu" and doc["mesh"] == [2] and not doc["torch"]
+    assert {"add", "relu", "view", "gelu", "mean", "softmax", "from_local"} <= set(doc["ops"])
+    for name, row in doc["ops"].items():
+        assert row["numpy_us"] > 0 and row["python_us"] > 0, name
+        if doc["fastpath"]["available"]:
+            assert row["fast_us"] > 0 and row["python_over_fast"] > 0, name
+        assert ("overhead_met" in row) == (name not in ("to_local", "from_local")), name
+
+
+def test_redistribute_benchmark_compares_against_raw_collectives(tmp_path):
+    path = tmp_path / "redistribute.json"
+    launch(2, "-m", "launch.bench.redistribute", "--sizes", "8", "--repeat", "2",
+           "--out", str(path))
+    doc = json.loads(path.read_text())
+    cases = {r["case"]: r for r in doc["results"]}
+    assert set(cases) == {"S(0)->R", "S(1)->R", "S(0)->S(1)", "P->R", "R->S(0)"}
+    assert cases["P->R"]["raw"] == "Allreduce" and cases["P->R"]["raw_us"] > 0
+    assert all(r["dtensor_us"] > 0 and r["execute_us"] > 0 for r in cases.values())

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .errors import ArgumentError, DTypeError
+
 __all__ = [
     "CPU",
     "HOST_ALLOCATOR",
@@ -42,9 +44,9 @@ class Device:
 
     def __init__(self, type: str, index: int | None = None) -> None:
         if type not in ("cpu", "cuda"):
-            raise ValueError(f"Expected one of cpu, cuda device type at start of device: {type}")
+            raise ArgumentError(f"Expected one of cpu, cuda device type at start of device: {type}")
         if index is not None and (type == "cpu" or index < 0):
-            raise ValueError(f"invalid device index {index} for device type {type!r}")
+            raise ArgumentError(f"invalid device index {index} for device type {type!r}")
         object.__setattr__(self, "type", type)
         object.__setattr__(self, "index", index)
         object.__setattr__(self, "_str", type if index is None else f"{type}:{index}")
@@ -97,8 +99,10 @@ def as_device(device) -> Device:
 
     Raises
     ------
-    ValueError
-        For an unknown device string.
+    ArgumentError
+        For an unknown device string (a ValueError).
+    DTypeError
+        For what is not a device (a TypeError).
     """
     if device is None:
         return CPU
@@ -109,13 +113,15 @@ def as_device(device) -> Device:
         if dev is None:
             kind, sep, idx = device.strip().partition(":")
             if sep and not idx.isdigit():
-                raise ValueError(f"Invalid device string: '{device}'")
+                raise ArgumentError(f"Invalid device string: '{device}'")
             dev = Device(kind, int(idx) if sep else None)
             _PARSED[device] = dev
         return dev
     if isinstance(device, int) and not isinstance(device, bool):
         return Device("cuda", device)
-    raise TypeError(f"expected a device (str, dt.Device or int), got {type(device).__name__}")
+    raise DTypeError(
+        f"expected a device (str, dt.Device or int), got {type(device).__name__} ({device!r})"
+    )
 
 
 def _cupy():

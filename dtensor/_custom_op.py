@@ -14,7 +14,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Sequence
 
-from placements.errors import DTensorError
+from placements.errors import DTensorError, DTypeError
 from placements.rules import OpSchema, RuleResult, register_rule
 
 from . import _optable
@@ -76,14 +76,14 @@ def register_op(
     ------
     DTensorError
         ``name`` is already an op, or a named parameter is not one of the kernel's.
-    TypeError
-        ``kernel`` has variadic parameters.
+    DTypeError
+        ``kernel`` has variadic parameters (a TypeError).
     """
     if name in _optable.OPS:
         raise DTensorError(f"register_op: {name!r} is already an op; choose another name")
     params = inspect.signature(kernel).parameters
     if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params.values()):
-        raise TypeError(f"register_op({name!r}): the kernel may not take *args or **kwargs")
+        raise DTypeError(f"register_op({name!r}): the kernel may not take *args or **kwargs")
     names = tuple(params)
     defaults = {k: p.default for k, p in params.items() if p.default is not p.empty}
     if tensor_params is None:

@@ -21,6 +21,7 @@ from placements.spec import DTensorSpec
 from . import _allocator, _backend, _dtypes, _random
 from ._dtensor import DTensor, _normalize_placements
 from ._tensor import _wrap
+from .errors import ArgumentError
 
 __all__ = ["distributed_factory"]
 
@@ -102,7 +103,7 @@ def distributed_factory(
         if name != "empty":
             arr.fill({"zeros": 0, "ones": 1}.get(name, kwargs.get("fill_value")))
     else:
-        raise ValueError(f"distributed_factory: unknown factory {name!r}")
+        raise ArgumentError(f"distributed_factory: unknown factory {name!r}")
     if zero and name != "empty":
         arr[...] = 0
     return DTensor._make(_wrap(arr), spec)

@@ -30,7 +30,15 @@ import numpy as np
 
 import fastpath as _fp
 from placements import Partial, Placement
-from placements.errors import DimError, DTypeError, MeshError, NoRuleError, ShardingError
+from placements.errors import (
+    ConfigError,
+    DimError,
+    DTypeError,
+    MeshError,
+    NoRuleError,
+    ShardingError,
+    SignatureError,
+)
 from placements.rules import ArgMeta, OpSchema, OpStrategy, propagate
 from placements.rules._core import norm_dims
 from placements.spec import DTensorSpec
@@ -124,15 +132,15 @@ class _Binder:
             for k, v in kwargs.items():
                 i = index.get(k)
                 if i is None:
-                    raise TypeError(f"{self.name}() got an unexpected keyword argument {k!r}")
+                    raise SignatureError(f"{self.name}() got an unexpected keyword argument {k!r}")
                 if i < n:
-                    raise TypeError(f"{self.name}() got multiple values for argument {k!r}")
+                    raise SignatureError(f"{self.name}() got multiple values for argument {k!r}")
                 values[i] = v
         if n < nparams:
             for v in values[n:]:
                 if v is _MISSING:
                     missing = [p for p, v in zip(self.params, values) if v is _MISSING]
-                    raise TypeError(
+                    raise SignatureError(
                         f"{self.name}() missing required arguments: {', '.join(missing)}"
                     )
         return values
@@ -143,7 +151,7 @@ class _Binder:
         taken as the whole value."""
         last = self.pack_idx
         if last < 0:
-            raise TypeError(
+            raise SignatureError(
                 f"{self.name}() takes {self.nparams} positional arguments "
                 f"({', '.join(self.params)}) but {len(args)} were given"
             )
@@ -291,9 +299,9 @@ def _env_cache_size() -> int:
     try:
         size = int(raw)
     except ValueError:
-        raise ValueError(f"DTENSOR_PROP_CACHE_SIZE={raw!r} is not an integer") from None
+        raise ConfigError(f"DTENSOR_PROP_CACHE_SIZE={raw!r} is not an integer") from None
     if size < 1:
-        raise ValueError(f"DTENSOR_PROP_CACHE_SIZE={raw!r} must be at least 1")
+        raise ConfigError(f"DTENSOR_PROP_CACHE_SIZE={raw!r} must be at least 1")
     return size
 
 
@@ -342,7 +350,7 @@ def clear_prop_cache() -> None:
 def set_prop_cache_size(maxsize: int) -> None:
     """Change the bound of the propagation cache (evicting the oldest entries). **Local**."""
     if int(maxsize) < 1:
-        raise ValueError(f"set_prop_cache_size: maxsize must be at least 1, got {maxsize}")
+        raise ConfigError(f"set_prop_cache_size: maxsize must be at least 1, got {maxsize}")
     _CACHE.maxsize = int(maxsize)
     _CACHE.trim()
 
@@ -591,7 +599,7 @@ def lookup(
         raise _mixed_error(name, e.args[0], args or values, kwargs or {}) from None
     if mesh is None:
         params = ", ".join(binder.params[i] for i in binder.tensor_idx)
-        raise TypeError(f"{name}: no DTensor among the tensor arguments ({params})")
+        raise DTypeError(f"{name}: no DTensor among the tensor arguments ({params})")
     cache = _CACHE
     if _FRONT is not None:
         _FRONT.flush(cache.data)

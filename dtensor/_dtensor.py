@@ -23,7 +23,14 @@ from redistribute.plan import plan as _plan
 from . import _allocator
 from ._mesh import DeviceMesh
 from ._tensor import Tensor, _wrap
-from .errors import DTypeError, MeshError, PlacementError, ShardDimError, ShardingError
+from .errors import (
+    DTypeError,
+    MeshError,
+    PlacementError,
+    ShardDimError,
+    ShardingError,
+    SignatureError,
+)
 
 __all__ = ["DTensor", "distribute_tensor"]
 
@@ -91,7 +98,7 @@ def _as_local_tensor(data: object, op: str) -> Tensor:
     if isinstance(data, Tensor):
         return data
     if isinstance(data, DTensor):
-        raise TypeError(f"{op}: expected a local tensor or array, got a DTensor {data!r}")
+        raise DTypeError(f"{op}: expected a local tensor or array, got a DTensor {data!r}")
     from ._factory import as_tensor
 
     return as_tensor(data)
@@ -114,7 +121,7 @@ class DTensor(_fp.DTensorBase):
     __array_priority__ = 1000
 
     def __init__(self, *args: object, **kwargs: object) -> None:
-        raise TypeError(
+        raise SignatureError(
             "DTensor: use dt.distribute_tensor(...), DTensor.from_local(...) or a factory "
             "with device_mesh= and placements= to create one"
         )
@@ -189,7 +196,7 @@ class DTensor(_fp.DTensorBase):
 
     def __len__(self) -> int:
         if not self._spec.shape:
-            raise TypeError("len() of a 0-d DTensor")
+            raise DTypeError("len() of a 0-d DTensor")
         return self._spec.shape[0]
 
     @property

@@ -28,6 +28,7 @@ from ._dispatch import dispatch, fast_op, plug_fastpath
 from ._dtensor import DTensor
 from ._optable import OPS, OpInfo
 from ._tensor import Tensor
+from .errors import UnavailableError
 
 # operator -> op name; the reflected form swaps the operands
 _BINARY = {
@@ -284,12 +285,13 @@ def set_fastpath(enabled: bool) -> bool:
 
     Raises
     ------
-    RuntimeError
-        When asked to enable a fast path that is not available.
+    UnavailableError
+        When asked to enable a fast path that is not available (a ConfigError and a
+        RuntimeError).
     """
     global _FAST, _FUNCTIONS
     if enabled and _front is None:
-        raise RuntimeError(
+        raise UnavailableError(
             "set_fastpath(True): the compiled fast path is not available "
             f"(extension built: {_fp.AVAILABLE}; DTENSOR_FASTPATH=0 at import: "
             f"{_fp.AVAILABLE and not _fp.ENABLED})"

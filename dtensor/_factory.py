@@ -24,7 +24,14 @@ import numpy as np
 from . import _backend as B
 from . import _dtypes, _random
 from ._tensor import Tensor, _alloc, _copy_into, _empty_like_arr, _shape_arg, _wrap
-from .errors import DTypeError, PlacementError, ShardingError, ViewError
+from .errors import (
+    ArgumentError,
+    DTypeError,
+    PlacementError,
+    ShardingError,
+    SignatureError,
+    ViewError,
+)
 
 __all__ = [
     "arange",
@@ -82,16 +89,15 @@ def from_numpy(a: np.ndarray) -> Tensor:
 
     Raises
     ------
-    TypeError
-        If ``a`` is not a numpy array.
     DTypeError
-        For non-numeric or non-native-byte-order dtypes.
+        If ``a`` is not a numpy array (a TypeError); for non-numeric or
+        non-native-byte-order dtypes.
     ViewError
         If a byte stride, or ``a``'s byte offset into its owner's memory, is not a
         multiple of the element size (copy with :func:`tensor` instead).
     """
     if not isinstance(a, np.ndarray):
-        raise TypeError(f"expected np.ndarray (got {type(a).__name__})")
+        raise DTypeError(f"from_numpy: expected np.ndarray (got {type(a).__name__})")
     if type(a) is not np.ndarray:
         a = a.view(np.ndarray)
     # Note: negative strides are kept zero-copy (PyTorch raises for them).
@@ -295,7 +301,7 @@ def randint(*args, size=None, dtype=None, device=None, device_mesh=None, placeme
     """
     if size is None:
         if not args:
-            raise TypeError("randint() missing required argument 'size'")
+            raise SignatureError("randint() missing required argument 'size'")
         *bounds, size = args
     else:
         bounds = list(args)
@@ -304,10 +310,13 @@ def randint(*args, size=None, dtype=None, device=None, device_mesh=None, placeme
     elif len(bounds) == 2:
         low, high = bounds
     else:
-        raise TypeError("randint() takes (high, size) or (low, high, size)")
+        raise SignatureError(
+            "randint() takes (high, size) or (low, high, size), got "
+            f"{len(args)} positional arguments"
+        )
     low, high = operator.index(low), operator.index(high)
     if low >= high:
-        raise ValueError(
+        raise ArgumentError(
             f"random_ expects 'from' to be less than 'to', but got from={low} >= to={high}"
         )
     dtype = _dtypes.int64 if dtype is None else _dtypes.to_dtype(dtype)
@@ -333,9 +342,9 @@ def arange(
     if end is None:
         start, end = 0, start
     if step == 0:
-        raise ShardingError("arange: step must be nonzero")
+        raise ArgumentError("arange: step must be nonzero")
     if (step > 0 and start > end) or (step < 0 and start < end):
-        raise ValueError(
+        raise ArgumentError(
             f"arange: upper bound and larger bound inconsistent with step sign "
             f"(start={start}, end={end}, step={step})"
         )
@@ -365,7 +374,7 @@ def linspace(
     """
     start, end, steps = _scalar(start), _scalar(end), operator.index(steps)
     if steps < 0:
-        raise ValueError("linspace: number of steps must be non-negative")
+        raise ArgumentError(f"linspace: number of steps must be non-negative, got {steps}")
     dtype = _dtype_or_default("linspace", dtype)
     if _is_distributed(device_mesh, placements, "linspace"):
         return _distributed(

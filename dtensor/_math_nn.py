@@ -30,7 +30,7 @@ from ._math_base import (
     xp_of,
 )
 from ._tensor import Tensor, _norm_dim
-from .errors import DimError, DTypeError, ShardingError
+from .errors import ArgumentError, DimError, DTypeError, ShardingError
 
 _REDUCTIONS = ("none", "mean", "sum")
 # compiled last-axis softmax loops for contiguous float32/float64 host arrays
@@ -230,7 +230,7 @@ def embedding(input: Tensor, weight: Tensor, padding_idx=None) -> Tensor:
 
 def _check_reduction(op: str, reduction: str) -> None:
     if reduction not in _REDUCTIONS:
-        raise ValueError(f"{op}: {reduction!r} is not a valid value for reduction")
+        raise ArgumentError(f"{op}: {reduction!r} is not a valid value for reduction")
 
 
 def cross_entropy(
@@ -267,7 +267,7 @@ def cross_entropy(
     """
     _check_reduction("cross_entropy", reduction)
     if not 0.0 <= label_smoothing <= 1.0:
-        raise ValueError(
+        raise ArgumentError(
             f"cross_entropy: label_smoothing must be between 0.0 and 1.0, got {label_smoothing}"
         )
     x = _float_input("cross_entropy", input)
@@ -371,7 +371,7 @@ def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool 
     Tensor
     """
     if not 0.0 <= p <= 1.0:
-        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+        raise ArgumentError(f"dropout probability has to be between 0 and 1, but got {p}")
     a = _float_input("dropout", input)
     if not training or p == 0:
         return input

@@ -44,7 +44,7 @@ from ._math_base import (
     xp_of,
 )
 from ._tensor import Tensor, _wrap
-from .errors import DTypeError
+from .errors import ArgumentError, DTypeError, SignatureError
 
 _B = frozenset([BOOL])
 _INTS = frozenset(np.dtype(t) for t in "bBhHiIlLqQ")
@@ -399,7 +399,7 @@ def gelu(input: Tensor, approximate: str = "none", *, out=None) -> Tensor:
     """
     spec = _GELU.get(approximate)
     if spec is None:
-        raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+        raise ArgumentError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
     r = spec.compute(as_array("gelu", input), out)
     return out if out is not None else wrap(r)
 
@@ -798,7 +798,7 @@ def div(input: TensorLike, other: TensorLike, *, rounding_mode=None, out=None) -
         return _trunc_div_fn(input, other, out=out)
     if rounding_mode == "floor":
         return floor_divide(input, other, out=out)
-    raise ValueError(
+    raise ArgumentError(
         f"div: expected rounding_mode to be one of None, 'trunc', or 'floor' but found "
         f"{rounding_mode!r}"
     )
@@ -857,7 +857,7 @@ def clamp(
     Tensor
     """
     if min is None and max is None:
-        raise TypeError("clamp: at least one of 'min' or 'max' must not be None")
+        raise SignatureError("clamp: at least one of 'min' or 'max' must not be None")
     a = as_array("clamp", input)
     bounds = [operand("clamp", v) for v in (min, max) if v is not None]
     ct = result_type(a, *bounds)

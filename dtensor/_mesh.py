@@ -21,7 +21,7 @@ import numpy as np
 from redistribute import comm as _comm
 
 from . import _cuda
-from .errors import MeshError
+from .errors import MeshError, SignatureError
 
 __all__ = ["DeviceMesh", "init_device_mesh"]
 
@@ -334,7 +334,7 @@ def init_device_mesh(
     if args_list:
         mesh_dim_names = args_list.pop(0)
     if args_list:
-        raise TypeError(f"init_device_mesh: unexpected positional arguments {args_list}")
+        raise SignatureError(f"init_device_mesh: unexpected positional arguments {args_list}")
     if device_type is not None:
         device = device_type
     base = _as_comm(comm)

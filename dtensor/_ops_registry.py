@@ -39,6 +39,7 @@ from ._backend import array_module_of
 from ._optable import OPS as _OPS
 from ._optable import OpInfo, register_op
 from ._tensor import Tensor, _wrap
+from .errors import ArgumentError
 
 __all__: list[str] = []
 
@@ -286,7 +287,7 @@ def _dropout_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
 
     def local(input, p, training, inplace):
         if not 0.0 <= p <= 1.0:
-            raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+            raise ArgumentError(f"dropout probability has to be between 0 and 1, but got {p}")
         a = _math_nn._float_input("dropout", input)
         if p == 0:
             return input

@@ -21,7 +21,7 @@ import numpy as np
 from . import _allocator
 from . import _backend as B
 from ._tensor import Tensor, _wrap
-from .errors import DTypeError
+from .errors import ArgumentError, DTypeError
 
 __all__ = [
     "get_rng_state",
@@ -56,7 +56,7 @@ def manual_seed(seed: int) -> None:
     global _seed, _offset
     seed = int(seed)
     if not -(1 << 63) <= seed <= _MASK64:
-        raise ValueError(
+        raise ArgumentError(
             f"manual_seed: seed must be within [-0x8000_0000_0000_0000, "
             f"0xffff_ffff_ffff_ffff], got {seed}"
         )
@@ -95,7 +95,7 @@ def set_rng_state(new_state) -> None:
     else:
         raw = bytes(new_state)
     if len(raw) != 16:
-        raise ValueError(f"set_rng_state: expected a 16-byte state, got {len(raw)} bytes")
+        raise ArgumentError(f"set_rng_state: expected a 16-byte state, got {len(raw)} bytes")
     seed, offset = (int(v) for v in np.frombuffer(raw, dtype="<u8"))
     with _lock:
         _seed, _offset = seed, offset
@@ -213,13 +213,13 @@ def _values(kind: str, counters, dtype: np.dtype, seed: int, xp, low: int, high:
         return (xp.sqrt(-2.0 * xp.log(u1)) * xp.cos(2.0 * np.pi * u2)).astype(dtype)
     if kind == "randint":
         if high is None or low >= high:
-            raise ValueError(
+            raise ArgumentError(
                 f"random_ expects 'from' to be less than 'to', but got from={low} >= to={high}"
             )
         span = high - low
         if span > _MASK64:
-            raise ValueError(f"randint: range [{low}, {high}) is wider than 2**64")
+            raise ArgumentError(f"randint: range [{low}, {high}) is wider than 2**64")
         draws = _bits(counters, seed, 0, xp) % xp.uint64(span)
         # Wrapping int64 arithmetic gives low + draw exactly for any range inside int64.
         return (draws.astype(np.int64) + np.int64(low)).astype(dtype)
-    raise ValueError(f"random_block: unknown kind {kind!r} (uniform, normal or randint)")
+    raise ArgumentError(f"random_block: unknown kind {kind!r} (uniform, normal or randint)")

@@ -28,7 +28,14 @@ from placements.rules._core import norm_dim as _rules_norm_dim
 
 from . import _allocator, _dtypes, _strides
 from . import _backend as B
-from .errors import DimError, ViewError
+from .errors import (
+    ArgumentError,
+    DimError,
+    DTypeError,
+    ShardingError,
+    ValueConversionError,
+    ViewError,
+)
 
 __all__ = ["Size", "Storage", "Tensor", "is_tensor"]
 
@@ -163,8 +170,8 @@ def _norm_dim(dim, ndim: int, op: str | None = None) -> int:
     DimError
         ``op: Dimension out of range (expected to be in range of [-2, 1], but got 2)``
         (without ``op:`` when ``op`` is None).
-    TypeError
-        If ``dim`` is not an integer.
+    DTypeError
+        If ``dim`` is not an integer (a TypeError).
     """
     if type(dim) is int:
         if 0 <= dim < ndim:
@@ -294,9 +301,9 @@ def _is_device_arg(a) -> bool:
     return isinstance(a, (B.Device, int)) and not isinstance(a, bool)
 
 
-def _check_step(s: slice) -> None:
+def _check_step(s: slice, op: str) -> None:
     if s.step is not None and s.step <= 0:
-        raise ValueError("step must be greater than zero")
+        raise ArgumentError(f"{op}: step must be greater than zero (got {s.step})")
 
 
 class Tensor(_fp.TensorBase):
@@ -423,19 +430,21 @@ class Tensor(_fp.TensorBase):
     def __len__(self) -> int:
         arr = self._arr
         if arr.ndim == 0:
-            raise TypeError("len() of a 0-d tensor")
+            raise DTypeError("len() of a 0-d tensor")
         return arr.shape[0]
 
     def __iter__(self):
         if self._arr.ndim == 0:
-            raise TypeError("iteration over a 0-d tensor")
+            raise DTypeError("iteration over a 0-d tensor")
         return iter(self.unbind(0))
 
     def item(self):
         """The value of a one-element tensor as a python scalar. **Local.**"""
         arr = self._arr
         if arr.size != 1:
-            raise RuntimeError(f"a Tensor with {arr.size} elements cannot be converted to Scalar")
+            raise ValueConversionError(
+                f"a Tensor with {arr.size} elements cannot be converted to Scalar"
+            )
         return arr.item()
 
     def tolist(self):
@@ -444,7 +453,9 @@ class Tensor(_fp.TensorBase):
 
     def __bool__(self) -> bool:
         if self._arr.size != 1:
-            raise RuntimeError(f"Boolean value of Tensor with {self._arr.size} values is ambiguous")
+            raise ValueConversionError(
+                f"Boolean value of Tensor with {self._arr.size} values is ambiguous"
+            )
         return bool(self.item())
 
     def __int__(self) -> int:
@@ -458,7 +469,10 @@ class Tensor(_fp.TensorBase):
 
     def __index__(self) -> int:
         if self._arr.dtype.kind not in "iu":
-            raise TypeError("only integer tensors of a single element can be converted to an index")
+            raise DTypeError(
+                "only integer tensors of a single element can be converted to an index "
+                f"(got a {self._arr.dtype} tensor)"
+            )
         return self.item()
 
     def __reduce__(self):
@@ -502,7 +516,9 @@ class Tensor(_fp.TensorBase):
         arr = self.numpy()
         if dtype is not None and np.dtype(dtype) != arr.dtype:
             if copy is False:
-                raise ValueError(f"converting {arr.dtype} to {np.dtype(dtype)} needs a copy")
+                raise ArgumentError(
+                    f"__array__: converting {arr.dtype} to {np.dtype(dtype)} needs a copy"
+                )
             return arr.astype(dtype)
         return arr.copy() if copy else arr
 
@@ -519,7 +535,7 @@ class Tensor(_fp.TensorBase):
             return arr.view()
         if force:
             return B.to_host(arr)
-        raise TypeError(
+        raise DTypeError(
             f"can't convert {self.device} tensor to numpy. Use Tensor.cpu() to copy the "
             "tensor to host memory first."
         )
@@ -1019,7 +1035,7 @@ class Tensor(_fp.TensorBase):
                 i = i._arr
                 basic = False
             elif isinstance(i, slice):
-                _check_step(i)
+                _check_step(i, op)
                 consumed += 1
             elif i is None:
                 pass
@@ -1033,7 +1049,7 @@ class Tensor(_fp.TensorBase):
                 try:
                     i = operator.index(i)
                 except TypeError as exc:
-                    raise IndexError(
+                    raise DimError(
                         f"{op}: only integers, slices, None, ..., and integer or boolean "
                         f"tensors are valid indices (got {type(i).__name__})"
                     ) from exc
@@ -1082,7 +1098,7 @@ class Tensor(_fp.TensorBase):
                 if type(idx) is int:
                     return _wrap(arr[idx, ...], self._storage)
                 if type(idx) is slice:
-                    _check_step(idx)
+                    _check_step(idx, "__getitem__")
                     out = arr[idx]
                     if out.size:
                         return _wrap(out, self._storage)
@@ -1129,8 +1145,8 @@ class Tensor(_fp.TensorBase):
 
         Raises
         ------
-        ValueError
-            If ``src`` does not broadcast to this tensor's shape.
+        ShardingError
+            If ``src`` does not broadcast to this tensor's shape (a ValueError).
         """
         arr = self._arr
         _check_no_internal_overlap(arr, "copy_")
@@ -1141,7 +1157,7 @@ class Tensor(_fp.TensorBase):
         try:
             _copy_into(arr, src)
         except ValueError as exc:
-            raise ValueError(
+            raise ShardingError(
                 f"copy_: source of shape {tuple(np.shape(src))} cannot be broadcast to "
                 f"{tuple(arr.shape)}"
             ) from exc
@@ -1153,7 +1169,7 @@ class Tensor(_fp.TensorBase):
         _check_no_internal_overlap(arr, "fill_")
         if isinstance(value, Tensor):
             if value.numel() != 1:
-                raise ValueError(
+                raise ArgumentError(
                     "fill_ only supports 0-dimension value tensor but got tensor with "
                     f"{value.ndim} dimensions."
                 )

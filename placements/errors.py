@@ -13,23 +13,35 @@ Which type for which check:
 - :class:`ShardingError`: shapes that do not broadcast or multiply (with the global shapes
   and the placements), local shards that do not match the global shape, an in-place op
   that would change its input's placements;
-- :class:`DTypeError`: a dtype the op does not support (reductions included);
+- :class:`DTypeError`: a dtype or an argument type the op does not accept (reductions
+  included; ``dim`` that is not an int, a device that is not a str/Device/int, a DTensor
+  where a local tensor is expected), and the TypeErrors of Python's protocols on a tensor
+  (``len()`` or iteration of a 0-d tensor, ``__index__`` of a non-integer tensor);
+- :class:`ArgumentError`: an argument value the op does not accept (an option name such as
+  ``reduction='avg'``, a probability, a step, a count, a device string);
+- :class:`SignatureError`: a call that does not match the op's signature (an unexpected
+  keyword, a value given twice, a missing or an extra positional argument);
+- :class:`ValueConversionError`: a tensor that cannot become a python value (``bool()`` or
+  ``item()`` of a tensor with more than one element);
 - :class:`ViewError`: ``view`` incompatible with the input's strides, a bad view size;
 - :class:`DimError`: a tensor dim or an index out of range: every ``dim`` argument, local
   or distributed, goes through one check (``placements.rules._core.norm_dim``) whose
   message names the op, the value and the valid range, e.g. ``sum: Dimension out of range
   (expected to be in range of [-2, 1], but got 3)``; also indices (``x[10]`` of a DTensor,
-  ``embedding``, ``cross_entropy`` targets). A Shard dim out of range stays a
-  PlacementError;
+  ``embedding``, ``cross_entropy`` targets) and what is not an index (``x[1.5]``). A Shard
+  dim out of range raises :class:`ShardDimError`, both a PlacementError and a DimError;
 - :class:`NoRuleError`: an op without a sharding rule or local kernel for its inputs;
 - :class:`CommError`: a failure in, or an SPMD divergence before, a collective;
 - :class:`ConfigError`: a bad setting (an environment variable such as
-  ``DTENSOR_WATCHDOG``, or a debug option).
+  ``DTENSOR_WATCHDOG`` or ``DTENSOR_PROP_CACHE_SIZE``, or a debug option);
+  :class:`UnavailableError` (also a RuntimeError): a setting this build cannot honour
+  (``set_fastpath(True)`` without the compiled extension).
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "ArgumentError",
     "CommError",
     "ConfigError",
     "DTensorError",
@@ -40,6 +52,9 @@ __all__ = [
     "PlacementError",
     "ShardDimError",
     "ShardingError",
+    "SignatureError",
+    "UnavailableError",
+    "ValueConversionError",
     "ViewError",
 ]
 
@@ -61,7 +76,21 @@ class MeshError(DTensorError, ValueError):
 
 
 class DTypeError(DTensorError, TypeError):
-    """A dtype that the op does not support."""
+    """A dtype or an argument type the op does not accept."""
+
+
+class ArgumentError(DTensorError, ValueError):
+    """An argument value the op does not accept (an option name, a probability, a step, a
+    count)."""
+
+
+class SignatureError(DTensorError, TypeError):
+    """A call that does not match the op's signature."""
+
+
+class ValueConversionError(DTensorError, RuntimeError):
+    """A tensor that cannot be converted to a python value: ``bool()`` or ``item()`` of a
+    tensor with more than one element."""
 
 
 class ViewError(DTensorError, RuntimeError):
@@ -77,8 +106,9 @@ class CommError(DTensorError, RuntimeError):
 
 
 class DimError(DTensorError, IndexError):
-    """A tensor dim or an index out of range for the tensor's shape (an IndexError, as in
-    PyTorch, so ``except IndexError`` keeps working)."""
+    """A tensor dim or an index out of range for the tensor's shape, or an index that is not
+    a valid index (an IndexError, as in PyTorch and numpy, so ``except IndexError`` keeps
+    working)."""
 
 
 class ShardDimError(PlacementError, DimError):
@@ -89,3 +119,8 @@ class ShardDimError(PlacementError, DimError):
 
 class ConfigError(DTensorError, ValueError):
     """A bad setting: an environment variable or an option of a debug tool."""
+
+
+class UnavailableError(ConfigError, RuntimeError):
+    """A setting that this build cannot honour (the compiled fast path without the
+    extension): also a RuntimeError, so ``except RuntimeError`` keeps working."""

@@ -16,7 +16,7 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
-from placements.errors import NoRuleError
+from placements.errors import DTypeError, NoRuleError, SignatureError
 from placements.rules import OpSchema, get_rule, nd_valid
 from placements.spec import DTensorSpec
 from placements.types import Placement, short_placements
@@ -301,7 +301,7 @@ def _mesh_of(info: OpInfo, binder: object, values: list) -> object:
         for e in v if pi == binder.variadic_idx else (v,):
             if isinstance(e, DTensor):
                 return e.device_mesh
-    raise TypeError(f"explain: {info.name}() got no DTensor argument")
+    raise DTypeError(f"explain: {info.name}() got no DTensor argument")
 
 
 def _explain_op(info: OpInfo, args: tuple, kwargs: dict, top: int) -> Explanation:
@@ -369,10 +369,10 @@ def explain(op: object, *args: object, top: int = 6, **kwargs: object) -> Explan
     """
     if isinstance(op, DTensor):
         if len(args) != 1 or kwargs:
-            raise TypeError("explain(x, placements): give exactly the target placements")
+            raise SignatureError("explain(x, placements): give exactly the target placements")
         placements = tuple(args[0])
         if not all(isinstance(p, Placement) for p in placements):
-            raise TypeError(f"explain(x, placements): not a list of placements: {args[0]!r}")
+            raise DTypeError(f"explain(x, placements): not a list of placements: {args[0]!r}")
         spec = op._spec
         steps = plan(spec, placements)
         text = explain_plan(spec, placements)
@@ -388,5 +388,5 @@ def explain(op: object, *args: object, top: int = 6, **kwargs: object) -> Explan
         info, bound = found
         return _explain_op(info, (*bound, *args), kwargs, top)
     if not callable(op):
-        raise TypeError(f"explain: expected a DTensor, an op or a callable, got {op!r}")
+        raise DTypeError(f"explain: expected a DTensor, an op or a callable, got {op!r}")
     return _trace(op, args, kwargs, top)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from placements.errors import ShardingError
+from placements.errors import DTypeError, ShardingError
 from placements.layout import local_offsets, local_shape
 from placements.spec import DTensorSpec
 from placements.types import Partial, short_placements
@@ -27,7 +27,7 @@ def _spec_of(x: DTensor | DTensorSpec) -> DTensorSpec:
         return x._spec
     if isinstance(x, DTensorSpec):
         return x
-    raise TypeError(f"visualize_sharding: expected a DTensor or a DTensorSpec, got {type(x)}")
+    raise DTypeError(f"visualize_sharding: expected a DTensor or a DTensorSpec, got {type(x)}")
 
 
 def _ranks(spec: DTensorSpec) -> np.ndarray:

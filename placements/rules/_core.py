@@ -202,14 +202,14 @@ def norm_dim(dim: object, ndim: int, op: str | None = None) -> int:
     DimError
         PyTorch's wording after the op's name (no prefix when ``op`` is None):
         ``sum: Dimension out of range (expected to be in range of [-2, 1], but got 3)``.
-    TypeError
-        If ``dim`` is not an integer.
+    DTypeError
+        If ``dim`` is not an integer (a TypeError).
     """
     where = f"{op}: " if op else ""
     try:
         d = operator.index(dim)  # type: ignore[arg-type]
     except TypeError:
-        raise TypeError(f"{where}dim must be an int, got {type(dim).__name__} ({dim!r})") from None
+        raise DTypeError(f"{where}dim must be an int, got {type(dim).__name__} ({dim!r})") from None
     n = ndim if ndim else 1
     if not -n <= d < n:
         raise DimError(
@@ -228,7 +228,7 @@ def norm_dims(op: str, dim: object, ndim: int) -> tuple[int, ...]:
     if dim is None:
         return tuple(range(ndim))
     if isinstance(dim, (int, np.integer)) or not hasattr(dim, "__iter__"):
-        d = norm_dim(dim, ndim, op)  # one dim (a TypeError naming the op if not an int)
+        d = norm_dim(dim, ndim, op)  # one dim (a DTypeError naming the op if not an int)
         return (d,) if ndim else ()
     axes = tuple(norm_dim(d, ndim, op) for d in dim)  # type: ignore[attr-defined]
     if len(set(axes)) != len(axes):

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import DTypeError, ShardingError
+from ..errors import ArgumentError, DTypeError, ShardingError
 from ._core import (
     Candidate,
     OpSchema,
@@ -108,7 +108,7 @@ def _cross_entropy(schema: OpSchema) -> RuleResult:
     rest = (None,) * (len(schema.args) - 3)
     reduction = schema.get("reduction", "mean")
     if reduction not in ("mean", "sum", "none"):
-        raise ValueError(f"cross_entropy: {reduction!r} is not a valid value for reduction")
+        raise ArgumentError(f"cross_entropy: {reduction!r} is not a valid value for reduction")
     xs, ts = x.shape, t.shape  # type: ignore[union-attr]
     c_dim = 1 if len(xs) >= 2 else 0
     probs = t.dtype.kind in "fc"  # type: ignore[union-attr]
@@ -135,7 +135,7 @@ def _mse_loss(schema: OpSchema) -> RuleResult:
     x, t = schema.args[:2]
     reduction = schema.get("reduction", "mean")
     if reduction not in ("mean", "sum", "none"):
-        raise ValueError(f"mse_loss: {reduction!r} is not a valid value for reduction")
+        raise ArgumentError(f"mse_loss: {reduction!r} is not a valid value for reduction")
     shape = broadcast_shapes("mse_loss", [x.shape, t.shape])  # type: ignore[union-attr]
     cands = pointwise_candidates(shape, (x, t))
     dtype = result_dtype((x, t), schema.default_float)

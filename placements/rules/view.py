@@ -28,7 +28,7 @@ import math
 import operator
 from collections.abc import Sequence
 
-from ..errors import DimError, NoRuleError, ShardingError, ViewError
+from ..errors import ArgumentError, DimError, NoRuleError, ShardingError, ViewError
 from ..layout import shard_range
 from ._core import Candidate, OpSchema, P, R, RuleResult, S, norm_dim, register_rule
 
@@ -208,7 +208,7 @@ def _getitem(schema: OpSchema, key: object) -> RuleResult:
                 src += 1
         elif isinstance(it, slice):
             if it.step is not None and it.step <= 0:
-                raise ValueError("step must be greater than zero")
+                raise ArgumentError(f"__getitem__: step must be greater than zero (got {it.step})")
             n = shape[src]
             if _full_slice(it, n):
                 dim_map[src] = len(out_shape)

@@ -11,12 +11,18 @@ from a DTensor op here also shows that it was raised before any communication.
 
 from __future__ import annotations
 
+import ast
+import operator
+import pathlib
+import types
+
 import numpy as np
 import pytest
 from test_dispatch import SimMesh, dtensor_of
 
 import dtensor as dt
-from dtensor import errors
+from dtensor import _dfactory, _dispatch, _dtensor_ops, _random, errors
+from dtensor._tensor import _wrap
 from placements import Partial, Replicate, Shard
 from placements.spec import DTensorSpec
 from redistribute import comm as _comm
@@ -341,9 +347,18 @@ def test_catalogue_types_subclass_the_builtins():
         (errors.DimError, IndexError),
         (errors.ShardDimError, errors.PlacementError),
         (errors.ShardDimError, errors.DimError),
+        (errors.ArgumentError, ValueError),
+        (errors.SignatureError, TypeError),
+        (errors.ValueConversionError, RuntimeError),
+        (errors.UnavailableError, errors.ConfigError),
+        (errors.UnavailableError, RuntimeError),
     ]
     for sub, builtin in pairs:
         assert issubclass(sub, errors.DTensorError) and issubclass(sub, builtin)
+    # every name of the catalogue is a DTensorError and is covered above
+    classes = {getattr(errors, n) for n in errors.__all__} - {errors.DTensorError}
+    assert all(issubclass(c, errors.DTensorError) for c in classes)
+    assert classes == {sub for sub, _ in pairs}
 
 
 # -- dims out of range: DimError naming the op, local and distributed alike ------------------
@@ -640,3 +655,276 @@ def test_flip_repeated_dim(make):
         "multiple",
         unchanged=[x],
     )
+
+
+# -- every check raises a catalogue type --------------------------------------------------------
+# ``except dt.errors.DTensorError`` catches each of these, and ``except <builtin>`` still does.
+
+TARGET = np.array([0, 1, 2, 3])  # class indices for the 4 rows of A
+
+
+def _block(kind, **bounds):
+    return _random.random_block(kind, (4,), (0,), (4,), np.dtype(np.int64), 7, 0, np, **bounds)
+
+
+def _device_tensor():
+    """A tensor whose data is not a numpy array: a stand-in for a cupy array on cuda:0."""
+    return _wrap(types.SimpleNamespace(device=types.SimpleNamespace(id=0)))
+
+
+# (id, the call, its catalogue type, the builtin it also is, message fragments)
+CATALOGUE_CASES = [
+    # debug tools
+    ("explain-no-dtensor", lambda: dt.debug.explain(dt.add, t(), t()), errors.DTypeError,
+     TypeError, ["explain: add() got no DTensor argument"]),
+    ("explain-placements-count", lambda: dt.debug.explain(d()), errors.SignatureError,
+     TypeError, ["explain(x, placements)", "exactly the target placements"]),
+    ("explain-not-placements", lambda: dt.debug.explain(d(), [1, 2]), errors.DTypeError,
+     TypeError, ["explain(x, placements)", "not a list of placements: [1, 2]"]),
+    ("explain-not-callable", lambda: dt.debug.explain(42), errors.DTypeError, TypeError,
+     ["explain: expected a DTensor, an op or a callable, got 42"]),
+    ("visualize-local-tensor", lambda: dt.debug.visualize_sharding(t()), errors.DTypeError,
+     TypeError, ["visualize_sharding: expected a DTensor or a DTensorSpec", "Tensor"]),
+    # pointwise options
+    ("gelu-approximate", lambda: dt.gelu(t(), approximate="fast"), errors.ArgumentError,
+     ValueError, ["gelu: approximate", "'fast'"]),
+    ("div-rounding-mode", lambda: dt.div(t(), 2, rounding_mode="round"), errors.ArgumentError,
+     ValueError, ["div: expected rounding_mode", "'round'"]),
+    ("clamp-no-bounds", lambda: dt.clamp(t()), errors.SignatureError, TypeError,
+     ["clamp: at least one of 'min' or 'max'"]),
+    # DTensor construction and protocols
+    ("from-local-of-a-dtensor", lambda: dt.DTensor.from_local(d(), MESH, [R]),
+     errors.DTypeError, TypeError, ["DTensor.from_local", "expected a local tensor or array"]),
+    ("dtensor-constructor", lambda: dt.DTensor(), errors.SignatureError, TypeError,
+     ["DTensor: use dt.distribute_tensor(...)"]),
+    ("len-of-0d-dtensor", lambda: len(d(np.float32(1), (R,))), errors.DTypeError, TypeError,
+     ["len() of a 0-d DTensor"]),
+    ("init-device-mesh-extra-positional", lambda: dt.init_device_mesh("cpu", (1,), ("a",), 5),
+     errors.SignatureError, TypeError, ["init_device_mesh: unexpected positional", "[5]"]),
+    # the dispatcher's binder and operands
+    ("dispatch-unexpected-keyword", lambda: d().sum(axis_typo=1), errors.SignatureError,
+     TypeError, ["sum() got an unexpected keyword argument 'axis_typo'"]),
+    ("dispatch-multiple-values", lambda: d().sum(0, dim=0), errors.SignatureError, TypeError,
+     ["sum() got multiple values for argument 'dim'"]),
+    ("dispatch-missing-argument", lambda: dt.add(d()), errors.SignatureError, TypeError,
+     ["add() missing required arguments: other"]),
+    ("dispatch-too-many-positionals", lambda: d().relu(1, 2), errors.SignatureError, TypeError,
+     ["relu() takes 1 positional arguments (input) but 3 were given"]),
+    ("dispatch-no-dtensor-operand", lambda: dt.add(1.0, 2.0, alpha=d()), errors.DTypeError,
+     TypeError, ["add: no DTensor among the tensor arguments (input, other)"]),
+    ("set-prop-cache-size", lambda: dt.debug.set_prop_cache_size(0), errors.ConfigError,
+     ValueError, ["set_prop_cache_size: maxsize must be at least 1, got 0"]),
+    ("register-op-variadic-kernel",
+     lambda: dt.register_op("catalogue_variadic_op", lambda *a: a, lambda schema: None),
+     errors.DTypeError, TypeError, ["register_op('catalogue_variadic_op')", "*args"]),
+    # factories and the generator
+    ("from-numpy-of-a-list", lambda: dt.from_numpy([1, 2]), errors.DTypeError, TypeError,
+     ["from_numpy: expected np.ndarray (got list)"]),
+    ("randint-no-size", lambda: dt.randint(), errors.SignatureError, TypeError,
+     ["randint() missing required argument 'size'"]),
+    ("randint-too-many-bounds", lambda: dt.randint(1, 2, 3, (4,)), errors.SignatureError,
+     TypeError, ["randint() takes (high, size) or (low, high, size)", "got 4 positional"]),
+    ("randint-empty-range", lambda: dt.randint(5, 2, (3,)), errors.ArgumentError, ValueError,
+     ["from=5 >= to=2"]),
+    ("arange-zero-step", lambda: dt.arange(0, 4, 0), errors.ArgumentError, ValueError,
+     ["arange: step must be nonzero"]),
+    ("arange-step-sign", lambda: dt.arange(5, 0, 1), errors.ArgumentError, ValueError,
+     ["arange:", "(start=5, end=0, step=1)"]),
+    ("linspace-negative-steps", lambda: dt.linspace(0, 1, -1), errors.ArgumentError, ValueError,
+     ["linspace: number of steps must be non-negative, got -1"]),
+    ("distributed-factory-unknown",
+     lambda: _dfactory.distributed_factory(
+         "foo", (4,), dtype=dt.float32, device_mesh=MESH, placements=[S0]
+     ),
+     errors.ArgumentError, ValueError, ["distributed_factory: unknown factory 'foo'"]),
+    ("manual-seed-range", lambda: dt.manual_seed(2**64), errors.ArgumentError, ValueError,
+     ["manual_seed: seed must be within", str(2**64)]),
+    ("set-rng-state-size", lambda: dt.set_rng_state(b"abc"), errors.ArgumentError, ValueError,
+     ["set_rng_state: expected a 16-byte state, got 3 bytes"]),
+    ("random-block-empty-range", lambda: _block("randint", low=5, high=2),
+     errors.ArgumentError, ValueError, ["from=5 >= to=2"]),
+    ("random-block-wide-range", lambda: _block("randint", low=-(2**63), high=2**64),
+     errors.ArgumentError, ValueError, ["randint: range", "is wider than 2**64"]),
+    ("random-block-unknown-kind", lambda: _block("poisson"), errors.ArgumentError, ValueError,
+     ["random_block: unknown kind 'poisson'"]),
+    # devices
+    ("device-type", lambda: dt.Device("tpu"), errors.ArgumentError, ValueError,
+     ["device type at start of device: tpu"]),
+    ("device-index", lambda: dt.Device("cpu", 0), errors.ArgumentError, ValueError,
+     ["invalid device index 0 for device type 'cpu'"]),
+    ("device-string", lambda: dt.zeros(2, device="cuda:x"), errors.ArgumentError, ValueError,
+     ["Invalid device string: 'cuda:x'"]),
+    ("device-argument-type", lambda: dt.zeros(2, device=1.5), errors.DTypeError, TypeError,
+     ["expected a device (str, dt.Device or int), got float (1.5)"]),
+    # local tensors: indexing, Python protocols, copies
+    ("getitem-step", lambda: t()[::-1], errors.ArgumentError, ValueError,
+     ["__getitem__: step must be greater than zero (got -1)"]),
+    ("getitem-tuple-step", lambda: t()[0, ::-2], errors.ArgumentError, ValueError,
+     ["__getitem__: step must be greater than zero (got -2)"]),
+    ("setitem-step", lambda: t().__setitem__(slice(None, None, -1), 0.0), errors.ArgumentError,
+     ValueError, ["__setitem__: step must be greater than zero (got -1)"]),
+    ("dtensor-getitem-step", lambda: d()[::-1], errors.ArgumentError, ValueError,
+     ["__getitem__: step must be greater than zero (got -1)"]),
+    ("getitem-not-an-index", lambda: t()[1.5], errors.DimError, IndexError,
+     ["__getitem__: only integers, slices", "(got float)"]),
+    ("setitem-not-an-index", lambda: t().__setitem__(1.5, 0.0), errors.DimError, IndexError,
+     ["__setitem__: only integers, slices", "(got float)"]),
+    ("len-of-0d", lambda: len(dt.tensor(1.0)), errors.DTypeError, TypeError,
+     ["len() of a 0-d tensor"]),
+    ("iter-of-0d", lambda: iter(dt.tensor(1.0)), errors.DTypeError, TypeError,
+     ["iteration over a 0-d tensor"]),
+    ("item-of-many", lambda: t().item(), errors.ValueConversionError, RuntimeError,
+     ["a Tensor with 24 elements cannot be converted to Scalar"]),
+    ("int-of-many", lambda: int(t()), errors.ValueConversionError, RuntimeError,
+     ["a Tensor with 24 elements"]),
+    ("float-of-many", lambda: float(t()), errors.ValueConversionError, RuntimeError,
+     ["a Tensor with 24 elements"]),
+    ("bool-of-many", lambda: bool(t()), errors.ValueConversionError, RuntimeError,
+     ["Boolean value of Tensor with 24 values is ambiguous"]),
+    ("index-of-float", lambda: operator.index(dt.tensor(1.0)), errors.DTypeError, TypeError,
+     ["only integer tensors of a single element", "float32"]),
+    ("array-without-copy", lambda: np.asarray(t(), dtype=np.int32, copy=False),
+     errors.ArgumentError, ValueError, ["__array__: converting float32 to int32 needs a copy"]),
+    ("numpy-of-a-device-tensor", lambda: _device_tensor().numpy(), errors.DTypeError,
+     TypeError, ["can't convert cuda:0 tensor to numpy"]),
+    ("copy-not-broadcastable", lambda: t().copy_(dt.ones(4)), errors.ShardingError, ValueError,
+     ["copy_: source of shape (4,) cannot be broadcast to (4, 6)"]),
+    ("fill-with-many", lambda: t().fill_(dt.ones(2)), errors.ArgumentError, ValueError,
+     ["fill_ only supports 0-dimension value tensor", "1 dimensions"]),
+    # nn options
+    ("cross-entropy-reduction",
+     lambda: dt.cross_entropy(t(), dt.tensor(TARGET), reduction="avg"), errors.ArgumentError,
+     ValueError, ["cross_entropy: 'avg' is not a valid value for reduction"]),
+    ("cross-entropy-label-smoothing",
+     lambda: dt.cross_entropy(t(), dt.tensor(TARGET), label_smoothing=2.0),
+     errors.ArgumentError, ValueError, ["cross_entropy: label_smoothing", "got 2.0"]),
+    ("mse-loss-reduction", lambda: dt.mse_loss(t(), t(), reduction="avg"), errors.ArgumentError,
+     ValueError, ["mse_loss: 'avg' is not a valid value for reduction"]),
+    ("dropout-p", lambda: dt.dropout(t(), 1.5), errors.ArgumentError, ValueError,
+     ["dropout probability has to be between 0 and 1, but got 1.5"]),
+    # DTensor rules and the distributed dropout kernel
+    ("dtensor-cross-entropy-reduction",
+     lambda: dt.cross_entropy(d(), d(TARGET, (R,)), reduction="avg"), errors.ArgumentError,
+     ValueError, ["cross_entropy: 'avg' is not a valid value for reduction"]),
+    ("dtensor-mse-loss-reduction", lambda: dt.mse_loss(d(), d(), reduction="avg"),
+     errors.ArgumentError, ValueError, ["mse_loss: 'avg' is not a valid value for reduction"]),
+    ("dtensor-sharded-dropout-p", lambda: dt.dropout(d(), 1.5), errors.ArgumentError,
+     ValueError, ["dropout probability has to be between 0 and 1, but got 1.5"]),
+    # dims that are not ints (one check, local and distributed)
+    ("dim-not-an-int", lambda: t().sum(dim=1.0), errors.DTypeError, TypeError,
+     ["sum: dim must be an int, got float (1.0)"]),
+    ("dtensor-dim-not-an-int", lambda: d().sum(dim=1.0), errors.DTypeError, TypeError,
+     ["sum: dim must be an int, got float (1.0)"]),
+]
+
+
+@pytest.mark.parametrize(
+    "call, exc, builtin, fragments",
+    [c[1:] for c in CATALOGUE_CASES],
+    ids=[c[0] for c in CATALOGUE_CASES],
+)
+def test_every_check_raises_a_catalogue_type(call, exc, builtin, fragments):
+    e = expect(call, exc, *fragments)
+    assert isinstance(e, errors.DTensorError) and isinstance(e, builtin)
+    head, _, rest = str(e).partition(": ")
+    assert not rest.startswith(head + ":"), f"the op is named twice: {e}"
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda x: x.copy_(dt.ones(4)),
+        lambda x: x.fill_(dt.ones(2)),
+        lambda x: x.__setitem__(slice(None, None, -1), 0.0),
+        lambda x: x.__setitem__(1.5, 0.0),
+    ],
+    ids=["copy_", "fill_", "setitem-step", "setitem-not-an-index"],
+)
+def test_failed_writes_raise_a_catalogue_type_and_change_nothing(write):
+    x = t()
+    e = expect(lambda: write(x), errors.DTensorError, unchanged=[x])
+    assert isinstance(e, (ValueError, IndexError))
+
+
+@pytest.mark.parametrize(
+    "raw, fragment",
+    [("lots", "'lots' is not an integer"), ("0", "'0' must be at least 1")],
+)
+def test_prop_cache_size_env_is_a_config_error(monkeypatch, raw, fragment):
+    monkeypatch.setenv("DTENSOR_PROP_CACHE_SIZE", raw)
+    e = expect(_dispatch._env_cache_size, errors.ConfigError, f"DTENSOR_PROP_CACHE_SIZE={fragment}")
+    assert isinstance(e, ValueError)
+
+
+def test_set_fastpath_without_the_extension_is_unavailable(monkeypatch):
+    monkeypatch.setattr(_dtensor_ops, "_front", None)
+    e = expect(
+        lambda: dt.debug.set_fastpath(True),
+        errors.UnavailableError,
+        "set_fastpath(True): the compiled fast path is not available",
+    )
+    assert isinstance(e, errors.ConfigError) and isinstance(e, RuntimeError)
+
+
+# Plain builtin raises that stay, each with its reason: (path, a fragment of the raise).
+# Also outside the scan: placements/types.py's abstract ``raise NotImplementedError`` (not one
+# of the scanned builtins), launch/ (CLI errors) and the fast path's compiled sources.
+PLAIN_RAISES_KEPT = {
+    ("dtensor/_ops_registry.py", "needs a hand-written entry"):
+        "a programming error in the op table, raised at import, never by user input",
+    ("dtensor/debug/_comm_mode.py", "this mode is already active"):
+        "the debug tool's own error: re-entering one CommDebugMode object",
+    ("dtensor/debug/_strict.py", "this mode is already active"):
+        "the debug tool's own error: re-entering one no_implicit_redistribute object",
+}
+BUILTINS = {"ValueError", "TypeError", "RuntimeError", "IndexError"}
+
+
+def _plain_raises(root: pathlib.Path, packages) -> list:
+    """``(path, source)`` of every ``raise <builtin>`` / ``raise <builtin>(...)`` in the
+    packages (folders under ``root``), paths relative to ``root``."""
+    found = []
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            text = path.read_text()
+            for node in ast.walk(ast.parse(text)):
+                exc = node.exc if isinstance(node, ast.Raise) else None
+                if isinstance(exc, ast.Call):
+                    exc = exc.func
+                if isinstance(exc, ast.Name) and exc.id in BUILTINS:
+                    rel = path.relative_to(root).as_posix()
+                    found.append((rel, ast.get_source_segment(text, node)))
+    return found
+
+
+def test_no_plain_builtin_raise_outside_the_kept_list():
+    # the imported packages: the checkout, or the installed copy that the test runner uses
+    root = pathlib.Path(dt.__file__).resolve().parents[1]
+    found = _plain_raises(root, ("dtensor", "placements", "redistribute"))
+    offenders = [
+        f"{rel}: {src.splitlines()[0]}"
+        for rel, src in found
+        if not any(rel == p and frag in src for p, frag in PLAIN_RAISES_KEPT)
+    ]
+    assert not offenders, "raise a dtensor.errors type instead:\n" + "\n".join(offenders)
+    # the kept list stays exact: each entry still matches a raise
+    kept = {(p, frag) for p, frag in PLAIN_RAISES_KEPT for rel, src in found
+            if rel == p and frag in src}
+    assert kept == set(PLAIN_RAISES_KEPT)
+
+
+def test_the_scan_finds_plain_raises(tmp_path):
+    (tmp_path / "pkg" / "sub").mkdir(parents=True)
+    (tmp_path / "pkg" / "sub" / "m.py").write_text(
+        "def f(x):\n"
+        "    if x:\n"
+        "        raise ValueError(\n            'bad'\n        )\n"
+        "    raise IndexError\n"
+        "def g():\n"
+        "    raise KeyError('not scanned')\n"
+    )
+    found = _plain_raises(tmp_path, ("pkg",))
+    assert sorted((rel, src.split("(")[0]) for rel, src in found) == [
+        ("pkg/sub/m.py", "raise IndexError"),
+        ("pkg/sub/m.py", "raise ValueError"),
+    ]

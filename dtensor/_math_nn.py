@@ -62,6 +62,15 @@ def _softmax_axis(op, a, dim):
     return (a.reshape(1), 0) if a.ndim == 0 else (a, d)
 
 
+def _compiled_softmax(x, d: int, take_log: bool):
+    """The compiled (log_)softmax of array ``x`` along ``d``, or None where the compiled
+    loop does not serve it (not the last axis, not a contiguous float32/float64 host array,
+    or the extension is off)."""
+    if _KERNELS is None or d != x.ndim - 1:
+        return None
+    return _KERNELS.softmax_lastdim(x, take_log, out_buffer(x.shape, x.dtype, x))
+
+
 def softmax(input: Tensor, dim: int, dtype=None) -> Tensor:
     """``exp(x) / sum(exp(x))`` along ``dim``, computed stably. **Local**.
 
@@ -80,10 +89,9 @@ def softmax(input: Tensor, dim: int, dtype=None) -> Tensor:
     """
     a = _float_input("softmax", input, dtype)
     x, d = _softmax_axis("softmax", a, dim)
-    if _KERNELS is not None and d == x.ndim - 1:
-        r = _KERNELS.softmax_lastdim(x, False, out_buffer(x.shape, x.dtype, x))
-        if r is not None:
-            return wrap(r.reshape(a.shape))
+    r = _compiled_softmax(x, d, False)
+    if r is not None:
+        return wrap(r.reshape(a.shape))
     xp = xp_of(x)
     if x.size == 0:
         return wrap(new_array(a.shape, a.dtype, a))
@@ -112,10 +120,9 @@ def log_softmax(input: Tensor, dim: int, dtype=None) -> Tensor:
     """
     a = _float_input("log_softmax", input, dtype)
     x, d = _softmax_axis("log_softmax", a, dim)
-    if _KERNELS is not None and d == x.ndim - 1:
-        r = _KERNELS.softmax_lastdim(x, True, out_buffer(x.shape, x.dtype, x))
-        if r is not None:
-            return wrap(r.reshape(a.shape))
+    r = _compiled_softmax(x, d, True)
+    if r is not None:
+        return wrap(r.reshape(a.shape))
     if x.size == 0:
         return wrap(new_array(a.shape, a.dtype, a))
     return wrap(_log_softmax_arr(x, d).astype(a.dtype, copy=False).reshape(a.shape))

@@ -600,6 +600,9 @@ def lookup(
     if mesh is None:
         params = ", ".join(binder.params[i] for i in binder.tensor_idx)
         raise DTypeError(f"{name}: no DTensor among the tensor arguments ({params})")
+    # Equal meshes built separately share no entry: outputs carry the inputs' mesh object.
+    # (The entry's specs keep that mesh alive, so its id cannot be reused meanwhile.)
+    key.append(id(mesh))
     cache = _CACHE
     if _FRONT is not None:
         _FRONT.flush(cache.data)

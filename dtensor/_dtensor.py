@@ -51,6 +51,8 @@ _ALLOCS: dict = {}
 
 # (source spec, target placements) -> (target spec, plan): a repeated redistribute skips
 # building and hashing the target spec and the planner lookup. Bounded: cleared when full.
+# A hit whose target spec is on an equal but distinct mesh object is rebuilt, so that the
+# output keeps the input's mesh.
 _TARGETS: dict = {}
 _TARGETS_MAX = 4096
 
@@ -59,7 +61,7 @@ def _target(spec: DTensorSpec, placements: tuple[Placement, ...]) -> tuple:
     """``(spec.with_placements(placements), plan to it)``, cached. **Local**."""
     key = (spec, placements)
     hit = _TARGETS.get(key)
-    if hit is None:
+    if hit is None or hit[0].mesh is not spec.mesh:  # an equal mesh built separately
         dst = spec.with_placements(placements)
         same = dst.placements == spec.placements
         hit = (dst, () if same else _plan(spec, dst.placements))

@@ -258,6 +258,26 @@ def test_meshes_never_share_an_entry():
     assert dt.debug.prop_cache_stats()["misses"] == 2
 
 
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "python"])
+def test_equal_meshes_built_separately_keep_their_own_outputs(fast):
+    # two meshes over the same ranks compare equal, but each output keeps its input's mesh
+    # object (ops and redistributes alike), on both paths
+    if fast and not fastpath.ENABLED:
+        pytest.skip("compiled fast path not enabled")
+    dt.debug.set_fastpath(fast)
+    ma, mb = dt.init_device_mesh((1,)), dt.init_device_mesh((1,))
+    assert ma == mb and ma is not mb
+    a = _data()
+    xa = dt.distribute_tensor(a, ma, [dt.Shard(0)], src_data_rank=None)
+    xb = dt.distribute_tensor(a, mb, [dt.Shard(0)], src_data_rank=None)
+    for _ in range(2):  # the second round hits the caches
+        for x, m in ((xa, ma), (xb, mb)):
+            assert (x + x).device_mesh is m
+            assert x.sum(dim=1).device_mesh is m
+            assert x.redistribute(m, [dt.Replicate()]).device_mesh is m
+    assert dt.debug.prop_cache_stats()["misses"] == 4
+
+
 @needs_front
 def test_lru_eviction_order_is_the_same_on_both_paths(mesh):
     def trace():

@@ -276,3 +276,25 @@ def test_redistribute_allocates_only_its_output_after_warmup():
         after = dt.memory_stats()
         assert after["reserved_bytes"] == before["reserved_bytes"]
         assert after["allocated_bytes"] == before["allocated_bytes"]
+
+
+@pytest.mark.mpi(min_size=2)
+def test_outputs_keep_their_mesh_when_caches_differ_between_ranks():
+    # Rank 0 alone fills its propagation cache for mesh A; then every rank computes on an
+    # equal mesh B built later. Rank 0's output must be on B like everyone else's: on A,
+    # its next collective would run on another communicator than the other ranks'.
+    a = np.arange(WORLD.size * 6, dtype=np.float32).reshape(2 * WORLD.size, 3)
+    shard, rep = [dt.Shard(0)], [dt.Replicate()]
+    ma = dt.init_device_mesh((WORLD.size,))
+    xa = dt.distribute_tensor(a, ma, shard)
+    if WORLD.rank == 0:
+        for _ in range(2):  # a miss, then a hit (the compiled front's entry)
+            xa + xa
+            xa.sum(dim=1)
+    mb = dt.init_device_mesh((WORLD.size,))
+    xb = dt.distribute_tensor(a, mb, shard)
+    for _ in range(2):
+        outs = [xb + xb, xb.sum(dim=1), xb.redistribute(mb, rep)]
+        assert all(o.device_mesh is mb for o in outs)
+        np.testing.assert_array_equal(outs[0].full_tensor().numpy(), 2 * a)
+        np.testing.assert_array_equal(outs[1].full_tensor().numpy(), a.sum(axis=1))

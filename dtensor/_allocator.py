@@ -58,7 +58,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import DTensorError
+from ._env import env_int
+from .errors import ArgumentError, ConfigError
 
 __all__ = [
     "POOL_MIN_BYTES",
@@ -85,30 +86,17 @@ _SMALL_MIN_SPLIT = _ROUND  # small pool: split off any leftover of at least this
 _LARGE_MIN_SPLIT = _SMALL_LIMIT + 1  # large pool: split only if more than 1 MiB is left
 
 
-def _env_int(name: str, default: int) -> int:
-    text = os.environ.get(name)
-    if text is None or text == "":
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        raise DTensorError(f"environment variable {name}={text!r} is not an integer") from None
-    if value < 0:
-        raise DTensorError(f"environment variable {name}={text!r} must be >= 0")
-    return value
-
-
 def _env_caching() -> bool:
     mode = os.environ.get("DTENSOR_ALLOCATOR", "").strip().lower()
     if mode not in ("", "caching", "nocache"):
-        raise DTensorError(
+        raise ConfigError(
             f"environment variable DTENSOR_ALLOCATOR={mode!r} is not one of 'caching', 'nocache'"
         )
     return mode != "nocache"
 
 
 #: Requests (in bytes) below this size bypass the pool and use ``numpy.empty``.
-POOL_MIN_BYTES: int = _env_int("DTENSOR_POOL_MIN_BYTES", 4096)
+POOL_MIN_BYTES: int = env_int("DTENSOR_POOL_MIN_BYTES", 4096)
 
 
 class _Segment:
@@ -479,7 +467,7 @@ def _cuda_index(device: Any) -> int | None:
         return -1
     if name.startswith("cuda:") and name[5:].isdigit():
         return int(name[5:])
-    raise DTensorError(f"unknown device {device!r}: expected 'cpu', 'cuda' or 'cuda:N'")
+    raise ArgumentError(f"unknown device {device!r}: expected 'cpu', 'cuda' or 'cuda:N'")
 
 
 def _cupy() -> Any:

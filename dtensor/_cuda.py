@@ -29,7 +29,7 @@ from redistribute.staging import DeviceBackend, DeviceComm, PinnedPool, select_p
 from . import _backend
 from ._factory import _from_array
 from ._tensor import Tensor
-from .errors import DTensorError, DTypeError, MeshError
+from .errors import ArgumentError, DTypeError, MeshError
 
 __all__ = [
     "bind_device",
@@ -132,8 +132,8 @@ def from_dlpack(ext: Any) -> Tensor:
     ------
     DTypeError
         When ``ext`` does not implement the DLPack protocol.
-    DTensorError
-        For memory on a device kind other than CPU or CUDA.
+    ArgumentError
+        For memory on a device kind other than CPU or CUDA (a ValueError).
     """
     arr = ext._arr if isinstance(ext, Tensor) else ext
     if not (hasattr(arr, "__dlpack__") and hasattr(arr, "__dlpack_device__")):
@@ -147,7 +147,7 @@ def from_dlpack(ext: Any) -> Tensor:
     elif kind in _CUDA_KINDS:
         out = _backend._cupy().from_dlpack(arr)
     else:
-        raise DTensorError(
+        raise ArgumentError(
             f"from_dlpack: memory on DLPack device type {int(kind)} (index {index}) is not "
             f"supported; dtensor holds CPU (1) and CUDA (2) memory"
         )

@@ -14,7 +14,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Sequence
 
-from placements.errors import DTensorError, DTypeError
+from placements.errors import ArgumentError, DTypeError
 from placements.rules import OpSchema, RuleResult, register_rule
 
 from . import _optable
@@ -74,13 +74,14 @@ def register_op(
 
     Raises
     ------
-    DTensorError
-        ``name`` is already an op, or a named parameter is not one of the kernel's.
+    ArgumentError
+        ``name`` is already an op, or a named parameter is not one of the kernel's (a
+        ValueError).
     DTypeError
         ``kernel`` has variadic parameters (a TypeError).
     """
     if name in _optable.OPS:
-        raise DTensorError(f"register_op: {name!r} is already an op; choose another name")
+        raise ArgumentError(f"register_op: {name!r} is already an op; choose another name")
     params = inspect.signature(kernel).parameters
     if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params.values()):
         raise DTypeError(f"register_op({name!r}): the kernel may not take *args or **kwargs")
@@ -91,7 +92,7 @@ def register_op(
     for group, given in (("tensor_params", tensor_params), ("static_params", static_params)):
         unknown = [p for p in given if p not in names]
         if unknown:
-            raise DTensorError(
+            raise ArgumentError(
                 f"register_op({name!r}): {group} {unknown} are not parameters of the kernel {names}"
             )
     register_rule(name)(rule)

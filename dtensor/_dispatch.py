@@ -22,7 +22,6 @@ bounded LRU (``DTENSOR_PROP_CACHE_SIZE``, default 4096) with hit/miss/eviction c
 from __future__ import annotations
 
 import math
-import os
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 
@@ -49,6 +48,7 @@ from redistribute.plan import redistribute_cost
 
 from . import _allocator, _dtypes
 from ._dtensor import DTensor, _allocator_for
+from ._env import env_int
 from ._optable import OpInfo
 from ._tensor import Tensor, _wrap
 
@@ -295,14 +295,7 @@ class _PropCache:
 
 
 def _env_cache_size() -> int:
-    raw = os.environ.get("DTENSOR_PROP_CACHE_SIZE", "4096")
-    try:
-        size = int(raw)
-    except ValueError:
-        raise ConfigError(f"DTENSOR_PROP_CACHE_SIZE={raw!r} is not an integer") from None
-    if size < 1:
-        raise ConfigError(f"DTENSOR_PROP_CACHE_SIZE={raw!r} must be at least 1")
-    return size
+    return env_int("DTENSOR_PROP_CACHE_SIZE", 4096, minimum=1)
 
 
 _CACHE = _PropCache(_env_cache_size())

@@ -51,17 +51,17 @@ _ALLOCS: dict = {}
 
 # (source spec, target placements) -> (target spec, plan): a repeated redistribute skips
 # building and hashing the target spec and the planner lookup. Bounded: cleared when full.
-# A hit whose target spec is on an equal but distinct mesh object is rebuilt, so that the
-# output keeps the input's mesh.
+# The mesh's identity is part of the key (specs compare meshes by value), so that the
+# output keeps the input's mesh object; the entry's target spec keeps that mesh alive.
 _TARGETS: dict = {}
 _TARGETS_MAX = 4096
 
 
 def _target(spec: DTensorSpec, placements: tuple[Placement, ...]) -> tuple:
     """``(spec.with_placements(placements), plan to it)``, cached. **Local**."""
-    key = (spec, placements)
+    key = (spec, placements, id(spec.mesh))
     hit = _TARGETS.get(key)
-    if hit is None or hit[0].mesh is not spec.mesh:  # an equal mesh built separately
+    if hit is None:
         dst = spec.with_placements(placements)
         same = dst.placements == spec.placements
         hit = (dst, () if same else _plan(spec, dst.placements))

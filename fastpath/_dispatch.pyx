@@ -557,21 +557,14 @@ cdef class FastOp:
 
     cdef object call_sizes(self, object a, tuple sizes):
         """``call((a,) + sizes, None)`` for an op whose second parameter packs the trailing
-        positionals (``x.view(2, -1)``, ``x.view((2, -1))``), without re-packing them."""
-        cdef Py_ssize_t nparams = self.nparams, i
-        if self.pack_idx != 1 or nparams < 2 or not sizes:
+        positionals (``x.view(2, -1)``, ``x.view((2, -1))``; ``pack_idx == 1``), without
+        re-packing them."""
+        if not sizes:
+            return self.call((a,), None)
+        b = sizes[0] if len(sizes) == 1 and isinstance(sizes[0], (list, tuple)) else sizes
+        cdef list values = self._bind_n(a, b, 2)
+        if values is None:
             return self.call((a,) + sizes, None)
-        b = sizes
-        if len(sizes) == 1 and isinstance(sizes[0], (list, tuple)):
-            b = sizes[0]
-        cdef list values = PyList_New(nparams)
-        cdef object v
-        for i in range(nparams):
-            v = a if i == 0 else (b if i == 1 else self.fill[i])
-            if v is _MISSING:
-                return self.call((a,) + sizes, None)
-            Py_INCREF(v)
-            PyList_SET_ITEM(values, i, v)
         out = self._serve(values)
         if out is _DECLINE:
             return _dispatch_py(self.info, (a,) + sizes, {})

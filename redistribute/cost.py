@@ -38,7 +38,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from placements.errors import DTensorError
+from placements.errors import ConfigError
 from placements.layout import max_local_shape
 from placements.spec import DTensorSpec
 from placements.types import Placement
@@ -78,20 +78,20 @@ def _check_number(where: str, value: Any, positive: bool = False) -> float:
     try:
         number = float(value)
     except (TypeError, ValueError):
-        raise DTensorError(f"cost model: {where}={value!r} is not a number") from None
+        raise ConfigError(f"cost model: {where}={value!r} is not a number") from None
     if not math.isfinite(number) or number < 0 or (positive and number == 0):
         bound = "> 0" if positive else ">= 0"
-        raise DTensorError(f"cost model: {where}={value!r} must be finite and {bound}")
+        raise ConfigError(f"cost model: {where}={value!r} must be finite and {bound}")
     return number
 
 
 def _check_entry(where: str, entry: Any) -> dict[str, float]:
     """Validate one {alpha_s?, beta_bytes_per_s?} mapping; return it as floats."""
     if not isinstance(entry, Mapping):
-        raise DTensorError(f"cost model: {where} must be a mapping with {_FIELDS}, got {entry!r}")
+        raise ConfigError(f"cost model: {where} must be a mapping with {_FIELDS}, got {entry!r}")
     unknown = set(entry) - set(_FIELDS)
     if unknown:
-        raise DTensorError(
+        raise ConfigError(
             f"cost model: unknown field(s) {sorted(unknown)} in {where}; allowed: {_FIELDS}"
         )
     return {
@@ -102,7 +102,7 @@ def _check_entry(where: str, entry: Any) -> dict[str, float]:
 
 def _check_kind(where: str, kind: Any, extra: tuple[str, ...] = ()) -> str:
     if kind not in COMM_KINDS + extra:
-        raise DTensorError(
+        raise ConfigError(
             f"cost model: unknown collective kind {kind!r} in {where}; "
             f"allowed: {', '.join(COMM_KINDS + extra)}"
         )
@@ -154,9 +154,9 @@ class CostModel:
             try:
                 m_int = int(m)
             except (TypeError, ValueError):
-                raise DTensorError(f"cost model: per_mesh_dim key {m!r} is not an int") from None
+                raise ConfigError(f"cost model: per_mesh_dim key {m!r} is not an int") from None
             if not isinstance(entries, Mapping):
-                raise DTensorError(f"cost model: per_mesh_dim[{m!r}] must be a mapping")
+                raise ConfigError(f"cost model: per_mesh_dim[{m!r}] must be a mapping")
             dims[m_int] = {
                 _check_kind(f"per_mesh_dim[{m!r}]", k, ("default",)): _check_entry(
                     f"per_mesh_dim[{m!r}][{k!r}]", v
@@ -235,11 +235,11 @@ class CostModel:
     def from_dict(cls, data: Mapping[str, Any]) -> CostModel:
         """Build a model from a dict in the JSON format of this module. **Local**."""
         if not isinstance(data, Mapping):
-            raise DTensorError(f"cost model: expected a JSON object, got {data!r}")
+            raise ConfigError(f"cost model: expected a JSON object, got {data!r}")
         allowed = ("alpha_s", "beta_bytes_per_s", "local_s", "per_kind", "per_mesh_dim")
         unknown = set(data) - set(allowed)
         if unknown:
-            raise DTensorError(
+            raise ConfigError(
                 f"cost model: unknown key(s) {sorted(unknown)}; allowed: {', '.join(allowed)}"
             )
         return cls(**data)
@@ -251,7 +251,7 @@ class CostModel:
             with open(path, encoding="utf-8") as f:
                 data = json.load(f)
         except (OSError, json.JSONDecodeError) as e:
-            raise DTensorError(f"cost model: cannot read {os.fspath(path)!r}: {e}") from e
+            raise ConfigError(f"cost model: cannot read {os.fspath(path)!r}: {e}") from e
         return cls.from_dict(data)
 
     def save(self, path: str | os.PathLike[str]) -> None:
@@ -273,7 +273,7 @@ class CostModel:
             try:
                 return cls.from_dict(json.loads(value))
             except json.JSONDecodeError as e:
-                raise DTensorError(f"cost model: {ENV_VAR} holds invalid JSON: {e}") from e
+                raise ConfigError(f"cost model: {ENV_VAR} holds invalid JSON: {e}") from e
         return cls.load(value)
 
 

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from placements.errors import CommError, DTensorError
+from placements.errors import ArgumentError, CommError
 
 __all__ = [
     "PATHS",
@@ -147,7 +147,7 @@ class PinnedPool:
         if buf is None:
             buf = self._alloc_host(size)
             if buf.dtype != np.uint8 or buf.ndim != 1 or buf.nbytes < size:
-                raise DTensorError(
+                raise ArgumentError(
                     f"PinnedPool: alloc_host({size}) returned a {buf.dtype} array of shape "
                     f"{buf.shape}; expected a 1-D uint8 array of at least {size} bytes"
                 )
@@ -164,7 +164,7 @@ class PinnedPool:
         """Return a buffer from :meth:`acquire` to the pool. **Local**."""
         with self._lock:
             if self._in_use.pop(id(buf), None) is not buf:
-                raise DTensorError(
+                raise ArgumentError(
                     f"PinnedPool.release: a buffer of {buf.nbytes} bytes that is not in use "
                     "(released twice, or not from this pool)"
                 )

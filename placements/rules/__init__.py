@@ -10,28 +10,5 @@ only, no MPI, no data.
 from __future__ import annotations
 
 from . import matmul, nn, pointwise, reduction, tensor, view  # noqa: F401  (register rules)
-from ._core import (
-    ArgMeta,
-    Candidate,
-    OpSchema,
-    OpStrategy,
-    RuleResult,
-    get_rule,
-    nd_valid,
-    propagate,
-    register_rule,
-    rule_names,
-)
-
-__all__ = [
-    "ArgMeta",
-    "Candidate",
-    "OpSchema",
-    "OpStrategy",
-    "RuleResult",
-    "get_rule",
-    "nd_valid",
-    "propagate",
-    "register_rule",
-    "rule_names",
-]
+from ._core import *  # the framework's public names, as listed in _core.__all__
+from ._core import __all__  # noqa: F401

@@ -381,6 +381,14 @@ def test_environment_variables():
     assert bad.returncode != 0 and "DTENSOR_ALLOCATOR" in bad.stderr
     bad = run_python(code, DTENSOR_POOL_MIN_BYTES="4k")
     assert bad.returncode != 0 and "DTENSOR_POOL_MIN_BYTES" in bad.stderr
+    for env, fragment in (
+        ({"DTENSOR_ALLOCATOR": "fast"}, "ConfigError: environment variable DTENSOR_ALLOCATOR"),
+        ({"DTENSOR_POOL_MIN_BYTES": "4k"}, "ConfigError: environment variable"),
+        ({"DTENSOR_POOL_MIN_BYTES": "4k"}, "DTENSOR_POOL_MIN_BYTES='4k' is not an integer"),
+        ({"DTENSOR_POOL_MIN_BYTES": "-1"}, "DTENSOR_POOL_MIN_BYTES='-1' must be at least 0"),
+    ):
+        bad = run_python(code, **env)
+        assert bad.returncode != 0 and fragment in bad.stderr, bad.stderr
 
 
 # --- property test ----------------------------------------------------------------------

@@ -877,12 +877,13 @@ PLAIN_RAISES_KEPT = {
     ("dtensor/debug/_strict.py", "this mode is already active"):
         "the debug tool's own error: re-entering one no_implicit_redistribute object",
 }
-BUILTINS = {"ValueError", "TypeError", "RuntimeError", "IndexError"}
+# the scanned names: the builtins, and the catalogue's base, which names no kind of error
+PLAIN = {"ValueError", "TypeError", "RuntimeError", "IndexError", "DTensorError"}
 
 
 def _plain_raises(root: pathlib.Path, packages) -> list:
-    """``(path, source)`` of every ``raise <builtin>`` / ``raise <builtin>(...)`` in the
-    packages (folders under ``root``), paths relative to ``root``."""
+    """``(path, source)`` of every ``raise <name>`` / ``raise <name>(...)`` with a name of
+    :data:`PLAIN` in the packages (folders under ``root``), paths relative to ``root``."""
     found = []
     for package in packages:
         for path in sorted((root / package).rglob("*.py")):
@@ -891,7 +892,7 @@ def _plain_raises(root: pathlib.Path, packages) -> list:
                 exc = node.exc if isinstance(node, ast.Raise) else None
                 if isinstance(exc, ast.Call):
                     exc = exc.func
-                if isinstance(exc, ast.Name) and exc.id in BUILTINS:
+                if isinstance(exc, ast.Name) and exc.id in PLAIN:
                     rel = path.relative_to(root).as_posix()
                     found.append((rel, ast.get_source_segment(text, node)))
     return found

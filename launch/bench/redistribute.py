@@ -12,8 +12,9 @@ works; the targets are stated for 2 ranks). For float32 NxN tensors (N = 8 and 2
 
 Each figure is the median over repeats of batched loops (warm-up first; all variants of a
 size interleaved batch by batch, so that they share the load of a busy machine, in an
-order shuffled every repeat so that none always runs right after its twin), per rank,
-then the worst rank (MAX over ranks). Timing helpers are local to this file.
+order shuffled every repeat so that none always runs right after its twin; the three
+variants of one case make the same number of calls per batch, so that they are timed
+with equally warm caches), per rank, then the worst rank (MAX over ranks). Timing helpers are local to this file.
 
 Targets: at 2048, S(0)->R and P->R within 1.15x of raw and S(1)->R, S(0)->S(1) within
 1.5x; at 8, within raw + 5 us; R->S(0) under 5 us. The JSON document goes to stdout and,
@@ -49,16 +50,22 @@ from redistribute.plan import plan
 WORLD = MPI.COMM_WORLD
 
 
-def per_call_us(fns: dict[str, Callable[[], object]], repeat: int, batch_s: float) -> dict:
+def per_call_us(
+    fns: dict[str, Callable[[], object]], repeat: int, batch_s: float, group: Callable[[str], str]
+) -> dict:
     """This rank's median, per callable, over ``repeat`` batches (us per call).
 
     Each callable is warmed up (caches, plans, pooled buffers), then timed in batches of
-    about ``batch_s`` seconds (the same number of calls on every rank). The callables are
-    interleaved batch by batch, so that they share the load of a busy machine, in an order
-    shuffled every repeat (the same on every rank), and every batch starts after a barrier,
-    so that all ranks time the same calls.
+    about ``batch_s`` seconds (the same number of calls on every rank). Callables that are
+    compared with each other (the same ``group(name)``) get the same number of calls per
+    batch, the one that fits the slowest of them into ``batch_s``: with large buffers the
+    calls after the first in a batch find them warm in cache, so a faster twin given more
+    calls per batch would be timed warmer. The callables are interleaved batch by batch, so
+    that they share the load of a busy machine, in an order shuffled every repeat (the same
+    on every rank), and every batch starts after a barrier, so that all ranks time the same
+    calls.
     """
-    numbers = {}
+    numbers: dict[str, int] = {}
     for name, fn in fns.items():
         for _ in range(3):
             fn()
@@ -67,6 +74,10 @@ def per_call_us(fns: dict[str, Callable[[], object]], repeat: int, batch_s: floa
             fn()
         guess = int(batch_s / max((time.perf_counter() - t0) / 3, 1e-7))
         numbers[name] = WORLD.allreduce(max(1, min(guess, 5000)), op=MPI.MIN)
+    fewest: dict[str, int] = {}
+    for name, number in numbers.items():
+        fewest[group(name)] = min(number, fewest.get(group(name), number))
+    numbers = {name: fewest[group(name)] for name in numbers}
     samples: dict[str, list[float]] = {name: [] for name in fns}
     names = list(fns)
     for r in range(repeat):
@@ -131,19 +142,23 @@ CASES = [
 
 def measure(mesh: dt.DeviceMesh, n: int, repeat: int, batch_s: float) -> list[dict]:
     data = np.random.default_rng(n).standard_normal((n, n)).astype(np.float32)
-    fns = raw_collectives(n, mesh)
+    raws = raw_collectives(n, mesh)
+    fns: dict[str, Callable[[], object]] = {}
     coord, comms = mesh.get_coordinate(), mesh.get_all_groups()
     alloc = _allocator_for(mesh.device_type)
-    for name, src, dst, _, _ in CASES:
+    for name, src, dst, raw, _ in CASES:
         x = dt.distribute_tensor(data, mesh, src)
         spec, local = x._spec, x.to_local()._arr
         steps = plan(spec, dst)
         fns[f"dtensor {name}"] = lambda x=x, dst=dst: x.redistribute(mesh, dst)
         fns[f"execute {name}"] = lambda a=(steps, local, spec, coord, comms): execute(*a, alloc)
+        if raw is not None:  # timed once per case that compares with it
+            fns[f"raw {name}"] = raws[raw]
     if mesh.device_type != "cpu":  # every call ends with the device idle
         sync = array_module(mesh.device_type).cuda.get_current_stream().synchronize
         fns = {name: (lambda f=f: (f(), sync())) for name, f in fns.items()}
-    us = {name: worst_rank(t) for name, t in per_call_us(fns, repeat, batch_s).items()}
+    per_rank = per_call_us(fns, repeat, batch_s, lambda name: name.split(" ", 1)[1])
+    us = {name: worst_rank(t) for name, t in per_rank.items()}
     rows = []
     for name, _, _, raw, ratio_target in CASES:
         row = {
@@ -152,7 +167,7 @@ def measure(mesh: dt.DeviceMesh, n: int, repeat: int, batch_s: float) -> list[di
             "dtensor_us": us[f"dtensor {name}"],
             "execute_us": us[f"execute {name}"],
             "raw": raw,
-            "raw_us": us.get(raw),
+            "raw_us": us.get(f"raw {name}"),
         }
         if raw is None:
             row["target"] = "dtensor_us < 5"

@@ -16,6 +16,11 @@ order shuffled every repeat so that none always runs right after its twin; the t
 variants of one case make the same number of calls per batch, so that they are timed
 with equally warm caches), per rank, then the worst rank (MAX over ranks). Timing helpers are local to this file.
 
+``--cold`` rewrites a buffer twice the size of the last-level cache (at least 64 MiB)
+before every timed batch, so that each variant starts from cold caches (the state of a
+redistribute between compute steps); by default each batch finds whatever the previous
+one left, and ``--batch-ms 10`` times back-to-back calls on warm buffers.
+
 Targets: at 2048, S(0)->R and P->R within 1.15x of raw and S(1)->R, S(0)->S(1) within
 1.5x; at 8, within raw + 5 us; R->S(0) under 5 us. The JSON document goes to stdout and,
 with ``--out FILE``, to a file.
@@ -51,7 +56,11 @@ WORLD = MPI.COMM_WORLD
 
 
 def per_call_us(
-    fns: dict[str, Callable[[], object]], repeat: int, batch_s: float, group: Callable[[str], str]
+    fns: dict[str, Callable[[], object]],
+    repeat: int,
+    batch_s: float,
+    group: Callable[[str], str],
+    evict: Callable[[], object] | None = None,
 ) -> dict:
     """This rank's median, per callable, over ``repeat`` batches (us per call).
 
@@ -63,7 +72,7 @@ def per_call_us(
     calls per batch would be timed warmer. The callables are interleaved batch by batch, so
     that they share the load of a busy machine, in an order shuffled every repeat (the same
     on every rank), and every batch starts after a barrier, so that all ranks time the same
-    calls.
+    calls. ``evict`` (untimed) runs before every batch: it leaves the caches cold.
     """
     numbers: dict[str, int] = {}
     for name, fn in fns.items():
@@ -88,12 +97,29 @@ def per_call_us(
         for name in names:
             fn = fns[name]
             number = numbers[name]
+            if evict is not None:
+                evict()
             WORLD.Barrier()
             t0 = time.perf_counter()
             for _ in range(number):
                 fn()
             samples[name].append((time.perf_counter() - t0) / number * 1e6)
     return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def _cache_bytes() -> int:
+    """The largest CPU cache of this machine in bytes (sysfs; 0 when unknown)."""
+    largest = 0
+    for index in range(8):
+        try:
+            with open(f"/sys/devices/system/cpu/cpu0/cache/index{index}/size") as f:
+                text = f.read().strip()
+        except OSError:
+            break
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        digits = text[:-1] if text[-1:] in "KMG" else text
+        largest = max(largest, int(digits) * scale if digits.isdigit() else 0)
+    return largest
 
 
 def worst_rank(value: float) -> float:
@@ -140,7 +166,9 @@ CASES = [
 ]
 
 
-def measure(mesh: dt.DeviceMesh, n: int, repeat: int, batch_s: float) -> list[dict]:
+def measure(
+    mesh: dt.DeviceMesh, n: int, repeat: int, batch_s: float, cold: bool = False
+) -> list[dict]:
     data = np.random.default_rng(n).standard_normal((n, n)).astype(np.float32)
     raws = raw_collectives(n, mesh)
     fns: dict[str, Callable[[], object]] = {}
@@ -157,7 +185,11 @@ def measure(mesh: dt.DeviceMesh, n: int, repeat: int, batch_s: float) -> list[di
     if mesh.device_type != "cpu":  # every call ends with the device idle
         sync = array_module(mesh.device_type).cuda.get_current_stream().synchronize
         fns = {name: (lambda f=f: (f(), sync())) for name, f in fns.items()}
-    per_rank = per_call_us(fns, repeat, batch_s, lambda name: name.split(" ", 1)[1])
+    evict = None
+    if cold:  # rewrite a buffer of twice the last-level cache (or 64 MiB) before each batch
+        junk = np.zeros(max(_cache_bytes() * 2, 64 << 20) // 8)
+        evict = lambda: np.add(junk, 1.0, out=junk)
+    per_rank = per_call_us(fns, repeat, batch_s, lambda name: name.split(" ", 1)[1], evict)
     us = {name: worst_rank(t) for name, t in per_rank.items()}
     rows = []
     for name, _, _, raw, ratio_target in CASES:
@@ -190,11 +222,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--sizes", type=int, nargs="+", default=[8, 2048], help="N of NxN")
     parser.add_argument("--batch-ms", type=float, default=1.0, help="length of one batch")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="mesh device")
+    parser.add_argument(
+        "--cold", action="store_true", help="evict the CPU caches before every timed batch"
+    )
     args = parser.parse_args(argv)
     mesh = dt.init_device_mesh((WORLD.Get_size(),), device=args.device)
     results = []
     for n in args.sizes:
-        results.extend(measure(mesh, n, args.repeat, args.batch_ms / 1e3))
+        results.extend(measure(mesh, n, args.repeat, args.batch_ms / 1e3, args.cold))
     doc = {
         "benchmark": "redistribute",
         "world_size": WORLD.Get_size(),
@@ -202,6 +237,8 @@ def main(argv: list[str] | None = None) -> dict:
         "comm_path": getattr(mesh.get_group(0), "path", "host"),
         "dtype": "float32",
         "statistic": "median of batched per-call times per rank, then max over ranks",
+        "batch_ms": args.batch_ms,
+        "cold_caches": args.cold,
         "results": results,
     }
     if WORLD.Get_rank() == 0:

@@ -160,9 +160,10 @@ def test_small_ops_benchmark_reports_every_op_and_path(tmp_path):
 
 def test_redistribute_benchmark_compares_against_raw_collectives(tmp_path):
     path = tmp_path / "redistribute.json"
-    launch(2, "-m", "launch.bench.redistribute", "--sizes", "8", "--repeat", "2",
+    launch(2, "-m", "launch.bench.redistribute", "--sizes", "8", "--repeat", "2", "--cold",
            "--out", str(path))
     doc = json.loads(path.read_text())
+    assert doc["cold_caches"] is True and doc["batch_ms"] == 1.0
     cases = {r["case"]: r for r in doc["results"]}
     assert set(cases) == {"S(0)->R", "S(1)->R", "S(0)->S(1)", "P->R", "R->S(0)"}
     assert cases["P->R"]["raw"] == "Allreduce" and cases["P->R"]["raw_us"] > 0

@@ -43,11 +43,17 @@ on_2x2 = pytest.mark.skipif(WORLD != 4, reason="the 2x2 mesh needs exactly 4 ran
 # -- fixtures -----------------------------------------------------------------------------
 
 
+# 3-D meshes: at 4 ranks two with a size-1 dim (three mesh dims in every plan, the nested
+# order of two sharded dims), at 8 ranks the full 2x2x2 cube
+MESHES_3D = {4: [(2, 1, 2), (1, 2, 2)], 8: [(2, 2, 2)]}.get(WORLD, [])
+
+
 @pytest.fixture(scope="module")
 def meshes():
-    """Mesh shape -> (coord, comms) for the 1-D world mesh and, at 4 ranks, the 2x2 mesh."""
+    """Mesh shape -> (coord, comms) for the 1-D world mesh, at 4 ranks the 2x2 mesh, and
+    the 3-D meshes of ``MESHES_3D``."""
     world = C.world()
-    shapes = [(WORLD,)] + ([(2, 2)] if WORLD == 4 else [])
+    shapes = [(WORLD,)] + ([(2, 2)] if WORLD == 4 else []) + MESHES_3D
     out = {s: C.make_mesh_comms(world, np.arange(WORLD).reshape(s)) for s in shapes}
     yield out
     for _, comms in out.values():
@@ -293,6 +299,51 @@ def test_all_pairs_2x2(shape, dtype, meshes, seed):
 )
 def test_all_pairs_2x2_transposed_input(shape, path, meshes, seed):
     run_all_pairs((2, 2), shape, np.float32, meshes, seed, layout="t")
+
+
+def run_sampled_pairs(mesh_shape, shape, dtype, meshes, seed, count, layout="c"):
+    """``count`` (source, target) pairs drawn from every placement list of the mesh (the
+    same draw on every rank), plus each list to and from all-Replicate."""
+    coord, comms = meshes[mesh_shape]
+    data = global_data(shape, dtype, seed)
+    lists = placement_lists(mesh_shape, dtype)
+    rng = np.random.default_rng([seed, *mesh_shape, *shape])
+    replicate = tuple(Replicate() for _ in mesh_shape)
+    pairs = [(lists[i], lists[j]) for i, j in rng.integers(0, len(lists), (count, 2))]
+    pairs += [(p, replicate) for p in lists] + [(replicate, p) for p in lists]
+    pending = []
+    for src, dst in pairs:
+        check_pair(data, src, dst, mesh_shape, coord, comms, seed, layout, pending)
+    check_pending(data, pending, coord)
+
+
+# uneven and empty shards on every mesh dim: 5 rows over 2x2 gives shards 2,1 / 1,1 and
+# (3, ...) nested over 2x2 leaves a coordinate empty
+SHAPES_3D = ((8, 6), (5, 3), (3, 7), (4, 5, 3), (0, 4))
+
+
+@pytest.mark.skipif(
+    not MESHES_3D,
+    reason="3-D meshes are tested at 4 ranks (2x1x2, 1x2x2) and 8 ranks (2x2x2, launched by "
+    "tests/unit/test_examples.py::test_executor_on_a_2x2x2_mesh)",
+)
+@pytest.mark.parametrize("shape", SHAPES_3D, ids=str)
+def test_sampled_pairs_3d(shape, meshes, seed):
+    for mesh_shape in MESHES_3D:
+        run_sampled_pairs(mesh_shape, shape, np.float64, meshes, seed, count=150)
+
+
+@pytest.mark.skipif(not MESHES_3D, reason="see test_sampled_pairs_3d")
+@pytest.mark.parametrize("path", ["typed", "staged"], indirect=True)
+def test_sampled_pairs_3d_transposed_input(path, meshes, seed):
+    for mesh_shape in MESHES_3D:
+        run_sampled_pairs(mesh_shape, (5, 6), np.float32, meshes, seed, count=60, layout="t")
+
+
+@pytest.mark.skipif(not MESHES_3D, reason="see test_sampled_pairs_3d")
+def test_sampled_pairs_3d_integers(meshes, seed):
+    for mesh_shape in MESHES_3D:
+        run_sampled_pairs(mesh_shape, (6, 5), np.int64, meshes, seed, count=60)
 
 
 @pytest.mark.parametrize("shape", [(160, 200), (257, 129), (7, 300, 9)], ids=str)

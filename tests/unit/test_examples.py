@@ -1,5 +1,6 @@
 """The demo, the examples, the strategy-sweep script and the calibration script run under
-the launcher (short sizes) and exit 0 with the output they promise.
+the launcher (short sizes) and exit 0 with the output they promise; and the 3-D mesh tests
+of tests/mpi run on a 2x2x2 mesh (8 ranks, a size the MPI stages do not use).
 """
 
 from __future__ import annotations
@@ -168,3 +169,14 @@ def test_redistribute_benchmark_compares_against_raw_collectives(tmp_path):
     assert set(cases) == {"S(0)->R", "S(1)->R", "S(0)->S(1)", "P->R", "R->S(0)"}
     assert cases["P->R"]["raw"] == "Allreduce" and cases["P->R"]["raw_us"] > 0
     assert all(r["dtensor_us"] > 0 and r["execute_us"] > 0 for r in cases.values())
+
+
+def test_executor_on_a_2x2x2_mesh():
+    """The executor's 3-D mesh tests (sampled placement pairs, uneven and empty shards,
+    transposed inputs) at 8 ranks, oversubscribed: correctness only."""
+    out = launch(
+        8, "-m", "pytest", "mpi/test_execute.py", "--with-mpi", "-q", "-p", "no:cacheprovider",
+        "-k", "3d", cwd=ROOT / "tests", env={"MPIR_CVAR_ENABLE_HEAVY_YIELD": "1"},
+    )  # fmt: skip
+    counts = re.search(r"(\d+) passed", out)
+    assert counts and int(counts.group(1)) >= 4 and "skipped" not in out, out[-2000:]

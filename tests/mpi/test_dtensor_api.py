@@ -80,6 +80,43 @@ def test_full_tensor_roundtrip_dtypes(dtype):
             np.testing.assert_array_equal(x.full_tensor().numpy(), arr)
 
 
+MESH_3D = {4: (2, 1, 2), 8: (2, 2, 2)}.get(WORLD.size)
+
+
+@pytest.mark.mpi(min_size=4)
+@pytest.mark.skipif(
+    MESH_3D is None,
+    reason="a 3-D mesh runs at 4 ranks (2x1x2) and 8 ranks (2x2x2, launched by "
+    "tests/unit/test_examples.py::test_executor_on_a_2x2x2_mesh)",
+)
+@pytest.mark.parametrize("shape", [(8, 6), (5, 3), (3, 4, 5)], ids=str)
+def test_api_on_a_3d_mesh(shape):
+    """distribute_tensor (scatter from the last rank), full_tensor and redistribute through
+    the public API on a 3-D mesh, for a sample of placement pairs (same draw on every rank)."""
+    mesh = dt.init_device_mesh(MESH_3D, mesh_dim_names=("a", "b", "c"))
+    assert mesh.ndim == 3 and mesh["c"].shape == (MESH_3D[2],)
+    arr = global_data(shape, np.float64)
+    pls = all_placements(mesh, len(shape))
+    rng = np.random.default_rng(len(shape) * 100 + shape[0])
+    for i in rng.permutation(len(pls))[:40]:
+        src_pl = pls[i]
+        data = arr if WORLD.rank == WORLD.size - 1 else None
+        x = dt.distribute_tensor(data, mesh, src_pl, src_data_rank=WORLD.size - 1)
+        np.testing.assert_array_equal(x.to_local().numpy(), expected_local(arr, mesh, src_pl))
+        for j in rng.integers(0, len(pls), 6):
+            dst_pl = pls[j]
+            y = x.redistribute(mesh, dst_pl)
+            assert y.placements == dst_pl and y.shape == shape
+            np.testing.assert_allclose(
+                y.full_tensor().numpy(), arr, rtol=1e-12, atol=1e-12,
+                err_msg=f"{src_pl} -> {dst_pl} on {mesh.shape}",
+            )  # fmt: skip
+            if not any(p.is_partial() for p in dst_pl):
+                np.testing.assert_array_equal(
+                    y.to_local().numpy(), expected_local(arr, mesh, dst_pl)
+                )
+
+
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("shape", [(8, 6), (5, 3), (0, 4)])
 def test_redistribute_every_pair(shape):

@@ -172,11 +172,12 @@ def test_redistribute_benchmark_compares_against_raw_collectives(tmp_path):
 
 
 def test_executor_on_a_2x2x2_mesh():
-    """The executor's 3-D mesh tests (sampled placement pairs, uneven and empty shards,
-    transposed inputs) at 8 ranks, oversubscribed: correctness only."""
+    """The 3-D mesh tests of the executor (sampled placement pairs, uneven and empty shards,
+    transposed inputs) and of the DTensor API at 8 ranks, oversubscribed: correctness only."""
     out = launch(
-        8, "-m", "pytest", "mpi/test_execute.py", "--with-mpi", "-q", "-p", "no:cacheprovider",
-        "-k", "3d", cwd=ROOT / "tests", env={"MPIR_CVAR_ENABLE_HEAVY_YIELD": "1"},
+        8, "-m", "pytest", "mpi/test_execute.py", "mpi/test_dtensor_api.py", "--with-mpi", "-q",
+        "-p", "no:cacheprovider", "-k", "3d", cwd=ROOT / "tests",
+        env={"MPIR_CVAR_ENABLE_HEAVY_YIELD": "1"},
     )  # fmt: skip
     counts = re.search(r"(\d+) passed", out)
-    assert counts and int(counts.group(1)) >= 4 and "skipped" not in out, out[-2000:]
+    assert counts and int(counts.group(1)) >= 11 and "skipped" not in out, out[-2000:]

@@ -325,7 +325,7 @@ SHAPES_3D = ((8, 6), (5, 3), (3, 7), (4, 5, 3), (0, 4))
 @pytest.mark.skipif(
     not MESHES_3D,
     reason="3-D meshes are tested at 4 ranks (2x1x2, 1x2x2) and 8 ranks (2x2x2, launched by "
-    "tests/unit/test_examples.py::test_executor_on_a_2x2x2_mesh)",
+    "tests/unit/test_examples.py::test_3d_meshes_at_8_ranks)",
 )
 @pytest.mark.parametrize("shape", SHAPES_3D, ids=str)
 def test_sampled_pairs_3d(shape, meshes, seed):

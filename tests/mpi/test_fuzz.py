@@ -1,6 +1,7 @@
 """Fuzzing DTensor programs against numpy under MPI (hypothesis).
 
-Hypothesis draws a mesh (1-D over the world; also 2x2 at 4 ranks), a global shape of up to
+Hypothesis draws a mesh (1-D over the world; also 2x2 and 2x1x2 at 4 ranks, 2x4 and
+2x2x2 at 8 ranks), a global shape of up to
 3 dims with sizes 0..5 (so shards are even, uneven and empty), a dtype, source placements
 (Shard, Replicate, Partial sum/max/avg) and a short program of ops: unary and scalar
 pointwise ops, binary ops with a broadcast operand of its own placements, reductions,
@@ -50,7 +51,9 @@ _meshes: dict[tuple, dt.DeviceMesh] = {}
 def mesh_shapes() -> list[tuple[int, ...]]:
     shapes = [(WORLD.size,)]
     if WORLD.size == 4:
-        shapes.append((2, 2))
+        shapes += [(2, 2), (2, 1, 2)]  # 3-D: placements over three mesh dims
+    if WORLD.size == 8:  # launched by tests/unit/test_examples.py
+        shapes += [(2, 4), (2, 2, 2)]
     return shapes
 
 

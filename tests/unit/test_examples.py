@@ -1,6 +1,7 @@
 """The demo, the examples, the strategy-sweep script and the calibration script run under
 the launcher (short sizes) and exit 0 with the output they promise; and the 3-D mesh tests
-of tests/mpi run on a 2x2x2 mesh (8 ranks, a size the MPI stages do not use).
+of tests/mpi and its fuzzer run on 2x2x2 and 2x4 meshes (8 ranks, a size the MPI stages
+do not use).
 """
 
 from __future__ import annotations
@@ -171,13 +172,14 @@ def test_redistribute_benchmark_compares_against_raw_collectives(tmp_path):
     assert all(r["dtensor_us"] > 0 and r["execute_us"] > 0 for r in cases.values())
 
 
-def test_executor_on_a_2x2x2_mesh():
+def test_3d_meshes_at_8_ranks():
     """The 3-D mesh tests of the executor (sampled placement pairs, uneven and empty shards,
-    transposed inputs) and of the DTensor API at 8 ranks, oversubscribed: correctness only."""
+    transposed inputs) and of the DTensor API, and the program fuzzer (2x4 and 2x2x2 meshes
+    among its draws), at 8 ranks, oversubscribed: correctness only."""
     out = launch(
-        8, "-m", "pytest", "mpi/test_execute.py", "mpi/test_dtensor_api.py", "--with-mpi", "-q",
-        "-p", "no:cacheprovider", "-k", "3d", cwd=ROOT / "tests",
-        env={"MPIR_CVAR_ENABLE_HEAVY_YIELD": "1"},
+        8, "-m", "pytest", "mpi/test_execute.py", "mpi/test_dtensor_api.py", "mpi/test_fuzz.py",
+        "--with-mpi", "-q", "-p", "no:cacheprovider", "-k", "3d or programs_match_numpy",
+        cwd=ROOT / "tests", env={"MPIR_CVAR_ENABLE_HEAVY_YIELD": "1"},
     )  # fmt: skip
     counts = re.search(r"(\d+) passed", out)
-    assert counts and int(counts.group(1)) >= 11 and "skipped" not in out, out[-2000:]
+    assert counts and int(counts.group(1)) >= 12 and "skipped" not in out, out[-2000:]

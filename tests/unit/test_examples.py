@@ -6,46 +6,27 @@ do not use).
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from _jobs import child_env, run_group
 
 from launch.bench.calibrate import fit
 
 ROOT = Path(__file__).resolve().parents[2]
-# where the imported dtensor lives (site-packages when installed): subprocesses use the same
-PKG_ROOT = str(Path(importlib.util.find_spec("dtensor").origin).resolve().parents[1])
 LIMIT_S = 120
 
 
-def launch(n: int, *args: str, cwd: Path = ROOT, env: dict | None = None):
-    full_env = dict(os.environ, PYTHONPATH=PKG_ROOT, **(env or {}))
-    full_env.pop("DTENSOR_MESH", None)
+def launch(n: int, *args: str, cwd: Path = ROOT, env: dict | None = None) -> str:
+    """Run ``python -m launch -n n args...``; assert it succeeds; its standard output."""
     cmd = [sys.executable, "-m", "launch", "-n", str(n), "--timeout", str(LIMIT_S), *args]
-    proc = subprocess.Popen(
-        cmd,
-        cwd=cwd,
-        env=full_env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=LIMIT_S + 30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        pytest.fail(f"{' '.join(cmd)} did not end")
-    assert proc.returncode == 0, f"{' '.join(cmd)}\n{out}\n{err}"
-    return out
+    proc = run_group(cmd, cwd, LIMIT_S + 30, child_env(env, drop=["DTENSOR_MESH"]))
+    assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
 
 
 @pytest.mark.parametrize("n", [4, 3, 1])
@@ -126,7 +107,7 @@ def test_calibrate_writes_a_usable_cost_model(tmp_path):
     assert all(len(v) == 2 and v[1][0] > v[0][0] for v in points.values())  # bytes grow
     # the file is accepted as DTENSOR_COST_MODEL
     code = "from redistribute.cost import default_cost_model as d; print(d().alpha_s)"
-    env = dict(os.environ, PYTHONPATH=PKG_ROOT, DTENSOR_COST_MODEL=str(path))
+    env = child_env({"DTENSOR_COST_MODEL": str(path)})
     got = subprocess.run(
         [sys.executable, "-c", code],
         env=env,

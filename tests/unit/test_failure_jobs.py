@@ -16,10 +16,6 @@ ends promptly with the expected exit status and messages instead of hanging:
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import shlex
-import signal
 import subprocess
 import sys
 import textwrap
@@ -27,10 +23,9 @@ import time
 from pathlib import Path
 
 import pytest
+from _jobs import child_env, run_group
 
 ROOT = Path(__file__).resolve().parents[2]
-# where the imported dtensor lives (site-packages when installed): subprocesses use the same
-PKG_ROOT = str(Path(importlib.util.find_spec("dtensor").origin).resolve().parents[1])
 MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
 #: Hard limit of one job (a job that hangs is killed and the test fails).
 LIMIT_S = 60
@@ -57,29 +52,14 @@ def _job(
     """Write ``PROLOGUE + body`` to ``job.py``, run ``cmd + [job.py]``; (result, seconds)."""
     script = tmp_path / "job.py"
     script.write_text(PROLOGUE + textwrap.dedent(body))
-    full_env = dict(os.environ, PYTHONPATH=PKG_ROOT, OMP_NUM_THREADS="1", **(env or {}))
-    for name in ("DTENSOR_CHECK_SPMD", "DTENSOR_WATCHDOG", "DTENSOR_WATCHDOG_ABORT"):
-        if env is None or name not in env:
-            full_env.pop(name, None)
-    full_env["DTENSOR_WATCHDOG_DIR"] = str(tmp_path / "watchdog")
-    argv = [*cmd, str(script)]
-    start = time.monotonic()
-    proc = subprocess.Popen(
-        argv,
-        cwd=tmp_path,
-        env=full_env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
+    extra = {"OMP_NUM_THREADS": "1", **(env or {})}
+    extra["DTENSOR_WATCHDOG_DIR"] = str(tmp_path / "watchdog")
+    full_env = child_env(
+        extra, drop=["DTENSOR_CHECK_SPMD", "DTENSOR_WATCHDOG", "DTENSOR_WATCHDOG_ABORT"]
     )
-    try:
-        out, err = proc.communicate(timeout=LIMIT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"{shlex.join(argv)} hung (killed after {LIMIT_S} s)\n{out}\n{err}")
-    return subprocess.CompletedProcess(argv, proc.returncode, out, err), time.monotonic() - start
+    start = time.monotonic()
+    result = run_group([*cmd, str(script)], tmp_path, LIMIT_S, full_env)
+    return result, time.monotonic() - start
 
 
 LAUNCH = [sys.executable, "-m", "launch", "-n", "2"]

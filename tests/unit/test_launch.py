@@ -8,15 +8,14 @@ once instead of leaving the other ranks blocked.
 from __future__ import annotations
 
 import os
-import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from _jobs import run_group
 
 from launch import runtests
 from launch.__main__ import _split
@@ -43,22 +42,9 @@ def _write(folder: Path, name: str, text: str) -> Path:
 
 
 def _run(cmd: list[str], cwd: Path, limit: float = PROMPT_S) -> subprocess.CompletedProcess:
-    """Run ``cmd`` in its own process group; kill the group and fail if it outlives ``limit``."""
-    proc = subprocess.Popen(
-        cmd,
-        cwd=cwd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=limit)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        pytest.fail(f"{shlex.join(cmd)} did not end within {limit} s")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    """Run ``cmd`` (this process's environment) in its own process group; kill the group and
+    fail if it outlives ``limit``."""
+    return run_group(cmd, cwd, limit)
 
 
 def _launch(*args: str, cwd: Path) -> subprocess.CompletedProcess:

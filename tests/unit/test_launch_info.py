@@ -6,10 +6,7 @@ repository root (so that ``dtensor`` is importable by the ranks).
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import re
-import signal
 import subprocess
 import sys
 import textwrap
@@ -17,34 +14,17 @@ import time
 from pathlib import Path
 
 import pytest
+from _jobs import child_env, run_group
 
 from launch._info import collect_info, format_info
 
 ROOT = Path(__file__).resolve().parents[2]
-# where the imported dtensor lives (site-packages when installed): subprocesses use the same
-PKG_ROOT = str(Path(importlib.util.find_spec("dtensor").origin).resolve().parents[1])
 LIMIT_S = 90
 
 
 def _run(args: list[str], tmp_path: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    full_env = dict(os.environ, PYTHONPATH=PKG_ROOT, **(env or {}))
-    full_env.pop("DTENSOR_MESH", None)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "launch", *args],
-        cwd=tmp_path,
-        env=full_env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=LIMIT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        pytest.fail(f"python -m launch {' '.join(args)} did not end within {LIMIT_S} s")
-    return subprocess.CompletedProcess(args, proc.returncode, out, err)
+    argv = [sys.executable, "-m", "launch", *args]
+    return run_group(argv, tmp_path, LIMIT_S, child_env(env, drop=["DTENSOR_MESH"]))
 
 
 def _script(tmp_path: Path, text: str) -> str:

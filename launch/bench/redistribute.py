@@ -14,7 +14,8 @@ Each figure is the median over repeats of batched loops (warm-up first; all vari
 size interleaved batch by batch, so that they share the load of a busy machine, in an
 order shuffled every repeat so that none always runs right after its twin; the three
 variants of one case make the same number of calls per batch, so that they are timed
-with equally warm caches), per rank, then the worst rank (MAX over ranks). Timing helpers are local to this file.
+with equally warm caches), per rank, then the worst rank (MAX over ranks). Timing
+helpers are local to this file.
 
 ``--cold`` rewrites a buffer twice the size of the last-level cache (at least 64 MiB)
 before every timed batch, so that each variant starts from cold caches (the state of a

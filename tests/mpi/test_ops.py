@@ -74,10 +74,37 @@ def check(fn, np_fn, arrays, placements_list, msg=""):
     assert out.shape == expected.shape, where
     assert got.dtype == local.dtype, where
     if got.dtype.kind in "biu":
+        ok = got.shape == expected.shape and np.array_equal(got, expected)
+    else:
+        ok = np.allclose(got, expected, **tol(got.dtype))
+    if WORLD.allreduce(not ok, op=MPI.LOR):  # every rank takes part in the diagnosis
+        where += "\n" + diagnose(fn, dts, out, expected)
+    if got.dtype.kind in "biu":
         np.testing.assert_array_equal(got, expected, err_msg=where)
     else:
         np.testing.assert_allclose(got, expected, **tol(got.dtype), err_msg=where)
     return out
+
+
+def diagnose(fn, dts, out, expected):
+    """What every rank held when a check failed (collective): NaN in its local inputs and
+    output, the output's placements, and whether running the op again gives the expected
+    value (a transient fault) or not."""
+    def nan(x):
+        a = x.to_local().numpy()
+        return bool(a.dtype.kind in "fc" and np.isnan(a).any())
+
+    again = fn(*dts)
+    mine = {
+        "rank": WORLD.rank,
+        "inputs_nan": [nan(x) for x in dts],
+        "local_shapes": [tuple(x.to_local().shape) for x in dts],
+        "out_placements": out.placements,
+        "out_local_shape": tuple(out.to_local().shape),
+        "out_local_nan": nan(out),
+        "rerun_ok": bool(np.allclose(full(again), expected, rtol=1e-4, atol=1e-4)),
+    }
+    return "diagnosis per rank:\n" + "\n".join(map(str, WORLD.allgather(mine)))
 
 
 def for_each_unary(fn, np_fn, shape, msg, partial=True, limit=12, arr=None):

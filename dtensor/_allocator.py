@@ -12,9 +12,13 @@ touched.
 
 Layout (modelled on PyTorch's CUDA caching allocator):
 
-* **Segments** come from ``numpy.empty`` (uint8, over-allocated by 64 bytes and aligned
-  to 64 bytes). A segment is carved into **blocks**; every block size is a multiple of
-  512 bytes, so every block address is 64-byte aligned.
+* **Segments** are node-shared memory on Linux (a ``memfd`` mapping from
+  :class:`redistribute.shm.Segment`, page-aligned), so that the redistribute executor on a
+  peer rank of the same node can read a shard directly; elsewhere, with
+  ``DTENSOR_SHM=0``, in the ``nocache`` mode, or when the kernel refuses a memfd, they
+  come from ``numpy.empty`` (uint8, over-allocated by 64 bytes and aligned to 64 bytes).
+  A segment is carved into **blocks**; every block size is a multiple of 512 bytes, so
+  every block address is 64-byte aligned.
 * **Small pool** (rounded request <= 1 MiB): 2 MiB segments; one free list per 512-byte
   size class. Any leftover of at least 512 bytes is split off as a free block.
 * **Large pool** (rounded request > 1 MiB): a request below 10 MiB takes a 20 MiB
@@ -58,6 +62,8 @@ from typing import Any
 
 import numpy as np
 
+from redistribute import shm as _shm
+
 from ._env import env_int
 from .errors import ArgumentError, ConfigError
 
@@ -100,14 +106,24 @@ POOL_MIN_BYTES: int = env_int("DTENSOR_POOL_MIN_BYTES", 4096)
 
 
 class _Segment:
-    """One ``numpy.empty`` buffer, carved into a linked list of spans."""
+    """One buffer (shared or ``numpy.empty``), carved into a linked list of spans."""
 
-    __slots__ = ("address", "buffer", "first", "pool", "size")
+    __slots__ = ("address", "buffer", "first", "pool", "shared", "size")
 
     def __init__(self, size: int, pool: _Pool | None) -> None:
-        self.buffer = np.empty(size + _ALIGN, np.uint8)
-        base = self.buffer.ctypes.data
-        self.address = base + (-base) % _ALIGN
+        self.shared = None
+        if pool is not None and _shm.enabled():
+            try:
+                self.shared = _shm.Segment(size)
+            except OSError:  # no memfd here (descriptor limit, kernel): ordinary memory
+                self.shared = None
+        if self.shared is not None:
+            self.buffer = self.shared.buffer
+            self.address = self.shared.address  # page-aligned
+        else:
+            self.buffer = np.empty(size + _ALIGN, np.uint8)
+            base = self.buffer.ctypes.data
+            self.address = base + (-base) % _ALIGN
         self.size = size
         self.pool = pool
         # The lowest span of a segment is never absorbed by a merge (merges keep the
@@ -330,6 +346,8 @@ class CPUAllocator:
 
     def _drop_segment(self, segment: _Segment) -> None:
         segment.first = None  # break the segment <-> span cycle: the memory goes now, not at gc
+        if segment.shared is not None:
+            segment.shared.close()
         del self._segments[segment.address]
         self._segment_frees += 1
         self._reserved -= segment.size
@@ -448,7 +466,13 @@ class CPUAllocator:
                     span = span.next
                 pool = "nocache" if segment.pool is None else segment.pool.name
                 out.append(
-                    {"address": address, "size": segment.size, "pool": pool, "blocks": blocks}
+                    {
+                        "address": address,
+                        "size": segment.size,
+                        "pool": pool,
+                        "shared": segment.shared is not None,
+                        "blocks": blocks,
+                    }
                 )
             return out
         finally:
@@ -578,7 +602,9 @@ def memory_snapshot(device: Any = "cpu") -> list[dict[str, Any]]:
     -------
     list of dict
         One dict per segment, by address: ``address``, ``size``, ``pool`` (``"small"``,
-        ``"large"`` or ``"nocache"``) and ``blocks``, a list of dicts with ``address``,
+        ``"large"`` or ``"nocache"``), ``shared`` (whether the segment is node-shared memory
+        that peer ranks can read, see :mod:`redistribute.shm`) and ``blocks``, a list of
+        dicts with ``address``,
         ``size``, ``requested_size`` and ``state`` (``"allocated"`` or ``"free"``).
         On CUDA the list is empty: cupy's pool does not expose its blocks.
     """

@@ -4,7 +4,10 @@ This module owns running the whole test suite as a list of *stages*: the plain p
 folders (``tests/unit``, and ``tests/sim`` when present) in one process, then
 ``tests/mpi`` under ``mpiexec -n K`` for K in 1, 2, 3, 4, every stage with a timeout
 that kills its whole process group; all of it first with the compiled fast path
-(``DTENSOR_FASTPATH=1``) and again on the Python path (``DTENSOR_FASTPATH=0``). It ends
+(``DTENSOR_FASTPATH=1``) and again on the Python path (``DTENSOR_FASTPATH=0``). The MPI
+stages of the Python path also send every exchange of pooled buffers through node-shared
+memory (:data:`SHARED_ALWAYS`), which by default only tensors of 1 MiB and more take, so
+that every MPI test runs over both transports. It ends
 with a summary table and the line ``N passed, N failed`` (counting stages) and exits
 non-zero when any stage failed.
 
@@ -28,12 +31,15 @@ from pathlib import Path
 
 from ._mpiexec import TIMEOUT_EXIT_CODE, find_mpiexec, rank_env, run_job
 
-__all__ = ["Outcome", "Stage", "classify", "find_tests_dir", "main"]
+__all__ = ["Outcome", "Stage", "classify", "find_tests_dir", "main", "stage_environment"]
 
 PLAIN_SUITES = ("unit", "sim")
 MPI_SUITE = "mpi"
 #: Mode name -> value of DTENSOR_FASTPATH.
 MODES = {"fastpath": "1", "python": "0"}
+#: Extra environment of the Python path's MPI stages: every buffer from the pool (so in a
+#: shared segment) and every exchange tried through shared memory.
+SHARED_ALWAYS = {"DTENSOR_SHM_MIN_BYTES": "0", "DTENSOR_POOL_MIN_BYTES": "1"}
 #: Statuses that count as a passed stage.
 OK_STATUSES = frozenset({"passed", "empty", "deselected"})
 #: pytest's exit status when it collected (or selected) no test.
@@ -117,6 +123,17 @@ def _stages(tests_dir: Path, modes: Sequence[str], ranks: Sequence[int]) -> list
         if (tests_dir / MPI_SUITE).is_dir():
             stages += [Stage(MPI_SUITE, k, mode, tests_dir / MPI_SUITE) for k in ranks]
     return stages
+
+
+def stage_environment(stage: Stage, env: dict[str, str]) -> dict[str, str]:
+    """The environment ``stage`` runs in: ``env`` plus its mode's settings. **Local**."""
+    out = dict(env, DTENSOR_FASTPATH=MODES[stage.mode])
+    if stage.mode == "python" and stage.ranks is not None:
+        out.update(SHARED_ALWAYS)
+    if stage.ranks is not None and stage.ranks > (os.cpu_count() or 1):
+        # oversubscribed: MPICH's busy-polling ranks starve each other; yield instead
+        out.setdefault("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")
+    return out
 
 
 def _command(stage: Stage, mpiexec: str, pytest_args: Sequence[str]) -> list[str]:
@@ -279,10 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cmd = _command(stage, mpiexec, pytest_args)
         ranks = "" if stage.ranks is None else f", {stage.ranks} rank" + "s" * (stage.ranks > 1)
         print(f"\n== {stage.suite}{ranks}, {stage.mode} path ==\n$ {shlex.join(cmd)}", flush=True)
-        stage_env = dict(env, DTENSOR_FASTPATH=MODES[stage.mode])
-        if stage.ranks is not None and stage.ranks > (os.cpu_count() or 1):
-            # oversubscribed: MPICH's busy-polling ranks starve each other; yield instead
-            stage_env.setdefault("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")
+        stage_env = stage_environment(stage, env)
         start = time.perf_counter()
         rc = run_job(cmd, env=stage_env, cwd=tests_dir, timeout=opts.timeout)
         outcomes.append(

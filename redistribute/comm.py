@@ -553,7 +553,7 @@ class Comm:
         The mesh dim this communicator spans, or None for a base communicator.
     """
 
-    __slots__ = ("mesh_dim", "mpi", "rank", "size")
+    __slots__ = ("mesh_dim", "mpi", "rank", "shared", "size")
 
     # Every collective method takes ``what=``: a description of the caller's purpose (a
     # string, or a tuple of parts joined with spaces when needed) that the debug checks put
@@ -566,6 +566,9 @@ class Comm:
         self.rank = mpi_comm.Get_rank()
         self.size = mpi_comm.Get_size()
         self.mesh_dim = mesh_dim
+        # whether the ranks can read each other's shared segments (redistribute.shm.probe);
+        # None until a caller has asked
+        self.shared: bool | None = None
 
     def __repr__(self) -> str:
         return f"Comm(rank={self.rank}, size={self.size}, mesh_dim={self.mesh_dim})"
@@ -826,6 +829,48 @@ class Comm:
             if _checks:
                 _leave()
         return out
+
+
+    def shared_exchange(
+        self, values: Sequence[int], kind: str, what: object = None, detail: str = ""
+    ) -> np.ndarray:
+        """Exchange the descriptors of a shared-memory exchange of ``kind``. **Collective**.
+
+        Like :meth:`allgather_ints`, but not shown to observers: the caller reports the
+        exchange it stands for with :meth:`report` once it has run that way. ``detail``
+        (the exchange's rank-invariant arguments, e.g. dtype and reduce op) joins the
+        fingerprint of the SPMD check.
+        """
+        mine = np.ascontiguousarray(values, dtype=np.int64).ravel()
+        out = np.empty((self.size, mine.size), dtype=np.int64)
+        if _checks:
+            _enter(self, kind, what, f"{detail}; shared descriptors, {mine.size} values")
+        try:
+            self.mpi.Allgather([mine, MPI.INT64_T], [out, MPI.INT64_T])
+        finally:
+            if _checks:
+                _leave()
+        return out
+
+    def report(self, kind: str, nbytes: int) -> None:
+        """Tell the observers of a collective of ``kind`` over ``nbytes`` bytes that ran
+        without an MPI call of that kind (a shared-memory exchange). **Local**."""
+        if _observers:
+            _notify(kind, nbytes, self)
+
+    def all_true(self, flag: bool, what: object = None) -> bool:
+        """Whether ``flag`` holds on every rank. **Collective**; not shown to observers (it
+        ends a shared-memory exchange: no rank returns before every peer has read its data).
+        """
+        value = np.array([1 if flag else 0], np.int32)
+        if _checks:
+            _enter(self, "all_reduce", what, "shared exchange done")
+        try:
+            self.mpi.Allreduce(MPI.IN_PLACE, [value, 1, MPI.INT], MPI.MIN)
+        finally:
+            if _checks:
+                _leave()
+        return bool(value[0])
 
 
 def world() -> Comm:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import atexit
 import math
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -42,6 +43,7 @@ from placements.layout import local_offsets, local_shape, local_slices
 from placements.types import short_placements
 
 from . import comm as _comm
+from . import shm as _shm
 from .plan import AllGather, AllReduce, AllToAll, LocalChunk, PartitionPartial, ReduceScatter
 
 __all__ = ["execute", "scatter_from"]
@@ -145,7 +147,7 @@ class _Exchange:
 
     __slots__ = (
         "direct", "direct_displs", "gather_counts", "in_shape", "kind", "mesh_dim",
-        "out_shape", "pack", "pack_displs", "peers", "rcounts", "rdispls", "rtypes",
+        "out_shape", "pack", "pack_displs", "peers", "pulls", "rcounts", "rdispls", "rtypes",
         "scounts", "self_recv", "self_send", "stage_len", "stypes", "types", "unstage", "what",
     )  # fmt: skip
 
@@ -159,8 +161,12 @@ class _Exchange:
         send: list[_Slab],
         recv: list[_Slab],
         gather: bool,
+        pulls: list[tuple] | None = None,
     ) -> None:
         self.mesh_dim, self.in_shape, self.out_shape = mesh_dim, in_shape, out_shape
+        # (peer, peer's input shape, index of its block for this rank in that input, where
+        # the block lands in the output): the shared-memory exchange, or None
+        self.pulls = pulls
         self.kind = "all_gather" if gather else "all_to_all"
         self.types: list[Any] = []
         self.self_send, self.self_recv = send[me].index, recv[me].index
@@ -185,6 +191,7 @@ class _Exchange:
         self.stage_len = pos if staged else None
         self.gather_counts = [s.size for s in recv] if small else None
         if small:
+            self.pulls = None
             return
         # sends: in place from a C-contiguous input, else packed (each distinct slab once)
         self.scounts = [s.size * itemsize if j != me else 0 for j, s in enumerate(send)]
@@ -217,6 +224,15 @@ class _Exchange:
 
     def run(self, x: np.ndarray, owned: bool, comm: _comm.Comm, alloc: Alloc) -> tuple:
         out = alloc(self.out_shape, x.dtype)
+        if self.pulls is not None and type(x) is np.ndarray:
+            if comm.shared is None:
+                comm.shared = _shm.probe(comm)
+            if comm.shared:
+                if self._run_shared(x, out, comm):
+                    _shm.count(self.kind)
+                    comm.report(self.kind, max(x.nbytes, out.nbytes))
+                    return out, True
+                _shm.count(self.kind + " fallback")
         rbuf = out if self.stage_len is None else alloc((self.stage_len,), x.dtype)
         if self.gather_counts is not None:
             comm.allgatherv(_contiguous(x, alloc), rbuf, self.gather_counts, what=self.what)
@@ -238,18 +254,86 @@ class _Exchange:
             _copy(out[index], rbuf[start:stop].reshape(shape))
         return out, True
 
+    def _run_shared(self, x: np.ndarray, out: np.ndarray, comm: _comm.Comm) -> bool:
+        """Copy every peer's block straight out of its shared segment. **Collective**.
+
+        Unless every rank's input is in a shared segment (or empty) all ranks return False
+        and take the MPI path. After copying, no rank returns before every rank has finished
+        reading (a rank that could not map a peer makes them all return False, and the MPI
+        path then rewrites the output)."""
+        table = _shared_table(comm, (x,), self.kind, self.what)
+        if table is None:
+            return False
+        read = True
+        _copy(out[self.self_recv], x[self.self_send])
+        for j, shape, index, dst in self.pulls:
+            if out[dst].size == 0:
+                continue
+            src = _peer_array(table[j], 0, shape, x.dtype)
+            if src is None:
+                read = False
+                break
+            np.copyto(out[dst], src[index])
+        return comm.all_true(read, self.what)
+
+
+# -- shared-memory exchanges ----------------------------------------------------------------
+# A row of the descriptor table: [all shared, pid, then per array: fd, serial, segment size,
+# byte offset, byte strides (ndim values)]; every rank passes arrays of the same ndims.
+
+_UFUNCS = {"sum": np.add, "avg": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}
+
+
+def _shared_table(
+    comm: _comm.Comm, arrays: tuple, kind: str, what: Any, detail: str = ""
+) -> np.ndarray | None:
+    """Tell the ranks where ``arrays`` live; the table of every rank's descriptors, or None
+    (on every rank) unless all of them are in shared segments. **Collective**. ``detail``
+    goes to the SPMD check's fingerprint."""
+    desc, ok = [0, os.getpid()], True
+    for a in arrays:
+        where = _shm.locate(a)
+        ok = ok and (where is not None or a.size == 0)
+        desc += [*(where or (-1, 0, 0, 0)), *a.strides]
+    desc[0] = int(ok)
+    table = comm.shared_exchange(desc, kind, what, detail)
+    return table if table[:, 0].all() else None
+
+
+def _peer_array(row: np.ndarray, i: int, shape: tuple, dtype: np.dtype) -> np.ndarray | None:
+    """The array of descriptor ``i`` in ``row`` (a peer's), mapped read-only; None when it
+    cannot be mapped or does not fit its segment. An empty array maps nothing."""
+    pos = 2 + i * (4 + len(shape))
+    fd, serial, size, offset = (int(v) for v in row[pos : pos + 4])
+    strides = [int(v) for v in row[pos + 4 : pos + 4 + len(shape)]]
+    if math.prod(shape) == 0:
+        return np.empty(shape, dtype)
+    try:
+        buf = _shm.peer_buffer(int(row[1]), fd, serial, size)
+        return np.ndarray(shape, dtype, buf, offset, strides)
+    except (OSError, TypeError, ValueError):
+        return None
+
 
 class _ReduceScatter:
     """Reduce over the mesh dim; peer ``j`` keeps the ``j``-th slab along one tensor dim."""
 
     __slots__ = (
-        "counts", "direct", "in_shape", "mesh_dim", "op", "out_shape", "pack", "types", "what",
+        "counts", "direct", "in_shape", "mesh_dim", "op", "out_shape", "pack", "shared", "types",
+        "what",
     )  # fmt: skip
 
     def __init__(
-        self, mesh_dim: int, in_shape: tuple, out_shape: tuple, send: list[_Slab], op: str
+        self,
+        mesh_dim: int,
+        in_shape: tuple,
+        out_shape: tuple,
+        send: list[_Slab],
+        op: str,
+        shared: bool = False,
     ) -> None:
         self.mesh_dim, self.in_shape, self.out_shape, self.op = mesh_dim, in_shape, out_shape, op
+        self.shared = shared  # try the shared-memory path
         self.types: list[Any] = []
         self.counts = [s.size for s in send]
         # slabs tile the input in rank order: a C-contiguous input is already the send buffer
@@ -259,6 +343,17 @@ class _ReduceScatter:
         self.pack = [(s.index, starts[j], starts[j + 1], s.shape) for j, s in enumerate(send)]
 
     def run(self, x: np.ndarray, owned: bool, comm: _comm.Comm, alloc: Alloc) -> tuple:
+        if self.shared and type(x) is np.ndarray:
+            _comm._reduction(x.dtype, self.op, "reduce_scatter", self.what)  # refuse bad pairs
+            if comm.shared is None:
+                comm.shared = _shm.probe(comm)
+            if comm.shared:
+                out = alloc(self.out_shape, x.dtype)
+                if self._run_shared(x, out, comm):
+                    _shm.count("reduce_scatter")
+                    comm.report("reduce_scatter", x.nbytes)
+                    return out, True
+                _shm.count("reduce_scatter fallback")
         if self.direct and x.flags.c_contiguous:
             sbuf = x
         else:
@@ -269,17 +364,45 @@ class _ReduceScatter:
         comm.reduce_scatter(sbuf, out, self.counts, self.op, self.what)
         return out, True
 
+    def _run_shared(self, x: np.ndarray, out: np.ndarray, comm: _comm.Comm) -> bool:
+        """Reduce this rank's slab of every rank's input, read from the shared segments.
+        **Collective**; False (on every rank) when the MPI path must run instead."""
+        table = _shared_table(comm, (x,), "reduce_scatter", self.what, f"{x.dtype}, op {self.op}")
+        if table is None:
+            return False
+        index = self.pack[comm.rank][0]
+        views = [x if j == comm.rank else _peer_array(table[j], 0, x.shape, x.dtype)
+                 for j in range(comm.size)]  # fmt: skip
+        read = all(v is not None for v in views)
+        if read and out.size:
+            _reduce_into(out, [v[index] for v in views], self.op, comm.size)  # rank order
+        return comm.all_true(read, self.what)
+
 
 class _AllReduce:
     """Reduce over the mesh dim; every peer gets the result (in place on owned buffers)."""
 
-    __slots__ = ("in_shape", "mesh_dim", "op", "out_shape", "types", "what")
+    __slots__ = ("in_shape", "mesh_dim", "op", "out_shape", "shared", "types", "what")
 
-    def __init__(self, mesh_dim: int, shape: tuple, op: str) -> None:
+    def __init__(self, mesh_dim: int, shape: tuple, op: str, shared: bool = False) -> None:
         self.mesh_dim, self.in_shape, self.out_shape, self.op = mesh_dim, shape, shape, op
+        self.shared = shared  # try the shared-memory path
         self.types: list[Any] = []
 
     def run(self, x: np.ndarray, owned: bool, comm: _comm.Comm, alloc: Alloc) -> tuple:
+        if self.shared and type(x) is np.ndarray:
+            _comm._reduction(x.dtype, self.op, "all_reduce", self.what)  # refuse bad pairs
+            if comm.shared is None:
+                comm.shared = _shm.probe(comm)
+            if comm.shared:
+                if not x.flags.c_contiguous:
+                    x, owned = _contiguous(x, alloc), True
+                out = x if owned else alloc(x.shape, x.dtype)
+                if self._run_shared(x, out, comm):
+                    _shm.count("all_reduce")
+                    comm.report("all_reduce", x.nbytes)
+                    return out, True
+                _shm.count("all_reduce fallback")
         if x.flags.c_contiguous:
             if owned:
                 comm.allreduce(x, None, self.op, self.what)
@@ -291,6 +414,53 @@ class _AllReduce:
         _copy(out, x)
         comm.allreduce(out, None, self.op, self.what)
         return out, True
+
+    def _run_shared(self, x: np.ndarray, out: np.ndarray, comm: _comm.Comm) -> bool:
+        """All-reduce through the shared segments of C-contiguous ``x`` and ``out`` (which
+        may be ``x``). **Collective**; False (on every rank, nothing written) when the MPI
+        path must run instead.
+
+        The flat range is cut into one chunk per rank; each rank reduces its chunk of every
+        input into its output, and after a barrier copies the other chunks from the peers'
+        outputs (reduce-scatter, then all-gather, both by direct reads). Every rank ends
+        with the same bits, each chunk being reduced once, in rank order."""
+        detail = f"{x.size} x {x.dtype}, op {self.op}"
+        table = _shared_table(comm, (x, out), "all_reduce", self.what, detail)
+        if table is None:
+            return False
+        k, me = comm.size, comm.rank
+        peers = [(None, None) if j == me else (
+            _peer_array(table[j], 0, x.shape, x.dtype), _peer_array(table[j], 1, x.shape, x.dtype))
+            for j in range(k)]  # fmt: skip
+        mapped = all(a is not None and b is not None for j, (a, b) in enumerate(peers) if j != me)
+        if not comm.all_true(mapped, self.what):
+            return False
+        n = x.size
+        bounds = [n * i // k for i in range(k + 1)]
+        mine = slice(bounds[me], bounds[me + 1])
+        flat = [x.reshape(-1) if j == me else peers[j][0].reshape(-1) for j in range(k)]
+        flat_out = out.reshape(-1)
+        if bounds[me + 1] > bounds[me]:
+            order = [me] + [j for j in range(k) if j != me]  # out may be x: own part first
+            _reduce_into(flat_out[mine], [flat[j][mine] for j in order], self.op, k)
+        comm.all_true(True, self.what)  # every chunk reduced
+        for j in range(k):
+            if j != me and bounds[j + 1] > bounds[j]:
+                chunk = slice(bounds[j], bounds[j + 1])
+                np.copyto(flat_out[chunk], peers[j][1].reshape(-1)[chunk])
+        comm.all_true(True, self.what)  # every peer has read this rank's chunk
+        return True
+
+
+def _reduce_into(out: np.ndarray, parts: list[np.ndarray], op: str, k: int) -> None:
+    """``out = parts[0] op parts[1] op ...``, in that order (``out`` may share memory with
+    ``parts[0]`` only); avg then divides by ``k``. **Local**."""
+    ufunc = _UFUNCS[op]
+    ufunc(parts[0], parts[1], out=out)
+    for part in parts[2:]:
+        ufunc(out, part, out=out)
+    if op == "avg":
+        np.divide(out, k, out=out)
 
 
 class _Local:
@@ -330,7 +500,14 @@ def _compile_all_gather(step: Any, spec: Any, coord: tuple, isz: int) -> _Exchan
     pieces = _pieces(spec, step, d, (step.after, coord), [(step.before, p) for p in peers])
     send = [_Slab(in_shape, d, 0, in_shape[d], isz)] * k
     recv = [_Slab(out_shape, d, s, n, isz) for s, n in pieces]
-    return _Exchange(m, coord[m], in_shape, out_shape, isz, send, recv, gather=True)
+    pulls = None
+    if _shared(spec, isz):
+        pulls = [
+            (j, _region(spec, step.before, p)[1], Ellipsis, recv[j].index)
+            for j, p in enumerate(peers)
+            if j != coord[m]
+        ]
+    return _Exchange(m, coord[m], in_shape, out_shape, isz, send, recv, True, pulls)
 
 
 def _compile_all_to_all(step: Any, spec: Any, coord: tuple, isz: int) -> _Exchange:
@@ -342,7 +519,22 @@ def _compile_all_to_all(step: Any, spec: Any, coord: tuple, isz: int) -> _Exchan
     recvs = _pieces(spec, step, src, (step.after, coord), [(step.before, p) for p in peers])
     send = [_Slab(in_shape, dst, s, n, isz) for s, n in sends]
     recv = [_Slab(out_shape, src, s, n, isz) for s, n in recvs]
-    return _Exchange(m, coord[m], in_shape, out_shape, isz, send, recv, gather=False)
+    pulls = None
+    if _shared(spec, isz):
+        pulls = []
+        for j, p in enumerate(peers):
+            if j != coord[m]:
+                start, n = _piece(spec, dst, (step.before, p), (step.after, coord))
+                index = (slice(None),) * dst + (slice(start, start + n),)
+                pulls.append((j, _region(spec, step.before, p)[1], index, recv[j].index))
+    return _Exchange(m, coord[m], in_shape, out_shape, isz, send, recv, False, pulls)
+
+
+def _shared(spec: Any, isz: int) -> bool:
+    """Whether an exchange of ``spec`` tries the shared-memory path: shared segments on,
+    and a global tensor of at least :data:`redistribute.shm.MIN_BYTES` (the same answer
+    on every rank). A small gather (one MPI all-gather) never does."""
+    return _shm.enabled() and math.prod(spec.shape) * isz >= max(_shm.MIN_BYTES, 1)
 
 
 def _compile_reduce_scatter(step: Any, spec: Any, coord: tuple, isz: int) -> _ReduceScatter:
@@ -352,11 +544,12 @@ def _compile_reduce_scatter(step: Any, spec: Any, coord: tuple, isz: int) -> _Re
     _, out_shape = _region(spec, step.after, coord)
     pieces = _pieces(spec, step, d, (step.before, coord), [(step.after, p) for p in peers])
     send = [_Slab(in_shape, d, s, n, isz) for s, n in pieces]
-    return _ReduceScatter(m, in_shape, out_shape, send, step.reduce_op)
+    return _ReduceScatter(m, in_shape, out_shape, send, step.reduce_op, _shared(spec, isz))
 
 
 def _compile_all_reduce(step: Any, spec: Any, coord: tuple, isz: int) -> _AllReduce:
-    return _AllReduce(step.mesh_dim, _region(spec, step.before, coord)[1], step.reduce_op)
+    shape = _region(spec, step.before, coord)[1]
+    return _AllReduce(step.mesh_dim, shape, step.reduce_op, _shared(spec, isz))
 
 
 def _compile_local_chunk(step: Any, spec: Any, coord: tuple, isz: int) -> _Local:

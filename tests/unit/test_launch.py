@@ -310,6 +310,19 @@ def test_classify_pytest_statuses(tmp_path):
     assert runtests.classify(5, full, "nomatch") == "deselected"
 
 
+def test_stage_environments(tmp_path):
+    """The Python path's MPI stages force every exchange through shared memory; the
+    fast path's and the plain stages keep the defaults."""
+    base = {"KEEP": "1"}
+    fast_mpi = runtests.stage_environment(runtests.Stage("mpi", 2, "fastpath", tmp_path), base)
+    py_mpi = runtests.stage_environment(runtests.Stage("mpi", 2, "python", tmp_path), base)
+    py_unit = runtests.stage_environment(runtests.Stage("unit", None, "python", tmp_path), base)
+    assert fast_mpi["DTENSOR_FASTPATH"] == "1" and py_mpi["DTENSOR_FASTPATH"] == "0"
+    assert py_mpi["DTENSOR_SHM_MIN_BYTES"] == "0" and py_mpi["DTENSOR_POOL_MIN_BYTES"] == "1"
+    assert "DTENSOR_SHM_MIN_BYTES" not in fast_mpi and "DTENSOR_SHM_MIN_BYTES" not in py_unit
+    assert all(e["KEEP"] == "1" for e in (fast_mpi, py_mpi, py_unit)) and base == {"KEEP": "1"}
+
+
 def _run_runner(tests_dir: Path, *args: str) -> subprocess.CompletedProcess:
     """``python -m launch test`` on ``tests_dir``: at most 3 stages of at most PROMPT_S each."""
     runner = [sys.executable, "-m", "launch", "test", "--tests-dir", str(tests_dir)]

@@ -616,11 +616,13 @@ def memory_snapshot(device: Any = "cpu") -> list[dict[str, Any]]:
 def empty_cache(device: Any = "cpu") -> None:
     """Release cached memory that no live block uses. **Local**.
 
-    On CPU, every segment whose memory is entirely free goes back to numpy; on CUDA,
-    cupy's ``free_all_blocks`` is called.
+    On CPU, every segment whose memory is entirely free goes back to the system, and the
+    mappings of peer ranks' shared segments that this rank keeps are dropped (each keeps
+    the peer's memory alive); on CUDA, cupy's ``free_all_blocks`` is called.
     """
     if _cuda_index(device) is None:
         _CPU.empty_cache()
+        _shm.clear_peer_maps()  # mappings of peers' segments keep those alive
     else:
         _cupy().get_default_memory_pool().free_all_blocks()
 

@@ -23,6 +23,18 @@ collectives of :mod:`redistribute.comm` (as bytes; reductions typed).
   ``Allgather``), unless their contiguous runs are shorter than ``_MIN_TYPED_RUN`` bytes:
   MPI handles tiny runs slower than numpy (8-byte runs: 20 ms against 8.8 ms), so such
   blocks are staged and unpacked with one numpy copy each.
+- Ranks on one node read each other's data directly (:mod:`redistribute.shm`): for a
+  global tensor of at least ``DTENSOR_SHM_MIN_BYTES`` (1 MiB), when every rank's input
+  lives in a shared segment of the allocator, an exchange copies each peer's block (any
+  strides) straight from the peer's memory into its output, a reduce-scatter reduces its
+  slab of every rank's input, and an all-reduce is a reduce-scatter into the outputs
+  followed by direct reads of the peers' reduced chunks. The ranks first exchange where
+  their inputs live (one small all-gather) and end with a barrier-like all-reduce of one
+  flag, so that no input is reused while a peer may still read it. No pack is needed:
+  S(0)->S(1) at 2048x2048 moves 16 MiB per rank instead of 24 (0.7-0.8 ms against
+  1.2-1.3 ms), and P->R is about twice as fast as MPICH's ``Allreduce``. Any rank whose
+  input is ordinary memory (a wrapped numpy array) sends the whole exchange down the MPI
+  path below.
 - Each (plan, source spec, coordinate) is compiled once into a program of step runners
   (counts, displacements, derived datatypes), kept in a bounded cache (oldest first out):
   evicted programs free their datatypes, and the rest are freed at exit.
@@ -278,8 +290,9 @@ class _Exchange:
 
 
 # -- shared-memory exchanges ----------------------------------------------------------------
-# A row of the descriptor table: [all shared, pid, then per array: fd, serial, segment size,
-# byte offset, byte strides (ndim values)]; every rank passes arrays of the same ndims.
+# A row of the descriptor table: [all shared, pid, shm epoch, then per array: fd, serial,
+# segment size, byte offset, byte strides (ndim values)]; every rank passes arrays of the
+# same ndims.
 
 _UFUNCS = {"sum": np.add, "avg": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}
 
@@ -290,7 +303,7 @@ def _shared_table(
     """Tell the ranks where ``arrays`` live; the table of every rank's descriptors, or None
     (on every rank) unless all of them are in shared segments. **Collective**. ``detail``
     goes to the SPMD check's fingerprint."""
-    desc, ok = [0, os.getpid()], True
+    desc, ok = [0, os.getpid(), _shm.epoch()], True
     for a in arrays:
         where = _shm.locate(a)
         ok = ok and (where is not None or a.size == 0)
@@ -303,13 +316,13 @@ def _shared_table(
 def _peer_array(row: np.ndarray, i: int, shape: tuple, dtype: np.dtype) -> np.ndarray | None:
     """The array of descriptor ``i`` in ``row`` (a peer's), mapped read-only; None when it
     cannot be mapped or does not fit its segment. An empty array maps nothing."""
-    pos = 2 + i * (4 + len(shape))
+    pos = 3 + i * (4 + len(shape))
     fd, serial, size, offset = (int(v) for v in row[pos : pos + 4])
     strides = [int(v) for v in row[pos + 4 : pos + 4 + len(shape)]]
     if math.prod(shape) == 0:
         return np.empty(shape, dtype)
     try:
-        buf = _shm.peer_buffer(int(row[1]), fd, serial, size)
+        buf = _shm.peer_buffer(int(row[1]), fd, serial, size, int(row[2]))
         return np.ndarray(shape, dtype, buf, offset, strides)
     except (OSError, TypeError, ValueError):
         return None

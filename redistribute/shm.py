@@ -91,6 +91,23 @@ _MAX_PEER_BYTES = 4 << 30
 _PAGE = mmap.PAGESIZE
 
 
+def _max_segments() -> int:
+    """Live shared segments allowed: each holds a file descriptor, so at most a quarter of
+    the descriptor limit (and 1024); later segments are ordinary memory."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if soft == resource.RLIM_INFINITY:
+            soft = 4096
+    except (ImportError, OSError, ValueError):
+        soft = 1024
+    return max(1, min(1024, soft // 4))
+
+
+_MAX_SEGMENTS = _max_segments()
+
+
 def enabled() -> bool:
     """Whether new allocator segments are shared. **Local**."""
     return _ENABLED
@@ -113,6 +130,7 @@ _lock = threading.Lock()
 _addresses: list[int] = []  # sorted start addresses of the live segments
 _segments: dict[int, Segment] = {}  # address -> segment
 _serial = 0
+_closed = 0  # segments closed so far: a peer that sees this change drops its old mappings
 
 
 class Segment:
@@ -135,14 +153,16 @@ class Segment:
     Raises
     ------
     OSError
-        When the kernel refuses the memfd or the mapping (the caller falls back to
-        ordinary memory).
+        When the kernel refuses the memfd or the mapping, or this process already holds
+        its quota of segments (the caller falls back to ordinary memory).
     """
 
     __slots__ = ("address", "buffer", "fd", "serial", "size")
 
     def __init__(self, size: int) -> None:
         global _serial
+        if len(_segments) >= _MAX_SEGMENTS:
+            raise OSError(f"dtensor: {_MAX_SEGMENTS} shared segments already live")
         fd = os.memfd_create("dtensor", os.MFD_CLOEXEC)
         try:
             os.ftruncate(fd, max(size, 1))
@@ -163,16 +183,24 @@ class Segment:
     def close(self) -> None:
         """Unregister the segment and close its descriptor. **Local**. The memory is
         unmapped when :attr:`buffer` (and every array viewing it) dies."""
+        global _closed
         with _lock:
             if _segments.get(self.address) is self:
                 del _segments[self.address]
                 del _addresses[bisect_right(_addresses, self.address) - 1]
+                _closed += 1
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
 
     def __repr__(self) -> str:
         return f"Segment(address={self.address:#x}, size={self.size}, fd={self.fd})"
+
+
+def epoch() -> int:
+    """How many segments this process has closed; a peer that sees the number change drops
+    its mappings of this process's segments (see :func:`peer_buffer`). **Local**."""
+    return _closed
 
 
 def locate(arr: np.ndarray) -> tuple[int, int, int, int] | None:
@@ -202,6 +230,7 @@ def locate(arr: np.ndarray) -> tuple[int, int, int, int] | None:
 # -- peers' segments ----------------------------------------------------------------------
 
 _peer_maps: OrderedDict[tuple[int, int], tuple[int, np.ndarray]] = OrderedDict()
+_peer_epochs: dict[int, int] = {}  # pid -> the epoch its mappings were made in
 _peer_bytes = 0
 
 
@@ -217,9 +246,13 @@ def _map_peer(pid: int, fd: int, size: int) -> np.ndarray:
     return np.frombuffer(mapping, np.uint8)[:size]
 
 
-def peer_buffer(pid: int, fd: int, serial: int, size: int) -> np.ndarray:
+def peer_buffer(pid: int, fd: int, serial: int, size: int, peer_epoch: int = 0) -> np.ndarray:
     """A read-only uint8 view of a peer's segment (as :func:`locate` described it there).
     **Local**; cached.
+
+    The cache holds at most 64 mappings (4 GiB); a mapping keeps the peer's memory alive
+    even after the peer frees the segment, so when ``peer_epoch`` (the peer's
+    :func:`epoch`) differs from the one of the cached mappings, all of them are dropped.
 
     Raises
     ------
@@ -227,6 +260,10 @@ def peer_buffer(pid: int, fd: int, serial: int, size: int) -> np.ndarray:
         The segment cannot be opened or mapped.
     """
     global _peer_bytes
+    if _peer_epochs.get(pid, peer_epoch) != peer_epoch:
+        for old in [k for k in _peer_maps if k[0] == pid]:
+            _peer_bytes -= _peer_maps.pop(old)[1].size
+    _peer_epochs[pid] = peer_epoch
     key = (pid, fd)
     hit = _peer_maps.get(key)
     if hit is not None and hit[0] == serial and hit[1].size == size:
@@ -246,6 +283,7 @@ def clear_peer_maps() -> None:
     """Drop every cached peer mapping. **Local**."""
     global _peer_bytes
     _peer_maps.clear()
+    _peer_epochs.clear()
     _peer_bytes = 0
 
 

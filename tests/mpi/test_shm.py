@@ -219,6 +219,15 @@ def test_repeated_exchanges_reuse_memory_and_mappings():
     np.testing.assert_array_equal(y.to_local().numpy(), g)
     assert dt.memory_stats()["reserved_bytes"] == reserved
     assert len(shm._peer_maps) == maps
+    # freeing the cache drops the peer mappings (they keep the peers' memory alive); the
+    # next exchanges map the peers' new segments
+    del y
+    dt.empty_cache()
+    assert len(shm._peer_maps) == 0
+    before = dict(shm.counts)
+    y = x.redistribute(mesh, [S(1)]).redistribute(mesh, [R])
+    expect_shared(before, "all_to_all", "all_gather")
+    np.testing.assert_array_equal(y.to_local().numpy(), g)
 
 
 def test_probe_agrees_on_the_world():

@@ -82,6 +82,40 @@ def test_peer_buffer_maps_the_same_pages_and_notices_a_new_segment():
 
 
 @needs_shm
+def test_a_peer_that_closed_segments_has_its_mappings_dropped():
+    """A cached mapping keeps the peer's memory alive; a new epoch from that peer (it has
+    closed segments since) drops every mapping of it."""
+    shm.clear_peer_maps()
+    a, b = shm.Segment(4096), shm.Segment(4096)
+    try:
+        me = os.getpid()
+        view_a = shm.peer_buffer(me, a.fd, a.serial, a.size, shm.epoch())
+        shm.peer_buffer(me, b.fd, b.serial, b.size, shm.epoch())
+        assert len(shm._peer_maps) == 2
+        assert shm.peer_buffer(me, a.fd, a.serial, a.size, shm.epoch()) is view_a
+        b.close()
+        again = shm.peer_buffer(me, a.fd, a.serial, a.size, shm.epoch())
+        assert again is not view_a and len(shm._peer_maps) == 1
+    finally:
+        a.close()
+        b.close()
+        shm.clear_peer_maps()
+
+
+@needs_shm
+def test_segments_beyond_the_quota_are_ordinary_memory(monkeypatch):
+    """Each segment holds a descriptor: past the quota the allocator falls back."""
+    monkeypatch.setattr(shm, "_MAX_SEGMENTS", len(shm._segments))
+    with pytest.raises(OSError, match="shared segments already live"):
+        shm.Segment(4096)
+    allocator = alloc.CPUAllocator()
+    block = allocator.allocate(3 * MiB)
+    assert shm.locate(np.asarray(block)) is None
+    assert [seg["shared"] for seg in allocator.snapshot()] == [False]
+    assert 16 <= shm._max_segments() <= 1024
+
+
+@needs_shm
 def test_pooled_segments_are_shared():
     allocator = alloc.CPUAllocator()
     block = allocator.allocate(3 * MiB)

@@ -31,6 +31,7 @@ ordinary memory and every exchange goes through MPI); ``DTENSOR_SHM_MIN_BYTES`` 
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import mmap
 import os
 import sys
@@ -48,6 +49,7 @@ __all__ = [
     "Segment",
     "count",
     "counts",
+    "disable",
     "enabled",
     "locate",
     "peer_buffer",
@@ -287,12 +289,34 @@ def clear_peer_maps() -> None:
     _peer_bytes = 0
 
 
+def _node_id() -> int:
+    """A number that differs between machines (boot id and host name), below 2**62."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+            boot = f.read()
+    except OSError:
+        boot = b""
+    digest = hashlib.blake2b(boot + os.uname().nodename.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 2
+
+
+def disable() -> None:
+    """Take new allocator segments from ordinary memory from now on. **Local**."""
+    global _ENABLED
+    _ENABLED = False
+
+
 def probe(comm: Any) -> bool:
     """Whether every rank of ``comm`` can read every other rank's segments. **Collective**.
 
     Every rank makes a one-page segment holding a random token; each maps every peer's and
     compares the token (this also rejects a peer on another node whose process id happens to
     exist here). ``comm`` is a :class:`redistribute.comm.Comm`.
+
+    When the ranks are on one node but cannot map each other's segments (the kernel's
+    ptrace policy forbids opening a sibling's descriptors, for instance), shared segments
+    bring no gain and MPI moves data into them more slowly than into ordinary memory, so
+    :func:`disable` is called: later segments are ordinary memory.
     """
     seg = None
     if _ENABLED:
@@ -303,9 +327,9 @@ def probe(comm: Any) -> bool:
     token = int.from_bytes(os.urandom(7), "little")
     if seg is not None:
         seg.buffer[:8] = np.frombuffer(token.to_bytes(8, "little"), np.uint8)
-        mine = [1, os.getpid(), seg.fd, seg.serial, token]
+        mine = [1, os.getpid(), seg.fd, seg.serial, token, _node_id()]
     else:
-        mine = [0, 0, 0, 0, 0]
+        mine = [0, 0, 0, 0, 0, _node_id()]
     try:
         table = comm.shared_exchange(mine, "probe", what="shared-memory probe")
         ok = bool(table[:, 0].all())
@@ -314,13 +338,16 @@ def probe(comm: Any) -> bool:
                 break
             if j == comm.rank:
                 continue
-            ok_j, pid, fd, _, tok = (int(v) for v in table[j])
+            _, pid, fd, _, tok, _ = (int(v) for v in table[j])
             try:
                 buf = _map_peer(pid, fd, _PAGE)
                 ok = int.from_bytes(buf[:8].tobytes(), "little") == tok
             except OSError:
                 ok = False
-        return comm.all_true(ok, what="shared-memory probe result")
+        ok = comm.all_true(ok, what="shared-memory probe result")
+        if not ok and len(set(table[:, 5].tolist())) == 1:
+            disable()
+        return ok
     finally:
         if seg is not None:
             seg.close()

@@ -199,3 +199,35 @@ def test_bad_shm_settings_are_refused(name, value):
     out = _python("import redistribute.shm", **{name: value})
     assert out.returncode != 0
     assert name in out.stderr and repr(value) in out.stderr
+
+
+class _FakeComm:
+    """Two 'ranks' in one process: the peer's row is given; the collectives just echo."""
+
+    rank, size = 0, 2
+
+    def __init__(self, peer_row):
+        self.peer_row = peer_row
+
+    def shared_exchange(self, values, kind, what=None, detail=""):
+        return np.array([list(values), self.peer_row(list(values))], np.int64)
+
+    def all_true(self, flag, what=None):
+        return bool(flag)
+
+
+@needs_shm
+def test_probe_reads_the_peer_token(monkeypatch):
+    """A 'peer' that is this very process passes; a wrong token or a descriptor that
+    cannot be opened fails. On one node, a failure turns shared segments off; a peer on
+    another node (different node id) only fails the probe."""
+    monkeypatch.setattr(shm, "_ENABLED", True)
+    assert shm.probe(_FakeComm(lambda mine: mine)) is True
+    assert shm.enabled()
+    other_node = shm.probe(_FakeComm(lambda mine: mine[:4] + [mine[4] + 1, mine[5] + 1]))
+    assert other_node is False and shm.enabled()
+    unmappable = shm.probe(_FakeComm(lambda mine: [1, mine[1], 10**6, 1, mine[4], mine[5]]))
+    assert unmappable is False and not shm.enabled()
+    allocator = alloc.CPUAllocator()
+    block = allocator.allocate(3 * MiB)  # ordinary memory from now on
+    assert shm.locate(np.asarray(block)) is None

@@ -23,6 +23,11 @@ What this module owns:
   segment as private memory holding the same bytes, so the two processes' tensors are
   separate, as with ordinary memory.
 
+Cost: where the kernel gives shared memory no transparent huge pages (``shmem_enabled``
+``never``) and numpy's large arrays get them, an MPI call that writes into a shared segment
+is slower than one into ordinary memory (a 16 MiB ``Allgather``: about 1.5x), and copies
+between shared segments pay 4 KiB-page translation; measured in BENCHMARKS.md.
+
 Settings (read at import): ``DTENSOR_SHM=0`` turns shared segments off (every segment is
 ordinary memory and every exchange goes through MPI); ``DTENSOR_SHM_MIN_BYTES`` (default
 1 MiB) is the global tensor size from which an exchange tries the shared path.
@@ -91,6 +96,7 @@ _MAX_PEER_MAPS = 64
 _MAX_PEER_BYTES = 4 << 30
 
 _PAGE = mmap.PAGESIZE
+_HUGE = 2 << 20  # segments from this size ask for transparent huge pages
 
 
 def _max_segments() -> int:
@@ -172,6 +178,11 @@ class Segment:
         except BaseException:
             os.close(fd)
             raise
+        if size >= _HUGE and hasattr(mmap, "MADV_HUGEPAGE"):
+            try:  # huge pages where the kernel allows them for shared memory
+                mapping.madvise(mmap.MADV_HUGEPAGE)
+            except OSError:
+                pass
         self.buffer = np.frombuffer(mapping, np.uint8)[:size]
         self.address = self.buffer.ctypes.data
         self.size = size

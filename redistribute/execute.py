@@ -544,10 +544,12 @@ def _compile_all_to_all(step: Any, spec: Any, coord: tuple, isz: int) -> _Exchan
 
 
 def _shared(spec: Any, isz: int) -> bool:
-    """Whether an exchange of ``spec`` tries the shared-memory path: shared segments on,
-    and a global tensor of at least :data:`redistribute.shm.MIN_BYTES` (the same answer
-    on every rank). A small gather (one MPI all-gather) never does."""
-    return _shm.enabled() and math.prod(spec.shape) * isz >= max(_shm.MIN_BYTES, 1)
+    """Whether an exchange of ``spec`` tries the shared-memory path: a global tensor of at
+    least :data:`redistribute.shm.MIN_BYTES`. The answer must be the same on every rank, so
+    it does not depend on whether this process makes shared segments (that may differ, and
+    the communicator's probe and the descriptor exchange sort it out collectively). A small
+    gather (one MPI all-gather) never tries."""
+    return math.prod(spec.shape) * isz >= max(_shm.MIN_BYTES, 1)
 
 
 def _compile_reduce_scatter(step: Any, spec: Any, coord: tuple, isz: int) -> _ReduceScatter:

@@ -236,3 +236,24 @@ def test_probe_agrees_on_the_world():
     world = C.world()
     assert shm.probe(world) is True
     assert WORLD.allgather(True) == [True] * WORLD.size
+
+
+def test_a_rank_that_makes_no_shared_segments_does_not_diverge(monkeypatch):
+    """Whether an exchange tries the shared path is decided the same way on every rank,
+    even when one rank has stopped making shared segments: here rank 0 (shared segments
+    off, its shard in ordinary memory) and the others agree on the MPI path for a program
+    compiled afterwards."""
+    shape = (1033, 523)  # a spec no earlier test compiled
+    g = values(shape, np.float32, 9)
+    mesh = one_d()
+    dt.distribute_tensor(g, mesh, [S(1)]).redistribute(mesh, [R])  # probes the mesh's comm
+    assert mesh.get_all_groups()[0].shared is True
+    monkeypatch.setattr(shm, "_ENABLED", WORLD.rank != 0)
+    pooled = dt.distribute_tensor(g, mesh, [S(0)]).to_local()
+    local = dt.from_numpy(np.array(pooled.numpy())) if WORLD.rank == 0 else pooled
+    x = dt.DTensor.from_local(local, mesh, [S(0)], shape=shape)
+    before = dict(shm.counts)
+    y = x.redistribute(mesh, [S(1)])
+    assert used(before) == {"all_to_all fallback": 1}
+    want = dt.distribute_tensor(g, mesh, [S(1)], src_data_rank=None).to_local().numpy()
+    np.testing.assert_array_equal(y.to_local().numpy(), want)

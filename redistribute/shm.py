@@ -52,10 +52,12 @@ from placements.errors import ConfigError
 __all__ = [
     "MIN_BYTES",
     "Segment",
+    "clear_peer_maps",
     "count",
     "counts",
     "disable",
     "enabled",
+    "epoch",
     "locate",
     "peer_buffer",
     "probe",
@@ -245,6 +247,7 @@ def locate(arr: np.ndarray) -> tuple[int, int, int, int] | None:
 _peer_maps: OrderedDict[tuple[int, int], tuple[int, np.ndarray]] = OrderedDict()
 _peer_epochs: dict[int, int] = {}  # pid -> the epoch its mappings were made in
 _peer_bytes = 0
+_peer_lock = threading.Lock()
 
 
 def _map_peer(pid: int, fd: int, size: int) -> np.ndarray:
@@ -272,6 +275,11 @@ def peer_buffer(pid: int, fd: int, serial: int, size: int, peer_epoch: int = 0) 
     OSError
         The segment cannot be opened or mapped.
     """
+    with _peer_lock:
+        return _peer_buffer(pid, fd, serial, size, peer_epoch)
+
+
+def _peer_buffer(pid: int, fd: int, serial: int, size: int, peer_epoch: int) -> np.ndarray:
     global _peer_bytes
     if _peer_epochs.get(pid, peer_epoch) != peer_epoch:
         for old in [k for k in _peer_maps if k[0] == pid]:
@@ -295,9 +303,10 @@ def peer_buffer(pid: int, fd: int, serial: int, size: int, peer_epoch: int = 0) 
 def clear_peer_maps() -> None:
     """Drop every cached peer mapping. **Local**."""
     global _peer_bytes
-    _peer_maps.clear()
-    _peer_epochs.clear()
-    _peer_bytes = 0
+    with _peer_lock:
+        _peer_maps.clear()
+        _peer_epochs.clear()
+        _peer_bytes = 0
 
 
 def _node_id() -> int:
@@ -372,6 +381,8 @@ _MREMAP_MAYMOVE, _MREMAP_FIXED = 1, 2
 
 def _after_fork_in_child() -> None:
     """Give this (forked) process private copies of the segments it inherited."""
+    global _lock, _peer_lock
+    _lock, _peer_lock = threading.Lock(), threading.Lock()  # another thread may have held them
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mmap.restype = ctypes.c_void_p
     libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,

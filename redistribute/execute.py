@@ -273,11 +273,11 @@ class _Exchange:
         and take the MPI path. After copying, no rank returns before every rank has finished
         reading (a rank that could not map a peer makes them all return False, and the MPI
         path then rewrites the output)."""
+        _copy(out[self.self_recv], x[self.self_send])  # first: while the peers catch up
         table = _shared_table(comm, (x,), self.kind, self.what)
         if table is None:
             return False
         read = True
-        _copy(out[self.self_recv], x[self.self_send])
         for j, shape, index, dst in self.pulls:
             if out[dst].size == 0:
                 continue

@@ -80,13 +80,16 @@ def collect_info() -> dict[str, Any]:
         launcher would run, or the reason none was found), ``cuda_aware_mpi`` (``yes``,
         ``no`` or ``unknown``), ``cupy`` (version or None), ``gpus``, ``gpu_comm`` (the
         path of collectives on device buffers: ``cuda-aware`` or ``staged``), ``fastpath``
-        (``compiled``, ``disabled`` or ``not built: <reason>``), ``python``, ``numpy``.
+        (``compiled``, ``disabled`` or ``not built: <reason>``), ``shared_memory`` (whether
+        ranks on one node exchange large tensors through node-shared memory, and from which
+        size; see ``redistribute.shm``), ``python``, ``numpy``.
     """
     import mpi4py
     import numpy as np
     from mpi4py import MPI
 
     import fastpath
+    from redistribute import shm
 
     try:
         mpiexec = find_mpiexec()
@@ -98,6 +101,12 @@ def collect_info() -> dict[str, Any]:
         fast = "compiled, disabled by DTENSOR_FASTPATH=0"
     else:
         fast = "compiled"
+    if shm.enabled():
+        shared = f"on (exchanges of tensors from {shm.MIN_BYTES} bytes; DTENSOR_SHM=0 turns it off)"
+    elif os.environ.get("DTENSOR_SHM", "").strip().lower() in ("0", "off"):
+        shared = "off (DTENSOR_SHM=0)"
+    else:
+        shared = "off (no memfd on this platform)"
     libpath = _loaded_libmpi()
     aware, gpu = _cuda_aware(libpath), _gpu()
     major, minor = MPI.Get_version()
@@ -111,6 +120,7 @@ def collect_info() -> dict[str, Any]:
         **gpu,
         "gpu_comm": _gpu_comm(aware, gpu["gpus"]),
         "fastpath": fast,
+        "shared_memory": shared,
         "python": sys.version.split()[0],
         "numpy": np.__version__,
     }
@@ -129,6 +139,7 @@ def format_info(info: dict[str, Any]) -> str:
         "gpus": "GPUs",
         "gpu_comm": "GPU collectives",
         "fastpath": "fast path",
+        "shared_memory": "shared memory",
         "python": "python",
         "numpy": "numpy",
     }

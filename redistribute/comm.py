@@ -830,7 +830,6 @@ class Comm:
                 _leave()
         return out
 
-
     def shared_exchange(
         self, values: Sequence[int], kind: str, what: object = None, detail: str = ""
     ) -> np.ndarray:

@@ -68,8 +68,8 @@ def _env_enabled() -> bool:
     raw = os.environ.get("DTENSOR_SHM", "").strip().lower()
     if raw not in ("", "0", "1", "on", "off"):
         raise ConfigError(f"environment variable DTENSOR_SHM={raw!r} is not one of 0, 1, on, off")
-    return raw not in ("0", "off") and sys.platform.startswith("linux") and hasattr(
-        os, "memfd_create"
+    return (
+        raw not in ("0", "off") and sys.platform.startswith("linux") and hasattr(os, "memfd_create")
     )
 
 
@@ -295,7 +295,9 @@ def _peer_buffer(pid: int, fd: int, serial: int, size: int, peer_epoch: int) -> 
     buf = _map_peer(pid, fd, size)
     _peer_maps[key] = (serial, buf)
     _peer_bytes += size
-    while len(_peer_maps) > _MAX_PEER_MAPS or (_peer_bytes > _MAX_PEER_BYTES and len(_peer_maps) > 1):
+    while len(_peer_maps) > _MAX_PEER_MAPS or (
+        _peer_bytes > _MAX_PEER_BYTES and len(_peer_maps) > 1
+    ):
         _peer_bytes -= _peer_maps.popitem(last=False)[1][1].size
     return buf
 

@@ -48,8 +48,17 @@ def test_info_lists_mpi_gpu_and_fastpath(tmp_path):
     assert lines["MPI standard"] == "{}.{}".format(*MPI.Get_version())
     assert lines["CUDA-aware MPI"] in ("yes", "no", "unknown")
     assert lines["fast path"].startswith("compiled" if fastpath.AVAILABLE else "not built")
+    from redistribute import shm
+
+    assert lines["shared memory"].startswith("on (" if shm.enabled() else "off (")
     assert lines["cupy"] == "not installed" or re.match(r"\d+\.", lines["cupy"])
     assert Path(lines["mpiexec"]).name in ("mpiexec", "mpirun", "mpiexec.hydra")
+
+
+def test_info_says_when_shared_memory_is_off(tmp_path):
+    out = _run(["--info"], tmp_path, {"DTENSOR_SHM": "0"})
+    assert out.returncode == 0, out.stderr
+    assert "shared memory" in out.stdout and "off (DTENSOR_SHM=0)" in out.stdout
 
 
 def test_collect_info_agrees_with_format():

@@ -8,11 +8,10 @@ import sys
 
 import numpy as np
 import pytest
+from _jobs import PKG_ROOT, child_env
 
 from dtensor import _allocator as alloc
 from redistribute import shm
-
-from _jobs import PKG_ROOT, child_env
 
 needs_shm = pytest.mark.skipif(not shm.enabled(), reason="no memfd here, or DTENSOR_SHM=0")
 MiB = 1 << 20

@@ -257,3 +257,33 @@ def test_a_rank_that_makes_no_shared_segments_does_not_diverge(monkeypatch):
     assert used(before) == {"all_to_all fallback": 1}
     want = dt.distribute_tensor(g, mesh, [S(1)], src_data_rank=None).to_local().numpy()
     np.testing.assert_array_equal(y.to_local().numpy(), want)
+
+
+def test_a_rank_that_cannot_map_a_peer_sends_everyone_down_the_mpi_path(monkeypatch):
+    """Rank 1 fails to map its peers' segments: every rank falls back to MPI for that
+    exchange and the results stay exact, including an all-reduce that works in place on a
+    buffer of its own (a transposed Partial is first made contiguous)."""
+    g = values(SHAPE, np.float32, 11)
+    mesh = one_d()
+    x = dt.distribute_tensor(g, mesh, [S(0)])
+    parts = [values(SHAPE, np.float64, 30 + r) for r in range(WORLD.size)]
+    p = dt.DTensor.from_local(dt.tensor(np.ascontiguousarray(parts[WORLD.rank].T)).t(), mesh,
+                              [P("sum")])  # fmt: skip
+    x.redistribute(mesh, [S(1)])  # probe and map while mapping works
+    if WORLD.rank == 1:
+        def refuse(*args):
+            raise OSError("mapping refused for the test")
+
+        monkeypatch.setattr(shm, "peer_buffer", refuse)
+    before = dict(shm.counts)
+    y = x.redistribute(mesh, [S(1)])
+    r = p.redistribute(mesh, [R])
+    s = p.redistribute(mesh, [S(0)])
+    assert used(before) == {
+        "all_to_all fallback": 1, "all_reduce fallback": 1, "reduce_scatter fallback": 1
+    }
+    want = dt.distribute_tensor(g, mesh, [S(1)], src_data_rank=None).to_local().numpy()
+    np.testing.assert_array_equal(y.to_local().numpy(), want)
+    total = sum(parts)
+    np.testing.assert_allclose(r.to_local().numpy(), total, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(s.full_tensor().numpy(), total, rtol=1e-12, atol=1e-12)

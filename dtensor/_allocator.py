@@ -27,7 +27,7 @@ Layout (modelled on PyTorch's CUDA caching allocator):
   first, then the smallest larger one) and split when more than 1 MiB would be left.
 * A freed block is **merged** with free neighbours in its segment, so a segment whose
   blocks all die becomes one free block again; :func:`empty_cache` returns such
-  segments to numpy. When numpy cannot provide a new segment the allocator empties its
+  segments to the system. When no new segment can be had the allocator empties its
   cache and retries once.
 
 Small requests: a request below :data:`POOL_MIN_BYTES` (env ``DTENSOR_POOL_MIN_BYTES``,
@@ -604,8 +604,8 @@ def memory_snapshot(device: Any = "cpu") -> list[dict[str, Any]]:
         One dict per segment, by address: ``address``, ``size``, ``pool`` (``"small"``,
         ``"large"`` or ``"nocache"``), ``shared`` (whether the segment is node-shared memory
         that peer ranks can read, see :mod:`redistribute.shm`) and ``blocks``, a list of
-        dicts with ``address``,
-        ``size``, ``requested_size`` and ``state`` (``"allocated"`` or ``"free"``).
+        dicts with ``address``, ``size``, ``requested_size`` and ``state``
+        (``"allocated"`` or ``"free"``).
         On CUDA the list is empty: cupy's pool does not expose its blocks.
     """
     if _cuda_index(device) is None:

@@ -23,7 +23,9 @@ redistribute between compute steps); by default each batch finds whatever the pr
 one left, and ``--batch-ms 10`` times back-to-back calls on warm buffers.
 
 Targets: at 2048, S(0)->R and P->R within 1.15x of raw and S(1)->R, S(0)->S(1) within
-1.5x; at 8, within raw + 5 us; R->S(0) under 5 us. The JSON document goes to stdout and,
+1.5x; at 8, within raw + 5 us; R->S(0) under 5 us. The JSON records whether the ranks move
+tensors of ``shm_min_bytes`` and more through node-shared memory (``shared_memory``, off
+with ``DTENSOR_SHM=0``; see :mod:`redistribute.shm`). The JSON document goes to stdout and,
 with ``--out FILE``, to a file.
 """
 
@@ -50,6 +52,7 @@ from mpi4py import MPI
 import dtensor as dt
 from dtensor._backend import array_module
 from dtensor._dtensor import _allocator_for
+from redistribute import shm
 from redistribute.execute import execute
 from redistribute.plan import plan
 
@@ -240,6 +243,9 @@ def main(argv: list[str] | None = None) -> dict:
         "statistic": "median of batched per-call times per rank, then max over ranks",
         "batch_ms": args.batch_ms,
         "cold_caches": args.cold,
+        # whether tensors from shm_min_bytes move through node-shared memory (redistribute.shm)
+        "shared_memory": shm.enabled(),
+        "shm_min_bytes": shm.MIN_BYTES,
         "results": results,
     }
     if WORLD.Get_rank() == 0:

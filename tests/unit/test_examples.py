@@ -147,6 +147,9 @@ def test_redistribute_benchmark_compares_against_raw_collectives(tmp_path):
            "--out", str(path))
     doc = json.loads(path.read_text())
     assert doc["cold_caches"] is True and doc["batch_ms"] == 1.0
+    from redistribute import shm
+
+    assert doc["shared_memory"] is shm.enabled() and doc["shm_min_bytes"] == shm.MIN_BYTES
     cases = {r["case"]: r for r in doc["results"]}
     assert set(cases) == {"S(0)->R", "S(1)->R", "S(0)->S(1)", "P->R", "R->S(0)"}
     assert cases["P->R"]["raw"] == "Allreduce" and cases["P->R"]["raw_us"] > 0

@@ -664,6 +664,41 @@ def _contiguous(x: np.ndarray, alloc: Alloc) -> np.ndarray:
 # -- public -------------------------------------------------------------------------------
 
 
+def _pull_from_source(
+    comm: _comm.Comm,
+    src: int,
+    buf: np.ndarray,
+    out: np.ndarray,
+    start: int,
+    kind: str,
+    what: Any,
+    total: int | None = None,
+) -> bool:
+    """Every rank but ``src`` copies ``out.size`` elements from element ``start`` of the
+    source's flat buffer ``buf`` (``total`` elements; this rank's ``buf`` is a stand-in
+    elsewhere) into ``out``, reading the source's shared segment. **Collective**; False on
+    every rank when the buffers are not all shared or a rank cannot map the source's (the
+    caller then runs the MPI collective)."""
+    table = _shared_table(comm, (buf, out), kind, what)
+    if table is None:
+        return False
+    read = True
+    if comm.rank != src and out.size:
+        n = buf.size if total is None else total
+        whole = _peer_array(table[src], 0, (n,) if buf.ndim == 1 else buf.shape, out.dtype)
+        if whole is None:
+            read = False
+        else:
+            np.copyto(out.reshape(-1), whole.reshape(-1)[start : start + out.size])
+    ok = comm.all_true(read, what)
+    if ok:
+        _shm.count(kind)
+        comm.report(kind, out.nbytes if comm.rank != src else buf.nbytes)
+    else:
+        _shm.count(kind + " fallback")
+    return ok
+
+
 def execute(
     steps: Sequence[Any],
     local: np.ndarray,
@@ -783,10 +818,15 @@ def scatter_from(
     placements = spec.placements
     out = alloc(spec.local_shape(coord), spec.dtype)
     fill = _fill_value(placements, coord)
+    shared = type(out) is np.ndarray and _shared(spec, spec.dtype.itemsize)
+    if shared and base_comm.shared is None:
+        base_comm.shared = _shm.probe(base_comm)
+    shared = shared and base_comm.shared
     if not any(p.is_shard() for p in placements):
         if is_src:
             _copy(out, global_or_none)
-        base_comm.bcast_array(out, src, what)
+        if not (shared and _pull_from_source(base_comm, src, out, out, 0, "broadcast", what)):
+            base_comm.bcast_array(out, src, what)
     else:
         # what each rank receives: nothing for the source (its block is copied locally)
         # and for identity holders
@@ -807,10 +847,17 @@ def scatter_from(
                     _copy(sbuf[start : start + n].reshape(spec.local_shape(c)), block(c))
             if fill is None:
                 _copy(out, block(coord))
-            base_comm.scatterv(sbuf, counts, displs, None, src, what)
+            flat = out.reshape(-1)  # every rank passes two 1-D arrays
+            if not (shared and _pull_from_source(base_comm, src, sbuf, flat, 0, "scatter", what)):
+                base_comm.scatterv(sbuf, counts, displs, None, src, what)
         else:
             recv = out if fill is None else out.reshape(-1)[:0]
-            base_comm.scatterv(None, counts, displs, recv, src, what)
+            packed = np.empty((sum(counts),), spec.dtype)[:0]  # stands for the source's buffer
+            start = displs[base_comm.rank]
+            flat = recv.reshape(-1)
+            if not (shared and _pull_from_source(base_comm, src, packed, flat, start, "scatter",
+                                                 what, sum(counts))):  # fmt: skip
+                base_comm.scatterv(None, counts, displs, recv, src, what)
     if fill is not None:
         out.fill(fill)
     return out

@@ -287,3 +287,21 @@ def test_a_rank_that_cannot_map_a_peer_sends_everyone_down_the_mpi_path(monkeypa
     total = sum(parts)
     np.testing.assert_allclose(r.to_local().numpy(), total, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(s.full_tensor().numpy(), total, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("src_rank", [0, -1], ids=["from-0", "from-last"])
+def test_distribute_tensor_reads_the_source_directly(src_rank):
+    """Scatter and broadcast of a large tensor: the ranks copy their blocks out of the
+    source rank's shared buffer; Partial identity holders still get the identity."""
+    src = src_rank % WORLD.size
+    g = values(SHAPE, np.float32, 12)
+    meshes = [one_d()] + ([dt.init_device_mesh((2, 2))] if WORLD.size == 4 else [])
+    for mesh in meshes:
+        for pl in ([S(0)], [S(1)], [R], [P("sum")], [P("max")]):
+            pl = pl + [S(0)] * (mesh.ndim - 1)
+            before = dict(shm.counts)
+            x = dt.distribute_tensor(g if WORLD.rank == src else None, mesh, pl, src_data_rank=src)
+            kind = "scatter" if any(p.is_shard() for p in pl) else "broadcast"
+            expect_shared(before, kind)
+            want = dt.distribute_tensor(g, mesh, pl, src_data_rank=None).to_local().numpy()
+            np.testing.assert_array_equal(x.to_local().numpy(), want, err_msg=str(pl))

@@ -768,7 +768,10 @@ def scatter_from(
     ``Scatterv`` (its own block is copied locally); when no placement is a Shard, every
     block is the whole tensor and it is broadcast instead. Ranks that hold the identity
     of a Partial(sum/prod) placement (mesh coordinate not 0 on that dim) receive nothing
-    and fill their shard locally; other Partial kinds receive the data.
+    and fill their shard locally; other Partial kinds receive the data. For a tensor of at
+    least ``DTENSOR_SHM_MIN_BYTES`` on ranks of one node, the other ranks copy their blocks
+    straight out of the source's packed buffer (for a broadcast, its output) in shared
+    memory instead (:mod:`redistribute.shm`).
 
     Parameters
     ----------

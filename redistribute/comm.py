@@ -818,11 +818,14 @@ class Comm:
         consistency checks), not for data.
         """
         mine = np.ascontiguousarray(values, dtype=np.int64).ravel()
-        out = np.empty((self.size, mine.size), dtype=np.int64)
         if _observers:
-            _notify("all_gather_ints", out.nbytes, self)
+            _notify("all_gather_ints", self.size * mine.nbytes, self)
+        return self._gather_ints(mine, "all_gather_ints", what, f"{mine.size} values")
+
+    def _gather_ints(self, mine: np.ndarray, kind: str, what: object, detail: str) -> np.ndarray:
+        out = np.empty((self.size, mine.size), dtype=np.int64)
         if _checks:
-            _enter(self, "all_gather_ints", what, f"{mine.size} values")
+            _enter(self, kind, what, detail)
         try:
             self.mpi.Allgather([mine, MPI.INT64_T], [out, MPI.INT64_T])
         finally:
@@ -841,15 +844,9 @@ class Comm:
         fingerprint of the SPMD check.
         """
         mine = np.ascontiguousarray(values, dtype=np.int64).ravel()
-        out = np.empty((self.size, mine.size), dtype=np.int64)
-        if _checks:
-            _enter(self, kind, what, f"{detail}; shared descriptors, {mine.size} values")
-        try:
-            self.mpi.Allgather([mine, MPI.INT64_T], [out, MPI.INT64_T])
-        finally:
-            if _checks:
-                _leave()
-        return out
+        return self._gather_ints(
+            mine, kind, what, f"{detail}; shared descriptors, {mine.size} values"
+        )
 
     def report(self, kind: str, nbytes: int) -> None:
         """Tell the observers of a collective of ``kind`` over ``nbytes`` bytes that ran

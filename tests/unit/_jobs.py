@@ -11,6 +11,7 @@ import os
 import shlex
 import signal
 import subprocess
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -52,3 +53,15 @@ def run_group(
         out, err = proc.communicate()
         pytest.fail(f"{shlex.join(argv)} did not end within {limit} s\n{out}\n{err}")
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
+    """``python -c code`` with :func:`child_env` plus ``env``; its result (text output)."""
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        env=child_env(env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )

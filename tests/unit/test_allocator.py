@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import gc
-import importlib.util
 import itertools
 import os
 import queue
-import subprocess
 import sys
 import threading
 import weakref
-from pathlib import Path
 
 import numpy as np
 import pytest
+from _jobs import run_python
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -32,8 +30,6 @@ from dtensor.errors import DTensorError
 
 MiB = 1 << 20
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# where the imported dtensor lives (site-packages when installed): subprocesses use the same
-PKG_ROOT = str(Path(importlib.util.find_spec("dtensor").origin).resolve().parents[1])
 needs_caching = pytest.mark.skipif(
     not alloc._CPU.caching, reason="the default allocator runs with DTENSOR_ALLOCATOR=nocache"
 )
@@ -352,18 +348,6 @@ def test_nocache_allocator():
     stats = allocator.stats()
     assert stats["cache_hits"] == 0 and stats["cache_misses"] == 4
     assert stats["num_segments"] == 0 and stats["num_frees"] == 4
-
-
-def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, "PYTHONPATH": PKG_ROOT, **env}
-    return subprocess.run(
-        [sys.executable, "-c", code],
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 def test_environment_variables():

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-from _jobs import PKG_ROOT, child_env
+from _jobs import run_python
 
 from dtensor import _allocator as alloc
 from redistribute import shm
@@ -166,20 +164,8 @@ def test_a_forked_child_gets_private_copies():
     assert shm.locate(arr) is not None
 
 
-def _python(code: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-c", code],
-        env=child_env(env),
-        cwd=PKG_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-
-
 def test_shm_off_by_environment():
-    out = _python(
+    out = run_python(
         "import numpy as np\n"
         "from dtensor import _allocator as a\n"
         "from redistribute import shm\n"
@@ -195,7 +181,7 @@ def test_shm_off_by_environment():
     ("name", "value"), [("DTENSOR_SHM", "maybe"), ("DTENSOR_SHM_MIN_BYTES", "-1")]
 )
 def test_bad_shm_settings_are_refused(name, value):
-    out = _python("import redistribute.shm", **{name: value})
+    out = run_python("import redistribute.shm", **{name: value})
     assert out.returncode != 0
     assert name in out.stderr and repr(value) in out.stderr
 

@@ -236,15 +236,10 @@ class _Exchange:
 
     def run(self, x: np.ndarray, owned: bool, comm: _comm.Comm, alloc: Alloc) -> tuple:
         out = alloc(self.out_shape, x.dtype)
-        if self.pulls is not None and type(x) is np.ndarray:
-            if comm.shared is None:
-                comm.shared = _shm.probe(comm)
-            if comm.shared:
-                if self._run_shared(x, out, comm):
-                    _shm.count(self.kind)
-                    comm.report(self.kind, max(x.nbytes, out.nbytes))
-                    return out, True
-                _shm.count(self.kind + " fallback")
+        if self.pulls is not None and type(x) is np.ndarray and _shares(comm):
+            ok = self._run_shared(x, out, comm)
+            if _tally(comm, self.kind, ok, max(x.nbytes, out.nbytes)):
+                return out, True
         rbuf = out if self.stage_len is None else alloc((self.stage_len,), x.dtype)
         if self.gather_counts is not None:
             comm.allgatherv(_contiguous(x, alloc), rbuf, self.gather_counts, what=self.what)
@@ -293,6 +288,24 @@ class _Exchange:
 # A row of the descriptor table: [all shared, pid, shm epoch, then per array: fd, serial,
 # segment size, byte offset, byte strides (ndim values)]; every rank passes arrays of the
 # same ndims.
+
+
+def _shares(comm: _comm.Comm) -> bool:
+    """Whether the ranks of ``comm`` can read each other's shared segments; probed on first
+    use and kept on the communicator. **Collective** the first time."""
+    if comm.shared is None:
+        comm.shared = _shm.probe(comm)
+    return comm.shared
+
+
+def _tally(comm: _comm.Comm, kind: str, ok: bool, nbytes: int) -> bool:
+    """Count a shared-memory exchange of ``kind`` (or its fallback, when not ``ok``) and
+    tell the observers of one that ran; returns ``ok``. **Local**."""
+    _shm.count(kind if ok else kind + " fallback")
+    if ok:
+        comm.report(kind, nbytes)
+    return ok
+
 
 _UFUNCS = {"sum": np.add, "avg": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}
 
@@ -358,15 +371,10 @@ class _ReduceScatter:
     def run(self, x: np.ndarray, owned: bool, comm: _comm.Comm, alloc: Alloc) -> tuple:
         if self.shared and type(x) is np.ndarray:
             _comm._reduction(x.dtype, self.op, "reduce_scatter", self.what)  # refuse bad pairs
-            if comm.shared is None:
-                comm.shared = _shm.probe(comm)
-            if comm.shared:
+            if _shares(comm):
                 out = alloc(self.out_shape, x.dtype)
-                if self._run_shared(x, out, comm):
-                    _shm.count("reduce_scatter")
-                    comm.report("reduce_scatter", x.nbytes)
+                if _tally(comm, "reduce_scatter", self._run_shared(x, out, comm), x.nbytes):
                     return out, True
-                _shm.count("reduce_scatter fallback")
         if self.direct and x.flags.c_contiguous:
             sbuf = x
         else:
@@ -405,17 +413,12 @@ class _AllReduce:
     def run(self, x: np.ndarray, owned: bool, comm: _comm.Comm, alloc: Alloc) -> tuple:
         if self.shared and type(x) is np.ndarray:
             _comm._reduction(x.dtype, self.op, "all_reduce", self.what)  # refuse bad pairs
-            if comm.shared is None:
-                comm.shared = _shm.probe(comm)
-            if comm.shared:
+            if _shares(comm):
                 if not x.flags.c_contiguous:
                     x, owned = _contiguous(x, alloc), True
                 out = x if owned else alloc(x.shape, x.dtype)
-                if self._run_shared(x, out, comm):
-                    _shm.count("all_reduce")
-                    comm.report("all_reduce", x.nbytes)
+                if _tally(comm, "all_reduce", self._run_shared(x, out, comm), x.nbytes):
                     return out, True
-                _shm.count("all_reduce fallback")
         if x.flags.c_contiguous:
             if owned:
                 comm.allreduce(x, None, self.op, self.what)
@@ -690,13 +693,8 @@ def _pull_from_source(
             read = False
         else:
             np.copyto(out.reshape(-1), whole.reshape(-1)[start : start + out.size])
-    ok = comm.all_true(read, what)
-    if ok:
-        _shm.count(kind)
-        comm.report(kind, out.nbytes if comm.rank != src else buf.nbytes)
-    else:
-        _shm.count(kind + " fallback")
-    return ok
+    nbytes = out.nbytes if comm.rank != src else buf.nbytes
+    return _tally(comm, kind, comm.all_true(read, what), nbytes)
 
 
 def execute(
@@ -821,10 +819,7 @@ def scatter_from(
     placements = spec.placements
     out = alloc(spec.local_shape(coord), spec.dtype)
     fill = _fill_value(placements, coord)
-    shared = type(out) is np.ndarray and _shared(spec, spec.dtype.itemsize)
-    if shared and base_comm.shared is None:
-        base_comm.shared = _shm.probe(base_comm)
-    shared = shared and base_comm.shared
+    shared = type(out) is np.ndarray and _shared(spec, spec.dtype.itemsize) and _shares(base_comm)
     if not any(p.is_shard() for p in placements):
         if is_src:
             _copy(out, global_or_none)

@@ -16,6 +16,11 @@ Rules:
   ``[Shard(0), Shard(0)]`` on a (2, 2) mesh: coordinate (i, j) holds rows ``4*i + 2*j`` to
   ``4*i + 2*j + 2``.
 - ``Replicate`` and ``Partial`` do not split.
+- Placing one value as ``Partial(sum)`` / ``Partial(prod)`` keeps it on coordinate 0 of
+  that mesh dim and puts the reduction's identity (0 / 1) elsewhere; ``Partial(avg)``,
+  ``Partial(max)`` and ``Partial(min)`` keep the value on every coordinate
+  (:func:`partial_fill`, the one answer for factories, ``distribute_tensor``, the
+  redistribute engine and the dispatcher).
 
 Pure: numpy-free, no communication.
 """
@@ -30,13 +35,37 @@ from .errors import MeshError, PlacementError, ShardDimError, ShardingError
 from .types import Placement, Shard, short_placements
 
 __all__ = [
+    "PARTITION_IDENTITY",
     "local_offsets",
     "local_shape",
     "local_slices",
     "max_local_shape",
     "normalize_placements",
+    "partial_fill",
     "shard_range",
 ]
+
+#: The value a non-holding coordinate keeps when one value is placed as ``Partial(op)``.
+PARTITION_IDENTITY: dict[str, int] = {"sum": 0, "prod": 1}
+
+
+def partial_fill(placements: Sequence[Placement], coord: Sequence[int]) -> int | None:
+    """What mesh coordinate ``coord`` holds when one value is placed under ``placements``:
+    the identity of a Partial reduction (0 for sum, 1 for prod) instead of the value, or
+    None when it holds the value itself. **Local**.
+
+    Partial values reduce from the highest mesh dim down to mesh dim 0, so the highest
+    ``Partial(sum)``/``Partial(prod)`` mesh dim on which ``coord`` is not 0 decides: with
+    ``[P(prod), P(sum)]`` on a (2, 2) mesh, (0, 0) holds v, (0, 1) holds 0, (1, 0) holds 1
+    and (1, 1) holds 0, so ``prod(sum(v, 0), sum(1, 0)) = v``.
+    """
+    for m in range(len(placements) - 1, -1, -1):
+        p = placements[m]
+        if coord[m] != 0 and p.is_partial():
+            fill = PARTITION_IDENTITY.get(p.reduce_op)  # type: ignore[attr-defined]
+            if fill is not None:
+                return fill
+    return None
 
 
 def shard_range(n: int, k: int, i: int) -> tuple[int, int]:

@@ -4,8 +4,8 @@ from . import errors  # noqa: F401
 from .errors import DTensorError  # noqa: F401
 
 # --- local tensor: _tensor, _factory, _dtypes, _random (one import block per module below)
-from ._backend import Device  # noqa: F401
-from ._dtypes import (  # noqa: F401
+from .local.backend import Device  # noqa: F401
+from .local.dtypes import (  # noqa: F401
     bool_,
     cdouble,
     cfloat,
@@ -29,10 +29,10 @@ from ._dtypes import (  # noqa: F401
     uint32,
     uint64,
 )
-from ._dtypes import bool_ as bool  # noqa: F401
-from ._dtypes import float32 as float  # noqa: F401
-from ._dtypes import int32 as int  # noqa: F401
-from ._factory import (  # noqa: F401
+from .local.dtypes import bool_ as bool  # noqa: F401
+from .local.dtypes import float32 as float  # noqa: F401
+from .local.dtypes import int32 as int  # noqa: F401
+from .local.factory import (  # noqa: F401
     arange,
     as_tensor,
     empty,
@@ -53,14 +53,14 @@ from ._factory import (  # noqa: F401
     zeros,
     zeros_like,
 )
-from ._random import get_rng_state, initial_seed, manual_seed, set_rng_state  # noqa: F401
-from ._tensor import Size, Storage, Tensor, is_tensor  # noqa: F401
+from .local.rng import get_rng_state, initial_seed, manual_seed, set_rng_state  # noqa: F401
+from .local.tensor import Size, Storage, Tensor, is_tensor  # noqa: F401
 
 # --- local math: _math
-from ._math import *  # the kernels listed in _math.__all__
+from .local.kernels import *  # the kernels listed in _math.__all__
 
 # --- allocator: _allocator
-from ._allocator import (  # noqa: F401
+from .local.allocator import (  # noqa: F401
     empty_cache,
     memory_snapshot,
     memory_stats,
@@ -68,15 +68,17 @@ from ._allocator import (  # noqa: F401
 )
 
 # --- GPU: _cuda
-from ._cuda import from_dlpack, to_dlpack  # noqa: F401
+from .distributed.gpu import from_dlpack, to_dlpack  # noqa: F401
 
 # --- distributed: _mesh, _dtensor
 from placements import Partial, Placement, Replicate, Shard  # noqa: F401
 
-from ._dtensor import DTensor, distribute_tensor  # noqa: F401
-from ._mesh import DeviceMesh, init_device_mesh  # noqa: F401
-from ._dtensor_ops import *  # dt.<op> functions that accept DTensors; DTensor methods
+from .distributed.dtensor import DTensor, distribute_tensor  # noqa: F401
+from .distributed.mesh import DeviceMesh, init_device_mesh  # noqa: F401
+from .dispatch import install as _install
+
+_install.export(globals())  # dt.<op>: the dispatching twins of the local functions
 from . import debug  # noqa: F401
 
 # --- custom ops: _custom_op
-from ._custom_op import register_op  # noqa: F401
+from .dispatch.custom import register_op  # noqa: F401

@@ -1,6 +1,6 @@
 """The strategy validator: every candidate of every sharding rule, checked on data.
 
-For every op of the table (:data:`dtensor._optable.OPS`) and a set of sample calls (even,
+For every op of the table (:data:`dtensor.ops.table.OPS`) and a set of sample calls (even,
 uneven and empty-shard shapes; float, int and bool dtypes where meaningful; python
 scalars; broadcasting), on meshes (2,), (3,), (4,) and (2, 2), in ONE process:
 
@@ -39,12 +39,10 @@ from placements.layout import local_slices
 from placements.rules import ArgMeta, Candidate, OpSchema, OpStrategy, nd_valid, propagate
 from placements.rules._core import _rule_result, _strategy
 
-from . import (
-    _ops_registry,  # noqa: F401  (fills the op table)
-    _random,
-)
-from ._optable import OPS, OpInfo
-from ._tensor import Tensor, _wrap
+from .local import rng as _random
+from .local.tensor import Tensor, _wrap
+from .ops import registry as _ops_registry  # noqa: F401  (fills the op table)
+from .ops.table import OPS, OpInfo
 
 __all__ = ["Report", "main", "validate"]
 

@@ -3,7 +3,7 @@ dispatch path in use (compiled fast path or Python)."""
 
 from __future__ import annotations
 
-from .._dispatch import clear_prop_cache, prop_cache_stats, set_prop_cache_size
+from ..dispatch.dispatcher import clear_prop_cache, prop_cache_stats, set_prop_cache_size
 from ._comm_mode import CommDebugMode, CommRecord
 from ._explain import Collective, Explanation, OpExplanation, explain
 from ._fastpath import fastpath_status, set_fastpath

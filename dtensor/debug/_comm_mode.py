@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from redistribute import comm as _comm
 
-from .. import _dispatch
+from ..dispatch import dispatcher as _dispatch
 
 if TYPE_CHECKING:
     from typing_extensions import Self

@@ -24,9 +24,10 @@ from redistribute.cost import buffer_bytes, default_cost_model, step_cost
 from redistribute.explain import explain_plan, format_seconds
 from redistribute.plan import plan, redistribute_cost
 
-from .. import _dispatch, _dtypes
-from .._dtensor import DTensor
-from .._optable import OPS, OpInfo
+from ..dispatch import dispatcher as _dispatch
+from ..distributed.dtensor import DTensor
+from ..local import dtypes as _dtypes
+from ..ops.table import OPS, OpInfo
 from . import _tap
 
 __all__ = ["Collective", "Explanation", "OpExplanation", "explain"]

@@ -6,8 +6,8 @@ import os
 
 import fastpath
 
-from .._dispatch import prop_cache_stats
-from .._dtensor_ops import fastpath_active, set_fastpath
+from ..dispatch.dispatcher import prop_cache_stats
+from ..dispatch.install import fastpath_active, set_fastpath
 
 __all__ = ["fastpath_status", "set_fastpath"]
 

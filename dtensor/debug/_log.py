@@ -17,7 +17,7 @@ from placements.types import short_placements
 from redistribute import comm as _comm
 from redistribute.explain import explain_plan, format_seconds
 
-from .. import _dispatch
+from ..dispatch import dispatcher as _dispatch
 from . import _tap
 
 __all__ = ["LOGGER_NAME", "configure_logging", "logger"]

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 
 from redistribute import comm as _comm
 
-from .. import _dispatch
+from ..dispatch import dispatcher as _dispatch
 
 __all__ = ["check_spmd"]
 

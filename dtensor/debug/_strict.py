@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from placements.errors import ShardingError
 from placements.types import short_placements
 
-from .. import _dispatch
+from ..dispatch import dispatcher as _dispatch
 from . import _tap
 
 if TYPE_CHECKING:

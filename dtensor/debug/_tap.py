@@ -6,7 +6,7 @@ at least one listener is registered, the dispatcher's ``lookup``, ``run_entry`` 
 ``_build_entry`` are wrapped, and the compiled front (when plugged in) is re-plugged with
 the wrappers and kept from serving calls on its own, so every call of a table op on
 DTensors reaches ``run_entry``. Before an entry runs, every listener is called as
-``fn(entry, miss, values, mesh)`` with the :class:`dtensor._dispatch.CacheEntry` (the
+``fn(entry, miss, values, mesh)`` with the :class:`dtensor.dispatch.dispatcher.CacheEntry` (the
 chosen strategy, the stored redistribute plans and output specs), whether the propagation
 cache missed for this call, the call's bound arguments (DTensors not yet replaced by their
 local tensors; listeners must not modify them) and the mesh. A listener may raise to stop
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .. import _dispatch
+from ..dispatch import dispatcher as _dispatch
 
 __all__ = ["add_listener", "remove_listener"]
 

@@ -17,7 +17,7 @@ from placements.layout import local_offsets, local_shape
 from placements.spec import DTensorSpec
 from placements.types import Partial, short_placements
 
-from .._dtensor import DTensor
+from ..distributed.dtensor import DTensor
 
 __all__ = ["shard_blocks", "visualize_sharding"]
 

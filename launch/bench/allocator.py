@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 import dtensor as dt
-from dtensor._allocator import empty_array
+from dtensor.local.allocator import empty_array
 from launch.bench._common import (
     bench_args,
     each_call_us,

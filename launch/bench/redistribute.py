@@ -50,8 +50,8 @@ import numpy as np
 from mpi4py import MPI
 
 import dtensor as dt
-from dtensor._backend import array_module
-from dtensor._dtensor import _allocator_for
+from dtensor.distributed.dtensor import _allocator_for
+from dtensor.local.backend import array_module
 from redistribute import shm
 from redistribute.execute import execute
 from redistribute.plan import plan

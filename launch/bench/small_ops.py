@@ -42,8 +42,8 @@ import numpy as np
 from mpi4py import MPI
 
 import dtensor as dt
-from dtensor import _dispatch
-from dtensor._backend import array_module
+from dtensor.dispatch import dispatcher as _dispatch
+from dtensor.local.backend import array_module
 from launch.bench._common import bench_args, emit, environment, per_call_us, ratio, worst_rank
 
 SHAPE = (8, 8)
@@ -190,7 +190,7 @@ def _breakdown(case: Callable, repeat: int, comm: MPI.Comm) -> dict[str, float]:
     kernel = entry.kernel
     arr = out.to_local().numpy()
     spec = out.spec
-    from dtensor._tensor import _wrap
+    from dtensor.local.tensor import _wrap
 
     binder = _dispatch._binder(info)
     fast = _time(case, repeat, comm)

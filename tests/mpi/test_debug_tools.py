@@ -14,8 +14,8 @@ import pytest
 from mpi4py import MPI
 
 import dtensor as dt
-from dtensor import _dispatch
 from dtensor.debug import ImplicitRedistributeError, _tap, explain, no_implicit_redistribute
+from dtensor.dispatch import dispatcher as _dispatch
 from placements.errors import ShardingError
 
 WORLD = MPI.COMM_WORLD
@@ -267,7 +267,7 @@ def test_strict_mode_local_moves_and_reentry():
     mode = no_implicit_redistribute()
     with mode, pytest.raises(RuntimeError, match="already active"), mode:
         pass
-    assert _dispatch.run_entry.__module__ == "dtensor._dispatch"
+    assert _dispatch.run_entry.__module__ == "dtensor.dispatch.dispatcher"
 
 
 @pytest.mark.mpi(min_size=1)

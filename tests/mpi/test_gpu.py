@@ -3,7 +3,7 @@
 Every test takes the ``device`` parameter: ``cpu`` and ``cuda`` by default, or the
 comma-separated list in ``DTENSOR_TEST_DEVICE`` (``DTENSOR_TEST_DEVICE=cuda`` runs only the
 GPU cases). The CPU cases run the same bodies on any machine. The ``cuda`` cases skip when
-cupy or a GPU is missing; the decision comes from ``dtensor._cuda.gpu_unavailable_reason``,
+cupy or a GPU is missing; the decision comes from ``dtensor.distributed.gpu.gpu_unavailable_reason``,
 which reads only the installation and the driver (no collective), so all ranks skip together.
 When ``cuda`` is asked for explicitly, a missing GPU fails instead of skipping.
 
@@ -20,7 +20,7 @@ import pytest
 from mpi4py import MPI
 
 import dtensor as dt
-from dtensor import _cuda
+from dtensor.distributed import gpu as _cuda
 from redistribute.execute import execute
 from redistribute.plan import plan
 from redistribute.staging import DeviceBackend, DeviceComm

@@ -18,8 +18,8 @@ import pytest
 from mpi4py import MPI
 
 import dtensor as dt
-from dtensor import _allocator
 from dtensor.errors import ShardingError
+from dtensor.local import allocator as _allocator
 
 WORLD = MPI.COMM_WORLD
 R, S, P = dt.Replicate(), dt.Shard, dt.Partial

@@ -25,8 +25,8 @@ from hypothesis.stateful import (
 )
 
 import dtensor as dt
-from dtensor import _allocator as alloc
 from dtensor.errors import DTensorError
+from dtensor.local import allocator as alloc
 
 MiB = 1 << 20
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -352,7 +352,7 @@ def test_nocache_allocator():
 
 def test_environment_variables():
     code = (
-        "import numpy as np; from dtensor import _allocator as a; "
+        "import numpy as np; from dtensor.local import allocator as a; "
         "x = a.empty_array((100,), np.uint8); "
         "print(a._CPU.caching, a.POOL_MIN_BYTES, a.memory_stats()['num_allocs'])"
     )

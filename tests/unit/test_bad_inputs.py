@@ -21,8 +21,12 @@ import pytest
 from test_dispatch import SimMesh, dtensor_of
 
 import dtensor as dt
-from dtensor import _dfactory, _dispatch, _dtensor_ops, _random, errors
-from dtensor._tensor import _wrap
+from dtensor import errors
+from dtensor.dispatch import dispatcher as _dispatch
+from dtensor.dispatch import install as _dtensor_ops
+from dtensor.distributed import factory as _dfactory
+from dtensor.local import rng as _random
+from dtensor.local.tensor import _wrap
 from placements import Partial, Replicate, Shard
 from placements.spec import DTensorSpec
 from redistribute import comm as _comm
@@ -870,7 +874,7 @@ def test_set_fastpath_without_the_extension_is_unavailable(monkeypatch):
 # Also outside the scan: placements/types.py's abstract ``raise NotImplementedError`` (not one
 # of the scanned builtins), launch/ (CLI errors) and the fast path's compiled sources.
 PLAIN_RAISES_KEPT = {
-    ("dtensor/_ops_registry.py", "needs a hand-written entry"):
+    ("dtensor/ops/registry.py", "needs a hand-written entry"):
         "a programming error in the op table, raised at import, never by user input",
     ("dtensor/debug/_comm_mode.py", "this mode is already active"):
         "the debug tool's own error: re-entering one CommDebugMode object",

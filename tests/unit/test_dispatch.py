@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 import dtensor as dt
-from dtensor import _dispatch
-from dtensor._optable import OPS, OpInfo
+from dtensor.dispatch import dispatcher as _dispatch
 from dtensor.errors import MeshError, NoRuleError, ShardingError
+from dtensor.ops.table import OPS, OpInfo
 from placements import Partial, Replicate, Shard
 from placements.layout import local_slices
 from placements.spec import DTensorSpec

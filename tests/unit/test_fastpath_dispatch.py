@@ -20,7 +20,7 @@ import pytest
 
 import dtensor as dt
 import fastpath
-from dtensor import _dispatch
+from dtensor.dispatch import dispatcher as _dispatch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # where the imported dtensor lives (site-packages when installed): subprocesses use the same

@@ -1,4 +1,4 @@
-"""The compiled stride math (``fastpath._strides``) against its reference ``dtensor._strides``.
+"""The compiled stride math (``fastpath._strides``) against its reference ``dtensor.local.strides``.
 
 Every function must give the same result, or raise the same error with the same message,
 on random inputs; views it declares possible are also checked against numpy's reshape.
@@ -17,8 +17,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import fastpath
-from dtensor import _strides as ref
 from dtensor.errors import ViewError
+from dtensor.local import strides as ref
 
 needs_ext = pytest.mark.skipif(
     not fastpath.AVAILABLE, reason=f"fastpath extension not built: {fastpath.IMPORT_ERROR}"

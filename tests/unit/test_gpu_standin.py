@@ -4,7 +4,7 @@ Covers the pinned staging pool, the staged and CUDA-aware collective paths of
 ``redistribute.staging.DeviceComm`` (a numpy subclass plays device memory and a fake
 communicator checks that MPI would only ever see host memory, after a device sync), the
 rank-to-GPU binding rule, the collective-free GPU skip decision and DLPack interop, and the
-cupy glue of ``dtensor._cuda`` against a fake cupy module.
+cupy glue of ``dtensor.distributed.gpu`` against a fake cupy module.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import dtensor as dt
-from dtensor import _cuda
+from dtensor.distributed import gpu as _cuda
 from placements.errors import CommError, DTensorError, DTypeError, MeshError
 from redistribute.staging import DeviceBackend, DeviceComm, PinnedPool, select_path
 

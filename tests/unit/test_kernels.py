@@ -14,7 +14,8 @@ import pytest
 
 import dtensor as dt
 import fastpath
-from dtensor import _math_nn, _math_pointwise
+from dtensor.local.kernels import nn as _math_nn
+from dtensor.local.kernels import pointwise as _math_pointwise
 
 K = fastpath.kernels
 pytestmark = [

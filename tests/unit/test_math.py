@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 import dtensor as dt
-from dtensor import _allocator
 from dtensor.errors import DTypeError, ShardingError, ViewError
+from dtensor.local import allocator as _allocator
 
 F16, F32, F64 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
 I8, I32, I64, U8 = np.dtype(np.int8), np.dtype(np.int32), np.dtype(np.int64), np.dtype(np.uint8)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from _jobs import run_python
 
-from dtensor import _allocator as alloc
+from dtensor.local import allocator as alloc
 from redistribute import shm
 
 needs_shm = pytest.mark.skipif(not shm.enabled(), reason="no memfd here, or DTENSOR_SHM=0")
@@ -167,7 +167,7 @@ def test_a_forked_child_gets_private_copies():
 def test_shm_off_by_environment():
     out = run_python(
         "import numpy as np\n"
-        "from dtensor import _allocator as a\n"
+        "from dtensor.local import allocator as a\n"
         "from redistribute import shm\n"
         "x = a.empty_array((1 << 20,), np.uint8)\n"
         "print(shm.enabled(), shm.locate(x), a.memory_snapshot()[0]['shared'])\n",

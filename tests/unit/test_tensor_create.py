@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 import dtensor as dt
-from dtensor import _backend, _random
 from dtensor.errors import DTypeError, PlacementError, ViewError
+from dtensor.local import backend as _backend
+from dtensor.local import rng as _random
 
 
 def meta(t):
@@ -31,7 +32,7 @@ def test_dtype_names_are_numpy_dtypes():
 
 
 def test_to_dtype_conversions():
-    from dtensor._dtypes import to_dtype
+    from dtensor.local.dtypes import to_dtype
 
     assert to_dtype(float) == dt.float32 and to_dtype(int) == dt.int64
     assert to_dtype(bool) == dt.bool and to_dtype(complex) == dt.complex64
@@ -206,7 +207,7 @@ def test_storage_of_an_allocator_block_reports_its_allocator():
 
 
 def test_factories_allocate_through_the_allocator(monkeypatch):
-    from dtensor import _allocator
+    from dtensor.local import allocator as _allocator
 
     calls = []
     real = _allocator.empty_array
@@ -322,9 +323,9 @@ def test_factories_with_a_mesh_call_the_distributed_factory(monkeypatch):
         calls.append((name, size, kwargs))
         return "dtensor"
 
-    module = types.ModuleType("dtensor._dfactory")
+    module = types.ModuleType("dtensor.distributed.factory")
     module.distributed_factory = fake
-    monkeypatch.setitem(sys.modules, "dtensor._dfactory", module)
+    monkeypatch.setitem(sys.modules, "dtensor.distributed.factory", module)
     monkeypatch.setattr(dt, "_dfactory", module, raising=False)
     mesh, pl = object(), ("S0",)
     assert dt.zeros(4, 2, device_mesh=mesh, placements=pl) == "dtensor"
@@ -456,7 +457,7 @@ def test_random_values_ranges_and_distributions():
 
 
 def test_normal_uses_two_streams():
-    from dtensor._random import _bits
+    from dtensor.local.rng import _bits
 
     c = np.arange(1000, dtype=np.uint64)
     s0, s1 = _bits(c, 5, 0, np), _bits(c, 5, 1, np)

@@ -20,9 +20,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dtensor as dt
-from dtensor import _random
-from dtensor import _strides as S
 from dtensor.errors import ViewError
+from dtensor.local import rng as _random
+from dtensor.local import strides as S
 
 shapes = st.lists(st.integers(0, 4), min_size=0, max_size=4).map(tuple)
 

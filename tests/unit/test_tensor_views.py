@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import dtensor as dt
-from dtensor import _strides
-from dtensor._tensor import _norm_dim
 from dtensor.errors import ViewError
+from dtensor.local import strides as _strides
+from dtensor.local.tensor import _norm_dim
 
 VIEW_MSG = "view size is not compatible with input tensor's size and stride"
 

@@ -10,7 +10,7 @@ import pytest
 
 import dtensor as dt
 from dtensor import validate as V
-from dtensor._optable import OPS, OpInfo, register_op
+from dtensor.ops.table import OPS, OpInfo, register_op
 from placements import MeshShape, Partial, Replicate, Shard
 from placements.rules import ArgMeta, Candidate, OpSchema, RuleResult, _core, get_rule, propagate
 

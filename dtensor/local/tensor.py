@@ -12,7 +12,7 @@ This module owns the three layers of a local tensor (DESIGN §2):
 View ops (``view``, ``transpose``, ``select``, ``expand``, basic indexing ...) return new
 handles over the same memory with PyTorch's sizes, strides and storage offsets; copies
 (``clone``, ``contiguous``, ``reshape`` when no view exists, dtype/device conversions)
-allocate through :func:`dtensor._allocator.empty_array` only. Output arrays of other
+allocate through :func:`dtensor.local.allocator.empty_array` only. Output arrays of other
 modules' kernels become tensors through :func:`_wrap` (zero-copy, no validation); the
 Storage of such a tensor is derived on first use from the array's memory owner.
 """
@@ -24,11 +24,7 @@ import operator
 import numpy as np
 
 import fastpath as _fp
-from placements.rules._core import norm_dim as _rules_norm_dim
-
-from . import _allocator, _dtypes, _strides
-from . import _backend as B
-from .errors import (
+from placements.errors import (
     ArgumentError,
     DimError,
     DTypeError,
@@ -36,6 +32,12 @@ from .errors import (
     ValueConversionError,
     ViewError,
 )
+from placements.rules._core import norm_dim as _rules_norm_dim
+
+from . import allocator as _allocator
+from . import backend as B
+from . import dtypes as _dtypes
+from . import strides as _strides
 
 __all__ = ["Size", "Storage", "Tensor", "is_tensor"]
 
@@ -322,7 +324,7 @@ class Tensor(_fp.TensorBase):
     __array_priority__ = 1000
 
     def __init__(self, data) -> None:
-        from ._factory import tensor
+        from .factory import tensor
 
         self._arr = tensor(data)._arr
         self._storage = None
@@ -1189,31 +1191,31 @@ class Tensor(_fp.TensorBase):
 
     def new_empty(self, *size, dtype=None, device=None) -> Tensor:
         """Uninitialised tensor; dtype/device default to this tensor's. **Local.**"""
-        from ._factory import empty
+        from .factory import empty
 
         return empty(*size, **self._new_options(dtype, device))
 
     def new_zeros(self, *size, dtype=None, device=None) -> Tensor:
         """Zeros; dtype/device default to this tensor's. **Local.**"""
-        from ._factory import zeros
+        from .factory import zeros
 
         return zeros(*size, **self._new_options(dtype, device))
 
     def new_ones(self, *size, dtype=None, device=None) -> Tensor:
         """Ones; dtype/device default to this tensor's. **Local.**"""
-        from ._factory import ones
+        from .factory import ones
 
         return ones(*size, **self._new_options(dtype, device))
 
     def new_full(self, size, fill_value, *, dtype=None, device=None) -> Tensor:
         """Filled with ``fill_value``; dtype/device default to this tensor's. **Local.**"""
-        from ._factory import full
+        from .factory import full
 
         return full(size, fill_value, **self._new_options(dtype, device))
 
     def new_tensor(self, data, dtype=None, device=None) -> Tensor:
         """Copy of ``data``; dtype/device default to this tensor's. **Local.**"""
-        from ._factory import tensor
+        from .factory import tensor
 
         return tensor(data, **self._new_options(dtype, device))
 

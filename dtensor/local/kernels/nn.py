@@ -13,11 +13,13 @@ from __future__ import annotations
 import numpy as np
 
 import fastpath as _fp
+from placements.errors import ArgumentError, DimError, DTypeError, ShardingError
 from placements.rules.nn import check_embedding_indices
 
-from . import _random
-from ._dtypes import to_dtype
-from ._math_base import (
+from .. import rng as _random
+from ..dtypes import to_dtype
+from ..tensor import Tensor, _norm_dim
+from .base import (
     FLOAT32,
     acc_dtype,
     as_array,
@@ -29,8 +31,6 @@ from ._math_base import (
     wrap,
     xp_of,
 )
-from ._tensor import Tensor, _norm_dim
-from .errors import ArgumentError, DimError, DTypeError, ShardingError
 
 _REDUCTIONS = ("none", "mean", "sum")
 # compiled last-axis softmax loops for contiguous float32/float64 host arrays

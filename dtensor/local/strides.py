@@ -1,7 +1,7 @@
 """Stride arithmetic of the local strided tensor (pure-Python reference).
 
 This module owns the four metadata functions that the view machinery of
-:mod:`dtensor._tensor` is built on. They follow PyTorch's definitions exactly
+:mod:`dtensor.local.tensor` is built on. They follow PyTorch's definitions exactly
 (``c10::contiguous_strides``, ``is_contiguous``, ``at::detail::computeStride`` and
 ``at::infer_size``). Sizes, strides and results are plain tuples of ``int`` in
 *elements*, so a compiled module with the same names and signatures can replace these
@@ -10,7 +10,7 @@ functions at import time; callers reach them through the module attribute.
 
 from __future__ import annotations
 
-from .errors import ViewError
+from placements.errors import ViewError
 
 __all__ = ["compute_view_strides", "contiguous_strides", "infer_size", "is_contiguous"]
 

@@ -15,9 +15,8 @@ import builtins
 
 import numpy as np
 
+from placements.errors import DTypeError
 from placements.rules._core import TORCH_DTYPE_NAMES
-
-from .errors import DTypeError
 
 __all__ = [
     "bool_",

@@ -6,11 +6,11 @@ possible) and the factories (``empty``, ``zeros``, ``ones``, ``full``, ``arange`
 Options follow PyTorch's TensorOptions: a missing dtype comes from the factory's rule
 (python floats -> the default float dtype, ints -> int64, bools -> bool), a missing
 device is the CPU, and ``*_like`` inherit both from their input. Every array is
-allocated by :func:`dtensor._allocator.empty_array` and never zero-filled when it is
+allocated by :func:`dtensor.local.allocator.empty_array` and never zero-filled when it is
 fully written.
 
 Every factory also takes ``device_mesh=`` and ``placements=``; with a mesh it returns
-``dtensor._dfactory.distributed_factory(name, size, dtype=..., device_mesh=...,
+``dtensor.distributed.factory.distributed_factory(name, size, dtype=..., device_mesh=...,
 placements=..., device=..., **factory_args)`` instead of a local tensor.
 """
 
@@ -21,10 +21,7 @@ import operator
 
 import numpy as np
 
-from . import _backend as B
-from . import _dtypes, _random
-from ._tensor import Tensor, _alloc, _copy_into, _empty_like_arr, _shape_arg, _wrap
-from .errors import (
+from placements.errors import (
     ArgumentError,
     DTypeError,
     PlacementError,
@@ -32,6 +29,11 @@ from .errors import (
     SignatureError,
     ViewError,
 )
+
+from . import backend as B
+from . import dtypes as _dtypes
+from . import rng as _random
+from .tensor import Tensor, _alloc, _copy_into, _empty_like_arr, _shape_arg, _wrap
 
 __all__ = [
     "arange",
@@ -181,7 +183,7 @@ def _is_distributed(device_mesh, placements, name: str) -> bool:
 
 
 def _distributed(name: str, size: tuple, dtype, device, device_mesh, placements, **other):
-    from ._dfactory import distributed_factory
+    from ..distributed.factory import distributed_factory
 
     return distributed_factory(
         name,

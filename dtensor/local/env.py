@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from .errors import ConfigError
+from placements.errors import ConfigError
 
 __all__ = ["env_int"]
 

@@ -62,10 +62,10 @@ from typing import Any
 
 import numpy as np
 
+from placements.errors import ArgumentError, ConfigError
 from redistribute import shm as _shm
 
-from ._env import env_int
-from .errors import ArgumentError, ConfigError
+from .env import env_int
 
 __all__ = [
     "POOL_MIN_BYTES",

@@ -4,8 +4,8 @@ the binary ops.
 
 Every op is a plain function (PyTorch's names and argument names) that takes Tensors and/or
 python scalars and returns a Tensor; all are **Local**, and all accept ``out=`` (which the
-in-place forms of :mod:`dtensor._math` use). An op's dtype handling follows PyTorch's type
-promotion (see :func:`dtensor._math_base.result_type`). A spec object per op holds the
+in-place forms of :mod:`dtensor.local.kernels` use). An op's dtype handling follows PyTorch's type
+promotion (see :func:`dtensor.local.kernels.base.result_type`). A spec object per op holds the
 kernel and its dtype rules; one generic path serves every op of a family, and a short fast
 path serves the common case (small tensors of one dtype, or a small tensor and a python
 number). relu, erf and gelu run the compiled loops of ``fastpath._kernels`` on contiguous
@@ -20,9 +20,11 @@ import math
 import numpy as np
 
 import fastpath as _fp
+from placements.errors import ArgumentError, DTypeError, SignatureError
 
-from . import _allocator
-from ._math_base import (
+from .. import allocator as _allocator
+from ..tensor import Tensor, _wrap
+from .base import (
     BOOL,
     SCALAR_TYPES,
     OperandTypeError,
@@ -43,8 +45,6 @@ from ._math_base import (
     wrap,
     xp_of,
 )
-from ._tensor import Tensor, _wrap
-from .errors import ArgumentError, DTypeError, SignatureError
 
 _B = frozenset([BOOL])
 _INTS = frozenset(np.dtype(t) for t in "bBhHiIlLqQ")

@@ -18,10 +18,11 @@ import threading
 
 import numpy as np
 
-from . import _allocator
-from . import _backend as B
-from ._tensor import Tensor, _wrap
-from .errors import ArgumentError, DTypeError
+from placements.errors import ArgumentError, DTypeError
+
+from . import allocator as _allocator
+from . import backend as B
+from .tensor import Tensor, _wrap
 
 __all__ = [
     "get_rng_state",

@@ -11,10 +11,11 @@ everything), and binds methods and operators onto ``Tensor`` at import.
 
 from __future__ import annotations
 
-from ._math_base import OperandTypeError, operand
-from ._math_join import _dims_arg, cat, concat, flip, repeat, roll, stack, tile, tril, triu
-from ._math_linalg import addmm, bmm, dot, einsum, linear, matmul, mm, outer
-from ._math_nn import (
+from ..tensor import Tensor
+from .base import OperandTypeError, operand
+from .join import _dims_arg, cat, concat, flip, repeat, roll, stack, tile, tril, triu
+from .linalg import addmm, bmm, dot, einsum, linear, matmul, mm, outer
+from .nn import (
     cross_entropy,
     dropout,
     embedding,
@@ -23,7 +24,7 @@ from ._math_nn import (
     mse_loss,
     softmax,
 )
-from ._math_pointwise import (
+from .pointwise import (
     _add_op,
     _add_rop,
     _and_op,
@@ -113,7 +114,7 @@ from ._math_pointwise import (
     trunc,
     where,
 )
-from ._math_reduce import (
+from .reduce import (
     all,
     amax,
     amin,
@@ -133,7 +134,6 @@ from ._math_reduce import (
     sum,
     var,
 )
-from ._tensor import Tensor
 
 __all__ = [
     "abs", "add", "addcdiv", "addcmul", "addmm", "all", "amax", "amin", "any", "argmax",
@@ -175,7 +175,7 @@ _INPLACE_OF = (
 )
 _INPLACE = {fn.__name__ + "_": _inplace(fn) for fn in _INPLACE_OF}
 _INPLACE["clip_"] = _INPLACE["clamp_"]
-# The in-place kernels are module attributes too (``dtensor._math.add_`` ...).
+# The in-place kernels are module attributes too (``dtensor.local.kernels.add_`` ...).
 globals().update(_INPLACE)
 
 

@@ -15,10 +15,12 @@ from collections import namedtuple
 
 import numpy as np
 
+from placements.errors import DTypeError, NoRuleError, ShardingError
 from placements.rules._core import norm_dims
 
-from ._dtypes import to_dtype
-from ._math_base import (
+from ..dtypes import to_dtype
+from ..tensor import Tensor, _norm_dim
+from .base import (
     INT64,
     acc_dtype,
     as_array,
@@ -30,9 +32,7 @@ from ._math_base import (
     wrap,
     xp_of,
 )
-from ._math_pointwise import maximum, minimum
-from ._tensor import Tensor, _norm_dim
-from .errors import DTypeError, NoRuleError, ShardingError
+from .pointwise import maximum, minimum
 
 # Results of max/min along a dim, like torch.return_types.max / .min.
 MaxResult = namedtuple("max", ("values", "indices"))

@@ -15,19 +15,21 @@ import warnings
 
 import numpy as np
 
+from placements.errors import DTypeError, ShardingError
 from placements.rules._core import _CATEGORY, BOOL, INT64, combine_categories, promote_types
 from placements.rules._core import broadcast_shapes as _broadcast_shapes
 
-from . import _allocator, _dtypes
-from ._backend import array_module_of, device_of, is_array
-from ._tensor import Tensor, _check_no_internal_overlap, _wrap
-from .errors import DTypeError, ShardingError
+from .. import allocator as _allocator
+from .. import dtypes as _dtypes
+from ..backend import array_module_of, device_of, is_array
+from ..tensor import Tensor, _check_no_internal_overlap, _wrap
 
 # Note: PyTorch never warns when a kernel produces inf or nan (1 / 0, log(0), overflow);
 # numpy does. The kernels of these modules follow PyTorch: numpy's floating-point
 # RuntimeWarnings raised from them are silenced (results are unchanged).
 warnings.filterwarnings(
-    "ignore", message=".*encountered in", category=RuntimeWarning, module=r"dtensor\._math"
+    "ignore", message=".*encountered in", category=RuntimeWarning,
+    module=r"dtensor\.local\.kernels"
 )
 
 FLOAT32 = np.dtype(np.float32)

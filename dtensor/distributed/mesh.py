@@ -18,10 +18,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from placements.errors import MeshError, SignatureError
 from redistribute import comm as _comm
 
-from . import _cuda
-from .errors import MeshError, SignatureError
+from . import gpu as _cuda
 
 __all__ = ["DeviceMesh", "init_device_mesh"]
 

@@ -14,16 +14,7 @@ import numpy as np
 
 import fastpath as _fp
 from placements import Placement, Replicate, Shard
-from placements.layout import local_shape as _layout_local_shape
-from placements.spec import DTensorSpec
-from redistribute.execute import execute as _execute
-from redistribute.execute import scatter_from as _scatter_from
-from redistribute.plan import plan as _plan
-
-from . import _allocator
-from ._mesh import DeviceMesh
-from ._tensor import Tensor, _wrap
-from .errors import (
+from placements.errors import (
     DTypeError,
     MeshError,
     PlacementError,
@@ -31,6 +22,15 @@ from .errors import (
     ShardingError,
     SignatureError,
 )
+from placements.layout import local_shape as _layout_local_shape
+from placements.spec import DTensorSpec
+from redistribute.execute import execute as _execute
+from redistribute.execute import scatter_from as _scatter_from
+from redistribute.plan import plan as _plan
+
+from ..local import allocator as _allocator
+from ..local.tensor import Tensor, _wrap
+from .mesh import DeviceMesh
 
 __all__ = ["DTensor", "distribute_tensor"]
 
@@ -101,7 +101,7 @@ def _as_local_tensor(data: object, op: str) -> Tensor:
         return data
     if isinstance(data, DTensor):
         raise DTypeError(f"{op}: expected a local tensor or array, got a DTensor {data!r}")
-    from ._factory import as_tensor
+    from ..local.factory import as_tensor
 
     return as_tensor(data)
 
@@ -175,7 +175,7 @@ class DTensor(_fp.DTensorBase):
         """Global size, or the global size of one dim. **Local**."""
         if dim is None:
             return self._spec.shape
-        from ._tensor import _norm_dim
+        from ..local.tensor import _norm_dim
 
         return self._spec.shape[_norm_dim(dim, self.ndim, "size")]
 
@@ -187,12 +187,12 @@ class DTensor(_fp.DTensorBase):
         """Global strides (row-major of the global shape unless given at creation). **Local**."""
         strides = self._spec.stride
         if strides is None:
-            from ._strides import contiguous_strides
+            from ..local.strides import contiguous_strides
 
             strides = contiguous_strides(self._spec.shape)
         if dim is None:
             return tuple(strides)
-        from ._tensor import _norm_dim
+        from ..local.tensor import _norm_dim
 
         return strides[_norm_dim(dim, self.ndim, "stride")]
 
@@ -300,7 +300,7 @@ class DTensor(_fp.DTensorBase):
             If ``local_tensor`` is neither a tensor nor numeric data (a string, objects).
         """
         if device_mesh is None:
-            from ._mesh import init_device_mesh
+            from .mesh import init_device_mesh
 
             device_mesh = init_device_mesh()
         try:
@@ -438,7 +438,7 @@ def distribute_tensor(
         Rank (in ``device_mesh.mesh`` numbering) that holds the data.
     """
     if device_mesh is None:
-        from ._mesh import init_device_mesh
+        from .mesh import init_device_mesh
 
         device_mesh = init_device_mesh()
     mesh = device_mesh

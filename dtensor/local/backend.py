@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import ArgumentError, DTypeError
+from placements.errors import ArgumentError, DTypeError
 
 __all__ = [
     "CPU",

@@ -1,7 +1,7 @@
 """Ops on DTensors: the DTensor methods and operators, and the public dispatching functions.
 
 At import this module (the one place allowed to add methods to :class:`DTensor`) installs,
-for every op of the table (:data:`dtensor._optable.OPS`):
+for every op of the table (:data:`dtensor.ops.table.OPS`):
 
 - a DTensor method of the same name when the local :class:`Tensor` has that method
   (``x.relu()``, ``x.sum(dim=1)``, ``x.view(-1)``, ``x.add_(y)``...), the Python operators
@@ -9,7 +9,7 @@ for every op of the table (:data:`dtensor._optable.OPS`):
   in-place forms, ``x[...]``) and the ``T``/``mT`` properties;
 - a public function for every op that ``dtensor`` exports as a local function
   (``dt.add``, ``dt.sum``, ``dt.matmul``...): with no DTensor among its arguments it calls
-  the local function unchanged; otherwise it dispatches (:func:`dtensor._dispatch.dispatch`).
+  the local function unchanged; otherwise it dispatches (:func:`dtensor.dispatch.dispatcher.dispatch`).
   ``dtensor/__init__.py`` re-exports these functions over the local ones.
 
 Comparisons return DTensors, so ``__hash__`` stays the identity hash (as in PyTorch).
@@ -18,17 +18,17 @@ Comparisons return DTensors, so ``__hash__`` stays the identity hash (as in PyTo
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Callable, Mapping
 
 import fastpath as _fp
+from placements.errors import UnavailableError
 
-from . import _ops_registry  # noqa: F401  (fills the op table)
-from ._dispatch import dispatch, fast_op, plug_fastpath
-from ._dtensor import DTensor
-from ._optable import OPS, OpInfo
-from ._tensor import Tensor
-from .errors import UnavailableError
+from ..distributed.dtensor import DTensor
+from ..local import kernels as _kernels
+from ..local.tensor import Tensor
+from ..ops import registry as _ops_registry  # noqa: F401  (fills the op table)
+from ..ops.table import OPS, OpInfo
+from .dispatcher import dispatch, fast_op, plug_fastpath
 
 # operator -> op name; the reflected form swaps the operands
 _BINARY = {
@@ -298,14 +298,21 @@ def set_fastpath(enabled: bool) -> bool:
         )
     _FAST = bool(enabled)
     _install_methods()
-    pkg = sys.modules[__package__]
     old = _FUNCTIONS
     _FUNCTIONS = _public_functions()
-    for name, fn in _FUNCTIONS.items():
-        if getattr(pkg, name, None) is old.get(name):
-            setattr(pkg, name, fn)
-    globals().update(_FUNCTIONS)
+    for namespace in _EXPORTED:
+        for name, fn in _FUNCTIONS.items():
+            if namespace.get(name) is old.get(name):
+                namespace[name] = fn
     return _FAST
+
+
+def export(namespace: dict) -> None:
+    """Put the public dispatching functions into ``namespace`` (a module's globals, e.g.
+    ``dtensor``'s) and keep them current when :func:`set_fastpath` switches paths.
+    **Local**."""
+    namespace.update(_FUNCTIONS)
+    _EXPORTED.append(namespace)
 
 
 def fastpath_active() -> bool:
@@ -316,11 +323,9 @@ def fastpath_active() -> bool:
 _front = plug_fastpath()
 _FAST = _front is not None
 _OWN = frozenset(vars(DTensor))
-_LOCALS = {
-    name: getattr(sys.modules[__package__], name, None) for name in OPS
-}
+# the local functions ``dtensor`` exports under op names (their dispatching twins replace them)
+_LOCALS = {name: getattr(_kernels, name) for name in _kernels.__all__ if name in OPS}
+_EXPORTED: list[dict] = []
 _install_methods()
 _FUNCTIONS = _public_functions()
-globals().update(_FUNCTIONS)
-__all__: list[str] = []
-__all__.extend(sorted(_FUNCTIONS))
+__all__ = ["export", "fastpath_active", "set_fastpath"]

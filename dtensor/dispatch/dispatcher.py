@@ -1,6 +1,6 @@
 """The Python dispatcher of ops on DTensors and its propagation cache.
 
-``dispatch(info, args, kwargs)`` serves one call of a table op (:mod:`dtensor._optable`)
+``dispatch(info, args, kwargs)`` serves one call of a table op (:mod:`dtensor.ops.table`)
 whose arguments include a DTensor:
 
 1. bind the call to the op's parameters (a per-op binder precomputed once);
@@ -46,11 +46,12 @@ from redistribute.execute import execute as _execute
 from redistribute.plan import plan as _plan
 from redistribute.plan import redistribute_cost
 
-from . import _allocator, _dtypes
-from ._dtensor import DTensor, _allocator_for
-from ._env import env_int
-from ._optable import OpInfo
-from ._tensor import Tensor, _wrap
+from ..distributed.dtensor import DTensor, _allocator_for
+from ..local import allocator as _allocator
+from ..local import dtypes as _dtypes
+from ..local.env import env_int
+from ..local.tensor import Tensor, _wrap
+from ..ops.table import OpInfo
 
 __all__ = [
     "CacheEntry",
@@ -366,7 +367,7 @@ def raw_form(info: OpInfo, entry: CacheEntry, values: list) -> tuple | None:
     shape or index, ``extra`` lists ``(index, value)`` pairs of other bound values that must
     be unchanged (``alpha=1``), ``const`` the second operand of a ``const`` form (relu's 0).
     """
-    from . import _math_pointwise as mp
+    from ..local.kernels import pointwise as mp
 
     name = info.name
     if entry.direct is None or not values:

@@ -7,17 +7,17 @@ new tensor (never a view of an input).
 
 from __future__ import annotations
 
+from placements.errors import ShardingError
 from placements.rules._core import norm_dims
 
-from ._math_base import (
+from ..tensor import Tensor, _norm_dim
+from .base import (
     as_array,
     new_array,
     promote_types,
     wrap,
     xp_of,
 )
-from ._tensor import Tensor, _norm_dim
-from .errors import ShardingError
 
 
 def _tensor_list(op: str, tensors) -> list:

@@ -24,12 +24,12 @@ from typing import Any
 
 import numpy as np
 
+from placements.errors import ArgumentError, DTypeError, MeshError
 from redistribute.staging import DeviceBackend, DeviceComm, PinnedPool, select_path
 
-from . import _backend
-from ._factory import _from_array
-from ._tensor import Tensor
-from .errors import ArgumentError, DTypeError, MeshError
+from ..local import backend as _backend
+from ..local.factory import _from_array
+from ..local.tensor import Tensor
 
 __all__ = [
     "bind_device",

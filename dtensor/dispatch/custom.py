@@ -3,7 +3,7 @@
 This module owns the public way to add an op: the user gives the local kernel (a function
 of local ``dt.Tensor`` arguments) and its sharding rule (a pure function of metadata, as
 the built-in rules in :mod:`placements.rules`); :func:`register_op` registers both (the op
-table entry with :func:`dtensor._optable.register_op`, the rule with
+table entry with :func:`dtensor.ops.table.register_op`, the rule with
 :func:`placements.rules.register_rule`) and returns a function that runs the kernel on
 local tensors and dispatches DTensor calls (strategy choice, redistribution, propagation
 cache) like any built-in op.
@@ -17,9 +17,9 @@ from collections.abc import Callable, Sequence
 from placements.errors import ArgumentError, DTypeError
 from placements.rules import OpSchema, RuleResult, register_rule
 
-from . import _optable
-from ._dispatch import dispatch
-from ._dtensor import DTensor
+from ..distributed.dtensor import DTensor
+from ..ops import table as _optable
+from .dispatcher import dispatch
 
 __all__ = ["register_op"]
 

@@ -16,12 +16,15 @@ from collections.abc import Sequence
 import numpy as np
 
 from placements import Partial
+from placements.errors import ArgumentError
 from placements.spec import DTensorSpec
 
-from . import _allocator, _backend, _dtypes, _random
-from ._dtensor import DTensor, _normalize_placements
-from ._tensor import _wrap
-from .errors import ArgumentError
+from ..local import allocator as _allocator
+from ..local import backend as _backend
+from ..local import dtypes as _dtypes
+from ..local import rng as _random
+from ..local.tensor import _wrap
+from .dtensor import DTensor, _normalize_placements
 
 __all__ = ["distributed_factory"]
 

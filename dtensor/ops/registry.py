@@ -1,8 +1,8 @@
 """The op table's entries: every op of the local tensor, with its kernel, how its arguments
 bind, its decision-relevant static arguments and its sharding rule.
 
-Each :class:`~dtensor._optable.OpInfo` is built here (at import) from the local kernel:
-plain functions (``dtensor._math``) give their parameters by signature, keyword-only ones
+Each :class:`~dtensor.ops.table.OpInfo` is built here (at import) from the local kernel:
+plain functions (``dtensor.local.kernels``) give their parameters by signature, keyword-only ones
 are passed by a small adapter (the dispatcher calls ``kernel(*values_in_params_order)``);
 Tensor methods with varargs (``view(*shape)``...) are described by hand.
 
@@ -30,16 +30,18 @@ from collections.abc import Callable
 
 import numpy as np
 
+from placements.errors import ArgumentError
 from placements.layout import local_offsets, local_shape
 from placements.rules import OpSchema, OpStrategy
 from placements.rules._core import norm_dims
 
-from . import _math, _math_nn, _random
-from ._backend import array_module_of
-from ._optable import OPS as _OPS
-from ._optable import OpInfo, register_op
-from ._tensor import Tensor, _wrap
-from .errors import ArgumentError
+from ..local import kernels as _math
+from ..local import rng as _random
+from ..local.backend import array_module_of
+from ..local.kernels import nn as _math_nn
+from ..local.tensor import Tensor, _wrap
+from .table import OPS as _OPS
+from .table import OpInfo, register_op
 
 __all__: list[str] = []
 

@@ -6,7 +6,10 @@ operands of a product must share one dtype (no promotion) and bool is refused.
 
 from __future__ import annotations
 
-from ._math_base import (
+from placements.errors import DTypeError, ShardingError
+
+from ..tensor import Tensor
+from .base import (
     as_array,
     broadcast_shapes,
     cast_scalar,
@@ -16,9 +19,7 @@ from ._math_base import (
     wrap,
     xp_of,
 )
-from ._math_pointwise import mul
-from ._tensor import Tensor
-from .errors import DTypeError, ShardingError
+from .pointwise import mul
 
 
 def _same_dtype(op: str, *arrays):

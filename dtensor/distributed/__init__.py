@@ -1,0 +1,2 @@
+"""The distributed layer: DeviceMesh, the GPU binding of ranks, DTensor and its
+construction and conversions, and the mesh-aware factories."""

@@ -1,0 +1,3 @@
+"""The local strided tensor: Storage/Tensor and their views, dtypes, the array backend, the
+caching allocator, counter-based random numbers, the local factories and the local math
+kernels. This layer knows nothing about meshes or MPI."""

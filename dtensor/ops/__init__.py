@@ -1,0 +1,1 @@
+"""The op table: one record per op."""

@@ -1,10 +1,30 @@
-"""dtensor: a distributed tensor for mpirun programs."""
+"""dtensor: a distributed tensor for mpirun programs.
+
+The package is built in layers; imports point one way, down this list:
+
+- :mod:`dtensor.local`: the local strided tensor (Storage/Tensor, strides, dtypes, the array
+  backend, the caching allocator, random numbers, local factories and math kernels);
+- :mod:`dtensor.distributed`: DeviceMesh, the GPU binding, DTensor, mesh-aware factories;
+- :mod:`dtensor.ops`: the op table, one record per op;
+- :mod:`dtensor.dispatch`: the dispatcher, the compiled front's glue and the installation
+  of methods, operators and public functions from the table;
+- this module (the public API) and :mod:`dtensor.debug`.
+"""
+
+from placements import Partial, Placement, Replicate, Shard  # noqa: F401
 
 from . import errors  # noqa: F401
 from .errors import DTensorError  # noqa: F401
 
-# --- local tensor: _tensor, _factory, _dtypes, _random (one import block per module below)
+# --- local tensor
+from .local.allocator import (  # noqa: F401
+    empty_cache,
+    memory_snapshot,
+    memory_stats,
+    reset_peak_memory_stats,
+)
 from .local.backend import Device  # noqa: F401
+from .local.dlpack import from_dlpack, to_dlpack  # noqa: F401
 from .local.dtypes import (  # noqa: F401
     bool_,
     cdouble,
@@ -32,53 +52,20 @@ from .local.dtypes import (  # noqa: F401
 from .local.dtypes import bool_ as bool  # noqa: F401
 from .local.dtypes import float32 as float  # noqa: F401
 from .local.dtypes import int32 as int  # noqa: F401
-from .local.factory import (  # noqa: F401
-    arange,
-    as_tensor,
-    empty,
-    empty_like,
-    eye,
-    from_numpy,
-    full,
-    full_like,
-    linspace,
-    ones,
-    ones_like,
-    rand,
-    rand_like,
-    randint,
-    randn,
-    randn_like,
-    tensor,
-    zeros,
-    zeros_like,
-)
+from .local.factory import as_tensor, from_numpy, tensor  # noqa: F401
 from .local.rng import get_rng_state, initial_seed, manual_seed, set_rng_state  # noqa: F401
 from .local.tensor import Size, Storage, Tensor, is_tensor  # noqa: F401
 
-# --- local math: _math
-from .local.kernels import *  # the kernels listed in _math.__all__
-
-# --- allocator: _allocator
-from .local.allocator import (  # noqa: F401
-    empty_cache,
-    memory_snapshot,
-    memory_stats,
-    reset_peak_memory_stats,
-)
-
-# --- GPU: _cuda
-from .distributed.gpu import from_dlpack, to_dlpack  # noqa: F401
-
-# --- distributed: _mesh, _dtensor
-from placements import Partial, Placement, Replicate, Shard  # noqa: F401
-
+# --- distributed
 from .distributed.dtensor import DTensor, distribute_tensor  # noqa: F401
+from .distributed.factory import FACTORIES as _FACTORIES
 from .distributed.mesh import DeviceMesh, init_device_mesh  # noqa: F401
+
+# --- ops and dispatch: dt.<op> are the dispatching twins of the ops' local functions
 from .dispatch import install as _install
-
-_install.export(globals())  # dt.<op>: the dispatching twins of the local functions
-from . import debug  # noqa: F401
-
-# --- custom ops: _custom_op
 from .dispatch.custom import register_op  # noqa: F401
+
+from . import debug  # noqa: F401  (the debug tools)
+
+globals().update(_FACTORIES)  # dt.zeros(...), also with device_mesh= and placements=
+_install.export(globals())

@@ -1,6 +1,6 @@
 """The strategy validator: every candidate of every sharding rule, checked on data.
 
-For every op of the table (:data:`dtensor.ops.table.OPS`) and a set of sample calls (even,
+For every op of the table (:data:`dtensor.ops.OPS`) and a set of sample calls (even,
 uneven and empty-shard shapes; float, int and bool dtypes where meaningful; python
 scalars; broadcasting), on meshes (2,), (3,), (4,) and (2, 2), in ONE process:
 
@@ -41,8 +41,7 @@ from placements.rules._core import _rule_result, _strategy
 
 from .local import rng as _random
 from .local.tensor import Tensor, _wrap
-from .ops import registry as _ops_registry  # noqa: F401  (fills the op table)
-from .ops.table import OPS, OpInfo
+from .ops import OPS, OpInfo
 
 __all__ = ["Report", "main", "validate"]
 
@@ -376,42 +375,27 @@ def _write_cases(g: _Gen, shapes, name: str) -> Iterator[Case]:
 _WRITES = ("copy_", "fill_", "zero_")
 
 
-def _family(name: str) -> Callable[[_Gen, tuple, str], Iterator[Case]] | None:
-    """The sample generator of op ``name`` (in-place ops use their out-of-place one's);
-    it is called with the out-of-place name."""
-    from placements.rules import pointwise as pw
-    from placements.rules import reduction as rd
-
-    base = name[:-1] if name.endswith("_") and name not in _WRITES else name
-    if base in _WRITES:
-        return _write_cases
-    if base in pw._UNARY or base in ("leaky_relu", "clone", "contiguous", "detach"):
-        return _unary_cases
-    if base in pw._BINARY:
-        return _binary_cases
-    if base in pw._TERNARY or base == "clip":
-        return _ternary_cases
-    if base in rd._REDUCE:
-        return _reduce_cases
-    if base in ("cumsum", "cumprod"):
-        return _scan_cases
-    if base in ("matmul", "mm", "bmm", "dot", "outer", "einsum", "addmm", "linear"):
-        return _product_cases
-    if base in ("cat", "concat", "stack"):
-        return _join_cases
-    if base in ("softmax", "log_softmax", "layer_norm", "embedding", "cross_entropy",
-                "mse_loss", "dropout"):
-        return _nn_cases
-    if base in pw._CAST_METHODS or base in ("to", "type_as"):
-        return _cast_cases
-    if base in _VIEW_CASES or base in _VIEW_ALIASES or base == "expand_as":
-        return _view_cases if base != "expand_as" else _expand_as_cases
-    return None
-
-
 def _expand_as_cases(g: _Gen, shapes, name: str) -> Iterator[Case]:
     yield Case({"input": g.arr((5, 1), _F32), "other": g.arr((5, 7), _I64)}, "(5,1)->(5,7)")
     yield Case({"input": g.arr((7,), _F32), "other": g.arr((3, 7), _F32)}, "(7,)->(3,7)")
+
+
+#: The sample generators, by the ``samples`` family an op record names; each is called with
+#: the out-of-place op's name (an in-place op uses its out-of-place one's samples).
+_FAMILIES: dict[str, Callable[[_Gen, tuple, str], Iterator[Case]]] = {
+    "unary": _unary_cases,
+    "binary": _binary_cases,
+    "ternary": _ternary_cases,
+    "reduce": _reduce_cases,
+    "scan": _scan_cases,
+    "product": _product_cases,
+    "join": _join_cases,
+    "nn": _nn_cases,
+    "cast": _cast_cases,
+    "view": _view_cases,
+    "expand_as": _expand_as_cases,
+    "write": _write_cases,
+}
 
 
 # -- laying out inputs, combining outputs --------------------------------------------------------
@@ -821,7 +805,7 @@ def _check_op(
     info: OpInfo, quick: bool, meshes: Sequence[tuple[int, ...]], seed: int
 ) -> OpReport:
     rep = OpReport(info.name, info.rule)
-    family = _family(info.name)
+    family = _FAMILIES.get(info.samples)
     if family is None:
         rep.mismatches.append("no sample calls for this op in the validator")
         return rep

@@ -165,13 +165,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args_in = list(sys.argv[1:] if argv is None else argv)
     if args_in[:1] == ["test"]:
-        from . import runtests
+        from . import runtests  # lazy: the launcher of a job imports no test machinery
 
         return runtests.main(args_in[1:])
     parser = _parser()
     own, program = _split(args_in)
     opts = parser.parse_args(own)
     if opts.info:
+        # lazy: only --info initialises MPI in the launcher's own process
         from ._info import collect_info, format_info
 
         print(format_info(collect_info()))

@@ -60,8 +60,9 @@ def _gpu_comm(aware: str, gpus: int) -> str:
     neither applies."""
     if not gpus:
         return "none (no GPU)"
+    # lazy: the library's packages may initialise MPI; the launcher imports them for --info
     from placements.errors import CommError
-    from redistribute.staging import select_path
+    from redistribute.staging import select_path  # lazy: as above
 
     try:
         return select_path(aware == "yes")
@@ -88,8 +89,8 @@ def collect_info() -> dict[str, Any]:
     import numpy as np
     from mpi4py import MPI
 
-    import fastpath
-    from redistribute import shm
+    import fastpath  # lazy: the launcher imports the library only for --info
+    from redistribute import shm  # lazy: as above (it would initialise MPI)
 
     try:
         mpiexec = find_mpiexec()

@@ -50,6 +50,7 @@ from ..distributed.dtensor import DTensor, _allocator_for
 from ..local import allocator as _allocator
 from ..local import dtypes as _dtypes
 from ..local.env import env_int
+from ..local.kernels import pointwise as _pw
 from ..local.tensor import Tensor, _wrap
 from ..ops.table import OpInfo
 
@@ -64,6 +65,7 @@ __all__ = [
 ]
 
 _MISSING = object()
+_NO_DTYPES: frozenset = frozenset()
 _new = _fp.DTensorBase.__new__
 # Static-argument types that need _freeze to become (or to be refused as) key parts.
 _COMPOUND = frozenset({list, tuple, slice, np.ndarray, Tensor, DTensor})
@@ -367,8 +369,6 @@ def raw_form(info: OpInfo, entry: CacheEntry, values: list) -> tuple | None:
     shape or index, ``extra`` lists ``(index, value)`` pairs of other bound values that must
     be unchanged (``alpha=1``), ``const`` the second operand of a ``const`` form (relu's 0).
     """
-    from ..local.kernels import pointwise as mp
-
     name = info.name
     if entry.direct is None or not values:
         return None
@@ -395,34 +395,40 @@ def raw_form(info: OpInfo, entry: CacheEntry, values: list) -> tuple | None:
         return _raw_sum(entry, values, spec)
     if name in ("matmul", "mm"):
         return _raw_matmul(entry, values, spec)
-    pool_min = _allocator.POOL_MIN_BYTES
-    coord = spec.mesh._coord
-    if not spec.shape or math.prod(spec.local_shape(coord)) * spec.dtype.itemsize >= pool_min:
+    return _raw_pointwise(info, values, spec)
+
+
+def _raw_pointwise(info: OpInfo, values: list, spec: DTensorSpec) -> tuple | None:
+    """The raw form of an elementwise op whose local function would take its short path
+    (:func:`dtensor.local.kernels.pointwise.fast_path` on the local shards)."""
+    kspec = getattr(info.function, "spec", None)
+    if kspec is None:
         return None
     dt = spec.dtype
-    fill = _BINDERS[name].fill
-    if name in mp._UNARY_SPECS and getattr(mp, name, None) is info.kernel:
-        u = mp._UNARY_SPECS[name]
-        if dt not in u.fast:
+    coord = spec.mesh._coord
+    ndim = len(spec.shape)
+    nbytes = math.prod(spec.local_shape(coord)) * dt.itemsize
+    if isinstance(kspec, _pw.UnarySpec):
+        if not _pw.fast_path(kspec.fast, dt, ndim, nbytes):
             return None
-        return _RAW["unary"], u.kernel, ()
-    b_spec = mp._BINARY_SPECS.get(name)
-    uf = getattr(b_spec.kernel, "ufunc", None) if b_spec is not None else None
+        return _RAW["unary"], kspec.kernel, ()
+    uf = getattr(kspec.kernel, "ufunc", None)
     if uf is None or len(values) < 2:
         return None
+    fill = _BINDERS[info.name].fill
     extra = tuple((i, fill[i]) for i in range(2, len(values)))
     if any(v is not values[i] for i, v in extra):
         return None
     b = values[1]
     if type(b) is DTensor:
         bs = b._spec
-        if bs.dtype is not dt or dt not in b_spec.fast or not bs.shape:
+        if bs.dtype is not dt:
             return None
-        if math.prod(bs.local_shape(coord)) * dt.itemsize >= pool_min:
+        b_nbytes = math.prod(bs.local_shape(coord)) * dt.itemsize
+        if not _pw.fast_path(kspec.fast, dt, min(ndim, len(bs.shape)), max(nbytes, b_nbytes)):
             return None
         return _RAW["binary"], uf, extra
-    fast = b_spec.fast
-    if (type(b) is float and dt in fast & mp._FLOATS) or (type(b) is int and dt in fast - mp._B):
+    if _pw.fast_path(kspec.scalar_fast.get(type(b), _NO_DTYPES), dt, ndim, nbytes):
         return _RAW["scalar"], uf, extra
     return None
 

@@ -1,18 +1,21 @@
-"""Ops on DTensors: the DTensor methods and operators, and the public dispatching functions.
+"""Installation from the op table: Tensor and DTensor methods, python operators, and the
+public dispatching functions.
 
-At import this module (the one place allowed to add methods to :class:`DTensor`) installs,
-for every op of the table (:data:`dtensor.ops.table.OPS`):
+At import this module (the one place that adds methods to :class:`Tensor` and
+:class:`DTensor`) reads every record of :data:`dtensor.ops.OPS` and installs:
 
-- a DTensor method of the same name when the local :class:`Tensor` has that method
-  (``x.relu()``, ``x.sum(dim=1)``, ``x.view(-1)``, ``x.add_(y)``...), the Python operators
-  (``+ - * / // % ** @ & | ^ ~``, unary ``-`` and ``abs``, comparisons, reflected and
-  in-place forms, ``x[...]``) and the ``T``/``mT`` properties;
-- a public function for every op that ``dtensor`` exports as a local function
-  (``dt.add``, ``dt.sum``, ``dt.matmul``...): with no DTensor among its arguments it calls
-  the local function unchanged; otherwise it dispatches (:func:`dtensor.dispatch.dispatcher.dispatch`).
-  ``dtensor/__init__.py`` re-exports these functions over the local ones.
+- on Tensor, the record's local method form (unless the Tensor class defines the method
+  itself: ``view``, ``clone``, ``to``...), its aliases, and the local side of its python
+  operators (``+``, ``-``, comparisons, reflected and in-place forms, ``~``, ``@``);
+- on DTensor, a dispatching method of the same name and the dispatching operators
+  (``x[...]`` included) and the ``T``/``mT`` properties;
+- for every record with a public function, a dispatching twin of it (``dt.add``,
+  ``dt.sum``...): with no DTensor among its arguments it calls the local function unchanged;
+  otherwise it dispatches (:func:`dtensor.dispatch.dispatcher.dispatch`). ``dtensor``
+  exports these (:func:`export`).
 
-Comparisons return DTensors, so ``__hash__`` stays the identity hash (as in PyTorch).
+The class docstrings of Tensor and DTensor end with the list of what was installed.
+Comparisons return tensors, so ``__hash__`` stays the identity hash (as in PyTorch).
 """
 
 from __future__ import annotations
@@ -24,45 +27,16 @@ import fastpath as _fp
 from placements.errors import UnavailableError
 
 from ..distributed.dtensor import DTensor
-from ..local import kernels as _kernels
 from ..local.tensor import Tensor
-from ..ops import registry as _ops_registry  # noqa: F401  (fills the op table)
-from ..ops.table import OPS, OpInfo
+from ..ops import OPS, Operator, OpInfo
 from .dispatcher import dispatch, fast_op, plug_fastpath
 
-# operator -> op name; the reflected form swaps the operands
-_BINARY = {
-    "add": "add",
-    "sub": "sub",
-    "mul": "mul",
-    "truediv": "div",
-    "floordiv": "floor_divide",
-    "mod": "remainder",
-    "pow": "pow",
-    "matmul": "matmul",
-    "and": "bitwise_and",
-    "or": "bitwise_or",
-    "xor": "bitwise_xor",
-}
-_INPLACE = {
-    "iadd": "add_",
-    "isub": "sub_",
-    "imul": "mul_",
-    "itruediv": "div_",
-    "ifloordiv": "floor_divide_",
-    "imod": "remainder_",
-    "ipow": "pow_",
-    "iand": "bitwise_and_",
-    "ior": "bitwise_or_",
-    "ixor": "bitwise_xor_",
-}
-_COMPARE = {"eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge"}
-_UNARY = {"neg": "neg", "abs": "abs", "invert": "bitwise_not", "pos": "positive"}
-_ITEM = {"__getitem__": ("__getitem__", "getitem"), "__setitem__": ("__setitem__", "setitem")}
+__all__ = ["export", "fastpath_active", "installed", "set_fastpath"]
+
 _TENSOR_LIKE = (DTensor, Tensor, bool, int, float, complex)
 
 
-def _has_dtensor(args: tuple, kwargs: Mapping[str, object]) -> bool:
+def _has_dtensor(args: tuple, kwargs: Mapping[str, object] | None) -> bool:
     """Whether a DTensor is among the arguments (also inside list/tuple arguments)."""
     for a in args:
         if isinstance(a, DTensor):
@@ -84,9 +58,18 @@ _METHOD_DOC = (
     "``{}`` on a DTensor; placements are inferred by its sharding rule. "
     "**Collective** when an input must be redistributed, **Local** otherwise."
 )
+_OPERATOR_DOC = {
+    "binary": "``self {d} other``: :func:`{op}`.",
+    "reflected": "``other {d} self``: :func:`{op}` (other, self).",
+    "compare": "Elementwise :func:`{op}`, a bool tensor.",
+    "unary": ":func:`{op}` of the tensor.",
+    "method": ":func:`{op}` (``{d}``).",
+}
 
 
-def _function(info: OpInfo, local: Callable) -> Callable:
+# -- public functions --------------------------------------------------------------------------
+def _function(info: OpInfo) -> Callable:
+    local = info.function
     if _FAST:
         fn = _front.make_function(fast_op(info), local)
     else:
@@ -101,6 +84,12 @@ def _function(info: OpInfo, local: Callable) -> Callable:
     return fn
 
 
+def _public_functions() -> dict[str, Callable]:
+    """Dispatching twins of every record's public function, by op name."""
+    return {name: _function(info) for name, info in OPS.items() if info.function is not None}
+
+
+# -- DTensor methods and operators ----------------------------------------------------------------
 def _name(fn: Callable, name: str, doc: str) -> Callable:
     fn.__name__ = name
     fn.__qualname__ = f"DTensor.{name}"
@@ -108,22 +97,39 @@ def _name(fn: Callable, name: str, doc: str) -> Callable:
     return fn
 
 
-def _method(info: OpInfo) -> Callable:
+def _reorder(order: tuple[int, ...], args: tuple) -> tuple:
+    return tuple(args[i] for i in order)
+
+
+def _method(info: OpInfo, name: str) -> Callable:
+    """The DTensor method ``name`` running ``info`` (``self`` first, or per method_args)."""
     doc = _METHOD_DOC.format(info.name)
+    order = info.method_args
+    if order is not None:
+        if _FAST and order == (1, 0, 2):  # ``x.where(cond, y)``: the compiled front's form
+            return _front.make_operator(fast_op(info), name, doc, "where")
+
+        def reordered(self: DTensor, *args: object) -> object:
+            return dispatch(info, _reorder(order, (self, *args)), {})
+
+        return _name(reordered, name, doc)
     if _FAST:
-        return _front.make_method(fast_op(info), info.name, doc)
+        return _front.make_method(fast_op(info), name, doc)
 
     def method(self: DTensor, *args: object, **kwargs: object) -> object:
         return dispatch(info, (self, *args), kwargs)
 
-    return _name(method, info.name, doc)
+    return _name(method, name, doc)
 
 
-def _operator(info: OpInfo, dunder: str, form: str, doc: str) -> Callable:
-    """A DTensor operator of ``form``: binary, reflected, compare, unary or where."""
+def _operator(info: OpInfo, op: Operator) -> Callable:
+    """A DTensor operator: binary, reflected, compare, unary or method."""
+    doc = _OPERATOR_DOC[op.form].format(d=op.dunder, op=info.name)
+    if op.form == "method":
+        return _name(_method(info, op.dunder), op.dunder, doc)
     if _FAST:
-        return _front.make_operator(fast_op(info), dunder, doc, form)
-    return _name(_PY_OPERATORS[form](info), dunder, doc)
+        return _front.make_operator(fast_op(info), op.dunder, doc, op.form)
+    return _name(_PY_OPERATORS[op.form](info), op.dunder, doc)
 
 
 def _binary(info: OpInfo) -> Callable:
@@ -156,21 +162,7 @@ def _unary(info: OpInfo) -> Callable:
     return op
 
 
-def _where(info: OpInfo) -> Callable:
-    # Tensor.where(condition, other) is where(condition, self, other)
-    def where(self: DTensor, condition: object, other: object) -> object:
-        return dispatch(info, (condition, self, other), {})
-
-    return where
-
-
-_PY_OPERATORS = {
-    "binary": _binary,
-    "reflected": _reflected,
-    "compare": _compare,
-    "unary": _unary,
-    "where": _where,
-}
+_PY_OPERATORS = {"binary": _binary, "reflected": _reflected, "compare": _compare, "unary": _unary}
 
 
 def _T(self: DTensor) -> DTensor:
@@ -183,74 +175,28 @@ def _mT(self: DTensor) -> DTensor:
     return self.transpose(-2, -1)
 
 
-def _install_methods() -> None:
-    for name, info in OPS.items():
-        if name in _OWN or not hasattr(Tensor, name):
-            continue
-        if name == "where":
-            doc = "``where(condition, self, other)`` (PyTorch's method form)."
-            setattr(DTensor, name, _operator(info, "where", "where", doc))
-        else:
-            setattr(DTensor, name, _method(info))
-    for dunder, names in _ITEM.items():
-        for name in names:
-            if name in OPS:
-                setattr(DTensor, dunder, _method(OPS[name]))
-                break
-    slots = _slot_ops()
-    for tag, name in _BINARY.items():
-        if name in OPS:
-            info = OPS[name]
-            d, r = f"__{tag}__", f"__r{tag}__"
-            if tag in slots:
-                continue
-            doc = f"``self {d}`` other: :func:`{name}`."
-            setattr(DTensor, d, _operator(info, d, "binary", doc))
-            doc = f"``other {r}`` self: :func:`{name}` (other, self)."
-            setattr(DTensor, r, _operator(info, r, "reflected", doc))
-    for tag, name in _INPLACE.items():
-        if name in OPS:
-            d = f"__{tag}__"
-            doc = f"``self {d}`` other: :func:`{name}`."
-            setattr(DTensor, d, _operator(OPS[name], d, "binary", doc))
-    for tag, name in _COMPARE.items():
-        if name in OPS:
-            d = f"__{tag}__"
-            doc = f"Elementwise :func:`{name}`, a bool DTensor."
-            setattr(DTensor, d, _operator(OPS[name], d, "compare", doc))
-    for tag, name in _UNARY.items():
-        if name in OPS:
-            d = f"__{tag}__"
-            if tag in slots:
-                continue
-            doc = f":func:`{name}` of a DTensor."
-            setattr(DTensor, d, _operator(OPS[name], d, "unary", doc))
-    DTensor.__hash__ = object.__hash__
-    if "permute" in OPS:
-        DTensor.T = property(_T)
-    if "transpose" in OPS:
-        DTensor.mT = property(_mT)
-
-
 def _slot_ops() -> dict[str, object]:
     """With the compiled base, register what runs behind its operator slots.
 
     The slots (``+ - * / @`` and unary ``-``) stay on DTensor in both modes, so that
     switching paths never replaces them by CPython's generic slot dispatch: on the fast path
     they run a FastOp; on the Python path a function that dispatches the operands in
-    expression order. Returns ``{operator tag: op}`` (empty without the compiled base, where
-    DTensor gets Python operator functions)."""
+    expression order. Returns the dunders the slots serve (``__add__`` and ``__radd__``...;
+    empty without the compiled base, where DTensor gets Python operator functions)."""
     if _front is None:
         return {}
-    ops = {**_BINARY, **_UNARY}
-    slots = {}
-    for tag in _front.SLOT_TAGS:
-        name = ops.get(tag)
-        if name in OPS:
-            info = OPS[name]
-            slots[tag] = fast_op(info) if _FAST else _python_slot(info, tag in _UNARY)
+    slots, served = {}, {}
+    for info in OPS.values():
+        for op in info.operators:
+            tag = op.dunder.strip("_")
+            if tag in _front.SLOT_TAGS and op.form in ("binary", "unary"):
+                unary = op.form == "unary"
+                slots[tag] = fast_op(info) if _FAST else _python_slot(info, unary)
+                served[op.dunder] = tag
+                if not unary:
+                    served[f"__r{tag}__"] = tag
     _front.set_slot_ops(slots)
-    return slots
+    return served
 
 
 def _python_slot(info: OpInfo, unary: bool) -> Callable:
@@ -260,16 +206,71 @@ def _python_slot(info: OpInfo, unary: bool) -> Callable:
     return lambda a, b: dispatch(info, (a, b), {})
 
 
-def _public_functions() -> dict[str, Callable]:
-    """Dispatching twins of the local functions ``dtensor`` exports under op names."""
-    out = {}
-    for name, info in OPS.items():
-        local = _LOCALS.get(name)
-        if callable(local) and not isinstance(local, type):
-            out[name] = _function(info, local)
-    return out
+def _install_dtensor() -> list[str]:
+    """Install DTensor's methods and operators; returns their names."""
+    names = []
+    slots = _slot_ops()
+    for info in OPS.values():
+        if info.method is not None:
+            for name in (info.name, *info.aliases):
+                if name not in _OWN_DTENSOR:
+                    setattr(DTensor, name, _method(info, name))
+                    names.append(name)
+        for op in info.operators:
+            if op.dunder not in slots:
+                setattr(DTensor, op.dunder, _operator(info, op))
+            names.append(op.dunder)
+    DTensor.__hash__ = object.__hash__
+    DTensor.T = property(_T)
+    DTensor.mT = property(_mT)
+    return names
 
 
+# -- Tensor methods and operators -------------------------------------------------------------------
+def _tensor_method(info: OpInfo) -> Callable:
+    """The local Tensor method of ``info`` (its method form, reordered per method_args)."""
+    fn, order = info.method, info.method_args
+    if order is None:
+        return fn
+
+    def method(self: Tensor, *args: object) -> object:
+        return fn(*_reorder(order, (self, *args)))
+
+    method.__name__ = method.__qualname__ = info.name
+    method.__doc__ = fn.__doc__
+    return method
+
+
+def _install_tensor() -> list[str]:
+    """Install Tensor's methods and operators from the table; returns their names."""
+    names = []
+    for info in OPS.values():
+        if info.method is not None:
+            for name in (info.name, *info.aliases):
+                if name not in _OWN_TENSOR:
+                    setattr(Tensor, name, _tensor_method(info))
+                    names.append(name)
+        for op in info.operators:
+            if op.dunder not in _OWN_TENSOR:
+                setattr(Tensor, op.dunder, op.local)
+                names.append(op.dunder)
+    # ``==`` returns a Tensor, so hashing is by identity (as in PyTorch).
+    Tensor.__hash__ = object.__hash__
+    return names
+
+
+def _document(cls: type, base_doc: str | None, names: list[str]) -> None:
+    methods = sorted(n for n in set(names) if not n.startswith("__"))
+    operators = sorted(n for n in set(names) if n.startswith("__"))
+    cls.__doc__ = (
+        (base_doc or "").rstrip()
+        + "\n\n    Installed from the op table (:mod:`dtensor.ops`) at import:\n\n"
+        + "    Methods: " + ", ".join(methods) + ".\n\n"
+        + "    Operators: " + ", ".join(operators) + ".\n"
+    )
+
+
+# -- switching paths ------------------------------------------------------------------------------
 def set_fastpath(enabled: bool) -> bool:
     """Serve DTensor ops from the compiled front (True) or the Python dispatcher (False).
 
@@ -297,13 +298,18 @@ def set_fastpath(enabled: bool) -> bool:
             f"{_fp.AVAILABLE and not _fp.ENABLED})"
         )
     _FAST = bool(enabled)
-    _install_methods()
+    _install_dtensor()
     old = _FUNCTIONS
     _FUNCTIONS = _public_functions()
     for namespace in _EXPORTED:
         for name, fn in _FUNCTIONS.items():
             if namespace.get(name) is old.get(name):
                 namespace[name] = fn
+    return _FAST
+
+
+def fastpath_active() -> bool:
+    """Whether DTensor ops are served from the compiled front now. **Local**."""
     return _FAST
 
 
@@ -315,17 +321,24 @@ def export(namespace: dict) -> None:
     _EXPORTED.append(namespace)
 
 
-def fastpath_active() -> bool:
-    """Whether DTensor ops are served from the compiled front now. **Local**."""
-    return _FAST
+def installed() -> dict[str, tuple[str, ...]]:
+    """What this module installed: ``{"Tensor": names, "DTensor": names, "functions":
+    names}``, sorted. **Local**."""
+    return {
+        "Tensor": tuple(sorted(set(_TENSOR_NAMES))),
+        "DTensor": tuple(sorted(set(_DTENSOR_NAMES))),
+        "functions": tuple(sorted(_FUNCTIONS)),
+    }
 
 
 _front = plug_fastpath()
 _FAST = _front is not None
-_OWN = frozenset(vars(DTensor))
-# the local functions ``dtensor`` exports under op names (their dispatching twins replace them)
-_LOCALS = {name: getattr(_kernels, name) for name in _kernels.__all__ if name in OPS}
-_EXPORTED: list[dict] = []
-_install_methods()
+_OWN_TENSOR = frozenset(vars(Tensor))
+_OWN_DTENSOR = frozenset(vars(DTensor))
+_TENSOR_DOC, _DTENSOR_DOC = Tensor.__doc__, DTensor.__doc__
+_TENSOR_NAMES = _install_tensor()
+_DTENSOR_NAMES = _install_dtensor()
+_document(Tensor, _TENSOR_DOC, _TENSOR_NAMES)
+_document(DTensor, _DTENSOR_DOC, _DTENSOR_NAMES)
 _FUNCTIONS = _public_functions()
-__all__ = ["export", "fastpath_active", "set_fastpath"]
+_EXPORTED: list[dict] = []

@@ -29,8 +29,10 @@ from redistribute.execute import scatter_from as _scatter_from
 from redistribute.plan import plan as _plan
 
 from ..local import allocator as _allocator
-from ..local.tensor import Tensor, _wrap
-from .mesh import DeviceMesh
+from ..local.factory import as_tensor
+from ..local.strides import contiguous_strides
+from ..local.tensor import Tensor, _norm_dim, _wrap
+from .mesh import DeviceMesh, init_device_mesh
 
 __all__ = ["DTensor", "distribute_tensor"]
 
@@ -101,8 +103,6 @@ def _as_local_tensor(data: object, op: str) -> Tensor:
         return data
     if isinstance(data, DTensor):
         raise DTypeError(f"{op}: expected a local tensor or array, got a DTensor {data!r}")
-    from ..local.factory import as_tensor
-
     return as_tensor(data)
 
 
@@ -175,8 +175,6 @@ class DTensor(_fp.DTensorBase):
         """Global size, or the global size of one dim. **Local**."""
         if dim is None:
             return self._spec.shape
-        from ..local.tensor import _norm_dim
-
         return self._spec.shape[_norm_dim(dim, self.ndim, "size")]
 
     def numel(self) -> int:
@@ -187,13 +185,9 @@ class DTensor(_fp.DTensorBase):
         """Global strides (row-major of the global shape unless given at creation). **Local**."""
         strides = self._spec.stride
         if strides is None:
-            from ..local.strides import contiguous_strides
-
             strides = contiguous_strides(self._spec.shape)
         if dim is None:
             return tuple(strides)
-        from ..local.tensor import _norm_dim
-
         return strides[_norm_dim(dim, self.ndim, "stride")]
 
     def __len__(self) -> int:
@@ -300,8 +294,6 @@ class DTensor(_fp.DTensorBase):
             If ``local_tensor`` is neither a tensor nor numeric data (a string, objects).
         """
         if device_mesh is None:
-            from .mesh import init_device_mesh
-
             device_mesh = init_device_mesh()
         try:
             local = _as_local_tensor(local_tensor, "DTensor.from_local")
@@ -438,8 +430,6 @@ def distribute_tensor(
         Rank (in ``device_mesh.mesh`` numbering) that holds the data.
     """
     if device_mesh is None:
-        from .mesh import init_device_mesh
-
         device_mesh = init_device_mesh()
     mesh = device_mesh
     placements = _normalize_placements(placements, mesh, "distribute_tensor")

@@ -21,7 +21,8 @@ import numpy as np
 from placements.errors import MeshError, SignatureError
 from redistribute import comm as _comm
 
-from . import gpu as _cuda
+from . import device_comm as _devcomm
+from . import gpu as _gpu
 
 __all__ = ["DeviceMesh", "init_device_mesh"]
 
@@ -254,7 +255,7 @@ class DeviceMesh:
             _, comms = _comm.make_mesh_comms(self._base, flat)
             cached = comms[-1]
             if self.device_type.startswith("cuda"):
-                cached = _cuda.device_comm(cached, _comm.cuda_aware())
+                cached = _devcomm.device_comm(cached, _comm.cuda_aware())
             self._group_comms[dims] = cached
         return cached
 
@@ -284,9 +285,9 @@ def _cuda_comms(base: _comm.Comm, dim_comms: tuple) -> tuple:
 
     **Collective** over ``base`` (the node-local rank comes from a shared-memory split).
     """
-    _cuda.bind_device(_comm.local_rank(base))
+    _gpu.bind_device(_comm.local_rank(base))
     aware = _comm.cuda_aware()
-    return _cuda.device_comm(base, aware), tuple(_cuda.device_comm(c, aware) for c in dim_comms)
+    return _devcomm.device_comm(base, aware), tuple(_devcomm.device_comm(c, aware) for c in dim_comms)
 
 
 def _as_comm(comm: object) -> _comm.Comm:

@@ -9,22 +9,29 @@ device is the CPU, and ``*_like`` inherit both from their input. Every array is
 allocated by :func:`dtensor.local.allocator.empty_array` and never zero-filled when it is
 fully written.
 
-Every factory also takes ``device_mesh=`` and ``placements=``; with a mesh it returns
-``dtensor.distributed.factory.distributed_factory(name, size, dtype=..., device_mesh=...,
-placements=..., device=..., **factory_args)`` instead of a local tensor.
+Every factory is written once, as a *request* function (:data:`REQUESTS`): it validates
+the arguments and resolves dtype and device, and returns a :class:`Request`. The local
+factory builds the whole tensor from it; the mesh-aware twins in
+:mod:`dtensor.distributed.factory` build one shard from the same request. The values are
+written by one routine for both (:func:`fill_block`): each element's value is a function of
+its global index (random values of its global counter), so a shard equals the matching
+block of the whole tensor. This module also installs the constructors of :class:`Tensor`
+(``Tensor(data)`` and ``new_empty``/``new_zeros``/``new_ones``/``new_full``/
+``new_tensor``), which need the factories.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from placements.errors import (
     ArgumentError,
     DTypeError,
-    PlacementError,
     ShardingError,
     SignatureError,
     ViewError,
@@ -36,11 +43,14 @@ from . import rng as _random
 from .tensor import Tensor, _alloc, _copy_into, _empty_like_arr, _shape_arg, _wrap
 
 __all__ = [
+    "REQUESTS",
+    "Request",
     "arange",
     "as_tensor",
     "empty",
     "empty_like",
     "eye",
+    "fill_block",
     "from_numpy",
     "full",
     "full_like",
@@ -160,7 +170,27 @@ def as_tensor(data, dtype=None, device=None) -> Tensor:
     return tensor(data, dtype=dtype, device=device)
 
 
-# ------------------------------------------------------------------ factories
+# ------------------------------------------------------------------ requests
+
+
+@dataclass(frozen=True)
+class Request:
+    """A factory call with its arguments resolved: what to build, before any allocation.
+
+    ``name`` is the factory kind (``empty``, ``zeros``, ``ones``, ``full``, ``arange``,
+    ``linspace``, ``eye``, ``rand``, ``randn``, ``randint``), ``size`` the (global) shape,
+    ``dtype`` the resolved dtype, ``device`` the requested device (None: the default, or
+    the device of ``like``), ``like`` the input of a ``*_like`` factory (its dense strides
+    are kept by the local build) and ``values`` the kind's value arguments (``fill_value``;
+    ``start``/``step``; ``start``/``end``/``steps``; ``low``/``high``).
+    """
+
+    name: str
+    size: tuple[int, ...]
+    dtype: np.dtype
+    device: object = None
+    like: object = None
+    values: dict = field(default_factory=dict)
 
 
 def _size(args: tuple) -> tuple:
@@ -174,53 +204,6 @@ def _size(args: tuple) -> tuple:
     return size
 
 
-def _is_distributed(device_mesh, placements, name: str) -> bool:
-    if device_mesh is None:
-        if placements is not None:
-            raise PlacementError(f"{name}: placements={placements!r} given without device_mesh")
-        return False
-    return True
-
-
-def _distributed(name: str, size: tuple, dtype, device, device_mesh, placements, **other):
-    from ..distributed.factory import distributed_factory
-
-    return distributed_factory(
-        name,
-        size,
-        dtype=dtype,
-        device_mesh=device_mesh,
-        placements=placements,
-        device=device,
-        **other,
-    )
-
-
-def _fill(out, name: str, *, fill_value=None, low: int = 0, high: int | None = None) -> None:
-    """Write the values of factory ``name`` into the fresh array ``out``."""
-    if name == "empty":
-        return
-    if name in ("zeros", "ones", "full"):
-        out.fill({"zeros": 0, "ones": 1}.get(name, fill_value))
-        return
-    kind = {"rand": "uniform", "randn": "normal", "randint": "randint"}[name]
-    shape = out.shape
-    seed, offset = _random._reserve(out.size)
-    values = _random.random_block(
-        kind,
-        shape,
-        (0,) * len(shape),
-        shape,
-        out.dtype,
-        seed,
-        offset,
-        B.array_module_of(out),
-        low=low,
-        high=high,
-    )
-    _copy_into(out, values)
-
-
 def _dtype_or_default(name: str, dtype) -> np.dtype:
     """The requested dtype, or the default float dtype; random floats must be floating."""
     if dtype is None:
@@ -231,75 +214,50 @@ def _dtype_or_default(name: str, dtype) -> np.dtype:
     return dtype
 
 
-def _make(name: str, size: tuple, dtype, device, device_mesh, placements, **other) -> Tensor:
-    if _is_distributed(device_mesh, placements, name):
-        return _distributed(name, size, dtype, device, device_mesh, placements, **other)
-    out = _alloc(size, dtype, B.as_device(device))
-    _fill(out, name, **other)
-    return _wrap(out)
+def _scalar(x):
+    return x.item() if isinstance(x, Tensor) else x
 
 
-def empty(*size, dtype=None, device=None, device_mesh=None, placements=None) -> Tensor:
-    """Uninitialised tensor of ``size`` (varargs or a tuple). **Local.**
-
-    With ``device_mesh=``: a DTensor (**Collective** over the mesh).
-    """
-    return _make(
-        "empty", _size(size), _dtype_or_default("empty", dtype), device, device_mesh, placements
-    )
+def empty(*size, dtype=None, device=None) -> Request:
+    """Uninitialised tensor of ``size`` (varargs or a tuple). **Local.**"""
+    return Request("empty", _size(size), _dtype_or_default("empty", dtype), device)
 
 
-def zeros(*size, dtype=None, device=None, device_mesh=None, placements=None) -> Tensor:
-    """Tensor of zeros. **Local** (with ``device_mesh=``: **Collective**)."""
-    return _make(
-        "zeros", _size(size), _dtype_or_default("zeros", dtype), device, device_mesh, placements
-    )
+def zeros(*size, dtype=None, device=None) -> Request:
+    """Tensor of zeros. **Local.**"""
+    return Request("zeros", _size(size), _dtype_or_default("zeros", dtype), device)
 
 
-def ones(*size, dtype=None, device=None, device_mesh=None, placements=None) -> Tensor:
-    """Tensor of ones. **Local** (with ``device_mesh=``: **Collective**)."""
-    return _make(
-        "ones", _size(size), _dtype_or_default("ones", dtype), device, device_mesh, placements
-    )
+def ones(*size, dtype=None, device=None) -> Request:
+    """Tensor of ones. **Local.**"""
+    return Request("ones", _size(size), _dtype_or_default("ones", dtype), device)
 
 
-def full(size, fill_value, *, dtype=None, device=None, device_mesh=None, placements=None) -> Tensor:
+def full(size, fill_value, *, dtype=None, device=None) -> Request:
     """Tensor of ``size`` filled with ``fill_value``.
 
-    **Local** (with ``device_mesh=``: **Collective**). The dtype defaults to the one of
-    ``fill_value`` (bool, int64, the default float or complex dtype).
+    **Local.** The dtype defaults to the one of ``fill_value`` (bool, int64, the default
+    float or complex dtype).
     """
     dtype = _dtypes.infer_dtype(fill_value) if dtype is None else _dtypes.to_dtype(dtype)
-    fill_value = _scalar(fill_value)
-    return _make(
-        "full", _size((size,)), dtype, device, device_mesh, placements, fill_value=fill_value
-    )
+    values = {"fill_value": _scalar(fill_value)}
+    return Request("full", _size((size,)), dtype, device, values=values)
 
 
-def rand(*size, dtype=None, device=None, device_mesh=None, placements=None) -> Tensor:
-    """Uniform values in [0, 1) from the global generator.
-
-    **Local** (with ``device_mesh=``: **Collective**; same values for the same seed).
-    """
-    return _make(
-        "rand", _size(size), _dtype_or_default("rand", dtype), device, device_mesh, placements
-    )
+def rand(*size, dtype=None, device=None) -> Request:
+    """Uniform values in [0, 1) from the global generator. **Local.**"""
+    return Request("rand", _size(size), _dtype_or_default("rand", dtype), device)
 
 
-def randn(*size, dtype=None, device=None, device_mesh=None, placements=None) -> Tensor:
-    """Standard normal values from the global generator.
-
-    **Local** (with ``device_mesh=``: **Collective**; same values for the same seed).
-    """
-    return _make(
-        "randn", _size(size), _dtype_or_default("randn", dtype), device, device_mesh, placements
-    )
+def randn(*size, dtype=None, device=None) -> Request:
+    """Standard normal values from the global generator. **Local.**"""
+    return Request("randn", _size(size), _dtype_or_default("randn", dtype), device)
 
 
-def randint(*args, size=None, dtype=None, device=None, device_mesh=None, placements=None) -> Tensor:
+def randint(*args, size=None, dtype=None, device=None) -> Request:
     """Integers uniform in ``[low, high)``: ``randint(high, size)`` or ``randint(low, high, size)``.
 
-    **Local** (with ``device_mesh=``: **Collective**). The dtype defaults to int64.
+    **Local.** The dtype defaults to int64.
     """
     if size is None:
         if not args:
@@ -322,23 +280,14 @@ def randint(*args, size=None, dtype=None, device=None, device_mesh=None, placeme
             f"random_ expects 'from' to be less than 'to', but got from={low} >= to={high}"
         )
     dtype = _dtypes.int64 if dtype is None else _dtypes.to_dtype(dtype)
-    return _make(
-        "randint", _size((size,)), dtype, device, device_mesh, placements, low=low, high=high
-    )
+    return Request("randint", _size((size,)), dtype, device, values={"low": low, "high": high})
 
 
-def _scalar(x):
-    return x.item() if isinstance(x, Tensor) else x
-
-
-def arange(
-    start, end=None, step=1, *, dtype=None, device=None, device_mesh=None, placements=None
-) -> Tensor:
+def arange(start, end=None, step=1, *, dtype=None, device=None) -> Request:
     """Values ``start, start + step, ...`` below ``end`` (``arange(end)`` starts at 0).
 
-    **Local** (with ``device_mesh=``: **Collective**). The dtype is int64 when all
-    arguments are integers, else the default float dtype. Value ``i`` is computed as
-    ``start + i * step`` in double precision, then cast.
+    **Local.** The dtype is int64 when all arguments are integers, else the default float
+    dtype. Value ``i`` is computed as ``start + i * step`` in double precision, then cast.
     """
     start, end, step = _scalar(start), _scalar(end), _scalar(step)
     if end is None:
@@ -354,122 +303,232 @@ def arange(
     n = -((start - end) // step) if integral else math.ceil((end - start) / step)
     if dtype is None:
         dtype = _dtypes.int64 if integral else _dtypes.get_default_dtype()
-    dtype = _dtypes.to_dtype(dtype)
-    if _is_distributed(device_mesh, placements, "arange"):
-        return _distributed(
-            "arange", (n,), dtype, device, device_mesh, placements, start=start, end=end, step=step
-        )
-    dev = B.as_device(device)
-    out = _alloc((n,), dtype, dev)
-    idx = np.arange(n, dtype=np.int64 if integral else np.float64)
-    _copy_into(out, start + idx * step)
-    return _wrap(out)
+    return Request("arange", (n,), _dtypes.to_dtype(dtype), device,
+                   values={"start": start, "step": step})
 
 
-def linspace(
-    start, end, steps: int, *, dtype=None, device=None, device_mesh=None, placements=None
-) -> Tensor:
+def linspace(start, end, steps: int, *, dtype=None, device=None) -> Request:
     """``steps`` evenly spaced values from ``start`` to ``end`` inclusive.
 
-    **Local** (with ``device_mesh=``: **Collective**). PyTorch's formula: the first half
-    counts up from ``start``, the second half down from ``end``, in double precision.
+    **Local.** PyTorch's formula: the first half counts up from ``start``, the second half
+    down from ``end``, in double precision.
     """
     start, end, steps = _scalar(start), _scalar(end), operator.index(steps)
     if steps < 0:
         raise ArgumentError(f"linspace: number of steps must be non-negative, got {steps}")
-    dtype = _dtype_or_default("linspace", dtype)
-    if _is_distributed(device_mesh, placements, "linspace"):
-        return _distributed(
-            "linspace",
-            (steps,),
-            dtype,
-            device,
-            device_mesh,
-            placements,
-            start=start,
-            end=end,
-            steps=steps,
-        )
-    out = _alloc((steps,), dtype, B.as_device(device))
-    # Note: values are computed in float64 and cast, also for integer dtypes (truncation).
-    idx = np.arange(steps, dtype=np.float64)
-    step = (end - start) / (steps - 1) if steps > 1 else 0.0
-    values = np.where(idx < steps / 2, start + step * idx, end - step * (steps - 1 - idx))
-    _copy_into(out, values)
-    return _wrap(out)
+    return Request("linspace", (steps,), _dtype_or_default("linspace", dtype), device,
+                   values={"start": start, "end": end, "steps": steps})
 
 
-def eye(
-    n: int, m: int | None = None, *, dtype=None, device=None, device_mesh=None, placements=None
-) -> Tensor:
-    """2-D tensor with ones on the diagonal. **Local** (with ``device_mesh=``: **Collective**)."""
+def eye(n: int, m: int | None = None, *, dtype=None, device=None) -> Request:
+    """2-D tensor with ones on the diagonal. **Local.**"""
     size = _size((n, n if m is None else m))
-    dtype = _dtype_or_default("eye", dtype)
-    if _is_distributed(device_mesh, placements, "eye"):
-        return _distributed("eye", size, dtype, device, device_mesh, placements)
-    out = _alloc(size, dtype, B.as_device(device))
-    out.fill(0)
-    B.array_module_of(out).fill_diagonal(out, 1)
-    return _wrap(out)
+    return Request("eye", size, _dtype_or_default("eye", dtype), device)
 
 
-# ------------------------------------------------------------------ *_like
-
-
-def _like(name: str, input, dtype, device, device_mesh, placements, **other) -> Tensor:
+def _like(name: str, input, dtype, device, **values) -> Request:
     """Factory ``name`` shaped like ``input``; dtype and device inherited unless given.
 
-    A DTensor input (anything with ``device_mesh`` and ``placements``) gives a DTensor
-    with its mesh and placements unless others are passed.
+    A Tensor (or an array, viewed as one) is kept as ``like``; another object with
+    ``shape`` and ``dtype`` (a DTensor) gives its metadata only; other data is taken as by
+    :func:`as_tensor`.
     """
-    if device_mesh is None and not isinstance(input, Tensor) and hasattr(input, "device_mesh"):
-        device_mesh = input.device_mesh
-        placements = input.placements if placements is None else placements
-    if not isinstance(input, Tensor) and device_mesh is None:
+    if not isinstance(input, Tensor) and (B.is_array(input) or not hasattr(input, "dtype")):
         input = as_tensor(input)
-    dtype = input.dtype if dtype is None else _dtypes.to_dtype(dtype)
+    dtype = _dtypes.to_dtype(input.dtype) if dtype is None else _dtypes.to_dtype(dtype)
     if name in ("rand", "randn"):
         _dtype_or_default(name, dtype)
-    if _is_distributed(device_mesh, placements, f"{name}_like"):
-        return _distributed(
-            name, tuple(input.shape), dtype, device, device_mesh, placements, **other
+    return Request(name, tuple(input.shape), dtype, device, like=input, values=values)
+
+
+def empty_like(input, *, dtype=None, device=None) -> Request:
+    """Uninitialised, like ``input`` (a dense input's strides are kept). **Local.**"""
+    return _like("empty", input, dtype, device)
+
+
+def zeros_like(input, *, dtype=None, device=None) -> Request:
+    """Zeros like ``input``. **Local.**"""
+    return _like("zeros", input, dtype, device)
+
+
+def ones_like(input, *, dtype=None, device=None) -> Request:
+    """Ones like ``input``. **Local.**"""
+    return _like("ones", input, dtype, device)
+
+
+def full_like(input, fill_value, *, dtype=None, device=None) -> Request:
+    """``fill_value`` everywhere, like ``input``. **Local.**"""
+    return _like("full", input, dtype, device, fill_value=_scalar(fill_value))
+
+
+def rand_like(input, *, dtype=None, device=None) -> Request:
+    """Uniform [0, 1) values like ``input``. **Local.**"""
+    return _like("rand", input, dtype, device)
+
+
+def randn_like(input, *, dtype=None, device=None) -> Request:
+    """Standard normal values like ``input``. **Local.**"""
+    return _like("randn", input, dtype, device)
+
+
+#: The request function of every factory, by public name.
+REQUESTS = {
+    fn.__name__: fn
+    for fn in (
+        empty, zeros, ones, full, rand, randn, randint, arange, linspace, eye, empty_like,
+        zeros_like, ones_like, full_like, rand_like, randn_like,
+    )
+}
+
+
+# ------------------------------------------------------------------ values
+
+
+def _arange_values(xp, i, *, start, step):
+    return start + i * step
+
+
+def _linspace_values(xp, i, *, start, end, steps):
+    # PyTorch's formula: count up from start in the first half, down from end in the second
+    step = (end - start) / (steps - 1) if steps > 1 else 0.0
+    return xp.where(i < steps / 2, start + step * i, end - step * (steps - 1 - i))
+
+
+def _eye_values(xp, i, j):
+    return i == j
+
+
+# Factories whose value is a function of the element's global index (one index array per dim).
+_INDEX_VALUES = {"arange": _arange_values, "linspace": _linspace_values, "eye": _eye_values}
+_RANDOM = {"rand": "uniform", "randn": "normal", "randint": "randint"}
+_CONSTANT = {"zeros": 0, "ones": 1}
+
+
+def reserve(req: Request) -> tuple[int, int] | None:
+    """The generator's ``(seed, offset)`` for a random request (advancing the global
+    generator by the whole tensor's element count), else None. **Local**; every rank of a
+    distributed factory reserves the same range, so the generator stays in step."""
+    if req.name not in _RANDOM:
+        return None
+    return _random._reserve(math.prod(req.size))
+
+
+def fill_block(req: Request, out, offsets: tuple[int, ...], counters: tuple[int, int] | None):
+    """Write the values of the block of ``req``'s tensor that starts at global index
+    ``offsets`` (and has ``out``'s shape) into the fresh array ``out``. **Local**.
+
+    ``counters`` is :func:`reserve`'s answer for a random request. The one value routine of
+    the local factories (``offsets`` all 0) and the distributed ones (a shard's offsets).
+    """
+    name = req.name
+    if name == "empty":
+        return
+    if name in _CONSTANT or name == "full":
+        out.fill(_CONSTANT.get(name, req.values.get("fill_value")))
+        return
+    xp = B.array_module_of(out)
+    if name in _RANDOM:
+        seed, offset = counters
+        values = _random.random_block(
+            _RANDOM[name], req.size, offsets, out.shape, out.dtype, seed, offset, xp,
+            **req.values,
         )
-    arr = input._arr
-    dev = B.device_of(arr) if device is None else B.as_device(device)
-    out = _empty_like_arr(arr, dtype, dev)
-    _fill(out, name, **other)
+    else:
+        shape = out.shape
+        idx = [xp.arange(o, o + n).reshape((-1,) + (1,) * (len(shape) - d - 1))
+               for d, (o, n) in enumerate(zip(offsets, shape))]
+        values = _INDEX_VALUES[name](xp, *idx, **req.values)
+    _copy_into(out, values)
+
+
+def build(req: Request) -> Tensor:
+    """The local tensor of a request. **Local**."""
+    like = req.like
+    if like is not None and isinstance(like, Tensor):
+        arr = like._arr
+        dev = B.device_of(arr) if req.device is None else B.as_device(req.device)
+        out = _empty_like_arr(arr, req.dtype, dev)
+    else:
+        dev = B.CPU if req.device is None else B.as_device(req.device)
+        out = _alloc(req.size, req.dtype, dev)
+    fill_block(req, out, (0,) * len(req.size), reserve(req))
     return _wrap(out)
 
 
-def empty_like(input, *, dtype=None, device=None, device_mesh=None, placements=None) -> Tensor:
-    """Uninitialised, like ``input`` (a dense input's strides are kept). **Local.**"""
-    return _like("empty", input, dtype, device, device_mesh, placements)
+def _local(request):
+    """The local factory of a request function (same signature and documentation)."""
+
+    @functools.wraps(request)
+    def factory(*args, **kwargs) -> Tensor:
+        return build(request(*args, **kwargs))
+
+    factory.__annotations__ = {**request.__annotations__, "return": Tensor}
+    return factory
 
 
-def zeros_like(input, *, dtype=None, device=None, device_mesh=None, placements=None) -> Tensor:
-    """Zeros like ``input``. **Local** (**Collective** for a DTensor/mesh)."""
-    return _like("zeros", input, dtype, device, device_mesh, placements)
+empty = _local(empty)
+zeros = _local(zeros)
+ones = _local(ones)
+full = _local(full)
+rand = _local(rand)
+randn = _local(randn)
+randint = _local(randint)
+arange = _local(arange)
+linspace = _local(linspace)
+eye = _local(eye)
+empty_like = _local(empty_like)
+zeros_like = _local(zeros_like)
+ones_like = _local(ones_like)
+full_like = _local(full_like)
+rand_like = _local(rand_like)
+randn_like = _local(randn_like)
 
 
-def ones_like(input, *, dtype=None, device=None, device_mesh=None, placements=None) -> Tensor:
-    """Ones like ``input``. **Local** (**Collective** for a DTensor/mesh)."""
-    return _like("ones", input, dtype, device, device_mesh, placements)
+# ------------------------------------------------------------------ Tensor constructors
 
 
-def full_like(
-    input, fill_value, *, dtype=None, device=None, device_mesh=None, placements=None
-) -> Tensor:
-    """``fill_value`` everywhere, like ``input``. **Local** (**Collective** for a DTensor/mesh)."""
-    return _like(
-        "full", input, dtype, device, device_mesh, placements, fill_value=_scalar(fill_value)
-    )
+def _tensor_init(self, data) -> None:
+    """``Tensor(data)`` is ``dt.tensor(data)``. **Local**."""
+    self._arr = tensor(data)._arr
+    self._storage = None
+    self._std = None
 
 
-def rand_like(input, *, dtype=None, device=None, device_mesh=None, placements=None) -> Tensor:
-    """Uniform [0, 1) values like ``input``. **Local** (**Collective** for a DTensor/mesh)."""
-    return _like("rand", input, dtype, device, device_mesh, placements)
+def _new_options(self, dtype, device) -> dict:
+    return {
+        "dtype": self._arr.dtype if dtype is None else dtype,
+        "device": B.device_of(self._arr) if device is None else device,
+    }
 
 
-def randn_like(input, *, dtype=None, device=None, device_mesh=None, placements=None) -> Tensor:
-    """Standard normal values like ``input``. **Local** (**Collective** for a DTensor/mesh)."""
-    return _like("randn", input, dtype, device, device_mesh, placements)
+def _new_empty(self, *size, dtype=None, device=None) -> Tensor:
+    """Uninitialised tensor; dtype/device default to this tensor's. **Local.**"""
+    return empty(*size, **_new_options(self, dtype, device))
+
+
+def _new_zeros(self, *size, dtype=None, device=None) -> Tensor:
+    """Zeros; dtype/device default to this tensor's. **Local.**"""
+    return zeros(*size, **_new_options(self, dtype, device))
+
+
+def _new_ones(self, *size, dtype=None, device=None) -> Tensor:
+    """Ones; dtype/device default to this tensor's. **Local.**"""
+    return ones(*size, **_new_options(self, dtype, device))
+
+
+def _new_full(self, size, fill_value, *, dtype=None, device=None) -> Tensor:
+    """Filled with ``fill_value``; dtype/device default to this tensor's. **Local.**"""
+    return full(size, fill_value, **_new_options(self, dtype, device))
+
+
+def _new_tensor(self, data, dtype=None, device=None) -> Tensor:
+    """Copy of ``data``; dtype/device default to this tensor's. **Local.**"""
+    return tensor(data, **_new_options(self, dtype, device))
+
+
+for _name, _fn in (("__init__", _tensor_init), ("new_empty", _new_empty),
+                   ("new_zeros", _new_zeros), ("new_ones", _new_ones),
+                   ("new_full", _new_full), ("new_tensor", _new_tensor)):
+    _fn.__name__ = _name
+    _fn.__qualname__ = f"Tensor.{_name}"
+    setattr(Tensor, _name, _fn)

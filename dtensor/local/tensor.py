@@ -313,7 +313,9 @@ class Tensor(_fp.TensorBase):
 
     Create tensors with :func:`dtensor.tensor`, :func:`dtensor.from_numpy` or a factory
     (``dt.zeros`` ...); ``Tensor(data)`` is ``dt.tensor(data)``. Many tensors can view
-    one :class:`Storage`; writes through one view are seen by all of them.
+    one :class:`Storage`; writes through one view are seen by all of them. The view and
+    copy methods are defined here; the constructor and ``new_*`` come from
+    :mod:`dtensor.local.factory`, the math methods and operators from the op table.
     """
 
     # The slots ``_arr``, ``_std`` (caches _is_standard(_arr): None until first needed) and
@@ -322,13 +324,6 @@ class Tensor(_fp.TensorBase):
 
     # Binary operators with an ndarray on the left defer to the tensor (as in PyTorch).
     __array_priority__ = 1000
-
-    def __init__(self, data) -> None:
-        from .factory import tensor
-
-        self._arr = tensor(data)._arr
-        self._storage = None
-        self._std = None
 
     # ------------------------------------------------------------------ metadata
 
@@ -1182,42 +1177,6 @@ class Tensor(_fp.TensorBase):
     def zero_(self) -> Tensor:
         """Set every element to zero. **Local.**"""
         return self.fill_(0)
-
-    def _new_options(self, dtype, device) -> dict:
-        return {
-            "dtype": self._arr.dtype if dtype is None else dtype,
-            "device": B.device_of(self._arr) if device is None else device,
-        }
-
-    def new_empty(self, *size, dtype=None, device=None) -> Tensor:
-        """Uninitialised tensor; dtype/device default to this tensor's. **Local.**"""
-        from .factory import empty
-
-        return empty(*size, **self._new_options(dtype, device))
-
-    def new_zeros(self, *size, dtype=None, device=None) -> Tensor:
-        """Zeros; dtype/device default to this tensor's. **Local.**"""
-        from .factory import zeros
-
-        return zeros(*size, **self._new_options(dtype, device))
-
-    def new_ones(self, *size, dtype=None, device=None) -> Tensor:
-        """Ones; dtype/device default to this tensor's. **Local.**"""
-        from .factory import ones
-
-        return ones(*size, **self._new_options(dtype, device))
-
-    def new_full(self, size, fill_value, *, dtype=None, device=None) -> Tensor:
-        """Filled with ``fill_value``; dtype/device default to this tensor's. **Local.**"""
-        from .factory import full
-
-        return full(size, fill_value, **self._new_options(dtype, device))
-
-    def new_tensor(self, data, dtype=None, device=None) -> Tensor:
-        """Copy of ``data``; dtype/device default to this tensor's. **Local.**"""
-        from .factory import tensor
-
-        return tensor(data, **self._new_options(dtype, device))
 
     # ------------------------------------------------- dtype shorthands (PyTorch names)
 

@@ -1,29 +1,61 @@
-"""The op table: for every op, its local kernel, how its arguments bind, and its rule.
+"""The op table: one record (:class:`OpInfo`) per op, and :func:`declare`, which makes one.
 
-The dispatcher reads one :class:`OpInfo` per op to (1) bind a call's positional and keyword
-arguments to parameter names, (2) tell tensor-like arguments (Tensor, DTensor, python
-scalar) from static ones, (3) build the propagation-cache key from the input specs and the
-*decision-relevant* static arguments only (``static_params``: dim, keepdim, a view's shape,
-an einsum equation...; never a scalar's value), and (4) call the local kernel on the local
-shards. Rules live in :mod:`placements.rules`, registered under ``OpInfo.rule``.
+A record holds everything dtensor knows about an op, in one place:
+
+- its name and local kernel, and how a call binds to the kernel's parameters (which take
+  tensors, which are the decision-relevant static arguments, the defaults);
+- its variants: the public function (``dt.<name>``), the Tensor/DTensor method, the
+  in-place form (``name_``, a record of its own, made by :func:`declare`) and the python
+  operators it serves;
+- its sharding rule (registered under the op's name in :mod:`placements.rules`) and, for
+  ops whose local computation depends on the chosen strategy, its ``local_fn``;
+- the sample family the strategy validator draws its calls from;
+- room for its backward formula.
+
+The dispatcher (:mod:`dtensor.dispatch`) installs the methods, operators and functions of
+every record and builds the propagation-cache key from its static parameters; the
+validator and the debug tools read the same records. Nothing here runs at call time.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-__all__ = ["OPS", "OpInfo", "get_op", "register_op"]
+from placements.errors import SignatureError
+
+__all__ = ["OPS", "OpInfo", "Operator", "declare", "get_op", "register_op"]
+
+_KIND = inspect.Parameter
 
 
 @dataclass(frozen=True, slots=True)
+class Operator:
+    """One python operator an op serves.
+
+    ``dunder`` is its name (``"__add__"``); ``form`` how a DTensor's operator calls the op
+    (``"binary"``: ``op(self, other)``; ``"reflected"``: ``op(other, self)``;
+    ``"compare"``: binary, NotImplemented for an operand that is not tensor-like;
+    ``"unary"``: ``op(self)``); ``local`` the local Tensor's implementation (it returns
+    NotImplemented for an operand type it does not take, so that python tries the other
+    operand).
+    """
+
+    dunder: str
+    form: str
+    local: Callable
+
+
+@dataclass(frozen=True, slots=True, eq=False)
 class OpInfo:
     """One op of the table.
 
     Attributes
     ----------
     name : str
-        Public name (``"add"``, ``"sum"``, ``"matmul"``...); also the cache key's op id.
+        Public name (``"add"``, ``"sum"``, ``"matmul"``...); also the cache key's op id and
+        the name of its sharding rule.
     kernel : callable
         The local kernel, called as ``kernel(*bound_values_in_params_order)`` with local
         Tensors in place of DTensors (python scalars passed through).
@@ -37,17 +69,34 @@ class OpInfo:
         Decision-relevant non-tensor parameters (``OpSchema.static``, part of the cache key).
     defaults : mapping
         Default values of parameters that may be omitted.
-    rule : str
-        Name of the rule in :mod:`placements.rules` (defaults to ``name``).
     variadic : str or None
-        Name of a parameter that holds a sequence of tensors (``cat``/``stack``'s tensors,
-        ``einsum``'s operands).
+        Name of a parameter that holds a sequence of tensors (``cat``'s tensors, ``einsum``'s
+        operands).
     local_fn : callable or None
         For ops whose local computation depends on the chosen strategy or on global metadata
         (``mean`` over a sharded dim is a local sum times 1/N_global): called once per cache
         entry as ``local_fn(schema, strategy)`` and returns the kernel to use for it.
     inplace : bool
         The op writes its first tensor argument (validated before any write).
+    function : callable or None
+        The public local function ``dt.<name>`` (PyTorch's signature); dtensor exports its
+        dispatching twin. None: the op has no public function (a method only).
+    method : callable or None
+        The local Tensor method form (``self`` first). Installed on Tensor unless the class
+        defines it; DTensor gets a dispatching method of the same name. None: no method.
+    method_args : tuple of int or None
+        Where the method's arguments go: the op's argument ``i`` is the method's argument
+        ``method_args[i]`` (``self`` is argument 0). None: in order. ``x.where(cond, y)``
+        is ``where(cond, x, y)``: ``(1, 0, 2)``.
+    aliases : tuple of str
+        Other method names of the op (``negative`` for ``neg``).
+    operators : tuple of Operator
+        The python operators the op serves.
+    samples : str or None
+        The strategy validator's sample family (``"unary"``, ``"reduce"``...); None: the
+        validator has no samples for it.
+    backward : callable or None
+        The backward formula (autograd).
     """
 
     name: str
@@ -56,19 +105,28 @@ class OpInfo:
     tensor_params: tuple[str, ...]
     static_params: tuple[str, ...] = ()
     defaults: Mapping[str, object] = field(default_factory=dict)
-    rule: str = ""
     variadic: str | None = None
     local_fn: Callable | None = None
     inplace: bool = False
+    function: Callable | None = None
+    method: Callable | None = None
+    method_args: tuple[int, ...] | None = None
+    aliases: tuple[str, ...] = ()
+    operators: tuple[Operator, ...] = ()
+    samples: str | None = None
+    backward: Callable | None = None
+
+    @property
+    def rule(self) -> str:
+        """The name its sharding rule is registered under (the op's name)."""
+        return self.name
 
 
 OPS: dict[str, OpInfo] = {}
 
 
 def register_op(info: OpInfo) -> OpInfo:
-    """Add ``info`` to the table (``rule`` defaults to ``name``). **Local**."""
-    if not info.rule:
-        object.__setattr__(info, "rule", info.name)
+    """Add ``info`` to the table (replacing a record of the same name). **Local**."""
     OPS[info.name] = info
     return info
 
@@ -76,3 +134,140 @@ def register_op(info: OpInfo) -> OpInfo:
 def get_op(name: str) -> OpInfo:
     """The table entry of ``name``. **Local**."""
     return OPS[name]
+
+
+def _adapter(fn: Callable, npos: int, kwonly: tuple[str, ...]) -> Callable:
+    """``kernel(*values)`` calling ``fn(*values[:npos], **{kwonly: values[npos:]})``."""
+    if len(kwonly) == 1:
+        (name,) = kwonly
+
+        def kernel1(*values):
+            return fn(*values[:npos], **{name: values[npos]})
+
+        kernel1.__name__ = kernel1.__qualname__ = getattr(fn, "__name__", "kernel")
+        return kernel1
+
+    def kernel(*values):
+        return fn(*values[:npos], **dict(zip(kwonly, values[npos:])))
+
+    kernel.__name__ = kernel.__qualname__ = getattr(fn, "__name__", "kernel")
+    return kernel
+
+
+def _signature(name: str, fn: Callable, variadic: str | None) -> tuple[tuple, dict, tuple]:
+    """``(params, defaults, keyword-only params)`` of ``fn`` (``out`` dropped)."""
+    params: list[str] = []
+    defaults: dict[str, object] = {}
+    kwonly: list[str] = []
+    for p in inspect.signature(fn).parameters.values():
+        if p.name == "out":
+            continue
+        if p.kind == _KIND.VAR_POSITIONAL:
+            if p.name != variadic:
+                raise SignatureError(
+                    f"op table: {name}'s *{p.name} needs params= (a hand-described signature)"
+                )
+        elif p.kind == _KIND.KEYWORD_ONLY:
+            kwonly.append(p.name)
+        params.append(p.name)
+        if p.default is not p.empty:
+            defaults[p.name] = p.default
+    return tuple(params), defaults, tuple(kwonly)
+
+
+def declare(
+    name: str,
+    fn: Callable,
+    tensors: tuple[str, ...] = ("input",),
+    static: tuple[str, ...] = (),
+    *,
+    params: tuple[str, ...] | None = None,
+    defaults: Mapping[str, object] | None = None,
+    variadic: str | None = None,
+    local_fn: Callable | None = None,
+    function: bool = True,
+    method: bool | Callable = True,
+    method_args: tuple[int, ...] | None = None,
+    writes: bool = False,
+    aliases: tuple[str, ...] = (),
+    operators: tuple[Operator, ...] = (),
+    inplace: Callable | None = None,
+    inplace_operators: tuple[Operator, ...] = (),
+    samples: str | None = None,
+    backward: Callable | None = None,
+) -> OpInfo:
+    """Declare op ``name`` (and its in-place form) in the table. **Local**.
+
+    Parameters
+    ----------
+    name : str
+        The op's name (its rule is registered under it).
+    fn : callable
+        The local function. Its signature gives the parameters and defaults (keyword-only
+        parameters are passed by an adapter; ``out`` is not a parameter), unless ``params``
+        describes a kernel that takes ``*args`` (``Tensor.view(*shape)``...).
+    tensors, static : tuple of str
+        The tensor-like parameters, and the decision-relevant static ones.
+    params, defaults : optional
+        A hand-described signature: the kernel is then called with the values in
+        ``params`` order.
+    variadic, local_fn :
+        As in :class:`OpInfo`.
+    function : bool
+        Export ``dt.<name>`` (``fn`` is the local function).
+    method : bool or callable
+        Give Tensor and DTensor a method ``name``: True uses ``fn`` as the Tensor method
+        (or the one the Tensor class defines), a callable is the Tensor method form.
+    method_args :
+        As in :class:`OpInfo`.
+    writes : bool
+        The op itself writes its first argument (``copy_``, ``fill_``).
+    aliases, operators, samples, backward :
+        As in :class:`OpInfo`.
+    inplace : callable, optional
+        The in-place kernel (``fn``'s signature, writes its first argument): declares the op
+        ``name_`` as a method, with the same tensors, statics and samples.
+    inplace_operators : tuple of Operator
+        The operators of the in-place form (``__iadd__``...).
+    """
+    if params is None:
+        params, sig_defaults, kwonly = _signature(name, fn, variadic)
+        kernel = _adapter(fn, len(params) - len(kwonly), kwonly) if kwonly else fn
+    else:
+        sig_defaults, kernel, kwonly = {}, fn, ()
+    info = OpInfo(
+        name,
+        kernel,
+        tuple(params),
+        tuple(tensors),
+        tuple(static),
+        dict(sig_defaults if defaults is None else defaults),
+        variadic,
+        local_fn,
+        writes,
+        fn if function else None,
+        (fn if method is True else method) or None,
+        method_args,
+        tuple(aliases),
+        tuple(operators),
+        samples,
+        backward,
+    )
+    register_op(info)
+    if inplace is not None:
+        register_op(
+            replace(
+                info,
+                name=name + "_",
+                kernel=_adapter(inplace, len(params) - len(kwonly), kwonly) if kwonly else inplace,
+                local_fn=None,
+                inplace=True,
+                function=None,
+                method=inplace,
+                method_args=None,
+                aliases=(),
+                operators=tuple(inplace_operators),
+                backward=None,
+            )
+        )
+    return info

@@ -44,6 +44,7 @@ from mpi4py import MPI
 import dtensor as dt
 from dtensor.dispatch import dispatcher as _dispatch
 from dtensor.local.backend import array_module
+from dtensor.local.tensor import _wrap
 from launch.bench._common import bench_args, emit, environment, per_call_us, ratio, worst_rank
 
 SHAPE = (8, 8)
@@ -190,8 +191,6 @@ def _breakdown(case: Callable, repeat: int, comm: MPI.Comm) -> dict[str, float]:
     kernel = entry.kernel
     arr = out.to_local().numpy()
     spec = out.spec
-    from dtensor.local.tensor import _wrap
-
     binder = _dispatch._binder(info)
     fast = _time(case, repeat, comm)
     k = _time(lambda: kernel(*locals_), repeat, comm)

@@ -20,7 +20,7 @@ import pytest
 from mpi4py import MPI
 
 import dtensor as dt
-from dtensor.distributed import gpu as _cuda
+from dtensor.distributed import gpu as _gpu
 from redistribute.execute import execute
 from redistribute.plan import plan
 from redistribute.staging import DeviceBackend, DeviceComm
@@ -30,11 +30,11 @@ R, S, P = dt.Replicate(), dt.Shard, dt.Partial
 
 REQUESTED = tuple(d.strip() for d in os.environ.get("DTENSOR_TEST_DEVICE", "").split(",") if d)
 DEVICES = REQUESTED or ("cpu", "cuda")
-UNAVAILABLE = _cuda.gpu_unavailable_reason()
+UNAVAILABLE = _gpu.gpu_unavailable_reason()
 
 if UNAVAILABLE is None:  # bind each rank to its GPU (collective: every rank gets here)
     _node = WORLD.Split_type(MPI.COMM_TYPE_SHARED)
-    _cuda.bind_device(_node.Get_rank())
+    _gpu.bind_device(_node.Get_rank())
     _node.Free()
 
 
@@ -118,7 +118,7 @@ def test_memory_stats_track_device_allocations(device):
 def test_dlpack_interop_shares_memory(device):
     xp = xp_for(device)
     arr = xp.arange(6, dtype=xp.float32)
-    t = _cuda.from_dlpack(arr)
+    t = dt.from_dlpack(arr)
     assert t.device.type == device
     t.fill_(3)
     assert float(arr.sum()) == 18.0
@@ -132,8 +132,8 @@ def test_device_binding_round_robin(device):
     if device == "cpu":
         pytest.skip("device binding is a GPU matter")
     local = WORLD.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
-    expect = _cuda.select_device_for(local, _cuda.device_count())
-    assert _cuda.current_device() == expect
+    expect = _gpu.select_device_for(local, _gpu.device_count())
+    assert _gpu.current_device() == expect
     t = dt.ones(3, device=device)
     assert t.device.index in (None, expect)
 

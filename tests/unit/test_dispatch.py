@@ -328,7 +328,7 @@ def test_operands_on_different_meshes_raise_mesh_error():
 def test_op_without_rule_raises_no_rule_error_naming_op_and_inputs():
     info = OpInfo(
         name="addd", kernel=OPS["add"].kernel, params=("input", "other"),
-        tensor_params=("input", "other"), rule="addd",
+        tensor_params=("input", "other"),
     )
     x = dtensor_of(data((4, 6)), SimMesh((2,)), [Shard(0)])
     with pytest.raises(NoRuleError) as e:

@@ -4,7 +4,7 @@ Covers the pinned staging pool, the staged and CUDA-aware collective paths of
 ``redistribute.staging.DeviceComm`` (a numpy subclass plays device memory and a fake
 communicator checks that MPI would only ever see host memory, after a device sync), the
 rank-to-GPU binding rule, the collective-free GPU skip decision and DLPack interop, and the
-cupy glue of ``dtensor.distributed.gpu`` against a fake cupy module.
+cupy glue of ``dtensor.distributed.gpu``, ``dtensor.distributed.device_comm`` and ``dtensor.local.dlpack`` against a fake cupy module.
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import dtensor as dt
-from dtensor.distributed import gpu as _cuda
+from dtensor.distributed import device_comm as _devcomm
+from dtensor.distributed import gpu as _gpu
+from dtensor.local import dlpack as _dlpack
 from placements.errors import CommError, DTensorError, DTypeError, MeshError
 from redistribute.staging import DeviceBackend, DeviceComm, PinnedPool, select_path
 
@@ -374,7 +376,7 @@ def test_cuda_aware_path_passes_device_buffers_after_a_sync(log):
 
 @given(local_rank=st.integers(0, 64), count=st.integers(1, 8))
 def test_select_device_for_round_robin(local_rank, count):
-    idx = _cuda.select_device_for(local_rank, count)
+    idx = _gpu.select_device_for(local_rank, count)
     assert 0 <= idx < count and idx == local_rank % count
     # the ranks of a node spread over every device before any device gets a second rank
     if local_rank < count:
@@ -382,11 +384,11 @@ def test_select_device_for_round_robin(local_rank, count):
 
 
 def test_select_device_for_errors_and_sharing():
-    assert [_cuda.select_device_for(r, 1) for r in range(3)] == [0, 0, 0]  # one shared GPU
+    assert [_gpu.select_device_for(r, 1) for r in range(3)] == [0, 0, 0]  # one shared GPU
     with pytest.raises(MeshError, match="no CUDA device is visible"):
-        _cuda.select_device_for(0, 0)
+        _gpu.select_device_for(0, 0)
     with pytest.raises(MeshError, match="local rank must be >= 0"):
-        _cuda.select_device_for(-1, 2)
+        _gpu.select_device_for(-1, 2)
 
 
 # -- a fake cupy module -------------------------------------------------------------------
@@ -450,7 +452,7 @@ def with_cupy(monkeypatch):
         cp, cpx, events = fake_cupy(**kw)
         monkeypatch.setitem(sys.modules, "cupy", cp)
         monkeypatch.setitem(sys.modules, "cupyx", cpx)
-        monkeypatch.setattr(_cuda, "_state", {})
+        monkeypatch.setattr(_devcomm, "_state", {})
         return events
 
     return install
@@ -458,28 +460,28 @@ def with_cupy(monkeypatch):
 
 def test_gpu_unavailable_reason_without_cupy(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy raises ImportError
-    reason = _cuda.gpu_unavailable_reason()
+    reason = _gpu.gpu_unavailable_reason()
     assert reason is not None and "cupy is not usable" in reason
-    assert _cuda.device_count() == 0
+    assert _gpu.device_count() == 0
 
 
 def test_gpu_unavailable_reason_with_cupy(with_cupy):
     with_cupy(count=0)
-    assert _cuda.gpu_unavailable_reason() == "cupy sees no CUDA device"
+    assert _gpu.gpu_unavailable_reason() == "cupy sees no CUDA device"
     with_cupy(raises=True)
-    assert _cuda.device_count() == 0 and _cuda.gpu_unavailable_reason() is not None
+    assert _gpu.device_count() == 0 and _gpu.gpu_unavailable_reason() is not None
     with_cupy(count=2)
-    assert _cuda.gpu_unavailable_reason() is None and _cuda.device_count() == 2
+    assert _gpu.gpu_unavailable_reason() is None and _gpu.device_count() == 2
 
 
 def test_bind_device_uses_local_rank_modulo_count(with_cupy):
     events = with_cupy(count=2)
-    assert _cuda.bind_device(3) == 1 and _cuda.current_device() == 1
-    assert _cuda.bind_device(4) == 0 and _cuda.current_device() == 0
+    assert _gpu.bind_device(3) == 1 and _gpu.current_device() == 1
+    assert _gpu.bind_device(4) == 0 and _gpu.current_device() == 0
     assert events == [("use", 1), ("use", 0)]
     with_cupy(count=0)
     with pytest.raises(MeshError, match="no CUDA device"):
-        _cuda.bind_device(0)
+        _gpu.bind_device(0)
 
 
 def test_device_comm_glue_stages_through_the_pinned_pool(with_cupy, monkeypatch):
@@ -488,19 +490,19 @@ def test_device_comm_glue_stages_through_the_pinned_pool(with_cupy, monkeypatch)
     log = Log()
     fake = FakeComm(log)
     fake.log = events  # the fake cupy's stream sync records into ``events``
-    comm = _cuda.device_comm(fake, cuda_aware=False)
-    assert comm.path == "staged" and comm.backend is _cuda.cupy_backend()
+    comm = _devcomm.device_comm(fake, cuda_aware=False)
+    assert comm.path == "staged" and comm.backend is _devcomm.cupy_backend()
     x = np.arange(4, dtype=np.float32).view(FakeDevArray)
     comm.allreduce(x, None)
     np.testing.assert_array_equal(x.view(np.ndarray), [0, 2, 4, 6])
     assert events == [("pinned", (4096,)), ("sync",), ("mpi", "allreduce"), ("sync",)]
     comm.allreduce(x, None)
-    assert _cuda.pinned_pool().stats() == {
+    assert _devcomm.pinned_pool().stats() == {
         "reserved_bytes": 4096, "cached_bytes": 4096, "in_use_bytes": 0,
         "peak_reserved_bytes": 4096, "num_allocs": 1, "cache_hits": 1,
     }  # fmt: skip
-    assert _cuda.device_comm(fake, cuda_aware=True).path == "cuda-aware"
-    assert _cuda.device_comm(fake, cuda_aware=True, path="staged").path == "staged"
+    assert _devcomm.device_comm(fake, cuda_aware=True).path == "cuda-aware"
+    assert _devcomm.device_comm(fake, cuda_aware=True, path="staged").path == "staged"
 
 
 # -- DLPack -------------------------------------------------------------------------------
@@ -508,11 +510,11 @@ def test_device_comm_glue_stages_through_the_pinned_pool(with_cupy, monkeypatch)
 
 def test_from_dlpack_host_is_zero_copy():
     a = np.arange(12, dtype=np.float32).reshape(3, 4)[:, 1:]
-    t = _cuda.from_dlpack(a)
+    t = _dlpack.from_dlpack(a)
     assert isinstance(t, dt.Tensor) and t.shape == (3, 3) and t.device.type == "cpu"
     t[0, 0] = 100
     assert a[0, 0] == 100
-    u = _cuda.from_dlpack(t)  # a dt.Tensor is a producer too
+    u = _dlpack.from_dlpack(t)  # a dt.Tensor is a producer too
     u[1, 1] = -1
     assert a[1, 1] == -1 and t[1, 1].item() == -1
     np.testing.assert_array_equal(np.from_dlpack(t.numpy()), a)
@@ -530,21 +532,21 @@ def test_from_dlpack_device_and_errors(monkeypatch, with_cupy):
             return (self.kind, 0)
 
     with pytest.raises(DTypeError, match="__dlpack__"):
-        _cuda.from_dlpack([1, 2])
+        _dlpack.from_dlpack([1, 2])
     with pytest.raises(DTensorError, match="DLPack device type 4"):
-        _cuda.from_dlpack(Producer(4))
+        _dlpack.from_dlpack(Producer(4))
     monkeypatch.setitem(sys.modules, "cupy", None)
     with pytest.raises(ImportError, match="need cupy"):
-        _cuda.from_dlpack(Producer(2))
+        _dlpack.from_dlpack(Producer(2))
     with_cupy(count=1)
     host = np.arange(3.0)
-    t = _cuda.from_dlpack(Producer(2, host))  # routed to cupy.from_dlpack
+    t = _dlpack.from_dlpack(Producer(2, host))  # routed to cupy.from_dlpack
     assert isinstance(t._arr, FakeDevArray)
 
 
 def test_to_dlpack_round_trip():
     t = dt.arange(5, dtype=dt.float32)
-    cap = _cuda.to_dlpack(t)
+    cap = _dlpack.to_dlpack(t)
     assert type(cap).__name__ == "PyCapsule"
     with pytest.raises(DTypeError, match="expected a dt.Tensor"):
-        _cuda.to_dlpack(np.zeros(2))
+        _dlpack.to_dlpack(np.zeros(2))

@@ -4,9 +4,6 @@ factories with a device mesh to the distributed factory."""
 
 from __future__ import annotations
 
-import sys
-import types
-
 import numpy as np
 import pytest
 
@@ -317,77 +314,48 @@ def test_device_strings_and_missing_cupy():
 
 
 def test_factories_with_a_mesh_call_the_distributed_factory(monkeypatch):
+    from dtensor.distributed import factory as dfactory
+
     calls = []
 
-    def fake(name, size, **kwargs):
-        calls.append((name, size, kwargs))
+    def fake(req, mesh, placements):
+        calls.append((req, mesh, placements))
         return "dtensor"
 
-    module = types.ModuleType("dtensor.distributed.factory")
-    module.distributed_factory = fake
-    monkeypatch.setitem(sys.modules, "dtensor.distributed.factory", module)
-    monkeypatch.setattr(dt, "_dfactory", module, raising=False)
+    monkeypatch.setattr(dfactory, "distributed_factory", fake)
     mesh, pl = object(), ("S0",)
     assert dt.zeros(4, 2, device_mesh=mesh, placements=pl) == "dtensor"
     dt.full((3,), 2, device_mesh=mesh)
     dt.randint(5, (6,), device_mesh=mesh, placements=pl)
     dt.arange(1, 7, 2, device_mesh=mesh)
     dt.rand(2, 2, dtype=dt.float64, device_mesh=mesh, device="cpu")
-    assert calls[0] == (
-        "zeros",
-        (4, 2),
-        {"dtype": dt.float32, "device_mesh": mesh, "placements": pl, "device": None},
+    req, got_mesh, got_pl = calls[0]
+    assert (req.name, req.size, req.dtype, req.device, req.values) == (
+        "zeros", (4, 2), dt.float32, None, {}
     )
-    assert calls[1] == (
-        "full",
-        (3,),
-        {
-            "dtype": dt.int64,
-            "device_mesh": mesh,
-            "placements": None,
-            "device": None,
-            "fill_value": 2,
-        },
+    assert got_mesh is mesh and got_pl == pl
+    req, _, got_pl = calls[1]
+    assert (req.name, req.size, req.dtype, req.values, got_pl) == (
+        "full", (3,), dt.int64, {"fill_value": 2}, None
     )
-    assert calls[2] == (
-        "randint",
-        (6,),
-        {
-            "dtype": dt.int64,
-            "device_mesh": mesh,
-            "placements": pl,
-            "device": None,
-            "low": 0,
-            "high": 5,
-        },
+    req = calls[2][0]
+    assert (req.name, req.size, req.dtype, req.values) == (
+        "randint", (6,), dt.int64, {"low": 0, "high": 5}
     )
-    assert calls[3] == (
-        "arange",
-        (3,),
-        {
-            "dtype": dt.int64,
-            "device_mesh": mesh,
-            "placements": None,
-            "device": None,
-            "start": 1,
-            "end": 7,
-            "step": 2,
-        },
+    req = calls[3][0]
+    assert (req.name, req.size, req.dtype, req.values) == (
+        "arange", (3,), dt.int64, {"start": 1, "step": 2}
     )
-    assert calls[4][2]["dtype"] == dt.float64 and calls[4][2]["device"] == "cpu"
+    assert calls[4][0].dtype == dt.float64 and calls[4][0].device == "cpu"
 
-    class FakeDTensor:
-        shape = (5, 3)
-        dtype = dt.float32
-        device_mesh = mesh
-        placements = pl
-
-    dt.ones_like(FakeDTensor())
-    assert calls[5] == (
-        "ones",
-        (5, 3),
-        {"dtype": dt.float32, "device_mesh": mesh, "placements": pl, "device": None},
-    )
+    x = dt.distribute_tensor(np.zeros((5, 3), np.float32), dt.init_device_mesh((1,)),
+                             [dt.Shard(0)])
+    dt.ones_like(x)
+    req, got_mesh, got_pl = calls[5]
+    assert (req.name, req.size, req.dtype) == ("ones", (5, 3), dt.float32)
+    assert got_mesh is x.device_mesh and got_pl == x.placements
+    dt.zeros_like(x, placements=[dt.Replicate()])
+    assert calls[6][2] == [dt.Replicate()]
     with pytest.raises(PlacementError, match="without device_mesh"):
         dt.zeros(2, placements=pl)
 

@@ -46,11 +46,26 @@ from .base import (
     xp_of,
 )
 
-_B = frozenset([BOOL])
-_INTS = frozenset(np.dtype(t) for t in "bBhHiIlLqQ")
-_FLOATS = frozenset(np.dtype(t) for t in (np.float16, np.float32, np.float64))
-_NUMERIC = _INTS | _FLOATS
-_REAL = _NUMERIC | _B
+# Dtype sets of the kernels' short paths and dtype rules.
+BOOLS = frozenset([BOOL])
+INTS = frozenset(np.dtype(t) for t in "bBhHiIlLqQ")
+FLOATS = frozenset(np.dtype(t) for t in (np.float16, np.float32, np.float64))
+NUMERIC = INTS | FLOATS
+REAL = NUMERIC | BOOLS
+
+
+_NONE: frozenset = frozenset()
+
+
+def fast_path(fast: frozenset, dtype: np.dtype, ndim: int, nbytes: int) -> bool:
+    """Whether an elementwise kernel takes its short path: a dtype it takes as it is
+    (``fast``), not 0-d, and operands below the allocator's pooling size, so that numpy
+    allocates the output and the result is exactly the array module's. **Local**.
+
+    The one statement of that condition: the local functions test it per call, and the
+    dispatcher's compiled front decides its raw forms with it (once per cache entry).
+    """
+    return dtype in fast and ndim > 0 and nbytes < _allocator.POOL_MIN_BYTES
 
 
 def _array_like(*operands):
@@ -72,7 +87,7 @@ def _into(out, r):
 # ----------------------------------------------------------------------------- unary
 
 
-class _Unary:
+class UnarySpec:
     """One unary op: its kernel ``kernel(a, out)`` and its dtype rule.
 
     kind: ``"same"`` keeps the dtype; ``"float"`` computes integers and bools in the default
@@ -107,7 +122,7 @@ class _Unary:
             raise DTypeError(f"{self.name}: not supported for {tname(dt)} tensors") from exc
 
 
-def _unary_fn(spec: _Unary):
+def _unary_fn(spec: UnarySpec):
     """The public function of a unary spec: ``fn(input, *, out=None)``."""
     kernel, fast, name = spec.kernel, spec.fast, spec.name
 
@@ -118,12 +133,12 @@ def _unary_fn(spec: _Unary):
             except AttributeError:
                 pass
             else:
-                # Fast path: a dtype the kernel takes as is, an output numpy allocates.
-                if a.dtype in fast and a.ndim and a.nbytes < _allocator.POOL_MIN_BYTES:
+                if fast_path(fast, a.dtype, a.ndim, a.nbytes):
                     return _wrap(kernel(a, None))
         r = spec.compute(as_array(name, input), out)
         return out if out is not None else wrap(r)
 
+    fn.spec = spec
     fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = f"""Elementwise ``{name}`` of a tensor. **Local**.
 
@@ -140,20 +155,30 @@ def _unary_fn(spec: _Unary):
     return fn
 
 
-def _ufunc_kernel(ufunc):
+def unary_function(
+    name: str, kernel, kind: str, fast: frozenset, reject: str = "", hint: str = ""
+):
+    """The local function ``fn(input, *, out=None)`` of a unary elementwise op (its
+    :class:`UnarySpec` is ``fn.spec``). **Local**."""
+    return _unary_fn(UnarySpec(name, kernel, kind, fast, reject, hint))
+
+
+def ufunc_kernel(ufunc):
+    """The array kernel ``kernel(a, out)`` of a numpy/cupy ufunc. **Local**."""
+
     def kernel(a, out):
         return ufunc(a, out=out)
 
     return kernel
 
 
-def _rsqrt(a, out):
+def rsqrt_kernel(a, out):
     xp = xp_of(a)
     r = xp.sqrt(a, out=out)
     return xp.reciprocal(r, out=r)
 
 
-def _sigmoid(a, out):
+def sigmoid_kernel(a, out):
     # Stable for any x: exp(-|x|) never overflows; x >= 0: 1/(1+e), x < 0: e/(1+e).
     xp = xp_of(a)
     if a.dtype.kind == "c":
@@ -166,15 +191,15 @@ def _sigmoid(a, out):
     return xp.divide(num, e, out=out)
 
 
-def _silu(a, out):
-    return xp_of(a).multiply(a, _sigmoid(a, None), out=out)
+def silu_kernel(a, out):
+    return xp_of(a).multiply(a, sigmoid_kernel(a, None), out=out)
 
 
-def _relu(a, out):
+def relu_kernel(a, out):
     return xp_of(a).maximum(a, a.dtype.type(0), out=out)
 
 
-def _sign(a, out):
+def sign_kernel(a, out):
     if a.dtype == BOOL:
         return copy_to(out, a)
     return xp_of(a).sign(a, out=out)
@@ -216,7 +241,7 @@ def _erf_tables():
 _ERF_TABLES = _erf_tables()
 
 
-def _erf(a, out):
+def erf_kernel(a, out):
     xp = xp_of(a)
     dt = a.dtype
     work = dt if dt in _ERF_TABLES else np.dtype(np.float32)  # float16 computes in float32
@@ -256,7 +281,7 @@ _SQRT_2_PI = math.sqrt(2.0 / math.pi)
 
 def _gelu_erf(a, out):
     xp = xp_of(a)
-    r = _erf(a * a.dtype.type(_SQRT1_2), None)
+    r = erf_kernel(a * a.dtype.type(_SQRT1_2), None)
     r += a.dtype.type(1)
     r *= a
     return xp.multiply(r, a.dtype.type(0.5), out=out)
@@ -281,76 +306,12 @@ def _compiled(kind: str, twin):
     return _fp.kernels.Unary(kind, twin) if _fp.ENABLED else twin
 
 
-_relu = _compiled("relu", _relu)
-_erf = _compiled("erf", _erf)
+relu_kernel = _compiled("relu", relu_kernel)
+erf_kernel = _compiled("erf", erf_kernel)
 _gelu_erf = _compiled("gelu", _gelu_erf)
 _gelu_tanh = _compiled("gelu_tanh", _gelu_tanh)
 
-_U_SAME = "same"
-_U_FLOAT = "float"
-
-_UNARY_SPECS = {
-    "neg": _Unary(
-        "neg", _ufunc_kernel(np.negative), _U_SAME, _NUMERIC, "b",
-        " (use ~ or logical_not() to invert a mask)",
-    ),
-    "abs": _Unary("abs", _ufunc_kernel(np.absolute), _U_SAME, _NUMERIC, "b"),
-    "exp": _Unary("exp", _ufunc_kernel(np.exp), _U_FLOAT, _FLOATS),
-    "expm1": _Unary("expm1", _ufunc_kernel(np.expm1), _U_FLOAT, _FLOATS),
-    "log": _Unary("log", _ufunc_kernel(np.log), _U_FLOAT, _FLOATS),
-    "log1p": _Unary("log1p", _ufunc_kernel(np.log1p), _U_FLOAT, _FLOATS),
-    "log2": _Unary("log2", _ufunc_kernel(np.log2), _U_FLOAT, _FLOATS),
-    "sqrt": _Unary("sqrt", _ufunc_kernel(np.sqrt), _U_FLOAT, _FLOATS),
-    "rsqrt": _Unary("rsqrt", _rsqrt, _U_FLOAT, _FLOATS),
-    "sin": _Unary("sin", _ufunc_kernel(np.sin), _U_FLOAT, _FLOATS),
-    "cos": _Unary("cos", _ufunc_kernel(np.cos), _U_FLOAT, _FLOATS),
-    "tan": _Unary("tan", _ufunc_kernel(np.tan), _U_FLOAT, _FLOATS),
-    "tanh": _Unary("tanh", _ufunc_kernel(np.tanh), _U_FLOAT, _FLOATS),
-    "sigmoid": _Unary("sigmoid", _sigmoid, _U_FLOAT, _FLOATS),
-    "erf": _Unary("erf", _erf, _U_FLOAT, _FLOATS),
-    "reciprocal": _Unary("reciprocal", _ufunc_kernel(np.reciprocal), _U_FLOAT, _FLOATS),
-    "relu": _Unary("relu", _relu, _U_SAME, _NUMERIC, "b"),
-    "silu": _Unary("silu", _silu, "floatonly", _FLOATS),
-    "sign": _Unary("sign", _sign, _U_SAME, _NUMERIC),
-    "floor": _Unary("floor", _ufunc_kernel(np.floor), "round", _FLOATS),
-    "ceil": _Unary("ceil", _ufunc_kernel(np.ceil), "round", _FLOATS),
-    "trunc": _Unary("trunc", _ufunc_kernel(np.trunc), "round", _FLOATS),
-    "round": _Unary("round", _ufunc_kernel(np.rint), "round", _FLOATS),
-    "logical_not": _Unary("logical_not", _ufunc_kernel(np.logical_not), "bool", _REAL),
-    "isnan": _Unary("isnan", _ufunc_kernel(np.isnan), "bool", _REAL),
-    "isinf": _Unary("isinf", _ufunc_kernel(np.isinf), "bool", _REAL),
-    "isfinite": _Unary("isfinite", _ufunc_kernel(np.isfinite), "bool", _REAL),
-    "bitwise_not": _Unary("bitwise_not", _ufunc_kernel(np.invert), "integral", _INTS | _B),
-}
-
-neg = _unary_fn(_UNARY_SPECS["neg"])
-abs = _unary_fn(_UNARY_SPECS["abs"])
-exp = _unary_fn(_UNARY_SPECS["exp"])
-expm1 = _unary_fn(_UNARY_SPECS["expm1"])
-log = _unary_fn(_UNARY_SPECS["log"])
-log1p = _unary_fn(_UNARY_SPECS["log1p"])
-log2 = _unary_fn(_UNARY_SPECS["log2"])
-sqrt = _unary_fn(_UNARY_SPECS["sqrt"])
-rsqrt = _unary_fn(_UNARY_SPECS["rsqrt"])
-sin = _unary_fn(_UNARY_SPECS["sin"])
-cos = _unary_fn(_UNARY_SPECS["cos"])
-tan = _unary_fn(_UNARY_SPECS["tan"])
-tanh = _unary_fn(_UNARY_SPECS["tanh"])
-sigmoid = _unary_fn(_UNARY_SPECS["sigmoid"])
-erf = _unary_fn(_UNARY_SPECS["erf"])
-reciprocal = _unary_fn(_UNARY_SPECS["reciprocal"])
-relu = _unary_fn(_UNARY_SPECS["relu"])
-silu = _unary_fn(_UNARY_SPECS["silu"])
-sign = _unary_fn(_UNARY_SPECS["sign"])
-floor = _unary_fn(_UNARY_SPECS["floor"])
-ceil = _unary_fn(_UNARY_SPECS["ceil"])
-trunc = _unary_fn(_UNARY_SPECS["trunc"])
-logical_not = _unary_fn(_UNARY_SPECS["logical_not"])
-isnan = _unary_fn(_UNARY_SPECS["isnan"])
-isinf = _unary_fn(_UNARY_SPECS["isinf"])
-isfinite = _unary_fn(_UNARY_SPECS["isfinite"])
-bitwise_not = _unary_fn(_UNARY_SPECS["bitwise_not"])
-_round0 = _unary_fn(_UNARY_SPECS["round"])
+_round0 = unary_function("round", ufunc_kernel(np.rint), "round", FLOATS)
 
 
 def round(input: Tensor, *, decimals: int = 0, out=None) -> Tensor:
@@ -405,8 +366,8 @@ def gelu(input: Tensor, approximate: str = "none", *, out=None) -> Tensor:
 
 
 _GELU = {
-    "none": _Unary("gelu", _gelu_erf, "floatonly", _FLOATS),
-    "tanh": _Unary("gelu", _gelu_tanh, "floatonly", _FLOATS),
+    "none": UnarySpec("gelu", _gelu_erf, "floatonly", FLOATS),
+    "tanh": UnarySpec("gelu", _gelu_tanh, "floatonly", FLOATS),
 }
 
 
@@ -431,7 +392,7 @@ def softplus(
         xp.copyto(r, a, where=bx > threshold)
         return r
 
-    r = _Unary("softplus", kernel, "floatonly", _FLOATS).compute(as_array("softplus", input), out)
+    r = UnarySpec("softplus", kernel, "floatonly", FLOATS).compute(as_array("softplus", input), out)
     return out if out is not None else wrap(r)
 
 
@@ -446,7 +407,7 @@ def leaky_relu(input: Tensor, negative_slope: float = 0.01, *, out=None) -> Tens
     def kernel(a, o):
         return xp_of(a).where(a > 0, a, a * a.dtype.type(negative_slope))
 
-    r = _Unary("leaky_relu", kernel, "floatonly", _FLOATS).compute(
+    r = UnarySpec("leaky_relu", kernel, "floatonly", FLOATS).compute(
         as_array("leaky_relu", input), out
     )
     return out if out is not None else wrap(r)
@@ -480,7 +441,7 @@ def _check_int_power(name, a, b, ct):
         raise DTypeError(f"{name}: integers to negative integer powers are not allowed")
 
 
-class _Binary:
+class BinarySpec:
     """One binary op: its kernel ``kernel(a, b, out)`` and its dtype rule.
 
     kind: ``"arith"`` computes in the promoted dtype; ``"float"`` also turns an integral
@@ -491,11 +452,14 @@ class _Binary:
     refused; ``check(name, a, b, ct)`` validates values before anything is written.
     """
 
-    __slots__ = ("check", "fast", "kernel", "kind", "name", "reject")
+    __slots__ = ("check", "fast", "kernel", "kind", "name", "reject", "scalar_fast")
 
     def __init__(self, name, kernel, kind, fast, reject="", check=None):
         self.name, self.kernel, self.kind = name, kernel, kind
         self.fast, self.reject, self.check = fast, reject, check
+        # With a python scalar operand: ints keep any integer or floating dtype, floats any
+        # floating dtype (weak scalars: numpy and PyTorch agree there).
+        self.scalar_fast = {int: fast - BOOLS, float: fast & FLOATS}
 
     def dtypes(self, x, y):
         """(computation dtype, result dtype) of the op on operands ``x`` and ``y``."""
@@ -531,36 +495,30 @@ def _ufunc2(ufunc):
     return kernel
 
 
-def _binary_fns(spec: _Binary):
+def _binary_fns(spec: BinarySpec):
     """(function, operator, reflected operator) of a binary spec.
 
     The function raises on unsupported operands; the operators return NotImplemented so
     that python tries the other operand (a DTensor, for instance).
     """
     uf, fast, name = getattr(spec.kernel, "ufunc", None), spec.fast, spec.name
-    # Python ints keep any integer or floating dtype, python floats any floating dtype
-    # (weak scalars: numpy and PyTorch agree there).
-    fast_int = fast - _B
-    fast_float = fast & _FLOATS
+    scalar_fast_dtypes = spec.scalar_fast
 
     def scalar_fast(a, s, swap):
         """The op on a small array and a python int/float, or None for the slow path."""
         t = type(s)
         dt = a.dtype
-        if ((t is float and dt in fast_float) or (t is int and dt in fast_int)) and (
-            a.shape and a.nbytes < _allocator.POOL_MIN_BYTES
-        ):
+        if fast_path(scalar_fast_dtypes.get(t, _NONE), dt, a.ndim, a.nbytes):
             try:
                 return _wrap(uf(s, a) if swap else uf(a, s))
             except OverflowError:  # an int that does not fit: the slow path wraps it
                 return None
         return None
 
-    # The tensor-tensor fast path is written out in ``fn`` and ``op`` (the hot path of
-    # ``a + b``): same dtype (one PyTorch and numpy agree on), not 0-d, and both inputs
-    # smaller than the allocator's pooling threshold, so numpy allocates the output. (Only
-    # an output larger than both inputs, an outer broadcast of two small tensors, can then
-    # exceed the threshold without coming from the caching allocator.)
+    # The tensor-tensor short path of ``fn`` and ``op`` (the hot path of ``a + b``): same
+    # dtype (one PyTorch and numpy agree on) and :func:`fast_path` on the larger input.
+    # (Only an output larger than both inputs, an outer broadcast of two small tensors, can
+    # then exceed the pooling threshold without coming from the caching allocator.)
     def fn(input, other, *, out=None):
         if out is None:
             try:
@@ -576,9 +534,7 @@ def _binary_fns(spec: _Binary):
                         return r
                 else:
                     dt = a.dtype
-                    pool_min = _allocator.POOL_MIN_BYTES
-                    if (dt is b.dtype and dt in fast and a.ndim and a.nbytes < pool_min
-                            and b.nbytes < pool_min):
+                    if dt is b.dtype and fast_path(fast, dt, a.ndim, max(a.nbytes, b.nbytes)):
                         try:
                             return _wrap(uf(a, b))
                         except ValueError:  # shapes that do not broadcast: the slow path
@@ -600,9 +556,7 @@ def _binary_fns(spec: _Binary):
                 return NotImplemented
             return wrap(spec.compute(a, y, None))
         dt = a.dtype
-        pool_min = _allocator.POOL_MIN_BYTES
-        if (dt is b.dtype and dt in fast and a.ndim and a.nbytes < pool_min
-                and b.nbytes < pool_min):
+        if dt is b.dtype and fast_path(fast, dt, a.ndim, max(a.nbytes, b.nbytes)):
             try:
                 return _wrap(uf(a, b))
             except ValueError:
@@ -620,6 +574,7 @@ def _binary_fns(spec: _Binary):
             return NotImplemented
         return wrap(spec.compute(y, a, None))
 
+    fn.spec = spec
     fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = f"""Elementwise ``{name}`` with broadcasting. **Local**.
 
@@ -651,61 +606,56 @@ def _trunc_div(a, b, out):
 
 
 _BINARY_SPECS = {
-    "add": _Binary("add", _ufunc2(np.add), "arith", _REAL),
-    "sub": _Binary("sub", _ufunc2(np.subtract), "arith", _NUMERIC, "b"),
-    "mul": _Binary("mul", _ufunc2(np.multiply), "arith", _REAL),
-    "true_divide": _Binary("div", _ufunc2(np.true_divide), "float", _FLOATS),
-    "trunc_divide": _Binary("div", _trunc_div, "arith", frozenset(), "bc", _check_int_divisor),
-    "floor_divide": _Binary(
-        "floor_divide", _ufunc2(np.floor_divide), "arith", _FLOATS, "bc", _check_int_divisor
+    "add": BinarySpec("add", _ufunc2(np.add), "arith", REAL),
+    "sub": BinarySpec("sub", _ufunc2(np.subtract), "arith", NUMERIC, "b"),
+    "mul": BinarySpec("mul", _ufunc2(np.multiply), "arith", REAL),
+    "true_divide": BinarySpec("div", _ufunc2(np.true_divide), "float", FLOATS),
+    "trunc_divide": BinarySpec("div", _trunc_div, "arith", frozenset(), "bc", _check_int_divisor),
+    "floor_divide": BinarySpec(
+        "floor_divide", _ufunc2(np.floor_divide), "arith", FLOATS, "bc", _check_int_divisor
     ),
-    "remainder": _Binary(
-        "remainder", _ufunc2(np.remainder), "arith", _FLOATS, "bc", _check_int_divisor
+    "remainder": BinarySpec(
+        "remainder", _ufunc2(np.remainder), "arith", FLOATS, "bc", _check_int_divisor
     ),
-    "fmod": _Binary("fmod", _ufunc2(np.fmod), "arith", _FLOATS, "bc", _check_int_divisor),
-    "pow": _Binary("pow", _ufunc2(np.power), "arith", _FLOATS, "b", _check_int_power),
+    "fmod": BinarySpec("fmod", _ufunc2(np.fmod), "arith", FLOATS, "bc", _check_int_divisor),
+    "pow": BinarySpec("pow", _ufunc2(np.power), "arith", FLOATS, "b", _check_int_power),
     # Ordering ops refuse complex (PyTorch does; numpy orders complex lexicographically).
-    "maximum": _Binary("maximum", _ufunc2(np.maximum), "arith", _REAL, "c"),
-    "minimum": _Binary("minimum", _ufunc2(np.minimum), "arith", _REAL, "c"),
-    "atan2": _Binary("atan2", _ufunc2(np.arctan2), "float", _FLOATS, "c"),
-    "eq": _Binary("eq", _ufunc2(np.equal), "compare", _REAL),
-    "ne": _Binary("ne", _ufunc2(np.not_equal), "compare", _REAL),
-    "lt": _Binary("lt", _ufunc2(np.less), "compare", _REAL, "c"),
-    "le": _Binary("le", _ufunc2(np.less_equal), "compare", _REAL, "c"),
-    "gt": _Binary("gt", _ufunc2(np.greater), "compare", _REAL, "c"),
-    "ge": _Binary("ge", _ufunc2(np.greater_equal), "compare", _REAL, "c"),
-    "logical_and": _Binary("logical_and", _ufunc2(np.logical_and), "logical", _REAL),
-    "logical_or": _Binary("logical_or", _ufunc2(np.logical_or), "logical", _REAL),
-    "logical_xor": _Binary("logical_xor", _ufunc2(np.logical_xor), "logical", _REAL),
-    "bitwise_and": _Binary("bitwise_and", _ufunc2(np.bitwise_and), "bitwise", _INTS | _B),
-    "bitwise_or": _Binary("bitwise_or", _ufunc2(np.bitwise_or), "bitwise", _INTS | _B),
-    "bitwise_xor": _Binary("bitwise_xor", _ufunc2(np.bitwise_xor), "bitwise", _INTS | _B),
+    "maximum": BinarySpec("maximum", _ufunc2(np.maximum), "arith", REAL, "c"),
+    "minimum": BinarySpec("minimum", _ufunc2(np.minimum), "arith", REAL, "c"),
+    "atan2": BinarySpec("atan2", _ufunc2(np.arctan2), "float", FLOATS, "c"),
+    "eq": BinarySpec("eq", _ufunc2(np.equal), "compare", REAL),
+    "ne": BinarySpec("ne", _ufunc2(np.not_equal), "compare", REAL),
+    "lt": BinarySpec("lt", _ufunc2(np.less), "compare", REAL, "c"),
+    "le": BinarySpec("le", _ufunc2(np.less_equal), "compare", REAL, "c"),
+    "gt": BinarySpec("gt", _ufunc2(np.greater), "compare", REAL, "c"),
+    "ge": BinarySpec("ge", _ufunc2(np.greater_equal), "compare", REAL, "c"),
+    "logical_and": BinarySpec("logical_and", _ufunc2(np.logical_and), "logical", REAL),
+    "logical_or": BinarySpec("logical_or", _ufunc2(np.logical_or), "logical", REAL),
+    "logical_xor": BinarySpec("logical_xor", _ufunc2(np.logical_xor), "logical", REAL),
+    "bitwise_and": BinarySpec("bitwise_and", _ufunc2(np.bitwise_and), "bitwise", INTS | BOOLS),
+    "bitwise_or": BinarySpec("bitwise_or", _ufunc2(np.bitwise_or), "bitwise", INTS | BOOLS),
+    "bitwise_xor": BinarySpec("bitwise_xor", _ufunc2(np.bitwise_xor), "bitwise", INTS | BOOLS),
 }
 
-_add, _add_op, _add_rop = _binary_fns(_BINARY_SPECS["add"])
-_sub, _sub_op, _sub_rop = _binary_fns(_BINARY_SPECS["sub"])
-mul, _mul_op, _mul_rop = _binary_fns(_BINARY_SPECS["mul"])
-_true_div, _div_op, _div_rop = _binary_fns(_BINARY_SPECS["true_divide"])
-_trunc_div_fn = _binary_fns(_BINARY_SPECS["trunc_divide"])[0]
-floor_divide, _floordiv_op, _floordiv_rop = _binary_fns(_BINARY_SPECS["floor_divide"])
-remainder, _mod_op, _mod_rop = _binary_fns(_BINARY_SPECS["remainder"])
-fmod = _binary_fns(_BINARY_SPECS["fmod"])[0]
-pow, _pow_op, _pow_rop = _binary_fns(_BINARY_SPECS["pow"])
-maximum = _binary_fns(_BINARY_SPECS["maximum"])[0]
-minimum = _binary_fns(_BINARY_SPECS["minimum"])[0]
-atan2 = _binary_fns(_BINARY_SPECS["atan2"])[0]
-eq, _eq_op, _ = _binary_fns(_BINARY_SPECS["eq"])
-ne, _ne_op, _ = _binary_fns(_BINARY_SPECS["ne"])
-lt, _lt_op, _ = _binary_fns(_BINARY_SPECS["lt"])
-le, _le_op, _ = _binary_fns(_BINARY_SPECS["le"])
-gt, _gt_op, _ = _binary_fns(_BINARY_SPECS["gt"])
-ge, _ge_op, _ = _binary_fns(_BINARY_SPECS["ge"])
-logical_and = _binary_fns(_BINARY_SPECS["logical_and"])[0]
-logical_or = _binary_fns(_BINARY_SPECS["logical_or"])[0]
-logical_xor = _binary_fns(_BINARY_SPECS["logical_xor"])[0]
-bitwise_and, _and_op, _and_rop = _binary_fns(_BINARY_SPECS["bitwise_and"])
-bitwise_or, _or_op, _or_rop = _binary_fns(_BINARY_SPECS["bitwise_or"])
-bitwise_xor, _xor_op, _xor_rop = _binary_fns(_BINARY_SPECS["bitwise_xor"])
+_FNS = {key: _binary_fns(spec) for key, spec in _BINARY_SPECS.items()}
+#: The python operators of the binary ops: op name -> (operator, reflected operator).
+OPERATORS = {
+    ("div" if key == "true_divide" else key): fns[1:]
+    for key, fns in _FNS.items() if key != "trunc_divide"
+}
+_add, _sub, _true_div, _trunc_div_fn = (
+    _FNS[k][0] for k in ("add", "sub", "true_divide", "trunc_divide")
+)
+mul, floor_divide, remainder, fmod, pow, maximum, minimum, atan2 = (
+    _FNS[k][0]
+    for k in ("mul", "floor_divide", "remainder", "fmod", "pow", "maximum", "minimum", "atan2")
+)
+eq, ne, lt, le, gt, ge = (_FNS[k][0] for k in ("eq", "ne", "lt", "le", "gt", "ge"))
+logical_and, logical_or, logical_xor, bitwise_and, bitwise_or, bitwise_xor = (
+    _FNS[k][0]
+    for k in ("logical_and", "logical_or", "logical_xor", "bitwise_and", "bitwise_or",
+              "bitwise_xor")
+)
 
 
 def _scaled(name, x, y, alpha, what="alpha"):
@@ -768,6 +718,11 @@ def sub(input: TensorLike, other: TensorLike, *, alpha=1, out=None) -> Tensor:
     if alpha == 1 and not isinstance(alpha, bool):
         return _sub(input, other, out=out)
     return _with_alpha("sub", input, other, alpha, out)
+
+
+# With alpha=1, add and sub compute their spec's op (the dispatcher's raw forms read it).
+add.spec = _BINARY_SPECS["add"]
+sub.spec = _BINARY_SPECS["sub"]
 
 
 def div(input: TensorLike, other: TensorLike, *, rounding_mode=None, out=None) -> Tensor:

@@ -1,0 +1,22 @@
+"""Records of the products: ``matmul`` (and ``@``), ``mm``, ``bmm``, ``dot``, ``outer``,
+``addmm``, ``linear`` and ``einsum``."""
+
+from __future__ import annotations
+
+from ..local import kernels as K
+from .table import Operator, declare
+
+__all__: list[str] = []
+
+declare("matmul", K.matmul, ("input", "other"), samples="product", operators=(
+    Operator("__matmul__", "binary", K.matmul_operator(False)),
+    Operator("__rmatmul__", "reflected", K.matmul_operator(True)),
+))
+declare("mm", K.mm, ("input", "mat2"), samples="product")
+declare("bmm", K.bmm, ("input", "mat2"), samples="product")
+declare("dot", K.dot, ("input", "other"), samples="product")
+declare("outer", K.outer, ("input", "vec2"), samples="product")
+declare("addmm", K.addmm, ("input", "mat1", "mat2"), samples="product")
+declare("linear", K.linear, ("input", "weight", "bias"), method=False, samples="product")
+declare("einsum", K.einsum, ("operands",), ("equation",), variadic="operands", method=False,
+        samples="product")

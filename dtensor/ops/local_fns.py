@@ -1,0 +1,232 @@
+"""Strategy-dependent local kernels: what an op computes on a shard when that differs from
+what it computes on the whole tensor.
+
+An op record's ``local_fn(schema, strategy)`` is called once per propagation-cache entry and
+returns the kernel to run for the chosen strategy (it may read this rank's mesh coordinate
+from ``strategy.output_specs[0].mesh``):
+
+- ``mean`` (and ``mse_loss(reduction='mean')``): the local sum times ``1 / N_global``, so
+  a ``P(sum)`` of it is exact on uneven and empty shards;
+- ``amax``/``amin``/``max``/``min`` over a sharded dim: an empty local shard contributes
+  the reduction's identity (-inf / +inf, or the dtype's extremes) instead of raising;
+- ``view``/``reshape``/``unflatten``/``expand``/``expand_as``/``squeeze``: the local
+  kernel receives the LOCAL output shape (or explicit squeeze dims);
+- ``embedding`` with a row-sharded weight: indices outside the local rows are masked to
+  zero and the others shifted (PyTorch's MaskPartial), giving a ``P(sum)`` output;
+- ``dropout`` on a sharded input: the mask is drawn for the global tensor's counters at
+  the shard's global offsets, so the result equals the single-device one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from placements.errors import ArgumentError
+from placements.layout import local_offsets, local_shape
+from placements.rules import OpSchema, OpStrategy
+from placements.rules._core import norm_dims
+
+from ..local import kernels as _math
+from ..local import rng as _random
+from ..local.backend import array_module_of
+from ..local.kernels import nn as _math_nn
+from ..local.tensor import Tensor, _wrap
+from .table import OPS
+
+__all__ = [
+    "dropout_local",
+    "embedding_local",
+    "expand_as_local",
+    "extreme_local",
+    "mean_local",
+    "mse_local",
+    "shape_local",
+    "squeeze_local",
+]
+
+
+def _coord(strategy: OpStrategy) -> tuple[int, ...]:
+    return strategy.output_specs[0].mesh.get_coordinate()
+
+
+def _local_out_shape(strategy: OpStrategy) -> tuple[int, ...]:
+    return strategy.output_specs[0].local_shape(_coord(strategy))
+
+
+def _filled(like: Tensor, shape: tuple[int, ...], value: object, dtype: np.dtype) -> Tensor:
+    """A new tensor of ``shape`` filled with ``value``, on ``like``'s array module."""
+    return _wrap(array_module_of(like._arr).full(shape, value, dtype))
+
+
+def _scaled_sum(total: Callable, n_global: int, out_dtype: np.dtype) -> Callable:
+    """A kernel returning ``total(*values) / n_global`` in ``out_dtype``; its ``scale``
+    attribute is the factor (the compiled front computes ``mean`` from it)."""
+    inv = 1.0 / n_global if n_global else math.nan
+
+    def kernel(*values):
+        arr = total(*values)._arr  # a fresh array (0-d for a full reduction): scaled in place
+        arr *= inv
+        return _wrap(arr.astype(out_dtype, copy=False))
+
+    kernel.scale = inv
+    return kernel
+
+
+def mean_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
+    """mean: the local sum divided by the GLOBAL count of reduced elements."""
+    rt = strategy.output_specs[0].dtype
+    acc = np.dtype(np.float32) if rt == np.float16 else rt
+    shape = schema.args[0].shape
+    axes = norm_dims("mean", schema.get("dim"), len(shape))
+
+    def total(input, dim, keepdim, dtype):
+        return _math.sum(input, dim, keepdim, dtype=acc)
+
+    return _scaled_sum(total, math.prod(shape[d] for d in axes), rt)
+
+
+def mse_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
+    """mse_loss(reduction='mean'): the local sum divided by the GLOBAL element count."""
+    if schema.get("reduction", "mean") != "mean":
+        return _math.mse_loss
+    n = math.prod(np.broadcast_shapes(schema.args[0].shape, schema.args[1].shape))
+
+    def total(input, target, reduction):
+        return _math.mse_loss(input, target, "sum")
+
+    return _scaled_sum(total, n, strategy.output_specs[0].dtype)
+
+
+def _identity(kind: str, dtype: np.dtype) -> object:
+    """The identity of a ``max`` (or ``min``) reduction in ``dtype``."""
+    if dtype.kind == "b":
+        return kind != "max"
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return info.min if kind == "max" else info.max
+    return -np.inf if kind == "max" else np.inf
+
+
+def extreme_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
+    """amax/amin/max/min over a sharded dim: an empty local block gives the identity."""
+    kernel = OPS[schema.op].kernel
+    shape = schema.args[0].shape
+    dim = schema.get("dim")
+    if schema.op in ("max", "min") and dim is not None:
+        return kernel  # (values, indices) along an unsharded dim
+    axes = norm_dims(schema.op, dim, len(shape))
+    if not any(p.is_shard() and p.dim in axes for p in strategy.input_placements[0]):
+        return kernel
+    out_shape = _local_out_shape(strategy)
+    dtype = strategy.output_specs[0].dtype
+    fill = _identity("max" if schema.op in ("amax", "max") else "min", dtype)
+
+    def local(input, *rest):
+        if any(input.shape[d] == 0 for d in axes):
+            return _filled(input, out_shape, fill, dtype)
+        return kernel(input, *rest)
+
+    return local
+
+
+def shape_local(param: str) -> Callable:
+    """local_fn of a view-like op whose ``param`` is the output shape: pass the local one."""
+
+    def local_fn(schema: OpSchema, strategy: OpStrategy) -> Callable:
+        kernel = OPS[schema.op].kernel
+        if not strategy.output_specs[0].is_sharded():
+            return kernel
+        shape = _local_out_shape(strategy)
+        if schema.op == "unflatten":  # the local sizes of the split dim
+            d = schema.get("dim") % len(schema.args[0].shape)
+            shape = shape[d : d + len(tuple(schema.get("sizes")))]
+        idx = OPS[schema.op].params.index(param)
+
+        def local(*values):
+            values = list(values)
+            values[idx] = shape
+            return kernel(*values)
+
+        return local
+
+    return local_fn
+
+
+def expand_as_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
+    """expand_as: expand to the local output shape (``other`` gives metadata only)."""
+    shape = _local_out_shape(strategy)
+
+    def local(input, other):
+        return input.expand(shape)
+
+    return local
+
+
+def squeeze_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
+    """squeeze: drop the GLOBAL size-1 dims only (a shard may have other size-1 dims)."""
+    shape = schema.args[0].shape
+    dim = schema.get("dim")
+    cands = range(len(shape)) if dim is None else {
+        d % len(shape) for d in (dim if isinstance(dim, (tuple, list)) else (dim,))
+    }
+    dims = tuple(sorted(d for d in cands if shape[d] == 1))
+
+    def local(input, dim):
+        return input.squeeze(dims)
+
+    return local
+
+
+def embedding_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
+    """Row-sharded weight: local rows only, other indices give zeros (``P(sum)`` output);
+    an index outside the GLOBAL rows raises as the unsharded embedding does."""
+    w = schema.args[1]
+    target = strategy.input_placements[1]
+    if not any(p.is_shard(0) for p in target):
+        return _math.embedding
+    coord = _coord(strategy)
+    start = local_offsets(w.shape, schema.mesh_shape, target, coord)[0]
+    rows = local_shape(w.shape, schema.mesh_shape, target, coord)[0]
+    out_shape = _local_out_shape(strategy)
+
+    def local(input, weight, padding_idx):
+        idx = input._arr
+        _math_nn.check_index_range(idx, w.shape[0])
+        outside = (idx < start) | (idx >= start + rows)
+        if rows == 0:
+            return _filled(weight, out_shape, 0, weight.dtype)
+        shifted = idx - start
+        shifted[outside] = 0
+        out = _math.embedding(_wrap(shifted), weight)._arr
+        out[outside] = 0
+        return _wrap(out)
+
+    return local
+
+
+def dropout_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
+    """Sharded dropout: the mask of the global counters at this shard's global offsets."""
+    spec = strategy.output_specs[0]
+    if not schema.get("training", True) or not spec.is_sharded():
+        return _math.dropout
+    coord = _coord(strategy)
+    starts = spec.local_offsets(coord)
+    numel = spec.numel()
+
+    def local(input, p, training, inplace):
+        if not 0.0 <= p <= 1.0:
+            raise ArgumentError(f"dropout probability has to be between 0 and 1, but got {p}")
+        a = _math_nn._float_input("dropout", input)
+        if p == 0:
+            return input
+        seed, offset = _random._reserve(numel)
+        out = a if inplace else None
+        r = _math_nn._dropout_apply(a, p, seed, offset, spec.shape, starts, out=out)
+        return input if inplace else _wrap(r)
+
+    return local
+
+

@@ -1,0 +1,22 @@
+"""Records of the neural-network ops: softmax, layer_norm, embedding, losses, dropout."""
+
+from __future__ import annotations
+
+from ..local import kernels as K
+from .local_fns import dropout_local, embedding_local, mse_local
+from .table import declare
+
+__all__: list[str] = []
+
+for _name in ("softmax", "log_softmax"):
+    declare(_name, getattr(K, _name), static=("dim", "dtype"), samples="nn")
+declare("layer_norm", K.layer_norm, ("input", "weight", "bias"), ("normalized_shape",),
+        method=False, samples="nn")
+declare("embedding", K.embedding, ("input", "weight"), local_fn=embedding_local, method=False,
+        samples="nn")
+declare("cross_entropy", K.cross_entropy, ("input", "target", "weight"), ("reduction",),
+        method=False, samples="nn")
+declare("mse_loss", K.mse_loss, ("input", "target"), ("reduction",), local_fn=mse_local,
+        method=False, samples="nn")
+declare("dropout", K.dropout, static=("training",), local_fn=dropout_local, method=False,
+        samples="nn")

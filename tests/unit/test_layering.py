@@ -1,0 +1,230 @@
+"""The import layering of the project (DESIGN §1), read from the sources with ``ast``.
+
+Every import statement of the library packages, module-level and function-level, becomes
+an edge between two project modules. The test fails on an upward edge (a lower layer
+importing a higher one), on any import cycle among the modules, and on a function-level
+(lazy) import of a project module that does not say why it is lazy (``# lazy:`` on its line
+or the line above). ``.pyx``/``.pxi`` files of the compiled extension are read for their
+``import``/``cimport`` lines.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("placements", "redistribute", "fastpath", "dtensor", "launch")
+
+#: Layer of a module: the longest matching prefix decides. Imports may only point to the
+#: same layer or a lower one; modules of two different packages on one layer (fastpath and
+#: redistribute) may not import each other.
+LAYERS = (
+    ("placements", 0),
+    ("fastpath", 1),
+    ("redistribute", 1),
+    ("dtensor.local", 2),
+    ("dtensor.distributed", 3),
+    ("dtensor.ops", 4),
+    ("dtensor.dispatch", 5),
+    ("dtensor", 6),
+    ("launch", 7),
+)
+#: At most this many ``.py`` files directly in ``dtensor/`` (the public modules).
+MAX_TOP_LEVEL = 8
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _package_of(path: Path, module: str) -> str:
+    return module if path.name == "__init__.py" else module.rpartition(".")[0]
+
+
+def _sources() -> dict[str, Path]:
+    out = {}
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*")):
+            if path.suffix in (".py", ".pyx", ".pxi") and "__pycache__" not in path.parts:
+                out.setdefault(_module_name(path), path)
+    return out
+
+
+def _layer(module: str) -> tuple[str, int]:
+    best = ("", -1)
+    for prefix, layer in LAYERS:
+        if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > len(best[0]):
+            best = (prefix, layer)
+    return best
+
+
+def _resolve(target: str, modules: set[str]) -> str | None:
+    """The project module an import names (a name imported from a module resolves to the
+    module)."""
+    while target:
+        if target in modules:
+            return target
+        target = target.rpartition(".")[0]
+    return None
+
+
+def _edges(path: Path, module: str, modules: set[str], text: str | None = None
+           ) -> list[tuple[str, int, bool, str]]:
+    """``(imported module, line, lazy, source line)`` of every project import in ``path``
+    (or in ``text``, read as if it were that file)."""
+    text = path.read_text() if text is None else text
+    lines = text.splitlines()
+    found = []
+    if path.suffix in (".pyx", ".pxi"):
+        for n, line in enumerate(lines, 1):
+            m = re.match(r"\s*(?:from\s+([\w.]+)\s+c?import|c?import\s+([\w.]+))", line)
+            if m:
+                target = _resolve(m.group(1) or m.group(2), modules)
+                if target:
+                    found.append((target, n, line.startswith((" ", "\t")), line))
+        return found
+    tree = ast.parse(text)
+    package = _package_of(path, module)
+    top_level = {id(node) for node in tree.body}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                prefix = ".".join(base + ([node.module] if node.module else []))
+            else:
+                prefix = node.module or ""
+            names = [f"{prefix}.{a.name}" for a in node.names]
+        else:
+            continue
+        for name in names:
+            target = _resolve(name, modules)
+            if target and target != module:
+                lazy = id(node) not in top_level and not _guarded(tree, node)
+                found.append((target, node.lineno, lazy, lines[node.lineno - 1]))
+    return found
+
+
+def _guarded(tree: ast.Module, node: ast.AST) -> bool:
+    """An import inside a module-level ``try``/``if`` (a fallback), not inside a function."""
+    for top in tree.body:
+        if isinstance(top, (ast.Try, ast.If)) and any(n is node for n in ast.walk(top)):
+            return True
+    return False
+
+
+def _graph() -> tuple[dict[str, Path], dict[str, list[tuple[str, int, bool, str]]]]:
+    sources = _sources()
+    modules = set(sources)
+    return sources, {m: _edges(p, m, modules) for m, p in sources.items()}
+
+
+def _upward(module: str, target: str) -> bool:
+    (prefix, layer), (tprefix, tlayer) = _layer(module), _layer(target)
+    return tlayer > layer or (tlayer == layer and tprefix != prefix)
+
+
+def test_no_upward_import():
+    sources, graph = _graph()
+    bad = []
+    for module, edges in graph.items():
+        layer = _layer(module)[1]
+        for target, line, _, src in edges:
+            if _upward(module, target):
+                tlayer = _layer(target)[1]
+                bad.append(f"{sources[module].relative_to(ROOT)}:{line}: {module} (layer "
+                           f"{layer}) imports {target} (layer {tlayer}): {src.strip()}")
+    assert not bad, "upward imports:\n" + "\n".join(bad)
+
+
+def _cycles(adjacency: dict[str, list[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in adjacency.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in adjacency:
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_no_import_cycle():
+    _, graph = _graph()
+    cycles = _cycles({m: sorted({t for t, *_ in edges}) for m, edges in graph.items()})
+    assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_the_checker_sees_a_cycle():
+    graph = {"a": ["b"], "b": ["c"], "c": ["a"], "d": ["a"], "e": ["e"]}
+    assert _cycles(graph) == [["a", "b", "c"]]
+
+
+def test_every_lazy_import_says_why():
+    sources, graph = _graph()
+    bad = []
+    for module, edges in graph.items():
+        lines = sources[module].read_text().splitlines()
+        for target, line, lazy, src in edges:
+            if lazy and not any("# lazy:" in lines[n - 1] for n in (line, line - 1) if n > 0):
+                bad.append(f"{sources[module].relative_to(ROOT)}:{line}: {src.strip()}")
+    assert not bad, "function-level imports without a '# lazy:' reason:\n" + "\n".join(bad)
+
+
+def test_dtensor_top_level_holds_only_the_public_modules():
+    files = sorted(p.name for p in (ROOT / "dtensor").glob("*.py"))
+    assert len(files) <= MAX_TOP_LEVEL, files
+
+
+@pytest.mark.parametrize(
+    ("source", "text", "upward", "lazy"),
+    [
+        ("placements/fake.py", "from dtensor.local import tensor\n", True, False),
+        ("dtensor/local/fake.py", "from ..distributed import mesh\n", True, False),
+        ("redistribute/fake.py", "import fastpath\n", True, False),
+        ("dtensor/ops/fake.py", "def f():\n    from ..local import tensor\n", False, True),
+        ("dtensor/ops/fake.py",
+         "try:\n    from ..local import tensor\nexcept ImportError:\n    pass\n", False, False),
+        ("fastpath/fake.pyx", "from dtensor.local cimport tensor\n", True, False),
+    ],
+)
+def test_the_checker_sees_each_kind_of_edge(source, text, upward, lazy):
+    modules = set(_sources())
+    path = ROOT / source
+    module = _module_name(path)
+    ((target, _, is_lazy, _),) = _edges(path, module, modules, text)
+    assert _upward(module, target) is upward
+    assert is_lazy is lazy

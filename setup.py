@@ -8,6 +8,7 @@ and installs the pure-Python package, which runs on the Python path. Set
 
 from __future__ import annotations
 
+import glob
 import os
 import sys
 
@@ -19,6 +20,8 @@ from setuptools.errors import BaseError, CCompilerError
 BUILD_ERRORS = (BaseError, CCompilerError, OSError)
 
 EXT_SOURCE = os.path.join("fastpath", "_strides.pyx")
+# the parts ``fastpath/_dispatch.pyx`` includes (next to it, where Cython looks first)
+DISPATCH_PARTS = sorted(glob.glob(os.path.join("fastpath", "_dispatch_*.pxi")))
 # numpy's C API without the deprecated names
 NPY_API = [("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]
 
@@ -52,6 +55,7 @@ def _extensions() -> list[Extension]:
                 Extension(
                     "fastpath._dispatch",
                     [os.path.join("fastpath", "_dispatch.pyx")],
+                    depends=DISPATCH_PARTS,
                     include_dirs=[numpy.get_include()],
                     define_macros=NPY_API,
                 ),

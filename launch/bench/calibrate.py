@@ -48,13 +48,16 @@ CASES = {
 def fit(points: list[tuple[float, float]]) -> tuple[float, float]:
     """Least-squares ``(alpha_s, beta_bytes_per_s)`` of ``seconds = alpha + bytes / beta``.
 
-    **Local**. Alpha is clipped at 0; a non-positive slope (time not growing with bytes, as
-    on tiny sizes only) gives an infinite-like beta of 1e12 B/s.
+    **Local**. Alpha is clipped at 0; a slope that does not lift the fitted time measurably
+    across the byte range (time not growing with bytes, as on tiny sizes only; the fit of
+    flat data leaves a slope of rounding noise, of either sign) gives an infinite-like beta
+    of 1e12 B/s.
     """
     x = np.array([b for b, _ in points], dtype=float)
     y = np.array([s for _, s in points], dtype=float)
     slope, intercept = np.polyfit(x, y, 1) if len(set(x)) > 1 else (0.0, float(y.mean()))
-    beta = 1.0 / slope if slope > 0 else 1e12
+    rise = slope * (x.max() - x.min())
+    beta = 1.0 / slope if rise > 1e-9 * np.abs(y).max() else 1e12
     return max(float(intercept), 0.0), float(beta)
 
 

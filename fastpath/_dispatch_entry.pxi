@@ -1,0 +1,76 @@
+# The entry points installed on DTensor and in dtensor's namespace: methods, operators
+# and public functions that call a FastOp (make_method, make_operator, make_function).
+
+cdef bint _has_dtensor(tuple args, dict kwargs):
+    for a in args:
+        if isinstance(a, _DTensor):
+            return True
+        t = type(a)
+        if t is list or t is tuple:
+            for e in a:
+                if isinstance(e, _DTensor):
+                    return True
+    if kwargs:
+        return _has_dtensor(tuple(kwargs.values()), None)
+    return False
+
+
+def make_method(FastOp op, str name, str doc):
+    """A DTensor method running ``op`` with ``self`` first. **Local** to build."""
+    if op.pack_idx == 1:  # view(*shape)-style: the positionals are the packed value
+        def method(self, *args, **kwargs):
+            if not kwargs:
+                return op.call_sizes(self, args)
+            return op.call((self,) + args, kwargs)
+    else:
+        def method(self, *args, **kwargs):
+            if not kwargs:
+                if not args:
+                    return op.call1(self)
+                if len(args) == 1:
+                    return op.call2(self, args[0])
+            return op.call((self,) + args, kwargs)
+
+    method.__name__ = name
+    method.__qualname__ = f"DTensor.{name}"
+    method.__doc__ = doc
+    return method
+
+
+def make_operator(FastOp op, str name, str doc, str form):
+    """A DTensor operator: ``form`` is 'binary', 'reflected', 'compare', 'unary' or 'where'."""
+    if form == "binary":
+        def fn(self, other):
+            return op.call2(self, other)
+    elif form == "reflected":
+        def fn(self, other):
+            return op.call2(other, self)
+    elif form == "compare":
+        def fn(self, other):
+            t = type(other)
+            if not (t is _DTensor or t is float or t is int or t is bool or t is complex
+                    or isinstance(other, (_DTensor, _Tensor, bool, int, float, complex))):
+                return NotImplemented
+            return op.call2(self, other)
+    elif form == "unary":
+        def fn(self):
+            return op.call1(self)
+    elif form == "where":
+        def fn(self, condition, other):
+            return op.call((condition, self, other), None)
+    else:
+        raise ValueError(f"make_operator: unknown form {form!r}")
+    fn.__name__ = name
+    fn.__qualname__ = f"DTensor.{name}"
+    fn.__doc__ = doc
+    return fn
+
+
+def make_function(FastOp op, local):
+    """A public function: ``op`` when a DTensor is among the arguments, else ``local``."""
+    def fn(*args, **kwargs):
+        if _has_dtensor(args, kwargs):
+            return op.call(args, kwargs)
+        return local(*args, **kwargs)
+
+    return fn

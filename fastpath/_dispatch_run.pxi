@@ -1,0 +1,88 @@
+# The runners of a front entry: its raw form on the local arrays, else its kernel on the
+# local tensors, else the Python entry runner (_raw_pair, _run).
+
+cdef inline object _local_arr(object v):
+    cdef DTensorBase d = <DTensorBase>v
+    if d._loc is None:
+        return d._larr
+    return (<TensorBase?>d._loc)._arr
+
+
+cdef object _raw_pair(FrontEntry fe, object a, object b):
+    """A binary or scalar raw form on operands ``a`` (a DTensor) and ``b``; None when the
+    kernel must decide (an int the dtype cannot hold)."""
+    if fe.raw == RAW_BINARY:
+        out = fe.rawfn(_local_arr(a), _local_arr(b))
+    else:
+        try:
+            out = fe.rawfn(_local_arr(a), b)
+        except OverflowError:
+            return None
+    return _new_dtensor_arr(out, fe.out_spec0)
+
+
+cdef object _run(FrontEntry fe, list values):
+    """Run a front entry on bound values (DTensors are replaced by local tensors)."""
+    cdef int raw = fe.raw
+    cdef Py_ssize_t i, j
+    cdef tuple extra_idx = fe.extra_idx
+    if raw != RAW_NONE:
+        for j in range(len(extra_idx)):
+            i = <Py_ssize_t>(<object>PyTuple_GET_ITEM(extra_idx, j))
+            if values[i] is not <object>PyTuple_GET_ITEM(fe.extra_val, j):
+                raw = RAW_NONE
+                break
+    if raw == RAW_BINARY or raw == RAW_SCALAR:
+        out = _raw_pair(fe, values[0], values[1])
+        if out is not None:
+            return out
+    if raw == RAW_UNARY:
+        f = fe.rawfn
+        if type(f) is Unary:  # a compiled kernel: its C entry, no Python call
+            return _new_dtensor_arr((<Unary>f).apply(_local_arr(values[0]), None), fe.out_spec0)
+        return _new_dtensor_arr(f(_local_arr(values[0]), None), fe.out_spec0)
+    if raw == RAW_REDUCE:
+        axes, dtype, keepdim, scale = <tuple>fe.rawarg
+        out = fe.rawfn(_local_arr(values[0]), axes, dtype, None, keepdim)
+        if type(out) is not _ndarray:  # a numpy scalar of a full reduction: 0-d array
+            if scale is not None:
+                out = out * scale
+            out = _asarray(out)
+        elif scale is not None:
+            out *= scale
+        return _new_dtensor_arr(out, fe.out_spec0)
+    cdef TensorBase t, nt
+    if raw == RAW_VIEW:
+        # Tensor.view's own short path: a standard (row-major) array reshapes to PyTorch's
+        # strides; the result shares the Storage and is standard again.
+        t = <TensorBase?>_get_local(<DTensorBase>values[0])
+        if t._std is True:
+            arr = t._arr
+            if type(arr) is cnp.ndarray:  # numpy's C reshape (no method lookup)
+                arr = cnp.PyArray_Reshape(<cnp.ndarray>arr, fe.rawfn)
+            else:
+                arr = arr.reshape(fe.rawfn)
+            nt = <TensorBase>_new_tensor(arr, t._storage)
+            nt._std = True
+            return _new_dtensor(nt, fe.out_spec0)
+    elif raw == RAW_T:
+        t = <TensorBase?>_get_local(<DTensorBase>values[0])
+        return _new_dtensor(_new_tensor(t._arr.T, t._storage), fe.out_spec0)
+    elif raw == RAW_GETITEM:
+        # Tensor.__getitem__'s result for a basic index: numpy's view, when not empty
+        t = <TensorBase?>_get_local(<DTensorBase>values[0])
+        out = t._arr[fe.rawfn]
+        if out.size:
+            return _new_dtensor(_new_tensor(out, t._storage), fe.out_spec0)
+    cdef tuple direct = fe.direct
+    if direct is None:
+        return _run_entry(fe.entry, values, fe.mesh)
+    cdef Py_ssize_t pi
+    for pi in direct:
+        v = values[pi]
+        if type(v) is _DTensor:
+            values[pi] = _get_local(<DTensorBase>v)
+    out = fe.kernel(*values)
+    if type(out) is _Tensor:
+        return _new_dtensor(out, fe.out_spec0)
+    return _wrap_outputs(out, fe.out_specs)

@@ -24,9 +24,9 @@ Conventions of candidates:
 - An in-place rule sets :attr:`RuleResult.inplace`: only candidates that keep the first
   argument's placements (output and input) survive, and no such candidate is an error.
 
-This module also holds the metadata helpers the rule families share: PyTorch's dtype
-promotion (:func:`result_dtype`), dim normalisation (:func:`norm_dim`, :func:`norm_dims`)
-and broadcasting (:func:`broadcast_shapes`, :func:`pointwise_candidates`).
+This module also holds the candidate builder of elementwise ops
+(:func:`pointwise_candidates`), which several families share. PyTorch's metadata semantics
+(dims, broadcasting, dtype promotion, view shapes) live in :mod:`placements.meta`.
 """
 
 from __future__ import annotations
@@ -34,13 +34,25 @@ from __future__ import annotations
 import difflib
 import itertools
 import math
-import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import DimError, DTypeError, NoRuleError, ShardingError
+from ..errors import NoRuleError, ShardingError
+
+# transitional: dtensor still imports these from here (their home is placements.meta)
+from ..meta import (  # noqa: F401
+    _CATEGORY,
+    BOOL,
+    INT64,
+    TORCH_DTYPE_NAMES,
+    broadcast_shapes,
+    combine_categories,
+    norm_dim,
+    norm_dims,
+    promote_types,
+)
 from ..spec import DTensorSpec
 from ..types import Partial, Placement, Replicate, Shard, short_placements
 
@@ -190,197 +202,7 @@ def P(op: str) -> Partial:
     return _PARTIALS[op]
 
 
-# -- shared metadata helpers --------------------------------------------------------------
-def norm_dim(dim: object, ndim: int, op: str | None = None) -> int:
-    """A dim in ``[0, ndim)`` (a 0-d tensor accepts 0 and -1, as in PyTorch). **Local**.
-
-    The one dim check of the package: the rules and the local tensor's ``_norm_dim`` use
-    it, so a local Tensor and a DTensor raise the same error.
-
-    Raises
-    ------
-    DimError
-        PyTorch's wording after the op's name (no prefix when ``op`` is None):
-        ``sum: Dimension out of range (expected to be in range of [-2, 1], but got 3)``.
-    DTypeError
-        If ``dim`` is not an integer (a TypeError).
-    """
-    where = f"{op}: " if op else ""
-    try:
-        d = operator.index(dim)  # type: ignore[arg-type]
-    except TypeError:
-        raise DTypeError(f"{where}dim must be an int, got {type(dim).__name__} ({dim!r})") from None
-    n = ndim if ndim else 1
-    if not -n <= d < n:
-        raise DimError(
-            f"{where}Dimension out of range (expected to be in range of [{-n}, {n - 1}], "
-            f"but got {d})"
-        )
-    return d % n if ndim else 0
-
-
-def norm_dims(op: str, dim: object, ndim: int) -> tuple[int, ...]:
-    """A reduction's ``dim`` (None, int or sequence) as sorted axes; None or (): all.
-
-    **Local**. Every given dim is checked (a 0-d tensor accepts 0 and -1 and has no axes).
-    A dim given twice raises ShardingError; one out of range, :class:`DimError`.
-    """
-    if dim is None:
-        return tuple(range(ndim))
-    if isinstance(dim, (int, np.integer)) or not hasattr(dim, "__iter__"):
-        d = norm_dim(dim, ndim, op)  # one dim (a DTypeError naming the op if not an int)
-        return (d,) if ndim else ()
-    axes = tuple(norm_dim(d, ndim, op) for d in dim)  # type: ignore[attr-defined]
-    if len(set(axes)) != len(axes):
-        raise ShardingError(f"{op}: dim {list(dim)} has a dim that appears multiple times")
-    # Note: like PyTorch, an empty dim list reduces over every dim.
-    return tuple(sorted(axes)) if axes and ndim else tuple(range(ndim))
-
-
-def broadcast_shapes(op: str, shapes: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
-    """Broadcast shape of ``shapes`` (numpy/PyTorch rules). **Local**."""
-    ndim = max((len(s) for s in shapes), default=0)
-    out = [1] * ndim
-    for s in shapes:
-        for i, n in enumerate(s, ndim - len(s)):
-            if n != 1:
-                if out[i] == 1:
-                    out[i] = n
-                elif out[i] != n:
-                    listed = " and ".join(str(tuple(t)) for t in shapes)
-                    raise ShardingError(
-                        f"{op}: shapes {listed} do not broadcast (size {out[i]} vs {n} at "
-                        f"dimension {i - ndim})"
-                    )
-    return tuple(out)
-
-
-_CATEGORY = {"b": 0, "u": 1, "i": 1, "f": 2, "c": 3}
-BOOL = np.dtype(np.bool_)
-INT64 = np.dtype(np.int64)
-
-
-_PROMOTED: dict[tuple[np.dtype, np.dtype], np.dtype] = {}
-
-
-def promote_types(a: np.dtype | None, b: np.dtype | None) -> np.dtype | None:
-    """PyTorch's ``promote_types`` (None: no operand yet). **Local**.
-
-    Within a category numpy's table is PyTorch's; across categories the higher category's
-    dtype wins (``int64`` with ``float16`` is ``float16``), float with complex widens.
-    Results are memoised: the local kernels call this on every op.
-    """
-    if a is None or a == b:
-        return b
-    if b is None:
-        return a
-    out = _PROMOTED.get((a, b))
-    if out is None:
-        ca, cb = _CATEGORY[a.kind], _CATEGORY[b.kind]
-        out = np.promote_types(a, b) if ca == cb or min(ca, cb) >= 2 else (a if ca > cb else b)
-        _PROMOTED[(a, b)] = out
-    return out
-
-
-def combine_categories(higher: np.dtype | None, lower: np.dtype | None) -> np.dtype | None:
-    """Combine two promotion tiers, e.g. dimensioned tensors with 0-d ones (PyTorch's
-    ``combine_categories``): the lower tier matters only when its category is higher.
-    **Local**."""
-    if higher is None:
-        return lower
-    if lower is None:
-        return higher
-    ch, cl = _CATEGORY[higher.kind], _CATEGORY[lower.kind]
-    if ch == 3:
-        return higher
-    if cl == 3:
-        return promote_types(higher, lower) if ch == 2 else lower
-    if ch == 2:
-        return higher
-    if ch == 0 or cl == 2:
-        return promote_types(higher, lower)
-    return higher
-
-
-def scalar_dtype(meta: ArgMeta, default_float: np.dtype) -> np.dtype:
-    """The dtype of a python scalar as a "wrapped number": its kind's default dtype."""
-    kind = meta.dtype.kind
-    if kind == "f":
-        return default_float
-    if kind == "c":
-        return np.dtype(np.complex128 if default_float == np.float64 else np.complex64)
-    return BOOL if kind == "b" else INT64
-
-
-def result_dtype(args: Sequence[ArgMeta | None], default_float: np.dtype) -> np.dtype:
-    """PyTorch's result dtype of operands: dimensioned tensors, then 0-d ones, then scalars.
-
-    **Local**. A 0-d tensor or a python scalar matters only when its category
-    (bool < int < float < complex) is higher than the dimensioned tensors'.
-    """
-    dim = zero = wrapped = None
-    for a in args:
-        if a is None:
-            continue
-        if a.is_scalar:
-            wrapped = promote_types(wrapped, scalar_dtype(a, default_float))
-        elif a.shape:
-            dim = promote_types(dim, a.dtype)
-        else:
-            zero = promote_types(zero, a.dtype)
-    out = combine_categories(dim, combine_categories(zero, wrapped))
-    return default_float if out is None else out
-
-
-def can_cast(src: np.dtype, dst: np.dtype) -> bool:
-    """PyTorch's ``canCast``: no complex->real, float->integral or non-bool->bool. **Local**."""
-    return _CATEGORY[src.kind] <= _CATEGORY[dst.kind]
-
-
-# Note: dtype strings follow PyTorch ("float" is float32, "int" is int32), not numpy (where
-# np.dtype("float") is float64 and np.dtype("int") is int64). Any other string goes through
-# numpy.dtype(). The local tensor's ``to_dtype`` uses this table too.
-TORCH_DTYPE_NAMES = {
-    "float": np.dtype(np.float32),
-    "double": np.dtype(np.float64),
-    "half": np.dtype(np.float16),
-    "int": np.dtype(np.int32),
-    "long": INT64,
-    "short": np.dtype(np.int16),
-    "char": np.dtype(np.int8),
-    "byte": np.dtype(np.uint8),
-    "bool": BOOL,
-    "cfloat": np.dtype(np.complex64),
-    "cdouble": np.dtype(np.complex128),
-}
-
-
-def as_dtype(value: object, default_float: np.dtype) -> np.dtype:
-    """A ``dtype=`` argument as a numpy dtype (python ``float`` is the default float dtype,
-    ``int`` int64, ``bool`` bool, as in PyTorch's TensorOptions; strings as in
-    :data:`TORCH_DTYPE_NAMES`). **Local**.
-
-    Raises DTypeError (as the local tensor's ``to_dtype``) for what is not a dtype.
-    """
-    if value is float:
-        return default_float
-    if value is complex:
-        return np.dtype(np.complex128 if default_float == np.float64 else np.complex64)
-    if value is int:
-        return INT64
-    if isinstance(value, str) and value in TORCH_DTYPE_NAMES:
-        return TORCH_DTYPE_NAMES[value]
-    try:
-        return np.dtype(value)  # type: ignore[call-overload]
-    except TypeError as exc:
-        raise DTypeError(f"cannot interpret {value!r} as a dtype") from exc
-
-
-def float_dtype(dtype: np.dtype, default_float: np.dtype) -> np.dtype:
-    """``dtype`` if floating/complex, else the default float dtype (float ops on ints)."""
-    return dtype if dtype.kind in "fc" else default_float
-
-
+# -- candidate builders shared by rule families ----------------------------------------------
 def pointwise_candidates(
     out_shape: tuple[int, ...],
     args: Sequence[ArgMeta | None],

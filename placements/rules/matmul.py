@@ -25,18 +25,8 @@ from __future__ import annotations
 import string
 
 from ..errors import ShardingError
-from ._core import (
-    ArgMeta,
-    Candidate,
-    OpSchema,
-    P,
-    R,
-    RuleResult,
-    S,
-    broadcast_shapes,
-    register_rule,
-    result_dtype,
-)
+from ..meta import broadcast_shapes, result_dtype
+from ._core import ArgMeta, Candidate, OpSchema, P, R, RuleResult, S, register_rule
 
 __all__ = ["check_sizes", "einsum_result", "parse_einsum", "product_rule"]
 

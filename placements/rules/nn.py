@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ArgumentError, DTypeError, ShardingError
+from ..meta import as_dtype, broadcast_shapes, norm_dim, result_dtype
 from ._core import (
     Candidate,
     OpSchema,
@@ -32,12 +33,8 @@ from ._core import (
     R,
     RuleResult,
     S,
-    as_dtype,
-    broadcast_shapes,
-    norm_dim,
     pointwise_candidates,
     register_rule,
-    result_dtype,
 )
 
 __all__ = ["check_embedding_indices", "nn_rule"]

@@ -26,21 +26,17 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import DTypeError, NoRuleError
-from ._core import (
+from ..meta import (
     BOOL,
     INT64,
-    Candidate,
-    OpSchema,
-    P,
-    R,
-    RuleResult,
-    S,
     as_dtype,
     float_dtype,
     norm_dim,
     norm_dims,
-    register_rule,
+    real_dtype,
+    reduced_shape,
 )
+from ._core import Candidate, OpSchema, P, R, RuleResult, S, register_rule
 
 __all__ = ["reduction_rule", "scan_rule"]
 
@@ -90,7 +86,7 @@ def _out_dtype(op: str, schema: OpSchema) -> np.dtype:
     if op in ("var", "std", "norm"):
         if op == "norm" and req is not None:
             dt = as_dtype(req, schema.default_float)
-        return np.finfo(dt).dtype if dt.kind == "c" else dt
+        return real_dtype(dt)
     if op == "logsumexp":
         return float_dtype(dt, schema.default_float)
     return dt
@@ -124,14 +120,7 @@ def reduction_rule(schema: OpSchema) -> RuleResult:
     keepdim = bool(schema.get("keepdim", False)) and op != "count_nonzero" and not (
         op in ("max", "min") and dim is None
     )
-    if op in ("argmax", "argmin") and dim is None:
-        shape: tuple[int, ...] = (1,) * ndim if keepdim else ()
-    else:
-        shape = tuple(
-            1 if d in axes else n
-            for d, n in enumerate(a.shape)  # type: ignore[union-attr]
-            if keepdim or d not in axes
-        )
+    shape = reduced_shape(a.shape, axes if keep_others else None, keepdim)  # type: ignore
     dtype = _out_dtype(op, schema)
     if op in _BOOL_PASS and a.dtype == BOOL:  # type: ignore[union-attr]
         passthrough = _BOOL_PASS[op]

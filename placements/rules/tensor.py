@@ -17,6 +17,7 @@ from __future__ import annotations
 import operator
 
 from ..errors import ShardingError
+from ..meta import broadcast_shapes, norm_dim, norm_dims, result_dtype
 from ._core import (
     Candidate,
     OpSchema,
@@ -24,12 +25,8 @@ from ._core import (
     R,
     RuleResult,
     S,
-    broadcast_shapes,
-    norm_dim,
-    norm_dims,
     pointwise_candidates,
     register_rule,
-    result_dtype,
 )
 from .pointwise import cast_partials, inplace_result
 

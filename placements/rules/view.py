@@ -17,6 +17,17 @@ Every view op is described by where each output dim comes from: an input dim unc
   ``unbind``, broadcast by ``expand``, squeezed, a non-first dim of a group) must be
   unsharded.
 
+One rule per family, over the shared candidate builders :func:`_map_result` (a dim map)
+and :func:`_reshape` (merged/split groups with their exactness check); the shapes and their
+errors come from :mod:`placements.meta`, as in the local tensor:
+
+- :func:`permute_rule`: permute, transpose/swapaxes/swapdims, t, movedim/moveaxis;
+- :func:`reshape_rule`: view, reshape, flatten, unflatten;
+- :func:`expand_rule`: expand, expand_as (``other`` gives its shape only: never moved);
+- :func:`squeeze_rule`: squeeze, unsqueeze;
+- :func:`slice_rule`: narrow, select, basic indexing (``getitem``);
+- :func:`split_rule`: split, chunk, unbind (one output per piece).
+
 The local kernels of ``view``/``reshape``/``flatten``/``unflatten``/``expand`` receive the
 LOCAL output shape (the op table's ``local_fn`` computes it from the output spec).
 """
@@ -53,7 +64,15 @@ from ..meta import (
 )
 from ._core import Candidate, OpSchema, P, R, RuleResult, S, register_rule
 
-__all__ = ["reshape_groups", "view_rule"]
+__all__ = [
+    "expand_rule",
+    "permute_rule",
+    "reshape_groups",
+    "reshape_rule",
+    "slice_rule",
+    "split_rule",
+    "squeeze_rule",
+]
 
 _KINDS = ("sum", "avg", "max", "min")
 
@@ -149,13 +168,6 @@ def _reshape(schema: OpSchema, shape_in: tuple[int, ...], shape_out: tuple[int, 
     return _map_result(schema, (shape_out,), dim_map, nd_check=nd_check if merged else None)
 
 
-def _permutation(schema: OpSchema, perm: Sequence[int]) -> RuleResult:
-    shape = schema.args[0].shape  # type: ignore[union-attr]
-    return _map_result(
-        schema, (tuple(shape[d] for d in perm),), {d: j for j, d in enumerate(perm)}
-    )
-
-
 def _keep_except(ndim: int, removed: Sequence[int], keep_dim: bool = False) -> dict[int, int]:
     """Dim map of an op that removes (or, with ``keep_dim``, only unshards) some dims."""
     out, j = {}, 0
@@ -168,67 +180,81 @@ def _keep_except(ndim: int, removed: Sequence[int], keep_dim: bool = False) -> d
     return out
 
 
+@register_rule("permute", "transpose", "swapaxes", "swapdims", "t", "movedim", "moveaxis")
+def permute_rule(schema: OpSchema) -> RuleResult:
+    """Rule of the dim permutations: a Shard follows its dim. **Local**."""
+    op, get = schema.op, schema.get
+    shape = schema.args[0].shape  # type: ignore[union-attr]
+    ndim = len(shape)
+    if op == "permute":
+        perm = permute_dims(ndim, get("dims"))
+    elif op == "t":
+        perm = t_dims(ndim)
+    elif op in ("movedim", "moveaxis"):
+        perm = movedim_dims(ndim, get("source"), get("destination"))
+    else:
+        perm = transpose_dims(ndim, get("dim0"), get("dim1"), op)
+    out = tuple(shape[d] for d in perm)
+    return _map_result(schema, (out,), {d: j for j, d in enumerate(perm)})
+
+
+@register_rule("view", "reshape", "flatten", "unflatten")
+def reshape_rule(schema: OpSchema) -> RuleResult:
+    """Rule of the reshapes: groups of dims merged or split (see :func:`_reshape`). **Local**."""
+    op, get = schema.op, schema.get
+    shape = schema.args[0].shape  # type: ignore[union-attr]
+    if op == "flatten":
+        out = flatten_shape(shape, get("start_dim", 0), get("end_dim", -1))
+    elif op == "unflatten":
+        out = unflatten_shape(shape, get("dim"), get("sizes"))
+    else:
+        out = infer_size(as_dims(get("shape")), math.prod(shape))
+    return _reshape(schema, shape, out)
+
+
+@register_rule("expand", "expand_as")
+def expand_rule(schema: OpSchema) -> RuleResult:
+    """Rule of ``expand``/``expand_as``: a Shard on a dim that keeps its size carries over;
+    a broadcast (size-1) dim and the new leading dims are unsharded. **Local**."""
+    shape = schema.args[0].shape  # type: ignore[union-attr]
+    if schema.op == "expand":
+        out = expand_shape(shape, as_dims(schema.get("sizes")))
+    else:
+        out = expand_shape(shape, schema.args[1].shape)  # type: ignore[union-attr]
+    lead = len(out) - len(shape)
+    dim_map = {d: lead + d for d in range(len(shape)) if out[lead + d] == shape[d]}
+    return _map_result(schema, (out,), dim_map, extra=int(schema.op == "expand_as"))
+
+
+@register_rule("squeeze", "unsqueeze")
+def squeeze_rule(schema: OpSchema) -> RuleResult:
+    """Rule of ``squeeze``/``unsqueeze``: the other dims keep their Shard. **Local**."""
+    shape = schema.args[0].shape  # type: ignore[union-attr]
+    ndim = len(shape)
+    if schema.op == "unsqueeze":
+        d = norm_dim(schema.get("dim"), ndim + 1, "unsqueeze")
+        out = shape[:d] + (1,) + shape[d:]
+        return _map_result(schema, (out,), {i: i + (i >= d) for i in range(ndim)})
+    removed = squeeze_dims(shape, schema.get("dim"))
+    out = tuple(n for d, n in enumerate(shape) if d not in removed)
+    return _map_result(schema, (out,), _keep_except(ndim, removed))
+
+
 def _advanced(item: object) -> bool:
     """Whether an index entry asks for advanced indexing (a bool, a list, an array)."""
     return isinstance(item, (bool, np.bool_, list)) or getattr(item, "ndim", 0) > 0
 
 
-def _getitem(schema: OpSchema, key: object) -> RuleResult:
-    items = key if isinstance(key, tuple) else (key,)
-    if any(_advanced(it) for it in items):
-        raise NoRuleError(
-            "__getitem__: advanced indexing (tensors, lists, bool masks) of a DTensor has "
-            f"no sharding rule (index {key!r}); use basic indexing (ints, slices, None, "
-            "...) or index the full_tensor()"
-        )
-    out, dim_map = index_shape(schema.args[0].shape, key)  # type: ignore[union-attr]
-    return _map_result(schema, (out,), dim_map)
+@register_rule("narrow", "select", "getitem")
+def slice_rule(schema: OpSchema) -> RuleResult:
+    """Rule of ``narrow``, ``select`` and basic indexing: a sliced or indexed dim is
+    unsharded, a dim kept whole keeps its Shard. **Local**.
 
-
-_VIEW_OPS = ("view", "reshape", "flatten", "unflatten", "permute", "transpose", "swapaxes",
-             "swapdims", "t", "movedim", "moveaxis", "squeeze", "unsqueeze", "expand",
-             "expand_as", "narrow", "select", "getitem", "split", "chunk", "unbind")
-
-
-@register_rule(*_VIEW_OPS)
-def view_rule(schema: OpSchema) -> RuleResult:
-    """Rule of every view/shape op (see the module docstring). **Local**."""
-    op = schema.op
-    a = schema.args[0]
-    shape = a.shape  # type: ignore[union-attr]
+    Raises NoRuleError for advanced indexing (tensors, lists, bool masks).
+    """
+    op, get = schema.op, schema.get
+    shape = schema.args[0].shape  # type: ignore[union-attr]
     ndim = len(shape)
-    get = schema.get
-    if op in ("view", "reshape"):
-        return _reshape(schema, shape, infer_size(as_dims(get("shape")), math.prod(shape)))
-    if op == "flatten":
-        out = flatten_shape(shape, get("start_dim", 0), get("end_dim", -1))
-        return _reshape(schema, shape, out)
-    if op == "unflatten":
-        return _reshape(schema, shape, unflatten_shape(shape, get("dim"), get("sizes")))
-    if op == "permute":
-        return _permutation(schema, permute_dims(ndim, get("dims")))
-    if op in ("transpose", "swapaxes", "swapdims"):
-        return _permutation(schema, transpose_dims(ndim, get("dim0"), get("dim1"), op))
-    if op == "t":
-        return _permutation(schema, t_dims(ndim))
-    if op in ("movedim", "moveaxis"):
-        return _permutation(schema, movedim_dims(ndim, get("source"), get("destination")))
-    if op == "squeeze":
-        removed = squeeze_dims(shape, get("dim"))
-        out = tuple(n for d, n in enumerate(shape) if d not in removed)
-        return _map_result(schema, (out,), _keep_except(ndim, removed))
-    if op == "unsqueeze":
-        d = norm_dim(get("dim"), ndim + 1, op)
-        out = shape[:d] + (1,) + shape[d:]
-        return _map_result(schema, (out,), {i: i + (i >= d) for i in range(ndim)})
-    if op in ("expand", "expand_as"):
-        if op == "expand":
-            out = expand_shape(shape, as_dims(get("sizes")))
-        else:
-            out = expand_shape(shape, schema.args[1].shape)  # type: ignore[union-attr]
-        lead = len(out) - ndim
-        dim_map = {d: lead + d for d in range(ndim) if out[lead + d] == shape[d]}
-        return _map_result(schema, (out,), dim_map, extra=int(op == "expand_as"))
     if op == "narrow":
         d, _, length = narrow_args(shape, get("dim"), get("start"), get("length"))
         out = shape[:d] + (length,) + shape[d + 1 :]
@@ -236,13 +262,28 @@ def view_rule(schema: OpSchema) -> RuleResult:
     if op == "select":
         d, _ = select_args(shape, get("dim"), get("index", 0))
         return _map_result(schema, (shape[:d] + shape[d + 1 :],), _keep_except(ndim, [d]))
-    if op == "getitem":
-        return _getitem(schema, get("idx"))
+    key = get("idx")
+    if any(_advanced(it) for it in (key if isinstance(key, tuple) else (key,))):
+        raise NoRuleError(
+            "__getitem__: advanced indexing (tensors, lists, bool masks) of a DTensor has "
+            f"no sharding rule (index {key!r}); use basic indexing (ints, slices, None, "
+            "...) or index the full_tensor()"
+        )
+    out, dim_map = index_shape(shape, key)
+    return _map_result(schema, (out,), dim_map)
+
+
+@register_rule("split", "chunk", "unbind")
+def split_rule(schema: OpSchema) -> RuleResult:
+    """Rule of ``split``/``chunk``/``unbind``: one output per piece, the split dim unsharded
+    (``unbind`` removes it). **Local**."""
+    op, get = schema.op, schema.get
+    shape = schema.args[0].shape  # type: ignore[union-attr]
+    ndim = len(shape)
     if op == "unbind":
         d = nonscalar_dim(get("dim", 0), ndim, op)
         outs = tuple(shape[:d] + shape[d + 1 :] for _ in range(shape[d]))
         return _map_result(schema, outs, _keep_except(ndim, [d]))
-    # split / chunk
     d = split_dim(ndim, get("dim", 0), op)
     if op == "chunk":
         sizes = chunk_sizes(shape[d], get("chunks"))

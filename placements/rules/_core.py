@@ -337,75 +337,94 @@ def _inplace_error(schema: OpSchema, m: int) -> ShardingError:
     )
 
 
-def propagate(
-    schema: OpSchema,
-    mesh: object,
-    cost_fn: Callable[[ArgMeta, tuple[Placement, ...]], float],
-) -> OpStrategy:
-    """Choose the cheapest N-D strategy for ``schema`` on ``mesh``. **Local** and pure.
+# a tensor argument as the search sees it: (index into placements, meta, current
+# placements, number of elements)
+_Tensor = tuple[int, ArgMeta, tuple[Placement, ...], int]
+# one mesh dim's admissible candidate: (estimate, index in the rule's list, candidate)
+_Ranked = tuple[int, int, Candidate]
 
-    ``cost_fn(arg_meta, target_placements)`` is the redistribution cost of one argument
-    (the dispatcher passes one backed by the redistribute cost model).
 
-    The search: per mesh dim, the rule's candidates minus those that would turn a tensor
-    argument into a Partial kind that no argument holds on that mesh dim (that never saves
-    communication; it only defers it). If a combination needs no redistribution at all it
-    is taken (the first in candidate-list order). Otherwise combinations are visited in the
-    order of a cheap per-mesh-dim estimate (elements of arguments that would move) and
-    costed with a memo per (argument, target) and branch-and-bound over the arguments; the
-    result is the cheapest valid combination, ties broken by candidate-list order (mesh
-    dim 0 first). Scalars and local 0-d values cost nothing to split. The rule's result
-    is memoised per call signature without placements.
-    """
-    result = _rule_result(schema)
-    args = schema.args
-    n_out = len(result.out_shapes)
-    nm = len(schema.mesh_shape)
-    cands = result.candidates
-    # tensor arguments: (index into placements, meta, current placements, size)
-    tensors = [
+def _tensor_args(args: Sequence[ArgMeta | None], n_out: int) -> list[_Tensor]:
+    """The arguments that hold placements (DTensors), with their slot in a candidate."""
+    return [
         (n_out + i, a, a.placements, math.prod(a.shape))
         for i, a in enumerate(args)
         if a is not None and a.placements is not None
     ]
+
+
+def _mesh_dim_candidates(
+    schema: OpSchema, result: RuleResult, tensors: list[_Tensor], m: int
+) -> tuple[list[_Ranked], list[Candidate]]:
+    """The rule's candidates admissible on mesh dim ``m``, ranked, and those among them that
+    move nothing (in list order).
+
+    A candidate is dropped when it would turn a tensor argument into a Partial kind that no
+    argument holds on mesh dim ``m`` (that never saves communication; it only defers it),
+    or, for an in-place op, when it does not keep the first argument's placement (output
+    and input). The rank of a kept one is ``(estimate, list index)``: the estimate sums,
+    over the tensor arguments it moves, their element counts plus one.
+
+    Raises ShardingError (in-place op) when no candidate is left.
+    """
+    n_out = len(result.out_shapes)
+    held = {cur[m].reduce_op for _, _, cur, _ in tensors if cur[m].kind == "P"}
     inplace = result.inplace
-    dims: list[list[tuple[int, int, Candidate]]] = []
-    zero: list[list[Candidate]] = []
-    for m in range(nm):
-        held = {cur[m].reduce_op for _, _, cur, _ in tensors if cur[m].kind == "P"}
-        if inplace:
-            first = args[0].placements[m] if args[0].placements is not None else R
-        lst = []
-        zlst = []
-        for idx, c in enumerate(cands):
-            pl = c.placements
-            if inplace and (pl[0] != first or pl[n_out] != first):
+    if inplace:
+        cur0 = schema.args[0].placements  # type: ignore[union-attr]
+        first = cur0[m] if cur0 is not None else R
+    ranked: list[_Ranked] = []
+    zero: list[Candidate] = []
+    for idx, c in enumerate(result.candidates):
+        pl = c.placements
+        if inplace and (pl[0] != first or pl[n_out] != first):
+            continue
+        est = 0
+        for j, _, cur, size in tensors:
+            t = pl[j]
+            if t is None or t == cur[m]:
                 continue
-            est = 0
-            for j, _, cur, size in tensors:
-                t = pl[j]
-                if t is None or t == cur[m]:
-                    continue
-                if t.kind == "P" and t.reduce_op not in held:
-                    break
-                est += size + 1
-            else:
-                lst.append((est, idx, c))
-                if est == 0:
-                    zlst.append(c)
-        if not lst:
-            raise _inplace_error(schema, m)
-        lst.sort()  # by estimate, then list order (indices are unique)
-        dims.append(lst)
-        zero.append(zlst)
+            if t.kind == "P" and t.reduce_op not in held:
+                break
+            est += size + 1
+        else:
+            ranked.append((est, idx, c))
+            if est == 0:
+                zero.append(c)
+    if not ranked:
+        raise _inplace_error(schema, m)
+    ranked.sort()  # by estimate, then list order (indices are unique)
+    return ranked, zero
 
-    # 1. a combination without any redistribution (first valid one in list order)
-    if all(zero):
-        for cs in itertools.product(*zero):
-            if nd_valid(result, cs):
-                return _strategy(schema, mesh, result, cs, 0.0, ((cs, 0.0),))
 
-    # 2. branch and bound over costed combinations, in estimate order
+def _free_combo(
+    result: RuleResult, zero: list[list[Candidate]]
+) -> tuple[Candidate, ...] | None:
+    """The first valid combination (in candidate-list order, mesh dim 0 first) that moves no
+    argument on any mesh dim, or None."""
+    if not all(zero):
+        return None
+    for cs in itertools.product(*zero):
+        if nd_valid(result, cs):
+            return cs
+    return None
+
+
+def _cheapest_combo(
+    result: RuleResult,
+    tensors: list[_Tensor],
+    dims: list[list[_Ranked]],
+    cost_fn: Callable[[ArgMeta, tuple[Placement, ...]], float],
+) -> tuple[tuple[Candidate, ...] | None, float, list[tuple[tuple[Candidate, ...], float]]]:
+    """Branch and bound over every combination of ranked candidates (one per mesh dim).
+
+    Combinations are visited in rank order; each is costed argument by argument with
+    ``cost_fn`` (memoised per argument and target placements) and abandoned as soon as it
+    exceeds the best cost found. Returns the cheapest valid combination (ties: the smaller
+    tuple of list indices, mesh dim 0 first; None if nd_check rejects all), its cost and
+    the successive best combinations with their costs.
+    """
+    nm = len(dims)
     combos = list(itertools.product(*dims))
     # per tensor argument, its target placements in every combination (same order)
     targets = [
@@ -438,11 +457,44 @@ def propagate(
                 if nd_valid(result, cs):
                     best, best_cost, best_idx = cs, cost, idx
                     considered.append((cs, cost))
+    return best, best_cost, considered
+
+
+def propagate(
+    schema: OpSchema,
+    mesh: object,
+    cost_fn: Callable[[ArgMeta, tuple[Placement, ...]], float],
+) -> OpStrategy:
+    """Choose the cheapest N-D strategy for ``schema`` on ``mesh``. **Local** and pure.
+
+    ``cost_fn(arg_meta, target_placements)`` is the redistribution cost of one argument
+    (the dispatcher passes one backed by the redistribute cost model).
+
+    The search: per mesh dim, the rule's admissible candidates (:func:`_mesh_dim_candidates`).
+    If a combination needs no redistribution at all it is taken (the first in
+    candidate-list order, :func:`_free_combo`). Otherwise the cheapest valid combination is
+    found by branch and bound (:func:`_cheapest_combo`), ties broken by candidate-list order
+    (mesh dim 0 first). Scalars and local 0-d values cost nothing to split. The rule's result
+    is memoised per call signature without placements.
+    """
+    result = _rule_result(schema)
+    tensors = _tensor_args(schema.args, len(result.out_shapes))
+    dims: list[list[_Ranked]] = []
+    zero: list[list[Candidate]] = []
+    for m in range(len(schema.mesh_shape)):
+        ranked, free = _mesh_dim_candidates(schema, result, tensors, m)
+        dims.append(ranked)
+        zero.append(free)
+    cs = _free_combo(result, zero)
+    if cs is not None:
+        return _strategy(schema, mesh, result, cs, 0.0, ((cs, 0.0),))
+    best, best_cost, considered = _cheapest_combo(result, tensors, dims, cost_fn)
     if best is None:  # only reachable with a rule whose nd_check rejects everything
         raise ShardingError(
             f"{schema.op}: no valid sharding strategy on mesh {schema.mesh_shape} for inputs "
             + ", ".join(
-                "None" if a is None else f"{_short(a.placements)} shape {a.shape}" for a in args
+                "None" if a is None else f"{_short(a.placements)} shape {a.shape}"
+                for a in schema.args
             )
         )
     return _strategy(schema, mesh, result, best, best_cost, tuple(considered))

@@ -9,6 +9,11 @@ argument that is not tensor-like). The shared expander (:func:`propagate`) build
 strategies from the 1-D candidates, asks the injected cost function what each costs and
 returns the cheapest (ties: list order), identical on every rank because every input is.
 
+Each registration declares the static parameters its rule reads
+(``register_rule("sum", static=("dim", "keepdim", "dtype"))``; :func:`rule_statics` gives
+them to the op table, in binding order: they form the propagation-cache key), and
+:meth:`OpSchema.get` refuses a name the op did not declare.
+
 Python scalars and 0-d values take part as 0-d *Replicate* arguments, so ``P(sum) + 2``
 is the candidate ``[P(sum), P(sum), P(sum)]`` and the scalar's R -> P(sum) makes it count
 once (the holder keeps it, the other coordinates add zero).
@@ -34,12 +39,12 @@ from __future__ import annotations
 import difflib
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import NoRuleError, ShardingError
+from ..errors import ArgumentError, NoRuleError, ShardingError, SignatureError
 
 # transitional: dtensor still imports these from here (their home is placements.meta)
 from ..meta import (  # noqa: F401
@@ -67,6 +72,7 @@ __all__ = [
     "propagate",
     "register_rule",
     "rule_names",
+    "rule_statics",
 ]
 
 
@@ -105,6 +111,23 @@ class OpSchema:
     default_float: np.dtype = _FLOAT32
 
     def get(self, name: str, default: object = None) -> object:
+        """The value of the static argument ``name`` (``default`` when the call did not
+        bind it).
+
+        Raises
+        ------
+        SignatureError
+            ``name`` is not one of the statics the op's rule declared
+            (``register_rule(..., static=...)``): a rule reads only what it declares, so
+            the op table binds it and the propagation cache keys on it.
+        """
+        declared = _STATICS.get(self.op, ())
+        if name not in declared:
+            raise SignatureError(
+                f"{self.op}: its sharding rule reads the static argument {name!r}, which the "
+                f"op does not declare (declared statics: {declared}); add it to "
+                "register_rule(..., static=...)"
+            )
         for k, v in self.static:
             if k == name:
                 return v
@@ -153,17 +176,63 @@ class OpStrategy:
 
 RuleFn = Callable[[OpSchema], RuleResult]
 _RULES: dict[str, RuleFn] = {}
+# op -> the static parameter names its rule reads, in the op's binding order
+_STATICS: dict[str, tuple[str, ...]] = {}
 
 
-def register_rule(*ops: str) -> Callable[[RuleFn], RuleFn]:
-    """Decorator: register ``fn`` as the rule of each op name in ``ops``. **Local**."""
+def register_rule(
+    *ops: str, static: Sequence[str] | Mapping[str, Sequence[str]] = ()
+) -> Callable[[RuleFn], RuleFn]:
+    """Decorator: register ``fn`` as the rule of each op name in ``ops``, with the static
+    parameters it reads. **Local**.
+
+    Parameters
+    ----------
+    *ops : str
+        The op names. May be omitted when ``static`` is a mapping: its keys are the ops.
+    static : sequence of str, or mapping of op name to sequence of str
+        The decision-relevant static arguments the rule reads with :meth:`OpSchema.get`
+        (``("dim", "keepdim", "dtype")``), in the op's binding order: they are the op's
+        ``static_params`` and, in this order, part of the propagation-cache key. One
+        sequence serves every op; a mapping gives each op its own (an op of ``ops`` missing
+        from it has none). Without ``static`` the ops have no statics.
+
+    Raises
+    ------
+    ArgumentError
+        ``static`` is a string, or a mapping names an op that is not in ``ops``.
+    """
+    if isinstance(static, str):
+        raise ArgumentError(
+            f"register_rule{ops}: static must be a sequence of parameter names, got the "
+            f"string {static!r}"
+        )
+    if isinstance(static, Mapping):
+        ops = ops or tuple(static)
+        extra = [op for op in static if op not in ops]
+        if extra:
+            raise ArgumentError(f"register_rule{ops}: static names ops {extra} not registered")
+        statics = {op: tuple(static.get(op, ())) for op in ops}
+    else:
+        statics = {op: tuple(static) for op in ops}
 
     def deco(fn: RuleFn) -> RuleFn:
         for op in ops:
             _RULES[op] = fn
+            _STATICS[op] = statics[op]
         return fn
 
     return deco
+
+
+def rule_statics(op: str) -> tuple[str, ...]:
+    """The static parameter names the rule of ``op`` reads, in the op's binding order (what
+    the op table binds and the propagation cache keys on). **Local**.
+
+    Raises NoRuleError (as :func:`get_rule`) for an op without a rule.
+    """
+    get_rule(op)
+    return _STATICS.get(op, ())
 
 
 def rule_names() -> tuple[str, ...]:

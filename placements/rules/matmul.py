@@ -186,7 +186,10 @@ _FIXED = {"mm": (["mk", "kn"], "mn"), "bmm": (["bmk", "bkn"], "bmn"),
           "dot": (["k", "k"], ""), "outer": (["m", "n"], "mn")}
 
 
-@register_rule("matmul", "mm", "bmm", "dot", "outer", "addmm", "linear", "einsum")
+@register_rule(
+    "matmul", "mm", "bmm", "dot", "outer", "addmm", "linear", "einsum",
+    static={"einsum": ("equation",)},
+)
 def product_rule(schema: OpSchema) -> RuleResult:
     """Rule of every product, through one einsum analysis. **Local**."""
     op = schema.op

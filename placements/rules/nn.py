@@ -159,7 +159,18 @@ _NN = {
 }
 
 
-@register_rule(*_NN)
+# the static arguments each nn op reads (dropout's ``training`` is read by its local kernel)
+_STATIC = {
+    "softmax": ("dim", "dtype"),
+    "log_softmax": ("dim", "dtype"),
+    "layer_norm": ("normalized_shape",),
+    "cross_entropy": ("reduction",),
+    "mse_loss": ("reduction",),
+    "dropout": ("training",),
+}
+
+
+@register_rule(*_NN, static=_STATIC)
 def nn_rule(schema: OpSchema) -> RuleResult:
     """Rule of the nn ops (see the module docstring). **Local**."""
     return _NN[schema.op](schema)

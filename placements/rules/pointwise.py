@@ -180,9 +180,14 @@ def cast_partials(src: np.dtype, dst: np.dtype) -> tuple:
 
 
 # -- the rule ---------------------------------------------------------------------------------
+# the static arguments the rule reads (the in-place forms read their op's)
+_STATIC = {"leaky_relu": ("negative_slope",), "div": ("rounding_mode",), "to": ("dtype",)}
+
+
 @register_rule(
     *_UNARY, *_BINARY, *_TERNARY, *_ALIASES, *_CAST_METHODS, "to", "type_as",
     *(f"{op}_" for op in (*_UNARY, *_BINARY, *_TERNARY, *_ALIASES)),
+    static={**_STATIC, **{f"{op}_": names for op, names in _STATIC.items() if op != "to"}},
 )
 def elementwise_rule(schema: OpSchema) -> RuleResult:
     """Rule of every elementwise op (and its in-place form ``op_``). **Local**."""

@@ -60,12 +60,19 @@ _REDUCE = {
     "logsumexp": (None, ()),
 }
 _BOOL_PASS = {"any": ("max",), "all": ("min",)}
+# the static arguments each reduction reads
+_STATIC = {
+    op: ("dim",) if op == "count_nonzero"
+    else ("dim", "keepdim", "dtype") if op in ("sum", "mean", "prod", "norm")
+    else ("dim", "keepdim")
+    for op in _REDUCE
+}
 
 
 def _out_dtype(op: str, schema: OpSchema) -> np.dtype:
     a = schema.args[0]
     dt = a.dtype  # type: ignore[union-attr]
-    req = schema.get("dtype")
+    req = schema.get("dtype") if "dtype" in _STATIC[op] else None
     if op in ("sum", "prod"):
         if req is not None:
             return as_dtype(req, schema.default_float)
@@ -92,7 +99,7 @@ def _out_dtype(op: str, schema: OpSchema) -> np.dtype:
     return dt
 
 
-@register_rule(*_REDUCE)
+@register_rule(static=_STATIC)
 def reduction_rule(schema: OpSchema) -> RuleResult:
     """Rule of every reduction (``dim`` None/int/tuple, ``keepdim``). **Local**."""
     op = schema.op
@@ -117,8 +124,10 @@ def reduction_rule(schema: OpSchema) -> RuleResult:
         axes = norm_dims(op, dim, ndim)
         keep_others = True
     # count_nonzero has no keepdim; max/min of the whole tensor ignore it (PyTorch)
-    keepdim = bool(schema.get("keepdim", False)) and op != "count_nonzero" and not (
-        op in ("max", "min") and dim is None
+    keepdim = (
+        "keepdim" in _STATIC[op]
+        and bool(schema.get("keepdim", False))
+        and not (op in ("max", "min") and dim is None)
     )
     shape = reduced_shape(a.shape, axes if keep_others else None, keepdim)  # type: ignore
     dtype = _out_dtype(op, schema)
@@ -142,7 +151,7 @@ def reduction_rule(schema: OpSchema) -> RuleResult:
     return RuleResult(outs, dtypes, tuple(cands))
 
 
-@register_rule("cumsum", "cumprod")
+@register_rule("cumsum", "cumprod", static=("dim", "dtype"))
 def scan_rule(schema: OpSchema) -> RuleResult:
     """Rule of ``cumsum``/``cumprod``: the scanned dim unsharded. **Local**."""
     a = schema.args[0]

@@ -180,7 +180,14 @@ def _keep_except(ndim: int, removed: Sequence[int], keep_dim: bool = False) -> d
     return out
 
 
-@register_rule("permute", "transpose", "swapaxes", "swapdims", "t", "movedim", "moveaxis")
+@register_rule(
+    "permute", "transpose", "swapaxes", "swapdims", "t", "movedim", "moveaxis",
+    static={
+        "permute": ("dims",),
+        **{op: ("dim0", "dim1") for op in ("transpose", "swapaxes", "swapdims")},
+        **{op: ("source", "destination") for op in ("movedim", "moveaxis")},
+    },
+)
 def permute_rule(schema: OpSchema) -> RuleResult:
     """Rule of the dim permutations: a Shard follows its dim. **Local**."""
     op, get = schema.op, schema.get
@@ -198,7 +205,14 @@ def permute_rule(schema: OpSchema) -> RuleResult:
     return _map_result(schema, (out,), {d: j for j, d in enumerate(perm)})
 
 
-@register_rule("view", "reshape", "flatten", "unflatten")
+@register_rule(
+    static={
+        "view": ("shape",),
+        "reshape": ("shape",),
+        "flatten": ("start_dim", "end_dim"),
+        "unflatten": ("dim", "sizes"),
+    }
+)
 def reshape_rule(schema: OpSchema) -> RuleResult:
     """Rule of the reshapes: groups of dims merged or split (see :func:`_reshape`). **Local**."""
     op, get = schema.op, schema.get
@@ -212,7 +226,7 @@ def reshape_rule(schema: OpSchema) -> RuleResult:
     return _reshape(schema, shape, out)
 
 
-@register_rule("expand", "expand_as")
+@register_rule("expand", "expand_as", static={"expand": ("sizes",)})
 def expand_rule(schema: OpSchema) -> RuleResult:
     """Rule of ``expand``/``expand_as``: a Shard on a dim that keeps its size carries over;
     a broadcast (size-1) dim and the new leading dims are unsharded. **Local**."""
@@ -226,7 +240,7 @@ def expand_rule(schema: OpSchema) -> RuleResult:
     return _map_result(schema, (out,), dim_map, extra=int(schema.op == "expand_as"))
 
 
-@register_rule("squeeze", "unsqueeze")
+@register_rule("squeeze", "unsqueeze", static=("dim",))
 def squeeze_rule(schema: OpSchema) -> RuleResult:
     """Rule of ``squeeze``/``unsqueeze``: the other dims keep their Shard. **Local**."""
     shape = schema.args[0].shape  # type: ignore[union-attr]
@@ -245,7 +259,9 @@ def _advanced(item: object) -> bool:
     return isinstance(item, (bool, np.bool_, list)) or getattr(item, "ndim", 0) > 0
 
 
-@register_rule("narrow", "select", "getitem")
+@register_rule(
+    static={"narrow": ("dim", "start", "length"), "select": ("dim", "index"), "getitem": ("idx",)}
+)
 def slice_rule(schema: OpSchema) -> RuleResult:
     """Rule of ``narrow``, ``select`` and basic indexing: a sliced or indexed dim is
     unsharded, a dim kept whole keeps its Shard. **Local**.
@@ -273,7 +289,13 @@ def slice_rule(schema: OpSchema) -> RuleResult:
     return _map_result(schema, (out,), dim_map)
 
 
-@register_rule("split", "chunk", "unbind")
+@register_rule(
+    static={
+        "split": ("split_size_or_sections", "dim"),
+        "chunk": ("chunks", "dim"),
+        "unbind": ("dim",),
+    }
+)
 def split_rule(schema: OpSchema) -> RuleResult:
     """Rule of ``split``/``chunk``/``unbind``: one output per piece, the split dim unsharded
     (``unbind`` removes it). **Local**."""

@@ -22,7 +22,8 @@ out of range is a :class:`~placements.errors.DimError` (an IndexError), a bad vi
 :class:`~placements.errors.ViewError` (a RuntimeError), a value that is not an int where
 one is needed a :class:`~placements.errors.DTypeError` (a TypeError).
 
-Pure: numpy only, no placements, no data. Everything here is **Local**.
+Pure: numpy only (and the memo helper of :mod:`placements.cache`), no placements, no data.
+Everything here is **Local**.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from .cache import memoize
 from .errors import ArgumentError, DimError, DTypeError, ShardingError, ViewError
 
 __all__ = [
@@ -209,9 +211,6 @@ _COMPLEX64 = np.dtype(np.complex64)
 _COMPLEX128 = np.dtype(np.complex128)
 
 
-_PROMOTED: dict[tuple[np.dtype, np.dtype], np.dtype] = {}
-
-
 def promote_types(a: np.dtype | None, b: np.dtype | None) -> np.dtype | None:
     """PyTorch's ``promote_types`` (None: no operand yet).
 
@@ -223,12 +222,14 @@ def promote_types(a: np.dtype | None, b: np.dtype | None) -> np.dtype | None:
         return b
     if b is None:
         return a
-    out = _PROMOTED.get((a, b))
-    if out is None:
-        ca, cb = _CATEGORY[a.kind], _CATEGORY[b.kind]
-        out = np.promote_types(a, b) if ca == cb or min(ca, cb) >= 2 else (a if ca > cb else b)
-        _PROMOTED[(a, b)] = out
-    return out
+    return _promoted(a, b)
+
+
+@memoize("placements.meta.promote_types", 1024)
+def _promoted(a: np.dtype, b: np.dtype) -> np.dtype:
+    """:func:`promote_types` of two different dtypes (memoised: pairs of dtypes are few)."""
+    ca, cb = _CATEGORY[a.kind], _CATEGORY[b.kind]
+    return np.promote_types(a, b) if ca == cb or min(ca, cb) >= 2 else (a if ca > cb else b)
 
 
 def combine_categories(higher: np.dtype | None, lower: np.dtype | None) -> np.dtype | None:

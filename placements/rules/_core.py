@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..cache import LRUCache
 from ..errors import ArgumentError, NoRuleError, ShardingError, SignatureError
 
 # transitional: dtensor still imports these from here (their home is placements.meta)
@@ -357,8 +358,7 @@ def nd_valid(result: RuleResult, combo: Sequence[Candidate]) -> bool:
     return result.nd_check is None or result.nd_check(tuple(combo))
 
 
-_MEMO: dict[tuple, RuleResult] = {}
-_MEMO_MAX = 4096
+_RESULTS = LRUCache("placements.rules.results", 4096)
 
 
 def _rule_result(schema: OpSchema) -> RuleResult:
@@ -377,14 +377,12 @@ def _rule_result(schema: OpSchema) -> RuleResult:
         schema.default_float,
     )
     try:
-        result = _MEMO.get(key)
+        result = _RESULTS.get(key)
     except TypeError:  # an unhashable static argument (a slice in an index...)
         return get_rule(schema.op)(schema)
     if result is None:
         result = get_rule(schema.op)(schema)
-        if len(_MEMO) >= _MEMO_MAX:
-            _MEMO.clear()
-        _MEMO[key] = result
+        _RESULTS.put(key, result)
     return result
 
 

@@ -34,12 +34,12 @@ LOCAL output shape (the op table's ``local_fn`` computes it from the output spec
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
 
 import numpy as np
 
+from ..cache import memoize
 from ..errors import NoRuleError
 from ..layout import shard_range
 from ..meta import (
@@ -106,7 +106,7 @@ def reshape_groups(
     return groups
 
 
-@functools.lru_cache(maxsize=4096)
+@memoize("placements.rules.view.nested_exact", 4096)
 def _nested_exact(n_in: int, rest_in: int, n_out: int, rest_out: int, ks: tuple[int, ...]) -> bool:
     """Whether splitting ``n_in`` (times ``rest_in``) and ``n_out`` (times ``rest_out``) over
     the mesh dims of sizes ``ks`` (nested, in order) gives equal blocks everywhere."""

@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from placements import MeshShape, Partial, Replicate, Shard, local_shape
+from placements import MeshShape, Partial, Replicate, Shard, local_shape, max_local_shape
+from placements.cache import all_stats, clear_all, get_cache
 from placements.errors import ArgumentError, DTypeError, NoRuleError, ShardingError, SignatureError
 from placements.rules import (
     ArgMeta,
@@ -441,3 +442,33 @@ def test_rule_statics_match_the_op_table():
         if rule_statics(info.rule) != info.static_params
     }
     assert not bad
+
+
+# -- caches ----------------------------------------------------------------------------------------
+_PLACEMENTS_CACHES = (
+    "placements.rules.results",
+    "placements.rules.view.nested_exact",
+    "placements.meta.promote_types",
+    "placements.layout.normalized",
+    "placements.layout.box",
+    "placements.layout.max_local_shape",
+)
+
+
+def test_module_caches_are_registered_and_clear_all_empties_them():
+    assert {n for n in all_stats() if n.startswith("placements.")} >= set(_PLACEMENTS_CACHES)
+    # fill every one: a propagation (rule results, promotion, a nested reshape check) and
+    # layout queries
+    choose("view", t((8, 3), I32, (S(0), S(0))), shape=(24,), mesh=(2, 2))
+    choose("add", t((8, 3), I32, (S(0), R)), t((), F64), mesh=(2, 2))
+    local_shape((5, 3), (2,), (S(0),), (1,))
+    max_local_shape((5, 3), (2,), (S(0),))
+    sizes = {n: get_cache(n).stats()["size"] for n in _PLACEMENTS_CACHES}
+    assert all(sizes.values()), sizes
+    clear_all()
+    sizes = {n: get_cache(n).stats() for n in _PLACEMENTS_CACHES}
+    assert all(s["size"] == 0 and s["hits"] == s["misses"] == 0 for s in sizes.values()), sizes
+    # clearing changes costs only: the same call gives the same strategy
+    a = choose("add", t((8, 3), I32, (S(0), R)), t((), F64), mesh=(2, 2))
+    assert a == choose("add", t((8, 3), I32, (S(0), R)), t((), F64), mesh=(2, 2))
+    assert get_cache("placements.rules.results").stats()["hits"] == 1

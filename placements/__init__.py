@@ -1,7 +1,9 @@
 """placements: pure metadata of distributed tensors.
 
-Placement types (:mod:`placements.types`), shard layout math (:mod:`placements.layout`) and
-specs (:mod:`placements.spec`). Imports numpy at most: no MPI, no data.
+Placement types (:mod:`placements.types`), shard layout math (:mod:`placements.layout`),
+specs (:mod:`placements.spec`), PyTorch's metadata semantics shared by the sharding rules and
+the local tensor (:mod:`placements.meta`) and the sharding rules (:mod:`placements.rules`).
+Imports numpy at most: no MPI, no data.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ Which type for which check:
   ``item()`` of a tensor with more than one element);
 - :class:`ViewError`: ``view`` incompatible with the input's strides, a bad view size;
 - :class:`DimError`: a tensor dim or an index out of range: every ``dim`` argument, local
-  or distributed, goes through one check (``placements.rules._core.norm_dim``) whose
+  or distributed, goes through one check (``placements.meta.norm_dim``) whose
   message names the op, the value and the valid range, e.g. ``sum: Dimension out of range
   (expected to be in range of [-2, 1], but got 3)``; also indices (``x[10]`` of a DTensor,
   ``embedding``, ``cross_entropy`` targets) and what is not an index (``x[1.5]``). A Shard

@@ -27,10 +27,10 @@ Pure: numpy-free, no communication.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from typing import NoReturn
 
+from .cache import memoize
 from .errors import MeshError, PlacementError, ShardDimError, ShardingError
 from .types import Placement, Shard, short_placements
 
@@ -132,7 +132,7 @@ def normalize_placements(
     return normalized
 
 
-@functools.lru_cache(maxsize=4096)
+@memoize("placements.layout.normalized", 4096)
 def _normalized(
     placements: tuple[Placement, ...], ndim: int, mesh_ndim: int
 ) -> tuple[Placement, ...] | None:
@@ -174,7 +174,7 @@ def _raise_invalid(
     )
 
 
-@functools.lru_cache(maxsize=16384)
+@memoize("placements.layout.box", 16384)
 def _box(
     shape: tuple[int, ...],
     mesh_shape: tuple[int, ...],
@@ -267,7 +267,7 @@ def local_slices(
     return tuple(slice(o, o + n) for o, n in zip(offsets, lengths))
 
 
-@functools.lru_cache(maxsize=16384)
+@memoize("placements.layout.max_local_shape", 16384)
 def max_local_shape(
     global_shape: tuple[int, ...],
     mesh_shape: tuple[int, ...],

@@ -9,6 +9,11 @@ argument that is not tensor-like). The shared expander (:func:`propagate`) build
 strategies from the 1-D candidates, asks the injected cost function what each costs and
 returns the cheapest (ties: list order), identical on every rank because every input is.
 
+Each registration declares the static parameters its rule reads
+(``register_rule("sum", static=("dim", "keepdim", "dtype"))``; :func:`rule_statics` gives
+them to the op table, in binding order: they form the propagation-cache key), and
+:meth:`OpSchema.get` refuses a name the op did not declare.
+
 Python scalars and 0-d values take part as 0-d *Replicate* arguments, so ``P(sum) + 2``
 is the candidate ``[P(sum), P(sum), P(sum)]`` and the scalar's R -> P(sum) makes it count
 once (the holder keeps it, the other coordinates add zero).
@@ -24,9 +29,9 @@ Conventions of candidates:
 - An in-place rule sets :attr:`RuleResult.inplace`: only candidates that keep the first
   argument's placements (output and input) survive, and no such candidate is an error.
 
-This module also holds the metadata helpers the rule families share: PyTorch's dtype
-promotion (:func:`result_dtype`), dim normalisation (:func:`norm_dim`, :func:`norm_dims`)
-and broadcasting (:func:`broadcast_shapes`, :func:`pointwise_candidates`).
+This module also holds the candidate builder of elementwise ops
+(:func:`pointwise_candidates`), which several families share. PyTorch's metadata semantics
+(dims, broadcasting, dtype promotion, view shapes) live in :mod:`placements.meta`.
 """
 
 from __future__ import annotations
@@ -34,13 +39,26 @@ from __future__ import annotations
 import difflib
 import itertools
 import math
-import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import DimError, DTypeError, NoRuleError, ShardingError
+from ..cache import LRUCache
+from ..errors import ArgumentError, NoRuleError, ShardingError, SignatureError
+
+# transitional: dtensor still imports these from here (their home is placements.meta)
+from ..meta import (  # noqa: F401
+    _CATEGORY,
+    BOOL,
+    INT64,
+    TORCH_DTYPE_NAMES,
+    broadcast_shapes,
+    combine_categories,
+    norm_dim,
+    norm_dims,
+    promote_types,
+)
 from ..spec import DTensorSpec
 from ..types import Partial, Placement, Replicate, Shard, short_placements
 
@@ -55,6 +73,7 @@ __all__ = [
     "propagate",
     "register_rule",
     "rule_names",
+    "rule_statics",
 ]
 
 
@@ -93,6 +112,23 @@ class OpSchema:
     default_float: np.dtype = _FLOAT32
 
     def get(self, name: str, default: object = None) -> object:
+        """The value of the static argument ``name`` (``default`` when the call did not
+        bind it).
+
+        Raises
+        ------
+        SignatureError
+            ``name`` is not one of the statics the op's rule declared
+            (``register_rule(..., static=...)``): a rule reads only what it declares, so
+            the op table binds it and the propagation cache keys on it.
+        """
+        declared = _STATICS.get(self.op, ())
+        if name not in declared:
+            raise SignatureError(
+                f"{self.op}: its sharding rule reads the static argument {name!r}, which the "
+                f"op does not declare (declared statics: {declared}); add it to "
+                "register_rule(..., static=...)"
+            )
         for k, v in self.static:
             if k == name:
                 return v
@@ -141,17 +177,63 @@ class OpStrategy:
 
 RuleFn = Callable[[OpSchema], RuleResult]
 _RULES: dict[str, RuleFn] = {}
+# op -> the static parameter names its rule reads, in the op's binding order
+_STATICS: dict[str, tuple[str, ...]] = {}
 
 
-def register_rule(*ops: str) -> Callable[[RuleFn], RuleFn]:
-    """Decorator: register ``fn`` as the rule of each op name in ``ops``. **Local**."""
+def register_rule(
+    *ops: str, static: Sequence[str] | Mapping[str, Sequence[str]] = ()
+) -> Callable[[RuleFn], RuleFn]:
+    """Decorator: register ``fn`` as the rule of each op name in ``ops``, with the static
+    parameters it reads. **Local**.
+
+    Parameters
+    ----------
+    *ops : str
+        The op names. May be omitted when ``static`` is a mapping: its keys are the ops.
+    static : sequence of str, or mapping of op name to sequence of str
+        The decision-relevant static arguments the rule reads with :meth:`OpSchema.get`
+        (``("dim", "keepdim", "dtype")``), in the op's binding order: they are the op's
+        ``static_params`` and, in this order, part of the propagation-cache key. One
+        sequence serves every op; a mapping gives each op its own (an op of ``ops`` missing
+        from it has none). Without ``static`` the ops have no statics.
+
+    Raises
+    ------
+    ArgumentError
+        ``static`` is a string, or a mapping names an op that is not in ``ops``.
+    """
+    if isinstance(static, str):
+        raise ArgumentError(
+            f"register_rule{ops}: static must be a sequence of parameter names, got the "
+            f"string {static!r}"
+        )
+    if isinstance(static, Mapping):
+        ops = ops or tuple(static)
+        extra = [op for op in static if op not in ops]
+        if extra:
+            raise ArgumentError(f"register_rule{ops}: static names ops {extra} not registered")
+        statics = {op: tuple(static.get(op, ())) for op in ops}
+    else:
+        statics = {op: tuple(static) for op in ops}
 
     def deco(fn: RuleFn) -> RuleFn:
         for op in ops:
             _RULES[op] = fn
+            _STATICS[op] = statics[op]
         return fn
 
     return deco
+
+
+def rule_statics(op: str) -> tuple[str, ...]:
+    """The static parameter names the rule of ``op`` reads, in the op's binding order (what
+    the op table binds and the propagation cache keys on). **Local**.
+
+    Raises NoRuleError (as :func:`get_rule`) for an op without a rule.
+    """
+    get_rule(op)
+    return _STATICS.get(op, ())
 
 
 def rule_names() -> tuple[str, ...]:
@@ -190,197 +272,7 @@ def P(op: str) -> Partial:
     return _PARTIALS[op]
 
 
-# -- shared metadata helpers --------------------------------------------------------------
-def norm_dim(dim: object, ndim: int, op: str | None = None) -> int:
-    """A dim in ``[0, ndim)`` (a 0-d tensor accepts 0 and -1, as in PyTorch). **Local**.
-
-    The one dim check of the package: the rules and the local tensor's ``_norm_dim`` use
-    it, so a local Tensor and a DTensor raise the same error.
-
-    Raises
-    ------
-    DimError
-        PyTorch's wording after the op's name (no prefix when ``op`` is None):
-        ``sum: Dimension out of range (expected to be in range of [-2, 1], but got 3)``.
-    DTypeError
-        If ``dim`` is not an integer (a TypeError).
-    """
-    where = f"{op}: " if op else ""
-    try:
-        d = operator.index(dim)  # type: ignore[arg-type]
-    except TypeError:
-        raise DTypeError(f"{where}dim must be an int, got {type(dim).__name__} ({dim!r})") from None
-    n = ndim if ndim else 1
-    if not -n <= d < n:
-        raise DimError(
-            f"{where}Dimension out of range (expected to be in range of [{-n}, {n - 1}], "
-            f"but got {d})"
-        )
-    return d % n if ndim else 0
-
-
-def norm_dims(op: str, dim: object, ndim: int) -> tuple[int, ...]:
-    """A reduction's ``dim`` (None, int or sequence) as sorted axes; None or (): all.
-
-    **Local**. Every given dim is checked (a 0-d tensor accepts 0 and -1 and has no axes).
-    A dim given twice raises ShardingError; one out of range, :class:`DimError`.
-    """
-    if dim is None:
-        return tuple(range(ndim))
-    if isinstance(dim, (int, np.integer)) or not hasattr(dim, "__iter__"):
-        d = norm_dim(dim, ndim, op)  # one dim (a DTypeError naming the op if not an int)
-        return (d,) if ndim else ()
-    axes = tuple(norm_dim(d, ndim, op) for d in dim)  # type: ignore[attr-defined]
-    if len(set(axes)) != len(axes):
-        raise ShardingError(f"{op}: dim {list(dim)} has a dim that appears multiple times")
-    # Note: like PyTorch, an empty dim list reduces over every dim.
-    return tuple(sorted(axes)) if axes and ndim else tuple(range(ndim))
-
-
-def broadcast_shapes(op: str, shapes: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
-    """Broadcast shape of ``shapes`` (numpy/PyTorch rules). **Local**."""
-    ndim = max((len(s) for s in shapes), default=0)
-    out = [1] * ndim
-    for s in shapes:
-        for i, n in enumerate(s, ndim - len(s)):
-            if n != 1:
-                if out[i] == 1:
-                    out[i] = n
-                elif out[i] != n:
-                    listed = " and ".join(str(tuple(t)) for t in shapes)
-                    raise ShardingError(
-                        f"{op}: shapes {listed} do not broadcast (size {out[i]} vs {n} at "
-                        f"dimension {i - ndim})"
-                    )
-    return tuple(out)
-
-
-_CATEGORY = {"b": 0, "u": 1, "i": 1, "f": 2, "c": 3}
-BOOL = np.dtype(np.bool_)
-INT64 = np.dtype(np.int64)
-
-
-_PROMOTED: dict[tuple[np.dtype, np.dtype], np.dtype] = {}
-
-
-def promote_types(a: np.dtype | None, b: np.dtype | None) -> np.dtype | None:
-    """PyTorch's ``promote_types`` (None: no operand yet). **Local**.
-
-    Within a category numpy's table is PyTorch's; across categories the higher category's
-    dtype wins (``int64`` with ``float16`` is ``float16``), float with complex widens.
-    Results are memoised: the local kernels call this on every op.
-    """
-    if a is None or a == b:
-        return b
-    if b is None:
-        return a
-    out = _PROMOTED.get((a, b))
-    if out is None:
-        ca, cb = _CATEGORY[a.kind], _CATEGORY[b.kind]
-        out = np.promote_types(a, b) if ca == cb or min(ca, cb) >= 2 else (a if ca > cb else b)
-        _PROMOTED[(a, b)] = out
-    return out
-
-
-def combine_categories(higher: np.dtype | None, lower: np.dtype | None) -> np.dtype | None:
-    """Combine two promotion tiers, e.g. dimensioned tensors with 0-d ones (PyTorch's
-    ``combine_categories``): the lower tier matters only when its category is higher.
-    **Local**."""
-    if higher is None:
-        return lower
-    if lower is None:
-        return higher
-    ch, cl = _CATEGORY[higher.kind], _CATEGORY[lower.kind]
-    if ch == 3:
-        return higher
-    if cl == 3:
-        return promote_types(higher, lower) if ch == 2 else lower
-    if ch == 2:
-        return higher
-    if ch == 0 or cl == 2:
-        return promote_types(higher, lower)
-    return higher
-
-
-def scalar_dtype(meta: ArgMeta, default_float: np.dtype) -> np.dtype:
-    """The dtype of a python scalar as a "wrapped number": its kind's default dtype."""
-    kind = meta.dtype.kind
-    if kind == "f":
-        return default_float
-    if kind == "c":
-        return np.dtype(np.complex128 if default_float == np.float64 else np.complex64)
-    return BOOL if kind == "b" else INT64
-
-
-def result_dtype(args: Sequence[ArgMeta | None], default_float: np.dtype) -> np.dtype:
-    """PyTorch's result dtype of operands: dimensioned tensors, then 0-d ones, then scalars.
-
-    **Local**. A 0-d tensor or a python scalar matters only when its category
-    (bool < int < float < complex) is higher than the dimensioned tensors'.
-    """
-    dim = zero = wrapped = None
-    for a in args:
-        if a is None:
-            continue
-        if a.is_scalar:
-            wrapped = promote_types(wrapped, scalar_dtype(a, default_float))
-        elif a.shape:
-            dim = promote_types(dim, a.dtype)
-        else:
-            zero = promote_types(zero, a.dtype)
-    out = combine_categories(dim, combine_categories(zero, wrapped))
-    return default_float if out is None else out
-
-
-def can_cast(src: np.dtype, dst: np.dtype) -> bool:
-    """PyTorch's ``canCast``: no complex->real, float->integral or non-bool->bool. **Local**."""
-    return _CATEGORY[src.kind] <= _CATEGORY[dst.kind]
-
-
-# Note: dtype strings follow PyTorch ("float" is float32, "int" is int32), not numpy (where
-# np.dtype("float") is float64 and np.dtype("int") is int64). Any other string goes through
-# numpy.dtype(). The local tensor's ``to_dtype`` uses this table too.
-TORCH_DTYPE_NAMES = {
-    "float": np.dtype(np.float32),
-    "double": np.dtype(np.float64),
-    "half": np.dtype(np.float16),
-    "int": np.dtype(np.int32),
-    "long": INT64,
-    "short": np.dtype(np.int16),
-    "char": np.dtype(np.int8),
-    "byte": np.dtype(np.uint8),
-    "bool": BOOL,
-    "cfloat": np.dtype(np.complex64),
-    "cdouble": np.dtype(np.complex128),
-}
-
-
-def as_dtype(value: object, default_float: np.dtype) -> np.dtype:
-    """A ``dtype=`` argument as a numpy dtype (python ``float`` is the default float dtype,
-    ``int`` int64, ``bool`` bool, as in PyTorch's TensorOptions; strings as in
-    :data:`TORCH_DTYPE_NAMES`). **Local**.
-
-    Raises DTypeError (as the local tensor's ``to_dtype``) for what is not a dtype.
-    """
-    if value is float:
-        return default_float
-    if value is complex:
-        return np.dtype(np.complex128 if default_float == np.float64 else np.complex64)
-    if value is int:
-        return INT64
-    if isinstance(value, str) and value in TORCH_DTYPE_NAMES:
-        return TORCH_DTYPE_NAMES[value]
-    try:
-        return np.dtype(value)  # type: ignore[call-overload]
-    except TypeError as exc:
-        raise DTypeError(f"cannot interpret {value!r} as a dtype") from exc
-
-
-def float_dtype(dtype: np.dtype, default_float: np.dtype) -> np.dtype:
-    """``dtype`` if floating/complex, else the default float dtype (float ops on ints)."""
-    return dtype if dtype.kind in "fc" else default_float
-
-
+# -- candidate builders shared by rule families ----------------------------------------------
 def pointwise_candidates(
     out_shape: tuple[int, ...],
     args: Sequence[ArgMeta | None],
@@ -466,8 +358,7 @@ def nd_valid(result: RuleResult, combo: Sequence[Candidate]) -> bool:
     return result.nd_check is None or result.nd_check(tuple(combo))
 
 
-_MEMO: dict[tuple, RuleResult] = {}
-_MEMO_MAX = 4096
+_RESULTS = LRUCache("placements.rules.results", 4096)
 
 
 def _rule_result(schema: OpSchema) -> RuleResult:
@@ -486,14 +377,12 @@ def _rule_result(schema: OpSchema) -> RuleResult:
         schema.default_float,
     )
     try:
-        result = _MEMO.get(key)
+        result = _RESULTS.get(key)
     except TypeError:  # an unhashable static argument (a slice in an index...)
         return get_rule(schema.op)(schema)
     if result is None:
         result = get_rule(schema.op)(schema)
-        if len(_MEMO) >= _MEMO_MAX:
-            _MEMO.clear()
-        _MEMO[key] = result
+        _RESULTS.put(key, result)
     return result
 
 
@@ -515,75 +404,94 @@ def _inplace_error(schema: OpSchema, m: int) -> ShardingError:
     )
 
 
-def propagate(
-    schema: OpSchema,
-    mesh: object,
-    cost_fn: Callable[[ArgMeta, tuple[Placement, ...]], float],
-) -> OpStrategy:
-    """Choose the cheapest N-D strategy for ``schema`` on ``mesh``. **Local** and pure.
+# a tensor argument as the search sees it: (index into placements, meta, current
+# placements, number of elements)
+_Tensor = tuple[int, ArgMeta, tuple[Placement, ...], int]
+# one mesh dim's admissible candidate: (estimate, index in the rule's list, candidate)
+_Ranked = tuple[int, int, Candidate]
 
-    ``cost_fn(arg_meta, target_placements)`` is the redistribution cost of one argument
-    (the dispatcher passes one backed by the redistribute cost model).
 
-    The search: per mesh dim, the rule's candidates minus those that would turn a tensor
-    argument into a Partial kind that no argument holds on that mesh dim (that never saves
-    communication; it only defers it). If a combination needs no redistribution at all it
-    is taken (the first in candidate-list order). Otherwise combinations are visited in the
-    order of a cheap per-mesh-dim estimate (elements of arguments that would move) and
-    costed with a memo per (argument, target) and branch-and-bound over the arguments; the
-    result is the cheapest valid combination, ties broken by candidate-list order (mesh
-    dim 0 first). Scalars and local 0-d values cost nothing to split. The rule's result
-    is memoised per call signature without placements.
-    """
-    result = _rule_result(schema)
-    args = schema.args
-    n_out = len(result.out_shapes)
-    nm = len(schema.mesh_shape)
-    cands = result.candidates
-    # tensor arguments: (index into placements, meta, current placements, size)
-    tensors = [
+def _tensor_args(args: Sequence[ArgMeta | None], n_out: int) -> list[_Tensor]:
+    """The arguments that hold placements (DTensors), with their slot in a candidate."""
+    return [
         (n_out + i, a, a.placements, math.prod(a.shape))
         for i, a in enumerate(args)
         if a is not None and a.placements is not None
     ]
+
+
+def _mesh_dim_candidates(
+    schema: OpSchema, result: RuleResult, tensors: list[_Tensor], m: int
+) -> tuple[list[_Ranked], list[Candidate]]:
+    """The rule's candidates admissible on mesh dim ``m``, ranked, and those among them that
+    move nothing (in list order).
+
+    A candidate is dropped when it would turn a tensor argument into a Partial kind that no
+    argument holds on mesh dim ``m`` (that never saves communication; it only defers it),
+    or, for an in-place op, when it does not keep the first argument's placement (output
+    and input). The rank of a kept one is ``(estimate, list index)``: the estimate sums,
+    over the tensor arguments it moves, their element counts plus one.
+
+    Raises ShardingError (in-place op) when no candidate is left.
+    """
+    n_out = len(result.out_shapes)
+    held = {cur[m].reduce_op for _, _, cur, _ in tensors if cur[m].kind == "P"}
     inplace = result.inplace
-    dims: list[list[tuple[int, int, Candidate]]] = []
-    zero: list[list[Candidate]] = []
-    for m in range(nm):
-        held = {cur[m].reduce_op for _, _, cur, _ in tensors if cur[m].kind == "P"}
-        if inplace:
-            first = args[0].placements[m] if args[0].placements is not None else R
-        lst = []
-        zlst = []
-        for idx, c in enumerate(cands):
-            pl = c.placements
-            if inplace and (pl[0] != first or pl[n_out] != first):
+    if inplace:
+        cur0 = schema.args[0].placements  # type: ignore[union-attr]
+        first = cur0[m] if cur0 is not None else R
+    ranked: list[_Ranked] = []
+    zero: list[Candidate] = []
+    for idx, c in enumerate(result.candidates):
+        pl = c.placements
+        if inplace and (pl[0] != first or pl[n_out] != first):
+            continue
+        est = 0
+        for j, _, cur, size in tensors:
+            t = pl[j]
+            if t is None or t == cur[m]:
                 continue
-            est = 0
-            for j, _, cur, size in tensors:
-                t = pl[j]
-                if t is None or t == cur[m]:
-                    continue
-                if t.kind == "P" and t.reduce_op not in held:
-                    break
-                est += size + 1
-            else:
-                lst.append((est, idx, c))
-                if est == 0:
-                    zlst.append(c)
-        if not lst:
-            raise _inplace_error(schema, m)
-        lst.sort()  # by estimate, then list order (indices are unique)
-        dims.append(lst)
-        zero.append(zlst)
+            if t.kind == "P" and t.reduce_op not in held:
+                break
+            est += size + 1
+        else:
+            ranked.append((est, idx, c))
+            if est == 0:
+                zero.append(c)
+    if not ranked:
+        raise _inplace_error(schema, m)
+    ranked.sort()  # by estimate, then list order (indices are unique)
+    return ranked, zero
 
-    # 1. a combination without any redistribution (first valid one in list order)
-    if all(zero):
-        for cs in itertools.product(*zero):
-            if nd_valid(result, cs):
-                return _strategy(schema, mesh, result, cs, 0.0, ((cs, 0.0),))
 
-    # 2. branch and bound over costed combinations, in estimate order
+def _free_combo(
+    result: RuleResult, zero: list[list[Candidate]]
+) -> tuple[Candidate, ...] | None:
+    """The first valid combination (in candidate-list order, mesh dim 0 first) that moves no
+    argument on any mesh dim, or None."""
+    if not all(zero):
+        return None
+    for cs in itertools.product(*zero):
+        if nd_valid(result, cs):
+            return cs
+    return None
+
+
+def _cheapest_combo(
+    result: RuleResult,
+    tensors: list[_Tensor],
+    dims: list[list[_Ranked]],
+    cost_fn: Callable[[ArgMeta, tuple[Placement, ...]], float],
+) -> tuple[tuple[Candidate, ...] | None, float, list[tuple[tuple[Candidate, ...], float]]]:
+    """Branch and bound over every combination of ranked candidates (one per mesh dim).
+
+    Combinations are visited in rank order; each is costed argument by argument with
+    ``cost_fn`` (memoised per argument and target placements) and abandoned as soon as it
+    exceeds the best cost found. Returns the cheapest valid combination (ties: the smaller
+    tuple of list indices, mesh dim 0 first; None if nd_check rejects all), its cost and
+    the successive best combinations with their costs.
+    """
+    nm = len(dims)
     combos = list(itertools.product(*dims))
     # per tensor argument, its target placements in every combination (same order)
     targets = [
@@ -616,11 +524,44 @@ def propagate(
                 if nd_valid(result, cs):
                     best, best_cost, best_idx = cs, cost, idx
                     considered.append((cs, cost))
+    return best, best_cost, considered
+
+
+def propagate(
+    schema: OpSchema,
+    mesh: object,
+    cost_fn: Callable[[ArgMeta, tuple[Placement, ...]], float],
+) -> OpStrategy:
+    """Choose the cheapest N-D strategy for ``schema`` on ``mesh``. **Local** and pure.
+
+    ``cost_fn(arg_meta, target_placements)`` is the redistribution cost of one argument
+    (the dispatcher passes one backed by the redistribute cost model).
+
+    The search: per mesh dim, the rule's admissible candidates (:func:`_mesh_dim_candidates`).
+    If a combination needs no redistribution at all it is taken (the first in
+    candidate-list order, :func:`_free_combo`). Otherwise the cheapest valid combination is
+    found by branch and bound (:func:`_cheapest_combo`), ties broken by candidate-list order
+    (mesh dim 0 first). Scalars and local 0-d values cost nothing to split. The rule's result
+    is memoised per call signature without placements.
+    """
+    result = _rule_result(schema)
+    tensors = _tensor_args(schema.args, len(result.out_shapes))
+    dims: list[list[_Ranked]] = []
+    zero: list[list[Candidate]] = []
+    for m in range(len(schema.mesh_shape)):
+        ranked, free = _mesh_dim_candidates(schema, result, tensors, m)
+        dims.append(ranked)
+        zero.append(free)
+    cs = _free_combo(result, zero)
+    if cs is not None:
+        return _strategy(schema, mesh, result, cs, 0.0, ((cs, 0.0),))
+    best, best_cost, considered = _cheapest_combo(result, tensors, dims, cost_fn)
     if best is None:  # only reachable with a rule whose nd_check rejects everything
         raise ShardingError(
             f"{schema.op}: no valid sharding strategy on mesh {schema.mesh_shape} for inputs "
             + ", ".join(
-                "None" if a is None else f"{_short(a.placements)} shape {a.shape}" for a in args
+                "None" if a is None else f"{_short(a.placements)} shape {a.shape}"
+                for a in schema.args
             )
         )
     return _strategy(schema, mesh, result, best, best_cost, tuple(considered))

@@ -25,18 +25,8 @@ from __future__ import annotations
 import string
 
 from ..errors import ShardingError
-from ._core import (
-    ArgMeta,
-    Candidate,
-    OpSchema,
-    P,
-    R,
-    RuleResult,
-    S,
-    broadcast_shapes,
-    register_rule,
-    result_dtype,
-)
+from ..meta import broadcast_shapes, result_dtype
+from ._core import ArgMeta, Candidate, OpSchema, P, R, RuleResult, S, register_rule
 
 __all__ = ["check_sizes", "einsum_result", "parse_einsum", "product_rule"]
 
@@ -196,7 +186,10 @@ _FIXED = {"mm": (["mk", "kn"], "mn"), "bmm": (["bmk", "bkn"], "bmn"),
           "dot": (["k", "k"], ""), "outer": (["m", "n"], "mn")}
 
 
-@register_rule("matmul", "mm", "bmm", "dot", "outer", "addmm", "linear", "einsum")
+@register_rule(
+    "matmul", "mm", "bmm", "dot", "outer", "addmm", "linear", "einsum",
+    static={"einsum": ("equation",)},
+)
 def product_rule(schema: OpSchema) -> RuleResult:
     """Rule of every product, through one einsum analysis. **Local**."""
     op = schema.op

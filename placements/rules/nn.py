@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ArgumentError, DTypeError, ShardingError
+from ..meta import as_dtype, broadcast_shapes, norm_dim, result_dtype
 from ._core import (
     Candidate,
     OpSchema,
@@ -32,12 +33,8 @@ from ._core import (
     R,
     RuleResult,
     S,
-    as_dtype,
-    broadcast_shapes,
-    norm_dim,
     pointwise_candidates,
     register_rule,
-    result_dtype,
 )
 
 __all__ = ["check_embedding_indices", "nn_rule"]
@@ -162,7 +159,18 @@ _NN = {
 }
 
 
-@register_rule(*_NN)
+# the static arguments each nn op reads (dropout's ``training`` is read by its local kernel)
+_STATIC = {
+    "softmax": ("dim", "dtype"),
+    "log_softmax": ("dim", "dtype"),
+    "layer_norm": ("normalized_shape",),
+    "cross_entropy": ("reduction",),
+    "mse_loss": ("reduction",),
+    "dropout": ("training",),
+}
+
+
+@register_rule(*_NN, static=_STATIC)
 def nn_rule(schema: OpSchema) -> RuleResult:
     """Rule of the nn ops (see the module docstring). **Local**."""
     return _NN[schema.op](schema)

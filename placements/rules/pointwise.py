@@ -12,7 +12,7 @@ Replicate there), and the Partial candidates the math allows:
   them (``[P(max), P(max), R]``), ``maximum`` of ``P(max)`` operands is ``P(max)``;
 - bool ``or``/``and`` behave as ``max``/``min``.
 
-Output dtypes follow PyTorch's promotion (:func:`~._core.result_dtype`): python scalars
+Output dtypes follow PyTorch's promotion (:func:`placements.meta.result_dtype`): python scalars
 are weak, float ops on integers give the default float dtype, comparisons give bool.
 An in-place op ``name_`` uses the rule of ``name`` with the output fixed to its first
 argument's shape and dtype, and only candidates that keep that argument's placements.
@@ -23,20 +23,14 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import DTypeError, ShardingError
+from ..meta import BOOL, INT64, as_dtype, broadcast_shapes, can_cast, float_dtype, result_dtype
 from ._core import (
-    BOOL,
-    INT64,
     ArgMeta,
     Candidate,
     OpSchema,
     RuleResult,
-    as_dtype,
-    broadcast_shapes,
-    can_cast,
-    float_dtype,
     pointwise_candidates,
     register_rule,
-    result_dtype,
 )
 
 __all__ = ["cast_partials", "elementwise_rule", "inplace_result"]
@@ -186,9 +180,14 @@ def cast_partials(src: np.dtype, dst: np.dtype) -> tuple:
 
 
 # -- the rule ---------------------------------------------------------------------------------
+# the static arguments the rule reads (the in-place forms read their op's)
+_STATIC = {"leaky_relu": ("negative_slope",), "div": ("rounding_mode",), "to": ("dtype",)}
+
+
 @register_rule(
     *_UNARY, *_BINARY, *_TERNARY, *_ALIASES, *_CAST_METHODS, "to", "type_as",
     *(f"{op}_" for op in (*_UNARY, *_BINARY, *_TERNARY, *_ALIASES)),
+    static={**_STATIC, **{f"{op}_": names for op, names in _STATIC.items() if op != "to"}},
 )
 def elementwise_rule(schema: OpSchema) -> RuleResult:
     """Rule of every elementwise op (and its in-place form ``op_``). **Local**."""

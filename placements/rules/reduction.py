@@ -26,21 +26,17 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import DTypeError, NoRuleError
-from ._core import (
+from ..meta import (
     BOOL,
     INT64,
-    Candidate,
-    OpSchema,
-    P,
-    R,
-    RuleResult,
-    S,
     as_dtype,
     float_dtype,
     norm_dim,
     norm_dims,
-    register_rule,
+    real_dtype,
+    reduced_shape,
 )
+from ._core import Candidate, OpSchema, P, R, RuleResult, S, register_rule
 
 __all__ = ["reduction_rule", "scan_rule"]
 
@@ -64,12 +60,19 @@ _REDUCE = {
     "logsumexp": (None, ()),
 }
 _BOOL_PASS = {"any": ("max",), "all": ("min",)}
+# the static arguments each reduction reads
+_STATIC = {
+    op: ("dim",) if op == "count_nonzero"
+    else ("dim", "keepdim", "dtype") if op in ("sum", "mean", "prod", "norm")
+    else ("dim", "keepdim")
+    for op in _REDUCE
+}
 
 
 def _out_dtype(op: str, schema: OpSchema) -> np.dtype:
     a = schema.args[0]
     dt = a.dtype  # type: ignore[union-attr]
-    req = schema.get("dtype")
+    req = schema.get("dtype") if "dtype" in _STATIC[op] else None
     if op in ("sum", "prod"):
         if req is not None:
             return as_dtype(req, schema.default_float)
@@ -90,13 +93,13 @@ def _out_dtype(op: str, schema: OpSchema) -> np.dtype:
     if op in ("var", "std", "norm"):
         if op == "norm" and req is not None:
             dt = as_dtype(req, schema.default_float)
-        return np.finfo(dt).dtype if dt.kind == "c" else dt
+        return real_dtype(dt)
     if op == "logsumexp":
         return float_dtype(dt, schema.default_float)
     return dt
 
 
-@register_rule(*_REDUCE)
+@register_rule(static=_STATIC)
 def reduction_rule(schema: OpSchema) -> RuleResult:
     """Rule of every reduction (``dim`` None/int/tuple, ``keepdim``). **Local**."""
     op = schema.op
@@ -121,17 +124,12 @@ def reduction_rule(schema: OpSchema) -> RuleResult:
         axes = norm_dims(op, dim, ndim)
         keep_others = True
     # count_nonzero has no keepdim; max/min of the whole tensor ignore it (PyTorch)
-    keepdim = bool(schema.get("keepdim", False)) and op != "count_nonzero" and not (
-        op in ("max", "min") and dim is None
+    keepdim = (
+        "keepdim" in _STATIC[op]
+        and bool(schema.get("keepdim", False))
+        and not (op in ("max", "min") and dim is None)
     )
-    if op in ("argmax", "argmin") and dim is None:
-        shape: tuple[int, ...] = (1,) * ndim if keepdim else ()
-    else:
-        shape = tuple(
-            1 if d in axes else n
-            for d, n in enumerate(a.shape)  # type: ignore[union-attr]
-            if keepdim or d not in axes
-        )
+    shape = reduced_shape(a.shape, axes if keep_others else None, keepdim)  # type: ignore
     dtype = _out_dtype(op, schema)
     if op in _BOOL_PASS and a.dtype == BOOL:  # type: ignore[union-attr]
         passthrough = _BOOL_PASS[op]
@@ -153,7 +151,7 @@ def reduction_rule(schema: OpSchema) -> RuleResult:
     return RuleResult(outs, dtypes, tuple(cands))
 
 
-@register_rule("cumsum", "cumprod")
+@register_rule("cumsum", "cumprod", static=("dim", "dtype"))
 def scan_rule(schema: OpSchema) -> RuleResult:
     """Rule of ``cumsum``/``cumprod``: the scanned dim unsharded. **Local**."""
     a = schema.args[0]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import operator
 
 from ..errors import ShardingError
+from ..meta import broadcast_shapes, norm_dim, norm_dims, result_dtype
 from ._core import (
     Candidate,
     OpSchema,
@@ -24,12 +25,8 @@ from ._core import (
     R,
     RuleResult,
     S,
-    broadcast_shapes,
-    norm_dim,
-    norm_dims,
     pointwise_candidates,
     register_rule,
-    result_dtype,
 )
 from .pointwise import cast_partials, inplace_result
 
@@ -50,7 +47,7 @@ def _keep_rule(
     return RuleResult((shape,), (dtype,), tuple(cands))
 
 
-@register_rule("cat", "concat", "concatenate", "stack")
+@register_rule("cat", "concat", "concatenate", "stack", static=("dim",))
 def cat_rule(schema: OpSchema) -> RuleResult:
     """Rule of ``cat``/``stack`` over a list of tensors. **Local**."""
     args = schema.args
@@ -141,7 +138,7 @@ def _moved_dims(op: str, schema: OpSchema, ndim: int) -> set[int]:
     return {norm_dim(d, ndim, op) for d in dims}
 
 
-@register_rule("triu", "tril", "flip", "roll")
+@register_rule("triu", "tril", "flip", "roll", static={"flip": ("dims",), "roll": ("dims",)})
 def move_rule(schema: OpSchema) -> RuleResult:
     """Rule of ops that move elements within some dims: those dims unsharded. **Local**."""
     a = schema.args[0]
@@ -150,7 +147,7 @@ def move_rule(schema: OpSchema) -> RuleResult:
     return _keep_rule(schema, a.shape, {d: d for d in range(ndim) if d not in moved})  # type: ignore[union-attr]
 
 
-@register_rule("repeat", "tile")
+@register_rule(static={"repeat": ("sizes",), "tile": ("dims",)})
 def repeat_rule(schema: OpSchema) -> RuleResult:
     """Rule of ``repeat``/``tile``: a dim repeated more than once is unsharded. **Local**."""
     a = schema.args[0]

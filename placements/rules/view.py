@@ -17,40 +17,64 @@ Every view op is described by where each output dim comes from: an input dim unc
   ``unbind``, broadcast by ``expand``, squeezed, a non-first dim of a group) must be
   unsharded.
 
+One rule per family, over the shared candidate builders :func:`_map_result` (a dim map)
+and :func:`_reshape` (merged/split groups with their exactness check); the shapes and their
+errors come from :mod:`placements.meta`, as in the local tensor:
+
+- :func:`permute_rule`: permute, transpose/swapaxes/swapdims, t, movedim/moveaxis;
+- :func:`reshape_rule`: view, reshape, flatten, unflatten;
+- :func:`expand_rule`: expand, expand_as (``other`` gives its shape only: never moved);
+- :func:`squeeze_rule`: squeeze, unsqueeze;
+- :func:`slice_rule`: narrow, select, basic indexing (``getitem``);
+- :func:`split_rule`: split, chunk, unbind (one output per piece).
+
 The local kernels of ``view``/``reshape``/``flatten``/``unflatten``/``expand`` receive the
 LOCAL output shape (the op table's ``local_fn`` computes it from the output spec).
 """
 
 from __future__ import annotations
 
-import functools
 import math
-import operator
 from collections.abc import Sequence
 
-from ..errors import ArgumentError, DimError, NoRuleError, ShardingError, ViewError
-from ..layout import shard_range
-from ._core import Candidate, OpSchema, P, R, RuleResult, S, norm_dim, register_rule
+import numpy as np
 
-__all__ = ["infer_size", "reshape_groups", "view_rule"]
+from ..cache import memoize
+from ..errors import NoRuleError
+from ..layout import shard_range
+from ..meta import (
+    as_dims,
+    chunk_sizes,
+    expand_shape,
+    flatten_shape,
+    index_shape,
+    infer_size,
+    movedim_dims,
+    narrow_args,
+    nonscalar_dim,
+    norm_dim,
+    permute_dims,
+    select_args,
+    split_dim,
+    split_sizes,
+    squeeze_dims,
+    t_dims,
+    transpose_dims,
+    unflatten_shape,
+)
+from ._core import Candidate, OpSchema, P, R, RuleResult, S, register_rule
+
+__all__ = [
+    "expand_rule",
+    "permute_rule",
+    "reshape_groups",
+    "reshape_rule",
+    "slice_rule",
+    "split_rule",
+    "squeeze_rule",
+]
 
 _KINDS = ("sum", "avg", "max", "min")
-
-
-def infer_size(shape: Sequence[int], numel: int) -> tuple[int, ...]:
-    """``shape`` with its one ``-1`` inferred for ``numel`` elements (PyTorch's errors)."""
-    shape = tuple(operator.index(s) for s in shape)
-    neg = [i for i, s in enumerate(shape) if s == -1]
-    if len(neg) > 1:
-        raise ViewError("only one dimension can be inferred")
-    if any(s < -1 for s in shape):
-        raise ViewError(f"invalid shape dimension {min(shape)}")
-    known = math.prod(s for s in shape if s != -1)
-    if neg and known and numel % known == 0:
-        shape = shape[: neg[0]] + (numel // known,) + shape[neg[0] + 1 :]
-    if -1 in shape or math.prod(shape) != numel:
-        raise ViewError(f"shape '{list(shape)}' is invalid for input of size {numel}")
-    return shape
 
 
 def reshape_groups(
@@ -82,7 +106,7 @@ def reshape_groups(
     return groups
 
 
-@functools.lru_cache(maxsize=4096)
+@memoize("placements.rules.view.nested_exact", 4096)
 def _nested_exact(n_in: int, rest_in: int, n_out: int, rest_out: int, ks: tuple[int, ...]) -> bool:
     """Whether splitting ``n_in`` (times ``rest_in``) and ``n_out`` (times ``rest_out``) over
     the mesh dims of sizes ``ks`` (nested, in order) gives equal blocks everywhere."""
@@ -144,17 +168,6 @@ def _reshape(schema: OpSchema, shape_in: tuple[int, ...], shape_out: tuple[int, 
     return _map_result(schema, (shape_out,), dim_map, nd_check=nd_check if merged else None)
 
 
-def _permutation(schema: OpSchema, perm: Sequence[int]) -> RuleResult:
-    shape = schema.args[0].shape  # type: ignore[union-attr]
-    return _map_result(
-        schema, (tuple(shape[d] for d in perm),), {d: j for j, d in enumerate(perm)}
-    )
-
-
-def _dims(value: object) -> tuple:
-    return tuple(value) if isinstance(value, (tuple, list)) else (value,)  # type: ignore[arg-type]
-
-
 def _keep_except(ndim: int, removed: Sequence[int], keep_dim: bool = False) -> dict[int, int]:
     """Dim map of an op that removes (or, with ``keep_dim``, only unshards) some dims."""
     out, j = {}, 0
@@ -167,212 +180,136 @@ def _keep_except(ndim: int, removed: Sequence[int], keep_dim: bool = False) -> d
     return out
 
 
-def _full_slice(s: slice, n: int) -> bool:
-    return (
-        s.start in (None, 0) and (s.stop is None or s.stop >= n) and s.step in (None, 1)
-    )
-
-
-def _getitem(schema: OpSchema, key: object) -> RuleResult:
+@register_rule(
+    "permute", "transpose", "swapaxes", "swapdims", "t", "movedim", "moveaxis",
+    static={
+        "permute": ("dims",),
+        **{op: ("dim0", "dim1") for op in ("transpose", "swapaxes", "swapdims")},
+        **{op: ("source", "destination") for op in ("movedim", "moveaxis")},
+    },
+)
+def permute_rule(schema: OpSchema) -> RuleResult:
+    """Rule of the dim permutations: a Shard follows its dim. **Local**."""
+    op, get = schema.op, schema.get
     shape = schema.args[0].shape  # type: ignore[union-attr]
     ndim = len(shape)
-    items = key if isinstance(key, tuple) else (key,)
-    consumed = 0
-    for it in items:
-        if isinstance(it, slice):
-            consumed += 1
-        elif it is None or it is Ellipsis:
-            continue
-        elif isinstance(it, bool) or not hasattr(it, "__index__"):
-            raise NoRuleError(
-                "__getitem__: advanced indexing (tensors, lists, bool masks) of a DTensor has "
-                f"no sharding rule (index {key!r}); use basic indexing (ints, slices, None, "
-                "...) or index the full_tensor()"
-            )
-        else:
-            consumed += 1
-    if consumed > ndim:
-        raise DimError(f"__getitem__: too many indices for tensor of dimension {ndim}")
-    if Ellipsis not in items:
-        items = (*items, Ellipsis)
-    out_shape: list[int] = []
-    dim_map: dict[int, int] = {}
-    src = 0
-    for it in items:
-        if it is None:
-            out_shape.append(1)
-        elif it is Ellipsis:
-            for _ in range(ndim - consumed):
-                dim_map[src] = len(out_shape)
-                out_shape.append(shape[src])
-                src += 1
-        elif isinstance(it, slice):
-            if it.step is not None and it.step <= 0:
-                raise ArgumentError(f"__getitem__: step must be greater than zero (got {it.step})")
-            n = shape[src]
-            if _full_slice(it, n):
-                dim_map[src] = len(out_shape)
-            out_shape.append(len(range(*it.indices(n))))
-            src += 1
-        else:
-            i, n = operator.index(it), shape[src]
-            if not -n <= i < n:
-                raise DimError(
-                    f"__getitem__: index {i} is out of bounds for dimension {src} with size {n}"
-                )
-            src += 1
-    return _map_result(schema, (tuple(out_shape),), dim_map)
-
-
-def _split_sizes(op: str, schema: OpSchema, n: int) -> list[int]:
-    if op == "unbind":
-        return [1] * n
-    if op == "chunk":
-        chunks = operator.index(schema.get("chunks"))  # type: ignore[arg-type]
-        if chunks <= 0:
-            raise ViewError(f"chunk expects `chunks` to be greater than 0, got: {chunks}")
-        if n == 0:
-            return [0] * chunks
-        size = -(-n // chunks)
-    else:
-        spec = schema.get("split_size_or_sections")
-        if not isinstance(spec, (int,)) and hasattr(spec, "__iter__"):
-            sizes = [operator.index(s) for s in spec]  # type: ignore[union-attr]
-            if sum(sizes) != n or any(s < 0 for s in sizes):
-                raise ViewError(
-                    f"split_with_sizes expects split_sizes to sum exactly to {n}, but got "
-                    f"split_sizes={sizes}"
-                )
-            return sizes
-        size = operator.index(spec)  # type: ignore[arg-type]
-        if size <= 0:
-            if size == 0 and n == 0:
-                return [0]
-            raise ViewError(f"split expects split_size be positive, but got split_size={size}")
-    count = max(-(-n // size), 1)
-    return [size] * (count - 1) + [n - size * (count - 1)]
-
-
-_VIEW_OPS = ("view", "reshape", "flatten", "unflatten", "permute", "transpose", "swapaxes",
-             "swapdims", "t", "movedim", "moveaxis", "squeeze", "unsqueeze", "expand",
-             "expand_as", "narrow", "select", "getitem", "split", "chunk", "unbind")
-
-
-@register_rule(*_VIEW_OPS)
-def view_rule(schema: OpSchema) -> RuleResult:
-    """Rule of every view/shape op (see the module docstring). **Local**."""
-    op = schema.op
-    a = schema.args[0]
-    shape = a.shape  # type: ignore[union-attr]
-    ndim = len(shape)
-    get = schema.get
-    if op in ("view", "reshape"):
-        return _reshape(schema, shape, infer_size(_dims(get("shape")), math.prod(shape)))
-    if op == "flatten":
-        if ndim == 0:
-            return _reshape(schema, shape, (1,))
-        s, e = norm_dim(get("start_dim", 0), ndim, op), norm_dim(get("end_dim", -1), ndim, op)
-        if s > e:
-            raise ViewError("flatten() has invalid args: start_dim cannot come after end_dim")
-        return _reshape(schema, shape, shape[:s] + (math.prod(shape[s : e + 1]),) + shape[e + 1 :])
-    if op == "unflatten":
-        d = norm_dim(get("dim"), ndim, op)
-        try:
-            sizes = infer_size(_dims(get("sizes")), shape[d])
-        except ViewError as exc:
-            raise ViewError(
-                f"unflatten: Provided sizes {list(_dims(get('sizes')))} don't multiply up to "
-                f"the size of dim {d} ({shape[d]}) in the input tensor"
-            ) from exc
-        return _reshape(schema, shape, shape[:d] + sizes + shape[d + 1 :])
     if op == "permute":
-        perm = [norm_dim(d, ndim, op) for d in _dims(get("dims"))]
-        if sorted(perm) != list(range(ndim)):
-            raise ViewError(f"permute(): dims {list(_dims(get('dims')))} are not a permutation "
-                            f"of the {ndim} dims of the input")
-        return _permutation(schema, perm)
-    if op in ("transpose", "swapaxes", "swapdims"):
-        perm = list(range(ndim))
-        if ndim:
-            d0, d1 = norm_dim(get("dim0"), ndim, op), norm_dim(get("dim1"), ndim, op)
-            perm[d0], perm[d1] = perm[d1], perm[d0]
-        return _permutation(schema, perm)
-    if op == "t":
-        if ndim > 2:
-            raise ViewError(f"t() expects a tensor with <= 2 dimensions, but self is {ndim}D")
-        return _permutation(schema, list(range(ndim))[::-1])
-    if op in ("movedim", "moveaxis"):
-        src = [norm_dim(d, ndim, op) for d in _dims(get("source"))]
-        dst = [norm_dim(d, ndim, op) for d in _dims(get("destination"))]
-        if len(src) != len(dst) or len(set(src)) != len(src) or len(set(dst)) != len(dst):
-            raise ViewError(f"movedim: invalid source {src} or destination {dst} dims")
-        order = [d for d in range(ndim) if d not in src]
-        for d, s in sorted(zip(dst, src)):
-            order.insert(d, s)
-        return _permutation(schema, order)
-    if op == "squeeze":
-        dim = get("dim")
-        dims = range(ndim) if dim is None else {norm_dim(d, ndim, op) for d in _dims(dim)}
-        removed = [d for d in dims if ndim and shape[d] == 1]
-        out = tuple(n for d, n in enumerate(shape) if d not in removed)
-        return _map_result(schema, (out,), _keep_except(ndim, removed))
-    if op == "unsqueeze":
-        d = norm_dim(get("dim"), ndim + 1, op)
+        perm = permute_dims(ndim, get("dims"))
+    elif op == "t":
+        perm = t_dims(ndim)
+    elif op in ("movedim", "moveaxis"):
+        perm = movedim_dims(ndim, get("source"), get("destination"))
+    else:
+        perm = transpose_dims(ndim, get("dim0"), get("dim1"), op)
+    out = tuple(shape[d] for d in perm)
+    return _map_result(schema, (out,), {d: j for j, d in enumerate(perm)})
+
+
+@register_rule(
+    static={
+        "view": ("shape",),
+        "reshape": ("shape",),
+        "flatten": ("start_dim", "end_dim"),
+        "unflatten": ("dim", "sizes"),
+    }
+)
+def reshape_rule(schema: OpSchema) -> RuleResult:
+    """Rule of the reshapes: groups of dims merged or split (see :func:`_reshape`). **Local**."""
+    op, get = schema.op, schema.get
+    shape = schema.args[0].shape  # type: ignore[union-attr]
+    if op == "flatten":
+        out = flatten_shape(shape, get("start_dim", 0), get("end_dim", -1))
+    elif op == "unflatten":
+        out = unflatten_shape(shape, get("dim"), get("sizes"))
+    else:
+        out = infer_size(as_dims(get("shape")), math.prod(shape))
+    return _reshape(schema, shape, out)
+
+
+@register_rule("expand", "expand_as", static={"expand": ("sizes",)})
+def expand_rule(schema: OpSchema) -> RuleResult:
+    """Rule of ``expand``/``expand_as``: a Shard on a dim that keeps its size carries over;
+    a broadcast (size-1) dim and the new leading dims are unsharded. **Local**."""
+    shape = schema.args[0].shape  # type: ignore[union-attr]
+    if schema.op == "expand":
+        out = expand_shape(shape, as_dims(schema.get("sizes")))
+    else:
+        out = expand_shape(shape, schema.args[1].shape)  # type: ignore[union-attr]
+    lead = len(out) - len(shape)
+    dim_map = {d: lead + d for d in range(len(shape)) if out[lead + d] == shape[d]}
+    return _map_result(schema, (out,), dim_map, extra=int(schema.op == "expand_as"))
+
+
+@register_rule("squeeze", "unsqueeze", static=("dim",))
+def squeeze_rule(schema: OpSchema) -> RuleResult:
+    """Rule of ``squeeze``/``unsqueeze``: the other dims keep their Shard. **Local**."""
+    shape = schema.args[0].shape  # type: ignore[union-attr]
+    ndim = len(shape)
+    if schema.op == "unsqueeze":
+        d = norm_dim(schema.get("dim"), ndim + 1, "unsqueeze")
         out = shape[:d] + (1,) + shape[d:]
         return _map_result(schema, (out,), {i: i + (i >= d) for i in range(ndim)})
-    if op in ("expand", "expand_as"):
-        if op == "expand":
-            sizes = tuple(operator.index(s) for s in _dims(get("sizes")))
-        else:
-            sizes = schema.args[1].shape  # type: ignore[union-attr]
-        lead = len(sizes) - ndim
-        if lead < 0:
-            raise ViewError(
-                f"expand: the number of sizes provided ({len(sizes)}) must be greater or equal "
-                f"to the number of dimensions in the tensor ({ndim})"
-            )
-        out, dim_map = list(sizes), {}
-        for d, n in enumerate(shape):
-            t = sizes[lead + d]
-            if t == -1 or t == n:
-                out[lead + d] = n
-                dim_map[d] = lead + d
-            elif n != 1:
-                raise ViewError(
-                    f"The expanded size of the tensor ({t}) must match the existing size ({n}) "
-                    f"at non-singleton dimension {lead + d}.  Target sizes: {list(sizes)}.  "
-                    f"Tensor sizes: {list(shape)}"
-                )
-        if any(n < 0 for n in out):
-            raise ViewError(f"expand: invalid sizes {list(sizes)} for a tensor of shape {shape}")
-        return _map_result(schema, (tuple(out),), dim_map, extra=int(op == "expand_as"))
+    removed = squeeze_dims(shape, schema.get("dim"))
+    out = tuple(n for d, n in enumerate(shape) if d not in removed)
+    return _map_result(schema, (out,), _keep_except(ndim, removed))
+
+
+def _advanced(item: object) -> bool:
+    """Whether an index entry asks for advanced indexing (a bool, a list, an array)."""
+    return isinstance(item, (bool, np.bool_, list)) or getattr(item, "ndim", 0) > 0
+
+
+@register_rule(
+    static={"narrow": ("dim", "start", "length"), "select": ("dim", "index"), "getitem": ("idx",)}
+)
+def slice_rule(schema: OpSchema) -> RuleResult:
+    """Rule of ``narrow``, ``select`` and basic indexing: a sliced or indexed dim is
+    unsharded, a dim kept whole keeps its Shard. **Local**.
+
+    Raises NoRuleError for advanced indexing (tensors, lists, bool masks).
+    """
+    op, get = schema.op, schema.get
+    shape = schema.args[0].shape  # type: ignore[union-attr]
+    ndim = len(shape)
     if op == "narrow":
-        d = norm_dim(get("dim"), ndim, op)
-        start, length = operator.index(get("start")), operator.index(get("length"))  # type: ignore[arg-type]
-        n = shape[d]
-        if not -n <= start <= n or length < 0 or (start % n if n else 0) + length > n:
-            raise ViewError(f"narrow(): start {start} and length {length} do not fit dimension "
-                            f"{d} of size {n}")
+        d, _, length = narrow_args(shape, get("dim"), get("start"), get("length"))
         out = shape[:d] + (length,) + shape[d + 1 :]
         return _map_result(schema, (out,), _keep_except(ndim, [d], keep_dim=True))
     if op == "select":
-        d = norm_dim(get("dim"), ndim, op)
-        index = operator.index(get("index", 0))  # type: ignore[arg-type]
-        if not -shape[d] <= index < shape[d]:
-            raise DimError(f"select(): index {index} out of range for tensor of size "
-                           f"{list(shape)} at dimension {d}")
+        d, _ = select_args(shape, get("dim"), get("index", 0))
         return _map_result(schema, (shape[:d] + shape[d + 1 :],), _keep_except(ndim, [d]))
-    if op == "getitem":
-        return _getitem(schema, get("idx"))
-    # split / chunk / unbind
-    if ndim == 0:
-        raise ViewError(f"{op} expects at least a 1-dimensional tensor")
-    d = norm_dim(get("dim", 0), ndim, op)
-    sizes = _split_sizes(op, schema, shape[d])
+    key = get("idx")
+    if any(_advanced(it) for it in (key if isinstance(key, tuple) else (key,))):
+        raise NoRuleError(
+            "__getitem__: advanced indexing (tensors, lists, bool masks) of a DTensor has "
+            f"no sharding rule (index {key!r}); use basic indexing (ints, slices, None, "
+            "...) or index the full_tensor()"
+        )
+    out, dim_map = index_shape(shape, key)
+    return _map_result(schema, (out,), dim_map)
+
+
+@register_rule(
+    static={
+        "split": ("split_size_or_sections", "dim"),
+        "chunk": ("chunks", "dim"),
+        "unbind": ("dim",),
+    }
+)
+def split_rule(schema: OpSchema) -> RuleResult:
+    """Rule of ``split``/``chunk``/``unbind``: one output per piece, the split dim unsharded
+    (``unbind`` removes it). **Local**."""
+    op, get = schema.op, schema.get
+    shape = schema.args[0].shape  # type: ignore[union-attr]
+    ndim = len(shape)
     if op == "unbind":
-        outs = tuple(shape[:d] + shape[d + 1 :] for _ in sizes)
+        d = nonscalar_dim(get("dim", 0), ndim, op)
+        outs = tuple(shape[:d] + shape[d + 1 :] for _ in range(shape[d]))
         return _map_result(schema, outs, _keep_except(ndim, [d]))
+    d = split_dim(ndim, get("dim", 0), op)
+    if op == "chunk":
+        sizes = chunk_sizes(shape[d], get("chunks"))
+    else:
+        sizes = split_sizes(shape[d], get("split_size_or_sections"), d)
     outs = tuple(shape[:d] + (n,) + shape[d + 1 :] for n in sizes)
-    if not outs:
-        raise ShardingError(f"{op}: no pieces for dimension {d} of shape {shape}")
     return _map_result(schema, outs, _keep_except(ndim, [d], keep_dim=True))

@@ -12,9 +12,21 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from placements import MeshShape, Partial, Replicate, Shard, local_shape
-from placements.errors import DTypeError, NoRuleError, ShardingError
-from placements.rules import ArgMeta, OpSchema, get_rule, nd_valid, propagate
+from placements import MeshShape, Partial, Replicate, Shard, local_shape, max_local_shape
+from placements.cache import all_stats, clear_all, get_cache
+from placements.errors import ArgumentError, DTypeError, NoRuleError, ShardingError, SignatureError
+from placements.rules import (
+    ArgMeta,
+    OpSchema,
+    RuleResult,
+    _core,
+    get_rule,
+    nd_valid,
+    propagate,
+    register_rule,
+    rule_names,
+    rule_statics,
+)
 from placements.rules.matmul import parse_einsum
 from placements.rules.view import reshape_groups
 
@@ -368,3 +380,95 @@ def test_inplace_result_must_be_castable_to_the_input():
     with pytest.raises(DTypeError, match="div_: result type float32 can't be cast"):
         rule("div_", t((3,), I64), t((3,), I64))
     assert rule("add_", t((3,), F32), t((3,), I64)).out_dtypes == (F32,)
+
+
+# -- statics ---------------------------------------------------------------------------------------
+def test_every_op_with_a_rule_declares_its_statics():
+    assert set(_core._RULES) == set(_core._STATICS) == set(rule_names())
+    for op in rule_names():
+        names = rule_statics(op)
+        assert isinstance(names, tuple) and len(set(names)) == len(names), op
+        assert all(isinstance(n, str) and n for n in names), op
+    assert rule_statics("sum") == ("dim", "keepdim", "dtype")
+    assert rule_statics("amax") == ("dim", "keepdim") and rule_statics("relu") == ()
+    assert rule_statics("div_") == ("rounding_mode",)  # in-place forms read their op's
+    with pytest.raises(NoRuleError, match="'summ'"):
+        rule_statics("summ")
+
+
+def test_a_rule_reading_an_undeclared_static_raises():
+    seen = {}
+
+    @register_rule("test_undeclared_static", static=("dim",))
+    def reads_two(schema):
+        seen["dim"] = schema.get("dim", 7)  # declared, not bound: the default
+        schema.get("keepdim")  # not declared
+        return RuleResult(((),), (F32,), ())
+
+    try:
+        msg = r"test_undeclared_static: .*'keepdim'.*\('dim',\)"
+        with pytest.raises(SignatureError, match=msg):
+            rule("test_undeclared_static", t((4,)))
+        assert seen["dim"] == 7
+        with pytest.raises(TypeError, match="'dtype'"):  # a real rule: amax has no dtype
+            OpSchema("amax", (t((4,)),), (("dim", 0), ("keepdim", False)), (2,)).get("dtype")
+        # register_rule(name) alone means "no statics"
+        register_rule("test_undeclared_static")(reads_two)
+        assert rule_statics("test_undeclared_static") == ()
+        with pytest.raises(SignatureError, match="'dim'"):
+            rule("test_undeclared_static", t((4,)), dim=0)
+    finally:
+        _core._RULES.pop("test_undeclared_static", None)
+        _core._STATICS.pop("test_undeclared_static", None)
+
+
+def test_register_rule_rejects_bad_static_declarations():
+    with pytest.raises(ArgumentError, match="sequence of parameter names"):
+        register_rule("test_bad_static", static="dim")
+    with pytest.raises(ArgumentError, match=r"\['other'\]"):
+        register_rule("test_bad_static", static={"other": ("dim",)})
+    assert "test_bad_static" not in rule_names()
+
+
+def test_rule_statics_match_the_op_table():
+    """Temporary cross-check while dtensor's op table still lists statics of its own."""
+    import dtensor  # noqa: F401  (fills the op table)
+    from dtensor._optable import OPS
+
+    assert OPS
+    bad = {
+        name: (rule_statics(info.rule), info.static_params)
+        for name, info in OPS.items()
+        if rule_statics(info.rule) != info.static_params
+    }
+    assert not bad
+
+
+# -- caches ----------------------------------------------------------------------------------------
+_PLACEMENTS_CACHES = (
+    "placements.rules.results",
+    "placements.rules.view.nested_exact",
+    "placements.meta.promote_types",
+    "placements.layout.normalized",
+    "placements.layout.box",
+    "placements.layout.max_local_shape",
+)
+
+
+def test_module_caches_are_registered_and_clear_all_empties_them():
+    assert {n for n in all_stats() if n.startswith("placements.")} >= set(_PLACEMENTS_CACHES)
+    # fill every one: a propagation (rule results, promotion, a nested reshape check) and
+    # layout queries
+    choose("view", t((8, 3), I32, (S(0), S(0))), shape=(24,), mesh=(2, 2))
+    choose("add", t((8, 3), I32, (S(0), R)), t((), F64), mesh=(2, 2))
+    local_shape((5, 3), (2,), (S(0),), (1,))
+    max_local_shape((5, 3), (2,), (S(0),))
+    sizes = {n: get_cache(n).stats()["size"] for n in _PLACEMENTS_CACHES}
+    assert all(sizes.values()), sizes
+    clear_all()
+    sizes = {n: get_cache(n).stats() for n in _PLACEMENTS_CACHES}
+    assert all(s["size"] == 0 and s["hits"] == s["misses"] == 0 for s in sizes.values()), sizes
+    # clearing changes costs only: the same call gives the same strategy
+    a = choose("add", t((8, 3), I32, (S(0), R)), t((), F64), mesh=(2, 2))
+    assert a == choose("add", t((8, 3), I32, (S(0), R)), t((), F64), mesh=(2, 2))
+    assert get_cache("placements.rules.results").stats()["hits"] == 1

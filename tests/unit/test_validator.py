@@ -43,7 +43,7 @@ def _install(name: str, kernel, rule_fn, params=("input",), static=()):
     def cleanup():
         OPS.pop(name, None)
         _core._RULES.pop(name, None)
-        _core._MEMO.clear()
+        _core._RESULTS.clear()
 
     return cleanup
 

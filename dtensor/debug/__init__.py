@@ -1,9 +1,18 @@
-"""Debugging tools: communication counting, the propagation cache's statistics and the
-dispatch path in use (compiled fast path or Python)."""
+"""Debugging tools: communication counting, explanations of decisions, strict mode, logging,
+the SPMD check and watchdog, sharding visualisation, the caches' statistics and the dispatch
+path in use (compiled fast path or Python). They attach to the dispatcher through its
+listener API (:func:`dtensor.dispatch.dispatcher.add_listener`) and to the collectives
+through :func:`redistribute.comm.add_observer`."""
 
 from __future__ import annotations
 
-from ..dispatch.dispatcher import clear_prop_cache, prop_cache_stats, set_prop_cache_size
+from ..dispatch.dispatcher import (
+    cache_stats,
+    clear_caches,
+    clear_prop_cache,
+    prop_cache_stats,
+    set_prop_cache_size,
+)
 from ._comm_mode import CommDebugMode, CommRecord
 from ._explain import Collective, Explanation, OpExplanation, explain
 from ._fastpath import fastpath_status, set_fastpath
@@ -20,7 +29,9 @@ __all__ = [
     "Explanation",
     "ImplicitRedistributeError",
     "OpExplanation",
+    "cache_stats",
     "check_spmd",
+    "clear_caches",
     "clear_prop_cache",
     "configure_logging",
     "explain",

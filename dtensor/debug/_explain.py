@@ -26,9 +26,7 @@ from redistribute.plan import plan, redistribute_cost
 
 from ..dispatch import dispatcher as _dispatch
 from ..distributed.dtensor import DTensor
-from ..local import dtypes as _dtypes
 from ..ops.table import OPS, OpInfo
-from . import _tap
 
 __all__ = ["Collective", "Explanation", "OpExplanation", "explain"]
 
@@ -163,7 +161,7 @@ class Explanation:
 def _describe(v: object) -> str:
     if isinstance(v, DTensor):
         return f"{v.dtype}{list(v.shape)}[{short_placements(v.placements, ', ')}]"
-    return _dispatch._describe(v)
+    return _dispatch.describe(v)
 
 
 def _plan_steps(op: str, arg: int, spec: DTensorSpec, steps: Sequence) -> list[Collective]:
@@ -239,21 +237,13 @@ def _explain_entry(
     top: int,
 ) -> OpExplanation:
     """Describe a decision of the dispatcher (``entry``) for the bound call ``values``."""
-    binder = _dispatch._binder(info)
-    args = [_dispatch._slot_value(values, s) for s in entry.slots]
-    schema = OpSchema(
-        info.name,
-        tuple(_dispatch._arg_meta(v) for v in args),
-        tuple((binder.params[i], values[i]) for i in binder.static_idx),
-        tuple(mesh.shape),
-        _dtypes.get_default_dtype(),
-    )
-    candidates, total = _candidates(schema, args, len(mesh.shape))
+    args = entry.arguments(values)
+    candidates, total = _candidates(entry.schema, args, len(mesh.shape))
     strategy = entry.strategy
     plans = []
     steps: list[Collective] = []
     for i, move in enumerate(entry.moves):
-        if isinstance(move, _dispatch._Redist) and move.steps:
+        if isinstance(move, _dispatch.Redist) and move.steps:
             text = explain_plan(move.src, move.dst.placements)
             plans.append(f"arg {i}: " + text.replace("\n", f"\narg {i}: "))
             steps += _plan_steps(info.name, i, move.src, move.steps)
@@ -296,22 +286,8 @@ def _table_op(op: object) -> tuple[OpInfo, tuple] | None:
     return None
 
 
-def _mesh_of(info: OpInfo, binder: object, values: list) -> object:
-    for pi in binder.tensor_idx:
-        v = values[pi]
-        for e in v if pi == binder.variadic_idx else (v,):
-            if isinstance(e, DTensor):
-                return e.device_mesh
-    raise DTypeError(f"explain: {info.name}() got no DTensor argument")
-
-
 def _explain_op(info: OpInfo, args: tuple, kwargs: dict, top: int) -> Explanation:
-    binder = _dispatch._binder(info)
-    values = binder.bind(args, kwargs)
-    if binder.variadic_idx >= 0:
-        values[binder.variadic_idx] = list(values[binder.variadic_idx])
-    mesh = _mesh_of(info, binder, values)
-    entry = _dispatch._build_entry(info, binder, values, mesh)
+    entry, values, mesh = _dispatch.decide(info, args, kwargs)
     return Explanation(ops=[_explain_entry(info, entry, values, mesh, None, top)])
 
 
@@ -322,11 +298,11 @@ def _trace(fn: Callable, args: tuple, kwargs: dict, top: int) -> Explanation:
         info = OPS[entry.name]
         ops.append(_explain_entry(info, entry, values, mesh, "miss" if miss else "hit", top))
 
-    _tap.add_listener(record)
+    _dispatch.add_listener(record)
     try:
         result = fn(*args, **kwargs)
     finally:
-        _tap.remove_listener(record)
+        _dispatch.remove_listener(record)
     return Explanation(ops=ops, traced=True, result=result)
 
 

@@ -18,7 +18,6 @@ from redistribute import comm as _comm
 from redistribute.explain import explain_plan, format_seconds
 
 from ..dispatch import dispatcher as _dispatch
-from . import _tap
 
 __all__ = ["LOGGER_NAME", "configure_logging", "logger"]
 
@@ -47,7 +46,7 @@ def _on_entry(entry: _dispatch.CacheEntry, miss: bool, values: list, mesh: objec
     cost = format_seconds(strategy.cost)
     lines = [f"prop cache miss: {entry.name}: {outs} <- {ins} (redistribution ~{cost})"]
     for i, move in enumerate(entry.moves):
-        if isinstance(move, _dispatch._Redist) and move.steps:
+        if isinstance(move, _dispatch.Redist) and move.steps:
             plan = explain_plan(move.src, move.dst.placements)
             lines += [f"  input {i}: {line}" for line in plan.splitlines()]
     logger.debug("\n".join(lines))
@@ -96,7 +95,7 @@ def configure_logging(level: str | int | None = None) -> None:
         _handler.setFormatter(logging.Formatter(fmt))
         logger.addHandler(_handler)
     if level <= logging.DEBUG and not _tapped:
-        _tap.add_listener(_on_entry)
+        _dispatch.add_listener(_on_entry)
         _comm.add_observer(_on_collective)
         _tapped = True
 

@@ -15,7 +15,6 @@ from placements.errors import ShardingError
 from placements.types import short_placements
 
 from ..dispatch import dispatcher as _dispatch
-from . import _tap
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -58,7 +57,7 @@ class no_implicit_redistribute:
 
     def _check(self, entry: _dispatch.CacheEntry, miss: bool, values: list, mesh: object) -> None:
         for i, move in enumerate(entry.moves):
-            if not isinstance(move, _dispatch._Redist) or not move.steps:
+            if not isinstance(move, _dispatch.Redist) or not move.steps:
                 continue
             if self.allow_local and not any(s.communicates for s in move.steps):
                 continue
@@ -75,10 +74,10 @@ class no_implicit_redistribute:
     def __enter__(self) -> Self:
         if self._active:
             raise RuntimeError("no_implicit_redistribute: this mode is already active")
-        _tap.add_listener(self._check)
+        _dispatch.add_listener(self._check)
         self._active = True
         return self
 
     def __exit__(self, *exc: object) -> None:
-        _tap.remove_listener(self._check)
+        _dispatch.remove_listener(self._check)
         self._active = False

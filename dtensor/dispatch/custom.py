@@ -2,11 +2,10 @@
 
 This module owns the public way to add an op: the user gives the local kernel (a function
 of local ``dt.Tensor`` arguments) and its sharding rule (a pure function of metadata, as
-the built-in rules in :mod:`placements.rules`); :func:`register_op` registers both (the op
-table entry with :func:`dtensor.ops.table.register_op`, the rule with
-:func:`placements.rules.register_rule`) and returns a function that runs the kernel on
-local tensors and dispatches DTensor calls (strategy choice, redistribution, propagation
-cache) like any built-in op.
+the built-in rules in :mod:`placements.rules`); :func:`register_op` declares both in the op
+table (:func:`dtensor.ops.declare`, which registers the rule with its static parameters)
+and returns a function that runs the kernel on local tensors and dispatches DTensor calls
+(strategy choice, redistribution, propagation cache) like any built-in op.
 """
 
 from __future__ import annotations
@@ -15,22 +14,13 @@ import inspect
 from collections.abc import Callable, Sequence
 
 from placements.errors import ArgumentError, DTypeError
-from placements.rules import OpSchema, RuleResult, register_rule
+from placements.rules import OpSchema, RuleResult
 
-from ..distributed.dtensor import DTensor
-from ..ops import table as _optable
+from ..ops import OPS, declare
 from .dispatcher import dispatch
+from .install import has_dtensor
 
 __all__ = ["register_op"]
-
-
-def _has_dtensor(values: Sequence[object]) -> bool:
-    for v in values:
-        if isinstance(v, DTensor):
-            return True
-        if (type(v) is list or type(v) is tuple) and any(isinstance(e, DTensor) for e in v):
-            return True
-    return False
 
 
 def register_op(
@@ -80,35 +70,25 @@ def register_op(
     DTypeError
         ``kernel`` has variadic parameters (a TypeError).
     """
-    if name in _optable.OPS:
+    if name in OPS:
         raise ArgumentError(f"register_op: {name!r} is already an op; choose another name")
     params = inspect.signature(kernel).parameters
     if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params.values()):
         raise DTypeError(f"register_op({name!r}): the kernel may not take *args or **kwargs")
     names = tuple(params)
-    defaults = {k: p.default for k, p in params.items() if p.default is not p.empty}
     if tensor_params is None:
-        tensor_params = tuple(k for k in names if k not in defaults)
+        tensor_params = tuple(k for k, p in params.items() if p.default is p.empty)
     for group, given in (("tensor_params", tensor_params), ("static_params", static_params)):
         unknown = [p for p in given if p not in names]
         if unknown:
             raise ArgumentError(
                 f"register_op({name!r}): {group} {unknown} are not parameters of the kernel {names}"
             )
-    register_rule(name)(rule)
-    info = _optable.register_op(
-        _optable.OpInfo(
-            name=name,
-            kernel=kernel,
-            params=names,
-            tensor_params=tuple(tensor_params),
-            static_params=tuple(static_params),
-            defaults=defaults,
-        )
-    )
+    info = declare(name, kernel, tuple(tensor_params), rule=rule, static=tuple(static_params),
+                   method=False)
 
     def op(*args: object, **kwargs: object) -> object:
-        if _has_dtensor(args) or _has_dtensor(tuple(kwargs.values())):
+        if has_dtensor(args, kwargs):
             return dispatch(info, args, kwargs)
         return kernel(*args, **kwargs)
 

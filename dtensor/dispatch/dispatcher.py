@@ -22,13 +22,13 @@ bounded LRU (``DTENSOR_PROP_CACHE_SIZE``, default 4096) with hit/miss/eviction c
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
 import fastpath as _fp
-from placements import Partial, Placement
+from placements import Placement
+from placements.cache import LRUCache, all_stats, clear_all
 from placements.errors import (
     ConfigError,
     DimError,
@@ -38,8 +38,9 @@ from placements.errors import (
     ShardingError,
     SignatureError,
 )
+from placements.layout import partial_fill
+from placements.meta import norm_dims
 from placements.rules import ArgMeta, OpSchema, OpStrategy, propagate
-from placements.rules._core import norm_dims
 from placements.spec import DTensorSpec
 from redistribute.cost import default_cost_model
 from redistribute.execute import execute as _execute
@@ -56,11 +57,19 @@ from ..ops.table import OpInfo
 
 __all__ = [
     "CacheEntry",
+    "Redist",
+    "add_listener",
+    "cache_stats",
+    "clear_caches",
     "clear_prop_cache",
     "current_op",
+    "decide",
+    "describe",
     "dispatch",
     "lookup",
     "prop_cache_stats",
+    "remove_listener",
+    "run_entry",
     "set_prop_cache_size",
 ]
 
@@ -75,8 +84,6 @@ _PY_SCALARS = (bool, int, float, complex)
 _SCALAR_KIND = {"b": bool, "i": int, "u": int, "f": float, "c": complex}
 # Parameters that a method call may give as varargs (``x.view(2, 3)``, ``x.permute(1, 0)``).
 _SIZE_PARAMS = frozenset({"shape", "size", "sizes", "dims"})
-# The value a non-holder coordinate uses for a scalar partitioned to Partial(op).
-_PARTIAL_IDENTITY = {"sum": 0, "prod": 1}
 
 
 # -- current op (read by dtensor.debug.CommDebugMode) ----------------------------------------
@@ -86,6 +93,35 @@ _current_op: str | None = None
 def current_op() -> str | None:
     """The op whose inputs are being redistributed right now, or None. **Local**."""
     return _current_op
+
+
+# -- listeners (the debug tools' way in) --------------------------------------------------------
+Listener = Callable[["CacheEntry", bool, list, object], None]
+_listeners: list[Listener] = []
+_missed = False  # whether the last lookup missed the propagation cache
+
+
+def add_listener(fn: Listener) -> None:
+    """Call ``fn(entry, miss, values, mesh)`` before every dispatched op runs. **Local**.
+
+    ``entry`` is the op's :class:`CacheEntry` (the chosen strategy, the stored redistribute
+    plans, the output specs), ``miss`` whether the propagation cache missed for this call,
+    ``values`` the call's bound arguments (DTensors not yet replaced by their local tensors;
+    a listener must not modify them) and ``mesh`` the mesh. A listener may raise to stop the
+    op before it communicates. While a listener is registered, every call of a table op on
+    DTensors reaches :func:`run_entry`: the compiled front drops its entries and keeps none.
+    """
+    _listeners.append(fn)
+    if _FRONT is not None:
+        _FRONT.invalidate()
+
+
+def remove_listener(fn: Listener) -> None:
+    """Stop calling ``fn`` (added with :func:`add_listener`). **Local**."""
+    try:
+        _listeners.remove(fn)
+    except ValueError:
+        raise ConfigError(f"remove_listener: {fn!r} is not a registered listener") from None
 
 
 # -- binding ---------------------------------------------------------------------------------
@@ -176,8 +212,9 @@ def _binder(info: OpInfo) -> _Binder:
 
 
 # -- the cache -------------------------------------------------------------------------------
-class _Redist:
-    """One DTensor input's move to the strategy's placements (a stored plan)."""
+class Redist:
+    """One DTensor input's move to the strategy's placements: the redistribute plan
+    (``steps``) from spec ``src`` to spec ``dst``."""
 
     __slots__ = ("dst", "src", "steps")
 
@@ -191,7 +228,8 @@ class _ScalarIdentity:
     """A scalar that this rank replaces by the identity of a Partial it is split into.
 
     ``Partial(sum)`` of a replicated value: the holder (coordinate 0 on each such mesh dim)
-    keeps it, the other coordinates contribute 0, so the reduced value counts it once.
+    keeps it, the other coordinates contribute 0, so the reduced value counts it once
+    (:func:`placements.layout.partial_fill`).
     """
 
     __slots__ = ("identity",)
@@ -232,6 +270,8 @@ class CacheEntry:
         parameter indices whose DTensors just give their local tensors (the short path).
     strategy : OpStrategy
         The chosen strategy (for debugging tools).
+    schema : OpSchema
+        What the rule saw (for debugging tools).
     """
 
     __slots__ = (
@@ -242,6 +282,7 @@ class CacheEntry:
         "moves",
         "name",
         "out_specs",
+        "schema",
         "slots",
         "strategy",
     )
@@ -255,53 +296,38 @@ class CacheEntry:
         out_specs: tuple[DTensorSpec, ...],
         inplace: bool,
         strategy: OpStrategy,
+        schema: OpSchema,
     ) -> None:
         self.name = name
+        self.schema = schema
         self.kernel = kernel
         self.slots = slots
         self.moves = moves
         self.out_specs = out_specs
         self.inplace = inplace
-        self.comm = any(isinstance(m, _Redist) and m.steps for m in moves)
+        self.comm = any(isinstance(m, Redist) and m.steps for m in moves)
         self.strategy = strategy
         plain = not inplace and all(m is None for m in moves) and all(e < 0 for _, e in slots)
         self.direct = tuple(p for p, _ in slots) if plain else None
 
+    def arguments(self, values: list) -> list:
+        """The tensor-like arguments of a bound call, one per slot (what the rule saw)."""
+        return [_slot_value(values, s) for s in self.slots]
 
-class _PropCache:
-    """A bounded LRU map from call signatures to :class:`CacheEntry`."""
 
-    __slots__ = ("data", "evictions", "hits", "maxsize", "misses")
-
-    def __init__(self, maxsize: int) -> None:
-        self.data: OrderedDict[tuple, CacheEntry] = OrderedDict()
-        self.maxsize = maxsize
-        self.hits = 0
-        self.misses = 0
-        self.evictions = 0
-
-    def put(self, key: tuple, entry: CacheEntry) -> None:
-        self.data[key] = entry
-        self.trim()
-
-    def trim(self) -> None:
-        """Evict least recently used entries down to ``maxsize``."""
-        data = self.data
-        if len(data) <= self.maxsize:
-            return
-        if _FRONT is not None:
-            _FRONT.flush(data)
-            _FRONT.invalidate()
-        while len(data) > self.maxsize:
-            data.popitem(last=False)
-            self.evictions += 1
+def _flush_front() -> None:
+    """Before the propagation cache evicts or clears: replay the compiled front's pending LRU
+    touches, then drop its copies of the entries."""
+    if _FRONT is not None:
+        _FRONT.flush(_CACHE.data)
+        _FRONT.invalidate()
 
 
 def _env_cache_size() -> int:
     return env_int("DTENSOR_PROP_CACHE_SIZE", 4096, minimum=1)
 
 
-_CACHE = _PropCache(_env_cache_size())
+_CACHE = LRUCache("dispatch.propagation", _env_cache_size(), on_clear=_flush_front)
 
 
 def prop_cache_stats() -> dict[str, int]:
@@ -334,21 +360,38 @@ def clear_prop_cache() -> None:
     Call it on every rank (or none): ranks never diverge in their decisions either way,
     but the counters then agree.
     """
-    c = _CACHE
+    _CACHE.clear()
     if _FRONT is not None:
-        _FRONT.flush(c.data)
-        _FRONT.invalidate()
         _FRONT.reset_stats()
-    c.data.clear()
-    c.hits = c.misses = c.evictions = 0
+
+
+def clear_caches() -> None:
+    """Drop every cached decision of every layer: the propagation cache, the sharding
+    rules' results, layout and redistribute plans, compiled redistribute programs... (every
+    cache registered with :mod:`placements.cache`), and reset their counters. **Local**.
+
+    Results never change, only the cost of the next calls. Call it on every rank (or none),
+    so that the counters agree.
+    """
+    clear_all()
+    if _FRONT is not None:
+        _FRONT.reset_stats()
+
+
+def cache_stats() -> dict[str, dict[str, int]]:
+    """Counters of every cache registered with :mod:`placements.cache`, by name (``hits``,
+    ``misses``, ``evictions``, ``size``, ``maxsize``); the propagation cache's are
+    :func:`prop_cache_stats` (the compiled front's hits included). **Local**."""
+    stats = all_stats()
+    stats[_CACHE.name] = prop_cache_stats()
+    return stats
 
 
 def set_prop_cache_size(maxsize: int) -> None:
     """Change the bound of the propagation cache (evicting the oldest entries). **Local**."""
     if int(maxsize) < 1:
         raise ConfigError(f"set_prop_cache_size: maxsize must be at least 1, got {maxsize}")
-    _CACHE.maxsize = int(maxsize)
-    _CACHE.trim()
+    _CACHE.resize(maxsize)
 
 
 # -- the compiled front (fastpath._dispatch) ------------------------------------------------
@@ -521,7 +564,9 @@ def _short(placements: Sequence[Placement]) -> str:
     return "[" + ", ".join(p.short() for p in placements) + "]"
 
 
-def _describe(v: object) -> str:
+def describe(v: object) -> str:
+    """A short description of an op argument for messages (a DTensor's placements, shape
+    and dtype; a Tensor's shape and dtype; the repr of anything else). **Local**."""
     if isinstance(v, DTensor):
         return f"DTensor({_short(v.placements)}, shape {v.shape}, {v.dtype})"
     if isinstance(v, Tensor):
@@ -615,15 +660,28 @@ def lookup(
     except _Uncacheable:
         # a tensor-valued static argument (an index tensor): decide for this call only
         cache.misses += 1
-        return _build_entry(info, binder, values, mesh), None, mesh
+        entry = _build_entry(info, binder, values, mesh)
+        return _heard(entry, mesh, True) if _listeners else (entry, None, mesh)
     if entry is None:
         cache.misses += 1
         entry = _build_entry(info, binder, values, mesh)
         cache.put(key, entry)
+        if _listeners:
+            return _heard(entry, mesh, True)
     else:
         cache.hits += 1
         cache.data.move_to_end(key)
+        if _listeners:
+            return _heard(entry, mesh, False)
     return entry, key, mesh
+
+
+def _heard(entry: CacheEntry, mesh: object, miss: bool) -> tuple:
+    """lookup's answer while listeners are registered: no key, so that the compiled front
+    keeps no copy and runs :func:`run_entry` every time; the miss is kept for them."""
+    global _missed
+    _missed = miss
+    return entry, None, mesh
 
 
 class _Uncacheable(Exception):
@@ -732,7 +790,7 @@ def _build_entry(info: OpInfo, binder: _Binder, values: list, mesh: object) -> C
     try:
         strategy = propagate(schema, mesh, _cost_fn(specs))
     except (NoRuleError, ShardingError, DimError, DTypeError) as e:
-        inputs = ", ".join(_describe(v) for v in args)
+        inputs = ", ".join(describe(v) for v in args)
         raise type(e)(f"{e} [op {info.name}; inputs: {inputs}; mesh {mesh.shape}]") from e
     moves = []
     coord = mesh.get_coordinate()
@@ -743,7 +801,7 @@ def _build_entry(info: OpInfo, binder: _Binder, values: list, mesh: object) -> C
                 moves.append(None)
             else:
                 dst = src.with_placements(target)
-                moves.append(_Redist(_plan(src, dst.placements), src, dst))
+                moves.append(Redist(_plan(src, dst.placements), src, dst))
         else:
             moves.append(_scalar_move(target, coord))
     out_specs = tuple(strategy.output_specs)
@@ -751,20 +809,36 @@ def _build_entry(info: OpInfo, binder: _Binder, values: list, mesh: object) -> C
         _check_inplace(info.name, args, moves, out_specs)
     kernel = info.local_fn(schema, strategy) if info.local_fn is not None else info.kernel
     return CacheEntry(
-        info.name, kernel, slots, tuple(moves), out_specs, info.inplace, strategy
+        info.name, kernel, slots, tuple(moves), out_specs, info.inplace, strategy, schema
     )
+
+
+def decide(info: OpInfo, args: Sequence[object], kwargs: Mapping[str, object]) -> tuple:
+    """The decision the dispatcher would take for a call, without running it, caching it or
+    counting it: ``(entry, values, mesh)`` (``values`` are the bound arguments). **Local**.
+
+    Raises
+    ------
+    DTypeError
+        When no DTensor is among the call's tensor arguments.
+    """
+    binder = _binder(info)
+    values = binder.bind(args, kwargs)
+    if binder.variadic_idx >= 0:
+        values[binder.variadic_idx] = list(values[binder.variadic_idx])
+    for pi in binder.tensor_idx:
+        v = values[pi]
+        for e in v if pi == binder.variadic_idx else (v,):
+            if isinstance(e, DTensor):
+                mesh = e.device_mesh
+                return _build_entry(info, binder, values, mesh), values, mesh
+    raise DTypeError(f"explain: {info.name}() got no DTensor argument")
 
 
 def _scalar_move(target: Sequence[Placement] | None, coord: tuple[int, ...]):
     """A scalar's replacement on this rank when the strategy splits it into a Partial."""
-    if target is None:
-        return None
-    for m, p in enumerate(target):
-        if isinstance(p, Partial) and coord[m] != 0:
-            ident = _PARTIAL_IDENTITY.get(p.reduce_op)
-            if ident is not None:
-                return _ScalarIdentity(ident)
-    return None
+    fill = None if target is None else partial_fill(target, coord)
+    return None if fill is None else _ScalarIdentity(fill)
 
 
 def _check_inplace(op: str, args: list, moves: list, out_specs: tuple) -> None:
@@ -772,7 +846,7 @@ def _check_inplace(op: str, args: list, moves: list, out_specs: tuple) -> None:
     if not isinstance(self, DTensor):
         raise ShardingError(
             f"{op}: the in-place op writes its first argument, which must be a DTensor when "
-            f"any argument is one (got {_describe(self)})"
+            f"any argument is one (got {describe(self)})"
         )
     src = self._spec
     out = out_specs[0]
@@ -780,7 +854,7 @@ def _check_inplace(op: str, args: list, moves: list, out_specs: tuple) -> None:
         raise ShardingError(
             f"{op}: the in-place op would change its input from {_short(src.placements)} "
             f"shape {src.shape} to {_short(out.placements)} shape {out.shape} (inputs: "
-            + ", ".join(_describe(v) for v in args)
+            + ", ".join(describe(v) for v in args)
             + "); redistribute the input first or use the out-of-place op"
         )
 
@@ -808,7 +882,10 @@ def run_entry(entry: CacheEntry, values: list, mesh: object) -> object:
 
     **Collective** when the entry redistributes an input, **Local** otherwise. ``values``
     (the bound arguments) is modified: DTensors are replaced by their local tensors.
+    Registered listeners (:func:`add_listener`) see the entry first.
     """
+    if _listeners:
+        _notify(entry, values, mesh)
     direct = entry.direct
     if direct is not None:
         for pi in direct:
@@ -837,6 +914,11 @@ def run_entry(entry: CacheEntry, values: list, mesh: object) -> object:
     if target is not None:
         return target
     return _wrap_outputs(out, entry.out_specs)
+
+
+def _notify(entry: CacheEntry, values: list, mesh: object) -> None:
+    for fn in tuple(_listeners):
+        fn(entry, _missed, values, mesh)
 
 
 def _wrap_outputs(out: object, specs: tuple[DTensorSpec, ...]) -> object:

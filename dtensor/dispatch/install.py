@@ -31,13 +31,13 @@ from ..local.tensor import Tensor
 from ..ops import OPS, Operator, OpInfo
 from .dispatcher import dispatch, fast_op, plug_fastpath
 
-__all__ = ["export", "fastpath_active", "installed", "set_fastpath"]
+__all__ = ["export", "fastpath_active", "has_dtensor", "installed", "set_fastpath"]
 
 _TENSOR_LIKE = (DTensor, Tensor, bool, int, float, complex)
 
 
-def _has_dtensor(args: tuple, kwargs: Mapping[str, object] | None) -> bool:
-    """Whether a DTensor is among the arguments (also inside list/tuple arguments)."""
+def has_dtensor(args: tuple, kwargs: Mapping[str, object] | None) -> bool:
+    """Whether a DTensor is among the arguments (also inside list/tuple arguments). **Local**."""
     for a in args:
         if isinstance(a, DTensor):
             return True
@@ -46,7 +46,7 @@ def _has_dtensor(args: tuple, kwargs: Mapping[str, object] | None) -> bool:
                 if isinstance(e, DTensor):
                     return True
     if kwargs:
-        return _has_dtensor(tuple(kwargs.values()), None)
+        return has_dtensor(tuple(kwargs.values()), None)
     return False
 
 
@@ -75,7 +75,7 @@ def _function(info: OpInfo) -> Callable:
     else:
 
         def fn(*args: object, **kwargs: object) -> object:
-            if _has_dtensor(args, kwargs):
+            if has_dtensor(args, kwargs):
                 return dispatch(info, args, kwargs)
             return local(*args, **kwargs)
 

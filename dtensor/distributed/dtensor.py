@@ -14,6 +14,7 @@ import numpy as np
 
 import fastpath as _fp
 from placements import Placement, Replicate, Shard
+from placements.cache import LRUCache
 from placements.errors import (
     DTypeError,
     MeshError,
@@ -51,25 +52,27 @@ def _allocator_for(device: str):
 
 _ALLOCS: dict = {}
 
-# (source spec, target placements) -> (target spec, plan): a repeated redistribute skips
-# building and hashing the target spec and the planner lookup. Bounded: cleared when full.
-# The mesh's identity is part of the key (specs compare meshes by value), so that the
-# output keeps the input's mesh object; the entry's target spec keeps that mesh alive.
-_TARGETS: dict = {}
-_TARGETS_MAX = 4096
+# (source spec, target placements, mesh id) -> (target spec, plan): a repeated redistribute
+# skips building and hashing the target spec and the planner lookup. The mesh's identity is
+# part of the key (specs compare meshes by value), so that the output keeps the input's mesh
+# object; the entry's target spec keeps that mesh alive.
+_TARGETS = LRUCache("distributed.redistribute_targets", 4096)
 
 
 def _target(spec: DTensorSpec, placements: tuple[Placement, ...]) -> tuple:
     """``(spec.with_placements(placements), plan to it)``, cached. **Local**."""
     key = (spec, placements, id(spec.mesh))
-    hit = _TARGETS.get(key)
+    data = _TARGETS.data  # the hot path of a repeated redistribute: the table itself
+    hit = data.get(key)
     if hit is None:
+        _TARGETS.misses += 1
         dst = spec.with_placements(placements)
         same = dst.placements == spec.placements
         hit = (dst, () if same else _plan(spec, dst.placements))
-        if len(_TARGETS) >= _TARGETS_MAX:
-            _TARGETS.clear()
-        _TARGETS[key] = hit
+        _TARGETS.put(key, hit)
+    else:
+        _TARGETS.hits += 1
+        data.move_to_end(key)
     return hit
 
 

@@ -18,5 +18,5 @@ declare("dot", K.dot, ("input", "other"), samples="product")
 declare("outer", K.outer, ("input", "vec2"), samples="product")
 declare("addmm", K.addmm, ("input", "mat1", "mat2"), samples="product")
 declare("linear", K.linear, ("input", "weight", "bias"), method=False, samples="product")
-declare("einsum", K.einsum, ("operands",), ("equation",), variadic="operands", method=False,
+declare("einsum", K.einsum, ("operands",), variadic="operands", method=False,
         samples="product")

@@ -9,14 +9,12 @@ from .table import declare
 __all__: list[str] = []
 
 for _name in ("softmax", "log_softmax"):
-    declare(_name, getattr(K, _name), static=("dim", "dtype"), samples="nn")
-declare("layer_norm", K.layer_norm, ("input", "weight", "bias"), ("normalized_shape",),
-        method=False, samples="nn")
+    declare(_name, getattr(K, _name), samples="nn")
+declare("layer_norm", K.layer_norm, ("input", "weight", "bias"), method=False, samples="nn")
 declare("embedding", K.embedding, ("input", "weight"), local_fn=embedding_local, method=False,
         samples="nn")
-declare("cross_entropy", K.cross_entropy, ("input", "target", "weight"), ("reduction",),
-        method=False, samples="nn")
-declare("mse_loss", K.mse_loss, ("input", "target"), ("reduction",), local_fn=mse_local,
-        method=False, samples="nn")
-declare("dropout", K.dropout, static=("training",), local_fn=dropout_local, method=False,
+declare("cross_entropy", K.cross_entropy, ("input", "target", "weight"), method=False,
         samples="nn")
+declare("mse_loss", K.mse_loss, ("input", "target"), local_fn=mse_local, method=False,
+        samples="nn")
+declare("dropout", K.dropout, local_fn=dropout_local, method=False, samples="nn")

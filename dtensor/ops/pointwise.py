@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from placements.rules.pointwise import unary_rule
+
 from ..local import kernels as K
 from ..local.kernels import pointwise as P
 from .table import Operator, declare
@@ -23,6 +25,7 @@ def unary(
     kernel,
     kind: str,
     fast: frozenset,
+    partials: str = "none",
     *,
     reject: str = "",
     hint: str = "",
@@ -43,6 +46,9 @@ def unary(
         ``"float"``, ``"floatonly"``, ``"bool"``, ``"integral"`` or ``"round"``.
     fast : frozenset of dtype
         The dtypes the kernel takes as they are (its short path).
+    partials : str
+        How its sharding rule maps Partial inputs (a key of
+        :data:`placements.rules.pointwise.UNARY_PARTIALS`: ``"monotone"``, ``"none"``...).
     reject, hint : str
         Dtype kinds refused, and a hint added to that error.
     inplace : bool
@@ -59,55 +65,60 @@ def unary(
     fn = P.unary_function(name, kernel, kind, fast, reject, hint)
     ops = (Operator(operator, "unary", fn),) if operator else ()
     return declare(
-        name, fn, method=method, aliases=aliases, operators=ops,
-        inplace=K.inplace_form(fn) if inplace else None, samples="unary",
+        name, fn, rule=unary_rule(kind, partials), method=method, aliases=aliases,
+        operators=ops, inplace=K.inplace_form(fn) if inplace else None, samples="unary",
     )
 
 
 F, N, R, I, B = P.FLOATS, P.NUMERIC, P.REAL, P.INTS, P.BOOLS
 
 # -- unary ---------------------------------------------------------------------------------
-unary("neg", np.negative, "same", N, reject="b", operator="__neg__", inplace=True,
+unary("neg", np.negative, "same", N, "linear", reject="b", operator="__neg__", inplace=True,
       aliases=("negative",), hint=" (use ~ or logical_not() to invert a mask)")
 unary("abs", np.absolute, "same", N, reject="b", operator="__abs__", inplace=True)
-unary("exp", np.exp, "float", F, inplace=True)
-unary("expm1", np.expm1, "float", F, inplace=True)
+unary("exp", np.exp, "float", F, "monotone", inplace=True)
+unary("expm1", np.expm1, "float", F, "monotone", inplace=True)
 unary("log", np.log, "float", F, inplace=True)
 unary("log1p", np.log1p, "float", F, inplace=True)
 unary("log2", np.log2, "float", F, inplace=True)
+unary("log10", np.log10, "float", F, inplace=True)
 unary("sqrt", np.sqrt, "float", F, inplace=True)
 unary("rsqrt", P.rsqrt_kernel, "float", F, inplace=True)
 unary("sin", np.sin, "float", F, inplace=True)
 unary("cos", np.cos, "float", F, inplace=True)
 unary("tan", np.tan, "float", F, inplace=True)
-unary("tanh", np.tanh, "float", F, inplace=True)
-unary("sigmoid", P.sigmoid_kernel, "float", F, inplace=True)
-unary("erf", P.erf_kernel, "float", F, inplace=True)
+unary("tanh", np.tanh, "float", F, "monotone", inplace=True)
+unary("sigmoid", P.sigmoid_kernel, "float", F, "monotone", inplace=True)
+unary("erf", P.erf_kernel, "float", F, "monotone", inplace=True)
 unary("reciprocal", np.reciprocal, "float", F, inplace=True)
-unary("relu", P.relu_kernel, "same", N, reject="b", inplace=True)
+unary("relu", P.relu_kernel, "same", N, "monotone", reject="b", inplace=True)
 unary("silu", P.silu_kernel, "floatonly", F, method=False)
-unary("sign", P.sign_kernel, "same", N, inplace=True)
-unary("floor", np.floor, "round", F, inplace=True)
-unary("ceil", np.ceil, "round", F, inplace=True)
-unary("trunc", np.trunc, "round", F, inplace=True)
-unary("logical_not", np.logical_not, "bool", R, inplace=True)
+unary("sign", P.sign_kernel, "same", N, "monotone", inplace=True)
+unary("floor", np.floor, "round", F, "monotone", inplace=True)
+unary("ceil", np.ceil, "round", F, "monotone", inplace=True)
+unary("trunc", np.trunc, "round", F, "monotone", inplace=True)
+unary("logical_not", np.logical_not, "bool", R, "logical_not", inplace=True)
 unary("isnan", np.isnan, "bool", R)
 unary("isinf", np.isinf, "bool", R)
 unary("isfinite", np.isfinite, "bool", R)
-unary("bitwise_not", np.invert, "integral", I | B, operator="__invert__", inplace=True)
+unary("bitwise_not", np.invert, "integral", I | B, "anti", operator="__invert__", inplace=True)
 
-declare("round", P.round, inplace=K.inplace_form(P.round), samples="unary")
-declare("square", P.square, inplace=K.inplace_form(P.square), samples="unary")
-declare("positive", P.positive, operators=(Operator("__pos__", "unary", P.positive),),
+declare("round", P.round, rule=unary_rule("round", "monotone"),
+        inplace=K.inplace_form(P.round), samples="unary")
+declare("square", P.square, rule=unary_rule("square", "none"),
+        inplace=K.inplace_form(P.square), samples="unary")
+declare("positive", P.positive, rule=unary_rule("same", "copy"),
+        operators=(Operator("__pos__", "unary", P.positive),), samples="unary")
+declare("gelu", P.gelu, rule=unary_rule("floatonly", "none"), method=False, samples="unary")
+declare("softplus", P.softplus, rule=unary_rule("floatonly", "monotone"), method=False,
         samples="unary")
-declare("gelu", P.gelu, method=False, samples="unary")
-declare("softplus", P.softplus, method=False, samples="unary")
-declare("leaky_relu", P.leaky_relu, static=("negative_slope",), method=False, samples="unary")
+declare("leaky_relu", P.leaky_relu, rule=unary_rule("floatonly", "leaky_relu"),
+        static=("negative_slope",), method=False, samples="unary")
 
 
 # -- binary ----------------------------------------------------------------------------------
 def binary(name: str, operator: str | None = None, inplace: bool = False,
-           compare: bool = False, static: tuple[str, ...] = ()) -> None:
+           compare: bool = False) -> None:
     """Declare the binary op ``name`` over its local kernel (and python operator ``operator``:
     ``"add"`` serves ``__add__``, ``__radd__`` and, with ``inplace``, ``__iadd__``)."""
     fn = getattr(P, name)
@@ -121,7 +132,7 @@ def binary(name: str, operator: str | None = None, inplace: bool = False,
                    Operator(f"__r{operator}__", "reflected", rop))
         if inplace:
             iops = (Operator(f"__i{operator}__", "binary", K.inplace_operator(fn, operator)),)
-    declare(name, fn, ("input", "other"), static, operators=ops,
+    declare(name, fn, ("input", "other"), operators=ops,
             inplace=K.inplace_form(fn) if inplace else None, inplace_operators=iops,
             samples="binary")
 
@@ -129,7 +140,7 @@ def binary(name: str, operator: str | None = None, inplace: bool = False,
 binary("add", "add", inplace=True)
 binary("sub", "sub", inplace=True)
 binary("mul", "mul", inplace=True)
-binary("div", "truediv", inplace=True, static=("rounding_mode",))
+binary("div", "truediv", inplace=True)
 binary("floor_divide", "floordiv", inplace=True)
 binary("remainder", "mod", inplace=True)
 binary("fmod", inplace=True)

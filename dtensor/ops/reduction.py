@@ -1,8 +1,8 @@
 """Records of the reductions and scans (``sum``, ``mean``, ``amax``, ``var``, ``cumsum``...).
 
-Every reduction is a function and a method; its decision-relevant statics are the reduced
-dims, ``keepdim`` and (where it has one) the accumulation ``dtype``. ``mean`` and the
-extrema compute differently on a shard (:mod:`dtensor.ops.local_fns`).
+Every reduction is a function and a method; its rule (:mod:`placements.rules.reduction`)
+reads the reduced dims, ``keepdim`` and (where it has one) the accumulation ``dtype``.
+``mean`` and the extrema compute differently on a shard (:mod:`dtensor.ops.local_fns`).
 """
 
 from __future__ import annotations
@@ -13,16 +13,13 @@ from .table import declare
 
 __all__: list[str] = []
 
-_DIM_KEEP = ("dim", "keepdim")
-_DIM_KEEP_DTYPE = ("dim", "keepdim", "dtype")
-
 for _name in ("sum", "prod", "norm"):
-    declare(_name, getattr(K, _name), static=_DIM_KEEP_DTYPE, samples="reduce")
-declare("mean", K.mean, static=_DIM_KEEP_DTYPE, local_fn=mean_local, samples="reduce")
+    declare(_name, getattr(K, _name), samples="reduce")
+declare("mean", K.mean, local_fn=mean_local, samples="reduce")
 for _name in ("amax", "amin", "max", "min"):
-    declare(_name, getattr(K, _name), static=_DIM_KEEP, local_fn=extreme_local, samples="reduce")
+    declare(_name, getattr(K, _name), local_fn=extreme_local, samples="reduce")
 for _name in ("argmax", "argmin", "var", "std", "any", "all", "logsumexp"):
-    declare(_name, getattr(K, _name), static=_DIM_KEEP, samples="reduce")
-declare("count_nonzero", K.count_nonzero, static=("dim",), samples="reduce")
+    declare(_name, getattr(K, _name), samples="reduce")
+declare("count_nonzero", K.count_nonzero, samples="reduce")
 for _name in ("cumsum", "cumprod"):
-    declare(_name, getattr(K, _name), static=("dim", "dtype"), samples="scan")
+    declare(_name, getattr(K, _name), samples="scan")

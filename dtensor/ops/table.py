@@ -7,7 +7,8 @@ A record holds everything dtensor knows about an op, in one place:
 - its variants: the public function (``dt.<name>``), the Tensor/DTensor method, the
   in-place form (``name_``, a record of its own, made by :func:`declare`) and the python
   operators it serves;
-- its sharding rule (registered under the op's name in :mod:`placements.rules`) and, for
+- its sharding rule (registered under the op's name in :mod:`placements.rules`, by the
+  rule family or by the record itself) with the static parameters the rule reads, and, for
   ops whose local computation depends on the chosen strategy, its ``local_fn``;
 - the sample family the strategy validator draws its calls from;
 - room for its backward formula.
@@ -24,6 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from placements.errors import SignatureError
+from placements.rules import register_rule, rule_statics
 
 __all__ = ["OPS", "OpInfo", "Operator", "declare", "get_op", "register_op"]
 
@@ -179,8 +181,9 @@ def declare(
     name: str,
     fn: Callable,
     tensors: tuple[str, ...] = ("input",),
-    static: tuple[str, ...] = (),
     *,
+    rule: Callable | None = None,
+    static: tuple[str, ...] = (),
     params: tuple[str, ...] | None = None,
     defaults: Mapping[str, object] | None = None,
     variadic: str | None = None,
@@ -206,8 +209,16 @@ def declare(
         The local function. Its signature gives the parameters and defaults (keyword-only
         parameters are passed by an adapter; ``out`` is not a parameter), unless ``params``
         describes a kernel that takes ``*args`` (``Tensor.view(*shape)``...).
-    tensors, static : tuple of str
-        The tensor-like parameters, and the decision-relevant static ones.
+    tensors : tuple of str
+        The tensor-like parameters.
+    rule : callable, optional
+        The op's sharding rule (a pure function of metadata, see :mod:`placements.rules`),
+        registered under ``name`` (and ``name_``). Without it the rule registered under
+        ``name`` in :mod:`placements.rules` serves.
+    static : tuple of str
+        With ``rule``: the decision-relevant static parameters it reads (declared with the
+        rule, they form the propagation-cache key). Otherwise they come from the rule's
+        registration (:func:`placements.rules.rule_statics`).
     params, defaults : optional
         A hand-described signature: the kernel is then called with the values in
         ``params`` order.
@@ -230,6 +241,10 @@ def declare(
     inplace_operators : tuple of Operator
         The operators of the in-place form (``__iadd__``...).
     """
+    names = (name, name + "_") if inplace is not None else (name,)
+    if rule is not None:
+        register_rule(*names, static=static)(rule)
+    static = rule_statics(name)
     if params is None:
         params, sig_defaults, kwonly = _signature(name, fn, variadic)
         kernel = _adapter(fn, len(params) - len(kwonly), kwonly) if kwonly else fn

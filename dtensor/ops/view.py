@@ -15,37 +15,36 @@ from .table import Operator, declare
 __all__: list[str] = []
 
 
-def view(name: str, params: tuple[str, ...], static: tuple[str, ...] = (),
-         tensors: tuple[str, ...] = ("input",), kernel=None, samples: str = "view",
-         **kw) -> None:
+def view(name: str, params: tuple[str, ...], tensors: tuple[str, ...] = ("input",),
+         kernel=None, samples: str = "view", **kw) -> None:
     """Declare the view op ``name``, a method the Tensor class defines."""
-    declare(name, kernel or getattr(Tensor, name), tensors, static, params=params,
-            function=False, samples=samples, **kw)
+    declare(name, kernel or getattr(Tensor, name), tensors, params=params, function=False,
+            samples=samples, **kw)
 
 
 for _name in ("view", "reshape"):
-    view(_name, ("input", "shape"), ("shape",), local_fn=shape_local("shape"))
-view("expand", ("input", "sizes"), ("sizes",), local_fn=shape_local("sizes"))
+    view(_name, ("input", "shape"), local_fn=shape_local("shape"))
+view("expand", ("input", "sizes"), local_fn=shape_local("sizes"))
 view("expand_as", ("input", "other"), tensors=("input", "other"), local_fn=expand_as_local,
      samples="expand_as")
-view("flatten", ("input", "start_dim", "end_dim"), ("start_dim", "end_dim"),
+view("flatten", ("input", "start_dim", "end_dim"),
      defaults={"start_dim": 0, "end_dim": -1})
-view("unflatten", ("input", "dim", "sizes"), ("dim", "sizes"), local_fn=shape_local("sizes"))
-view("permute", ("input", "dims"), ("dims",))
+view("unflatten", ("input", "dim", "sizes"), local_fn=shape_local("sizes"))
+view("permute", ("input", "dims"))
 for _name in ("transpose", "swapaxes", "swapdims"):
-    view(_name, ("input", "dim0", "dim1"), ("dim0", "dim1"))
+    view(_name, ("input", "dim0", "dim1"))
 view("t", ("input",))
 for _name in ("movedim", "moveaxis"):
-    view(_name, ("input", "source", "destination"), ("source", "destination"))
-view("squeeze", ("input", "dim"), ("dim",), defaults={"dim": None}, local_fn=squeeze_local)
-view("unsqueeze", ("input", "dim"), ("dim",))
-view("narrow", ("input", "dim", "start", "length"), ("dim", "start", "length"))
+    view(_name, ("input", "source", "destination"))
+view("squeeze", ("input", "dim"), defaults={"dim": None}, local_fn=squeeze_local)
+view("unsqueeze", ("input", "dim"))
+view("narrow", ("input", "dim", "start", "length"))
 # index is static so that the rule checks it against the global size (before any
 # redistribution); one cache entry per index value
-view("select", ("input", "dim", "index"), ("dim", "index"))
-view("getitem", ("input", "idx"), ("idx",), kernel=Tensor.__getitem__, method=False,
+view("select", ("input", "dim", "index"))
+view("getitem", ("input", "idx"), kernel=Tensor.__getitem__, method=False,
      operators=(Operator("__getitem__", "method", Tensor.__getitem__),))
-view("split", ("input", "split_size_or_sections", "dim"), ("split_size_or_sections", "dim"),
+view("split", ("input", "split_size_or_sections", "dim"),
      defaults={"dim": 0})
-view("chunk", ("input", "chunks", "dim"), ("chunks", "dim"), defaults={"dim": 0})
-view("unbind", ("input", "dim"), ("dim",), defaults={"dim": 0})
+view("chunk", ("input", "chunks", "dim"), defaults={"dim": 0})
+view("unbind", ("input", "dim"), defaults={"dim": 0})

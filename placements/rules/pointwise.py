@@ -1,6 +1,8 @@
 """Sharding rules of elementwise ops: unary, binary, ternary, casts, and in-place forms.
 
-Every elementwise op shares one candidate builder (:func:`~._core.pointwise_candidates`):
+Every elementwise op shares one candidate builder (:func:`~._core.pointwise_candidates`);
+a unary op's rule is made by :func:`unary_rule` from its dtype rule and its Partial
+behaviour, and registered by the op's record (:mod:`dtensor.ops.pointwise`):
 all-Replicate, Shard(d) on every output dim (an operand that broadcasts that dim is
 Replicate there), and the Partial candidates the math allows:
 
@@ -28,58 +30,84 @@ from ._core import (
     ArgMeta,
     Candidate,
     OpSchema,
+    RuleFn,
     RuleResult,
     pointwise_candidates,
     register_rule,
 )
 
-__all__ = ["cast_partials", "elementwise_rule", "inplace_result"]
+__all__ = ["UNARY_PARTIALS", "cast_partials", "elementwise_rule", "inplace_result", "unary_rule"]
 
-# -- unary ops: dtype kind, and the Partial kinds they keep (in -> out) ---------------------
-_SAME = ("neg", "abs", "relu", "sign", "positive", "floor", "ceil", "trunc", "round",
-         "bitwise_not", "silu", "gelu", "softplus", "leaky_relu", "clone", "contiguous",
-         "detach")
-_FLOAT = ("exp", "expm1", "log", "log1p", "log2", "sqrt", "rsqrt", "sin", "cos", "tan",
-          "tanh", "sigmoid", "erf", "reciprocal")
-_TO_BOOL = ("logical_not", "isnan", "isinf", "isfinite")
-_UNARY = (*_SAME, *_FLOAT, *_TO_BOOL, "square")
-
+# -- unary ops: a rule per op, made by unary_rule from its dtype rule and Partial behaviour ----
 _ALL_KINDS = ("sum", "avg", "max", "min")
 _IDENTITY = tuple((k, (k,)) for k in _ALL_KINDS)
 _MONO = (("max", ("max",)), ("min", ("min",)))
 _ANTI = (("min", ("max",)), ("max", ("min",)))
-# non-decreasing on the whole real line (domain-restricted ones like log/sqrt excluded:
-# a contribution outside the domain would turn the reduction into nan)
-_MONOTONE = frozenset(("relu", "exp", "expm1", "sigmoid", "tanh", "erf", "floor", "ceil",
-                       "trunc", "round", "sign", "softplus"))
-_COPIES = frozenset(("positive", "clone", "contiguous", "detach"))
 
 
-def _unary_partials(op: str, a: ArgMeta, schema: OpSchema) -> tuple:
-    if op in _COPIES:
-        return _IDENTITY
-    if op == "neg":
-        # Note: an integer P(max)/P(min) may hold its reduction's identity (INT64_MIN on an
-        # empty shard), which neg would overflow: only floats map max <-> min
-        anti = _ANTI if a.dtype.kind in "fc" else ()
-        return (("sum", ("sum",)), ("avg", ("avg",)), *anti)
-    if op in _MONOTONE:
-        return _MONO
-    if op == "leaky_relu":
-        return _MONO if float(schema.get("negative_slope", 0.01)) >= 0 else ()  # type: ignore[arg-type]
-    if op == "bitwise_not" or (op == "logical_not" and a.dtype == BOOL):
-        return _ANTI  # x -> -x - 1 on integers; not on bools (De Morgan)
-    return ()
+def _neg_partials(a: ArgMeta, schema: OpSchema) -> tuple:
+    # Note: an integer P(max)/P(min) may hold its reduction's identity (INT64_MIN on an
+    # empty shard), which neg would overflow: only floats map max <-> min
+    anti = _ANTI if a.dtype.kind in "fc" else ()
+    return (("sum", ("sum",)), ("avg", ("avg",)), *anti)
 
 
-def _unary_dtype(op: str, a: ArgMeta, schema: OpSchema) -> np.dtype:
-    if op in _FLOAT:
-        return float_dtype(a.dtype, schema.default_float)
-    if op in _TO_BOOL:
-        return BOOL
-    if op == "square":  # pow(x, 2): bool squares to int64
-        return INT64 if a.dtype == BOOL else a.dtype
-    return a.dtype
+def _leaky_relu_partials(a: ArgMeta, schema: OpSchema) -> tuple:
+    return _MONO if float(schema.get("negative_slope", 0.01)) >= 0 else ()  # type: ignore[arg-type]
+
+
+def _logical_not_partials(a: ArgMeta, schema: OpSchema) -> tuple:
+    return _ANTI if a.dtype == BOOL else ()  # max <-> min on bools only (De Morgan)
+
+
+#: How a unary op maps Partial inputs to Partial outputs, by name: ``copy`` keeps every kind
+#: (a copy of the value); ``monotone`` keeps max and min (non-decreasing on the whole real
+#: line: log/sqrt are not, a contribution outside their domain turns the reduction into
+#: nan); ``anti`` swaps max and min (non-increasing: ``~x = -x - 1`` on integers);
+#: ``linear`` keeps sum and avg and, on floats, swaps max and min (``neg``); ``none`` keeps
+#: nothing (a Partial input is reduced first). Ops whose behaviour depends on an argument
+#: have their own entry.
+UNARY_PARTIALS: dict[str, object] = {
+    "copy": _IDENTITY,
+    "monotone": _MONO,
+    "anti": _ANTI,
+    "linear": _neg_partials,
+    "none": (),
+    "leaky_relu": _leaky_relu_partials,
+    "logical_not": _logical_not_partials,
+}
+
+#: A unary op's output dtype from its input's, by dtype rule (the local kernel's ``kind``):
+#: ``float`` computes integers and bools in the default float dtype, ``bool`` returns bool,
+#: ``square`` squares bool to int64 (``pow(x, 2)``); the others keep the dtype.
+_UNARY_DTYPES = {
+    "float": lambda dt, default: float_dtype(dt, default),
+    "bool": lambda dt, default: BOOL,
+    "square": lambda dt, default: INT64 if dt == BOOL else dt,
+}
+
+
+def unary_rule(dtype: str, partials: str) -> RuleFn:
+    """The sharding rule of a unary elementwise op (and of its in-place form ``op_``).
+
+    **Local.** ``dtype`` is the op's dtype rule (``"same"``, ``"float"``, ``"floatonly"``,
+    ``"integral"``, ``"round"``, ``"bool"`` or ``"square"``; see :data:`_UNARY_DTYPES`),
+    ``partials`` how it treats Partial inputs (a key of :data:`UNARY_PARTIALS`). Candidates:
+    all-Replicate, Shard(d) on every dim, and the Partial mappings.
+    """
+    to_dtype = _UNARY_DTYPES.get(dtype)
+    keep = UNARY_PARTIALS[partials]
+
+    def rule(schema: OpSchema) -> RuleResult:
+        a = schema.args[0]
+        out = a.dtype if to_dtype is None else to_dtype(a.dtype, schema.default_float)  # type: ignore[union-attr]
+        kinds = keep(a, schema) if callable(keep) else keep
+        cands = pointwise_candidates(a.shape, (a,), kinds)  # type: ignore[union-attr]
+        result = RuleResult((a.shape,), (out,), tuple(cands))  # type: ignore[union-attr]
+        return inplace_result(schema, result) if schema.op.endswith("_") else result
+
+    rule.__name__ = rule.__qualname__ = f"unary_rule_{dtype}_{partials}"
+    return rule
 
 
 # -- binary ops -----------------------------------------------------------------------------
@@ -181,12 +209,12 @@ def cast_partials(src: np.dtype, dst: np.dtype) -> tuple:
 
 # -- the rule ---------------------------------------------------------------------------------
 # the static arguments the rule reads (the in-place forms read their op's)
-_STATIC = {"leaky_relu": ("negative_slope",), "div": ("rounding_mode",), "to": ("dtype",)}
+_STATIC = {"div": ("rounding_mode",), "to": ("dtype",)}
 
 
 @register_rule(
-    *_UNARY, *_BINARY, *_TERNARY, *_ALIASES, *_CAST_METHODS, "to", "type_as",
-    *(f"{op}_" for op in (*_UNARY, *_BINARY, *_TERNARY, *_ALIASES)),
+    *_BINARY, *_TERNARY, *_ALIASES, *_CAST_METHODS, "to", "type_as",
+    *(f"{op}_" for op in (*_BINARY, *_TERNARY, *_ALIASES)),
     static={**_STATIC, **{f"{op}_": names for op, names in _STATIC.items() if op != "to"}},
 )
 def elementwise_rule(schema: OpSchema) -> RuleResult:
@@ -196,11 +224,7 @@ def elementwise_rule(schema: OpSchema) -> RuleResult:
     op = name[:-1] if inplace else name
     op = _ALIASES.get(op, op)
     args = schema.args
-    if op in _UNARY:
-        a = args[0]
-        dtype, partials = _unary_dtype(op, a, schema), _unary_partials(op, a, schema)
-        shape = a.shape
-    elif op in _CAST_METHODS or op in ("to", "type_as"):
+    if op in _CAST_METHODS or op in ("to", "type_as"):
         a = args[0]
         dtype = _cast_target(op, schema)
         partials = cast_partials(a.dtype, dtype)

@@ -14,7 +14,7 @@ import pytest
 from mpi4py import MPI
 
 import dtensor as dt
-from dtensor.debug import ImplicitRedistributeError, _tap, explain, no_implicit_redistribute
+from dtensor.debug import ImplicitRedistributeError, explain, no_implicit_redistribute
 from dtensor.dispatch import dispatcher as _dispatch
 from placements.errors import ShardingError
 
@@ -57,7 +57,7 @@ def _restore_fastpath():
     status = getattr(dt.debug, "fastpath_status", None)
     before = status()["active"] if status is not None else None
     yield
-    assert not _tap._listeners, "a debugging tool left its listener installed"
+    assert not _dispatch._listeners, "a debugging tool left its listener installed"
     if before is not None:
         dt.debug.set_fastpath(before)
 

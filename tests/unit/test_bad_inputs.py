@@ -18,7 +18,7 @@ import types
 
 import numpy as np
 import pytest
-from test_dispatch import SimMesh, dtensor_of
+from _sim import SimMesh, dtensor_of
 
 import dtensor as dt
 from dtensor import errors

@@ -430,20 +430,6 @@ def test_register_rule_rejects_bad_static_declarations():
     assert "test_bad_static" not in rule_names()
 
 
-def test_rule_statics_match_the_op_table():
-    """Temporary cross-check while dtensor's op table still lists statics of its own."""
-    import dtensor  # noqa: F401  (fills the op table)
-    from dtensor._optable import OPS
-
-    assert OPS
-    bad = {
-        name: (rule_statics(info.rule), info.static_params)
-        for name, info in OPS.items()
-        if rule_statics(info.rule) != info.static_params
-    }
-    assert not bad
-
-
 # -- caches ----------------------------------------------------------------------------------------
 _PLACEMENTS_CACHES = (
     "placements.rules.results",

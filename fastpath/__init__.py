@@ -9,7 +9,7 @@ the extension was not built, importing this package says so once (a ``RuntimeWar
 Attributes
 ----------
 strides : module or None
-    ``fastpath._strides``, the compiled twin of ``dtensor._strides``; ``None`` when the
+    ``fastpath._strides``, the compiled twin of ``dtensor.local.strides``; ``None`` when the
     extension was not built (no C compiler at install time, or ``DTENSOR_NO_EXT=1``).
 dispatch : module or None
     ``fastpath._dispatch``, the compiled dispatch front (``None`` when not built).

@@ -3,12 +3,12 @@
 
 cdef object _Tensor = None           # dtensor.Tensor (a TensorBase subclass)
 cdef object _DTensor = None          # dtensor.DTensor (a DTensorBase subclass)
-cdef dict _dtypes_ns = None          # dtensor._dtypes' namespace (``_default_float``)
-cdef object _lookup = None           # _dispatch.lookup(info, values) -> (entry, key, mesh)
-cdef object _dispatch_py = None      # _dispatch.dispatch(info, args, kwargs)
-cdef object _run_entry = None        # _dispatch.run_entry(entry, values, mesh)
-cdef object _wrap_outputs = None     # _dispatch._wrap_outputs(out, specs)
-cdef object _raw_form = None         # _dispatch.raw_form(info, entry, values) -> tuple|None
+cdef dict _dtypes_ns = None          # dtensor.local.dtypes' namespace (``_default_float``)
+cdef object _lookup = None           # dispatcher.lookup(info, values) -> (entry, key, mesh)
+cdef object _dispatch_py = None      # dispatcher.dispatch(info, args, kwargs)
+cdef object _run_entry = None        # dispatcher.run_entry(entry, values, mesh)
+cdef object _wrap_outputs = None     # dispatcher._wrap_outputs(out, specs)
+cdef object _raw_form = None         # dispatcher.raw_form(info, entry, values) -> tuple|None
 cdef object _MISSING = None          # the binder's "no default" marker
 
 

@@ -1,6 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 # cython: initializedcheck=False, nonecheck=False, infer_types=True, embedsignature=True
-"""Compiled stride math: drop-in twins of the functions in ``dtensor._strides``.
+"""Compiled stride math: drop-in twins of the functions in ``dtensor.local.strides``.
 
 Same names, signatures, results and errors as the pure-Python reference; dtensor swaps
 these in at import time (unless ``DTENSOR_FASTPATH=0``). Inputs are sequences of ints

@@ -18,6 +18,7 @@ hold the value on every coordinate. The reduced tensor is the requested one.
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Sequence
 
 from placements.errors import PlacementError
@@ -95,6 +96,11 @@ def _twin(name: str, request: Callable) -> Callable:
         return distributed_factory(request(*args, **kwargs), device_mesh, placements)
 
     factory.__doc__ = (local.__doc__ or "").rstrip() + _MESH_DOC + (_LIKE_DOC if like else "")
+    sig = inspect.signature(local)
+    mesh_params = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None)
+                   for n in ("device_mesh", "placements")]
+    factory.__signature__ = sig.replace(parameters=[*sig.parameters.values(), *mesh_params],
+                                        return_annotation="Tensor | DTensor")
     return factory
 
 

@@ -23,6 +23,7 @@ block of the whole tensor. This module also installs the constructors of :class:
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import operator
 from dataclasses import dataclass, field
@@ -462,7 +463,7 @@ def _local(request):
     def factory(*args, **kwargs) -> Tensor:
         return build(request(*args, **kwargs))
 
-    factory.__annotations__ = {**request.__annotations__, "return": Tensor}
+    factory.__signature__ = inspect.signature(request).replace(return_annotation=Tensor)
     return factory
 
 

@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 
 from placements.errors import DTypeError, ShardingError
-from placements.layout import local_offsets, local_shape, local_slices
+from placements.layout import local_offsets, local_shape, local_slices, partial_fill
 from placements.types import short_placements
 
 from . import comm as _comm
@@ -73,24 +73,6 @@ _MAX_ALLGATHER_BYTES = 1 << 16
 
 # Programs kept compiled (an entry holds its derived datatypes).
 _MAX_PROGRAMS = 512
-
-# Note: placing a value as Partial(sum) / Partial(prod) keeps it on mesh coordinate 0 of
-# that dim and puts the op's identity elsewhere (0 / 1); Partial(avg/max/min) keeps the value
-# on every coordinate.
-_IDENTITY = {"sum": 0, "prod": 1}
-
-
-def _fill_value(placements: Sequence[Any], coord: Sequence[int]) -> int | None:
-    """The identity this coordinate holds instead of the data, or None if it holds data.
-
-    Partial values reduce from the highest mesh dim down, so the highest Partial(sum/prod)
-    dim on which this coordinate is not 0 decides.
-    """
-    for m in reversed(range(len(placements))):
-        p = placements[m]
-        if p.is_partial() and coord[m] != 0 and p.reduce_op in _IDENTITY:
-            return _IDENTITY[p.reduce_op]
-    return None
 
 
 # -- geometry -----------------------------------------------------------------------------
@@ -601,9 +583,11 @@ def _compile_local_chunk(step: Any, spec: Any, coord: tuple, isz: int) -> _Local
 
 
 def _compile_partition_partial(step: Any, spec: Any, coord: tuple, isz: int) -> _Local:
+    m = step.mesh_dim
     _, shape = _region(spec, step.before, coord)
-    fill = _IDENTITY.get(step.reduce_op) if coord[step.mesh_dim] != 0 else None
-    return _Local(step.mesh_dim, shape, shape, None, fill)
+    # the rule of partial_fill on this mesh dim alone: the others are already in the input
+    fill = partial_fill((step.after[m],), (coord[m],))
+    return _Local(m, shape, shape, None, fill)
 
 
 _COMPILERS: dict[type, Callable[..., Any]] = {
@@ -819,7 +803,7 @@ def scatter_from(
     what = ("distribute_tensor", spec)
     coords = _check_source(src, global_or_none, spec, coord, base_comm, what)
     out = alloc(spec.local_shape(coord), spec.dtype)
-    fill = _fill_value(spec.placements, coord)
+    fill = partial_fill(spec.placements, coord)
     shared = type(out) is np.ndarray and _shared(spec, spec.dtype.itemsize) and _shares(base_comm)
     if not any(p.is_shard() for p in spec.placements):
         if base_comm.rank == src:
@@ -868,7 +852,7 @@ def _scatter_layout(
     for the source, whose block is copied locally, and for the ranks that hold a Partial
     identity), and the element counts and displacements of the blocks in the pack buffer."""
     blocks = [
-        None if rank == src or _fill_value(spec.placements, c) is not None else tuple(c)
+        None if rank == src or partial_fill(spec.placements, c) is not None else tuple(c)
         for rank, c in enumerate(coords)
     ]
     counts = [0 if c is None else math.prod(spec.local_shape(c)) for c in blocks]

@@ -56,6 +56,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from placements.cache import LRUCache
 from placements.errors import CommError, ConfigError, DTypeError, MeshError
 
 __all__ = [
@@ -443,16 +444,23 @@ _MPI_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "pro
 _BOOL_OPS = {"sum": MPI.LOR, "max": MPI.LOR, "min": MPI.LAND, "prod": MPI.LAND}
 
 
-_reductions: dict[tuple[np.dtype, str], tuple[Any, Any]] = {}
+# (dtype, op) -> (MPI datatype, MPI op) of the valid pairs: about a hundred at most, so the
+# bound is never reached and recency does not matter. Every reducing collective looks its
+# pair up, so it reads the entries through their bound ``get`` and counts only misses (the
+# pairs made): a method call and a hit counter would cost 2-4% of a small all-reduce.
+_reductions = LRUCache("redistribute.reductions", 256)
+_find_reduction = _reductions.data.get
 
 
 def _reduction(dtype: np.dtype, op: str, kind: str, what: object) -> tuple[Any, Any]:
     """(MPI datatype, MPI op) for reducing ``dtype`` data with ``op``; raises on bad pairs
     (the message names ``kind`` and the caller's description ``what``)."""
-    found = _reductions.get((dtype, op))
+    found = _find_reduction((dtype, op))
     if found is None:
         where = kind if what is None else f"{kind} ({_render(what)})"
-        found = _reductions[dtype, op] = _check_reduction(dtype, op, where)
+        found = _check_reduction(dtype, op, where)
+        _reductions.misses += 1
+        _reductions.put((dtype, op), found)
     return found
 
 

@@ -56,6 +56,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from placements.cache import LRUCache
 from placements.errors import CommError, ConfigError, DTypeError, MeshError
 
 __all__ = [
@@ -443,16 +444,23 @@ _MPI_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "pro
 _BOOL_OPS = {"sum": MPI.LOR, "max": MPI.LOR, "min": MPI.LAND, "prod": MPI.LAND}
 
 
-_reductions: dict[tuple[np.dtype, str], tuple[Any, Any]] = {}
+# (dtype, op) -> (MPI datatype, MPI op) of the valid pairs: about a hundred at most, so the
+# bound is never reached and recency does not matter. Every reducing collective looks its
+# pair up, so it reads the entries through their bound ``get`` and counts only misses (the
+# pairs made): a method call and a hit counter would cost 2-4% of a small all-reduce.
+_reductions = LRUCache("redistribute.reductions", 256)
+_find_reduction = _reductions.data.get
 
 
 def _reduction(dtype: np.dtype, op: str, kind: str, what: object) -> tuple[Any, Any]:
     """(MPI datatype, MPI op) for reducing ``dtype`` data with ``op``; raises on bad pairs
     (the message names ``kind`` and the caller's description ``what``)."""
-    found = _reductions.get((dtype, op))
+    found = _find_reduction((dtype, op))
     if found is None:
         where = kind if what is None else f"{kind} ({_render(what)})"
-        found = _reductions[dtype, op] = _check_reduction(dtype, op, where)
+        found = _check_reduction(dtype, op, where)
+        _reductions.misses += 1
+        _reductions.put((dtype, op), found)
     return found
 
 
@@ -540,6 +548,36 @@ def _displs(counts: Sequence[int]) -> list[int]:
     return np.concatenate(([0], np.cumsum(counts[:-1], dtype=np.int64))).tolist()
 
 
+def _traced(
+    comm: Comm,
+    kind: str,
+    nbytes: int | None,
+    what: object,
+    detail: str,
+    call: Callable[..., Any],
+    *args: Any,
+) -> None:
+    """Run ``call(*args)``, the MPI call of one collective of ``comm``, under the debug hooks.
+
+    The observers are told ``(kind, nbytes)`` first (not when ``nbytes`` is None: an
+    exchange they are not shown); then the debug checks enter the collective with the
+    fingerprint ``(kind, what, detail)`` and leave it however the call ends. Every
+    collective method runs its MPI call through here while an observer or a check is on,
+    and calls it directly otherwise (``if _observers or _checks: _traced(...) else: call``),
+    so that the common case builds no description and pays no extra call: passing the call
+    on, even as ``call(*args)``, costs a measurable share of a small collective.
+    """
+    if _observers and nbytes is not None:
+        _notify(kind, nbytes, comm)
+    if _checks:
+        _enter(comm, kind, what, detail)
+    try:
+        call(*args)
+    finally:
+        if _checks:
+            _leave()
+
+
 class Comm:
     """A communicator with buffer-based collectives.
 
@@ -604,20 +642,26 @@ class Comm:
         """
         isz = recv.itemsize
         counts = list(counts)
-        if _observers:
-            _notify("all_gather", max(send.nbytes, sum(counts) * isz), self)
         mine = counts[self.rank] * isz
-        if _checks:
-            _enter(self, "all_gather", what, f"{isz}-byte items, counts {counts}")
-        try:
-            if displs is None and counts.count(counts[self.rank]) == len(counts):
-                self.mpi.Allgather([send, mine, BYTES], [recv, mine, BYTES])  # counts per rank
+        send_spec = [send, mine, BYTES]
+        # each variant returns from its own MPI call when no hook is on (choosing the
+        # variant again after the hook test costs a small gather about 3%)
+        if displs is None and counts.count(counts[self.rank]) == len(counts):
+            recv_spec = [recv, mine, BYTES]  # counts per rank
+            if not (_observers or _checks):
+                self.mpi.Allgather(send_spec, recv_spec)
                 return
+            call = self.mpi.Allgather
+        else:
             bdispls = _bytes(_displs(counts) if displs is None else displs, isz)
-            self.mpi.Allgatherv([send, mine, BYTES], [recv, _bytes(counts, isz), bdispls, BYTES])
-        finally:
-            if _checks:
-                _leave()
+            recv_spec = [recv, _bytes(counts, isz), bdispls, BYTES]
+            if not (_observers or _checks):
+                self.mpi.Allgatherv(send_spec, recv_spec)
+                return
+            call = self.mpi.Allgatherv
+        nbytes = max(send.nbytes, sum(counts) * isz)
+        detail = f"{isz}-byte items, counts {counts}"
+        _traced(self, "all_gather", nbytes, what, detail, call, send_spec, recv_spec)
 
     def allreduce(
         self,
@@ -632,20 +676,17 @@ class Comm:
         prod. Buffers are contiguous and of the same shape and dtype.
         """
         mpi_type, mpi_op = _reduction(send.dtype, op, "all_reduce", what)
-        if _observers:
-            _notify("all_reduce", send.nbytes, self)
-        if _checks:
-            _enter(self, "all_reduce", what, f"{send.size} x {send.dtype}, op {op}")
-        try:
-            if recv is None:
-                self.mpi.Allreduce(MPI.IN_PLACE, [send, send.size, mpi_type], mpi_op)
-                recv = send
-            else:
-                send_spec = [send, send.size, mpi_type]
-                self.mpi.Allreduce(send_spec, [recv, recv.size, mpi_type], mpi_op)
-        finally:
-            if _checks:
-                _leave()
+        if recv is None:
+            send_spec, recv_spec = MPI.IN_PLACE, [send, send.size, mpi_type]
+            recv = send
+        else:
+            send_spec, recv_spec = [send, send.size, mpi_type], [recv, recv.size, mpi_type]
+        if _observers or _checks:
+            detail = f"{send.size} x {send.dtype}, op {op}"
+            args = (send_spec, recv_spec, mpi_op)
+            _traced(self, "all_reduce", send.nbytes, what, detail, self.mpi.Allreduce, *args)
+        else:
+            self.mpi.Allreduce(send_spec, recv_spec, mpi_op)
         if op == "avg":
             np.divide(recv, self.size, out=recv)
 
@@ -665,23 +706,21 @@ class Comm:
         """
         mpi_type, mpi_op = _reduction(send.dtype, op, "reduce_scatter", what)
         counts = [int(c) for c in counts]
-        if _observers:
-            _notify("reduce_scatter", send.nbytes, self)
         mine = counts[self.rank]
-        if _checks:
-            _enter(self, "reduce_scatter", what, f"{send.dtype}, counts {counts}, op {op}")
-        try:
-            if counts.count(mine) == len(counts):
-                # counts per block
-                send_spec, recv_spec = [send, mine, mpi_type], [recv, mine, mpi_type]
-                self.mpi.Reduce_scatter_block(send_spec, recv_spec, mpi_op)
+        even = counts.count(mine) == len(counts)
+        send_spec = [send, mine if even else sum(counts), mpi_type]  # even: counts per block
+        recv_spec = [recv, mine, mpi_type]
+        if _observers or _checks:
+            detail = f"{send.dtype}, counts {counts}, op {op}"
+            if even:
+                call, args = self.mpi.Reduce_scatter_block, (send_spec, recv_spec, mpi_op)
             else:
-                self.mpi.Reduce_scatter(
-                    [send, sum(counts), mpi_type], [recv, mine, mpi_type], counts, mpi_op
-                )
-        finally:
-            if _checks:
-                _leave()
+                call, args = self.mpi.Reduce_scatter, (send_spec, recv_spec, counts, mpi_op)
+            _traced(self, "reduce_scatter", send.nbytes, what, detail, call, *args)
+        elif even:
+            self.mpi.Reduce_scatter_block(send_spec, recv_spec, mpi_op)
+        else:
+            self.mpi.Reduce_scatter(send_spec, recv_spec, counts, mpi_op)
         if op == "avg":
             np.divide(recv, self.size, out=recv)
 
@@ -701,18 +740,15 @@ class Comm:
         """
         isz = send.itemsize
         scounts, rcounts = _bytes(send_counts, isz), _bytes(recv_counts, isz)
-        if _observers:
-            _notify("all_to_all", max(sum(scounts), sum(rcounts)), self)
-        if _checks:  # counts differ between ranks: only the item size is rank-invariant
-            _enter(self, "all_to_all", what, f"{isz}-byte items")
-        try:
-            self.mpi.Alltoallv(
-                [send, scounts, _bytes(send_displs, isz), BYTES],
-                [recv, rcounts, _bytes(recv_displs, isz), BYTES],
-            )
-        finally:
-            if _checks:
-                _leave()
+        send_spec = [send, scounts, _bytes(send_displs, isz), BYTES]
+        recv_spec = [recv, rcounts, _bytes(recv_displs, isz), BYTES]
+        if _observers or _checks:
+            nbytes = max(sum(scounts), sum(rcounts))
+            detail = f"{isz}-byte items"  # counts differ between ranks
+            call = self.mpi.Alltoallv
+            _traced(self, "all_to_all", nbytes, what, detail, call, send_spec, recv_spec)
+        else:
+            self.mpi.Alltoallv(send_spec, recv_spec)
 
     def alltoallw(
         self,
@@ -737,22 +773,17 @@ class Comm:
         passes its kind and buffer size; by default the larger of the bytes sent and
         received.
         """
-        if _observers:
+        send_spec = [send, send_counts, send_displs, send_types]
+        recv_spec = [recv, recv_counts, recv_displs, recv_types]
+        if _observers or _checks:
             if nbytes is None:
                 sent = sum(c * t.Get_size() for c, t in zip(send_counts, send_types))
                 got = sum(c * t.Get_size() for c, t in zip(recv_counts, recv_types))
                 nbytes = max(sent, got)
-            _notify(kind, nbytes, self)
-        if _checks:  # counts and types differ between ranks
-            _enter(self, kind, what, "alltoallw")
-        try:
-            self.mpi.Alltoallw(
-                [send, send_counts, send_displs, send_types],
-                [recv, recv_counts, recv_displs, recv_types],
-            )
-        finally:
-            if _checks:
-                _leave()
+            detail = "alltoallw"  # counts and types differ between ranks
+            _traced(self, kind, nbytes, what, detail, self.mpi.Alltoallw, send_spec, recv_spec)
+        else:
+            self.mpi.Alltoallw(send_spec, recv_spec)
 
     def scatterv(
         self,
@@ -768,9 +799,6 @@ class Comm:
         **Collective**. ``recv=None`` on the root leaves the root's block in place (it is
         not copied); other ranks always pass a buffer (it may be empty).
         """
-        if _observers:
-            nbytes = send.nbytes if self.rank == root else recv.nbytes
-            _notify("scatter", nbytes, self)
         if self.rank == root:
             isz = send.itemsize
             sendspec = [send, _bytes(counts, isz), _bytes(displs, isz), BYTES]
@@ -778,38 +806,30 @@ class Comm:
         else:
             sendspec = None
             recvspec = [recv, recv.nbytes, BYTES]
-        if _checks:
-            _enter(self, "scatter", what, f"root {root}, counts {list(counts)}")
-        try:
+        if _observers or _checks:
+            nbytes = send.nbytes if self.rank == root else recv.nbytes
+            detail = f"root {root}, counts {list(counts)}"
+            call = self.mpi.Scatterv
+            _traced(self, "scatter", nbytes, what, detail, call, sendspec, recvspec, root)
+        else:
             self.mpi.Scatterv(sendspec, recvspec, root)
-        finally:
-            if _checks:
-                _leave()
 
     def bcast_array(self, arr: np.ndarray, root: int = 0, what: object = None) -> np.ndarray:
         """Broadcast the contiguous ``arr`` from ``root`` in place; returns it. **Collective**."""
-        if _observers:
-            _notify("broadcast", arr.nbytes, self)
-        if _checks:
-            _enter(self, "broadcast", what, f"root {root}, {arr.nbytes} bytes")
-        try:
-            self.mpi.Bcast([arr, arr.nbytes, BYTES], root)
-        finally:
-            if _checks:
-                _leave()
+        spec = [arr, arr.nbytes, BYTES]
+        if _observers or _checks:
+            detail = f"root {root}, {arr.nbytes} bytes"
+            _traced(self, "broadcast", arr.nbytes, what, detail, self.mpi.Bcast, spec, root)
+        else:
+            self.mpi.Bcast(spec, root)
         return arr
 
     def barrier(self, what: object = None) -> None:
         """Wait for every rank. **Collective**."""
-        if _observers:
-            _notify("barrier", 0, self)
-        if _checks:
-            _enter(self, "barrier", what, "no data")
-        try:
+        if _observers or _checks:
+            _traced(self, "barrier", 0, what, "no data", self.mpi.Barrier)
+        else:
             self.mpi.Barrier()
-        finally:
-            if _checks:
-                _leave()
 
     def allgather_ints(self, values: Sequence[int] | np.ndarray, what: object = None) -> np.ndarray:
         """Exchange a few int64 values; row ``i`` of the result is rank ``i``'s. **Collective**.
@@ -818,19 +838,20 @@ class Comm:
         consistency checks), not for data.
         """
         mine = np.ascontiguousarray(values, dtype=np.int64).ravel()
-        if _observers:
-            _notify("all_gather_ints", self.size * mine.nbytes, self)
-        return self._gather_ints(mine, "all_gather_ints", what, f"{mine.size} values")
+        nbytes = self.size * mine.nbytes
+        return self._gather_ints(mine, "all_gather_ints", what, f"{mine.size} values", nbytes)
 
-    def _gather_ints(self, mine: np.ndarray, kind: str, what: object, detail: str) -> np.ndarray:
+    def _gather_ints(
+        self, mine: np.ndarray, kind: str, what: object, detail: str, nbytes: int | None
+    ) -> np.ndarray:
+        """The all-gather of int64 values of :meth:`allgather_ints` and
+        :meth:`shared_exchange`; ``nbytes`` None hides it from the observers."""
         out = np.empty((self.size, mine.size), dtype=np.int64)
-        if _checks:
-            _enter(self, kind, what, detail)
-        try:
-            self.mpi.Allgather([mine, MPI.INT64_T], [out, MPI.INT64_T])
-        finally:
-            if _checks:
-                _leave()
+        send_spec, recv_spec = [mine, MPI.INT64_T], [out, MPI.INT64_T]
+        if _observers or _checks:
+            _traced(self, kind, nbytes, what, detail, self.mpi.Allgather, send_spec, recv_spec)
+        else:
+            self.mpi.Allgather(send_spec, recv_spec)
         return out
 
     def shared_exchange(
@@ -845,7 +866,7 @@ class Comm:
         """
         mine = np.ascontiguousarray(values, dtype=np.int64).ravel()
         return self._gather_ints(
-            mine, kind, what, f"{detail}; shared descriptors, {mine.size} values"
+            mine, kind, what, f"{detail}; shared descriptors, {mine.size} values", None
         )
 
     def report(self, kind: str, nbytes: int) -> None:
@@ -859,13 +880,13 @@ class Comm:
         ends a shared-memory exchange: no rank returns before every peer has read its data).
         """
         value = np.array([1 if flag else 0], np.int32)
-        if _checks:
-            _enter(self, "all_reduce", what, "shared exchange done")
-        try:
-            self.mpi.Allreduce(MPI.IN_PLACE, [value, 1, MPI.INT], MPI.MIN)
-        finally:
-            if _checks:
-                _leave()
+        spec = [value, 1, MPI.INT]
+        if _observers or _checks:
+            detail = "shared exchange done"
+            call = self.mpi.Allreduce
+            _traced(self, "all_reduce", None, what, detail, call, MPI.IN_PLACE, spec, MPI.MIN)
+        else:
+            self.mpi.Allreduce(MPI.IN_PLACE, spec, MPI.MIN)
         return bool(value[0])
 
 

@@ -36,8 +36,9 @@ collectives of :mod:`redistribute.comm` (as bytes; reductions typed).
   input is ordinary memory (a wrapped numpy array) sends the whole exchange down the MPI
   path below.
 - Each (plan, source spec, coordinate) is compiled once into a program of step runners
-  (counts, displacements, derived datatypes), kept in a bounded cache (oldest first out):
-  evicted programs free their datatypes, and the rest are freed at exit.
+  (counts, displacements, derived datatypes), kept in a bounded cache
+  (``redistribute.programs``, oldest first out): evicted or cleared programs free their
+  datatypes, and the rest are freed at exit.
 """
 
 from __future__ import annotations
@@ -50,8 +51,9 @@ from typing import Any
 
 import numpy as np
 
+from placements.cache import LRUCache
 from placements.errors import DTypeError, ShardingError
-from placements.layout import local_offsets, local_shape, local_slices
+from placements.layout import local_offsets, local_shape, local_slices, partial_fill
 from placements.types import short_placements
 
 from . import comm as _comm
@@ -70,27 +72,6 @@ _MIN_TYPED_RUN = 256
 # exchange blocks peer to peer with an alltoallw, which MPICH runs about 2x faster than its
 # Allgather at 16 MiB and far faster than its Allgatherv for uneven blocks.
 _MAX_ALLGATHER_BYTES = 1 << 16
-
-# Programs kept compiled (an entry holds its derived datatypes).
-_MAX_PROGRAMS = 512
-
-# Note: placing a value as Partial(sum) / Partial(prod) keeps it on mesh coordinate 0 of
-# that dim and puts the op's identity elsewhere (0 / 1); Partial(avg/max/min) keeps the value
-# on every coordinate.
-_IDENTITY = {"sum": 0, "prod": 1}
-
-
-def _fill_value(placements: Sequence[Any], coord: Sequence[int]) -> int | None:
-    """The identity this coordinate holds instead of the data, or None if it holds data.
-
-    Partial values reduce from the highest mesh dim down, so the highest Partial(sum/prod)
-    dim on which this coordinate is not 0 decides.
-    """
-    for m in reversed(range(len(placements))):
-        p = placements[m]
-        if p.is_partial() and coord[m] != 0 and p.reduce_op in _IDENTITY:
-            return _IDENTITY[p.reduce_op]
-    return None
 
 
 # -- geometry -----------------------------------------------------------------------------
@@ -188,6 +169,20 @@ class _Exchange:
         # output when they are contiguous there, else staged). Other exchanges are an
         # alltoallw over the peers, the own block being copied locally.
         small = gather and math.prod(out_shape) * itemsize <= _MAX_ALLGATHER_BYTES
+        staged = self._plan_staging(recv, peers, small)
+        self.gather_counts = [s.size for s in recv] if small else None
+        if small:
+            self.pulls = None
+            return
+        self._plan_sends(send, me, peers, itemsize)
+        self._plan_receives(recv, peers, staged, itemsize)
+
+    def _plan_staging(self, recv: list[_Slab], peers: list[int], small: bool) -> bool:
+        """Whether received blocks land in a staging buffer, to be unpacked with numpy: all
+        blocks of a small gather unless every one is contiguous in the output; the peers'
+        blocks of an alltoallw when a strided one has runs shorter than ``_MIN_TYPED_RUN``.
+        Sets ``unstage`` (output index, start, stop, shape of each staged block) and
+        ``stage_len`` (elements of the staging buffer; None without staging)."""
         if small:
             staged = not all(s.contiguous for s in recv)
             staged_blocks = range(len(recv)) if staged else ()
@@ -201,11 +196,13 @@ class _Exchange:
             self.unstage.append((s.index, pos, pos + s.size, s.shape))
             pos += s.size
         self.stage_len = pos if staged else None
-        self.gather_counts = [s.size for s in recv] if small else None
-        if small:
-            self.pulls = None
-            return
-        # sends: in place from a C-contiguous input, else packed (each distinct slab once)
+        return staged
+
+    def _plan_sends(self, send: list[_Slab], me: int, peers: list[int], itemsize: int) -> None:
+        """The alltoallw's sends: byte counts (nothing to this rank), and two sources: the
+        input itself at ``direct_displs`` (``direct``: every peer's slab is contiguous; used
+        when the input is C-contiguous), else a pack buffer holding each distinct slab once
+        (``pack``: input index, start, stop and shape of each; ``pack_displs``)."""
         self.scounts = [s.size * itemsize if j != me else 0 for j, s in enumerate(send)]
         self.stypes = [_comm.BYTES] * len(send)
         self.direct = all(send[j].contiguous for j in peers)
@@ -218,8 +215,13 @@ class _Exchange:
                 packed[s.offset, s.size] = pos
                 pos += s.size
             self.pack_displs[j] = packed[s.offset, s.size] * itemsize
-        # receives: into the staging buffer, in place when contiguous, else through a
-        # derived datatype
+
+    def _plan_receives(
+        self, recv: list[_Slab], peers: list[int], staged: bool, itemsize: int
+    ) -> None:
+        """The alltoallw's receives (``rcounts``, ``rdispls``, ``rtypes``): into the staging
+        buffer, else in place when contiguous, else through a derived datatype (kept in
+        ``types`` to be freed with the program)."""
         self.rcounts, self.rdispls = [0] * len(recv), [0] * len(recv)
         self.rtypes = [_comm.BYTES] * len(recv)
         for j, (_, start, _, _) in zip(peers, self.unstage):
@@ -580,9 +582,11 @@ def _compile_local_chunk(step: Any, spec: Any, coord: tuple, isz: int) -> _Local
 
 
 def _compile_partition_partial(step: Any, spec: Any, coord: tuple, isz: int) -> _Local:
+    m = step.mesh_dim
     _, shape = _region(spec, step.before, coord)
-    fill = _IDENTITY.get(step.reduce_op) if coord[step.mesh_dim] != 0 else None
-    return _Local(step.mesh_dim, shape, shape, None, fill)
+    # the rule of partial_fill on this mesh dim alone: the others are already in the input
+    fill = partial_fill((step.after[m],), (coord[m],))
+    return _Local(m, shape, shape, None, fill)
 
 
 _COMPILERS: dict[type, Callable[..., Any]] = {
@@ -621,32 +625,33 @@ def _compile(step: Any, spec: Any, coord: tuple, isz: int, what: str) -> Any:
 
 # -- program cache ------------------------------------------------------------------------
 
-# (steps, spec, coord) -> program; insertion-ordered, the oldest entry is evicted first
-_programs: dict[tuple, tuple] = {}
 
-
-def _release(program: tuple) -> None:
+def _release(key: tuple, program: tuple) -> None:
+    """Free the derived datatypes of an evicted or cleared program."""
     _comm.free_types([t for runner in program for t in runner.types])
 
 
-@atexit.register
-def _release_all() -> None:
-    while _programs:
-        _release(_programs.popitem()[1])
+# (steps, spec, coord) -> program; an entry holds its derived datatypes, freed when it
+# leaves the cache (and at exit for the rest). Every execute looks its program up, so it
+# reads the entries through their bound ``get``: no recency update (moving an entry hashes
+# its key again, about half the cost of a small execute) and no hit counter (3%). Eviction
+# is thus oldest compiled first, and only misses (programs compiled) are counted.
+_programs = LRUCache("redistribute.programs", 512, on_evict=_release)
+_find_program = _programs.data.get
+atexit.register(_programs.clear)
 
 
 def _program(steps: tuple, spec: Any, coord: tuple) -> tuple:
     key = (steps, spec, coord)
-    program = _programs.get(key)
+    program = _find_program(key)
     if program is None:
         isz = spec.dtype.itemsize
         program = tuple(
             _compile(step, spec, coord, isz, _describe(i, steps, spec))
             for i, step in enumerate(steps)
         )
-        _programs[key] = program
-        if len(_programs) > _MAX_PROGRAMS:
-            _release(_programs.pop(next(iter(_programs))))
+        _programs.misses += 1
+        _programs.put(key, program)
     return program
 
 
@@ -795,67 +800,116 @@ def scatter_from(
     alloc = np.empty if alloc is None else alloc
     coord = tuple(coord)
     src = src_rank_in_base
-    is_src = base_comm.rank == src
-    # any ndarray of the mesh's array module (numpy or cupy)
-    is_array = hasattr(global_or_none, "shape") and hasattr(global_or_none, "dtype")
-    bad = is_src and (
-        not is_array
-        or global_or_none.shape != spec.shape
-        or global_or_none.dtype != spec.dtype
-    )
-    # one metadata exchange: the source's verdict on its data and every rank's coordinate
     what = ("distribute_tensor", spec)
-    meta = base_comm.allgather_ints((int(bad),) + coord, what)
-    if meta[src, 0]:
-        got = (
-            f"{global_or_none.dtype} {global_or_none.shape}"
-            if is_array
-            else type(global_or_none).__name__
-        )
-        raise ShardingError(
-            f"distribute_tensor: the source rank {src} holds "
-            f"{got if is_src else 'data'} that does not match {spec!r}"
-        )
-    placements = spec.placements
+    coords = _check_source(src, global_or_none, spec, coord, base_comm, what)
     out = alloc(spec.local_shape(coord), spec.dtype)
-    fill = _fill_value(placements, coord)
+    fill = partial_fill(spec.placements, coord)
     shared = type(out) is np.ndarray and _shared(spec, spec.dtype.itemsize) and _shares(base_comm)
-    if not any(p.is_shard() for p in placements):
-        if is_src:
+    if not any(p.is_shard() for p in spec.placements):
+        if base_comm.rank == src:
             _copy(out, global_or_none)
         if not (shared and _pull_from_source(base_comm, src, out, out, 0, "broadcast", what)):
             base_comm.bcast_array(out, src, what)
     else:
-        # what each rank receives: nothing for the source (its block is copied locally)
-        # and for identity holders
-        blocks = [
-            None if rank == src or _fill_value(placements, c) is not None else tuple(c)
-            for rank, c in enumerate(meta[:, 1:].tolist())
-        ]
-        counts = [0 if c is None else math.prod(spec.local_shape(c)) for c in blocks]
-        displs = np.concatenate(([0], np.cumsum(counts[:-1], dtype=np.int64))).tolist()
-        if is_src:
-
-            def block(c: tuple) -> np.ndarray:
-                return global_or_none[local_slices(spec.shape, spec.mesh_shape, placements, c)]
-
-            sbuf = alloc((sum(counts),), spec.dtype)
-            for c, start, n in zip(blocks, displs, counts):
-                if n:
-                    _copy(sbuf[start : start + n].reshape(spec.local_shape(c)), block(c))
+        blocks, counts, displs = _scatter_layout(spec, src, coords)
+        if base_comm.rank == src:
+            sbuf = _pack_blocks(global_or_none, spec, blocks, counts, displs, alloc)
             if fill is None:
-                _copy(out, block(coord))
-            flat = out.reshape(-1)  # every rank passes two 1-D arrays
-            if not (shared and _pull_from_source(base_comm, src, sbuf, flat, 0, "scatter", what)):
-                base_comm.scatterv(sbuf, counts, displs, None, src, what)
+                _copy(out, _block(global_or_none, spec, coord))
+            _scatter_send(base_comm, sbuf, counts, displs, out, shared, what)
         else:
             recv = out if fill is None else out.reshape(-1)[:0]
-            packed = np.empty((sum(counts),), spec.dtype)[:0]  # stands for the source's buffer
-            start = displs[base_comm.rank]
-            flat = recv.reshape(-1)
-            if not (shared and _pull_from_source(base_comm, src, packed, flat, start, "scatter",
-                                                 what, sum(counts))):  # fmt: skip
-                base_comm.scatterv(None, counts, displs, recv, src, what)
+            _scatter_receive(base_comm, src, counts, displs, recv, shared, what)
     if fill is not None:
         out.fill(fill)
     return out
+
+
+def _check_source(
+    src: int, data: Any, spec: Any, coord: tuple, comm: _comm.Comm, what: Any
+) -> list[list[int]]:
+    """Every rank's mesh coordinate (by rank of ``comm``), after checking that the source
+    holds an array of ``spec``'s shape and dtype; all ranks raise if it does not.
+    **Collective** (one metadata exchange)."""
+    is_src = comm.rank == src
+    # any ndarray of the mesh's array module (numpy or cupy)
+    is_array = hasattr(data, "shape") and hasattr(data, "dtype")
+    bad = is_src and (not is_array or data.shape != spec.shape or data.dtype != spec.dtype)
+    meta = comm.allgather_ints((int(bad),) + coord, what)
+    if meta[src, 0]:
+        got = f"{data.dtype} {data.shape}" if is_array else type(data).__name__
+        raise ShardingError(
+            f"distribute_tensor: the source rank {src} holds "
+            f"{got if is_src else 'data'} that does not match {spec!r}"
+        )
+    return meta[:, 1:].tolist()
+
+
+def _scatter_layout(
+    spec: Any, src: int, coords: list[list[int]]
+) -> tuple[list[tuple | None], list[int], list[int]]:
+    """What the source sends each rank, in rank order: the coordinate of its block (None
+    for the source, whose block is copied locally, and for the ranks that hold a Partial
+    identity), and the element counts and displacements of the blocks in the pack buffer."""
+    blocks = [
+        None if rank == src or partial_fill(spec.placements, c) is not None else tuple(c)
+        for rank, c in enumerate(coords)
+    ]
+    counts = [0 if c is None else math.prod(spec.local_shape(c)) for c in blocks]
+    displs = np.concatenate(([0], np.cumsum(counts[:-1], dtype=np.int64))).tolist()
+    return blocks, counts, displs
+
+
+def _block(data: Any, spec: Any, coord: tuple) -> Any:
+    """The view of the global ``data`` that mesh coordinate ``coord`` holds under ``spec``."""
+    return data[local_slices(spec.shape, spec.mesh_shape, spec.placements, coord)]
+
+
+def _pack_blocks(
+    data: Any, spec: Any, blocks: list, counts: list[int], displs: list[int], alloc: Alloc
+) -> np.ndarray:
+    """The source's flat pack buffer: each block of :func:`_scatter_layout` copied once
+    out of the global ``data``, at its displacement. **Local**."""
+    sbuf = alloc((sum(counts),), spec.dtype)
+    for c, start, n in zip(blocks, displs, counts):
+        if n:
+            _copy(sbuf[start : start + n].reshape(spec.local_shape(c)), _block(data, spec, c))
+    return sbuf
+
+
+def _scatter_send(
+    comm: _comm.Comm,
+    sbuf: np.ndarray,
+    counts: list[int],
+    displs: list[int],
+    out: np.ndarray,
+    shared: bool,
+    what: Any,
+) -> None:
+    """The source's part of the scatter (its own block is already in ``out``): hand the
+    pack buffer ``sbuf`` to the other ranks, through shared memory when ``shared`` and all
+    ranks can, else with ``Scatterv``. **Collective**."""
+    flat = out.reshape(-1)  # every rank passes two 1-D arrays
+    pulled = shared and _pull_from_source(comm, comm.rank, sbuf, flat, 0, "scatter", what)
+    if not pulled:
+        comm.scatterv(sbuf, counts, displs, None, comm.rank, what)
+
+
+def _scatter_receive(
+    comm: _comm.Comm,
+    src: int,
+    counts: list[int],
+    displs: list[int],
+    recv: np.ndarray,
+    shared: bool,
+    what: Any,
+) -> None:
+    """A non-source rank's part of the scatter: its block (``counts[rank]`` elements, 0
+    for an identity holder) into ``recv``, read from the source's pack buffer in shared
+    memory when ``shared`` and all ranks can, else with ``Scatterv``. **Collective**."""
+    total = sum(counts)
+    packed = np.empty((total,), recv.dtype)[:0]  # stands for the source's buffer
+    flat, start = recv.reshape(-1), displs[comm.rank]
+    pulled = shared and _pull_from_source(comm, src, packed, flat, start, "scatter", what, total)
+    if not pulled:
+        comm.scatterv(None, counts, displs, recv, src, what)

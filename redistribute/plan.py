@@ -37,13 +37,13 @@ dims in increasing order), so plans are deterministic and identical on every ran
 
 from __future__ import annotations
 
-import functools
 import heapq
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from placements.cache import memoize
 from placements.errors import NoRuleError
 from placements.layout import normalize_placements
 from placements.spec import DTensorSpec
@@ -227,7 +227,7 @@ _TRANSITIONS: dict[tuple[str, str], Callable[..., _Move | None]] = {
 }
 
 
-@functools.lru_cache(maxsize=4096)
+@memoize("redistribute.plans", 4096)
 def _search(
     src_spec: DTensorSpec, dst: tuple[Placement, ...], model: CostModel
 ) -> tuple[tuple[Step, ...], float]:

@@ -19,6 +19,7 @@ from mpi4py import MPI
 
 from placements import DTensorSpec, MeshShape, Partial, Replicate, Shard, local_slices
 from placements.errors import DTypeError, ShardingError
+from placements.layout import partial_fill
 from redistribute import comm as C
 from redistribute import execute as E
 from redistribute.plan import plan
@@ -74,11 +75,11 @@ PATHS = {
 @pytest.fixture
 def path(request, monkeypatch):
     """Run the test with the thresholds of ``PATHS[request.param]`` (fresh programs)."""
-    E._release_all()
+    E._programs.clear()
     for name, value in PATHS[request.param].items():
         monkeypatch.setattr(E, name, value)
     yield request.param
-    E._release_all()
+    E._programs.clear()
 
 
 @pytest.fixture
@@ -457,7 +458,7 @@ def test_all_to_all_moves_only_peer_blocks(meshes, seed, monkeypatch):
         return real(self, send, scounts, sdispls, stypes, recv, rcounts, rdispls, rtypes, *rest)
 
     monkeypatch.setattr(C.Comm, "alltoallw", spy)
-    E._release_all()  # recompile, so the exchange goes through the spy
+    E._programs.clear()  # recompile, so the exchange goes through the spy
     out = E.execute(plan(spec, (Shard(1),)), local, spec, coord, comms)
     mine = np.prod(spec.local_shape(coord)) * data.itemsize
     diagonal = np.prod(dst.local_shape(coord)[1:]) * spec.local_shape(coord)[0] * data.itemsize
@@ -490,11 +491,11 @@ def test_avg_of_integers_raises_on_every_rank(meshes):
 
 def test_program_cache_is_bounded_and_frees_types(meshes, seed, monkeypatch):
     coord, comms = meshes[(WORLD,)]
-    E._release_all()
+    E._programs.clear()
     freed = []
     real_free = C.free_types
     monkeypatch.setattr(C, "free_types", lambda types: (freed.extend(types), real_free(types)))
-    monkeypatch.setattr(E, "_MAX_PROGRAMS", 3)
+    monkeypatch.setattr(E._programs, "maxsize", 3)
     for name, value in PATHS["typed"].items():
         monkeypatch.setattr(E, name, value)
     made = 0
@@ -502,10 +503,10 @@ def test_program_cache_is_bounded_and_frees_types(meshes, seed, monkeypatch):
         data = global_data((rows, 4 * WORLD + 1), np.float32, seed)
         check_pair(data, (Shard(1),), (Replicate(),), (WORLD,), coord, comms, seed)
         assert len(E._programs) == min(rows - 1, 3)
-        made += sum(len(runner.types) for runner in next(reversed(E._programs.values())))
-    kept = sum(len(runner.types) for program in E._programs.values() for runner in program)
+        made += sum(len(runner.types) for runner in next(reversed(E._programs.data.values())))
+    kept = sum(len(runner.types) for program in E._programs.data.values() for runner in program)
     assert len(freed) == made - kept  # evicted programs released their types
-    E._release_all()
+    E._programs.clear()
     assert len(freed) == made and not E._programs
     assert made == (8 * (WORLD - 1) if WORLD > 1 else 0)
 
@@ -531,7 +532,7 @@ def test_scatter_from(shape, dtype, meshes, seed):
                 out = E.scatter_from(src, data if world.rank == src else None, spec, coord, world)
                 assert out.dtype == data.dtype and out.flags.c_contiguous
                 assert out.shape == spec.local_shape(coord)
-                if E._fill_value(placements, coord) is None:
+                if partial_fill(placements, coord) is None:
                     want = data[local_slices(shape, mesh_shape, placements, coord)]
                     np.testing.assert_array_equal(out, want, err_msg=f"{spec!r} from {src}")
                 pending.append((spec, out, f"{spec!r} from {src}"))

@@ -47,8 +47,10 @@ class LRUCache:
     Attributes
     ----------
     data : OrderedDict
-        The entries, oldest first. Hot paths may read it directly (``data.get(key)``) and
-        count with :attr:`hits`/:attr:`misses` themselves.
+        The entries, least recently used first. Hot paths may read it directly
+        (``data.get(key)``) and count with :attr:`hits`/:attr:`misses` themselves; a
+        reader that skips ``data.move_to_end(key)`` on a hit leaves the order as it was,
+        so such a table evicts its oldest entry.
     hits, misses, evictions : int
         Counters since creation or the last :meth:`clear`.
     """

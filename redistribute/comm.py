@@ -446,8 +446,8 @@ _BOOL_OPS = {"sum": MPI.LOR, "max": MPI.LOR, "min": MPI.LAND, "prod": MPI.LAND}
 
 # (dtype, op) -> (MPI datatype, MPI op) of the valid pairs: about a hundred at most, so the
 # bound is never reached and recency does not matter. Every reducing collective looks its
-# pair up, so it reads the entries through their bound ``get`` and counts only misses (the
-# pairs made): a method call and a hit counter would cost 2-4% of a small all-reduce.
+# pair up, so it reads the entries through their bound ``get`` (a method call would cost
+# 2-4% of a small all-reduce) and counts the hit itself.
 _reductions = LRUCache("redistribute.reductions", 256)
 _find_reduction = _reductions.data.get
 
@@ -461,6 +461,8 @@ def _reduction(dtype: np.dtype, op: str, kind: str, what: object) -> tuple[Any, 
         found = _check_reduction(dtype, op, where)
         _reductions.misses += 1
         _reductions.put((dtype, op), found)
+    else:
+        _reductions.hits += 1
     return found
 
 

@@ -633,9 +633,9 @@ def _release(key: tuple, program: tuple) -> None:
 
 # (steps, spec, coord) -> program; an entry holds its derived datatypes, freed when it
 # leaves the cache (and at exit for the rest). Every execute looks its program up, so it
-# reads the entries through their bound ``get``: no recency update (moving an entry hashes
-# its key again, about half the cost of a small execute) and no hit counter (3%). Eviction
-# is thus oldest compiled first, and only misses (programs compiled) are counted.
+# reads the entries through their bound ``get`` and counts the hit itself, without a
+# recency update (moving an entry hashes its key again, about half the cost of a small
+# execute): eviction is oldest compiled first.
 _programs = LRUCache("redistribute.programs", 512, on_evict=_release)
 _find_program = _programs.data.get
 atexit.register(_programs.clear)
@@ -652,6 +652,8 @@ def _program(steps: tuple, spec: Any, coord: tuple) -> tuple:
         )
         _programs.misses += 1
         _programs.put(key, program)
+    else:
+        _programs.hits += 1
     return program
 
 

@@ -1,6 +1,6 @@
 """Node-shared memory: ranks on one node read each other's shards directly.
 
-The caching allocator (``dtensor._allocator``) takes its segments from here. On Linux each
+The caching allocator (``dtensor.local.allocator``) takes its segments from here. On Linux each
 segment is a ``memfd`` (an anonymous shared-memory file) mapped into this process; a peer
 process on the same node maps the same pages through ``/proc/<pid>/fd/<fd>``. A
 redistribute exchange whose ranks all hold their input in such segments then copies each

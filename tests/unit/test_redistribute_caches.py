@@ -49,6 +49,7 @@ def test_programs_fill_their_cache_and_clear_all_frees_them(monkeypatch):
     assert len(programs) == 1 and programs.stats()["misses"] == 1
     E.execute(steps, local, spec, (0,), [comm])
     assert len(programs) == 1 and programs.stats()["misses"] == 1  # compiled once
+    assert programs.stats()["hits"] == 1
     freed = []
     monkeypatch.setattr(C, "free_types", lambda types: freed.append(list(types)))
     clear_all()
@@ -69,3 +70,5 @@ def test_reduce_op_lookups_fill_their_cache_and_clear_all_empties_it():
     np.testing.assert_array_equal(x, np.arange(5, dtype=np.int16))
     assert (np.dtype(np.int16), "min") in reductions
     assert reductions.stats()["misses"] == 1
+    comm.allreduce(x, None, "min")
+    assert reductions.stats()["hits"] == 1

@@ -1,4 +1,4 @@
-"""Type stub of the compiled ``fastpath._strides`` (twins of ``dtensor._strides``)."""
+"""Type stub of the compiled ``fastpath._strides`` (twins of ``dtensor.local.strides``)."""
 
 from collections.abc import Sequence
 

@@ -2,19 +2,21 @@
 # cython: initializedcheck=False, nonecheck=False, infer_types=True, embedsignature=True
 """Compiled stride math: drop-in twins of the functions in ``dtensor.local.strides``.
 
-Same names, signatures, results and errors as the pure-Python reference; dtensor swaps
-these in at import time (unless ``DTENSOR_FASTPATH=0``). Inputs are sequences of ints
-(tuples on the hot path); outputs are tuples of Python ints, ``bool`` or ``None``.
-Every function is **Local** (no communication). Arithmetic is done in 64-bit integers,
-like PyTorch's ``int64_t`` sizes and strides. Errors are dtensor's ``ViewError`` (a
-``RuntimeError``), as in the reference.
+Same names, signatures, results and errors as the pure-Python reference (whose
+``infer_size`` is :func:`placements.meta.infer_size`); dtensor swaps these in at import
+time (unless ``DTENSOR_FASTPATH=0``). Inputs are sequences of ints (tuples on the hot
+path); outputs are tuples of Python ints, ``bool`` or ``None``. Every function is
+**Local** (no communication). Arithmetic is done in 64-bit integers, like PyTorch's
+``int64_t`` sizes and strides. Errors are dtensor's ``ViewError`` (a ``RuntimeError``),
+as in the reference.
 """
 
 from cpython.ref cimport Py_INCREF
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
-from libc.stdint cimport int64_t
+from libc.stdint cimport INT64_MAX, int64_t
 
 from placements.errors import ViewError
+from placements.meta import infer_size as _meta_infer_size
 
 __all__ = ["contiguous_strides", "compute_view_strides", "infer_size", "is_contiguous"]
 
@@ -174,7 +176,10 @@ def compute_view_strides(sizes, strides, new_sizes):
 def infer_size(shape, numel):
     """``shape`` with its one ``-1`` (if any) replaced so that it holds ``numel`` elements.
 
-    **Local.** PyTorch's ``infer_size`` with its error messages.
+    **Local.** PyTorch's ``infer_size`` with its error messages: the compiled twin of
+    :func:`placements.meta.infer_size` for sizes that are Python ints whose product fits
+    in 64 bits. Any other shape (numpy integers, a value that is not an int, a product
+    beyond 64 bits) is handed to the meta function, so results and errors are its own.
 
     Parameters
     ----------
@@ -194,17 +199,28 @@ def infer_size(shape, numel):
         "shape '[3, 5]' is invalid for input of size 8", or, for ``-1`` with zero
         elements, "cannot reshape tensor of 0 elements into shape [-1, 0] because the
         unspecified dimension size -1 can be any value and is ambiguous".
+    DTypeError
+        A size that is not an int (from the meta function).
     """
     cdef tuple sh = _as_tuple(shape)
     cdef Py_ssize_t n = len(sh), d, infer_dim = -1
     cdef int64_t total = numel, newsize = 1, s
+    cdef object v
+    for v in sh:
+        if type(v) is not int:
+            return _meta_infer_size(sh, numel)
     for d in range(n):
-        s = sh[d]
+        try:
+            s = sh[d]
+        except OverflowError:  # beyond 64 bits
+            return _meta_infer_size(sh, numel)
         if s == -1:
             if infer_dim >= 0:
                 raise ViewError("only one dimension can be inferred")
             infer_dim = d
         elif s >= 0:
+            if s and newsize > INT64_MAX // s:
+                return _meta_infer_size(sh, numel)
             newsize *= s
         else:
             raise ViewError(f"invalid shape dimension {s}")

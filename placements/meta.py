@@ -9,7 +9,8 @@ dtypes:
 - broadcasting and reductions: :func:`broadcast_shapes`, :func:`reduced_shape`;
 - dtypes: PyTorch's type promotion (:func:`promote_types`, :func:`combine_categories`,
   :func:`scalar_dtype`, :func:`result_dtype`), :func:`can_cast`, ``dtype=`` arguments
-  (:data:`TORCH_DTYPE_NAMES`, :func:`as_dtype`), :func:`float_dtype`, :func:`real_dtype`;
+  (:data:`TORCH_DTYPE_NAMES`, :func:`as_dtype`), :func:`float_dtype`, :func:`real_dtype`,
+  :func:`check_embedding_indices`;
 - the shape checks of view ops, each returning the normalised values the op needs:
   :func:`infer_size` (view/reshape), :func:`expand_shape`, :func:`narrow_args`,
   :func:`select_args`, :func:`squeeze_dims`, :func:`permute_dims`,
@@ -46,6 +47,7 @@ __all__ = [
     "as_dtype",
     "broadcast_shapes",
     "can_cast",
+    "check_embedding_indices",
     "chunk_sizes",
     "combine_categories",
     "expand_shape",
@@ -340,6 +342,18 @@ def float_dtype(dtype: np.dtype, default_float: np.dtype) -> np.dtype:
 def real_dtype(dtype: np.dtype) -> np.dtype:
     """The real dtype of ``dtype`` (``float32`` for ``complex64``; real dtypes unchanged)."""
     return np.finfo(dtype).dtype if dtype.kind == "c" else dtype
+
+
+def check_embedding_indices(dtype: np.dtype) -> None:
+    """Raise DTypeError unless ``dtype`` (embedding's indices) is an integer dtype.
+
+    The local kernel and the rule both call it, so a local Tensor and a DTensor raise the
+    same error (a DTensor's before any communication).
+    """
+    if dtype.kind not in "iu":
+        raise DTypeError(
+            f"embedding: expected indices of an integer dtype (int64, int32...), got {dtype.name}"
+        )
 
 
 # -- view shapes -------------------------------------------------------------------------------

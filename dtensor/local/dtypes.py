@@ -16,7 +16,7 @@ import builtins
 import numpy as np
 
 from placements.errors import DTypeError
-from placements.rules._core import TORCH_DTYPE_NAMES
+from placements.meta import as_dtype
 
 __all__ = [
     "bool_",
@@ -74,10 +74,6 @@ cdouble = complex128
 _SUPPORTED_KINDS = frozenset("biufc")
 _FLOAT_DEFAULTS = (float16, float32, float64)
 _COMPLEX_OF = {float16: complex64, float32: complex64, float64: complex128}
-
-# Note: dtype strings follow PyTorch ("float" is float32, "int" is int32), not numpy;
-# the table is shared with the sharding rules (placements.rules._core.TORCH_DTYPE_NAMES).
-_TORCH_NAMES = TORCH_DTYPE_NAMES
 
 _default_float = float32
 
@@ -149,25 +145,10 @@ def to_dtype(x) -> np.dtype:
     DTypeError
         For anything that is not a boolean, integer, floating or complex dtype.
     """
-    if isinstance(x, np.dtype):
-        d = x
-    # Note: PyTorch and numpy map the python type ``float`` to float64; here it means
-    # the default float dtype (float32 unless set_default_dtype changed it).
-    elif x is builtins.float:
-        return _default_float
-    elif x is builtins.int:
-        return int64
-    elif x is builtins.bool:
-        return bool_
-    elif x is builtins.complex:
-        return default_complex_dtype()
-    elif isinstance(x, str) and x in _TORCH_NAMES:
-        return _TORCH_NAMES[x]
-    else:
-        try:
-            d = np.dtype(x)
-        except TypeError as exc:
-            raise DTypeError(f"cannot interpret {x!r} as a dtype") from exc
+    # Note: PyTorch and numpy map the python type ``float`` to float64; here it means the
+    # default float dtype (float32 unless set_default_dtype changed it), and dtype strings
+    # follow PyTorch ("float" is float32), as the sharding rules read them (placements.meta).
+    d = x if isinstance(x, np.dtype) else as_dtype(x, _default_float)
     if d.kind not in _SUPPORTED_KINDS or not d.isnative or d.fields is not None:
         raise DTypeError(
             f"unsupported dtype {d}: tensors hold native-byte-order boolean, integer, "

@@ -1,16 +1,18 @@
 """Stride arithmetic of the local strided tensor (pure-Python reference).
 
-This module owns the four metadata functions that the view machinery of
+This module owns the three stride functions that the view machinery of
 :mod:`dtensor.local.tensor` is built on. They follow PyTorch's definitions exactly
-(``c10::contiguous_strides``, ``is_contiguous``, ``at::detail::computeStride`` and
-``at::infer_size``). Sizes, strides and results are plain tuples of ``int`` in
-*elements*, so a compiled module with the same names and signatures can replace these
-functions at import time; callers reach them through the module attribute.
+(``c10::contiguous_strides``, ``is_contiguous`` and ``at::detail::computeStride``).
+``infer_size`` (``at::infer_size``) is :func:`placements.meta.infer_size`, re-exported
+here so that this module and the compiled ``fastpath.strides`` offer the same four
+functions. Sizes, strides and results are plain tuples of ``int`` in *elements*, so a
+compiled module with the same names and signatures can replace these functions at
+import time; callers reach them through the module attribute.
 """
 
 from __future__ import annotations
 
-from placements.errors import ViewError
+from placements.meta import infer_size
 
 __all__ = ["compute_view_strides", "contiguous_strides", "infer_size", "is_contiguous"]
 
@@ -118,51 +120,3 @@ def compute_view_strides(sizes: tuple, strides: tuple, new_sizes: tuple) -> tupl
     if view_d != -1:
         return None
     return tuple(new_strides)
-
-
-def infer_size(shape: tuple, numel: int) -> tuple:
-    """Resolve one ``-1`` in ``shape`` so that the product equals ``numel``.
-
-    **Local.**
-
-    Parameters
-    ----------
-    shape : tuple of int
-        Requested sizes; at most one may be ``-1``.
-    numel : int
-        Number of elements of the tensor being reshaped.
-
-    Returns
-    -------
-    tuple of int
-
-    Raises
-    ------
-    ViewError
-        With PyTorch's messages: more than one ``-1``, a negative size, a product that
-        does not match (``shape '[3, 5]' is invalid for input of size 8``), or a ``-1``
-        that is ambiguous because the other sizes multiply to 0.
-    """
-    newsize = 1
-    infer_dim = -1
-    for dim, size in enumerate(shape):
-        if size == -1:
-            if infer_dim >= 0:
-                raise ViewError("only one dimension can be inferred")
-            infer_dim = dim
-        elif size >= 0:
-            newsize *= size
-        else:
-            raise ViewError(f"invalid shape dimension {size}")
-    if numel == newsize or (infer_dim >= 0 and newsize > 0 and numel % newsize == 0):
-        if infer_dim < 0:
-            return tuple(shape)
-        if newsize == 0:
-            raise ViewError(
-                f"cannot reshape tensor of 0 elements into shape {list(shape)} because the "
-                "unspecified dimension size -1 can be any value and is ambiguous"
-            )
-        res = list(shape)
-        res[infer_dim] = numel // newsize
-        return tuple(res)
-    raise ViewError(f"shape '{list(shape)}' is invalid for input of size {numel}")

@@ -10,11 +10,18 @@ This module owns the three layers of a local tensor (DESIGN §2):
   strided view of the storage.
 
 View ops (``view``, ``transpose``, ``select``, ``expand``, basic indexing ...) return new
-handles over the same memory with PyTorch's sizes, strides and storage offsets; copies
-(``clone``, ``contiguous``, ``reshape`` when no view exists, dtype/device conversions)
-allocate through :func:`dtensor.local.allocator.empty_array` only. Output arrays of other
-modules' kernels become tensors through :func:`_wrap` (zero-copy, no validation); the
-Storage of such a tensor is derived on first use from the array's memory owner.
+handles over the same memory with PyTorch's sizes, strides and storage offsets. Their
+argument checks and output shapes are those of :mod:`placements.meta`, which the sharding
+rules use on global shapes, so a Tensor and a DTensor raise the same error for the same
+bad call. A view's fast path takes only arguments whose answer is cheap to get and equal
+to meta's (python ints in range, dims numpy's own call accepts) and hands everything else
+to the meta function.
+
+Copies (``clone``, ``contiguous``, ``reshape`` when no view exists, dtype/device
+conversions) allocate through :func:`dtensor.local.allocator.empty_array` only. Output
+arrays of other modules' kernels become tensors through :func:`_wrap` (zero-copy, no
+validation); the Storage of such a tensor is derived on first use from the array's memory
+owner.
 """
 
 from __future__ import annotations
@@ -32,7 +39,24 @@ from placements.errors import (
     ValueConversionError,
     ViewError,
 )
-from placements.rules._core import norm_dim as _rules_norm_dim
+from placements.meta import (
+    chunk_sizes,
+    expand_shape,
+    flatten_shape,
+    index_shape,
+    movedim_dims,
+    narrow_args,
+    nonscalar_dim,
+    norm_dim,
+    permute_dims,
+    select_args,
+    split_dim,
+    split_sizes,
+    squeeze_dims,
+    t_dims,
+    transpose_dims,
+    unflatten_shape,
+)
 
 from . import allocator as _allocator
 from . import backend as B
@@ -164,8 +188,8 @@ def _norm_dim(dim, ndim: int, op: str | None = None) -> int:
     """Wrap a possibly negative ``dim`` into ``[0, ndim)``, like PyTorch's ``maybe_wrap_dim``.
 
     **Local.** A 0-d tensor accepts dims 0 and -1 (as PyTorch does). In-range python ints
-    are handled inline; the rest goes to the rules' ``norm_dim`` (one dim check for local
-    tensors and DTensors).
+    are handled inline; the rest goes to :func:`placements.meta.norm_dim` (one dim check
+    for local tensors and DTensors).
 
     Raises
     ------
@@ -180,15 +204,38 @@ def _norm_dim(dim, ndim: int, op: str | None = None) -> int:
             return dim
         if -ndim <= dim < 0:
             return dim + ndim
-    return _rules_norm_dim(dim, ndim, op)
+    return norm_dim(dim, ndim, op)
 
 
-def _dim_error(exc: IndexError, op: str) -> IndexError:
-    """numpy's IndexError of an index out of range as a DimError naming ``op`` (in PyTorch's
-    words: "dimension" and "tensor", not "axis" and "array"); a DimError raised by dtensor
-    itself passes through."""
+def _nonscalar_dim(dim, ndim: int, op: str) -> int:
+    """:func:`placements.meta.nonscalar_dim` (a dim of a tensor that must have one), with
+    :func:`_norm_dim`'s inline path."""
+    return _norm_dim(dim, ndim, op) if ndim else nonscalar_dim(dim, ndim, op)
+
+
+def _is_advanced(item) -> bool:
+    """Whether an index entry asks for advanced indexing: a tensor, an array, a list or a
+    bool."""
+    # Note: a python bool index follows numpy (advanced indexing, a copy with a new dim),
+    # where PyTorch returns a view.
+    return isinstance(item, (Tensor, bool, np.bool_, list)) or B.is_array(item)
+
+
+def _index_error(exc: IndexError, shape: tuple, idx, op: str) -> IndexError:
+    """The error to raise for index ``idx`` that numpy refused with ``exc``.
+
+    A DimError of dtensor's own passes through. A basic index gets the error of
+    :func:`placements.meta.index_shape` (the one a DTensor raises); an advanced one numpy's
+    message in PyTorch's words ("dimension" and "tensor", not "axis" and "array"), naming
+    ``op``.
+    """
     if isinstance(exc, DimError):
         return exc
+    if not any(_is_advanced(i) for i in (idx if type(idx) is tuple else (idx,))):
+        try:
+            index_shape(shape, idx, op)
+        except IndexError as meta_exc:
+            return meta_exc
     return DimError(f"{op}: {str(exc).replace('axis', 'dimension').replace('array', 'tensor')}")
 
 
@@ -201,11 +248,6 @@ def _shape_arg(args: tuple) -> tuple:
     if len(args) == 1 and not _is_int_like(args[0]):
         return tuple(args[0])
     return args
-
-
-def _dims_arg(dims) -> list:
-    """One dim or a sequence of dims, as a list."""
-    return [dims] if _is_int_like(dims) else list(dims)
 
 
 def _alloc(shape: tuple, dtype, device):
@@ -303,9 +345,23 @@ def _is_device_arg(a) -> bool:
     return isinstance(a, (B.Device, int)) and not isinstance(a, bool)
 
 
-def _check_step(s: slice, op: str) -> None:
-    if s.step is not None and s.step <= 0:
-        raise ArgumentError(f"{op}: step must be greater than zero (got {s.step})")
+def _transposer(op: str, doc: str):
+    """The method ``op`` (``transpose`` or an alias): a view with dims ``dim0`` and
+    ``dim1`` swapped, whose errors name ``op``."""
+
+    def transpose(self, dim0: int, dim1: int) -> Tensor:
+        arr = self._arr
+        ndim = arr.ndim
+        if (
+            type(dim0) is int and type(dim1) is int
+            and -ndim <= dim0 < ndim and -ndim <= dim1 < ndim
+        ):
+            return _wrap(arr.swapaxes(dim0, dim1), self._storage)
+        return _wrap(arr.transpose(transpose_dims(ndim, dim0, dim1, op)), self._storage)
+
+    transpose.__name__, transpose.__qualname__ = op, f"Tensor.{op}"
+    transpose.__doc__ = doc
+    return transpose
 
 
 class Tensor(_fp.TensorBase):
@@ -337,7 +393,7 @@ class Tensor(_fp.TensorBase):
         arr = self._arr
         if dim is None:
             return Size(arr.shape)
-        return arr.shape[self._dim_of_nonscalar(dim, "size")]
+        return arr.shape[_nonscalar_dim(dim, arr.ndim, "size")]
 
     def stride(self, dim: int | None = None):
         """Strides in elements (a tuple), or the stride of one dim. **Local.**"""
@@ -345,13 +401,7 @@ class Tensor(_fp.TensorBase):
         isz = arr.itemsize
         if dim is None:
             return tuple([s // isz for s in arr.strides])
-        return arr.strides[self._dim_of_nonscalar(dim, "stride")] // isz
-
-    def _dim_of_nonscalar(self, dim, op: str) -> int:
-        ndim = self._arr.ndim
-        if ndim == 0:
-            raise DimError(f"{op}: dimension specified as {dim} but tensor has no dimensions")
-        return _norm_dim(dim, ndim, op)
+        return arr.strides[_nonscalar_dim(dim, arr.ndim, "stride")] // isz
 
     def storage_offset(self) -> int:
         """Offset of the first element in the storage, in elements. **Local.**"""
@@ -655,8 +705,8 @@ class Tensor(_fp.TensorBase):
             # exactly PyTorch's strides (and the result is standard again).
             try:
                 out = self._arr.reshape(shape)
-            except ValueError:
-                pass  # wrong element count: infer_size below raises PyTorch's error
+            except (ValueError, TypeError):
+                pass  # a wrong element count or a size not an int: infer_size below raises
             else:
                 # numpy infers any one negative size; PyTorch accepts only -1.
                 if -1 in shape or out.shape == shape:
@@ -715,29 +765,20 @@ class Tensor(_fp.TensorBase):
         _copy_into(out, arr)
         return _wrap(out)
 
-    def transpose(self, dim0: int, dim1: int) -> Tensor:
-        """View with two dims swapped. **Local.**"""
-        arr = self._arr
-        ndim = arr.ndim
-        d0, d1 = _norm_dim(dim0, ndim, "transpose"), _norm_dim(dim1, ndim, "transpose")
-        return _wrap(arr.swapaxes(d0, d1) if ndim else arr.view(), self._storage)
-
-    swapaxes = transpose
-    swapdims = transpose
+    transpose = _transposer("transpose", "View with two dims swapped. **Local.**")
+    swapaxes = _transposer("swapaxes", "``transpose`` (numpy's name). **Local.**")
+    swapdims = _transposer("swapdims", "``transpose``. **Local.**")
 
     def t(self) -> Tensor:
         """Transpose of a <= 2-D tensor (0-D and 1-D come back as they are). **Local.**"""
         arr = self._arr
-        ndim = arr.ndim
-        if ndim == 2:
+        if arr.ndim == 2:
             t = _new(Tensor)  # _wrap inlined: this is a hot path
             t._arr = arr.T
             t._storage = self._storage
             t._std = None
             return t
-        if ndim < 2:
-            return _wrap(arr.view(), self._storage)
-        raise ViewError(f"t() expects a tensor with <= 2 dimensions, but self is {ndim}D")
+        return _wrap(arr.transpose(t_dims(arr.ndim)), self._storage)
 
     @property
     def T(self) -> Tensor:
@@ -757,62 +798,33 @@ class Tensor(_fp.TensorBase):
 
     def permute(self, *dims) -> Tensor:
         """View with the dims reordered. **Local.**"""
-        dims = _shape_arg(dims)
         arr = self._arr
-        ndim = arr.ndim
-        if len(dims) != ndim:
-            raise ViewError(
-                "permute(): number of dimensions in the tensor input does not match the "
-                f"length of the desired ordering of dimensions i.e. input.dim() = {ndim} "
-                f"is not equal to len(dims) = {len(dims)}"
-            )
-        perm = tuple([_norm_dim(d, ndim, "permute") for d in dims])
-        if len(set(perm)) != ndim:
-            raise ViewError(f"permute(): duplicate dims are not allowed: {list(dims)}")
-        return _wrap(arr.transpose(perm), self._storage)
+        dims = _shape_arg(dims)
+        try:
+            # numpy accepts a subset of the valid dims (ints, a permutation), same result
+            out = arr.transpose(dims)
+        except (TypeError, ValueError):
+            out = arr.transpose(permute_dims(arr.ndim, dims))
+        return _wrap(out, self._storage)
 
     def movedim(self, source, destination) -> Tensor:
         """View with dims ``source`` moved to positions ``destination``. **Local.**"""
-        ndim = self._arr.ndim
-        src, dst = _dims_arg(source), _dims_arg(destination)
-        if len(src) != len(dst):
-            raise ViewError(
-                "movedim: Invalid source or destination dims: source "
-                f"({src} dims) should contain the same number of dims as destination "
-                f"({dst} dims)"
-            )
-        src = [_norm_dim(d, ndim, "movedim") for d in src]
-        dst = [_norm_dim(d, ndim, "movedim") for d in dst]
-        for name, ds in (("source", src), ("destination", dst)):
-            if len(set(ds)) != len(ds):
-                raise ViewError(f"movedim: repeated dim in `{name}` ({ds})")
-        order = [d for d in range(ndim) if d not in src]
-        for d, s in sorted(zip(dst, src)):
-            order.insert(d, s)
-        return self.permute(order)
+        arr = self._arr
+        return _wrap(arr.transpose(movedim_dims(arr.ndim, source, destination)), self._storage)
 
     moveaxis = movedim
 
     def narrow(self, dim: int, start: int, length: int) -> Tensor:
         """View of ``length`` entries of ``dim`` from ``start``. **Local.**"""
         arr = self._arr
-        if arr.ndim == 0:
-            raise ViewError("narrow() cannot be applied to a 0-dim tensor.")
-        dim = _norm_dim(dim, arr.ndim, "narrow")
-        size = arr.shape[dim]
-        start, length = operator.index(start), operator.index(length)
-        if length < 0:
-            raise ViewError("narrow(): length must be non-negative.")
-        if not -size <= start <= size:
-            raise DimError(
-                f"narrow(): start out of range (expected to be in range of [{-size}, {size}], "
-                f"but got {start})"
-            )
-        if start < 0:
-            start += size
-        if start > size - length:
-            raise ViewError(f"start ({start}) + length ({length}) exceeds dimension size ({size}).")
-        return self._narrow_view(dim, start, length)
+        ndim = arr.ndim
+        if (
+            type(dim) is int and type(start) is int and type(length) is int
+            and 0 <= dim < ndim and 0 <= start and 0 <= length
+            and start + length <= arr.shape[dim]
+        ):
+            return self._narrow_view(dim, start, length)
+        return self._narrow_view(*narrow_args(arr.shape, dim, start, length))
 
     def _narrow_view(self, dim: int, start: int, length: int) -> Tensor:
         arr = self._arr
@@ -828,16 +840,12 @@ class Tensor(_fp.TensorBase):
     def select(self, dim: int, index: int) -> Tensor:
         """View of entry ``index`` of ``dim`` (the dim is removed). **Local.**"""
         arr = self._arr
-        if arr.ndim == 0:
-            raise DimError("select() cannot be applied to a 0-dim tensor.")
-        dim = _norm_dim(dim, arr.ndim, "select")
-        size = arr.shape[dim]
-        index = operator.index(index)
-        if not -size <= index < size:
-            raise DimError(
-                f"select(): index {index} out of range for tensor of size {list(arr.shape)} "
-                f"at dimension {dim}"
-            )
+        shape = arr.shape
+        if not (
+            type(dim) is int and type(index) is int
+            and 0 <= dim < len(shape) and -shape[dim] <= index < shape[dim]
+        ):
+            dim, index = select_args(shape, dim, index)
         return _wrap(arr[(slice(None),) * dim + (index, Ellipsis)], self._storage)
 
     def squeeze(self, dim=None) -> Tensor:
@@ -846,12 +854,13 @@ class Tensor(_fp.TensorBase):
         A listed dim whose size is not 1 is left alone (PyTorch's behaviour).
         """
         arr = self._arr
-        if dim is None:
+        if dim is None:  # every size-1 dim: numpy's squeeze() is squeeze_dims(shape)
             return _wrap(arr.squeeze(), self._storage)
-        ndim = arr.ndim
         shape = arr.shape
-        dims = {_norm_dim(d, ndim, "squeeze") for d in _dims_arg(dim)}
-        axes = tuple([d for d in dims if ndim and shape[d] == 1])
+        if type(dim) is int and -len(shape) <= dim < len(shape):
+            axes = (dim,) if shape[dim] == 1 else ()
+        else:
+            axes = squeeze_dims(shape, dim)
         return _wrap(arr.squeeze(axes), self._storage)
 
     def unsqueeze(self, dim: int) -> Tensor:
@@ -867,45 +876,24 @@ class Tensor(_fp.TensorBase):
 
     def expand(self, *sizes) -> Tensor:
         """View broadcast to ``sizes`` (-1 keeps a size; new dims lead; stride 0). **Local.**"""
-        sizes = tuple([operator.index(s) for s in _shape_arg(sizes)])
         arr = self._arr
-        shape, strides = arr.shape, self.stride()
-        ndim, tdim = len(sizes), len(shape)
-        if ndim < tdim:
-            raise ViewError(
-                f"expand: the number of sizes provided ({ndim}) must be greater or equal "
-                f"to the number of dimensions in the tensor ({tdim})"
-            )
-        new_shape = [0] * ndim
-        new_strides = [0] * ndim  # a 0-d input keeps stride 0 everywhere (as PyTorch)
+        shape = arr.shape
+        new_shape = expand_shape(shape, _shape_arg(sizes))
+        # PyTorch's inferExpandGeometry strides: a kept dim keeps its stride, a broadcast
+        # dim gets 0, a new leading dim of size 1 the stride of a dim just outside the next
+        # one (0 for the last dim of a 0-d input, as PyTorch).
+        byte_strides, isz = arr.strides, arr.itemsize
+        ndim = len(new_shape)
+        lead = ndim - len(shape)
+        strides = [0] * ndim
         for i in range(ndim - 1, -1, -1):
-            d = tdim - ndim + i
-            size = shape[d] if d >= 0 else 1
-            if d >= 0:
-                stride = strides[d]
-            else:
-                stride = new_shape[i + 1] * new_strides[i + 1] if i + 1 < ndim else 0
-            target = sizes[i]
-            if target == -1:
-                if d < 0:
-                    raise ViewError(
-                        f"The expanded size of the tensor (-1) isn't allowed in a leading, "
-                        f"non-existing dimension {i}"
-                    )
-                target = size
-            elif target < 0:
-                raise ViewError(f"expand: invalid size {target} at dimension {i}")
-            if size != target:
-                if size != 1:
-                    raise ViewError(
-                        f"The expanded size of the tensor ({target}) must match the existing "
-                        f"size ({size}) at non-singleton dimension {i}.  Target sizes: "
-                        f"{list(sizes)}.  Tensor sizes: {list(shape)}"
-                    )
-                size, stride = target, 0
-            new_shape[i] = size
-            new_strides[i] = stride
-        return self._restride(tuple(new_shape), tuple(new_strides))
+            size = new_shape[i]
+            if i >= lead:
+                if size == shape[i - lead]:
+                    strides[i] = byte_strides[i - lead] // isz
+            elif size == 1 and i + 1 < ndim:
+                strides[i] = new_shape[i + 1] * strides[i + 1]
+        return self._restride(new_shape, tuple(strides))
 
     def expand_as(self, other: Tensor) -> Tensor:
         """``expand(other.shape)``. **Local.**"""
@@ -914,43 +902,34 @@ class Tensor(_fp.TensorBase):
     def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
         """Dims ``start_dim..end_dim`` merged into one (a view when possible). **Local.**"""
         arr = self._arr
-        ndim = arr.ndim
-        if ndim == 0:
-            return self.reshape(1)
-        start, end = _norm_dim(start_dim, ndim, "flatten"), _norm_dim(end_dim, ndim, "flatten")
-        if start > end:
-            raise ViewError("flatten() has invalid args: start_dim cannot come after end_dim")
-        if start == end:
+        if (
+            type(start_dim) is int and type(end_dim) is int
+            and start_dim == 0 and end_dim == -1 and arr.ndim > 1
+        ):
+            return self.reshape(arr.size)  # the default: every dim merged
+        new_shape = flatten_shape(arr.shape, start_dim, end_dim)
+        if new_shape == arr.shape:  # nothing merged (start_dim == end_dim)
             return self
-        shape = arr.shape
-        n = 1
-        for s in shape[start : end + 1]:
-            n *= s
-        return self.reshape(shape[:start] + (n,) + shape[end + 1 :])
+        return self.reshape(new_shape)
 
     def unflatten(self, dim: int, sizes) -> Tensor:
         """View with ``dim`` split into ``sizes`` (one may be -1). **Local.**"""
-        arr = self._arr
-        dim = _norm_dim(dim, arr.ndim, "unflatten")
-        sizes = tuple(sizes)
-        if not sizes:
-            raise ViewError("unflatten: sizes must be non-empty")
-        shape = arr.shape
-        try:
-            inferred = _S.infer_size(sizes, shape[dim])
-        except ViewError as exc:
-            raise ViewError(
-                f"unflatten: Provided sizes {list(sizes)} don't multiply up to the size of "
-                f"dim {dim} ({shape[dim]}) in the input tensor"
-            ) from exc
-        return self.view(shape[:dim] + inferred + shape[dim + 1 :])
+        shape = self._arr.shape
+        if type(dim) is int and 0 <= dim < len(shape) and type(sizes) in (tuple, list) and sizes:
+            # fast path: the sizes through the compiled infer_size; on any error,
+            # unflatten_shape below raises its own
+            try:
+                inner = _S.infer_size(sizes, shape[dim])
+            except (ViewError, TypeError):
+                pass
+            else:
+                return self.view(shape[:dim] + inner + shape[dim + 1 :])
+        return self.view(unflatten_shape(shape, dim, sizes))
 
     def unbind(self, dim: int = 0) -> tuple:
         """All slices along ``dim`` (views without that dim). **Local.**"""
         arr = self._arr
-        if arr.ndim == 0:
-            raise DimError("unbind() cannot be applied to a 0-dim tensor.")
-        dim = _norm_dim(dim, arr.ndim, "unbind")
+        dim = _nonscalar_dim(dim, arr.ndim, "unbind")
         lead = (slice(None),) * dim
         st = self._storage
         return tuple([_wrap(arr[(*lead, i, Ellipsis)], st) for i in range(arr.shape[dim])])
@@ -963,54 +942,21 @@ class Tensor(_fp.TensorBase):
             start += n
         return tuple(out)
 
-    def _split_dim(self, dim: int, op: str) -> int:
-        ndim = self._arr.ndim
-        if ndim == 0:
-            raise ViewError(f"{op} expects at least a 1-dimensional tensor")
-        return _norm_dim(dim, ndim, op)
-
     def split(self, split_size_or_sections, dim: int = 0) -> tuple:
         """Views of consecutive pieces along ``dim``. **Local.**
 
         An int gives pieces of that size (the last may be smaller); a sequence gives
         the size of each piece (they must add up to the dim's size).
         """
-        dim = self._split_dim(dim, "split")
-        size = self._arr.shape[dim]
-        if _is_int_like(split_size_or_sections):
-            n = operator.index(split_size_or_sections)
-            if n < 0:
-                raise ViewError(f"split expects split_size be non-negative, but got split_size={n}")
-            if n == 0 and size != 0:
-                raise ViewError(
-                    "split_size can only be 0 if dimension size is 0, but got dimension size "
-                    f"of {size}"
-                )
-            count = max(-(-size // n), 1) if n else 1
-            sizes = [n] * (count - 1) + [size - n * (count - 1)]
-        else:
-            sizes = [operator.index(s) for s in split_size_or_sections]
-            if any(s < 0 for s in sizes):
-                raise ViewError(
-                    "split_with_sizes expects split_sizes have only non-negative entries, "
-                    f"but got split_sizes={sizes}"
-                )
-            if sum(sizes) != size:
-                raise ViewError(
-                    f"split_with_sizes expects split_sizes to sum exactly to {size} (input "
-                    f"tensor's size at dimension {dim}), but got split_sizes={sizes}"
-                )
-        return self._split_sizes(sizes, dim)
+        arr = self._arr
+        dim = split_dim(arr.ndim, dim, "split")
+        return self._split_sizes(split_sizes(arr.shape[dim], split_size_or_sections, dim), dim)
 
     def chunk(self, chunks: int, dim: int = 0) -> tuple:
         """``torch.chunk``: pieces of ``ceil(size / chunks)`` (maybe fewer pieces). **Local.**"""
-        dim = self._split_dim(dim, "chunk")
-        if chunks <= 0:
-            raise ViewError(f"chunk expects `chunks` to be greater than 0, got: {chunks}")
-        size = self._arr.shape[dim]
-        if size == 0:
-            return self._split_sizes([0] * chunks, dim)
-        return self.split(-(-size // chunks), dim)
+        arr = self._arr
+        dim = split_dim(arr.ndim, dim, "chunk")
+        return self._split_sizes(chunk_sizes(arr.shape[dim], chunks), dim)
 
     # --------------------------------------------------------------- indexing
 
@@ -1019,39 +965,39 @@ class Tensor(_fp.TensorBase):
 
         ``basic`` is False when the index holds tensors, arrays, lists or bools
         (advanced indexing); ``consumed`` counts the ints and slices. A basic index ends
-        with ``...`` so that a full integer index gives a 0-d array, not a scalar.
+        with ``...`` so that a full integer index gives a 0-d array, not a scalar. An entry
+        that is not an index, or a slice whose step is not positive, raises the error of
+        :func:`placements.meta.index_shape`.
         """
-        if type(idx) is not tuple:
-            idx = (idx,)
+        items = idx if type(idx) is tuple else (idx,)
         basic = True
-        has_ellipsis = False
+        has_ellipsis = bad = False
         consumed = 0
         out = []
-        for i in idx:
+        for i in items:
             if isinstance(i, Tensor):
                 i = i._arr
                 basic = False
             elif isinstance(i, slice):
-                _check_step(i, op)
+                if i.step is not None and i.step <= 0:
+                    bad = True
                 consumed += 1
             elif i is None:
                 pass
             elif i is Ellipsis:
                 has_ellipsis = True
-            elif isinstance(i, (bool, np.bool_, list)) or B.is_array(i):
-                # Note: a python bool index follows numpy (advanced indexing, a copy with
-                # a new dim), where PyTorch returns a view.
+            elif _is_advanced(i):
                 basic = False
             else:
                 try:
                     i = operator.index(i)
-                except TypeError as exc:
-                    raise DimError(
-                        f"{op}: only integers, slices, None, ..., and integer or boolean "
-                        f"tensors are valid indices (got {type(i).__name__})"
-                    ) from exc
+                except TypeError:
+                    bad = True
                 consumed += 1
             out.append(i)
+        if bad:
+            # meta's first pass raises for the first bad entry (advanced entries: stand-ins)
+            index_shape(self._arr.shape, tuple([0 if _is_advanced(i) else i for i in items]), op)
         if basic and not has_ellipsis:
             out.append(Ellipsis)
         return tuple(out), basic, consumed
@@ -1094,8 +1040,7 @@ class Tensor(_fp.TensorBase):
                 # Fast paths of x[i] and x[a:b:c] (numpy's view is PyTorch's unless empty).
                 if type(idx) is int:
                     return _wrap(arr[idx, ...], self._storage)
-                if type(idx) is slice:
-                    _check_step(idx, "__getitem__")
+                if type(idx) is slice and (idx.step is None or idx.step > 0):
                     out = arr[idx]
                     if out.size:
                         return _wrap(out, self._storage)
@@ -1107,7 +1052,7 @@ class Tensor(_fp.TensorBase):
                 return _wrap(arr[index])
             out = arr[index]
         except IndexError as exc:
-            raise _dim_error(exc, "__getitem__") from None
+            raise _index_error(exc, arr.shape, idx, "__getitem__") from None
         if out.size and None not in index:
             return _wrap(out, self._storage)
         return self._basic_view(out, index, consumed)
@@ -1119,7 +1064,7 @@ class Tensor(_fp.TensorBase):
             index = self._index(idx, "__setitem__")[0]
             arr[index] = _operand(value, B.array_module_of(arr))
         except IndexError as exc:
-            raise _dim_error(exc, "__setitem__") from None
+            raise _index_error(exc, arr.shape, idx, "__setitem__") from None
 
     # ------------------------------------------------------------------ copies
 

@@ -26,8 +26,8 @@ import numpy as np
 
 from placements.errors import ArgumentError
 from placements.layout import local_offsets, local_shape
+from placements.meta import norm_dim, norm_dims, squeeze_dims
 from placements.rules import OpSchema, OpStrategy
-from placements.rules._core import norm_dims
 
 from ..local import kernels as _math
 from ..local import rng as _random
@@ -141,7 +141,7 @@ def shape_local(param: str) -> Callable:
             return kernel
         shape = _local_out_shape(strategy)
         if schema.op == "unflatten":  # the local sizes of the split dim
-            d = schema.get("dim") % len(schema.args[0].shape)
+            d = norm_dim(schema.get("dim"), len(schema.args[0].shape), "unflatten")
             shape = shape[d : d + len(tuple(schema.get("sizes")))]
         idx = OPS[schema.op].params.index(param)
 
@@ -167,12 +167,7 @@ def expand_as_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
 
 def squeeze_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
     """squeeze: drop the GLOBAL size-1 dims only (a shard may have other size-1 dims)."""
-    shape = schema.args[0].shape
-    dim = schema.get("dim")
-    cands = range(len(shape)) if dim is None else {
-        d % len(shape) for d in (dim if isinstance(dim, (tuple, list)) else (dim,))
-    }
-    dims = tuple(sorted(d for d in cands if shape[d] == 1))
+    dims = squeeze_dims(schema.args[0].shape, schema.get("dim"))
 
     def local(input, dim):
         return input.squeeze(dims)

@@ -22,10 +22,8 @@ cross_entropy, mse_loss, dropout.
 
 from __future__ import annotations
 
-import numpy as np
-
-from ..errors import ArgumentError, DTypeError, ShardingError
-from ..meta import as_dtype, broadcast_shapes, norm_dim, result_dtype
+from ..errors import ArgumentError, ShardingError
+from ..meta import as_dtype, broadcast_shapes, check_embedding_indices, norm_dim, result_dtype
 from ._core import (
     Candidate,
     OpSchema,
@@ -37,7 +35,7 @@ from ._core import (
     register_rule,
 )
 
-__all__ = ["check_embedding_indices", "nn_rule"]
+__all__ = ["nn_rule"]
 
 _KINDS = ("sum", "avg", "max", "min")
 
@@ -69,18 +67,6 @@ def _layer_norm(schema: OpSchema) -> RuleResult:
     cands.extend(Candidate((S(d), S(d), *wb)) for d in range(ndim - len(ns)))
     dtype = result_dtype((x, w, b), schema.default_float)
     return RuleResult((x.shape,), (dtype,), tuple(cands))  # type: ignore[union-attr]
-
-
-def check_embedding_indices(dtype: np.dtype) -> None:
-    """Raise DTypeError unless ``dtype`` (embedding's indices) is an integer dtype.
-
-    **Local**. The local kernel and the rule both call it, so a local Tensor and a DTensor
-    raise the same error (a DTensor's before any communication).
-    """
-    if dtype.kind not in "iu":
-        raise DTypeError(
-            f"embedding: expected indices of an integer dtype (int64, int32...), got {dtype.name}"
-        )
 
 
 def _embedding(schema: OpSchema) -> RuleResult:

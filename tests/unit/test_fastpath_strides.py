@@ -17,6 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import fastpath
+import placements.meta
 from dtensor.errors import ViewError
 from dtensor.local import strides as ref
 
@@ -165,6 +166,26 @@ def test_infer_size_messages():
         with pytest.raises(ViewError) as info:
             fast.infer_size(shape, numel)
         assert str(info.value) == message
+
+
+@needs_ext
+@pytest.mark.parametrize(
+    "shape, numel",
+    [
+        ((2, 1.5), 3),  # not an int: meta's DTypeError
+        ((-2, "a"), 3),  # every size is checked to be an int first, as in meta
+        ((True, 3), 3),  # a bool is read as an int (1)
+        ((np.int64(2), -1), 6),
+        ((2, 2**70), 3),  # beyond 64 bits
+        ((2**40, 2**40, 0), 0),  # a product beyond 64 bits
+        ((2**40, 2**40), 0),
+        ((-1, -1, 2**70), 8),
+    ],
+)
+def test_infer_size_outside_int64_ints_is_meta(shape, numel):
+    """Sizes the compiled loop does not take go to placements.meta: same results, errors."""
+    assert _outcome(fast.infer_size, shape, numel) == _outcome(ref.infer_size, shape, numel)
+    assert ref.infer_size is placements.meta.infer_size
 
 
 @needs_ext

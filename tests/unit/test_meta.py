@@ -149,6 +149,17 @@ def test_dtype_arguments():
     assert M.real_dtype(C64) == F32 and M.real_dtype(C128) == F64 and M.real_dtype(I8) == I8
 
 
+def test_check_embedding_indices_takes_integer_dtypes_only():
+    for dtype in (I8, I32, I64, U8):
+        M.check_embedding_indices(dtype)
+    for dtype in (F32, BOOL, C64):
+        with raises(
+            DTypeError,
+            f"embedding: expected indices of an integer dtype (int64, int32...), got {dtype.name}",
+        ):
+            M.check_embedding_indices(dtype)
+
+
 # -- view shapes ---------------------------------------------------------------------------------
 def test_infer_size():
     assert M.infer_size((2, -1), 12) == (2, 6)

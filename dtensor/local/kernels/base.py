@@ -16,8 +16,9 @@ import warnings
 import numpy as np
 
 from placements.errors import DTypeError, ShardingError
-from placements.rules._core import _CATEGORY, BOOL, INT64, combine_categories, promote_types
-from placements.rules._core import broadcast_shapes as _broadcast_shapes
+from placements.meta import BOOL, INT64, can_cast, combine_categories, promote_types
+from placements.meta import broadcast_shapes as _broadcast_shapes
+from placements.meta import float_dtype as _float_dtype
 
 from .. import allocator as _allocator
 from .. import dtypes as _dtypes
@@ -83,8 +84,13 @@ def result_type(*operands):
     Dimensioned arrays decide; a zero-dim array or a python scalar only matters when its
     category (bool < integer < floating < complex) is higher: ``float32`` array with a
     python float gives ``float32``, ``int64`` array with a python float gives the default
-    float dtype, ``int32`` array with a python int gives ``int32``.
+    float dtype, ``int32`` array with a python int gives ``int32``. These are the three
+    tiers of :func:`placements.meta.result_dtype` (the rules' answer), read from arrays
+    and python scalars.
     """
+    # Note: the tiers are walked here rather than through meta.result_dtype, which takes
+    # objects with ``shape``/``dtype``/``is_scalar``: wrapping each operand for it doubles
+    # the cost of this function, which every local op's slow path calls.
     # Note: numpy (NEP 50) also treats python scalars as weak, but gives int64 + 2.5 ->
     # float64, int + float tensors -> float64 and uint64 + int64 -> float64; PyTorch's table
     # is followed here (the default float dtype, the float tensor's dtype). numpy scalars
@@ -100,19 +106,10 @@ def result_type(*operands):
     return combine_categories(dim, combine_categories(zero, wrapped))
 
 
-def can_cast(src, dst) -> bool:
-    """PyTorch's ``canCast``: no complex->real, float->integral or non-bool->bool."""
-    return _CATEGORY[src.kind] <= _CATEGORY[dst.kind]
-
-
 def float_dtype(dtype):
-    """``dtype`` when floating or complex, else the default float dtype (int -> float ops)."""
-    return dtype if dtype.kind in "fc" else _dtypes.get_default_dtype()
-
-
-def real_dtype(dtype):
-    """The real dtype of ``dtype`` (``float32`` for ``complex64``; real dtypes unchanged)."""
-    return np.finfo(dtype).dtype if dtype.kind == "c" else dtype
+    """``dtype`` when floating or complex, else the current default float dtype (int ->
+    float ops): :func:`placements.meta.float_dtype`."""
+    return _float_dtype(dtype, _dtypes.get_default_dtype())
 
 
 def acc_dtype(dtype):
@@ -182,15 +179,6 @@ def wrap(r) -> Tensor:
     if isinstance(r, np.generic):
         r = np.asarray(r)
     return _wrap(r)
-
-
-def reduced_shape(shape: tuple, axes, keepdim: bool) -> tuple:
-    """Shape of a reduction of ``shape`` over ``axes`` (None: all)."""
-    if axes is None:
-        return (1,) * len(shape) if keepdim else ()
-    if keepdim:
-        return tuple(1 if i in axes else n for i, n in enumerate(shape))
-    return tuple(n for i, n in enumerate(shape) if i not in axes)
 
 
 def new_array(shape: tuple, dtype, like):

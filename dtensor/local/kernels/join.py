@@ -8,7 +8,7 @@ new tensor (never a view of an input).
 from __future__ import annotations
 
 from placements.errors import ShardingError
-from placements.rules._core import norm_dims
+from placements.meta import norm_dims
 
 from ..tensor import Tensor, _norm_dim
 from .base import (

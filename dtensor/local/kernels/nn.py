@@ -14,7 +14,7 @@ import numpy as np
 
 import fastpath as _fp
 from placements.errors import ArgumentError, DimError, DTypeError, ShardingError
-from placements.rules.nn import check_embedding_indices
+from placements.meta import check_embedding_indices
 
 from .. import rng as _random
 from ..dtypes import to_dtype

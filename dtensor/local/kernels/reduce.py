@@ -16,7 +16,7 @@ from collections import namedtuple
 import numpy as np
 
 from placements.errors import DTypeError, NoRuleError, ShardingError
-from placements.rules._core import norm_dims
+from placements.meta import norm_dims, real_dtype, reduced_shape
 
 from ..dtypes import to_dtype
 from ..tensor import Tensor, _norm_dim
@@ -26,8 +26,6 @@ from .base import (
     as_array,
     float_dtype,
     out_buffer,
-    real_dtype,
-    reduced_shape,
     tname,
     wrap,
     xp_of,

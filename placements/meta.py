@@ -50,6 +50,7 @@ __all__ = [
     "check_embedding_indices",
     "chunk_sizes",
     "combine_categories",
+    "complex_of",
     "expand_shape",
     "flatten_shape",
     "float_dtype",
@@ -91,13 +92,14 @@ def norm_dim(dim: object, ndim: int, op: str | None = None) -> int:
     DTypeError
         If ``dim`` is not an integer (a TypeError).
     """
-    where = f"{op}: " if op else ""
     try:
         d = operator.index(dim)  # type: ignore[arg-type]
     except TypeError:
+        where = f"{op}: " if op else ""
         raise DTypeError(f"{where}dim must be an int, got {type(dim).__name__} ({dim!r})") from None
     n = ndim if ndim else 1
     if not -n <= d < n:
+        where = f"{op}: " if op else ""
         raise DimError(
             f"{where}Dimension out of range (expected to be in range of [{-n}, {n - 1}], "
             f"but got {d})"
@@ -253,7 +255,9 @@ def combine_categories(higher: np.dtype | None, lower: np.dtype | None) -> np.dt
     return higher
 
 
-def _complex_of(default_float: np.dtype) -> np.dtype:
+def complex_of(default_float: np.dtype) -> np.dtype:
+    """The complex dtype that goes with a default float dtype (complex128 for float64,
+    complex64 otherwise, as in PyTorch)."""
     return _COMPLEX128 if default_float == _FLOAT64 else _COMPLEX64
 
 
@@ -264,7 +268,7 @@ def scalar_dtype(dtype: np.dtype, default_float: np.dtype) -> np.dtype:
     if kind == "f":
         return default_float
     if kind == "c":
-        return _complex_of(default_float)
+        return complex_of(default_float)
     return BOOL if kind == "b" else INT64
 
 
@@ -323,7 +327,7 @@ def as_dtype(value: object, default_float: np.dtype) -> np.dtype:
     if value is float:
         return default_float
     if value is complex:
-        return _complex_of(default_float)
+        return complex_of(default_float)
     if value is int:
         return INT64
     if isinstance(value, str) and value in TORCH_DTYPE_NAMES:

@@ -16,7 +16,7 @@ import builtins
 import numpy as np
 
 from placements.errors import DTypeError
-from placements.meta import as_dtype
+from placements.meta import as_dtype, complex_of
 
 __all__ = [
     "bool_",
@@ -73,7 +73,6 @@ cdouble = complex128
 
 _SUPPORTED_KINDS = frozenset("biufc")
 _FLOAT_DEFAULTS = (float16, float32, float64)
-_COMPLEX_OF = {float16: complex64, float32: complex64, float64: complex128}
 
 _default_float = float32
 
@@ -120,7 +119,7 @@ def default_complex_dtype() -> np.dtype:
 
     **Local.**
     """
-    return _COMPLEX_OF[_default_float]
+    return complex_of(_default_float)
 
 
 def to_dtype(x) -> np.dtype:

@@ -46,19 +46,6 @@ import numpy as np
 
 from ..cache import LRUCache
 from ..errors import ArgumentError, NoRuleError, ShardingError, SignatureError
-
-# transitional: dtensor still imports these from here (their home is placements.meta)
-from ..meta import (  # noqa: F401
-    _CATEGORY,
-    BOOL,
-    INT64,
-    TORCH_DTYPE_NAMES,
-    broadcast_shapes,
-    combine_categories,
-    norm_dim,
-    norm_dims,
-    promote_types,
-)
 from ..spec import DTensorSpec
 from ..types import Partial, Placement, Replicate, Shard, short_placements
 

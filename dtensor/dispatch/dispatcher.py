@@ -16,12 +16,17 @@ whose arguments include a DTensor:
 
 Every input to the key and to the strategy choice is metadata that is identical on every
 rank, so all ranks take the same decision and issue the same collectives. The cache is a
-bounded LRU (``DTENSOR_PROP_CACHE_SIZE``, default 4096) with hit/miss/eviction counters.
+bounded LRU (``DTENSOR_PROP_CACHE_SIZE``, default 4096) with hit/miss/eviction counters,
+registered with :mod:`placements.cache` like every other cache (:func:`clear_caches`).
+
+The debug tools attach through :func:`add_listener` (they see every entry before it runs)
+and :func:`current_op`; :func:`decide` gives a decision without running it. The compiled
+front (:mod:`dtensor.dispatch.front`) serves repeated calls from compiled code and falls
+back to :func:`lookup` and :func:`run_entry`.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -39,7 +44,6 @@ from placements.errors import (
     SignatureError,
 )
 from placements.layout import partial_fill
-from placements.meta import norm_dims
 from placements.rules import ArgMeta, OpSchema, OpStrategy, propagate
 from placements.spec import DTensorSpec
 from redistribute.cost import default_cost_model
@@ -47,11 +51,9 @@ from redistribute.execute import execute as _execute
 from redistribute.plan import plan as _plan
 from redistribute.plan import redistribute_cost
 
-from ..distributed.dtensor import DTensor, _allocator_for
-from ..local import allocator as _allocator
+from ..distributed.dtensor import DTensor, allocator_for
 from ..local import dtypes as _dtypes
 from ..local.env import env_int
-from ..local.kernels import pointwise as _pw
 from ..local.tensor import Tensor, _wrap
 from ..ops.table import OpInfo
 
@@ -71,9 +73,11 @@ __all__ = [
     "remove_listener",
     "run_entry",
     "set_prop_cache_size",
+    "wrap_outputs",
 ]
 
-_MISSING = object()
+#: The binder's marker of a parameter without a value (no default).
+MISSING = object()
 _NO_DTYPES: frozenset = frozenset()
 _new = _fp.DTensorBase.__new__
 # Static-argument types that need _freeze to become (or to be refused as) key parts.
@@ -148,7 +152,7 @@ class _Binder:
         self.params = params
         self.nparams = len(params)
         self.index = {p: i for i, p in enumerate(params)}
-        self.fill = [info.defaults.get(p, _MISSING) for p in params]
+        self.fill = [info.defaults.get(p, MISSING) for p in params]
         self.tensor_idx = tuple(self.index[p] for p in info.tensor_params)
         self.static_idx = tuple(self.index[p] for p in info.static_params)
         self.variadic_idx = -1 if info.variadic is None else self.index[info.variadic]
@@ -177,8 +181,8 @@ class _Binder:
                 values[i] = v
         if n < nparams:
             for v in values[n:]:
-                if v is _MISSING:
-                    missing = [p for p, v in zip(self.params, values) if v is _MISSING]
+                if v is MISSING:
+                    missing = [p for p, v in zip(self.params, values) if v is MISSING]
                     raise SignatureError(
                         f"{self.name}() missing required arguments: {', '.join(missing)}"
                     )
@@ -203,8 +207,9 @@ class _Binder:
 _BINDERS: dict[str, _Binder] = {}
 
 
-def _binder(info: OpInfo) -> _Binder:
-    """The binder of ``info`` (rebuilt when the table entry of that name was replaced)."""
+def binder_of(info: OpInfo) -> _Binder:
+    """How calls of ``info`` bind to its parameters (built once per record; rebuilt when the
+    table entry of that name was replaced). **Local**."""
     b = _BINDERS.get(info.name)
     if b is None or b.info is not info:
         b = _BINDERS[info.name] = _Binder(info)
@@ -394,169 +399,15 @@ def set_prop_cache_size(maxsize: int) -> None:
     _CACHE.resize(maxsize)
 
 
-# -- the compiled front (fastpath._dispatch) ------------------------------------------------
+# -- the compiled front (fastpath._dispatch, plugged in by dtensor.dispatch.front) ----------------
 _FRONT = None
 
 
-def raw_form(info: OpInfo, entry: CacheEntry, values: list) -> tuple | None:
-    """How the compiled front may run ``entry`` on raw ndarrays, or None. **Local**.
-
-    A pointwise op whose local kernel would take its own short path (same dtype of a kind
-    the kernel takes as is, not 0-d, no operand at the allocator's pooling size) computes
-    exactly ``ufunc(a, b)``, ``ufunc(a, scalar)`` or ``kernel(a, None)`` on the local
-    arrays; ``view``/``reshape`` of a standard (row-major) local tensor is numpy's reshape to
-    the local output shape (``Tensor.view``'s own short path), and ``t`` of a 2-D tensor is
-    the transposed array; ``sum`` and ``matmul``/``mm`` of small host arrays are the numpy
-    calls their kernels make. Everything here is fixed by the entry's specs and the key, so it
-    is decided once. Returns ``(form, arg, extra[, const])``: ``arg`` is the ufunc, kernel,
-    shape or index, ``extra`` lists ``(index, value)`` pairs of other bound values that must
-    be unchanged (``alpha=1``), ``const`` the second operand of a ``const`` form (relu's 0).
-    """
-    name = info.name
-    if entry.direct is None or not values:
-        return None
-    a = values[0]
-    if type(a) is not DTensor:
-        return None
-    spec = a._spec
-    if name in ("view", "reshape") and info.kernel is getattr(Tensor, name):
-        shape = values[1]
-        if type(shape) in (tuple, list) and all(type(s) is int for s in shape):
-            out = entry.out_specs[0]
-            return _RAW["view"], out.local_shape(out.mesh._coord), ()
-        return None
-    if name == "t" and entry.kernel is Tensor.t and len(spec.shape) == 2:
-        return _RAW["t"], None, ()
-    if name == "getitem" and entry.kernel is Tensor.__getitem__ and spec.shape:
-        index = _basic_index(values[1])
-        return None if index is None else (_RAW["getitem"], index, ())
-    if name == "mean":
-        return _raw_sum(entry, values, spec, getattr(entry.kernel, "scale", None))
-    if entry.kernel is not info.kernel:
-        return None
-    if name == "sum":
-        return _raw_sum(entry, values, spec)
-    if name in ("matmul", "mm"):
-        return _raw_matmul(entry, values, spec)
-    return _raw_pointwise(info, values, spec)
-
-
-def _raw_pointwise(info: OpInfo, values: list, spec: DTensorSpec) -> tuple | None:
-    """The raw form of an elementwise op whose local function would take its short path
-    (:func:`dtensor.local.kernels.pointwise.fast_path` on the local shards)."""
-    kspec = getattr(info.function, "spec", None)
-    if kspec is None:
-        return None
-    dt = spec.dtype
-    coord = spec.mesh._coord
-    ndim = len(spec.shape)
-    nbytes = math.prod(spec.local_shape(coord)) * dt.itemsize
-    if isinstance(kspec, _pw.UnarySpec):
-        if not _pw.fast_path(kspec.fast, dt, ndim, nbytes):
-            return None
-        return _RAW["unary"], kspec.kernel, ()
-    uf = getattr(kspec.kernel, "ufunc", None)
-    if uf is None or len(values) < 2:
-        return None
-    fill = _BINDERS[info.name].fill
-    extra = tuple((i, fill[i]) for i in range(2, len(values)))
-    if any(v is not values[i] for i, v in extra):
-        return None
-    b = values[1]
-    if type(b) is DTensor:
-        bs = b._spec
-        if bs.dtype is not dt:
-            return None
-        b_nbytes = math.prod(bs.local_shape(coord)) * dt.itemsize
-        if not _pw.fast_path(kspec.fast, dt, min(ndim, len(bs.shape)), max(nbytes, b_nbytes)):
-            return None
-        return _RAW["binary"], uf, extra
-    if _pw.fast_path(kspec.scalar_fast.get(type(b), _NO_DTYPES), dt, ndim, nbytes):
-        return _RAW["scalar"], uf, extra
-    return None
-
-
-def _raw_sum(
-    entry: CacheEntry, values: list, spec: DTensorSpec, scale: float | None = None
-) -> tuple | None:
-    """``sum`` of a small float32/float64 host array as ``_math.sum`` computes it:
-    ``np.add.reduce`` over the normalised dims, in the input dtype (numpy allocates); for
-    ``mean``, that sum times the kernel's ``scale`` (1 / the global count) in the dtype."""
-    _, dim, keepdim, dtype = values
-    dt = spec.dtype
-    if dtype is not None or spec.mesh.device_type != "cpu":
-        return None
-    if dt not in (np.dtype(np.float32), np.dtype(np.float64)) or type(keepdim) is not bool:
-        return None
-    out = entry.out_specs[0]
-    if math.prod(out.local_shape(out.mesh._coord)) * dt.itemsize >= _allocator.POOL_MIN_BYTES:
-        return None
-    axes = norm_dims(entry.name, dim, len(spec.shape))
-    return _RAW["reduce"], np.add.reduce, (), (
-        axes, dt, keepdim, None if scale is None else dt.type(scale))
-
-
-def _raw_matmul(entry: CacheEntry, values: list, spec: DTensorSpec) -> tuple | None:
-    """``matmul``/``mm`` of two host DTensors of one dtype, both at least 2-D, with a small
-    result: ``np.matmul(a, b)``, as the local kernel computes it (numpy allocates)."""
-    b = values[1]
-    if type(b) is not DTensor or spec.mesh.device_type != "cpu":
-        return None
-    bs = b._spec
-    if bs.dtype is not spec.dtype or len(spec.shape) < 2 or len(bs.shape) < 2:
-        return None
-    out = entry.out_specs[0]
-    nbytes = math.prod(out.local_shape(out.mesh._coord)) * out.dtype.itemsize
-    if nbytes >= _allocator.POOL_MIN_BYTES:
-        return None
-    return _RAW["binary"], np.matmul, ()
-
-
-def _basic_index(idx: object) -> tuple | None:
-    """``idx`` as a numpy index that always yields an array view (a trailing Ellipsis), when
-    it holds only ints, slices of ints with positive steps and at most one Ellipsis."""
-    parts = idx if type(idx) is tuple else (idx,)
-    for p in parts:
-        if type(p) is slice:
-            if not all(v is None or type(v) is int for v in (p.start, p.stop, p.step)):
-                return None
-            if p.step is not None and p.step <= 0:
-                return None
-        elif type(p) is not int and p is not Ellipsis:
-            return None
-    if sum(p is Ellipsis for p in parts) > 1:
-        return None
-    return parts if Ellipsis in parts else (*parts, Ellipsis)
-
-
-def plug_fastpath() -> object:
-    """Connect the compiled front (``fastpath._dispatch``) to this dispatcher. **Local**.
-
-    Returns the compiled module, or None when the fast path is not enabled (not built, or
-    ``DTENSOR_FASTPATH=0`` at import).
-    """
-    global _FRONT, _RAW
-    if not _fp.ENABLED:
-        return None
-    front = _fp.dispatch
-    front.install(
-        DTensor, vars(_dtypes), lookup, dispatch, run_entry, _wrap_outputs, raw_form, _MISSING
-    )
-    _RAW = front.RAW_FORMS
+def attach_front(front: object) -> None:
+    """Tell the dispatcher which compiled front serves repeated calls (its cache of entries
+    must follow the propagation cache's evictions and clears). **Local**."""
+    global _FRONT
     _FRONT = front
-    return front
-
-
-def fast_op(info: OpInfo) -> object:
-    """The compiled runner of ``info`` (built once per op). **Local**."""
-    fop = _FAST_OPS.get(info.name)
-    if fop is None or fop.info is not info:
-        fop = _FAST_OPS[info.name] = _FRONT.FastOp(info, _binder(info))
-    return fop
-
-
-_FAST_OPS: dict[str, object] = {}
-_RAW: dict[str, int] = {}
 
 
 # -- the dispatcher --------------------------------------------------------------------------
@@ -594,7 +445,7 @@ def dispatch(info: OpInfo, args: Sequence[object], kwargs: Mapping[str, object])
     """
     binder = _BINDERS.get(info.name)
     if binder is None or binder.info is not info:
-        binder = _binder(info)
+        binder = binder_of(info)
     values = binder.bind(args, kwargs)
     entry, _, mesh = lookup(info, values, args, kwargs)
     return run_entry(entry, values, mesh)
@@ -615,7 +466,7 @@ def lookup(
     name = info.name
     binder = _BINDERS.get(name)
     if binder is None or binder.info is not info:
-        binder = _binder(info)
+        binder = binder_of(info)
     vi = binder.variadic_idx
     key = [name, _dtypes._default_float]
     mesh = None
@@ -822,7 +673,7 @@ def decide(info: OpInfo, args: Sequence[object], kwargs: Mapping[str, object]) -
     DTypeError
         When no DTensor is among the call's tensor arguments.
     """
-    binder = _binder(info)
+    binder = binder_of(info)
     values = binder.bind(args, kwargs)
     if binder.variadic_idx >= 0:
         values[binder.variadic_idx] = list(values[binder.variadic_idx])
@@ -898,7 +749,7 @@ def run_entry(entry: CacheEntry, values: list, mesh: object) -> object:
             d._local = out
             d._spec = entry.out_specs[0]
             return d
-        return _wrap_outputs(out, entry.out_specs)
+        return wrap_outputs(out, entry.out_specs)
     global _current_op
     target = _slot_value(values, entry.slots[0]) if entry.inplace else None
     if entry.comm:
@@ -913,7 +764,7 @@ def run_entry(entry: CacheEntry, values: list, mesh: object) -> object:
     out = entry.kernel(*values)
     if target is not None:
         return target
-    return _wrap_outputs(out, entry.out_specs)
+    return wrap_outputs(out, entry.out_specs)
 
 
 def _notify(entry: CacheEntry, values: list, mesh: object) -> None:
@@ -921,8 +772,9 @@ def _notify(entry: CacheEntry, values: list, mesh: object) -> None:
         fn(entry, _missed, values, mesh)
 
 
-def _wrap_outputs(out: object, specs: tuple[DTensorSpec, ...]) -> object:
-    """DTensors of the kernel's outputs, in the kernel's structure (Tensor, tuple, namedtuple)."""
+def wrap_outputs(out: object, specs: tuple[DTensorSpec, ...]) -> object:
+    """DTensors of the kernel's outputs, in the kernel's structure (Tensor, tuple,
+    namedtuple). **Local**."""
     if isinstance(out, Tensor):
         return DTensor._make(out, specs[0])
     wrapped = [DTensor._make(o, s) for o, s in zip(out, specs)]
@@ -946,7 +798,7 @@ def _to_locals(entry: CacheEntry, values: list, mesh: object) -> None:
                         move.src,
                         mesh._coord,
                         mesh._dim_comms,
-                        _allocator_for(mesh.device_type),
+                        allocator_for(mesh.device_type),
                     )
                 )
             holder[i] = local

@@ -29,7 +29,8 @@ from placements.errors import UnavailableError
 from ..distributed.dtensor import DTensor
 from ..local.tensor import Tensor
 from ..ops import OPS, Operator, OpInfo
-from .dispatcher import dispatch, fast_op, plug_fastpath
+from .dispatcher import dispatch
+from .front import fast_op, plug_fastpath
 
 __all__ = ["export", "fastpath_active", "has_dtensor", "installed", "set_fastpath"]
 

@@ -35,11 +35,12 @@ from ..local.strides import contiguous_strides
 from ..local.tensor import Tensor, _norm_dim, _wrap
 from .mesh import DeviceMesh, init_device_mesh
 
-__all__ = ["DTensor", "distribute_tensor"]
+__all__ = ["DTensor", "allocator_for", "distribute_tensor"]
 
 
-def _allocator_for(device: str):
-    """The ``alloc(shape, dtype)`` callback the executor uses for a mesh's device. **Local**."""
+def allocator_for(device: str):
+    """The ``alloc(shape, dtype)`` callback the redistribute executor uses for a mesh's
+    device (buffers from the caching allocator). **Local**."""
     cached = _ALLOCS.get(device)
     if cached is None:
 
@@ -252,7 +253,7 @@ class DTensor(_fp.DTensorBase):
             spec,
             mesh._coord,
             mesh._dim_comms,
-            _allocator_for(mesh.device_type),
+            allocator_for(mesh.device_type),
         )
         return DTensor._make(_wrap(out), dst)
 
@@ -436,7 +437,7 @@ def distribute_tensor(
         device_mesh = init_device_mesh()
     mesh = device_mesh
     placements = _normalize_placements(placements, mesh, "distribute_tensor")
-    alloc = _allocator_for(mesh.device_type)
+    alloc = allocator_for(mesh.device_type)
     if src_data_rank is None:
         data = _as_local_tensor(tensor, "distribute_tensor").to(mesh.device_type)
         spec = DTensorSpec(mesh, placements, tuple(data.shape), data.dtype)

@@ -50,7 +50,7 @@ import numpy as np
 from mpi4py import MPI
 
 import dtensor as dt
-from dtensor.distributed.dtensor import _allocator_for
+from dtensor.distributed.dtensor import allocator_for
 from dtensor.local.backend import array_module
 from redistribute import shm
 from redistribute.execute import execute
@@ -177,7 +177,7 @@ def measure(
     raws = raw_collectives(n, mesh)
     fns: dict[str, Callable[[], object]] = {}
     coord, comms = mesh.get_coordinate(), mesh.get_all_groups()
-    alloc = _allocator_for(mesh.device_type)
+    alloc = allocator_for(mesh.device_type)
     for name, src, dst, raw, _ in CASES:
         x = dt.distribute_tensor(data, mesh, src)
         spec, local = x._spec, x.to_local()._arr

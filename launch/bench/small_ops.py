@@ -191,7 +191,7 @@ def _breakdown(case: Callable, repeat: int, comm: MPI.Comm) -> dict[str, float]:
     kernel = entry.kernel
     arr = out.to_local().numpy()
     spec = out.spec
-    binder = _dispatch._binder(info)
+    binder = _dispatch.binder_of(info)
     fast = _time(case, repeat, comm)
     k = _time(lambda: kernel(*locals_), repeat, comm)
     wrap = _time(lambda: dt.DTensor._make(_wrap(arr), spec), repeat, comm)

@@ -1,0 +1,206 @@
+"""Glue of the compiled front (``fastpath._dispatch``): plugging it into the dispatcher,
+its per-op runners, and the *raw forms* it may use on a cache hit.
+
+The front serves repeated calls of an op from compiled code (see its module docstring).
+:func:`plug_fastpath` hands it the dispatcher's hooks (``lookup``, ``dispatch``,
+``run_entry``...) and DTensor; :func:`fast_op` builds the compiled runner of one op record;
+:func:`raw_form` decides, once per propagation-cache entry, whether a hit can run as a raw
+ndarray call (a ufunc, numpy's reshape, a transpose...) that gives exactly what the op's
+local kernel would.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+import fastpath as _fp
+from placements.meta import norm_dims
+from placements.spec import DTensorSpec
+
+from ..distributed.dtensor import DTensor
+from ..local import allocator as _allocator
+from ..local import dtypes as _dtypes
+from ..local.kernels import pointwise as _pw
+from ..local.tensor import Tensor
+from ..ops.table import OpInfo
+from .dispatcher import (
+    MISSING,
+    CacheEntry,
+    attach_front,
+    binder_of,
+    dispatch,
+    lookup,
+    run_entry,
+    wrap_outputs,
+)
+
+__all__ = ["fast_op", "plug_fastpath", "raw_form"]
+
+_FRONT = None
+_NO_DTYPES: frozenset = frozenset()
+
+
+def raw_form(info: OpInfo, entry: CacheEntry, values: list) -> tuple | None:
+    """How the compiled front may run ``entry`` on raw ndarrays, or None. **Local**.
+
+    A pointwise op whose local kernel would take its own short path (same dtype of a kind
+    the kernel takes as is, not 0-d, no operand at the allocator's pooling size) computes
+    exactly ``ufunc(a, b)``, ``ufunc(a, scalar)`` or ``kernel(a, None)`` on the local
+    arrays; ``view``/``reshape`` of a standard (row-major) local tensor is numpy's reshape to
+    the local output shape (``Tensor.view``'s own short path), and ``t`` of a 2-D tensor is
+    the transposed array; ``sum`` and ``matmul``/``mm`` of small host arrays are the numpy
+    calls their kernels make. Everything here is fixed by the entry's specs and the key, so it
+    is decided once. Returns ``(form, arg, extra[, const])``: ``arg`` is the ufunc, kernel,
+    shape or index, ``extra`` lists ``(index, value)`` pairs of other bound values that must
+    be unchanged (``alpha=1``), ``const`` the second operand of a ``const`` form (relu's 0).
+    """
+    name = info.name
+    if entry.direct is None or not values:
+        return None
+    a = values[0]
+    if type(a) is not DTensor:
+        return None
+    spec = a._spec
+    if name in ("view", "reshape") and info.kernel is getattr(Tensor, name):
+        shape = values[1]
+        if type(shape) in (tuple, list) and all(type(s) is int for s in shape):
+            out = entry.out_specs[0]
+            return _RAW["view"], out.local_shape(out.mesh._coord), ()
+        return None
+    if name == "t" and entry.kernel is Tensor.t and len(spec.shape) == 2:
+        return _RAW["t"], None, ()
+    if name == "getitem" and entry.kernel is Tensor.__getitem__ and spec.shape:
+        index = _basic_index(values[1])
+        return None if index is None else (_RAW["getitem"], index, ())
+    if name == "mean":
+        return _raw_sum(entry, values, spec, getattr(entry.kernel, "scale", None))
+    if entry.kernel is not info.kernel:
+        return None
+    if name == "sum":
+        return _raw_sum(entry, values, spec)
+    if name in ("matmul", "mm"):
+        return _raw_matmul(entry, values, spec)
+    return _raw_pointwise(info, values, spec)
+
+
+def _raw_pointwise(info: OpInfo, values: list, spec: DTensorSpec) -> tuple | None:
+    """The raw form of an elementwise op whose local function would take its short path
+    (:func:`dtensor.local.kernels.pointwise.fast_path` on the local shards)."""
+    kspec = getattr(info.function, "spec", None)
+    if kspec is None:
+        return None
+    dt = spec.dtype
+    coord = spec.mesh._coord
+    ndim = len(spec.shape)
+    nbytes = math.prod(spec.local_shape(coord)) * dt.itemsize
+    if isinstance(kspec, _pw.UnarySpec):
+        if not _pw.fast_path(kspec.fast, dt, ndim, nbytes):
+            return None
+        return _RAW["unary"], kspec.kernel, ()
+    uf = getattr(kspec.kernel, "ufunc", None)
+    if uf is None or len(values) < 2:
+        return None
+    fill = binder_of(info).fill
+    extra = tuple((i, fill[i]) for i in range(2, len(values)))
+    if any(v is not values[i] for i, v in extra):
+        return None
+    b = values[1]
+    if type(b) is DTensor:
+        bs = b._spec
+        if bs.dtype is not dt:
+            return None
+        b_nbytes = math.prod(bs.local_shape(coord)) * dt.itemsize
+        if not _pw.fast_path(kspec.fast, dt, min(ndim, len(bs.shape)), max(nbytes, b_nbytes)):
+            return None
+        return _RAW["binary"], uf, extra
+    if _pw.fast_path(kspec.scalar_fast.get(type(b), _NO_DTYPES), dt, ndim, nbytes):
+        return _RAW["scalar"], uf, extra
+    return None
+
+
+def _raw_sum(
+    entry: CacheEntry, values: list, spec: DTensorSpec, scale: float | None = None
+) -> tuple | None:
+    """``sum`` of a small float32/float64 host array as ``_math.sum`` computes it:
+    ``np.add.reduce`` over the normalised dims, in the input dtype (numpy allocates); for
+    ``mean``, that sum times the kernel's ``scale`` (1 / the global count) in the dtype."""
+    _, dim, keepdim, dtype = values
+    dt = spec.dtype
+    if dtype is not None or spec.mesh.device_type != "cpu":
+        return None
+    if dt not in (np.dtype(np.float32), np.dtype(np.float64)) or type(keepdim) is not bool:
+        return None
+    out = entry.out_specs[0]
+    if math.prod(out.local_shape(out.mesh._coord)) * dt.itemsize >= _allocator.POOL_MIN_BYTES:
+        return None
+    axes = norm_dims(entry.name, dim, len(spec.shape))
+    return _RAW["reduce"], np.add.reduce, (), (
+        axes, dt, keepdim, None if scale is None else dt.type(scale))
+
+
+def _raw_matmul(entry: CacheEntry, values: list, spec: DTensorSpec) -> tuple | None:
+    """``matmul``/``mm`` of two host DTensors of one dtype, both at least 2-D, with a small
+    result: ``np.matmul(a, b)``, as the local kernel computes it (numpy allocates)."""
+    b = values[1]
+    if type(b) is not DTensor or spec.mesh.device_type != "cpu":
+        return None
+    bs = b._spec
+    if bs.dtype is not spec.dtype or len(spec.shape) < 2 or len(bs.shape) < 2:
+        return None
+    out = entry.out_specs[0]
+    nbytes = math.prod(out.local_shape(out.mesh._coord)) * out.dtype.itemsize
+    if nbytes >= _allocator.POOL_MIN_BYTES:
+        return None
+    return _RAW["binary"], np.matmul, ()
+
+
+def _basic_index(idx: object) -> tuple | None:
+    """``idx`` as a numpy index that always yields an array view (a trailing Ellipsis), when
+    it holds only ints, slices of ints with positive steps and at most one Ellipsis."""
+    parts = idx if type(idx) is tuple else (idx,)
+    for p in parts:
+        if type(p) is slice:
+            if not all(v is None or type(v) is int for v in (p.start, p.stop, p.step)):
+                return None
+            if p.step is not None and p.step <= 0:
+                return None
+        elif type(p) is not int and p is not Ellipsis:
+            return None
+    if sum(p is Ellipsis for p in parts) > 1:
+        return None
+    return parts if Ellipsis in parts else (*parts, Ellipsis)
+
+
+def plug_fastpath() -> object:
+    """Connect the compiled front (``fastpath._dispatch``) to this dispatcher. **Local**.
+
+    Returns the compiled module, or None when the fast path is not enabled (not built, or
+    ``DTENSOR_FASTPATH=0`` at import).
+    """
+    global _FRONT, _RAW
+    if not _fp.ENABLED:
+        return None
+    front = _fp.dispatch
+    front.install(
+        DTensor, vars(_dtypes), lookup, dispatch, run_entry, wrap_outputs, raw_form, MISSING
+    )
+    _RAW = front.RAW_FORMS
+    _FRONT = front
+    attach_front(front)
+    return front
+
+
+def fast_op(info: OpInfo) -> object:
+    """The compiled runner of ``info`` (built once per op). **Local**."""
+    fop = _FAST_OPS.get(info.name)
+    if fop is None or fop.info is not info:
+        fop = _FAST_OPS[info.name] = _FRONT.FastOp(info, binder_of(info))
+    return fop
+
+
+_FAST_OPS: dict[str, object] = {}
+_RAW: dict[str, int] = {}
+
+

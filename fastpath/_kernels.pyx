@@ -10,6 +10,10 @@ float64 numpy arrays (and an optional output array of the same kind, shape and d
 other input (another dtype, strides, a cupy array) goes to the array-module twin the kernel
 was built with, so callers never need to check. Loops over large arrays release the GIL.
 
+It also holds the compiled twins of the elementwise kernels' short-path condition
+(:func:`fast_path`, and :func:`short_binary`, which applies it to two arrays and runs the
+ufunc; their references are in ``dtensor.local.kernels.pointwise``).
+
 dtensor's local math uses these kernels when the compiled extension is enabled; with
 ``DTENSOR_FASTPATH=0`` (or without the extension) it runs the array-module twins, so both
 forms are exercised by the test suite. Every function here is **Local**.
@@ -22,7 +26,7 @@ from libc.math cimport erf, erff, exp, expf, log, tanh, tanhf, sqrt
 
 cnp.import_array()
 
-__all__ = ["Unary", "softmax_lastdim"]
+__all__ = ["Unary", "fast_path", "short_binary", "softmax_lastdim"]
 
 cdef enum:
     K_RELU = 0
@@ -228,3 +232,29 @@ def softmax_lastdim(a, bint take_log, out=None):
     else:
         _softmax(f32, px, py, rows, n, take_log)
     return y
+
+
+cdef inline bint _short(frozenset fast, Py_ssize_t limit, object a, object b) except -1:
+    if a.ndim == 0 or a.nbytes >= limit:
+        return False
+    if b is not None and b.nbytes >= limit:
+        return False
+    return a.dtype in fast
+
+
+def fast_path(frozenset fast, Py_ssize_t limit, a, b=None):
+    """Whether an elementwise kernel takes its short path on ``a`` (and ``b``): ``a``'s dtype
+    is in ``fast``, ``a`` is not 0-d, and ``a`` and ``b`` hold fewer than ``limit`` bytes.
+
+    The compiled twin of ``dtensor.local.kernels.pointwise.fast_path_reference`` (same
+    answer for any objects with ``dtype``, ``ndim`` and ``nbytes``).
+    """
+    return _short(fast, limit, a, b)
+
+
+def short_binary(ufunc, frozenset fast, Py_ssize_t limit, a, b):
+    """``ufunc(a, b)`` when two arrays of one dtype take the short path (:func:`fast_path`),
+    else None: the hot path of ``t + u``, at the cost of the condition written inline."""
+    if a.dtype is b.dtype and _short(fast, limit, a, b):
+        return ufunc(a, b)
+    return None

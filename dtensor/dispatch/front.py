@@ -12,6 +12,7 @@ local kernel would.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -85,6 +86,14 @@ def raw_form(info: OpInfo, entry: CacheEntry, values: list) -> tuple | None:
     return _raw_pointwise(info, values, spec)
 
 
+class _Shard(NamedTuple):
+    """What :func:`dtensor.local.kernels.pointwise.fast_path` reads of a local shard."""
+
+    dtype: np.dtype
+    ndim: int
+    nbytes: int
+
+
 def _raw_pointwise(info: OpInfo, values: list, spec: DTensorSpec) -> tuple | None:
     """The raw form of an elementwise op whose local function would take its short path
     (:func:`dtensor.local.kernels.pointwise.fast_path` on the local shards)."""
@@ -93,10 +102,10 @@ def _raw_pointwise(info: OpInfo, values: list, spec: DTensorSpec) -> tuple | Non
         return None
     dt = spec.dtype
     coord = spec.mesh._coord
-    ndim = len(spec.shape)
-    nbytes = math.prod(spec.local_shape(coord)) * dt.itemsize
+    limit = _allocator.POOL_MIN_BYTES
+    a = _Shard(dt, len(spec.shape), math.prod(spec.local_shape(coord)) * dt.itemsize)
     if isinstance(kspec, _pw.UnarySpec):
-        if not _pw.fast_path(kspec.fast, dt, ndim, nbytes):
+        if not _pw.fast_path(kspec.fast, limit, a):
             return None
         return _RAW["unary"], kspec.kernel, ()
     uf = getattr(kspec.kernel, "ufunc", None)
@@ -109,13 +118,13 @@ def _raw_pointwise(info: OpInfo, values: list, spec: DTensorSpec) -> tuple | Non
     b = values[1]
     if type(b) is DTensor:
         bs = b._spec
-        if bs.dtype is not dt:
+        if bs.dtype is not dt or not bs.shape:
             return None
-        b_nbytes = math.prod(bs.local_shape(coord)) * dt.itemsize
-        if not _pw.fast_path(kspec.fast, dt, min(ndim, len(bs.shape)), max(nbytes, b_nbytes)):
+        b_shard = _Shard(dt, len(bs.shape), math.prod(bs.local_shape(coord)) * dt.itemsize)
+        if not _pw.fast_path(kspec.fast, limit, a, b_shard):
             return None
         return _RAW["binary"], uf, extra
-    if _pw.fast_path(kspec.scalar_fast.get(type(b), _NO_DTYPES), dt, ndim, nbytes):
+    if _pw.fast_path(kspec.scalar_fast.get(type(b), _NO_DTYPES), limit, a):
         return _RAW["scalar"], uf, extra
     return None
 

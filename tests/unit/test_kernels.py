@@ -184,3 +184,34 @@ def test_local_ops_use_the_compiled_kernels_and_match_the_twins():
 def _np_softmax(a, dim):
     e = np.exp(a - a.max(dim, keepdims=True))
     return e / e.sum(dim, keepdims=True)
+
+
+_SHORT_CASES = [
+    # (a, b): dtypes, 0-d, sizes around the limit, mixed dtypes, non-arrays stand-ins
+    (np.ones((4, 4), F32), np.ones((4, 4), F32)),
+    (np.ones((4, 4), F32), np.ones((4, 4), F64)),
+    (np.ones((), F32), np.ones((), F32)),
+    (np.ones((16, 16), F32), np.ones((4,), F32)),  # a at the limit (1024 bytes)
+    (np.ones((4,), F32), np.ones((16, 16), F32)),  # b at the limit
+    (np.ones((15, 16), F32), np.ones((16,), F32)),
+    (np.ones((3,), np.int64), np.ones((3,), np.int64)),
+    (np.ones((0, 3), F32), np.ones((0, 3), F32)),
+]
+
+
+@pytest.mark.skipif(not fastpath.AVAILABLE, reason="the compiled twins are not built")
+@pytest.mark.parametrize(("a", "b"), _SHORT_CASES)
+def test_short_path_condition_matches_its_reference(a, b):
+    fast = frozenset([np.dtype(F32)])
+    limit = 1024
+    for args in ((a,), (a, b), (a, None)):
+        assert K.fast_path(fast, limit, *args) is _math_pointwise.fast_path_reference(
+            fast, limit, *args
+        ), args
+    got = K.short_binary(np.add, fast, limit, a, b)
+    want = _math_pointwise.short_binary_reference(np.add, fast, limit, a, b)
+    assert (got is None) == (want is None)
+    if want is not None:
+        np.testing.assert_array_equal(got, want)
+    expect = a.ndim > 0 and a.nbytes < limit and b.nbytes < limit and a.dtype == F32
+    assert (want is not None) == (expect and a.dtype is b.dtype)

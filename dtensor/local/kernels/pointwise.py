@@ -46,6 +46,7 @@ from .base import (
     xp_of,
 )
 
+_NONE: frozenset = frozenset()
 # Dtype sets of the kernels' short paths and dtype rules.
 BOOLS = frozenset([BOOL])
 INTS = frozenset(np.dtype(t) for t in "bBhHiIlLqQ")
@@ -54,18 +55,38 @@ NUMERIC = INTS | FLOATS
 REAL = NUMERIC | BOOLS
 
 
-_NONE: frozenset = frozenset()
-
-
-def fast_path(fast: frozenset, dtype: np.dtype, ndim: int, nbytes: int) -> bool:
-    """Whether an elementwise kernel takes its short path: a dtype it takes as it is
-    (``fast``), not 0-d, and operands below the allocator's pooling size, so that numpy
-    allocates the output and the result is exactly the array module's. **Local**.
+def fast_path_reference(fast: frozenset, limit: int, a, b=None) -> bool:
+    """Whether an elementwise kernel takes its short path on arrays ``a`` (and ``b``): a
+    dtype it takes as it is (``fast``), ``a`` not 0-d, and the operands below ``limit``
+    bytes (the caller passes the allocator's pooling size), so that numpy allocates the
+    output and the result is exactly the array module's. **Local**.
 
     The one statement of that condition: the local functions test it per call, and the
-    dispatcher's compiled front decides its raw forms with it (once per cache entry).
+    dispatcher's compiled front decides its raw forms with it, once per cache entry, on
+    stand-ins that carry the local shards' ``dtype``, ``ndim`` and ``nbytes``.
+    :func:`fast_path` is its compiled twin when the extension is enabled, and
+    :func:`short_binary` applies it to two arrays and runs the ufunc (the hot path of
+    ``t + u`` then costs what the condition written inline cost).
     """
-    return dtype in fast and ndim > 0 and nbytes < _allocator.POOL_MIN_BYTES
+    if a.ndim == 0 or a.nbytes >= limit:
+        return False
+    if b is not None and b.nbytes >= limit:
+        return False
+    return a.dtype in fast
+
+
+def short_binary_reference(ufunc, fast: frozenset, limit: int, a, b):
+    """``ufunc(a, b)`` when two arrays of one dtype take the short path
+    (:func:`fast_path_reference`), else None. **Local**."""
+    if a.dtype is b.dtype and fast_path_reference(fast, limit, a, b):
+        return ufunc(a, b)
+    return None
+
+
+if _fp.ENABLED:
+    fast_path, short_binary = _fp.kernels.fast_path, _fp.kernels.short_binary
+else:
+    fast_path, short_binary = fast_path_reference, short_binary_reference
 
 
 def _array_like(*operands):
@@ -133,7 +154,7 @@ def _unary_fn(spec: UnarySpec):
             except AttributeError:
                 pass
             else:
-                if fast_path(fast, a.dtype, a.ndim, a.nbytes):
+                if fast_path(fast, _allocator.POOL_MIN_BYTES, a):
                     return _wrap(kernel(a, None))
         r = spec.compute(as_array(name, input), out)
         return out if out is not None else wrap(r)
@@ -506,9 +527,7 @@ def _binary_fns(spec: BinarySpec):
 
     def scalar_fast(a, s, swap):
         """The op on a small array and a python int/float, or None for the slow path."""
-        t = type(s)
-        dt = a.dtype
-        if fast_path(scalar_fast_dtypes.get(t, _NONE), dt, a.ndim, a.nbytes):
+        if fast_path(scalar_fast_dtypes.get(type(s), _NONE), _allocator.POOL_MIN_BYTES, a):
             try:
                 return _wrap(uf(s, a) if swap else uf(a, s))
             except OverflowError:  # an int that does not fit: the slow path wraps it
@@ -516,7 +535,7 @@ def _binary_fns(spec: BinarySpec):
         return None
 
     # The tensor-tensor short path of ``fn`` and ``op`` (the hot path of ``a + b``): same
-    # dtype (one PyTorch and numpy agree on) and :func:`fast_path` on the larger input.
+    # dtype (one PyTorch and numpy agree on) and :func:`fast_path` on both inputs.
     # (Only an output larger than both inputs, an outer broadcast of two small tensors, can
     # then exceed the pooling threshold without coming from the caching allocator.)
     def fn(input, other, *, out=None):
@@ -533,12 +552,12 @@ def _binary_fns(spec: BinarySpec):
                     if r is not None:
                         return r
                 else:
-                    dt = a.dtype
-                    if dt is b.dtype and fast_path(fast, dt, a.ndim, max(a.nbytes, b.nbytes)):
-                        try:
-                            return _wrap(uf(a, b))
-                        except ValueError:  # shapes that do not broadcast: the slow path
-                            pass            # raises the error
+                    try:
+                        r = short_binary(uf, fast, _allocator.POOL_MIN_BYTES, a, b)
+                    except ValueError:  # shapes that do not broadcast: the slow path
+                        r = None        # raises the error
+                    if r is not None:
+                        return _wrap(r)
         r = spec.compute(operand(name, input), operand(name, other), out)
         return out if out is not None else wrap(r)
 
@@ -555,12 +574,12 @@ def _binary_fns(spec: BinarySpec):
             except OperandTypeError:
                 return NotImplemented
             return wrap(spec.compute(a, y, None))
-        dt = a.dtype
-        if dt is b.dtype and fast_path(fast, dt, a.ndim, max(a.nbytes, b.nbytes)):
-            try:
-                return _wrap(uf(a, b))
-            except ValueError:
-                pass
+        try:
+            r = short_binary(uf, fast, _allocator.POOL_MIN_BYTES, a, b)
+        except ValueError:
+            r = None
+        if r is not None:
+            return _wrap(r)
         return wrap(spec.compute(a, b, None))
 
     def rop(self, other):

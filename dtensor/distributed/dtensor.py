@@ -56,15 +56,17 @@ _ALLOCS: dict = {}
 # (source spec, target placements, mesh id) -> (target spec, plan): a repeated redistribute
 # skips building and hashing the target spec and the planner lookup. The mesh's identity is
 # part of the key (specs compare meshes by value), so that the output keeps the input's mesh
-# object; the entry's target spec keeps that mesh alive.
+# object; the entry's target spec keeps that mesh alive. Every redistribute reads it through
+# the table's bound ``get`` and counts the hit itself, without a recency update: eviction is
+# oldest first.
 _TARGETS = LRUCache("distributed.redistribute_targets", 4096)
+_find_target = _TARGETS.data.get
 
 
 def _target(spec: DTensorSpec, placements: tuple[Placement, ...]) -> tuple:
     """``(spec.with_placements(placements), plan to it)``, cached. **Local**."""
     key = (spec, placements, id(spec.mesh))
-    data = _TARGETS.data  # the hot path of a repeated redistribute: the table itself
-    hit = data.get(key)
+    hit = _find_target(key)
     if hit is None:
         _TARGETS.misses += 1
         dst = spec.with_placements(placements)
@@ -73,7 +75,6 @@ def _target(spec: DTensorSpec, placements: tuple[Placement, ...]) -> tuple:
         _TARGETS.put(key, hit)
     else:
         _TARGETS.hits += 1
-        data.move_to_end(key)
     return hit
 
 

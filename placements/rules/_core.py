@@ -363,13 +363,18 @@ def _rule_result(schema: OpSchema) -> RuleResult:
         schema.mesh_shape,
         schema.default_float,
     )
+    data = _RESULTS.data  # the miss path of every dispatch: the table itself
     try:
-        result = _RESULTS.get(key)
+        result = data.get(key)
     except TypeError:  # an unhashable static argument (a slice in an index...)
         return get_rule(schema.op)(schema)
     if result is None:
+        _RESULTS.misses += 1
         result = get_rule(schema.op)(schema)
         _RESULTS.put(key, result)
+    else:
+        _RESULTS.hits += 1
+        data.move_to_end(key)
     return result
 
 

@@ -70,6 +70,8 @@ def unary(
     )
 
 
+# the dtypes a kernel takes as they are: floats, numeric (ints and floats), real (numeric and
+# bool), ints, bools
 F, N, R, I, B = P.FLOATS, P.NUMERIC, P.REAL, P.INTS, P.BOOLS
 
 # -- unary ---------------------------------------------------------------------------------

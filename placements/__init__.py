@@ -17,7 +17,15 @@ from .layout import (
     shard_range,
 )
 from .spec import DTensorSpec, MeshShape
-from .types import REDUCE_OPS, Partial, Placement, Replicate, Shard, short_placements
+from .types import (
+    REDUCE_OPS,
+    Partial,
+    Placement,
+    Replicate,
+    Shard,
+    placement_list,
+    short_placements,
+)
 
 __all__ = [
     "REDUCE_OPS",
@@ -32,6 +40,7 @@ __all__ = [
     "local_slices",
     "max_local_shape",
     "normalize_placements",
+    "placement_list",
     "shard_range",
     "short_placements",
 ]

@@ -20,7 +20,15 @@ from .errors import PlacementError
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-__all__ = ["REDUCE_OPS", "Partial", "Placement", "Replicate", "Shard", "short_placements"]
+__all__ = [
+    "REDUCE_OPS",
+    "Partial",
+    "Placement",
+    "Replicate",
+    "Shard",
+    "placement_list",
+    "short_placements",
+]
 
 #: Reduce ops a :class:`Partial` may carry.
 REDUCE_OPS: tuple[str, ...] = ("sum", "avg", "max", "min", "prod")
@@ -195,3 +203,8 @@ def short_placements(placements: Iterable[Placement], sep: str = ",") -> str:
         Separator between entries.
     """
     return sep.join(p.short() if isinstance(p, Placement) else repr(p) for p in placements)
+
+
+def placement_list(placements: Iterable[Placement]) -> str:
+    """The placements as messages and debug tools print them: ``[S(0), R]``. **Local**."""
+    return "[" + short_placements(placements, ", ") + "]"

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from placements.errors import DTypeError, NoRuleError, SignatureError
 from placements.rules import OpSchema, get_rule, nd_valid
 from placements.spec import DTensorSpec
-from placements.types import Placement, short_placements
+from placements.types import Placement, placement_list
 from redistribute.cost import buffer_bytes, default_cost_model, step_cost
 from redistribute.explain import explain_plan, format_seconds
 from redistribute.plan import plan, redistribute_cost
@@ -160,7 +160,7 @@ class Explanation:
 
 def _describe(v: object) -> str:
     if isinstance(v, DTensor):
-        return f"{v.dtype}{list(v.shape)}[{short_placements(v.placements, ', ')}]"
+        return f"{v.dtype}{list(v.shape)}{placement_list(v.placements)}"
     return _dispatch.describe(v)
 
 
@@ -217,10 +217,10 @@ def _candidates(
             if any(p.kind == "P" and p.reduce_op not in held[m] for m, p in enumerate(target)):
                 break
             cost += redistribute_cost(v._spec, target)
-            ins.append(f"[{short_placements(target, ', ')}]")
+            ins.append(placement_list(target))
         else:
             outs = [
-                f"[{short_placements(tuple(c.placements[k] for c in combo), ', ')}]"
+                placement_list(tuple(c.placements[k] for c in combo))
                 for k in range(n_out)
             ]
             priced.append((cost, order, f"{', '.join(outs)} <- {', '.join(ins)}"))
@@ -251,11 +251,11 @@ def _explain_entry(
         op=info.name,
         inputs=tuple(_describe(v) for v in args),
         input_placements=tuple(
-            None if p is None else f"[{short_placements(p, ', ')}]"
+            None if p is None else placement_list(p)
             for p in strategy.input_placements
         ),
         output_placements=tuple(
-            f"[{short_placements(s.placements, ', ')}]" for s in strategy.output_specs
+            placement_list(s.placements) for s in strategy.output_specs
         ),
         cost_s=float(strategy.cost),
         candidates=tuple(candidates[:top]),

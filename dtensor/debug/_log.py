@@ -13,7 +13,7 @@ import logging
 import os
 
 from placements.errors import ConfigError
-from placements.types import short_placements
+from placements.types import placement_list
 from redistribute import comm as _comm
 from redistribute.explain import explain_plan, format_seconds
 
@@ -36,12 +36,12 @@ def _on_entry(entry: _dispatch.CacheEntry, miss: bool, values: list, mesh: objec
     if not logger.isEnabledFor(logging.DEBUG):
         return
     strategy = entry.strategy
-    outs = ", ".join(f"[{short_placements(s.placements, ', ')}]" for s in strategy.output_specs)
+    outs = ", ".join(placement_list(s.placements) for s in strategy.output_specs)
     if not miss:
         logger.debug("prop cache hit: %s -> %s", entry.name, outs)
         return
     ins = ", ".join(
-        "-" if p is None else f"[{short_placements(p, ', ')}]" for p in strategy.input_placements
+        "-" if p is None else placement_list(p) for p in strategy.input_placements
     )
     cost = format_seconds(strategy.cost)
     lines = [f"prop cache miss: {entry.name}: {outs} <- {ins} (redistribution ~{cost})"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from placements.errors import ShardingError
-from placements.types import short_placements
+from placements.types import placement_list
 
 from ..dispatch import dispatcher as _dispatch
 
@@ -65,8 +65,8 @@ class no_implicit_redistribute:
             kinds = ", ".join(s.kind for s in move.steps)
             raise ImplicitRedistributeError(
                 f"{entry.name}: input {i} (shape {src.shape}, {src.dtype}) would be "
-                f"redistributed from [{short_placements(src.placements, ', ')}] to "
-                f"[{short_placements(dst.placements, ', ')}] ({kinds}) on mesh "
+                f"redistributed from {placement_list(src.placements)} to "
+                f"{placement_list(dst.placements)} ({kinds}) on mesh "
                 f"{src.mesh_shape}, but no_implicit_redistribute() is active; call "
                 "x.redistribute(...) explicitly first"
             )

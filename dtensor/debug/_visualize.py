@@ -15,7 +15,7 @@ import numpy as np
 from placements.errors import DTypeError, ShardingError
 from placements.layout import local_offsets, local_shape
 from placements.spec import DTensorSpec
-from placements.types import Partial, short_placements
+from placements.types import Partial, placement_list
 
 from ..distributed.dtensor import DTensor
 
@@ -149,7 +149,7 @@ def visualize_sharding(
     mesh_text = "x".join(map(str, spec.mesh_shape)) + (f" ({', '.join(names)})" if names else "")
     title = (
         f"shape {spec.shape} {spec.dtype}, mesh {mesh_text}, "
-        f"placements [{short_placements(spec.placements, ', ')}]"
+        f"placements {placement_list(spec.placements)}"
     )
     dims = [f"dim {d}" for d in range(len(spec.shape))]
     rows = [["rank", "coord", *dims, "local shape"]]

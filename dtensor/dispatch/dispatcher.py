@@ -46,6 +46,7 @@ from placements.errors import (
 from placements.layout import partial_fill
 from placements.rules import ArgMeta, OpSchema, OpStrategy, propagate
 from placements.spec import DTensorSpec
+from placements.types import placement_list
 from redistribute.cost import default_cost_model
 from redistribute.execute import execute as _execute
 from redistribute.plan import plan as _plan
@@ -78,7 +79,6 @@ __all__ = [
 
 #: The binder's marker of a parameter without a value (no default).
 MISSING = object()
-_NO_DTYPES: frozenset = frozenset()
 _new = _fp.DTensorBase.__new__
 # Static-argument types that need _freeze to become (or to be refused as) key parts.
 _COMPOUND = frozenset({list, tuple, slice, np.ndarray, Tensor, DTensor})
@@ -411,15 +411,12 @@ def attach_front(front: object) -> None:
 
 
 # -- the dispatcher --------------------------------------------------------------------------
-def _short(placements: Sequence[Placement]) -> str:
-    return "[" + ", ".join(p.short() for p in placements) + "]"
-
 
 def describe(v: object) -> str:
     """A short description of an op argument for messages (a DTensor's placements, shape
     and dtype; a Tensor's shape and dtype; the repr of anything else). **Local**."""
     if isinstance(v, DTensor):
-        return f"DTensor({_short(v.placements)}, shape {v.shape}, {v.dtype})"
+        return f"DTensor({placement_list(v.placements)}, shape {v.shape}, {v.dtype})"
     if isinstance(v, Tensor):
         return f"Tensor(shape {tuple(v.shape)}, {v.dtype})"
     return repr(v)
@@ -595,7 +592,7 @@ def _mixed_error(op: str, local: Tensor, args: Sequence[object], kwargs: Mapping
             dtensors.extend(e for e in a if isinstance(e, DTensor))
     d = dtensors[0]
     return ShardingError(
-        f"{op}: cannot mix a DTensor ({_short(d.placements)}, shape {d.shape}) with a local "
+        f"{op}: cannot mix a DTensor ({placement_list(d.placements)}, shape {d.shape}) with a local "
         f"Tensor of shape {tuple(local.shape)}; use DTensor.from_local or distribute_tensor"
     )
 
@@ -703,8 +700,8 @@ def _check_inplace(op: str, args: list, moves: list, out_specs: tuple) -> None:
     out = out_specs[0]
     if moves[0] is not None or out.placements != src.placements or out.shape != src.shape:
         raise ShardingError(
-            f"{op}: the in-place op would change its input from {_short(src.placements)} "
-            f"shape {src.shape} to {_short(out.placements)} shape {out.shape} (inputs: "
+            f"{op}: the in-place op would change its input from {placement_list(src.placements)} "
+            f"shape {src.shape} to {placement_list(out.placements)} shape {out.shape} (inputs: "
             + ", ".join(describe(v) for v in args)
             + "); redistribute the input first or use the out-of-place op"
         )

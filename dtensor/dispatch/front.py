@@ -39,8 +39,6 @@ from .dispatcher import (
 
 __all__ = ["fast_op", "plug_fastpath", "raw_form"]
 
-_FRONT = None
-_NO_DTYPES: frozenset = frozenset()
 
 
 def raw_form(info: OpInfo, entry: CacheEntry, values: list) -> tuple | None:
@@ -124,7 +122,7 @@ def _raw_pointwise(info: OpInfo, values: list, spec: DTensorSpec) -> tuple | Non
         if not _pw.fast_path(kspec.fast, limit, a, b_shard):
             return None
         return _RAW["binary"], uf, extra
-    if _pw.fast_path(kspec.scalar_fast.get(type(b), _NO_DTYPES), limit, a):
+    if _pw.fast_path(kspec.scalar_fast.get(type(b), _pw.NO_DTYPES), limit, a):
         return _RAW["scalar"], uf, extra
     return None
 
@@ -188,7 +186,7 @@ def plug_fastpath() -> object:
     Returns the compiled module, or None when the fast path is not enabled (not built, or
     ``DTENSOR_FASTPATH=0`` at import).
     """
-    global _FRONT, _RAW
+    global _RAW
     if not _fp.ENABLED:
         return None
     front = _fp.dispatch
@@ -196,7 +194,6 @@ def plug_fastpath() -> object:
         DTensor, vars(_dtypes), lookup, dispatch, run_entry, wrap_outputs, raw_form, MISSING
     )
     _RAW = front.RAW_FORMS
-    _FRONT = front
     attach_front(front)
     return front
 
@@ -205,7 +202,7 @@ def fast_op(info: OpInfo) -> object:
     """The compiled runner of ``info`` (built once per op). **Local**."""
     fop = _FAST_OPS.get(info.name)
     if fop is None or fop.info is not info:
-        fop = _FAST_OPS[info.name] = _FRONT.FastOp(info, binder_of(info))
+        fop = _FAST_OPS[info.name] = _fp.dispatch.FastOp(info, binder_of(info))
     return fop
 
 

@@ -25,6 +25,7 @@ from placements.errors import (
 )
 from placements.layout import local_shape as _layout_local_shape
 from placements.spec import DTensorSpec
+from placements.types import placement_list
 from redistribute.execute import execute as _execute
 from redistribute.execute import scatter_from as _scatter_from
 from redistribute.plan import plan as _plan
@@ -93,14 +94,11 @@ def _normalize_placements(
             )
     if len(placements) != mesh.ndim:
         raise PlacementError(
-            f"{op}: {len(placements)} placements {_short(placements)} for a {mesh.ndim}-D mesh "
+            f"{op}: {len(placements)} placements {placement_list(placements)} for a {mesh.ndim}-D mesh "
             f"of shape {mesh.shape}: give one placement per mesh dim"
         )
     return placements
 
-
-def _short(placements: Sequence[Placement]) -> str:
-    return "[" + ", ".join(p.short() for p in placements) + "]"
 
 
 def _as_local_tensor(data: object, op: str) -> Tensor:
@@ -243,7 +241,7 @@ class DTensor(_fp.DTensorBase):
         if device_mesh is not None and device_mesh != mesh:
             raise MeshError(
                 f"redistribute: moving a DTensor from {mesh!r} to another mesh "
-                f"{device_mesh!r} is not supported; placements={_short(spec.placements)}"
+                f"{device_mesh!r} is not supported; placements={placement_list(spec.placements)}"
             )
         dst, steps = _target(spec, _normalize_placements(placements, mesh, "redistribute"))
         if dst.placements == spec.placements:
@@ -323,7 +321,7 @@ class DTensor(_fp.DTensorBase):
                 raise ShardingError(
                     f"DTensor.from_local: local shape {tuple(local.shape)} on mesh coordinate "
                     f"{device_mesh._coord} does not match the shard {expected} of global shape "
-                    f"{spec.shape} under placements {_short(placements)}"
+                    f"{spec.shape} under placements {placement_list(placements)}"
                 )
         return DTensor._make(local, spec)
 
@@ -363,7 +361,7 @@ def _infer_global_shape(
         if isinstance(p, Shard) and not -ndim <= p.dim < ndim:
             raise ShardDimError(
                 f"DTensor.from_local: {p!r} is out of range for a {ndim}-D local tensor of "
-                f"shape {tuple(local.shape)} (placements {_short(placements)})"
+                f"shape {tuple(local.shape)} (placements {placement_list(placements)})"
             )
     meta = _gather_local_meta(local, mesh)
     shape = []
@@ -403,7 +401,7 @@ def _raise_on_bad_meta(meta: np.ndarray, spec: DTensorSpec, op: str) -> None:
     if bad:
         raise ShardingError(
             f"DTensor.{op}: local shards do not match global shape {spec.shape} under "
-            f"placements {_short(spec.placements)} on mesh {mesh.shape}: " + "; ".join(bad)
+            f"placements {placement_list(spec.placements)} on mesh {mesh.shape}: " + "; ".join(bad)
         )
 
 
@@ -480,7 +478,7 @@ def distribute_tensor(
         ranks = [int(mesh.mesh.ravel()[i]) for i in np.nonzero(flags.ravel())[0]]
         raise ShardingError(
             f"distribute_tensor: ranks {ranks} passed a tensor whose shape differs from the "
-            f"source rank {src_data_rank}'s {shape} (placements {_short(placements)})"
+            f"source rank {src_data_rank}'s {shape} (placements {placement_list(placements)})"
         )
     out = _scatter_from(
         src, data.to(mesh.device_type)._arr if is_src else None, spec, mesh._coord, base, alloc

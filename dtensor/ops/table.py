@@ -27,7 +27,9 @@ from dataclasses import dataclass, field, replace
 from placements.errors import SignatureError
 from placements.rules import register_rule, rule_statics
 
-__all__ = ["OPS", "OpInfo", "Operator", "declare", "get_op", "register_op"]
+from ..local.tensor import Tensor
+
+__all__ = ["OPS", "OpInfo", "Operator", "declare", "declare_method", "get_op", "register_op"]
 
 _KIND = inspect.Parameter
 
@@ -286,3 +288,17 @@ def declare(
             )
         )
     return info
+
+
+def declare_method(
+    name: str,
+    params: tuple[str, ...] = ("input",),
+    tensors: tuple[str, ...] = ("input",),
+    kernel: Callable | None = None,
+    **kw: object,
+) -> OpInfo:
+    """Declare op ``name`` whose kernel is a method the Tensor class defines (``view``,
+    ``clone``, ``to``...; ``kernel`` overrides it): no public function, a hand-described
+    signature ``params``; other arguments as for :func:`declare`. **Local**."""
+    return declare(name, kernel or getattr(Tensor, name), tensors, params=params,
+                   function=False, **kw)

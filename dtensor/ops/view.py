@@ -8,18 +8,17 @@ Ops whose output shape is a static argument receive the LOCAL output shape on a 
 
 from __future__ import annotations
 
+import functools
+
 from ..local.tensor import Tensor
 from .local_fns import expand_as_local, shape_local, squeeze_local
-from .table import Operator, declare
+from .table import Operator, declare_method
 
 __all__: list[str] = []
 
 
-def view(name: str, params: tuple[str, ...], tensors: tuple[str, ...] = ("input",),
-         kernel=None, samples: str = "view", **kw) -> None:
-    """Declare the view op ``name``, a method the Tensor class defines."""
-    declare(name, kernel or getattr(Tensor, name), tensors, params=params, function=False,
-            samples=samples, **kw)
+# a view op: a method the Tensor class defines, with the validator's view samples
+view = functools.partial(declare_method, samples="view")
 
 
 for _name in ("view", "reshape"):

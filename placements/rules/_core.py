@@ -47,7 +47,7 @@ import numpy as np
 from ..cache import LRUCache
 from ..errors import ArgumentError, NoRuleError, ShardingError, SignatureError
 from ..spec import DTensorSpec
-from ..types import Partial, Placement, Replicate, Shard, short_placements
+from ..types import Partial, Placement, Replicate, Shard, placement_list
 
 __all__ = [
     "ArgMeta",
@@ -379,7 +379,7 @@ def _rule_result(schema: OpSchema) -> RuleResult:
 
 
 def _short(pl: Sequence[Placement] | None) -> str:
-    return "local" if pl is None else "[" + short_placements(pl, ", ") + "]"
+    return "local" if pl is None else placement_list(pl)
 
 
 def _inplace_error(schema: OpSchema, m: int) -> ShardingError:

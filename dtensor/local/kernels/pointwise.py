@@ -46,7 +46,8 @@ from .base import (
     xp_of,
 )
 
-_NONE: frozenset = frozenset()
+#: No dtype takes the short path (an operand type without a fast set).
+NO_DTYPES: frozenset = frozenset()
 # Dtype sets of the kernels' short paths and dtype rules.
 BOOLS = frozenset([BOOL])
 INTS = frozenset(np.dtype(t) for t in "bBhHiIlLqQ")
@@ -527,7 +528,7 @@ def _binary_fns(spec: BinarySpec):
 
     def scalar_fast(a, s, swap):
         """The op on a small array and a python int/float, or None for the slow path."""
-        if fast_path(scalar_fast_dtypes.get(type(s), _NONE), _allocator.POOL_MIN_BYTES, a):
+        if fast_path(scalar_fast_dtypes.get(type(s), NO_DTYPES), _allocator.POOL_MIN_BYTES, a):
             try:
                 return _wrap(uf(s, a) if swap else uf(a, s))
             except OverflowError:  # an int that does not fit: the slow path wraps it

@@ -42,6 +42,7 @@ from placements.rules._core import _rule_result, _strategy
 from .local import rng as _random
 from .local.tensor import Tensor, _wrap
 from .ops import OPS, OpInfo
+from .testing import blocks
 
 __all__ = ["Report", "main", "validate"]
 
@@ -402,41 +403,6 @@ _FAMILIES: dict[str, Callable[[_Gen, tuple, str], Iterator[Case]]] = {
 _SCALARS = (bool, int, float)
 
 
-def _split_partial(g: np.ndarray, op: str, k: int, rng: np.random.Generator) -> list[np.ndarray]:
-    """``k`` random contributions whose ``op``-reduction is ``g``."""
-    if op == "prod":
-        return [g.copy()] + [np.ones_like(g) for _ in range(k - 1)]
-    holder = rng.integers(0, k, g.shape)
-    if g.dtype == _BOOL:
-        if op in ("sum", "avg"):
-            raise _NotApplicable(f"P({op}) of a bool tensor")
-        noise = [rng.random(g.shape) < 0.5 for _ in range(k)]
-        parts = [(g & n) if op == "max" else (g | n) for n in noise]
-    elif op == "sum":
-        parts = [_noise(g, rng) for _ in range(k - 1)]
-        parts.append((g - sum(parts)).astype(g.dtype) if parts else g.copy())
-        return parts
-    elif op == "avg":
-        noise = [_noise(g, rng) for _ in range(k)]
-        if g.dtype.kind in "iu":
-            noise[-1] = -sum(noise[:-1]) if k > 1 else np.zeros_like(g)
-            return [(g + n).astype(g.dtype) for n in noise]
-        mean = sum(noise) / k
-        return [(g + n - mean).astype(g.dtype) for n in noise]
-    else:
-        sign = -1 if op == "max" else 1
-        parts = [(g + sign * np.abs(_noise(g, rng))).astype(g.dtype) for _ in range(k)]
-    for c, p in enumerate(parts):
-        p[holder == c] = g[holder == c]
-    return parts
-
-
-def _noise(g: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    if g.dtype.kind in "iu":
-        return rng.integers(-3, 4, g.shape).astype(g.dtype)
-    return rng.standard_normal(g.shape).astype(g.dtype)
-
-
 def _reduce(op: str, parts: list[np.ndarray]) -> np.ndarray:
     if op == "sum":
         return np.sum(parts, axis=0, dtype=parts[0].dtype)
@@ -464,22 +430,13 @@ def _layout(
     mesh_shape: tuple[int, ...],
     rng: np.random.Generator,
 ) -> dict[tuple[int, ...], np.ndarray]:
-    """Every coordinate's local block of ``g`` (Partial mesh dims split, outer first)."""
-    pdims = [m for m, p in enumerate(placements) if p.kind == "P"]
-    contrib: dict[tuple[int, ...], np.ndarray] = {(): g}
-    for m in pdims:
-        nxt = {}
-        for key, val in contrib.items():
-            for c, part in enumerate(
-                _split_partial(val, placements[m].reduce_op, mesh_shape[m], rng)
-            ):
-                nxt[key + (c,)] = part
-        contrib = nxt
-    out = {}
-    for coord in np.ndindex(*mesh_shape):
-        src = contrib[tuple(coord[m] for m in pdims)]
-        out[coord] = _copy(src[local_slices(g.shape, mesh_shape, placements, coord)])
-    return out
+    """Every coordinate's local block of ``g`` (Partial mesh dims split into random
+    contributions, outer first)."""
+    if g.dtype == _BOOL:
+        for p in placements:
+            if p.kind == "P" and p.reduce_op in ("sum", "avg"):
+                raise _NotApplicable(f"P({p.reduce_op}) of a bool tensor")
+    return blocks(g, mesh_shape, placements, rng)
 
 
 def _copy(a: np.ndarray) -> np.ndarray:

@@ -9,6 +9,7 @@ import pytest
 from mpi4py import MPI
 
 import dtensor as dt
+from dtensor.testing import distribute_random
 
 WORLD = MPI.COMM_WORLD
 R, S, P = dt.Replicate(), dt.Shard, dt.Partial
@@ -19,7 +20,8 @@ def data(shape, seed=0):
 
 
 def dist(arr, mesh, placements):
-    return dt.distribute_tensor(arr, mesh, placements, src_data_rank=None)
+    """``arr`` on ``mesh``; a Partial mesh dim holds random per-rank contributions."""
+    return distribute_random(arr, mesh, placements, seed=len(placements))
 
 
 def meshes():

@@ -16,6 +16,7 @@ from mpi4py import MPI
 import dtensor as dt
 from dtensor.debug import ImplicitRedistributeError, explain, no_implicit_redistribute
 from dtensor.dispatch import dispatcher as _dispatch
+from dtensor.testing import distribute_random
 from placements.errors import ShardingError
 
 WORLD = MPI.COMM_WORLD
@@ -28,7 +29,8 @@ def data(shape, seed=0):
 
 
 def dist(arr, mesh, placements):
-    return dt.distribute_tensor(arr, mesh, placements, src_data_rank=None)
+    """``arr`` on ``mesh``; a Partial mesh dim holds random per-rank contributions."""
+    return distribute_random(arr, mesh, placements, seed=len(placements))
 
 
 def meshes():

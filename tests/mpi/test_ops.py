@@ -1,21 +1,25 @@
 """Ops on DTensors equal numpy on the global data, for many input placements.
 
 Every op family (pointwise, reductions, matmul/einsum, views, tensor ops, nn, in-place)
-runs on DTensors built with ``distribute_tensor(global, mesh, placements,
-src_data_rank=None)`` on a 1-D mesh of the world and, at 4 ranks, a 2x2 mesh; the
-``full_tensor()`` of the result must equal numpy on the global arrays, with the dtype of
-the same op on local Tensors. Test bodies are rank-independent in control flow.
+runs on DTensors laid out by :func:`dtensor.testing.distribute_random` on a 1-D mesh of the
+world and, at 4 ranks, a 2x2 mesh: a Partial input (sum, avg, max or min) holds random
+contributions that differ from rank to rank, so an op that keeps the wrong Partial kind
+gives wrong numbers. The ``full_tensor()`` of the result must equal numpy on the global
+arrays, with the dtype of the same op on local Tensors. Test bodies are rank-independent in
+control flow.
 """
 
 from __future__ import annotations
 
 import itertools
+import zlib
 
 import numpy as np
 import pytest
 from mpi4py import MPI
 
 import dtensor as dt
+from dtensor.testing import distribute_random
 
 WORLD = MPI.COMM_WORLD
 R, S, P = dt.Replicate(), dt.Shard, dt.Partial
@@ -38,10 +42,15 @@ def data(shape, dtype=np.float32, seed=0, positive=False):
     return (np.abs(a) + 0.5 if positive else a).astype(dtype)
 
 
-def options(mesh, ndim, partial=True, limit=None, seed=0):
-    """Placement tuples for a tensor of ``ndim`` dims on ``mesh``; on 2-D meshes a fixed
-    sample of at most ``limit`` of them (the same on every rank)."""
-    per_dim = [R] + [S(d) for d in range(ndim)] + ([P("sum"), P("max")] if partial else [])
+PARTIALS = [P("sum"), P("max"), P("min"), P("avg")]
+
+
+def options(mesh, ndim, partial=True, limit=None, seed=0, dtype=np.float32):
+    """Placement tuples for a tensor of ``ndim`` dims (of ``dtype``) on ``mesh``; on 2-D
+    meshes a fixed sample of at most ``limit`` of them (the same on every rank). P(avg)
+    only for floats: averaging integers has no exact result, and is refused."""
+    kinds = PARTIALS if np.dtype(dtype).kind in "fc" else PARTIALS[:3]
+    per_dim = [R] + [S(d) for d in range(ndim)] + (kinds if partial else [])
     combos = list(itertools.product(per_dim, repeat=mesh.ndim))
     if limit is not None and len(combos) > limit:
         keep = np.random.default_rng(seed).choice(len(combos), limit, replace=False)
@@ -50,7 +59,10 @@ def options(mesh, ndim, partial=True, limit=None, seed=0):
 
 
 def dist(arr, mesh, placements):
-    return dt.distribute_tensor(arr, mesh, placements, src_data_rank=None)
+    """``arr`` on ``mesh``; a Partial mesh dim holds random per-rank contributions, seeded by
+    the data and the placements (so every rank draws the same split)."""
+    seed = zlib.crc32(np.ascontiguousarray(arr).tobytes() + repr(tuple(placements)).encode())
+    return distribute_random(arr, mesh, placements, seed=seed)
 
 
 def full(x):
@@ -110,14 +122,14 @@ def diagnose(fn, dts, out, expected):
 def for_each_unary(fn, np_fn, shape, msg, partial=True, limit=12, arr=None):
     arr = data(shape) if arr is None else arr
     for mesh in meshes():
-        for pl in options(mesh, len(shape), partial, limit):
+        for pl in options(mesh, len(shape), partial, limit, dtype=arr.dtype):
             check(fn, np_fn, [arr], [(mesh, pl)], msg)
 
 
 def for_each_binary(fn, np_fn, a, b, msg, partial=True, limit=24):
     for mesh in meshes():
-        pa = options(mesh, a.ndim, partial)
-        pb = options(mesh, b.ndim, partial)
+        pa = options(mesh, a.ndim, partial, dtype=a.dtype)
+        pb = options(mesh, b.ndim, partial, dtype=b.dtype)
         pairs = list(itertools.product(pa, pb))
         if mesh.ndim > 1:
             keep = np.random.default_rng(1).choice(len(pairs), limit, replace=False)
@@ -264,7 +276,7 @@ def test_max_with_dim_returns_values_and_indices():
             out = dist(arr, mesh, pl).max(dim=0)
             assert isinstance(out.values, dt.DTensor) and isinstance(out.indices, dt.DTensor)
             values, indices = out
-            np.testing.assert_array_equal(full(values), arr.max(0))
+            np.testing.assert_allclose(full(values), arr.max(0), **tol(arr.dtype))
             np.testing.assert_array_equal(full(indices), arr.argmax(0))
 
 
@@ -362,9 +374,9 @@ def test_split_chunk_unbind():
             parts = x.split(3, dim=0)
             assert len(parts) == 3
             for got, want in zip(parts, np.split(arr, [3, 6])):
-                np.testing.assert_allclose(full(got), want)
+                np.testing.assert_allclose(full(got), want, **tol(arr.dtype))
             for got, want in zip(x.chunk(2, dim=1), np.split(arr, 2, axis=1)):
-                np.testing.assert_allclose(full(got), want)
+                np.testing.assert_allclose(full(got), want, **tol(arr.dtype))
 
 
 # -- tensor ops --------------------------------------------------------------------------------
@@ -462,8 +474,11 @@ def test_cross_entropy_and_mse(reduction):
 def test_inplace_ops_write_the_shards():
     a, b = data((6, 5)), data((6, 5), seed=1)
     for mesh in meshes():
-        # self keeps its placements: no Partial(max) self (x * 2 may not keep a max-partial)
-        selves = [pl for pl in options(mesh, 2) if not any(p.is_partial("max") for p in pl)]
+        # self keeps its placements: no Partial(max/min) self (x * 2 keeps sum and avg only)
+        selves = [
+            pl for pl in options(mesh, 2)
+            if not any(p.is_partial("max") or p.is_partial("min") for p in pl)
+        ]
         for pa, pb in itertools.islice(itertools.product(selves, options(mesh, 2)), 0, None, 2):
             x = dist(a.copy(), mesh, pa)
             y = dist(b, mesh, pb)
@@ -494,6 +509,28 @@ def test_inplace_that_would_change_placements_raises_before_writing():
 
 
 # -- regressions -------------------------------------------------------------------------------
+@pytest.mark.mpi(min_size=2)
+def test_neg_of_partial_max_is_partial_min():
+    arr = np.array([[4.0, -3.0], [5.0, -7.0]], np.float32)
+    for mesh in meshes():
+        x = dist(arr, mesh, (P("max"),) * mesh.ndim)
+        held = WORLD.allgather(x.to_local().numpy())
+        assert any(not np.array_equal(h, held[0]) for h in held), "degenerate Partial input"
+        y = -x
+        assert y.placements == (P("min"),) * mesh.ndim, y.placements
+        np.testing.assert_array_equal(full(y), -arr)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_relu_of_partial_sum_reduces_first():
+    arr = data((5, 3))
+    for mesh in meshes():
+        x = dist(arr, mesh, (P("sum"),) * mesh.ndim)
+        y = x.relu()
+        assert not any(p.is_partial() for p in y.placements), y.placements
+        np.testing.assert_allclose(full(y), np.maximum(arr, 0), **tol(arr.dtype))
+
+
 @pytest.mark.mpi(min_size=1)
 def test_partial_sum_plus_scalar_adds_it_once():
     arr = data((5, 3))
@@ -525,8 +562,10 @@ def test_view_flat_of_uneven_shards():
         for mesh in meshes():
             for pl in options(mesh, 2):
                 x = dist(arr, mesh, pl)
-                np.testing.assert_array_equal(full(x.view(-1)), arr.reshape(-1))
-                np.testing.assert_array_equal(full(x.reshape(-1, 1)), arr.reshape(-1, 1))
+                np.testing.assert_allclose(full(x.view(-1)), arr.reshape(-1), **tol(arr.dtype))
+                np.testing.assert_allclose(
+                    full(x.reshape(-1, 1)), arr.reshape(-1, 1), **tol(arr.dtype)
+                )
 
 
 @pytest.mark.mpi(min_size=4)

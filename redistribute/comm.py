@@ -444,6 +444,29 @@ _MPI_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "pro
 _BOOL_OPS = {"sum": MPI.LOR, "max": MPI.LOR, "min": MPI.LAND, "prod": MPI.LAND}
 
 
+# Note: MPI's predefined MAX/MIN compare with ``>``/``<``, so a NaN survives or vanishes
+# depending on which rank holds it. numpy and PyTorch propagate NaN through max and min:
+# floating max/min use user-defined ops that reduce with np.maximum / np.minimum, which
+# propagate NaN. One op per (op, dtype), created on first use and kept for the process.
+_NAN_UFUNCS = {"max": np.maximum, "min": np.minimum}
+_nan_ops: dict[tuple[str, str], Any] = {}
+
+
+def _nan_propagating_op(op: str, dtype: np.dtype) -> Any:
+    """The MPI op that reduces ``dtype`` data with ``op`` (max or min), NaN-propagating."""
+    key = (op, dtype.char)
+    found = _nan_ops.get(key)
+    if found is None:
+        ufunc = _NAN_UFUNCS[op]
+
+        def reduce(inbuf: Any, inoutbuf: Any, datatype: Any) -> None:
+            acc = np.frombuffer(inoutbuf, dtype)
+            ufunc(np.frombuffer(inbuf, dtype), acc, out=acc)
+
+        found = _nan_ops[key] = MPI.Op.Create(reduce, commute=True)
+    return found
+
+
 # (dtype, op) -> (MPI datatype, MPI op) of the valid pairs: about a hundred at most, so the
 # bound is never reached and recency does not matter. Every reducing collective looks its
 # pair up, so it reads the entries through their bound ``get`` (a method call would cost
@@ -485,6 +508,8 @@ def _check_reduction(dtype: np.dtype, op: str, where: str) -> tuple[Any, Any]:
     # Note: complex data has no max/min (PyTorch refuses; numpy would order lexicographically).
     if op in ("max", "min") and dtype.kind == "c":
         raise DTypeError(f"{where}: reduce op {op!r} is not defined for complex dtype {dtype}")
+    if op in _NAN_UFUNCS and dtype.kind == "f":
+        return mpi_type, _nan_propagating_op(op, dtype)
     return mpi_type, _MPI_OPS[op]
 
 

@@ -205,6 +205,26 @@ def reduced_shape(
     return tuple(n for d, n in enumerate(shape) if d not in axes)
 
 
+def check_nonempty_reduction(op: str, shape: Sequence[int], axes: Sequence[int] | None) -> None:
+    """Refuse a reduction without an identity (max, min, argmax...) over an empty dim.
+
+    **Local.** ``axes`` are the reduced dims (None: every dim). Checked on the global shape
+    by the rule and on the local shape by the kernel, so a sharded tensor raises exactly as
+    a replicated or local one.
+
+    Raises
+    ------
+    ShardingError
+        A reduced dim has size 0 (the message names ``op``, the shape and the dims).
+    """
+    sizes = shape if axes is None else [shape[i] for i in axes]
+    if 0 in sizes:
+        raise ShardingError(
+            f"{op}(): expected reduction dim to have non-zero size (input shape "
+            f"{tuple(shape)}, dim {'all' if axes is None else list(axes)})"
+        )
+
+
 # -- dtypes ------------------------------------------------------------------------------------
 # promotion categories: bool < integer < floating < complex
 _CATEGORY = {"b": 0, "u": 1, "i": 1, "f": 2, "c": 3}

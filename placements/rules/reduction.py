@@ -30,6 +30,7 @@ from ..meta import (
     BOOL,
     INT64,
     as_dtype,
+    check_nonempty_reduction,
     float_dtype,
     norm_dim,
     norm_dims,
@@ -60,6 +61,8 @@ _REDUCE = {
     "logsumexp": (None, ()),
 }
 _BOOL_PASS = {"any": ("max",), "all": ("min",)}
+# reductions without an identity: an empty reduced dim is an error
+_NO_IDENTITY = frozenset(("amax", "amin", "max", "min", "argmax", "argmin"))
 # the static arguments each reduction reads
 _STATIC = {
     op: ("dim",) if op == "count_nonzero"
@@ -123,6 +126,9 @@ def reduction_rule(schema: OpSchema) -> RuleResult:
     else:
         axes = norm_dims(op, dim, ndim)
         keep_others = True
+    if op in _NO_IDENTITY:  # on the global shape: an empty shard must not hide it
+        whole = dim is None and op in ("max", "min", "argmax", "argmin")
+        check_nonempty_reduction(op, a.shape, None if whole else axes)  # type: ignore
     # count_nonzero has no keepdim; max/min of the whole tensor ignore it (PyTorch)
     keepdim = (
         "keepdim" in _STATIC[op]

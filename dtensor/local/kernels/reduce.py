@@ -16,7 +16,7 @@ from collections import namedtuple
 import numpy as np
 
 from placements.errors import DTypeError, NoRuleError, ShardingError
-from placements.meta import norm_dims, real_dtype, reduced_shape
+from placements.meta import check_nonempty_reduction, norm_dims, real_dtype, reduced_shape
 
 from ..dtypes import to_dtype
 from ..tensor import Tensor, _norm_dim
@@ -204,21 +204,11 @@ def std(
     return wrap(r.astype(rt, copy=False))
 
 
-def _nonempty(op, a, axes):
-    """Refuse a max/min-like reduction over an empty dim (there is no identity)."""
-    sizes = a.shape if axes is None else [a.shape[i] for i in axes]
-    if 0 in sizes:
-        raise ShardingError(
-            f"{op}(): expected reduction dim to have non-zero size (input shape "
-            f"{tuple(a.shape)}, dim {'all' if axes is None else list(axes)})"
-        )
-
-
 def _extreme(op: str, input: Tensor, dim, keepdim: bool) -> Tensor:
     """amax/amin of ``input`` over ``dim`` (every dim when empty); NaN propagates."""
     a = as_array(op, input)
     axes = norm_dims(op, dim, a.ndim)
-    _nonempty(op, a, axes)
+    check_nonempty_reduction(op, a.shape, axes)
     xp = xp_of(a)
     return wrap(_reduce(xp.max if op == "amax" else xp.min, a, axes, keepdim))
 
@@ -243,19 +233,20 @@ def amin(input: Tensor, dim=(), keepdim: bool = False) -> Tensor:
     return _extreme("amin", input, dim, keepdim)
 
 
-def _arg(op, a, dim, keepdim):
-    """argmax/argmin indices (int64) of array ``a``; the first occurrence wins on ties."""
+def _arg(op, a, dim, keepdim, caller=None):
+    """argmax/argmin indices (int64) of array ``a``; the first occurrence wins on ties.
+    Errors name ``caller`` (max/min along a dim), default ``op``."""
     xp = xp_of(a)
     fn = xp.argmax if op == "argmax" else xp.argmin
     if dim is None:
-        _nonempty(op, a, None)
+        check_nonempty_reduction(caller or op, a.shape, None)
         # Note: with dim=None, keepdim=True keeps every dim as size 1 (numpy's behaviour).
         r = fn(a, axis=None, keepdims=keepdim) if keepdim else fn(a)
     else:
         d = _norm_dim(dim, a.ndim, op)
         if a.ndim == 0:
             return xp.zeros((), INT64)
-        _nonempty(op, a, (d,))
+        check_nonempty_reduction(caller or op, a.shape, (d,))
         r = fn(a, axis=d, keepdims=keepdim)
     r = np.asarray(r) if isinstance(r, np.generic) else r
     return r.astype(INT64, copy=False)
@@ -288,7 +279,7 @@ def argmin(input: Tensor, dim=None, keepdim: bool = False) -> Tensor:
 def _max_min(op, input, dim, keepdim, pairwise, result):
     if dim is None:
         a = as_array(op, input)
-        _nonempty(op, a, None)
+        check_nonempty_reduction(op, a.shape, None)
         return wrap(_reduce(xp_of(a).max if op == "max" else xp_of(a).min, a, None, False))
     # Note: with a dim, max/min return the namedtuple (values, indices) like PyTorch's
     # torch.return_types.max (numpy's max has no indices).
@@ -298,7 +289,7 @@ def _max_min(op, input, dim, keepdim, pairwise, result):
     a = as_array(op, input)
     xp = xp_of(a)
     d = _norm_dim(dim, a.ndim, op)
-    idx = _arg("argmax" if op == "max" else "argmin", a, d, True)
+    idx = _arg("argmax" if op == "max" else "argmin", a, d, True, op)
     if a.ndim == 0:
         return result(wrap(a.copy()), wrap(idx))
     values = xp.take_along_axis(a, idx, axis=d)

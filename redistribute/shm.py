@@ -118,6 +118,26 @@ def _max_segments() -> int:
 _MAX_SEGMENTS = _max_segments()
 
 
+def _machine_bytes() -> int:
+    """RAM plus swap: the most one allocation may ask for. Private memory (``numpy.empty``)
+    beyond it is refused by the kernel's overcommit heuristic with a MemoryError, but a
+    shared ``memfd`` mapping bypasses that heuristic (the kernel would grant it and the
+    OOM killer would strike while filling it), so segments check it themselves."""
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("SwapTotal:"):
+                    total += int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    return total
+
+
+_MACHINE_BYTES = _machine_bytes()
+
+
 def enabled() -> bool:
     """Whether new allocator segments are shared. **Local**."""
     return _ENABLED
@@ -162,6 +182,8 @@ class Segment:
 
     Raises
     ------
+    MemoryError
+        When ``size`` exceeds the machine's RAM plus swap (as ``numpy.empty`` would).
     OSError
         When the kernel refuses the memfd or the mapping, or this process already holds
         its quota of segments (the caller falls back to ordinary memory).
@@ -171,6 +193,11 @@ class Segment:
 
     def __init__(self, size: int) -> None:
         global _serial
+        if size > _MACHINE_BYTES:
+            raise MemoryError(
+                f"Unable to allocate {size / (1 << 30):.3g} GiB ({size} bytes) of shared "
+                f"memory: more than this machine's RAM and swap ({_MACHINE_BYTES} bytes)"
+            )
         if len(_segments) >= _MAX_SEGMENTS:
             raise OSError(f"dtensor: {_MAX_SEGMENTS} shared segments already live")
         fd = os.memfd_create("dtensor", os.MFD_CLOEXEC)

@@ -511,3 +511,15 @@ def test_free_from_garbage_collection_inside_allocator():
     stats = allocator.stats()
     assert stats["active_blocks"] == 0 and stats["num_frees"] == 2000
     check_snapshot(allocator)
+
+
+@pytest.mark.parametrize("factory", [dt.empty, dt.zeros])
+def test_a_request_beyond_ram_and_swap_raises_memory_error(factory):
+    # a shared memfd mapping bypasses the kernel's overcommit heuristic: without the check
+    # this returned (empty) or filled memory toward the OOM killer (zeros)
+    before = dt.memory_stats()["reserved_bytes"]
+    n = 1 << 40  # float32 elements: 4 TiB, beyond this machine's RAM and swap
+    with pytest.raises(MemoryError, match=r"Unable to allocate .* GiB"):
+        factory(n, dtype=dt.float32)
+    assert dt.memory_stats()["reserved_bytes"] == before
+    assert factory(3, dtype=dt.float32).shape == (3,)

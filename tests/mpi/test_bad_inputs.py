@@ -519,3 +519,22 @@ def test_from_local_of_a_string(mesh):
         "DTensor.from_local",
         "got a str",
     )
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize(
+    "name,fn",
+    [
+        ("add", lambda x: x + 2**70),
+        ("sub", lambda x: 2**70 - x),
+        ("mul", lambda x: x * -(2**64)),
+        ("add", lambda x: x.add_(2**70)),
+        ("clamp", lambda x: x.clamp(0, 2**70)),
+    ],
+)
+def test_python_int_beyond_64_bits_names_the_op(mesh, name, fn):
+    x = dt.distribute_tensor(np.arange(4 * W, dtype=np.int32), mesh, [S(0)])
+    expect(lambda: fn(x), errors.DTypeError, f"{name}: the python int", "int32",
+           unchanged=[x])
+    expect(lambda: fn(x.to_local()), errors.DTypeError, f"{name}: the python int",
+           unchanged=[x])

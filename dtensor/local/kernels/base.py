@@ -143,24 +143,31 @@ def operand(op: str, x):
     return as_array(op, x)
 
 
-def cast_scalar(value, dtype):
+def cast_scalar(value, dtype, op: str = ""):
     """A python scalar as a numpy scalar of ``dtype``, wrapping integers like a C cast.
 
     PyTorch casts a wrapped number to the computation dtype (``uint8 tensor - 1`` wraps
-    to 255), where numpy raises OverflowError.
+    to 255), where numpy raises OverflowError. A python int beyond 64 bits has no such
+    cast (PyTorch refuses it too): DTypeError naming ``op``.
     """
     # Note: numpy raises OverflowError for an out-of-range python int (uint8 tensor - 1);
     # PyTorch wraps it like a C cast, as done here.
     try:
         return dtype.type(value)
     except OverflowError:
+        if isinstance(value, int) and not -(1 << 63) <= value < (1 << 64):
+            raise DTypeError(
+                f"{op or 'cast'}: the python int {value} does not fit in 64 bits, so it "
+                f"cannot be converted to {dtype.name}"
+            ) from None
         return np.asarray(value).astype(dtype)[()]
 
 
-def cast(x, dtype):
-    """An operand (array or python scalar) in ``dtype``; arrays are copied only if needed."""
+def cast(x, dtype, op: str = ""):
+    """An operand (array or python scalar) in ``dtype``; arrays are copied only if needed.
+    Errors name ``op``."""
     if isinstance(x, SCALAR_TYPES):
-        return cast_scalar(x, dtype)
+        return cast_scalar(x, dtype, op)
     return x if x.dtype == dtype else x.astype(dtype)
 
 

@@ -499,7 +499,7 @@ class BinarySpec:
         ct, rt = self.dtypes(x, y)
         shape = broadcast_shapes(self.name, shape_of(x), shape_of(y))
         if self.kind != "logical":
-            x, y = cast(x, ct), cast(y, ct)
+            x, y = cast(x, ct, self.name), cast(y, ct, self.name)
         if self.check is not None:
             self.check(self.name, x, y, ct)
         o = out_buffer(shape, rt, like) if out is None else check_out(self.name, out, shape, rt)
@@ -690,8 +690,8 @@ def _scaled(name, x, y, alpha, what="alpha"):
         )
     if ct.kind == "b" and not isinstance(alpha, (bool, np.bool_)):
         raise DTypeError(f"{name}: boolean {what} only supported for Boolean results")
-    y = cast(y, ct)
-    return y * cast_scalar(alpha, ct)
+    y = cast(y, ct, name)
+    return y * cast_scalar(alpha, ct, name)
 
 
 def _with_alpha(op: str, input: TensorLike, other: TensorLike, alpha, out) -> Tensor:
@@ -839,8 +839,8 @@ def clamp(
     if ct == BOOL:
         raise DTypeError("clamp: not supported for Bool tensors")
     shape = broadcast_shapes("clamp", a.shape, *(shape_of(v) for v in bounds))
-    lo = None if min is None else cast(operand("clamp", min), ct)
-    hi = None if max is None else cast(operand("clamp", max), ct)
+    lo = None if min is None else cast(operand("clamp", min), ct, "clamp")
+    hi = None if max is None else cast(operand("clamp", max), ct, "clamp")
     o = out_buffer(shape, ct, a) if out is None else check_out("clamp", out, shape, ct)
     r = xp_of(a).clip(cast(a, ct), lo, hi, out=o)
     return out if out is not None else wrap(r)

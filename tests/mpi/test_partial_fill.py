@@ -12,6 +12,8 @@ import pytest
 from mpi4py import MPI
 
 import dtensor as dt
+from dtensor.local import allocator
+from redistribute import shm
 
 WORLD = MPI.COMM_WORLD
 R, S, P = dt.Replicate(), dt.Shard, dt.Partial
@@ -72,3 +74,19 @@ def test_a_python_scalar_split_into_a_partial_counts_once(op):
     y = x + 2
     full = y.full_tensor().numpy()
     np.testing.assert_allclose(full, np.full((2, 3), 3.5, np.float32))
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("factory", [dt.randn, dt.rand, dt.zeros, dt.full])
+def test_factory_shards_live_in_shared_memory(factory):
+    """A mesh-aware factory's shard comes from the pool, so its first redistribute can take
+    the node-shared-memory path (``dt.randn`` once built its shard in private memory)."""
+    mesh = dt.init_device_mesh((WORLD.size,))
+    args = (256 * WORLD.size, 256) if factory is not dt.full else ((256 * WORLD.size, 256), 2.0)
+    x = factory(*args, device_mesh=mesh, placements=[S(0)])
+    local = x.to_local()
+    assert local.nbytes >= allocator.POOL_MIN_BYTES
+    if shm.enabled():
+        assert shm.locate(local.numpy()) is not None, factory.__name__
+    y = x.redistribute(mesh, [R])
+    np.testing.assert_array_equal(y.to_local().numpy(), x.full_tensor().numpy())

@@ -17,7 +17,9 @@ scalars; broadcasting), on meshes (2,), (3,), (4,) and (2, 2), in ONE process:
 3. the combined result is compared with the local kernel applied to the global inputs
    (``allclose`` for floats, exact for ints and bools), as are the rule's shapes and dtypes.
 
-A call whose global kernel raises (an unsupported dtype, say) is skipped. Run
+A call whose global kernel raises (an unsupported dtype, say) is skipped. The sample calls,
+bound to their op and with their global results, are public (:func:`sample_calls`) for tests
+that run them on real meshes. Run
 ``python -m dtensor.validate [--quick] [--op NAME ...]``: it prints one row per op and a
 summary line, and exits non-zero on any mismatch. **Local**: no MPI anywhere.
 """
@@ -44,7 +46,7 @@ from .local.tensor import Tensor, _wrap
 from .ops import OPS, OpInfo
 from .testing import blocks
 
-__all__ = ["Report", "main", "validate"]
+__all__ = ["Report", "SampleCall", "main", "sample_calls", "validate"]
 
 MESHES: tuple[tuple[int, ...], ...] = ((2,), (3,), (4,), (2, 2))
 _R = Replicate()
@@ -499,21 +501,6 @@ def _combine(
     return out
 
 
-_TOL = {2: 1e-2, 4: 1e-4, 8: 1e-10, 16: 1e-10}
-
-
-def _tolerance(call: _Call) -> float:
-    """Relative/absolute tolerance: that of the least precise float among inputs and output
-    (Partial contributions are split in the input dtype, outputs reduced in theirs)."""
-    sizes = [w.dtype.itemsize // (2 if w.dtype.kind == "c" else 1) for w in call.want
-             if w.dtype.kind in "fc"]
-    for slot in call.slots:
-        v = call.arg(slot)
-        if isinstance(v, np.ndarray) and v.dtype.kind in "fc":
-            sizes.append(v.dtype.itemsize // (2 if v.dtype.kind == "c" else 1))
-    return _TOL[min(sizes)] if sizes else 0.0
-
-
 def _compare(got: np.ndarray, want: np.ndarray, tol: float) -> str | None:
     if got.shape != want.shape:
         return f"shape {got.shape} != {want.shape}"
@@ -540,21 +527,59 @@ def _outputs(out: object) -> list[np.ndarray]:
 
 
 # -- one op, one case ------------------------------------------------------------------------------
+_TOL = {2: 1e-2, 4: 1e-4, 8: 1e-10, 16: 1e-10}
+
+
 @dataclass
-class _Call:
-    """A case bound to an op: argument slots, schema pieces, the global result."""
+class SampleCall:
+    """A sample call bound to an op, with its global result.
+
+    Attributes
+    ----------
+    info : OpInfo
+        The op.
+    label : str
+        The sample's label (dtype, shapes, options).
+    values : list
+        One value per parameter of ``info.params`` (defaults filled in): numpy arrays stand
+        for tensors, a list for the ``variadic`` parameter; scalars and statics as they are.
+    slots : list of (int, int)
+        The tensor arguments, in ``OpSchema.args`` order: (parameter index, element index
+        in the variadic list or -1). A slot may hold a python scalar or None.
+    static : tuple of (str, object)
+        The decision-relevant static parameters and their values.
+    want : list of numpy.ndarray
+        The op's local kernel applied to the global values: the expected global outputs.
+    rng_state : Tensor
+        The state of dtensor's random generator the kernel ran from (``dropout``): restore
+        it with ``dt.set_rng_state`` before running the call again.
+    """
 
     info: OpInfo
+    label: str
     values: list[object]
     slots: list[tuple[int, int]]  # (param index, element index or -1)
-    metas: list[ArgMeta | None]
     static: tuple[tuple[str, object], ...]
     want: list[np.ndarray]
-    rng_state: bytes
+    rng_state: Tensor
 
     def arg(self, slot: tuple[int, int]) -> object:
+        """The value in ``slot`` (one of :attr:`slots`). **Local**."""
         pi, ei = slot
         return self.values[pi] if ei < 0 else self.values[pi][ei]  # type: ignore[index]
+
+    @property
+    def tolerance(self) -> float:
+        """Relative and absolute tolerance of float outputs: that of the least precise float
+        among inputs and outputs (Partial contributions are split in the input dtype,
+        outputs reduced in theirs); 0.0 when none is a float. **Local**."""
+        sizes = [w.dtype.itemsize // (2 if w.dtype.kind == "c" else 1) for w in self.want
+                 if w.dtype.kind in "fc"]
+        for slot in self.slots:
+            v = self.arg(slot)
+            if isinstance(v, np.ndarray) and v.dtype.kind in "fc":
+                sizes.append(v.dtype.itemsize // (2 if v.dtype.kind == "c" else 1))
+        return _TOL[min(sizes)] if sizes else 0.0
 
 
 def _as_kernel_value(v: object) -> object:
@@ -565,7 +590,7 @@ def _as_kernel_value(v: object) -> object:
     return v
 
 
-def _bind(info: OpInfo, case: Case) -> _Call | None:
+def _bind(info: OpInfo, case: Case) -> SampleCall | None:
     """Bind ``case`` to ``info``'s parameters and run the global kernel (None: it raised)."""
     values: list[object] = []
     for p in info.params:
@@ -588,10 +613,53 @@ def _bind(info: OpInfo, case: Case) -> _Call | None:
         out = info.kernel(*[_as_kernel_value(v) for v in values])
     except Exception:  # noqa: BLE001 - the op does not take these inputs on one device
         return None
-    want = _outputs(out)
-    call = _Call(info, values, slots, [], (), want, state)
-    call.static = tuple((p, values[info.params.index(p)]) for p in info.static_params)
-    return call
+    static = tuple((p, values[info.params.index(p)]) for p in info.static_params)
+    return SampleCall(info, case.label, values, slots, static, _outputs(out), state)
+
+
+def _cases(info: OpInfo, gen: _Gen, shapes: tuple) -> Iterator[Case]:
+    """The sample cases of ``info``'s family (an in-place op takes its out-of-place op's)."""
+    base = info.name[:-1] if info.name.endswith("_") and info.name not in _WRITES else info.name
+    return _FAMILIES[info.samples](gen, shapes, base)  # type: ignore[index]
+
+
+def sample_calls(info: OpInfo, seed: int = 0) -> list[SampleCall]:
+    """The validator's quick sample calls of ``info``, bound to its parameters. **Local**.
+
+    The cases of the op's ``samples`` family on the quick shapes (even, uneven and empty
+    shards on meshes of up to 4; float, int and bool dtypes where meaningful; python
+    scalars; broadcasting), each bound as the validator binds it, with the op's local kernel
+    applied to the global values as the expected outputs (:attr:`SampleCall.want`). Cases
+    the kernel refuses are left out. dtensor's random generator is left as it was.
+
+    Parameters
+    ----------
+    info : OpInfo
+        The op (a record of :data:`dtensor.ops.OPS`).
+    seed : int
+        Seeds the sample data.
+
+    Returns
+    -------
+    list of SampleCall
+        Empty when the op names no sample family of the validator (``info.samples``) or
+        the kernel refuses every case.
+
+    Raises
+    ------
+    Exception
+        The validator's mismatch error when the kernel returns something other than
+        Tensors over ndarrays.
+    """
+    if info.samples not in _FAMILIES:
+        return []
+    state = _random.get_rng_state()
+    try:
+        with np.errstate(all="ignore"):
+            calls = [_bind(info, case) for case in _cases(info, _Gen(seed), QUICK_SHAPES)]
+    finally:
+        _random.set_rng_state(state)
+    return [c for c in calls if c is not None]
 
 
 def _meta(v: object, placements: tuple[Placement, ...] | None) -> ArgMeta | None:
@@ -603,13 +671,13 @@ def _meta(v: object, placements: tuple[Placement, ...] | None) -> ArgMeta | None
     return ArgMeta(tuple(v.shape), v.dtype, placements)  # type: ignore[attr-defined]
 
 
-def _schema(call: _Call, mesh_shape: tuple[int, ...], current: Sequence) -> OpSchema:
+def _schema(call: SampleCall, mesh_shape: tuple[int, ...], current: Sequence) -> OpSchema:
     metas = tuple(_meta(call.arg(s), cur) for s, cur in zip(call.slots, current))
     return OpSchema(call.info.rule, metas, call.static, mesh_shape)
 
 
 def _run_strategy(
-    call: _Call,
+    call: SampleCall,
     schema: OpSchema,
     combo: tuple[Candidate, ...],
     rng: np.random.Generator,
@@ -668,7 +736,7 @@ def _run_strategy(
     for k in range(n_out):
         out_pl = tuple(c.placements[k] for c in combo)
         got = _combine(locs[k], out_pl, result.out_shapes[k], mesh_shape)
-        err = _compare(got, call.want[k], _tolerance(call))
+        err = _compare(got, call.want[k], call.tolerance)
         if err:
             raise _Mismatch(f"output {k}: {err}")
 
@@ -688,7 +756,7 @@ def _combos(
 
 
 def _random_current(
-    call: _Call, mesh_shape: tuple[int, ...], rng: np.random.Generator
+    call: SampleCall, mesh_shape: tuple[int, ...], rng: np.random.Generator
 ) -> list[tuple[Placement, ...] | None]:
     out = []
     for slot in call.slots:
@@ -762,15 +830,13 @@ def _check_op(
     info: OpInfo, quick: bool, meshes: Sequence[tuple[int, ...]], seed: int
 ) -> OpReport:
     rep = OpReport(info.name, info.rule)
-    family = _FAMILIES.get(info.samples)
-    if family is None:
+    if info.samples not in _FAMILIES:
         rep.mismatches.append("no sample calls for this op in the validator")
         return rep
     gen = _Gen(seed)
     rng = np.random.default_rng(seed + 1)
     shapes = QUICK_SHAPES if quick else SHAPES
-    base = info.name[:-1] if info.name.endswith("_") and info.name not in _WRITES else info.name
-    for case in family(gen, shapes, base):
+    for case in _cases(info, gen, shapes):
         try:
             call = _bind(info, case)
         except _Mismatch as exc:

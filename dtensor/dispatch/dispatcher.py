@@ -86,7 +86,8 @@ _PY_SCALARS = (bool, int, float, complex)
 # Note: numpy scalars take part as python scalars of their kind (weak dtypes), as in the
 # local kernels; a 0-d Tensor or ndarray is a 0-d tensor operand (its own dtype).
 _SCALAR_KIND = {"b": bool, "i": int, "u": int, "f": float, "c": complex}
-# Parameters that a method call may give as varargs (``x.view(2, 3)``, ``x.permute(1, 0)``).
+# Parameters that a method call may give as varargs (``x.view(2, 3)``, ``x.permute(1, 0)``)
+# when they are required: an optional one (``roll``'s ``dims=None``) is an ordinary argument.
 _SIZE_PARAMS = frozenset({"shape", "size", "sizes", "dims"})
 
 
@@ -157,7 +158,7 @@ class _Binder:
         self.static_idx = tuple(self.index[p] for p in info.static_params)
         self.variadic_idx = -1 if info.variadic is None else self.index[info.variadic]
         last = params[-1] if params else None
-        foldable = last in _SIZE_PARAMS or last == info.variadic
+        foldable = (last in _SIZE_PARAMS and last not in info.defaults) or last == info.variadic
         self.pack_idx = self.nparams - 1 if foldable else -1
 
     def bind(self, args: Sequence[object], kwargs: Mapping[str, object]) -> list:

@@ -379,3 +379,18 @@ def test_variadic_operands_bind_both_ways():
     assert z.shape == (4, 6) and z.placements == (Shard(0),)
     assert dt.cat([x, x, x], dim=1).shape == (4, 9)  # another operand count: another key
     assert stats()["misses"] == 3
+
+
+def test_an_optional_size_parameter_binds_as_given():
+    """``roll``'s ``dims`` defaults to None: ``roll(x, 3, None)`` passes that None (only a
+    required size parameter gathers trailing positionals, as in ``x.view(2, 3)``)."""
+    g = data((5, 7))
+    x = dtensor_of(g, SimMesh((2,)), [R])
+    calls = [
+        (dt.roll(x, 3, None), np.roll(g, 3)), (x.roll(3, None), np.roll(g, 3)),
+        (x.roll(3), np.roll(g, 3)), (x.roll(2, 1), np.roll(g, 2, 1)),
+        (dt.roll(x, (1, 2), (0, 1)), np.roll(g, (1, 2), (0, 1))),
+    ]
+    for got, want in calls:
+        np.testing.assert_array_equal(got.to_local().numpy(), want)
+    assert x.view(35, 1).shape == (35, 1) and x.permute(1, 0).shape == (7, 5)

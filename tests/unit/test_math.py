@@ -1113,6 +1113,16 @@ def test_large_outputs_come_from_the_allocator(monkeypatch):
     assert dt.memory_stats()["num_allocs"] == before
 
 
+def test_any_all_of_large_outputs_are_bool(monkeypatch):
+    # a pooled output buffer must have the result dtype (bool), not the input's
+    monkeypatch.setattr(_allocator, "POOL_MIN_BYTES", 1)
+    for dtype in (F32, I64, B):
+        x = data((5, 7), dtype)
+        for dim in (None, 0, (0, 1)):
+            check(dt.all(T(x), dim), np.all(x, _axis(dim)))
+            check(T(x).any(dim, True), np.any(x, _axis(dim), keepdims=True))
+
+
 def test_methods_installed():
     t = T(data((2, 3), F32))
     for name in ("exp", "add", "sum", "max", "softmax", "clamp", "clip", "matmul", "where",

@@ -25,6 +25,32 @@ def test_every_op_has_a_rule_and_sample_calls():
         assert info.samples in V._FAMILIES, name
 
 
+def test_sample_calls_are_bound_with_their_global_results():
+    assert all(V.sample_calls(OPS[name]) for name in _NAMES)
+    state = dt.get_rng_state().numpy().tobytes()
+    V.sample_calls(OPS["dropout"])  # its kernel draws: the generator is left as it was
+    assert dt.get_rng_state().numpy().tobytes() == state
+    for name in ("add", "add_", "cat", "where", "dropout", "max", "getitem"):
+        info = OPS[name]
+        calls = V.sample_calls(info, seed=3)
+        again = V.sample_calls(info, seed=3)
+        assert [c.label for c in calls] == [c.label for c in again]
+        for call, twin in zip(calls, again):
+            assert call.info is info and len(call.values) == len(info.params)
+            for slot in call.slots:
+                v, w = call.arg(slot), twin.arg(slot)
+                assert v is None or isinstance(v, (np.ndarray, bool, int, float)), (name, v)
+                assert np.array_equal(v, w) if isinstance(v, np.ndarray) else v == w
+            dt.set_rng_state(call.rng_state)  # the kernel on the values gives ``want``
+            out = info.kernel(*[V._as_kernel_value(v) for v in call.values])
+            outs = [out] if isinstance(out, dt.Tensor) else list(out)
+            for o, w in zip(outs, call.want, strict=True):
+                np.testing.assert_array_equal(o.numpy(), w)
+    tol = {c.label: c.tolerance for c in V.sample_calls(OPS["add"])}
+    assert tol["float32(3, 2)(3, 2)same"] == 1e-4 and tol["int64(3, 2)(3, 2)same"] == 0.0
+    assert V.sample_calls(OpInfo("no_samples", OPS["neg"].kernel, ("input",), ("input",))) == []
+
+
 @pytest.mark.parametrize("group", range(_CHUNKS))
 def test_every_candidate_of_every_rule(group):
     report = V.validate(_GROUPS[group], quick=True)

@@ -35,16 +35,18 @@ from .pointwise import maximum, minimum
 # Results of max/min along a dim, like torch.return_types.max / .min.
 MaxResult = namedtuple("max", ("values", "indices"))
 MinResult = namedtuple("min", ("values", "indices"))
+BOOL = np.dtype(np.bool_)
 
 
-def _reduce(fn, a, axes, keepdim: bool, dtype=None):
+def _reduce(fn, a, axes, keepdim: bool, dtype=None, result=None):
     """``fn(a, axis=axes, keepdims=keepdim[, dtype=dtype], out=...)`` as an array.
 
     The output comes from :func:`out_buffer` (pooled when large); ``dtype`` is the result
-    dtype (None: the array module's choice, only for dtype-preserving reductions).
+    dtype passed to ``fn``; ``result`` the result dtype of an ``fn`` that takes no dtype
+    (``any``/``all``: bool). Both None: a dtype-preserving reduction.
     """
     kw = {} if dtype is None else {"dtype": dtype}
-    rt = a.dtype if dtype is None else dtype
+    rt = result if result is not None else a.dtype if dtype is None else dtype
     o = out_buffer(reduced_shape(a.shape, axes, keepdim), rt, a)
     r = fn(a, axis=axes, keepdims=keepdim, out=o, **kw)
     return np.asarray(r) if isinstance(r, np.generic) else r
@@ -367,13 +369,13 @@ def norm(input: Tensor, p="fro", dim=None, keepdim: bool = False, *, dtype=None)
 def any(input: Tensor, dim=None, keepdim: bool = False) -> Tensor:
     """True where any element over ``dim`` is non-zero. **Local**. Returns a bool Tensor."""
     a = as_array("any", input)
-    return wrap(_reduce(xp_of(a).any, a, norm_dims("any", dim, a.ndim), keepdim))
+    return wrap(_reduce(xp_of(a).any, a, norm_dims("any", dim, a.ndim), keepdim, result=BOOL))
 
 
 def all(input: Tensor, dim=None, keepdim: bool = False) -> Tensor:
     """True where every element over ``dim`` is non-zero. **Local**. Returns a bool Tensor."""
     a = as_array("all", input)
-    return wrap(_reduce(xp_of(a).all, a, norm_dims("all", dim, a.ndim), keepdim))
+    return wrap(_reduce(xp_of(a).all, a, norm_dims("all", dim, a.ndim), keepdim, result=BOOL))
 
 
 def logsumexp(input: Tensor, dim, keepdim: bool = False) -> Tensor:

@@ -7,6 +7,8 @@
 - Identical meshes share their communicators, so creating meshes in a loop never runs MPI
   out of communicators; the ranks agree on every cache decision, even when one rank's
   cache was lost.
+- ``from_local(run_check=True)`` checks Replicate and Partial local shapes and dtypes
+  across ranks when ``shape`` is omitted.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import pytest
 from mpi4py import MPI
 
 import dtensor as dt
-from dtensor.errors import MeshError
+from dtensor.errors import MeshError, ShardingError
 from redistribute import comm as C
 
 WORLD = MPI.COMM_WORLD
@@ -107,3 +109,22 @@ def test_ranks_agree_when_one_rank_lost_its_shared_communicators():
     assert mesh.get_group(0) is not first.get_group(0)
     x = dt.distribute_tensor(np.arange(2.0 * N), mesh, [dt.Shard(0)])
     np.testing.assert_array_equal(x.full_tensor().numpy(), np.arange(2.0 * N))
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("placement", [dt.Replicate(), dt.Partial("sum")], ids=["R", "P"])
+def test_from_local_run_check_compares_replicated_shapes(placement):
+    mesh = dt.init_device_mesh((N,))
+    rows = 3 if WORLD.rank == 1 else 2  # rank 1 holds a different shape
+    with pytest.raises(ShardingError, match="run_check=True") as info:
+        dt.DTensor.from_local(dt.ones(rows, 2), mesh, [placement], run_check=True)
+    # each rank compares with its own shape: rank 1 reports rank 0's, the others rank 1's
+    if WORLD.rank == 1:
+        assert "(rank 0): local float32 (2, 2), expected float32 (3, 2)" in str(info.value)
+    else:
+        assert "(rank 1): local float32 (3, 2), expected float32 (2, 2)" in str(info.value)
+    dtype = dt.float64 if WORLD.rank == 1 else dt.float32
+    with pytest.raises(ShardingError, match="float64 \\(2, 2\\)"):
+        dt.DTensor.from_local(dt.ones(2, 2, dtype=dtype), mesh, [placement], run_check=True)
+    ok = dt.DTensor.from_local(dt.ones(2, 2), mesh, [placement], run_check=True)
+    assert ok.shape == (2, 2)

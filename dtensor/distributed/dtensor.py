@@ -308,7 +308,9 @@ class DTensor(_fp.DTensorBase):
         placements = _normalize_placements(placements, device_mesh, "DTensor.from_local")
         if shape is None:
             shape = _infer_global_shape(local, device_mesh, placements)
-            run_check = False  # the inference checked every rank's shape already
+            # inferring from Shard placements checked every rank's shape already; without
+            # a Shard, the shape is this rank's own, which run_check compares across ranks
+            run_check = run_check and not any(isinstance(p, Shard) for p in placements)
         spec = DTensorSpec(
             device_mesh, placements, tuple(int(s) for s in shape), local.dtype,
             None if stride is None else tuple(int(s) for s in stride),

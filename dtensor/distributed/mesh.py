@@ -1,9 +1,17 @@
 """DeviceMesh: an N-D array of MPI ranks with optional dim names.
 
-A mesh owns one communicator per mesh dim (created once, at construction, with
-``MPI_Comm_split``) and caches sub-communicators for groups of dims on first use. It is
-immutable and hashable, so it can be part of a :class:`placements.spec.DTensorSpec` (the
-cache key of sharding decisions and redistribute plans).
+A mesh holds one communicator per mesh dim and caches sub-communicators for groups of dims
+on first use. Those communicators come from :func:`redistribute.comm.shared_mesh_comms`:
+every mesh whose dim groups the same world ranks in the same order shares one, so creating
+identical meshes again and again creates no communicator. Creating a mesh is one
+all-gather in which the ranks also agree on the settings that decide which collectives
+its DTensors run (:func:`_path_settings`); ranks that differ raise ``ConfigError``.
+
+A mesh is immutable and hashable, so it can be part of a
+:class:`placements.spec.DTensorSpec` (the cache key of sharding decisions and redistribute
+plans). Its identity is the device type, the dim names and the COMM_WORLD rank at each
+mesh coordinate: meshes over communicators that order the ranks differently are unequal
+(ops that mix them raise ``MeshError``), whatever ranks their own communicators number.
 
 Ranks in ``mesh.mesh`` are ranks of the *root* communicator the mesh (or its parent) was
 built on, as in PyTorch; a sub-mesh ``mesh["tp"]`` communicates over the cached
@@ -12,15 +20,21 @@ sub-communicator of that dim.
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import re
+import zlib
 from collections.abc import Sequence
 
 import numpy as np
 
-from placements.errors import MeshError, SignatureError
+from placements.errors import ConfigError, MeshError, SignatureError
 from redistribute import comm as _comm
+from redistribute import shm as _shm
+from redistribute.cost import CostModel, default_cost_model
 
+from ..local import allocator as _allocator
 from . import device_comm as _devcomm
 from . import gpu as _gpu
 
@@ -43,7 +57,10 @@ class DeviceMesh:
     """An N-D mesh of MPI ranks.
 
     **Collective** to construct: every rank of ``comm`` must build the same mesh in the same
-    order, because construction splits the communicator once per mesh dim.
+    order. Construction is one all-gather over ``comm`` (the ranks agree on the grid and on
+    the settings of :func:`_path_settings`, raising ``MeshError`` or ``ConfigError`` on
+    every rank when they differ), plus one communicator split per mesh dim whose ranks no
+    earlier mesh grouped the same way.
 
     Parameters
     ----------
@@ -65,8 +82,9 @@ class DeviceMesh:
         "_group_comms",
         "_hash",
         "_names",
+        "_root_grid",
         "_root_rank",
-        "_world_grid",
+        "_world",
         "device_type",
     )
 
@@ -96,12 +114,15 @@ class DeviceMesh:
                 f"{grid.ravel().tolist()} does not match the communicator of size {base.size} "
                 f"(each rank 0..{base.size - 1} must appear exactly once)"
             )
-        coord, dim_comms = _comm.make_mesh_comms(base, grid)
+        coord, dim_comms = _shared_comms(base, grid)
+        world = _comm.world_ranks(base)[grid]
         if str(device_type).startswith("cuda"):
             base, dim_comms = _cuda_comms(base, dim_comms)
-        self._init(device_type, grid, grid, mesh_dim_names, base, tuple(coord), tuple(dim_comms))
+        self._init(device_type, grid, grid, world, mesh_dim_names, base, coord, dim_comms)
 
-    def _init(self, device_type, grid, world_grid, names, base, coord, dim_comms) -> None:
+    def _init(self, device_type, grid, root_grid, world, names, base, coord, dim_comms) -> None:
+        """Set the fields: ``grid`` numbers the ranks of ``base``, ``root_grid`` those of
+        the root communicator (``mesh.mesh``), ``world`` those of COMM_WORLD."""
         names = None if names is None else tuple(names)
         if names is not None:
             if len(names) != grid.ndim:
@@ -111,45 +132,43 @@ class DeviceMesh:
                 )
             if len(set(names)) != len(names):
                 raise MeshError(f"DeviceMesh: mesh_dim_names {names} are not unique")
-        grid = grid.copy()
-        grid.flags.writeable = False
-        world_grid = world_grid.copy()
-        world_grid.flags.writeable = False
+        grid, root_grid, world = (a.copy() for a in (grid, root_grid, world))
+        for a in (grid, root_grid, world):
+            a.flags.writeable = False
         self.device_type = str(device_type)
         self._grid = grid
-        self._world_grid = world_grid
+        self._root_grid = root_grid
+        self._world = world
         self._names = names
         self._base = base
         self._coord = coord
         self._dim_comms = dim_comms
         self._group_comms: dict[tuple[int, ...], _comm.Comm] = {}
-        self._root_rank = int(world_grid[coord])
-        self._hash = hash(
-            (self.device_type, world_grid.shape, tuple(world_grid.ravel().tolist()), names)
-        )
+        self._root_rank = int(root_grid[coord])
+        self._hash = hash((self.device_type, world.shape, tuple(world.ravel().tolist()), names))
 
     @classmethod
     def _submesh(cls, parent: DeviceMesh, dims: tuple[int, ...], comm: _comm.Comm) -> DeviceMesh:
         """Sub-mesh of ``parent`` over ``dims`` that contains this rank. **Local**."""
         index = tuple(slice(None) if d in dims else c for d, c in enumerate(parent._coord))
-        world_grid = parent._world_grid[index]
-        shape = world_grid.shape
+        root_grid = parent._root_grid[index]
         coord = tuple(parent._coord[d] for d in dims)
-        grid = np.arange(world_grid.size, dtype=np.int64).reshape(shape)
+        grid = np.arange(root_grid.size, dtype=np.int64).reshape(root_grid.shape)
         if len(dims) == 1:
             dim_comms = (comm,)
         else:
             dim_comms = tuple(parent._dim_comms[d] for d in dims)
         names = None if parent._names is None else tuple(parent._names[d] for d in dims)
         self = cls.__new__(cls)
-        self._init(parent.device_type, grid, world_grid, names, comm, coord, dim_comms)
+        world = parent._world[index]
+        self._init(parent.device_type, grid, root_grid, world, names, comm, coord, dim_comms)
         return self
 
     # -- metadata (all Local) -------------------------------------------------------------
     @property
     def mesh(self) -> np.ndarray:
         """The ranks (of the root communicator) as a read-only N-D array. **Local**."""
-        return self._world_grid
+        return self._root_grid
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -198,6 +217,8 @@ class DeviceMesh:
         """The communicator of one mesh dim (or the whole mesh when None). **Local**.
 
         ``.mpi`` of the result is the mpi4py communicator, for users who call MPI directly.
+        A mesh dim's communicator is shared with every mesh whose dim groups the same ranks
+        in the same order: never free it.
         """
         if mesh_dim is None:
             return self._base
@@ -252,8 +273,7 @@ class DeviceMesh:
             flat = self._grid.transpose(rest + dims).reshape(
                 tuple(self.shape[d] for d in rest) + (-1,)
             )
-            _, comms = _comm.make_mesh_comms(self._base, flat)
-            cached = comms[-1]
+            _, (cached,) = _shared_comms(self._base, flat, (flat.ndim - 1,))
             if self.device_type.startswith("cuda"):
                 cached = _devcomm.device_comm(cached, _comm.cuda_aware())
             self._group_comms[dims] = cached
@@ -272,12 +292,71 @@ class DeviceMesh:
             self._hash == other._hash
             and self.device_type == other.device_type
             and self._names == other._names
-            and np.array_equal(self._world_grid, other._world_grid)
+            and np.array_equal(self._world, other._world)
         )
 
     def __repr__(self) -> str:
+        """The root-communicator ranks, and the world ranks where they differ. **Local**."""
         names = "" if self._names is None else f", mesh_dim_names={self._names}"
-        return f"DeviceMesh('{self.device_type}', {self._world_grid.tolist()}{names})"
+        world = ""
+        if not np.array_equal(self._world, self._root_grid):
+            world = f", world_ranks={self._world.tolist()}"
+        return f"DeviceMesh('{self.device_type}', {self._root_grid.tolist()}{names}{world})"
+
+
+@functools.lru_cache(maxsize=8)
+def _model_digest(model: CostModel) -> int:
+    return zlib.crc32(json.dumps(model.to_dict(), sort_keys=True).encode())
+
+
+def _path_settings() -> tuple[list[tuple[str, int | None]], list[ConfigError]]:
+    """This process's settings that decide which collectives DTensors run. **Local**.
+
+    Ranks that differ in them hang or exchange mismatched data: ``DTENSOR_SHM_MIN_BYTES``
+    picks between a shared-memory exchange and an MPI collective; the cost model
+    (``DTENSOR_COST_MODEL`` or ``set_default_cost_model``) picks the sharding strategy and
+    so the redistributions; ``DTENSOR_SHM`` (the setting, not whether this process has
+    turned shared segments off since) and ``DTENSOR_POOL_MIN_BYTES`` decide which buffers
+    can be exchanged through shared memory. (``DTENSOR_CHECK_SPMD`` joins them in
+    :func:`redistribute.comm.shared_mesh_comms`. ``DTENSOR_FASTPATH`` runs the same
+    collectives on either path, and ``DTENSOR_GPU_COMM`` only how a rank stages its own
+    buffers, so ranks may differ in those.)
+
+    Returns
+    -------
+    (settings, errors)
+        ``(name, value)`` pairs, the value None where reading it raised; and those errors.
+    """
+    errors: list[ConfigError] = []
+
+    def read(fn) -> int | None:
+        try:
+            return int(fn())
+        except ConfigError as e:
+            errors.append(e)
+            return None
+
+    settings = [
+        ("DTENSOR_SHM", read(_shm._env_enabled)),
+        ("DTENSOR_SHM_MIN_BYTES", _shm.MIN_BYTES),
+        ("DTENSOR_POOL_MIN_BYTES", _allocator.POOL_MIN_BYTES),
+        ("DTENSOR_COST_MODEL digest", read(lambda: _model_digest(default_cost_model()))),
+    ]
+    return settings, errors
+
+
+def _shared_comms(base: _comm.Comm, grid: np.ndarray, dims: tuple[int, ...] | None = None):
+    """:func:`redistribute.comm.shared_mesh_comms` with this process's settings.
+
+    **Collective** over ``base``. A setting unreadable on every rank raises its error on
+    every rank, after the agreement (a rank that raised before it would leave the others
+    waiting there).
+    """
+    settings, errors = _path_settings()
+    out = _comm.shared_mesh_comms(base, grid, dims, settings, "DeviceMesh")
+    if errors:
+        raise errors[0]
+    return out
 
 
 def _cuda_comms(base: _comm.Comm, dim_comms: tuple) -> tuple:

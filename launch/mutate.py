@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -138,8 +139,8 @@ class _Context:
         self.log_dir = log_dir
         self.mode = mode
         self.timeout = timeout
-        self.mpiexec: str | None = None
-        path = rank_env().get("PYTHONPATH")
+        self.mpiexec = ""  # found by main() when a selected run needs it
+        path = os.environ.get("PYTHONPATH")
         self.env = rank_env(PYTHONPATH=str(_ROOT) + (":" + path if path else ""))
         self._groups: dict[str, int] | None = None
 
@@ -180,8 +181,6 @@ class _Context:
             pytest += ["-k", run.keyword]
         if run.ranks is None:
             return [sys.executable, *pytest]
-        if self.mpiexec is None:
-            self.mpiexec = find_mpiexec()
         return job_command(self.mpiexec, run.ranks, [*pytest, "--with-mpi"])
 
 
@@ -311,6 +310,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     log_dir = opts.log_dir or Path(tempfile.mkdtemp(prefix="dtensor-mutate-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     ctx = _Context(tests_dir, log_dir, opts.mode, opts.timeout)
+    if any(run.ranks is not None for m in chosen for run in m.runs):
+        try:
+            ctx.mpiexec = find_mpiexec()
+        except FileNotFoundError as exc:
+            parser.error(str(exc))
     print(f"{len(chosen)} mutations, {opts.mode} path, tests {tests_dir}, logs {log_dir}")
     widths = [max(len(m.name) for m in chosen), 9, 6, 7, 0]
     print(_row(["mutation", "family", "kind", "seconds", "result"], widths), flush=True)

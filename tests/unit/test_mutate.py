@@ -266,6 +266,7 @@ def test_list_prints_one_line_per_mutation(capsys):
 
 def test_runs_skip_missing_files_and_select_validator_groups(tmp_path):
     ctx = mutate._Context(TESTS_DIR, tmp_path, "fastpath", 60.0)
+    ctx.mpiexec = "mpiexec"
     ctx._groups = {"relu": 3, "exp": 1}
     paths, notes = ctx.resolve(Run(("unit/test_rules.py", "mpi/test_not_yet.py"),
                                    validate=("relu", "exp")))

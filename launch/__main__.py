@@ -2,8 +2,10 @@
 
 This module owns parsing the launcher's own options, which end at the script (or at
 ``-m module``, or at ``--``); everything after that belongs to the program.
-``python -m launch test`` runs the test suite (:mod:`launch.runtests`) and
-``python -m launch --info`` describes the MPI, GPU and fast-path setup (:mod:`launch._info`).
+``python -m launch test`` runs the test suite (:mod:`launch.runtests`),
+``python -m launch mutate`` checks that the suite catches wrong sharding rules and wrong
+redistribute plans (:mod:`launch.mutate`) and ``python -m launch --info`` describes the MPI,
+GPU and fast-path setup (:mod:`launch._info`).
 
 Beyond one machine, MPI is the engine:
 
@@ -34,7 +36,8 @@ USAGE = """\
 python -m launch [-n N] [--mesh 2x2] [--timeout S] [options] script.py [args...]
        python -m launch [-n N] [--mesh 2x2] [--timeout S] [options] -m module [args...]
        python -m launch --info
-       python -m launch test [--quick] [--ranks 1,2,3,4] [-k EXPR] [--timeout S]"""
+       python -m launch test [--quick] [--ranks 1,2,3,4] [-k EXPR] [--timeout S]
+       python -m launch mutate [--list] [--only NAME...] [--family F] [--timeout S]"""
 
 # Launcher options that take a value: the value is not the start of the program's part.
 _VALUE_OPTIONS = (
@@ -168,6 +171,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from . import runtests  # lazy: the launcher of a job imports no test machinery
 
         return runtests.main(args_in[1:])
+    if args_in[:1] == ["mutate"]:
+        from . import mutate  # lazy: the launcher of a job imports no test machinery
+
+        return mutate.main(args_in[1:])
     parser = _parser()
     own, program = _split(args_in)
     opts = parser.parse_args(own)

@@ -17,6 +17,7 @@ import sysconfig
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import IO
 
 __all__ = [
     "TIMEOUT_EXIT_CODE",
@@ -214,11 +215,13 @@ def run_job(
     env: Mapping[str, str] | None = None,
     cwd: str | os.PathLike[str] | None = None,
     timeout: float | None = None,
+    output: IO[bytes] | None = None,
 ) -> int:
     """Run ``cmd`` in its own process group and return its exit status.
 
     **Local** (from the caller's side; the command itself may be an MPI job). The job's
-    output goes straight to this process's stdout/stderr. When ``timeout`` seconds pass,
+    output goes straight to this process's stdout/stderr, or, with ``output`` (a file open
+    for binary writing), stdout and stderr both go to that file. When ``timeout`` seconds pass,
     the whole process group (``mpiexec`` and every rank it started) gets SIGTERM, then
     SIGKILL, and the result is ``TIMEOUT_EXIT_CODE`` (124). Ctrl-C, SIGTERM and SIGHUP
     sent to this process also end the whole group (exit status 128 + signal).
@@ -230,7 +233,12 @@ def run_job(
     """
     previous = {}
     proc = subprocess.Popen(
-        list(cmd), env=None if env is None else dict(env), cwd=cwd, start_new_session=True
+        list(cmd),
+        env=None if env is None else dict(env),
+        cwd=cwd,
+        start_new_session=True,
+        stdout=output,
+        stderr=None if output is None else subprocess.STDOUT,
     )
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGHUP):

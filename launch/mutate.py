@@ -1,0 +1,343 @@
+"""The mutation check: ``python -m launch mutate``.
+
+This module owns running the mutations of :mod:`launch.mutations` one at a time and reporting
+which test run caught ("killed") each. For every mutation its runs go in order, each a pytest
+process (one process for unit tests, ``mpiexec -n K`` for MPI tests) with the plugin
+:mod:`launch._mutant` loaded and ``DTENSOR_MUTATION`` naming the mutation, under a timeout that
+kills the whole process group; the first run that fails kills the mutation and the later runs
+are skipped. A run that times out counts as a kill (the suite noticed).
+
+A mutation is *invalid*, reported as an error and never counted as killed, when it cannot be
+applied (its rule is not registered), when it never fired (it changed no rule answer or plan
+in any process of its runs: the selection does not exercise it), or when a run failed although
+it had not fired (a broken run, not a catch).
+
+It prints one row per mutation (name, family, kind, result, seconds), the survivors with the
+analysis recorded in their ``note``, the invalid ones, and ends with the line
+``mutations: <killed>/<total> killed``; it exits non-zero when fewer than :data:`TARGET` of
+the mutations are killed or any is invalid.
+
+Runs use the ``tests`` folder as working directory, like :mod:`launch.runtests`, with the
+checkout that holds this package first on ``PYTHONPATH``, so that the test processes import
+the mutations and the packages of this tree. Test files a selection names that do not exist
+are skipped with a note in the row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import _mutant
+from ._mpiexec import TIMEOUT_EXIT_CODE, find_mpiexec, job_command, rank_env, run_job
+from .mutations import FAMILIES, KINDS, MUTATIONS, Mutation, Run
+from .runtests import MODES, NO_TESTS_EXIT_CODE, Stage, find_tests_dir, stage_environment
+
+__all__ = ["TARGET", "Result", "RunOutcome", "main", "summary_line"]
+
+#: The kill ratio below which the command fails.
+TARGET = 0.95
+#: The strategy validator's parametrized test, whose groups a run may select by op.
+VALIDATOR_FILE = "unit/test_validator.py"
+VALIDATOR_TEST = "test_every_candidate_of_every_rule"
+#: pytest's exit status for a command-line usage error (a mutation that cannot be applied).
+USAGE_EXIT_CODE = 4
+
+_ROOT = Path(__file__).resolve().parent.parent
+_FAILED = re.compile(r"^(?:\[rank \d+\] )?(?:FAILED|ERROR) (\S+)", re.MULTILINE)
+_GROUPS_PROBE = """\
+import json, test_validator as t
+print(json.dumps({op: i for i, group in enumerate(t._GROUPS) for op in group}))
+"""
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """How one run of a mutation ended.
+
+    ``status``: ``passed``, ``killed``, ``timeout``, ``skipped`` (none of its files exist),
+    ``empty`` (pytest selected no test) or ``error`` (the mutation could not be applied).
+    """
+
+    run: Run
+    status: str
+    fired: bool
+    seconds: float
+    failed_test: str = ""
+    notes: tuple[str, ...] = ()
+    errors: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Result:
+    """A mutation's outcome: ``killed``, ``survived`` or ``invalid`` (with the reason)."""
+
+    mutation: Mutation
+    status: str
+    detail: str
+    seconds: float
+    notes: tuple[str, ...] = ()
+
+
+def summary_line(results: Sequence[Result]) -> str:
+    """The report's last line: ``mutations: <killed>/<total> killed``. **Local**."""
+    killed = sum(r.status == "killed" for r in results)
+    return f"mutations: {killed}/{len(results)} killed"
+
+
+def passes(results: Sequence[Result]) -> bool:
+    """Whether the check passes: no invalid mutation and at least TARGET killed. **Local**."""
+    if not results or any(r.status == "invalid" for r in results):
+        return False
+    return sum(r.status == "killed" for r in results) >= TARGET * len(results)
+
+
+def conclude(mutation: Mutation, outcomes: Sequence[RunOutcome], seconds: float) -> Result:
+    """The result of a mutation from its runs' outcomes (in order; the last one decided).
+
+    **Local.** See the module docstring for what makes a mutation invalid.
+    """
+    notes = tuple(n for o in outcomes for n in o.notes)
+    for o in outcomes:
+        if o.errors:
+            msg = "; ".join(o.errors)
+            return Result(mutation, "invalid", f"cannot apply: {msg}", seconds, notes)
+        if o.status in ("killed", "timeout"):
+            if not o.fired:
+                return Result(
+                    mutation, "invalid", f"{o.run.label} failed but the mutation never fired",
+                    seconds, notes,
+                )
+            if o.status == "timeout":
+                how = f"{o.run.label} (timeout)"
+            elif o.failed_test:
+                how = f"{o.run.label.split()[0]} {o.failed_test}"
+            else:
+                how = o.run.label
+            return Result(mutation, "killed", how, seconds, notes)
+    if not any(o.fired for o in outcomes):
+        ran = [o for o in outcomes if o.status not in ("skipped", "empty")]
+        why = "never fired" if ran else "no test ran"
+        return Result(mutation, "invalid", why, seconds, notes)
+    return Result(mutation, "survived", "SURVIVED", seconds, notes)
+
+
+class _Context:
+    """What every run of one invocation shares: folders, mpiexec, environment, timeout."""
+
+    def __init__(self, tests_dir: Path, log_dir: Path, mode: str, timeout: float) -> None:
+        self.tests_dir = tests_dir
+        self.log_dir = log_dir
+        self.mode = mode
+        self.timeout = timeout
+        self.mpiexec = ""  # found by main() when a selected run needs it
+        path = os.environ.get("PYTHONPATH")
+        self.env = rank_env(PYTHONPATH=str(_ROOT) + (":" + path if path else ""))
+        self._groups: dict[str, int] | None = None
+
+    def validator_groups(self) -> dict[str, int]:
+        """Op name -> index of its group in the validator test (empty when unknown)."""
+        if self._groups is None:
+            out = subprocess.run(
+                [sys.executable, "-c", _GROUPS_PROBE], cwd=self.tests_dir / "unit",
+                env=self.env, capture_output=True, text=True, timeout=300, check=False,
+            )
+            self._groups = json.loads(out.stdout) if out.returncode == 0 else {}
+        return self._groups
+
+    def resolve(self, run: Run) -> tuple[list[str], list[str]]:
+        """The pytest paths of ``run`` that exist, and notes on what was left out."""
+        paths, notes = [], []
+        for p in run.paths:
+            if (self.tests_dir / p.split("::")[0]).exists():
+                paths.append(p)
+            else:
+                notes.append(f"{p} missing")
+        if run.validate:
+            groups = self.validator_groups()
+            if not (self.tests_dir / VALIDATOR_FILE).exists():
+                notes.append(f"{VALIDATOR_FILE} missing")
+            elif all(op in groups for op in run.validate):
+                ids = sorted({groups[op] for op in run.validate})
+                paths += [f"{VALIDATOR_FILE}::{VALIDATOR_TEST}[{i}]" for i in ids]
+            else:
+                notes.append(f"validator groups unknown: all of {VALIDATOR_FILE}")
+                paths.append(VALIDATOR_FILE)
+        return paths, notes
+
+    def command(self, run: Run, paths: list[str]) -> list[str]:
+        pytest = ["-m", "pytest", *paths, "-q", "-x", "-p", "no:cacheprovider",
+                  "-p", "launch._mutant"]
+        if run.keyword:
+            pytest += ["-k", run.keyword]
+        if run.ranks is None:
+            return [sys.executable, *pytest]
+        return job_command(self.mpiexec, run.ranks, [*pytest, "--with-mpi"])
+
+
+def run_one(ctx: _Context, mutation: Mutation, index: int, run: Run) -> RunOutcome:
+    """Run ``run`` (the ``index``-th of ``mutation``) and classify how it ended. **Local**."""
+    paths, notes = ctx.resolve(run)
+    if not paths:
+        return RunOutcome(run, "skipped", False, 0.0, notes=tuple(notes))
+    log = ctx.log_dir / f"{mutation.name}.{index}.log"
+    out = ctx.log_dir / f"{mutation.name}.{index}.out"
+    suite = "unit" if run.ranks is None else "mpi"
+    env = stage_environment(Stage(suite, run.ranks, ctx.mode, ctx.tests_dir / suite), ctx.env)
+    env.update({_mutant.NAME_VAR: mutation.name, _mutant.LOG_VAR: str(log)})
+    start = time.perf_counter()
+    with open(out, "wb") as sink:
+        rc = run_job(ctx.command(run, paths), env=env, cwd=ctx.tests_dir, timeout=ctx.timeout,
+                     output=sink)
+    seconds = time.perf_counter() - start
+    logged = _mutant.read_log(log)
+    fired = logged.fired_processes > 0
+    errors = logged.errors
+    if rc == USAGE_EXIT_CODE and not errors:
+        errors = (f"pytest stopped with a usage error (see {out})",)
+    if errors:
+        status = "error"
+    elif rc == 0:
+        status = "passed"
+    elif rc == TIMEOUT_EXIT_CODE:
+        status = "timeout"
+    elif rc == NO_TESTS_EXIT_CODE:
+        status = "empty"
+        notes.append(f"{run.label}: no test selected")
+    else:
+        status = "killed"
+    found = _FAILED.search(out.read_text(errors="replace")) if status == "killed" else None
+    return RunOutcome(run, status, fired, seconds, found.group(1) if found else "",
+                      tuple(notes), errors)
+
+
+def run_mutation(ctx: _Context, mutation: Mutation) -> Result:
+    """Run ``mutation``'s runs until one kills it; its result. **Local**."""
+    start = time.perf_counter()
+    outcomes = []
+    for i, run in enumerate(mutation.runs):
+        outcome = run_one(ctx, mutation, i, run)
+        outcomes.append(outcome)
+        if outcome.status in ("killed", "timeout", "error"):
+            break
+    return conclude(mutation, outcomes, time.perf_counter() - start)
+
+
+def _row(cells: Sequence[str], widths: Sequence[int]) -> str:
+    return "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+
+
+def select(
+    parser: argparse.ArgumentParser, only: Sequence[str] | None, families: Sequence[str] | None
+) -> list[Mutation]:
+    """The mutations ``--only`` and ``--family`` select (all by default), in list order."""
+    known = {m.name for m in MUTATIONS}
+    unknown = [n for n in only or () if n not in known]
+    if unknown:
+        parser.error(f"unknown mutation(s) {unknown}; --list shows them")
+    chosen = [
+        m for m in MUTATIONS
+        if (not only or m.name in only) and (not families or m.family in families)
+    ]
+    if not chosen:
+        parser.error("no mutation selected")
+    return chosen
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m launch mutate",
+        description="Apply each mutation of the sharding rules and the redistribute planner "
+        "(launch/mutations.py) and run the tests that should catch it; report which run "
+        f"killed each. Fails below {TARGET:.0%} killed or when a mutation is invalid.",
+    )
+    p.add_argument("--list", action="store_true", help="list the mutations and exit")
+    p.add_argument("--only", nargs="+", metavar="NAME", help="only these mutations")
+    p.add_argument(
+        "--family", action="append", choices=FAMILIES, metavar="F",
+        help=f"only this family (repeatable): {', '.join(FAMILIES)}",
+    )
+    p.add_argument(
+        "--timeout", type=float, default=300.0, metavar="S",
+        help="time limit of each test run in seconds (default 300); a run past it counts "
+        "as a kill",
+    )
+    p.add_argument(
+        "--mode", choices=tuple(MODES), default="fastpath",
+        help="fastpath (DTENSOR_FASTPATH=1, the default) or python (DTENSOR_FASTPATH=0)",
+    )
+    p.add_argument("--tests-dir", type=Path, default=None, metavar="DIR",
+                   help="the tests folder (default: ./tests of the checkout)")
+    p.add_argument("--log-dir", type=Path, default=None, metavar="DIR",
+                   help="where each run's output and mutation log go (default: a new "
+                   "temporary folder)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the mutation check and print its report; 0 only when it passes.
+
+    **Local** (each MPI run starts its own ``mpiexec`` job).
+
+    Parameters
+    ----------
+    argv : sequence of str, optional
+        The command line after ``mutate``; default ``sys.argv[1:]``.
+    """
+    parser = _parser()
+    opts = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    if opts.timeout <= 0:
+        parser.error(f"--timeout must be positive, got {opts.timeout:g}")
+    chosen = select(parser, opts.only, opts.family)
+    if opts.list:
+        for m in chosen:
+            print(f"{m.name}  [{m.family}/{m.kind}]  {m.description}")
+        print(f"{len(chosen)} mutations; kinds: "
+              + "; ".join(f"{k}: {v}" for k, v in KINDS.items()))
+        return 0
+    tests_dir = opts.tests_dir.resolve() if opts.tests_dir else find_tests_dir(Path.cwd())
+    if tests_dir is None or not tests_dir.is_dir():
+        parser.error("no tests folder found (run from the checkout, or pass --tests-dir)")
+    log_dir = opts.log_dir or Path(tempfile.mkdtemp(prefix="dtensor-mutate-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    ctx = _Context(tests_dir, log_dir, opts.mode, opts.timeout)
+    if any(run.ranks is not None for m in chosen for run in m.runs):
+        try:
+            ctx.mpiexec = find_mpiexec()
+        except FileNotFoundError as exc:
+            parser.error(str(exc))
+    print(f"{len(chosen)} mutations, {opts.mode} path, tests {tests_dir}, logs {log_dir}")
+    widths = [max(len(m.name) for m in chosen), 9, 6, 7, 0]
+    print(_row(["mutation", "family", "kind", "seconds", "result"], widths), flush=True)
+    start = time.perf_counter()
+    results = []
+    for m in chosen:
+        r = run_mutation(ctx, m)
+        results.append(r)
+        result = r.detail if r.status != "invalid" else f"INVALID: {r.detail}"
+        if r.notes:
+            result += f" (skipped: {'; '.join(r.notes)})"
+        print(_row([m.name, m.family, m.kind, f"{r.seconds:.1f}", result], widths), flush=True)
+    survivors = [r for r in results if r.status == "survived"]
+    invalid = [r for r in results if r.status == "invalid"]
+    if survivors:
+        print("\nsurvivors:")
+        for r in survivors:
+            print(f"  {r.mutation.name}: {r.mutation.description}\n"
+                  f"    reason: {r.mutation.note or 'not analysed yet'}")
+    if invalid:
+        print("\ninvalid (errors, not counted as killed):")
+        for r in invalid:
+            print(f"  {r.mutation.name}: {r.detail}")
+    print(f"\nwall time {time.perf_counter() - start:.0f} s")
+    print(summary_line(results), flush=True)
+    return 0 if passes(results) else 1

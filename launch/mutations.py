@@ -463,12 +463,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     _rule("view", "drop", "transpose_shard", ["transpose"], drop(out_shard),
           "transpose loses its first Shard candidate", choices("transpose", "transpose")),
     _rule("view", "drop", "getitem_partial", ["getitem"], drop(exactly(PSUM, PSUM)),
-          "basic indexing loses [P(sum), P(sum)]", choices("getitem", "getitem"),
-          note="gap: indexing a P(sum) DTensor then reduces it first (values stay right, one "
-          "collective more); no test indexes a Partial DTensor and checks its placements or "
-          "collectives, and test_rules lists no view candidates. Closed by a test_rules check "
-          "that the view rules keep every Partial kind, or a test_comm_mode case: x[1:3] of a "
-          "P(sum) DTensor runs no collective and stays P(sum)."),
+          "basic indexing loses [P(sum), P(sum)]", choices("getitem", "getitem")),
     _rule("view", "minmax", "permute", ["permute"], remap(exactly(PMAX, PMAX), swap_minmax),
           "permute maps P(max) to P(min)", values("permute", "permute")),
     _rule("view", "minmax", "reshape", ["reshape"], remap(exactly(PMIN, PMIN), swap_minmax),
@@ -487,13 +482,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     _rule("tensor", "drop", "stack_shard", ["stack"], drop(out_shard),
           "stack loses its first Shard candidate", choices("stack", "stack")),
     _rule("tensor", "drop", "fill_sum", ["fill_"], drop(exactly(PSUM, PSUM, PSUM)),
-          "fill_ of a P(sum) tensor loses its candidate", choices("fill", "fill_"),
-          note="gap: fill_ of a P(sum) DTensor then raises ShardingError (no candidate keeps "
-          "its placements) instead of writing the value once; no test calls fill_ on a "
-          "Partial DTensor (test_ops has no fill_ case; the validator checks the candidates a "
-          "rule lists, not the missing ones). Closed by test_optable_mpi running fill_ on a "
-          "P(sum) input (-k fill), or a test_rules case: fill_ of a P(sum) input keeps "
-          "P(sum) with the value split."),
+          "fill_ of a P(sum) tensor loses its candidate", choices("fill", "fill_")),
     _rule("tensor", "minmax", "cat", ["cat"], remap(out_is(PMAX), swap_minmax),
           "cat maps P(max) to P(min)", values("cat", "cat")),
     _rule("tensor", "minmax", "flip", ["flip"], remap(exactly(PMIN, PMIN), swap_minmax),

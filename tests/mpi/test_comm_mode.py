@@ -134,3 +134,25 @@ def test_table_and_json_report_the_counts():
     # the mode stops observing on exit
     x.redistribute(mesh, [R])
     assert json.loads(mode.to_json())["total_counts"] == report["total_counts"]
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("kind", ["sum", "avg", "max", "min"])
+def test_indexing_and_fill_keep_a_partial_tensor_partial(kind):
+    """Basic indexing of a Partial tensor is a view of each contribution, and ``fill_``
+    places the value under the same Partial kind: neither communicates."""
+    a = data((4, 6))
+    mesh = dt.init_device_mesh((WORLD.size,))
+    x = dist(a, mesh, [P(kind)])
+    with dt.debug.CommDebugMode() as mode:
+        views = {"x[1:3]": x[1:3], "x[:, ::2]": x[:, ::2], "x[2]": x[2]}
+    assert mode.get_total_counts() == 0, mode.table()
+    for what, want in zip(views, (a[1:3], a[:, ::2], a[2])):
+        assert views[what].placements == (P(kind),), what
+        np.testing.assert_allclose(views[what].full_tensor().numpy(), want, rtol=1e-5,
+                                   atol=1e-5, err_msg=what)
+    with dt.debug.CommDebugMode() as mode:
+        x.fill_(3.0)
+    assert mode.get_total_counts() == 0, mode.table()
+    assert x.placements == (P(kind),)
+    np.testing.assert_array_equal(x.full_tensor().numpy(), np.full((4, 6), 3.0, np.float32))

@@ -263,7 +263,7 @@ def test_equal_meshes_built_separately_keep_their_own_outputs(fast):
     # two meshes over the same ranks compare equal, but each output keeps its input's mesh
     # object (ops and redistributes alike), on both paths
     if fast and not fastpath.ENABLED:
-        pytest.skip("compiled fast path not enabled")
+        pytest.skip("compiled fast path not enabled (not built or disabled)")
     dt.debug.set_fastpath(fast)
     ma, mb = dt.init_device_mesh((1,)), dt.init_device_mesh((1,))
     assert ma == mb and ma is not mb

@@ -14,6 +14,7 @@ import math
 import os
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +29,8 @@ I8, I32, I64, U8 = np.dtype(np.int8), np.dtype(np.int32), np.dtype(np.int64), np
 B = np.dtype(np.bool_)
 C64 = np.dtype(np.complex64)
 
-RNG = np.random.default_rng(0)
+#: The generator ``data`` draws from: a fresh one per test (see ``_rng``).
+RNG: np.random.Generator | None = None
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # where the imported dtensor lives (site-packages when installed): subprocesses use the same
 PKG_ROOT = str(Path(importlib.util.find_spec("dtensor").origin).resolve().parents[1])
@@ -37,6 +39,14 @@ PKG_ROOT = str(Path(importlib.util.find_spec("dtensor").origin).resolve().parent
 # imported; pytest resets warning filters around each test, so they are ignored here too
 # (test_no_floating_point_warnings checks the real behaviour in a fresh interpreter).
 pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
+
+
+@pytest.fixture(autouse=True)
+def _rng(monkeypatch, request):
+    """Each test draws its data from its own generator, seeded from its name (with its
+    parameters), so what a test sees does not depend on which tests ran before it."""
+    seed = zlib.crc32(request.node.name.encode())
+    monkeypatch.setitem(globals(), "RNG", np.random.default_rng(seed))
 
 
 def T(a) -> dt.Tensor:

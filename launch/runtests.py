@@ -7,15 +7,16 @@ that kills its whole process group; all of it first with the compiled fast path
 (``DTENSOR_FASTPATH=1``) and again on the Python path (``DTENSOR_FASTPATH=0``). The MPI
 stages of the Python path also send every exchange of pooled buffers through node-shared
 memory (:data:`SHARED_ALWAYS`), which by default only tensors of 1 MiB and more take, so
-that every MPI test runs over both transports. Every stage
-reports its skips (``-rs``), and the test folders' conftests fail a stage on a skip that
-``tests/skips.py`` does not expect; each stage writes its counts to a JSON file
-(``DTENSOR_TEST_REPORT``), which gives the summary table its ``passed`` and ``skipped``
-columns, marks a stage in which every test skipped (``all-skipped``), and fails a stage
-that ran on another path than its mode asks for (``wrong-mode``). It ends with the
-summary table and the line ``N passed, N failed`` (counting stages) and exits non-zero
-when any stage failed. With ``DTENSOR_REQUIRE_EXT=1`` a missing compiled extension
-fails the run before any stage starts.
+that every MPI test runs over both transports.
+
+Every stage lists its skips (``-rs``); the test folders' conftests fail a stage on a skip
+that ``tests/skips.py`` does not expect, and write the stage's counts and the path its ops
+took to a JSON file (``DTENSOR_TEST_REPORT``). From it the summary table gets its
+``passed`` and ``skipped`` columns, marks a stage in which every test skipped
+(``all-skipped``) and fails one that ran on another path than its mode asks for
+(``wrong-mode``). The run ends with that table and the line ``N passed, N failed``
+(counting stages) and exits non-zero when any stage failed. With ``DTENSOR_REQUIRE_EXT=1``
+a missing compiled extension fails the run before any stage starts.
 
 Stages run with the ``tests`` folder as working directory, so the packages under test
 are the installed ones (with their compiled extension), not the source tree next to
@@ -59,6 +60,8 @@ MODE_TITLES = {
 MODE_PATHS = {"fastpath": "compiled", "python": "python path"}
 #: Environment variable naming the file in which a stage's pytest writes its counts.
 REPORT_ENV = "DTENSOR_TEST_REPORT"
+#: Options of every stage's pytest: quiet, with the reason of each skip, no cache folder.
+PYTEST_OPTIONS = ("-q", "-rs", "-p", "no:cacheprovider")
 #: pytest's exit status when it collected (or selected) no test.
 NO_TESTS_EXIT_CODE = 5
 
@@ -162,8 +165,7 @@ def stage_environment(stage: Stage, env: dict[str, str]) -> dict[str, str]:
 
 
 def _command(stage: Stage, mpiexec: str, pytest_args: Sequence[str]) -> list[str]:
-    pytest = [sys.executable, "-m", "pytest", str(stage.path), "-q", "-rs"]
-    pytest += ["-p", "no:cacheprovider"]
+    pytest = [sys.executable, "-m", "pytest", str(stage.path), *PYTEST_OPTIONS]
     if stage.ranks is None:
         return [*pytest, *pytest_args]
     return [mpiexec, "-n", str(stage.ranks), *pytest, "--with-mpi", *pytest_args]

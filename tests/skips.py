@@ -139,6 +139,7 @@ class SkipPolicy:
 
     def __init__(self, label: str = "") -> None:
         self.label = label  # prefixes what a process without a terminal report writes
+        self.mode = fastpath_mode()  # before any test toggles the front
         self.passed = 0
         self.failed = 0
         self.skipped: list[tuple[str, str]] = []  # (test id, reason)
@@ -150,13 +151,13 @@ class SkipPolicy:
             self.unexpected.append((nodeid, reason))
 
     def pytest_report_header(self) -> str:
-        return f"fastpath: {fastpath_mode()}"
+        return f"fastpath: {self.mode}"
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         tr = session.config.pluginmanager.get_plugin("terminalreporter")
         if tr is not None and (not tr.showheader or tr.no_header):  # -q: the line alone
-            tr.write_line(f"fastpath: {fastpath_mode()}")
+            tr.write_line(f"fastpath: {self.mode}")
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.skipped:
@@ -192,7 +193,7 @@ class SkipPolicy:
                         "failed": self.failed,
                         "skipped": len(self.skipped),
                         "unexpected": len(self.unexpected),
-                        "fastpath": fastpath_mode(),
+                        "fastpath": self.mode,
                     },
                     f,
                 )

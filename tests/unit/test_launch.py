@@ -427,6 +427,12 @@ def test_classify_pytest_statuses(tmp_path):
     assert runtests.classify(5, empty, None) == "empty"
     assert runtests.classify(5, full, None) == "failed"
     assert runtests.classify(5, full, "nomatch") == "deselected"
+    # what the stage's pytest reported: its counts and the path its ops took
+    ran = {"passed": 3, "skipped": 1, "fastpath": "python path (DTENSOR_FASTPATH=0 at import)"}
+    assert runtests.classify(0, full, None, ran) == "passed"
+    assert runtests.classify(0, full, None, dict(ran, passed=0)) == "all-skipped"
+    assert runtests.classify(0, full, None, dict(ran, fastpath="compiled, used")) == "wrong-mode"
+    assert runtests.classify(1, full, None, dict(ran, passed=0)) == "failed"
 
 
 def test_stage_environments(tmp_path):

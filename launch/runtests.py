@@ -7,9 +7,16 @@ that kills its whole process group; all of it first with the compiled fast path
 (``DTENSOR_FASTPATH=1``) and again on the Python path (``DTENSOR_FASTPATH=0``). The MPI
 stages of the Python path also send every exchange of pooled buffers through node-shared
 memory (:data:`SHARED_ALWAYS`), which by default only tensors of 1 MiB and more take, so
-that every MPI test runs over both transports. It ends
-with a summary table and the line ``N passed, N failed`` (counting stages) and exits
-non-zero when any stage failed.
+that every MPI test runs over both transports.
+
+Every stage lists its skips (``-rs``); the test folders' conftests fail a stage on a skip
+that ``tests/skips.py`` does not expect, and write the stage's counts and the path its ops
+took to a JSON file (``DTENSOR_TEST_REPORT``). From it the summary table gets its
+``passed`` and ``skipped`` columns, marks a stage in which every test skipped
+(``all-skipped``) and fails one that ran on another path than its mode asks for
+(``wrong-mode``). The run ends with that table and the line ``N passed, N failed``
+(counting stages) and exits non-zero when any stage failed. With ``DTENSOR_REQUIRE_EXT=1``
+a missing compiled extension fails the run before any stage starts.
 
 Stages run with the ``tests`` folder as working directory, so the packages under test
 are the installed ones (with their compiled extension), not the source tree next to
@@ -20,10 +27,12 @@ the tests; when the packages are not installed, the source tree is put on
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,7 +50,18 @@ MODES = {"fastpath": "1", "python": "0"}
 #: shared segment) and every exchange tried through shared memory.
 SHARED_ALWAYS = {"DTENSOR_SHM_MIN_BYTES": "0", "DTENSOR_POOL_MIN_BYTES": "1"}
 #: Statuses that count as a passed stage.
-OK_STATUSES = frozenset({"passed", "empty", "deselected"})
+OK_STATUSES = frozenset({"passed", "all-skipped", "empty", "deselected"})
+#: Mode name -> how its stage headers name it.
+MODE_TITLES = {
+    "fastpath": "compiled fast path (DTENSOR_FASTPATH=1)",
+    "python": "Python path (DTENSOR_FASTPATH=0)",
+}
+#: The path a stage of each mode must report (the start of its ``fastpath`` header line).
+MODE_PATHS = {"fastpath": "compiled", "python": "python path"}
+#: Environment variable naming the file in which a stage's pytest writes its counts.
+REPORT_ENV = "DTENSOR_TEST_REPORT"
+#: Options of every stage's pytest: quiet, with the reason of each skip, no cache folder.
+PYTEST_OPTIONS = ("-q", "-rs", "-p", "no:cacheprovider")
 #: pytest's exit status when it collected (or selected) no test.
 NO_TESTS_EXIT_CODE = 5
 
@@ -65,11 +85,13 @@ class Stage:
 
 @dataclass(frozen=True)
 class Outcome:
-    """How a stage ended: a status (see :func:`classify`) and its wall time."""
+    """How a stage ended: a status (see :func:`classify`), its wall time and the counts
+    its pytest reported (None when it wrote none: it crashed or ran past its timeout)."""
 
     stage: Stage
     status: str
     seconds: float
+    report: dict | None = None
 
     @property
     def ok(self) -> bool:
@@ -94,15 +116,21 @@ def _has_tests(folder: Path) -> bool:
     return any(folder.rglob("test_*.py")) or any(folder.rglob("*_test.py"))
 
 
-def classify(returncode: int, stage: Stage, keyword: str | None) -> str:
-    """Status of a stage from pytest's exit status.
+def classify(returncode: int, stage: Stage, keyword: str | None, report: dict | None = None) -> str:
+    """Status of a stage from pytest's exit status and the counts it reported.
 
-    **Local.** ``passed`` (0); ``timeout`` (124); for pytest's "no tests" status 5:
-    ``empty`` when the folder holds no test files, ``deselected`` when ``-k`` selected
-    none of them, else ``failed`` (test files that yield no test are a broken stage);
-    ``failed`` for anything else.
+    **Local.** For status 0: ``wrong-mode`` when ``report`` says the stage ran on another
+    path than its mode asks for, ``all-skipped`` when every test skipped (for reasons
+    ``tests/skips.py`` expects, or pytest would not have passed), else ``passed``;
+    ``timeout`` (124); for pytest's "no tests" status 5: ``empty`` when the folder holds
+    no test files, ``deselected`` when ``-k`` selected none of them, else ``failed`` (test
+    files that yield no test are a broken stage); ``failed`` for anything else.
     """
     if returncode == 0:
+        if report is not None and not report["fastpath"].startswith(MODE_PATHS[stage.mode]):
+            return "wrong-mode"
+        if report is not None and report["skipped"] and not report["passed"]:
+            return "all-skipped"
         return "passed"
     if returncode == TIMEOUT_EXIT_CODE:
         return "timeout"
@@ -137,9 +165,9 @@ def stage_environment(stage: Stage, env: dict[str, str]) -> dict[str, str]:
 
 
 def _command(stage: Stage, mpiexec: str, pytest_args: Sequence[str]) -> list[str]:
-    pytest = [sys.executable, "-m", "pytest", str(stage.path), "-q", "-p", "no:cacheprovider"]
+    pytest = [sys.executable, "-m", "pytest", str(stage.path), *PYTEST_OPTIONS]
     if stage.ranks is None:
-        return [*pytest, "-rs", *pytest_args]
+        return [*pytest, *pytest_args]
     return [mpiexec, "-n", str(stage.ranks), *pytest, "--with-mpi", *pytest_args]
 
 
@@ -213,22 +241,31 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _read_report(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def _summary(outcomes: Sequence[Outcome]) -> str:
-    rows = [("stage", "ranks", "mode", "result", "seconds")]
+    rows = [("stage", "ranks", "mode", "result", "passed", "skipped", "seconds")]
     rows += [
         (
             o.stage.suite,
             "-" if o.stage.ranks is None else str(o.stage.ranks),
             o.stage.mode,
             o.status,
+            "-" if o.report is None else str(o.report["passed"]),
+            "-" if o.report is None else str(o.report["skipped"]),
             f"{o.seconds:.1f}",
         )
         for o in outcomes
     ]
-    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = [
         "  ".join(
-            cell.rjust(w) if i == 4 else cell.ljust(w)
+            cell.rjust(w) if i >= 4 else cell.ljust(w)
             for i, (cell, w) in enumerate(zip(row, widths))
         ).rstrip()
         for row in rows
@@ -278,6 +315,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if probe is None:
         parser.error(f"cannot import the fastpath package from {tests_dir}")
     available, location, error = probe
+    if not available and os.environ.get("DTENSOR_REQUIRE_EXT") == "1":
+        print(
+            f"launch test: DTENSOR_REQUIRE_EXT=1 but the compiled extension of "
+            f"{Path(location).parent} is not built ({error}); no stage was run",
+            file=sys.stderr,
+        )
+        return 1
     print(f"python:   {sys.executable}")
     print(f"mpiexec:  {mpiexec}")
     print(f"packages: {Path(location).parent.parent}")
@@ -292,16 +336,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         modes = ["python"]
 
     outcomes = []
-    for stage in _stages(tests_dir, modes, opts.ranks):
-        cmd = _command(stage, mpiexec, pytest_args)
-        ranks = "" if stage.ranks is None else f", {stage.ranks} rank" + "s" * (stage.ranks > 1)
-        print(f"\n== {stage.suite}{ranks}, {stage.mode} path ==\n$ {shlex.join(cmd)}", flush=True)
-        stage_env = stage_environment(stage, env)
-        start = time.perf_counter()
-        rc = run_job(cmd, env=stage_env, cwd=tests_dir, timeout=opts.timeout)
-        outcomes.append(
-            Outcome(stage, classify(rc, stage, opts.keyword), time.perf_counter() - start)
-        )
+    with tempfile.TemporaryDirectory(prefix="dtensor-test-reports-") as reports:
+        for i, stage in enumerate(_stages(tests_dir, modes, opts.ranks)):
+            cmd = _command(stage, mpiexec, pytest_args)
+            ranks = "" if stage.ranks is None else f", {stage.ranks} rank" + "s" * (stage.ranks > 1)
+            header = f"== {stage.suite}{ranks}, {MODE_TITLES[stage.mode]} =="
+            print(f"\n{header}\n$ {shlex.join(cmd)}", flush=True)
+            report_path = Path(reports) / f"stage{i}.json"
+            stage_env = dict(stage_environment(stage, env), **{REPORT_ENV: str(report_path)})
+            start = time.perf_counter()
+            rc = run_job(cmd, env=stage_env, cwd=tests_dir, timeout=opts.timeout)
+            seconds = time.perf_counter() - start
+            report = _read_report(report_path)
+            status = classify(rc, stage, opts.keyword, report)
+            if status == "wrong-mode":
+                print(f"the {stage.mode} stage ran with fastpath: {report['fastpath']}")
+            outcomes.append(Outcome(stage, status, seconds, report))
     matched = not opts.keyword or any(o.status not in ("empty", "deselected") for o in outcomes)
     if not matched:
         print(f"\nno test matched -k {opts.keyword!r}")

@@ -12,7 +12,8 @@
   ``seed`` and the test's id, identical on every rank).
 
 Skips must depend on the world size only (``@pytest.mark.mpi(min_size=N)``), so that
-all ranks skip together.
+all ranks skip together; a skip whose reason ``tests/skips.py`` does not expect fails the
+session, on every rank that skipped it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import zlib
 
 import numpy as np
 import pytest
+import skips
 from hypothesis import settings
 from mpi4py import MPI
 
@@ -56,6 +58,7 @@ def pytest_configure(config: pytest.Config) -> None:
     global SEED
     world = MPI.COMM_WORLD
     SEED = world.bcast(int(os.environ.get("DTENSOR_TEST_SEED", secrets.randbits(32))), root=0)
+    skips.register(config, label=f"[rank {world.Get_rank()}] ")
     if world.Get_rank() != 0:
         reporter = config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:

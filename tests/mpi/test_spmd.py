@@ -8,6 +8,11 @@ and the redistribute step) instead of hanging.
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+import time
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -168,18 +173,41 @@ def test_comm_methods_take_a_description():
                 comm.allgather_ints([1], what=("test", "ints"))
 
 
+def _wait_for(condition, what: str, limit_s: float = 60.0) -> None:
+    """Poll ``condition()`` until it holds; fail after ``limit_s`` seconds."""
+    deadline = time.monotonic() + limit_s
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {limit_s} s for {what}"
+        time.sleep(0.01)
+
+
 @pytest.mark.mpi(min_size=2)
 def test_watchdog_context_manager_reports_a_late_rank(capsys):
-    import time
-
     from dtensor.debug._watchdog import watchdog
 
     comm = _comm.world()
-    with watchdog(0.5):
-        if WORLD.rank == 1:
-            time.sleep(2.0)
-        comm.barrier(what="late barrier")
-        time.sleep(0.2)  # let the report of rank 0 land before reading it
+    marks = WORLD.bcast(tempfile.mkdtemp(prefix="dtensor-late-") if WORLD.rank == 0 else None)
+    try:
+        with watchdog(0.5):
+            wd = _comm._watchdog
+            state = wd._state_path(WORLD.rank)
+            _wait_for(lambda: os.path.exists(state), "this rank's watchdog state")
+            WORLD.Barrier()  # MPI's own, unwatched: every rank's state is readable now
+            if WORLD.rank == 1:  # arrives late: once every other rank's watchdog reported
+                _wait_for(lambda: len(os.listdir(marks)) == WORLD.size - 1, "the reports")
+            else:
+                report = wd._report
+
+                def report_then_mark(slot):
+                    report(slot)
+                    open(os.path.join(marks, str(WORLD.rank)), "w").close()
+
+                wd._report = report_then_mark
+            comm.barrier(what="late barrier")
+    finally:
+        WORLD.Barrier()
+        if WORLD.rank == 0:
+            shutil.rmtree(marks)
     # stopped on leaving the block (or back to the one DTENSOR_WATCHDOG configures)
     assert _comm._watchdog is None or _comm._watchdog.from_env
     err = capsys.readouterr().err

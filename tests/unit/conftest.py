@@ -1,14 +1,20 @@
 """Fixtures of the unit tests: process-wide dtensor state is restored after each test.
 
 The default dtype and the global random generator are module state; a test that
-changes them must not leak into the next one.
+changes them must not leak into the next one. A skip whose reason ``tests/skips.py``
+does not expect fails the session.
 """
 
 from __future__ import annotations
 
 import pytest
+import skips
 
 import dtensor as dt
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    skips.register(config)
 
 
 @pytest.fixture(autouse=True)

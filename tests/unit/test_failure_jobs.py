@@ -1,8 +1,9 @@
 """Failure handling of real dtensor jobs: a raising rank, SPMD divergence, the watchdog.
 
 Each test starts a 2-rank ``mpiexec`` job in a subprocess (its own process group, killed
-when it outlives its limit) whose ranks use dtensor collectives, and checks that the job
-ends promptly with the expected exit status and messages instead of hanging:
+when it outlives its limit, which fails the test) whose ranks use dtensor collectives, and
+checks that the job ends by itself with the expected exit status and messages instead of
+hanging:
 
 - one rank raises while the other waits in a collective: under ``python -m launch`` and
   under ``mpiexec -n 2 python -m mpi4py script.py`` the job aborts with that traceback;
@@ -12,6 +13,9 @@ ends promptly with the expected exit status and messages instead of hanging:
 - a rank that never arrives, with ``DTENSOR_WATCHDOG``: the waiting rank reports the
   collective it is stuck in and where the late rank is, then aborts the job
   (``DTENSOR_WATCHDOG_ABORT=1``) or, without abort, carries on once the rank arrives.
+
+The ``mpiexec`` is the launcher's (:func:`launch._mpiexec.find_mpiexec`); the tests skip
+only when there is none.
 """
 
 from __future__ import annotations
@@ -19,18 +23,20 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 from _jobs import child_env, run_group
 
+from launch._mpiexec import find_mpiexec
+
 ROOT = Path(__file__).resolve().parents[2]
-MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
+try:
+    MPIEXEC, NO_MPIEXEC = find_mpiexec(), None
+except FileNotFoundError as exc:
+    MPIEXEC, NO_MPIEXEC = "mpiexec", str(exc)
 #: Hard limit of one job (a job that hangs is killed and the test fails).
 LIMIT_S = 60
-#: A job that should end promptly must end within this many seconds.
-PROMPT_S = 20
 
 # A prologue shared by the scripts: a 2-rank mesh and a sharded tensor.
 PROLOGUE = """\
@@ -43,13 +49,14 @@ me = mesh.get_coordinate()[0]
 x = dt.distribute_tensor(np.arange(12.0, dtype=np.float32).reshape(6, 2), mesh, [dt.Shard(0)])
 """
 
-pytestmark = pytest.mark.skipif(not Path(MPIEXEC).exists(), reason="no mpiexec next to python")
+pytestmark = pytest.mark.skipif(NO_MPIEXEC is not None, reason=str(NO_MPIEXEC))
 
 
 def _job(
     tmp_path: Path, body: str, cmd: list[str], env: dict[str, str] | None = None
-) -> tuple[subprocess.CompletedProcess, float]:
-    """Write ``PROLOGUE + body`` to ``job.py``, run ``cmd + [job.py]``; (result, seconds)."""
+) -> subprocess.CompletedProcess:
+    """Write ``PROLOGUE + body`` to ``job.py`` and run ``cmd + [job.py]`` in ``tmp_path``;
+    the test fails if the job is still running after ``LIMIT_S``."""
     script = tmp_path / "job.py"
     script.write_text(PROLOGUE + textwrap.dedent(body))
     extra = {"OMP_NUM_THREADS": "1", **(env or {})}
@@ -57,9 +64,7 @@ def _job(
     full_env = child_env(
         extra, drop=["DTENSOR_CHECK_SPMD", "DTENSOR_WATCHDOG", "DTENSOR_WATCHDOG_ABORT"]
     )
-    start = time.monotonic()
-    result = run_group([*cmd, str(script)], tmp_path, LIMIT_S, full_env)
-    return result, time.monotonic() - start
+    return run_group([*cmd, str(script)], tmp_path, LIMIT_S, full_env)
 
 
 LAUNCH = [sys.executable, "-m", "launch", "-n", "2"]
@@ -77,9 +82,8 @@ print(x.full_tensor().numpy().sum())  # rank 0 would wait here forever
 
 @pytest.mark.parametrize("runner", [LAUNCH, MPI4PY_RUNNER], ids=["launch", "mpi4py"])
 def test_raising_rank_ends_the_job_with_its_traceback(tmp_path, runner):
-    out, took = _job(tmp_path, RAISE_ON_RANK_1, runner)
+    out = _job(tmp_path, RAISE_ON_RANK_1, runner)
     assert out.returncode != 0
-    assert took < PROMPT_S, f"the job took {took:.1f} s to end"
     assert "Traceback (most recent call last):" in out.stderr
     assert "ValueError: deliberate failure on rank 1" in out.stderr
     assert "in fail" in out.stderr
@@ -101,9 +105,8 @@ sys.exit(3)
 
 
 def test_divergence_under_env_makes_every_rank_raise(tmp_path):
-    out, took = _job(tmp_path, DIVERGE_CAUGHT, MPI4PY_RUNNER, {"DTENSOR_CHECK_SPMD": "1"})
+    out = _job(tmp_path, DIVERGE_CAUGHT, MPI4PY_RUNNER, {"DTENSOR_CHECK_SPMD": "1"})
     assert out.returncode == 0, out.stdout + out.stderr
-    assert took < PROMPT_S
     lines = [ln for ln in out.stdout.splitlines() if "raised CommError" in ln]
     assert sorted(ln.split()[1] for ln in lines) == ["0", "1"], out.stdout
     for line in lines:
@@ -123,9 +126,8 @@ def test_divergence_with_context_manager_and_uncaught_ends_the_job(tmp_path):
         else:
             x.full_tensor()
     """
-    out, took = _job(tmp_path, body, LAUNCH)
+    out = _job(tmp_path, body, LAUNCH)
     assert out.returncode != 0
-    assert took < PROMPT_S
     assert "CommError: SPMD divergence" in out.stderr
 
 
@@ -143,9 +145,8 @@ def test_same_sized_divergence_is_only_caught_by_the_check(tmp_path, check):
         print(f"rank {me} raised: {str(e).splitlines()[0]}\\n", end="", flush=True)
     """
     env = {"DTENSOR_CHECK_SPMD": "1"} if check else {}
-    out, took = _job(tmp_path, body, MPI4PY_RUNNER, env)
+    out = _job(tmp_path, body, MPI4PY_RUNNER, env)
     assert out.returncode == 0, out.stderr
-    assert took < PROMPT_S
     if check:
         assert out.stdout.count("raised: SPMD divergence") == 2, out.stdout
     else:
@@ -154,14 +155,14 @@ def test_same_sized_divergence_is_only_caught_by_the_check(tmp_path, check):
 
 def test_watchdog_reports_and_aborts(tmp_path):
     body = """\
+    import threading
     if me == 1:
-        time.sleep(45)  # never arrives in time
+        threading.Event().wait()  # never arrives: only the abort ends the job
     x.full_tensor()
     """
     env = {"DTENSOR_WATCHDOG": "1.5", "DTENSOR_WATCHDOG_ABORT": "1"}
-    out, took = _job(tmp_path, body, MPI4PY_RUNNER, env)
+    out = _job(tmp_path, body, MPI4PY_RUNNER, env)
     assert out.returncode != 0
-    assert took < PROMPT_S, f"the job took {took:.1f} s to end"
     err = out.stderr
     assert "[dtensor watchdog] world rank 0" in err
     assert "in all_gather" in err and "mesh dim 0" in err
@@ -172,11 +173,21 @@ def test_watchdog_reports_and_aborts(tmp_path):
 
 def test_watchdog_without_abort_reports_and_carries_on(tmp_path):
     body = """\
-    if me == 1:
-        time.sleep(4)  # arrives late
+    import os
+    from redistribute import comm as C
+    if me == 0:  # once its watchdog has reported, rank 0 says so in a file
+        report = C._watchdog._report
+        def report_then_mark(slot):
+            report(slot)
+            open("reported", "w").close()
+        C._watchdog._report = report_then_mark
+    else:  # rank 1 arrives late: after that report (or, failing it, after 40 s)
+        deadline = time.monotonic() + 40
+        while not os.path.exists("reported") and time.monotonic() < deadline:
+            time.sleep(0.05)
     print(f"sum {x.full_tensor().numpy().sum()}\\n", end="", flush=True)
     """
-    out, _ = _job(tmp_path, body, MPI4PY_RUNNER, {"DTENSOR_WATCHDOG": "1"})
+    out = _job(tmp_path, body, MPI4PY_RUNNER, {"DTENSOR_WATCHDOG": "1"})
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("sum 66.0") == 2
     assert "[dtensor watchdog] world rank 0" in out.stderr
@@ -196,9 +207,8 @@ def test_watchdog_shows_where_the_other_rank_is_stuck(tmp_path):
         world().barrier(what="rank one's barrier")
     """
     env = {"DTENSOR_WATCHDOG": "1.5", "DTENSOR_WATCHDOG_ABORT": "1"}
-    out, took = _job(tmp_path, body, MPI4PY_RUNNER, env)
+    out = _job(tmp_path, body, MPI4PY_RUNNER, env)
     assert out.returncode != 0
-    assert took < PROMPT_S
     err = out.stderr
     assert "stuck for" in err
     # whichever watchdog fires first reports the other rank's position

@@ -8,6 +8,7 @@ once instead of leaving the other ranks blocked.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -15,8 +16,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import skips
 from _jobs import run_group
 
+import fastpath
 from launch import runtests
 from launch.__main__ import _split
 from launch._mpiexec import (
@@ -29,7 +32,15 @@ from launch._mpiexec import (
     rank_env,
 )
 
-MPI_CONFTEST = Path(__file__).resolve().parents[1] / "mpi" / "conftest.py"
+TESTS = Path(__file__).resolve().parents[1]
+MPI_CONFTEST = TESTS / "mpi" / "conftest.py"
+UNIT_CONFTEST = TESTS / "unit" / "conftest.py"
+#: The skip policy the conftests register (they import it from the tests folder).
+SKIPS = TESTS / "skips.py"
+#: The mode of a ``--quick`` run here, and the path its stages report.
+QUICK_MODE, QUICK_PATH = (
+    ("fastpath", "compiled, used") if fastpath.AVAILABLE else ("python", "python path")
+)
 #: Upper bound for jobs that must end promptly (they hang forever when the feature breaks).
 PROMPT_S = 60
 
@@ -270,8 +281,14 @@ def test_bad_command_lines_exit_2(tmp_path):
 # --- the MPI test harness (tests/mpi/conftest.py) ------------------------------------------
 
 
+def _mpi_harness(folder: Path) -> None:
+    """Put the MPI conftest, and the skip policy it imports, into ``folder``."""
+    shutil.copy(MPI_CONFTEST, folder / "conftest.py")
+    shutil.copy(SKIPS, folder)
+
+
 def test_failing_rank_aborts_the_pytest_job(tmp_path):
-    shutil.copy(MPI_CONFTEST, tmp_path / "conftest.py")
+    _mpi_harness(tmp_path)
     _write(
         tmp_path,
         "test_fails_on_rank1.py",
@@ -294,6 +311,108 @@ def test_failing_rank_aborts_the_pytest_job(tmp_path):
     assert "DTENSOR_TEST_SEED=" in out.stderr
 
 
+def test_skips_are_listed_once_and_each_rank_checks_its_own(tmp_path):
+    _mpi_harness(tmp_path)
+    _write(
+        tmp_path,
+        "test_sizes.py",
+        """\
+        import pytest
+
+        @pytest.mark.mpi(min_size=3)
+        def test_needs_three():
+            pass
+
+        @pytest.mark.mpi(min_size=1)
+        def test_any_size():
+            pass
+        """,
+    )
+    cmd = [find_mpiexec(), "-n", "2", sys.executable, "-m", "pytest", str(tmp_path)]
+    cmd += ["--with-mpi", "-q", "-rs", "-p", "no:cacheprovider"]
+    out = _run(cmd, tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    # only rank 0 prints pytest's report, with the reason of the (expected) skip
+    assert out.stdout.count("Test requires 3 MPI processes, only 2 MPI processes") == 1
+    assert "fastpath: " in out.stdout
+
+    # a skip that depends on the rank fails the job on the rank that skipped
+    _write(
+        tmp_path,
+        "test_rank_skip.py",
+        """\
+        import pytest
+        from mpi4py import MPI
+
+        @pytest.mark.mpi(min_size=2)
+        def test_skips_on_rank1():
+            if MPI.COMM_WORLD.rank == 1:
+                pytest.skip("deliberately skipped on rank 1")
+        """,
+    )
+    out = _run(cmd, tmp_path)
+    assert out.returncode != 0
+    assert (
+        "[rank 1] unexpected skip: test_rank_skip.py::test_skips_on_rank1: "
+        "deliberately skipped on rank 1"
+    ) in out.stderr
+
+
+# --- the skip policy (tests/skips.py), in one process --------------------------------------
+
+
+def _pytest(folder: Path, *args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "pytest", str(folder), "-q", "-rs", "-p", "no:cacheprovider"]
+    return _run([*cmd, *args], folder)
+
+
+def test_unexpected_skip_fails_the_session_and_names_the_test(tmp_path):
+    shutil.copy(UNIT_CONFTEST, tmp_path / "conftest.py")
+    shutil.copy(SKIPS, tmp_path)
+    _write(
+        tmp_path,
+        "test_skips.py",
+        """\
+        import pytest
+
+        def test_runs():
+            pass
+
+        @pytest.mark.skipif(True, reason="needs fork")
+        def test_expected():
+            pass
+
+        def test_unexpected():
+            pytest.skip("some reason nobody listed")
+        """,
+    )
+    out = _pytest(tmp_path)
+    assert out.returncode == 1, out.stdout
+    assert "UNEXPECTED SKIP test_skips.py::test_unexpected: some reason nobody listed" in out.stdout
+    assert out.stdout.count("UNEXPECTED SKIP") == 1
+    out = _pytest(tmp_path, "-k", "not test_unexpected")
+    assert out.returncode == 0, out.stdout
+    assert "needs fork" in out.stdout  # -rs lists the expected skip
+    assert "every test skipped" not in out.stdout
+    # every selected test skipped, for an expected reason: reported, not failed
+    out = _pytest(tmp_path, "-k", "test_expected")
+    assert out.returncode == 0, out.stdout
+    assert "every test skipped" in out.stdout and "1 x needs fork" in out.stdout
+
+
+def test_an_entry_allows_its_reason_only_where_its_condition_holds(monkeypatch):
+    reason = "fastpath extension not built: no module named fastpath._strides"
+    monkeypatch.setattr(skips.fastpath, "AVAILABLE", False)
+    monkeypatch.setenv("DTENSOR_REQUIRE_EXT", "0")
+    assert skips.expected(reason).why == "extension not built"
+    monkeypatch.setenv("DTENSOR_REQUIRE_EXT", "1")
+    assert skips.expected(reason) is None
+    monkeypatch.setattr(skips.fastpath, "AVAILABLE", True)
+    monkeypatch.setenv("DTENSOR_REQUIRE_EXT", "0")
+    assert skips.expected(reason) is None  # built after all: the skip is wrong
+    assert skips.expected("fastpath extension not built") is None  # the whole reason matches
+
+
 # --- the test runner (python -m launch test) -----------------------------------------------
 
 
@@ -308,6 +427,12 @@ def test_classify_pytest_statuses(tmp_path):
     assert runtests.classify(5, empty, None) == "empty"
     assert runtests.classify(5, full, None) == "failed"
     assert runtests.classify(5, full, "nomatch") == "deselected"
+    # what the stage's pytest reported: its counts and the path its ops took
+    ran = {"passed": 3, "skipped": 1, "fastpath": "python path (DTENSOR_FASTPATH=0 at import)"}
+    assert runtests.classify(0, full, None, ran) == "passed"
+    assert runtests.classify(0, full, None, dict(ran, passed=0)) == "all-skipped"
+    assert runtests.classify(0, full, None, dict(ran, fastpath="compiled, used")) == "wrong-mode"
+    assert runtests.classify(1, full, None, dict(ran, passed=0)) == "failed"
 
 
 def test_stage_environments(tmp_path):
@@ -323,10 +448,14 @@ def test_stage_environments(tmp_path):
     assert all(e["KEEP"] == "1" for e in (fast_mpi, py_mpi, py_unit)) and base == {"KEEP": "1"}
 
 
-def _run_runner(tests_dir: Path, *args: str) -> subprocess.CompletedProcess:
-    """``python -m launch test`` on ``tests_dir``: at most 3 stages of at most PROMPT_S each."""
+def _run_runner(
+    tests_dir: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """``python -m launch test`` on ``tests_dir`` (this environment plus ``env``): at most 3
+    stages of at most PROMPT_S each."""
     runner = [sys.executable, "-m", "launch", "test", "--tests-dir", str(tests_dir)]
-    return _run([*runner, "--timeout", str(PROMPT_S), *args], tests_dir, limit=4 * PROMPT_S)
+    cmd = [*runner, "--timeout", str(PROMPT_S), *args]
+    return run_group(cmd, tests_dir, 4 * PROMPT_S, dict(os.environ, **(env or {})))
 
 
 def test_runner_stages_and_summary(tmp_path):
@@ -344,7 +473,7 @@ def test_runner_stages_and_summary(tmp_path):
             assert comm.allreduce(1) == MPI.COMM_WORLD.size
         """,
     )
-    shutil.copy(MPI_CONFTEST, tests / "mpi")
+    _mpi_harness(tests / "mpi")
     out = _run_runner(tests, "--quick", "--ranks", "1,2")
     assert out.returncode == 0, out.stdout + out.stderr
     lines = out.stdout.strip().splitlines()
@@ -374,3 +503,100 @@ def test_runner_accepts_an_empty_mpi_folder(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     assert " empty " in out.stdout
     assert out.stdout.strip().splitlines()[-1] == "2 passed, 0 failed"
+
+
+def test_runner_fails_without_the_extension_when_it_is_required(tmp_path):
+    tests = tmp_path / "tests"
+    _write(tests, "unit/test_ok.py", "def test_ok():\n    pass\n")
+    # a stand-in fastpath package found first from the tests folder: not built
+    _write(tests, "fastpath/__init__.py", "AVAILABLE = False\nIMPORT_ERROR = 'a stand-in'\n")
+    out = _run_runner(tests, env={"DTENSOR_REQUIRE_EXT": "1"})
+    assert out.returncode == 1
+    assert "DTENSOR_REQUIRE_EXT=1 but the compiled extension" in out.stderr
+    assert "a stand-in" in out.stderr and "== unit" not in out.stdout
+    out = _run_runner(tests, env={"DTENSOR_REQUIRE_EXT": "0"})
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "== unit, Python path (DTENSOR_FASTPATH=0) ==" in out.stdout
+    assert out.stdout.strip().splitlines()[-1] == "1 passed, 0 failed"
+
+
+def _policy_unit_folder(tests: Path, conftest: str | None = None) -> None:
+    """``tests/unit`` with the unit conftest (or ``conftest``) and the skip policy."""
+    (tests / "unit").mkdir(parents=True)
+    shutil.copy(SKIPS, tests)
+    if conftest is None:
+        shutil.copy(UNIT_CONFTEST, tests / "unit")
+    else:
+        _write(tests, "unit/conftest.py", conftest)
+
+
+def test_runner_counts_skips_and_fails_a_stage_on_an_unexpected_one(tmp_path):
+    tests = tmp_path / "tests"
+    _policy_unit_folder(tests)
+    _write(
+        tests,
+        "unit/test_some.py",
+        """\
+        import pytest
+
+        def test_ok():
+            pass
+
+        @pytest.mark.skipif(True, reason="needs fork")
+        def test_expected():
+            pass
+        """,
+    )
+    out = _run_runner(tests, "--quick")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"fastpath: {QUICK_PATH}" in out.stdout  # the stage's own header, from dtensor
+    assert re.search(r"SKIPPED \[1\] unit/test_some.py:\d+: needs fork", out.stdout), out.stdout
+    lines = out.stdout.strip().splitlines()
+    assert lines[-3].split()[3:6] == ["result", "passed", "skipped"]
+    assert lines[-2].split()[:6] == ["unit", "-", QUICK_MODE, "passed", "1", "1"]
+
+    _write(tests, "unit/test_odd.py", "import pytest\n\ndef test_odd():\n    pytest.skip('odd')\n")
+    out = _run_runner(tests, "--quick")
+    assert out.returncode == 1
+    assert "UNEXPECTED SKIP unit/test_odd.py::test_odd: odd" in out.stdout
+    assert out.stdout.strip().splitlines()[-2].split()[3] == "failed"
+
+
+def test_runner_reports_a_stage_in_which_every_test_skipped(tmp_path):
+    tests = tmp_path / "tests"
+    _policy_unit_folder(tests)
+    _write(
+        tests,
+        "unit/test_skipped.py",
+        """\
+        import pytest
+
+        @pytest.mark.skipif(True, reason="needs fork")
+        def test_expected():
+            pass
+        """,
+    )
+    out = _run_runner(tests, "--quick")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "every test skipped" in out.stdout
+    assert out.stdout.strip().splitlines()[-2].split()[3:6] == ["all-skipped", "0", "1"]
+
+
+@pytest.mark.skipif(not fastpath.AVAILABLE, reason="compiled extension not built")
+def test_runner_fails_a_stage_that_runs_on_the_other_path(tmp_path):
+    tests = tmp_path / "tests"
+    # this conftest turns the compiled path off before dtensor is imported
+    conftest = """\
+    import os
+    os.environ["DTENSOR_FASTPATH"] = "0"
+    import skips
+
+    def pytest_configure(config):
+        skips.register(config)
+    """
+    _policy_unit_folder(tests, conftest)
+    _write(tests, "unit/test_ok.py", "def test_ok():\n    pass\n")
+    out = _run_runner(tests, "--quick")
+    assert out.returncode == 1
+    assert "the fastpath stage ran with fastpath: python path" in out.stdout
+    assert out.stdout.strip().splitlines()[-2].split()[3] == "wrong-mode"

@@ -10,7 +10,6 @@ import re
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -125,9 +124,8 @@ def test_rank_failing_in_dtensor_code_ends_the_job_once(tmp_path):
         x.full_tensor()  # the other ranks wait in a collective
         """,
     )
-    start = time.monotonic()
     out = _run(["--mesh", "2x2", "--timeout", "60", prog], tmp_path)
-    assert time.monotonic() - start < 45
+    # the job ended by its own abort: exit status 1, not the timeout's 124
     assert out.returncode == 1, out.stderr
     assert out.stderr.count("Traceback (most recent call last)") == 1
     assert "[rank 2] Traceback" in out.stderr

@@ -14,6 +14,7 @@ import math
 import os
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +29,8 @@ I8, I32, I64, U8 = np.dtype(np.int8), np.dtype(np.int32), np.dtype(np.int64), np
 B = np.dtype(np.bool_)
 C64 = np.dtype(np.complex64)
 
-RNG = np.random.default_rng(0)
+#: The generator ``data`` draws from: a fresh one per test (see ``_rng``).
+RNG: np.random.Generator | None = None
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # where the imported dtensor lives (site-packages when installed): subprocesses use the same
 PKG_ROOT = str(Path(importlib.util.find_spec("dtensor").origin).resolve().parents[1])
@@ -37,6 +39,14 @@ PKG_ROOT = str(Path(importlib.util.find_spec("dtensor").origin).resolve().parent
 # imported; pytest resets warning filters around each test, so they are ignored here too
 # (test_no_floating_point_warnings checks the real behaviour in a fresh interpreter).
 pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
+
+
+@pytest.fixture(autouse=True)
+def _rng(monkeypatch, request):
+    """Each test draws its data from its own generator, seeded from its name (with its
+    parameters), so what a test sees does not depend on which tests ran before it."""
+    seed = zlib.crc32(request.node.name.encode())
+    monkeypatch.setitem(globals(), "RNG", np.random.default_rng(seed))
 
 
 def T(a) -> dt.Tensor:
@@ -63,18 +73,27 @@ def data(shape, dtype, *, positive=False, nonzero=False):
     return a.astype(dtype)
 
 
+#: The element strides of each layout of ``layouts``.
+LAYOUT_STRIDES = {"contiguous": (4, 1), "transposed": (1, 3), "stepped": (18, 2),
+                  "expanded": (0, 1)}  # fmt: skip
+
+
 def layouts(make):
-    """(name, tensor, equal ndarray) of shape (3, 4) in four memory layouts."""
+    """(name, tensor, equal ndarray) of shape (3, 4) in four memory layouts; each tensor
+    is checked to have its layout's strides (a view op that copied would not)."""
     base = make((3, 4))
     big_t = make((4, 3))
     stepped = make((6, 9))
     row = make((1, 4))
-    return [
+    out = [
         ("contiguous", T(base), base),
         ("transposed", T(big_t).t(), big_t.T),
         ("stepped", T(stepped)[::2, 1::2][:, :4], stepped[::2, 1::2][:, :4]),
         ("expanded", T(row).expand(3, 4), np.broadcast_to(row, (3, 4))),
     ]
+    for name, t, _ in out:
+        assert t.stride() == LAYOUT_STRIDES[name], (name, t.stride())
+    return out
 
 
 def tol(dtype):
@@ -151,11 +170,10 @@ def test_unary_matches_numpy(name, dtype):
     def make(shape):
         return data(shape, dtype, positive=domain == "positive", nonzero=domain == "nonzero")
 
-    for layout, t, x in layouts(make):
+    for _, t, x in layouts(make):
         exp, rt = _unary_expected(name, x)
         check(getattr(dt, name)(t), exp, rt)
         check(getattr(t, name)(), exp, rt)
-        assert layout
 
 
 @pytest.mark.parametrize("name", ["sign", "floor", "ceil", "round", "trunc",
@@ -472,7 +490,7 @@ def test_operators_and_reflected():
     for got, exp in cases:
         check(got, exp)
     assert (+t) is t
-    assert hash(t) == hash(t) and {t: 1}[t] == 1
+    assert hash(t) == object.__hash__(t) and len({t, t, T(x)}) == 2  # identity hash
     assert (t == None) is False
     assert (t != "a") is True
     with pytest.raises(TypeError):

@@ -38,10 +38,12 @@ def test_reprs_and_short_forms():
 
 
 def test_equality_and_hash_are_by_value():
-    assert Shard(1) == Shard(1) and hash(Shard(1)) == hash(Shard(1))
+    a, b = Shard(1), Shard(1)  # two constructions of one value
+    assert a == b and hash(a) == hash(b)
     assert Shard(np.int64(1)) == Shard(1)
     assert Shard(0) != Shard(1)
-    assert Replicate() == Replicate()
+    r1, r2 = Replicate(), Replicate()
+    assert r1 == r2 and hash(r1) == hash(r2)
     assert Partial() == Partial("sum") and Partial("sum") != Partial("max")
     kinds = [Shard(0), Replicate(), Partial()]
     assert len(set(kinds)) == 3
@@ -53,7 +55,8 @@ def test_equality_and_hash_are_by_value():
 def test_total_order():
     ordered = [Shard(0), Shard(2), Replicate(), Partial("avg"), Partial("sum")]
     assert sorted([Partial("sum"), Replicate(), Shard(2), Partial("avg"), Shard(0)]) == ordered
-    assert Shard(0) < Replicate() <= Replicate() < Partial() and Partial() > Shard(5)
+    r1, r2 = Replicate(), Replicate()
+    assert Shard(0) < r1 <= r2 < Partial() and Partial() > Shard(5)
     with pytest.raises(TypeError):
         _ = Shard(0) < 1
 
@@ -118,7 +121,7 @@ def test_mesh_shape_is_a_hashable_value():
 def test_equal_specs_are_equal_with_equal_hashes():
     a = DTensorSpec(MESH, [Shard(0), Replicate()], (8, 6), np.float32)
     b = DTensorSpec(MeshShape((2, 2)), (Shard(0), Replicate()), [8, 6], "float32")
-    assert a == b and hash(a) == hash(b) and hash(a) == hash(a)
+    assert a == b and hash(a) == hash(b)
     assert {a: 1}[b] == 1
     assert a != DTensorSpec(MESH, [Shard(1), Replicate()], (8, 6), np.float32)
     assert a != DTensorSpec(MESH, [Shard(0), Replicate()], (8, 7), np.float32)

@@ -256,11 +256,11 @@ def test_timeout_kills_the_whole_job(tmp_path):
         tmp_path,
         "sleepy.py",
         """\
-        import os, time
+        import os, threading
         from mpi4py import MPI
         with open(f"pid{MPI.COMM_WORLD.rank}", "w") as f:
             f.write(str(os.getpid()))
-        time.sleep(300)
+        threading.Event().wait()  # never ends by itself
         """,
     )
     out = _launch("-n", "2", "--timeout", "5", "sleepy.py", cwd=tmp_path)

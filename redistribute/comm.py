@@ -27,9 +27,11 @@ This module owns:
     blocking collective records its start time and fingerprint in a per-process slot; a
     daemon thread reports to stderr a collective that has not returned after the timeout
     (kind, communicator, mesh dim, fingerprint, how long) together with the state of the
-    other ranks on this node, which each watchdog thread writes to a small file in a
-    per-job folder under the temporary directory; ``DTENSOR_WATCHDOG_ABORT=1`` then aborts
-    the job.
+    other ranks on this node, which each watchdog thread writes to a small file (mode 0600,
+    never through a symlink) in a private per-job folder (``DTENSOR_WATCHDOG_DIR``, which
+    ``python -m launch`` sets; else a folder of this user, mode 0700, under the temporary
+    directory, refused when someone else made it); ``DTENSOR_WATCHDOG_ABORT=1`` then
+    aborts the job.
 
   Both settings are read from the environment at import and again at each mesh creation
   (:func:`make_mesh_comms`).
@@ -44,6 +46,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import os
+import stat
 import sys
 import tempfile
 import threading
@@ -276,7 +279,13 @@ def _agree(comm: Comm, text: str) -> None:
 
 
 def _job_dir() -> str:
-    """A folder shared by the ranks of this job on this node."""
+    """The folder of this job's watchdog state on this node, shared by its ranks there.
+
+    ``DTENSOR_WATCHDOG_DIR`` when set (``python -m launch`` sets it to a private folder
+    it makes for the job and removes when the job ends); otherwise a folder of this user
+    under the temporary directory, named after the Slurm job step or after the process that
+    started the ranks of this node.
+    """
     env = os.environ
     explicit = env.get("DTENSOR_WATCHDOG_DIR")
     if explicit:
@@ -285,7 +294,39 @@ def _job_dir() -> str:
         key = f"slurm-{env['SLURM_JOB_ID']}.{env.get('SLURM_STEP_ID', '0')}"
     else:  # ranks started by one mpiexec proxy on this node share their parent process
         key = f"ppid-{os.getppid()}"
-    return os.path.join(tempfile.gettempdir(), f"dtensor-watchdog-{key}")
+    return os.path.join(tempfile.gettempdir(), f"dtensor-watchdog-{os.geteuid()}-{key}")
+
+
+def _private_dir(path: str) -> str:
+    """``path``, made a folder with mode 0700 when missing, after checking that only this
+    user can change it: not a symlink, owned by this user, closed to everyone else.
+
+    Raises
+    ------
+    ConfigError
+        When ``path`` cannot be made or fails the check (someone else made it, maybe to
+        make this job write through a link planted in it).
+    """
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        st = os.lstat(path)
+    except OSError as exc:
+        raise ConfigError(f"watchdog: cannot make its state folder {path}: {exc}") from None
+    uid = os.geteuid()
+    if stat.S_ISLNK(st.st_mode):
+        problem = "is a symbolic link"
+    elif not stat.S_ISDIR(st.st_mode):
+        problem = "is not a folder"
+    elif st.st_uid != uid:
+        problem = f"belongs to uid {st.st_uid}, not to this user (uid {uid})"
+    elif st.st_mode & 0o077:
+        problem = f"has mode {stat.S_IMODE(st.st_mode):04o}, open to other users"
+    else:
+        return path
+    raise ConfigError(
+        f"watchdog: its state folder {path} {problem}; refusing to use it. Remove it, or "
+        "set DTENSOR_WATCHDOG_DIR to a folder of yours with mode 0700"
+    )
 
 
 class _Watchdog:
@@ -298,7 +339,7 @@ class _Watchdog:
         self.seq = 0
         self.members: dict[int, list[int]] = {}
         self.rank = MPI.COMM_WORLD.Get_rank()
-        self.dir = _job_dir()
+        self.dir = _private_dir(_job_dir())
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="dtensor-watchdog", daemon=True)
         self.thread.start()
@@ -337,10 +378,16 @@ class _Watchdog:
             line = f"idle {now}"
         else:
             line = f"in {now - (time.monotonic() - slot[1])} {_fingerprint(slot[3])}"
-        tmp = self._state_path(self.rank) + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(line)
-        os.replace(tmp, self._state_path(self.rank))
+        # a new file of a random name (O_CREAT | O_EXCL | O_NOFOLLOW, mode 0600), renamed
+        # over the state file: a link planted in the folder is never written through
+        fd, tmp = tempfile.mkstemp(prefix=f"rank{self.rank}.", suffix=".tmp", dir=self.dir)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(line)
+            os.replace(tmp, self._state_path(self.rank))
+        except OSError:
+            os.unlink(tmp)
+            raise
 
     def _peer_states(self, members: list[int]) -> list[str]:
         lines, now = [], time.time()
@@ -348,7 +395,8 @@ class _Watchdog:
             if r == self.rank:
                 continue
             try:
-                with open(self._state_path(r)) as f:
+                fd = os.open(self._state_path(r), os.O_RDONLY | os.O_NOFOLLOW)
+                with os.fdopen(fd) as f:
                     state = f.read()
             except OSError:
                 lines.append(f"  world rank {r}: no state (not on this node, or no watchdog)")
@@ -384,10 +432,6 @@ class _Watchdog:
     def _loop(self) -> None:
         tick = min(0.5, self.timeout / 4)
         written, reported = -1, -1
-        try:
-            os.makedirs(self.dir, exist_ok=True)
-        except OSError:
-            pass
         while not self.stop.wait(tick):
             slot = self.slot
             seq = 0 if slot is None else slot[0]
@@ -424,6 +468,13 @@ def set_watchdog(seconds: float | None, abort: bool = False, *, from_env: bool =
     from_env : bool
         Whether the setting comes from the environment (a later :func:`configure_from_env`
         may then turn it off).
+
+    Raises
+    ------
+    ConfigError
+        If ``seconds`` is not positive, or the folder for the watchdog's state (see
+        :func:`_job_dir`) is refused: a symlink, someone else's, or open to other users.
+        The watchdog is then off.
     """
     global _watchdog
     if seconds is not None and not seconds > 0:
@@ -431,9 +482,11 @@ def set_watchdog(seconds: float | None, abort: bool = False, *, from_env: bool =
     if _watchdog is not None:
         _watchdog.close()
         _watchdog = None
-    if seconds is not None:
-        _watchdog = _Watchdog(float(seconds), bool(abort), from_env)
-    _update()
+    try:
+        if seconds is not None:
+            _watchdog = _Watchdog(float(seconds), bool(abort), from_env)
+    finally:
+        _update()
 
 
 # -- reduce ops ---------------------------------------------------------------------------

@@ -29,14 +29,18 @@ LIMIT_S = 60
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
 
 
-def _env() -> dict:
-    return child_env({"OMP_NUM_THREADS": "1"}, drop=["DTENSOR_WATCHDOG_DIR"])
+def _env(tmp_path: Path) -> dict:
+    """The jobs' environment; the launcher's temporary folders go under ``tmp_path/tmp``
+    (a launcher killed by SIGKILL cannot remove its own)."""
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    extra = {"OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path / "tmp")}
+    return child_env(extra, drop=["DTENSOR_WATCHDOG_DIR"])
 
 
 def _launch(tmp_path: Path, body: str, *args: str) -> subprocess.CompletedProcess:
     (tmp_path / "job.py").write_text(textwrap.dedent(body))
     cmd = [sys.executable, "-m", "launch", "--timeout", str(LIMIT_S), "-n", "2", "job.py", *args]
-    return run_group(cmd, tmp_path, LIMIT_S + 10, _env())
+    return run_group(cmd, tmp_path, LIMIT_S + 10, _env(tmp_path))
 
 
 def _start_time(pid: int) -> str | None:
@@ -71,7 +75,7 @@ time.sleep(300)
 def test_sigkill_of_the_launcher_ends_every_rank(tmp_path):
     (tmp_path / "job.py").write_text(SLEEPER)
     cmd = [sys.executable, "-m", "launch", "--timeout", "300", "-n", "2", "job.py", str(tmp_path)]
-    launcher = subprocess.Popen(cmd, cwd=tmp_path, env=_env(), start_new_session=True)
+    launcher = subprocess.Popen(cmd, cwd=tmp_path, env=_env(tmp_path), start_new_session=True)
     ranks: dict[int, str] = {}  # pid -> start time
     try:
         files = [tmp_path / f"pid{r}" for r in (0, 1)]
@@ -145,4 +149,6 @@ def test_ranks_get_a_private_folder_that_the_launcher_removes(tmp_path, end):
     assert len(folders) == 1  # one folder per job, shared by its ranks
     for line in lines:
         assert line.endswith("dir=True mode=0o700 mine=True"), line
-    assert not os.path.exists(folders.pop())
+    folder = Path(folders.pop())
+    assert folder.parent == tmp_path / "tmp"
+    assert not folder.exists()

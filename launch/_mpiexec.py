@@ -1,25 +1,31 @@
 """Finding and running ``mpiexec``: the launcher's process handling.
 
 This module owns the choice of ``mpiexec`` (the one of the MPI that mpi4py loads), the
-environment given to the ranks, the command line of a job and running that command
-with a timeout that kills the whole process group. It uses the standard library only
-and never initialises MPI.
+environment given to the ranks, the command line of a job and running that command: with
+a timeout that kills the whole process group, tied to the launcher's life (the job dies
+with it, even by SIGKILL), in a private folder made for the job and removed after it, and
+with the exit status of a rank killed by a signal reported as ``128 + signal``. It uses
+the standard library only and never initialises MPI.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
 __all__ = [
+    "JOB_DIR_VAR",
     "TIMEOUT_EXIT_CODE",
     "find_mpiexec",
     "host_args",
@@ -39,7 +45,22 @@ RANK_ENV_DEFAULTS: Mapping[str, str] = {
     "MKL_NUM_THREADS": "1",
 }
 
+#: The variable that gives the ranks of a job their private folder (the watchdog keeps its
+#: state there, see :mod:`redistribute.comm`).
+JOB_DIR_VAR = "DTENSOR_WATCHDOG_DIR"
+
 _KILL_GRACE_S = 5.0
+#: How long the output relay may take to drain once ``mpiexec`` has ended.
+_DRAIN_S = 5.0
+#: ``prctl`` option: the signal a process gets when the thread that started it ends.
+_PR_SET_PDEATHSIG = 1
+#: Hydra's last lines when a rank was killed by a signal (its exit status is then the bare
+#: signal number, the same as an ``exit(n)``): only the end of the output is matched.
+_HYDRA_SIGNALED = re.compile(
+    rb"YOUR APPLICATION TERMINATED WITH THE EXIT STRING: [^\n]*\(signal (\d+)\)\r?\n"
+    rb"This typically refers to a problem with your application\.\r?\n"
+    rb"Please see the FAQ page for debugging suggestions\r?\n?\Z"
+)
 
 
 def _executable(path: str | os.PathLike[str]) -> str | None:
@@ -209,6 +230,55 @@ def _kill_group(proc: subprocess.Popen[bytes], first: int) -> None:
     proc.wait()
 
 
+class _Relay(threading.Thread):
+    """Copies the job's output to file descriptor ``out`` (default this process's stdout) as
+    it comes, keeping the last few KiB for :func:`_signal_of`; a closed reader (a broken
+    pipe) does not stop the draining."""
+
+    TAIL = 4096
+
+    def __init__(self, pipe: int, out: int = 1) -> None:
+        super().__init__(name="launch-stdout", daemon=True)
+        self.pipe, self.out, self.tail, self.open = pipe, out, b"", True
+
+    def run(self) -> None:
+        while chunk := os.read(self.pipe, 65536):
+            self.tail = (self.tail + chunk)[-self.TAIL :]
+            view = memoryview(chunk)
+            while self.open and view:
+                try:
+                    view = view[os.write(self.out, view) :]
+                except OSError:
+                    self.open = False
+        os.close(self.pipe)
+
+
+def _signal_of(output_tail: bytes) -> int | None:
+    """The signal that killed a rank, from the end of Hydra's output; None when none did."""
+    found = _HYDRA_SIGNALED.search(output_tail)
+    return None if found is None else int(found.group(1))
+
+
+def _die_with_this_thread() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child get SIGKILL when the launching thread ends,
+    the launcher killed by SIGKILL included (Linux's parent-death signal); None elsewhere.
+
+    ``mpiexec`` killed this way takes its ranks with it: its process-manager proxies kill
+    them when their connection to it drops (Hydra and Open MPI do).
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent:  # the launcher died before the signal was armed
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec
+
+
 def run_job(
     cmd: Sequence[str],
     *,
@@ -220,26 +290,60 @@ def run_job(
     """Run ``cmd`` in its own process group and return its exit status.
 
     **Local** (from the caller's side; the command itself may be an MPI job). The job's
-    output goes straight to this process's stdout/stderr, or, with ``output`` (a file open
+    output goes to this process's stdout/stderr as it comes or, with ``output`` (a file open
     for binary writing), stdout and stderr both go to that file. When ``timeout`` seconds pass,
     the whole process group (``mpiexec`` and every rank it started) gets SIGTERM, then
     SIGKILL, and the result is ``TIMEOUT_EXIT_CODE`` (124). Ctrl-C, SIGTERM and SIGHUP
-    sent to this process also end the whole group (exit status 128 + signal).
+    sent to this process also end the whole group (exit status 128 + signal); on Linux the
+    job also dies when this process is killed outright (SIGKILL), or when the calling
+    thread ends. The job gets a private folder (mode 0700) in ``$DTENSOR_WATCHDOG_DIR``
+    unless ``env`` names one already, removed when the job ends, however it ends.
 
     Returns
     -------
     int
-        The exit status; a job killed by signal ``s`` gives ``128 + s``.
+        The exit status; a job killed by signal ``s``, or whose rank was (as Hydra's
+        ``mpiexec`` reports it, with a message naming the signal), gives ``128 + s``.
     """
+    job_env = dict(os.environ if env is None else env)
+    made = None if job_env.get(JOB_DIR_VAR) else tempfile.mkdtemp(prefix="dtensor-job-")
+    if made is not None:
+        job_env[JOB_DIR_VAR] = made
+    try:
+        return _run(cmd, job_env, cwd, timeout, output)
+    finally:
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
+
+
+def _run(
+    cmd: Sequence[str],
+    env: Mapping[str, str],
+    cwd: str | os.PathLike[str] | None,
+    timeout: float | None,
+    output: IO[bytes] | None = None,
+) -> int:
     previous = {}
-    proc = subprocess.Popen(
-        list(cmd),
-        env=None if env is None else dict(env),
-        cwd=cwd,
-        start_new_session=True,
-        stdout=output,
-        stderr=None if output is None else subprocess.STDOUT,
-    )
+    read_end, write_end = os.pipe()
+    try:
+        proc = subprocess.Popen(
+            list(cmd),
+            env=dict(env),
+            cwd=cwd,
+            stdout=write_end,
+            stderr=None if output is None else write_end,
+            start_new_session=True,
+            # runs between fork and exec: one libc call looked up beforehand, no import,
+            # no lock of this process taken, so the other threads (the relays) are no risk
+            preexec_fn=_die_with_this_thread(),  # noqa: PLW1509
+        )
+    except BaseException:
+        os.close(read_end)
+        raise
+    finally:
+        os.close(write_end)
+    relay = _Relay(read_end, 1 if output is None else output.fileno())
+    relay.start()
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGHUP):
             previous[sig] = signal.signal(sig, _raise_terminated)
@@ -259,4 +363,19 @@ def run_job(
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    return 128 - rc if rc < 0 else rc
+        relay.join(_DRAIN_S)
+    if rc < 0:
+        return 128 - rc
+    signum = _signal_of(relay.tail) if rc != 0 else None
+    if signum is None:
+        return rc
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = "an unknown signal"
+    sys.stderr.write(
+        f"launch: a rank was killed by signal {signum} ({name}); exit status "
+        f"{128 + signum} (128 + signal)\n"
+    )
+    sys.stderr.flush()
+    return 128 + signum

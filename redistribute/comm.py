@@ -23,17 +23,25 @@ This module owns:
   * the SPMD divergence check (``DTENSOR_CHECK_SPMD=1`` or :func:`set_check_spmd`): before
     each collective the ranks of its communicator agree on a *fingerprint* (kind, the op
     being dispatched, the caller's description ``what=``, the rank-invariant arguments such
-    as counts, dtype and reduce op, and a per-communicator call counter). The agreement is
-    an all-gather of one int64 hash; on a mismatch a second fixed-size exchange of the
-    fingerprint texts follows and every rank raises :class:`CommError` showing its own and
-    the others' fingerprints, instead of hanging or exchanging mismatched data.
+    as counts, dtype and reduce op, and a per-communicator call counter). Each rank sends
+    its fingerprint (text and a 64-bit hash of it) to the other ranks of the communicator,
+    point to point over a private duplicate of ``COMM_WORLD``, and compares theirs; on a
+    mismatch every rank raises :class:`CommError` showing its own and the others'
+    fingerprints, instead of hanging or exchanging mismatched data. Between two ranks these
+    messages form one ordered stream, whatever the communicator, so the exit of a
+    ``dt.debug.check_spmd()`` block (:func:`leave_check_block`), which every rank announces
+    to every other, is met by a rank still inside at its next checked collective, and both
+    raise. The duplicate is made by the first checked point, a collective over
+    ``COMM_WORLD``: with the check on, every rank of ``COMM_WORLD`` runs it.
   * the collective watchdog (``DTENSOR_WATCHDOG=seconds`` or :func:`set_watchdog`): each
     blocking collective records its start time and fingerprint in a per-process slot; a
     daemon thread reports to stderr a collective that has not returned after the timeout
     (kind, communicator, mesh dim, fingerprint, how long) together with the state of the
-    other ranks on this node, which each watchdog thread writes to a small file in a
-    per-job folder under the temporary directory; ``DTENSOR_WATCHDOG_ABORT=1`` then aborts
-    the job.
+    other ranks on this node, which each watchdog thread writes to a small file (mode 0600,
+    never through a symlink) in a private per-job folder (``DTENSOR_WATCHDOG_DIR``, which
+    ``python -m launch`` sets; else a folder of this user, mode 0700, under the temporary
+    directory, refused when someone else made it); ``DTENSOR_WATCHDOG_ABORT=1`` then
+    aborts the job.
 
   Both settings are read from the environment at import and again at each mesh creation
   (:func:`make_mesh_comms`).
@@ -48,6 +56,8 @@ from __future__ import annotations
 import atexit
 import ctypes
 import os
+import stat
+import struct
 import sys
 import tempfile
 import threading
@@ -73,6 +83,7 @@ __all__ = [
     "configure_from_env",
     "cuda_aware",
     "free_types",
+    "leave_check_block",
     "local_rank",
     "make_mesh_comms",
     "remove_observer",
@@ -126,10 +137,20 @@ _checks = False
 _spmd_env = False  # DTENSOR_CHECK_SPMD
 _spmd_forced: bool | None = None  # set_check_spmd; None follows the environment
 _spmd = False
-_FP_TEXT = 480  # bytes of fingerprint text exchanged on a mismatch
+_FP_TEXT = 480  # bytes of fingerprint text sent to the peers (a hash covers the whole text)
+_MSG = 9 + _FP_TEXT  # a check message: int64 hash, 1 if it announces a block exit, text
 _HISTORY = 8  # fingerprints of this rank kept for the error message
 _history: deque[tuple] = deque(maxlen=_HISTORY)
 _counters: dict[int, int] = {}  # MPI communicator handle -> collectives checked on it
+_members: dict[int, list[int]] = {}  # MPI communicator handle -> its ranks' COMM_WORLD ranks
+# The private duplicate of COMM_WORLD that carries the check messages, made by the first
+# checked point that has a peer.
+_channel: Any = None
+_me = 0  # this process's rank in COMM_WORLD, set with _channel
+# World rank -> block exits of that rank met at a checked collective of this rank, each of
+# which stands for that rank's side of this rank's next block exit.
+_exits_met: dict[int, int] = {}
+_LEAVE = "leave check_spmd block"
 
 
 def _no_op() -> str | None:
@@ -227,11 +248,12 @@ def _fingerprint(fp: tuple) -> str:
     )
 
 
-def _enter(comm: Comm, kind: str, what: object, detail: str) -> None:
+def _enter(comm: Comm, kind: str, what: object, detail: str, wait: bool = True) -> None:
     """Start of a checked collective: fingerprint, watchdog slot, SPMD agreement.
 
     The fingerprint is kept as a tuple and only rendered as text for the SPMD check or a
-    report, so the watchdog alone costs little.
+    report, so the watchdog alone costs little. ``wait=False`` (only for a block exit)
+    sends this rank's fingerprint without waiting for the others'.
     """
     key = comm.mpi.handle
     n = _counters.get(key, 0) + 1
@@ -241,7 +263,7 @@ def _enter(comm: Comm, kind: str, what: object, detail: str) -> None:
         _watchdog.enter(comm, kind, fp)
     if _spmd:
         try:
-            _agree(comm, _fingerprint(fp))
+            _agree(comm, _fingerprint(fp), kind == _LEAVE, wait)
         except BaseException:
             _leave()
             raise
@@ -253,36 +275,121 @@ def _leave() -> None:
         _watchdog.slot = None
 
 
-def _agree(comm: Comm, text: str) -> None:
-    """All ranks of ``comm`` compare fingerprint hashes; on a mismatch all of them raise."""
+def _forget(_comm: Any, _keyval: int, key: int) -> None:
+    _members.pop(key, None)
+
+
+# Attached to each communicator whose ranks _members holds: freeing the communicator (by
+# any means) drops the entry, since a later communicator may get its handle.
+_MEMBERS_KEY = MPI.Comm.Create_keyval(delete_fn=_forget)
+
+
+def _world_ranks(comm: Comm) -> list[int]:
+    """The ``COMM_WORLD`` ranks of ``comm``'s ranks, in ``comm`` rank order (cached)."""
+    key = comm.mpi.handle
+    found = _members.get(key)
+    if found is None:
+        group, world = comm.mpi.Get_group(), MPI.COMM_WORLD.Get_group()
+        try:
+            ranks = MPI.Group.Translate_ranks(group, list(range(comm.size)), world)
+        finally:
+            group.Free()
+            world.Free()
+        found = _members[key] = list(ranks)
+        comm.mpi.Set_attr(_MEMBERS_KEY, key)
+    return found
+
+
+def _message(text: str, leaving: bool) -> bytes:
+    """A check message: the int64 hash of ``text``, 1 for a block exit else 0, the text
+    (cut or padded to ``_FP_TEXT`` bytes)."""
     raw = text.encode()
-    digest = np.array([zlib.crc32(raw) << 31 ^ zlib.adler32(raw)], dtype=np.int64)
-    hashes = np.empty(comm.size, dtype=np.int64)
-    comm.mpi.Allgather([digest, MPI.INT64_T], [hashes, MPI.INT64_T])
-    if (hashes == digest[0]).all():
+    digest = zlib.crc32(raw) << 31 ^ zlib.adler32(raw)
+    return struct.pack("<qB", digest, leaving) + raw[:_FP_TEXT].ljust(_FP_TEXT, b"\0")
+
+
+def _agree(comm: Comm, text: str, leaving: bool = False, wait: bool = True) -> None:
+    """This rank and the other ranks of ``comm`` compare their fingerprints; on a mismatch
+    all of them raise.
+
+    ``leaving`` marks the exit of a check_spmd block (``comm`` is then ``COMM_WORLD``). A
+    rank that meets another's block exit at a collective raises, counts that exit (it pairs
+    with this rank's own next block exit, where that rank is then skipped) and takes the
+    collective off its call counter, since the collective does not run.
+    """
+    global _channel, _me
+    if _channel is None:
+        if MPI.COMM_WORLD.Get_size() == 1:
+            return
+        _channel, _me = MPI.COMM_WORLD.Dup(), MPI.COMM_WORLD.Get_rank()
+    members = _world_ranks(comm)
+    others = [w for w in members if w != _me]
+    gone = [w for w in others if _exits_met.get(w)]
+    if leaving:
+        for w in gone:
+            _exits_met[w] -= 1
+    peers = [w for w in others if w not in gone]
+    mine = _message(text, leaving)
+    # every message posted before any wait: no order between the peers to get wrong
+    requests = [_channel.Isend([mine, MPI.BYTE], w) for w in peers]
+    theirs = [bytearray(_MSG) for _ in peers] if wait else []
+    requests += [_channel.Irecv([buf, MPI.BYTE], w) for w, buf in zip(peers, theirs)]
+    MPI.Request.Waitall(requests)
+    differs = [buf != mine for buf in theirs]
+    if not wait or not (any(differs) or (gone and not leaving)):
         return
-    mine = np.zeros(_FP_TEXT, dtype=np.uint8)
-    label = f"world rank {MPI.COMM_WORLD.Get_rank()}: ".encode() + raw
-    mine[: min(len(label), _FP_TEXT)] = np.frombuffer(label[:_FP_TEXT], dtype=np.uint8)
-    texts = np.empty((comm.size, _FP_TEXT), dtype=np.uint8)
-    comm.mpi.Allgather([mine, MPI.BYTE], [texts, MPI.BYTE])
+    exits = [w for w, buf in zip(peers, theirs) if buf[8]]
+    if not leaving and (gone or exits):
+        _counters[comm.mpi.handle] -= 1
+        for w in exits:
+            _exits_met[w] = _exits_met.get(w, 0) + 1
+    row = {w: i for i, w in enumerate(peers)}
     lines = []
-    for r in range(comm.size):
-        got = texts[r].tobytes().rstrip(b"\0").decode(errors="replace")
-        mark = " (this rank)" if r == comm.rank else ""
-        same = "" if hashes[r] == digest[0] else "  <- differs from this rank"
-        lines.append(f"  comm rank {r}{mark}, {got}{same}")
+    for r, w in enumerate(members):
+        if w == _me:
+            got, mark, note = text, " (this rank)", ""
+        elif w in row:
+            got = bytes(theirs[row[w]][9:]).rstrip(b"\0").decode(errors="replace")
+            mark, note = "", "  <- differs from this rank" if differs[row[w]] else ""
+        else:
+            got, mark = "left a check_spmd block earlier (reported then)", ""
+            note = "" if leaving else "  <- differs from this rank"
+        lines.append(f"  comm rank {r}{mark}, world rank {w}: {got}{note}")
     before = "\n".join(f"    {_fingerprint(fp)}" for fp in _history) or "    (none)"
     raise CommError(
         "SPMD divergence: the ranks of a communicator entered different collectives (or "
-        "the same one with different arguments); every rank raises instead of hanging.\n"
+        "the same one with different arguments), or left a check_spmd block at different "
+        "points or in different ways; every rank raises instead of hanging.\n"
         "Fingerprints:\n" + "\n".join(lines) + "\nThis rank's previous checked collectives "
         "(oldest first):\n" + before
     )
 
 
+def leave_check_block(exc: BaseException | None) -> None:
+    """Agree on the exit of a ``dt.debug.check_spmd()`` block. **Collective** over
+    ``COMM_WORLD`` while the SPMD check is on (a no-op otherwise).
+
+    Every rank announces to every other how it leaves the block: normally (``exc`` None) or
+    raising an exception of which type. Ranks that leave in different ways all raise
+    :class:`CommError` here; a rank still inside the block meets the announcement at its
+    next checked collective and raises there. ``exc`` that is not an :class:`Exception`
+    (``KeyboardInterrupt``, ``SystemExit``) is announced without waiting for the others.
+    """
+    if not _spmd:
+        return
+    detail = "no exception" if exc is None else f"raising {type(exc).__name__}"
+    _enter(Comm(MPI.COMM_WORLD), _LEAVE, None, detail, exc is None or isinstance(exc, Exception))
+    _leave()
+
+
 def _job_dir() -> str:
-    """A folder shared by the ranks of this job on this node."""
+    """The folder of this job's watchdog state on this node, shared by its ranks there.
+
+    ``DTENSOR_WATCHDOG_DIR`` when set (``python -m launch`` sets it to a private folder
+    it makes for the job and removes when the job ends); otherwise a folder of this user
+    under the temporary directory, named after the Slurm job step or after the process that
+    started the ranks of this node.
+    """
     env = os.environ
     explicit = env.get("DTENSOR_WATCHDOG_DIR")
     if explicit:
@@ -291,7 +398,39 @@ def _job_dir() -> str:
         key = f"slurm-{env['SLURM_JOB_ID']}.{env.get('SLURM_STEP_ID', '0')}"
     else:  # ranks started by one mpiexec proxy on this node share their parent process
         key = f"ppid-{os.getppid()}"
-    return os.path.join(tempfile.gettempdir(), f"dtensor-watchdog-{key}")
+    return os.path.join(tempfile.gettempdir(), f"dtensor-watchdog-{os.geteuid()}-{key}")
+
+
+def _private_dir(path: str) -> str:
+    """``path``, made a folder with mode 0700 when missing, after checking that only this
+    user can change it: not a symlink, owned by this user, closed to everyone else.
+
+    Raises
+    ------
+    ConfigError
+        When ``path`` cannot be made or fails the check (someone else made it, maybe to
+        make this job write through a link planted in it).
+    """
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        st = os.lstat(path)
+    except OSError as exc:
+        raise ConfigError(f"watchdog: cannot make its state folder {path}: {exc}") from None
+    uid = os.geteuid()
+    if stat.S_ISLNK(st.st_mode):
+        problem = "is a symbolic link"
+    elif not stat.S_ISDIR(st.st_mode):
+        problem = "is not a folder"
+    elif st.st_uid != uid:
+        problem = f"belongs to uid {st.st_uid}, not to this user (uid {uid})"
+    elif st.st_mode & 0o077:
+        problem = f"has mode {stat.S_IMODE(st.st_mode):04o}, open to other users"
+    else:
+        return path
+    raise ConfigError(
+        f"watchdog: its state folder {path} {problem}; refusing to use it. Remove it, or "
+        "set DTENSOR_WATCHDOG_DIR to a folder of yours with mode 0700"
+    )
 
 
 class _Watchdog:
@@ -302,26 +441,15 @@ class _Watchdog:
         # (seq, start time, kind, fingerprint tuple, world ranks of the communicator) or None
         self.slot: tuple | None = None
         self.seq = 0
-        self.members: dict[int, list[int]] = {}
         self.rank = MPI.COMM_WORLD.Get_rank()
-        self.dir = _job_dir()
+        self.dir = _private_dir(_job_dir())
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="dtensor-watchdog", daemon=True)
         self.thread.start()
 
     def enter(self, comm: Comm, kind: str, fp: tuple) -> None:
-        key = comm.mpi.handle
-        members = self.members.get(key)
-        if members is None:
-            group = comm.mpi.Get_group()
-            world = MPI.COMM_WORLD.Get_group()
-            members = self.members[key] = list(
-                MPI.Group.Translate_ranks(group, list(range(comm.size)), world)
-            )
-            group.Free()
-            world.Free()
         self.seq += 1
-        self.slot = (self.seq, time.monotonic(), kind, fp, members)
+        self.slot = (self.seq, time.monotonic(), kind, fp, _world_ranks(comm))
 
     def close(self) -> None:
         """Stop the thread and remove this rank's state file."""
@@ -343,10 +471,16 @@ class _Watchdog:
             line = f"idle {now}"
         else:
             line = f"in {now - (time.monotonic() - slot[1])} {_fingerprint(slot[3])}"
-        tmp = self._state_path(self.rank) + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(line)
-        os.replace(tmp, self._state_path(self.rank))
+        # a new file of a random name (O_CREAT | O_EXCL | O_NOFOLLOW, mode 0600), renamed
+        # over the state file: a link planted in the folder is never written through
+        fd, tmp = tempfile.mkstemp(prefix=f"rank{self.rank}.", suffix=".tmp", dir=self.dir)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(line)
+            os.replace(tmp, self._state_path(self.rank))
+        except OSError:
+            os.unlink(tmp)
+            raise
 
     def _peer_states(self, members: list[int]) -> list[str]:
         lines, now = [], time.time()
@@ -354,7 +488,8 @@ class _Watchdog:
             if r == self.rank:
                 continue
             try:
-                with open(self._state_path(r)) as f:
+                fd = os.open(self._state_path(r), os.O_RDONLY | os.O_NOFOLLOW)
+                with os.fdopen(fd) as f:
                     state = f.read()
             except OSError:
                 lines.append(f"  world rank {r}: no state (not on this node, or no watchdog)")
@@ -390,10 +525,6 @@ class _Watchdog:
     def _loop(self) -> None:
         tick = min(0.5, self.timeout / 4)
         written, reported = -1, -1
-        try:
-            os.makedirs(self.dir, exist_ok=True)
-        except OSError:
-            pass
         while not self.stop.wait(tick):
             slot = self.slot
             seq = 0 if slot is None else slot[0]
@@ -430,6 +561,13 @@ def set_watchdog(seconds: float | None, abort: bool = False, *, from_env: bool =
     from_env : bool
         Whether the setting comes from the environment (a later :func:`configure_from_env`
         may then turn it off).
+
+    Raises
+    ------
+    ConfigError
+        If ``seconds`` is not positive, or the folder for the watchdog's state (see
+        :func:`_job_dir`) is refused: a symlink, someone else's, or open to other users.
+        The watchdog is then off.
     """
     global _watchdog
     if seconds is not None and not seconds > 0:
@@ -437,9 +575,11 @@ def set_watchdog(seconds: float | None, abort: bool = False, *, from_env: bool =
     if _watchdog is not None:
         _watchdog.close()
         _watchdog = None
-    if seconds is not None:
-        _watchdog = _Watchdog(float(seconds), bool(abort), from_env)
-    _update()
+    try:
+        if seconds is not None:
+            _watchdog = _Watchdog(float(seconds), bool(abort), from_env)
+    finally:
+        _update()
 
 
 # -- reduce ops ---------------------------------------------------------------------------

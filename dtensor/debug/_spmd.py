@@ -5,7 +5,8 @@ This module owns the user-facing switch of the SPMD check whose mechanism lives 
 communicator agree on a fingerprint (collective kind, the op being dispatched, the
 redistribute step and spec, counts, dtype, reduce op, a per-communicator call counter), and
 a mismatch makes every rank raise :class:`dtensor.errors.CommError` showing all the ranks'
-fingerprints instead of hanging. ``DTENSOR_CHECK_SPMD=1`` turns it on for a whole run.
+fingerprints instead of hanging. Leaving the block is checked the same way (normally, or
+raising which exception type). ``DTENSOR_CHECK_SPMD=1`` turns the check on for a whole run.
 
 Importing this module also tells :mod:`redistribute.comm` which op the dispatcher is
 running, so fingerprints name it.
@@ -27,25 +28,32 @@ _comm.set_op_source(_dispatch.current_op)
 
 @contextmanager
 def check_spmd(enabled: bool = True) -> Iterator[None]:
-    """Check, before every collective in the block, that all ranks agree on it.
+    """Check, before every collective in the block and at its exit, that all ranks agree.
 
-    **Local** to enter and leave (no communication), but every rank must enter and leave
-    the block at the same point of the program, since the check adds a small collective
-    (an all-gather of one int64) in front of each collective. Blocks nest; leaving one
-    restores the setting it found. Cost: see the README (a few microseconds per
-    collective at 2 ranks).
+    **Local** to enter; **collective** over ``COMM_WORLD`` to leave while the check is on
+    (every rank of ``COMM_WORLD`` must enter and leave the block at the same point of the
+    program). Inside the block each collective is preceded by a small exchange of
+    fingerprints with the other ranks of its communicator; leaving the block is itself a
+    checked point where every rank tells the others whether it leaves normally or raising
+    (and which exception type), so a rank that leaves through an exception while the others
+    stay inside, or leave normally, makes every rank raise instead of leaving the others
+    blocked. Blocks nest; leaving one restores the setting it found. Cost: see the README (a
+    few microseconds per collective at 2 ranks).
 
     Parameters
     ----------
     enabled : bool
         False turns the check off inside the block (e.g. in a hot loop of a run started
-        with ``DTENSOR_CHECK_SPMD=1``).
+        with ``DTENSOR_CHECK_SPMD=1``); the exit of such a block is not checked.
 
     Raises
     ------
     CommError
         Inside the block, on every rank of a communicator whose ranks enter different
-        collectives (or the same one with different counts, dtypes or reduce ops).
+        collectives (or the same one with different arguments), or on a rank that meets
+        another's exit of the block at a collective; at the exit, on every rank when the
+        ranks leave in different ways. Ranks that all leave raising the same exception type
+        keep their own exceptions.
 
     Examples
     --------
@@ -55,5 +63,10 @@ def check_spmd(enabled: bool = True) -> Iterator[None]:
     prev = _comm.set_check_spmd(enabled)
     try:
         yield
+    except BaseException as exc:
+        _comm.leave_check_block(exc)
+        raise
+    else:
+        _comm.leave_check_block(None)
     finally:
         _comm.set_check_spmd(prev)

@@ -4,7 +4,10 @@ This module owns the user-facing switch of the watchdog of :mod:`redistribute.co
 (``DTENSOR_WATCHDOG=seconds`` turns it on for a whole run): a daemon thread reports to
 stderr any collective of this rank that has not returned after the timeout (kind,
 communicator, mesh dim, fingerprint, how long, and where the other ranks of that
-communicator on this node are), and optionally aborts the job.
+communicator on this node are), and optionally aborts the job. The ranks of a node share
+their state through files in a private folder (mode 0700): the one ``python -m launch``
+makes for the job (``DTENSOR_WATCHDOG_DIR``), else one of this user under the temporary
+directory; a folder that someone else could have planted is refused.
 """
 
 from __future__ import annotations
@@ -30,8 +33,9 @@ def watchdog(seconds: float, abort: bool = False) -> Iterator[None]:
 
     Raises
     ------
-    CommError
-        If ``seconds`` is not positive.
+    ConfigError
+        If ``seconds`` is not positive, or the folder for the watchdog's state is a
+        symlink, someone else's, or open to other users.
 
     Notes
     -----

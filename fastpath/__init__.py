@@ -31,10 +31,11 @@ TensorBase, DTensorBase : type
 
 from __future__ import annotations
 
-import os
 import warnings
 from importlib import import_module
 from types import ModuleType
+
+from placements.env import env_flag
 
 strides: ModuleType | None
 dispatch: ModuleType | None
@@ -52,7 +53,7 @@ else:
     IMPORT_ERROR = None
 
 AVAILABLE: bool = strides is not None
-ENABLED: bool = AVAILABLE and os.environ.get("DTENSOR_FASTPATH", "1").strip() != "0"
+ENABLED: bool = AVAILABLE and env_flag("DTENSOR_FASTPATH", True)
 
 if not AVAILABLE:
     warnings.warn(

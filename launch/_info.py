@@ -98,14 +98,14 @@ def collect_info() -> dict[str, Any]:
         mpiexec = f"not found ({exc})"
     if not fastpath.AVAILABLE:
         fast = f"not built: {fastpath.IMPORT_ERROR}"
-    elif os.environ.get("DTENSOR_FASTPATH") == "0":
-        fast = "compiled, disabled by DTENSOR_FASTPATH=0"
+    elif not fastpath.ENABLED:
+        fast = f"compiled, disabled by DTENSOR_FASTPATH={os.environ.get('DTENSOR_FASTPATH')}"
     else:
         fast = "compiled"
     if shm.enabled():
         shared = f"on (exchanges of tensors from {shm.MIN_BYTES} bytes; DTENSOR_SHM=0 turns it off)"
-    elif os.environ.get("DTENSOR_SHM", "").strip().lower() in ("0", "off"):
-        shared = "off (DTENSOR_SHM=0)"
+    elif not shm._env_enabled():
+        shared = f"off (DTENSOR_SHM={os.environ.get('DTENSOR_SHM')})"
     else:
         shared = "off (no memfd on this platform)"
     libpath = _loaded_libmpi()

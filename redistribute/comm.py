@@ -71,6 +71,7 @@ import numpy as np
 from mpi4py import MPI
 
 from placements.cache import LRUCache
+from placements.env import env_flag, env_seconds
 from placements.errors import CommError, ConfigError, DTypeError, MeshError
 
 __all__ = [
@@ -205,10 +206,6 @@ def check_spmd_enabled() -> bool:
     return _spmd
 
 
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
-
-
 def configure_from_env() -> None:
     """Read ``DTENSOR_CHECK_SPMD``, ``DTENSOR_WATCHDOG``, ``DTENSOR_WATCHDOG_ABORT``. **Local**.
 
@@ -217,13 +214,9 @@ def configure_from_env() -> None:
     over the environment.
     """
     global _spmd_env
-    _spmd_env = _env_flag("DTENSOR_CHECK_SPMD")
-    value = os.environ.get("DTENSOR_WATCHDOG", "").strip()
-    try:
-        seconds = float(value) if value else 0.0
-    except ValueError:
-        raise ConfigError(f"DTENSOR_WATCHDOG={value!r} is not a number of seconds") from None
-    abort = _env_flag("DTENSOR_WATCHDOG_ABORT")
+    _spmd_env = env_flag("DTENSOR_CHECK_SPMD")
+    seconds = env_seconds("DTENSOR_WATCHDOG") or 0.0
+    abort = env_flag("DTENSOR_WATCHDOG_ABORT")
     current = _watchdog
     same = current is not None and (current.timeout, current.abort) == (seconds, abort)
     if not same and (seconds > 0 or current is not None and current.from_env):

@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from placements.errors import ConfigError
+from placements.env import env_flag, env_int
 
 __all__ = [
     "MIN_BYTES",
@@ -65,27 +65,15 @@ __all__ = [
 
 
 def _env_enabled() -> bool:
-    raw = os.environ.get("DTENSOR_SHM", "").strip().lower()
-    if raw not in ("", "0", "1", "on", "off"):
-        raise ConfigError(f"environment variable DTENSOR_SHM={raw!r} is not one of 0, 1, on, off")
     return (
-        raw not in ("0", "off") and sys.platform.startswith("linux") and hasattr(os, "memfd_create")
+        env_flag("DTENSOR_SHM", True)
+        and sys.platform.startswith("linux")
+        and hasattr(os, "memfd_create")
     )
 
 
 def _env_min_bytes() -> int:
-    raw = os.environ.get("DTENSOR_SHM_MIN_BYTES", "").strip()
-    if not raw:
-        return 1 << 20
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ConfigError(
-            f"environment variable DTENSOR_SHM_MIN_BYTES={raw!r} is not a byte count >= 0"
-        )
-    return value
+    return env_int("DTENSOR_SHM_MIN_BYTES", 1 << 20)
 
 
 _ENABLED = _env_enabled()

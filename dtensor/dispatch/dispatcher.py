@@ -34,6 +34,7 @@ import numpy as np
 import fastpath as _fp
 from placements import Placement
 from placements.cache import LRUCache, all_stats, clear_all
+from placements.env import env_int
 from placements.errors import (
     ConfigError,
     DimError,
@@ -54,7 +55,6 @@ from redistribute.plan import redistribute_cost
 
 from ..distributed.dtensor import DTensor, allocator_for
 from ..local import dtypes as _dtypes
-from ..local.env import env_int
 from ..local.tensor import Tensor, _wrap
 from ..ops.table import OpInfo
 

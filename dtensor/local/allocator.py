@@ -62,10 +62,9 @@ from typing import Any
 
 import numpy as np
 
+from placements.env import env_int
 from placements.errors import ArgumentError, ConfigError
 from redistribute import shm as _shm
-
-from .env import env_int
 
 __all__ = [
     "POOL_MIN_BYTES",

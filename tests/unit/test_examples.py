@@ -157,6 +157,20 @@ def test_redistribute_benchmark_compares_against_raw_collectives(tmp_path):
     assert all(r["dtensor_us"] > 0 and r["execute_us"] > 0 for r in cases.values())
 
 
+def test_reductions_and_mesh_create_benchmarks_report_their_figures(tmp_path):
+    path = tmp_path / "reductions.json"
+    launch(2, "-m", "launch.bench.reductions", "--sizes", "8", "--repeat", "2", "--out",
+           str(path))
+    figures = json.loads(path.read_text())["figures"]
+    assert set(figures) == {"MPI.MAX 8x8", "NaN-safe max 8x8", "MPI.SUM 8x8", "sum 8x8"}
+    assert all(f["min_us"] > 0 and f["samples"] == 2 for f in figures.values())
+    path = tmp_path / "mesh.json"
+    launch(2, "-m", "launch.bench.mesh_create", "--repeat", "3", "--out", str(path))
+    figures = json.loads(path.read_text())["figures"]
+    assert set(figures) == {"init_device_mesh(2,)", "init_device_mesh(2, 1)"}
+    assert all(f["median_us"] > 0 for f in figures.values())
+
+
 def test_3d_meshes_at_8_ranks():
     """The 3-D mesh tests of the executor (sampled placement pairs, uneven and empty shards,
     transposed inputs) and of the DTensor API, and the program fuzzer (2x4 and 2x2x2 meshes

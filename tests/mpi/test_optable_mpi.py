@@ -17,10 +17,10 @@ unchanged, holding the result.
 
 The only refusal accepted is the dispatcher's ShardingError for an in-place op whose input
 placements no strategy keeps (``relu_`` of a ``P(sum)`` tensor); a refused layout is
-counted and replaced by another, and an op must check at least one call. Placements are
-drawn from the ``rng`` fixture (the same on every rank), per op the kind used least so far,
-so that every kind appears and control flow is identical on all ranks. ``-k <opname>``
-runs one op.
+counted and replaced by one without Partial inputs, and an op must check at least one
+call. Placements are drawn from the ``rng`` fixture (the same on every rank), per op the
+kind used least so far, so that every kind appears and control flow is identical on all
+ranks. The test of op ``NAME`` is ``test_op[NAME]`` (``-k NAME`` selects it).
 """
 
 from __future__ import annotations
@@ -71,8 +71,9 @@ def _calls(name: str) -> list[SampleCall]:
 
 
 # -- placements ----------------------------------------------------------------------------------
-def _kinds(value: np.ndarray, size: int) -> dict[str, list[dt.Placement]]:
-    """The placement kinds ``value`` may take on a mesh dim of ``size`` ranks."""
+def _kinds(value: np.ndarray, size: int, partial: bool) -> dict[str, list[dt.Placement]]:
+    """The placement kinds ``value`` may take on a mesh dim of ``size`` ranks (Partial ones
+    only if ``partial``)."""
     kinds: dict[str, list[dt.Placement]] = {"R": [R]}
     small = [dt.Shard(d) for d in range(value.ndim) if value.shape[d] < size]
     other = [dt.Shard(d) for d in range(value.ndim) if value.shape[d] >= size]
@@ -80,20 +81,21 @@ def _kinds(value: np.ndarray, size: int) -> dict[str, list[dt.Placement]]:
         kinds["S<mesh"] = small
     if other:
         kinds["S"] = other
-    for op in _PARTIALS:
+    for op in _PARTIALS if partial else ():
         if op != "avg" or value.dtype.kind in "fc":  # dtensor averages floats only
             kinds[f"P({op})"] = [dt.Partial(op)]
     return kinds
 
 
 def _pick(
-    value: np.ndarray, mesh: dt.DeviceMesh, used: Counter, rng: np.random.Generator
+    value: np.ndarray, mesh: dt.DeviceMesh, used: Counter, rng: np.random.Generator,
+    partial: bool,
 ) -> tuple[dt.Placement, ...]:
     """Placements of ``value`` on ``mesh``: per mesh dim the kind this op used least so far
     (ties broken by ``rng``), then one placement of that kind."""
     out = []
     for size in mesh.shape:
-        kinds = _kinds(value, size)
+        kinds = _kinds(value, size, partial)
         names = sorted(kinds)
         least = min(used[k] for k in names)
         ties = [k for k in names if used[k] == least]
@@ -180,7 +182,7 @@ def _forms(call: SampleCall, values: list) -> list[tuple[str, Callable[[], objec
 
 
 # -- one call ---------------------------------------------------------------------------------------
-def _layout(call: SampleCall, mesh, used: Counter, rng) -> tuple[list, list, bool]:
+def _layout(call: SampleCall, mesh, used: Counter, rng, partial: bool) -> tuple[list, list, bool]:
     """The call's bound values with DTensors in the tensor slots; the placements of each
     slot (None for a non-tensor); whether a float argument holds sum/avg contributions."""
     args = [list(v) if isinstance(v, list) else v for v in call.values]
@@ -191,7 +193,7 @@ def _layout(call: SampleCall, mesh, used: Counter, rng) -> tuple[list, list, boo
         if not isinstance(v, np.ndarray):
             placements.append(None)
             continue
-        pl = _pick(v, mesh, used, rng)
+        pl = _pick(v, mesh, used, rng, partial)
         placements.append(pl)
         rounded |= v.dtype.kind == "f" and any(
             p.is_partial() and p.reduce_op in ("sum", "avg") for p in pl
@@ -221,11 +223,11 @@ def _check_output(got: dt.Tensor, want: np.ndarray, tol: float, what: str) -> No
         assert np.array_equal(g, want), f"{what}: values differ:\n{g}\nexpected\n{want}"
 
 
-def _run(call: SampleCall, mesh, used: Counter, rng, form_index: int) -> bool:
-    """Run ``call`` on ``mesh`` once; True when checked, False when refused (a documented
-    refusal)."""
+def _run(call: SampleCall, mesh, used: Counter, rng, form_index: int, partial: bool) -> bool:
+    """Run ``call`` on ``mesh`` once (Partial inputs only if ``partial``); True when checked,
+    False when refused (the one refusal accepted)."""
     info = call.info
-    args, placements, rounded = _layout(call, mesh, used, rng)
+    args, placements, rounded = _layout(call, mesh, used, rng, partial)
     forms = _forms(call, args)
     assert forms, f"{info.name} {call.label}: no public DTensor form takes these arguments"
     how, fn = forms[form_index % len(forms)]
@@ -283,16 +285,18 @@ def test_op(name: str, meshes, rng) -> None:
     with np.errstate(all="ignore"):
         for i, call in enumerate(calls):
             mesh = meshes[i % len(meshes)]
-            # a refused layout makes room for another (every rank refuses alike)
-            want = _PER_CALL
+            # A refused layout (a Partial an in-place op cannot keep) makes room for one
+            # without Partial inputs, which every op keeps; every rank refuses alike.
+            want, partial = _PER_CALL, True
             for j in range(2 * _PER_CALL):
-                if _run(call, mesh, used, rng, i + j):
+                if _run(call, mesh, used, rng, i + j, partial):
                     checked += 1
                     want -= 1
                     if not want:
                         break
                 else:
                     refused += 1
+                    partial = False
     assert checked, f"{name}: every call was refused ({refused} refusals)"
     CHECKED[name] = (checked, refused)
     KINDS.update(used)

@@ -274,3 +274,10 @@ def test_inplace_add_writes_through_views(data, shape, dtype):
     t.mul_(2.0)
     view(expected)[...] *= 2
     np.testing.assert_allclose(stored, expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["max", "min", "argmax", "argmin"])
+def test_max_min_over_an_empty_dim_name_the_op(name):
+    # found by the property test above: max/min over a size-0 dim raised naming argmax
+    with pytest.raises(ValueError, match=rf"^{name}\(\): expected reduction dim"):
+        getattr(dt, name)(dt.zeros(2, 0), 1)

@@ -298,6 +298,8 @@ def _max_min(op, input, dim, keepdim, pairwise, result):
     a = as_array(op, input)
     xp = xp_of(a)
     d = _norm_dim(dim, a.ndim, op)
+    if a.ndim:
+        _nonempty(op, a, (d,))  # the error names max/min, not the argmax/argmin below
     idx = _arg("argmax" if op == "max" else "argmin", a, d, True)
     if a.ndim == 0:
         return result(wrap(a.copy()), wrap(idx))

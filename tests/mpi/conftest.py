@@ -5,8 +5,9 @@
   otherwise wait forever in the test's next collective.
 - Only rank 0 writes pytest's terminal report (the others would repeat it); failures on
   any rank are still shown by the abort above.
-- Hypothesis draws the same examples on every rank (derandomized, no example database),
-  so every rank runs the same collectives.
+- Hypothesis draws the same examples on every rank (derandomized, no example database,
+  and no time-based search for further bugs once one is found), so every rank runs the
+  same collectives.
 - Fixtures: ``comm`` (``MPI.COMM_WORLD``), ``seed`` (one integer per session, the same on
   every rank; ``DTENSOR_TEST_SEED`` fixes it) and ``rng`` (a numpy Generator seeded from
   ``seed`` and the test's id, identical on every rank).
@@ -32,7 +33,9 @@ from mpi4py import MPI
 #: The session seed, set in pytest_configure (the same value on every rank).
 SEED: int = 0
 
-settings.register_profile("mpi", parent=settings(), derandomize=True, database=None)
+settings.register_profile(
+    "mpi", parent=settings(), derandomize=True, database=None, report_multiple_bugs=False
+)
 settings.load_profile("mpi")
 
 

@@ -8,6 +8,11 @@
   unsqueeze inserts size * stride, expand gives stride 0).
 * view/reshape agree with PyTorch's computeStride on random strided inputs.
 * Random blocks equal the matching slice of the whole random tensor.
+
+Roots are contiguous or negative-stride numpy views (of int32, uint8, float16 or float64
+values, NaN and infinities among the floats) given to ``from_numpy``; chains include
+size-0 dims and stride-0 (expand) dims. Example counts scale with the hypothesis profile
+(``HYPOTHESIS_PROFILE``, see ``tests/conftest.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +30,13 @@ from dtensor.local import rng as _random
 from dtensor.local import strides as S
 
 shapes = st.lists(st.integers(0, 4), min_size=0, max_size=4).map(tuple)
+DTYPES = [np.dtype(t) for t in (np.int32, np.uint8, np.float16, np.float64)]
+#: A value no root holds (uint8 roots count modulo 255).
+SENTINEL = {"i": -7, "u": 255, "f": -7}
+#: The view-chain test draws several ops per example: twice the profile's examples.
+MANY = settings(max_examples=settings.default.max_examples * 2)
+#: The other tests: 1.25 times.
+SOME = settings(max_examples=settings.default.max_examples * 5 // 4)
 
 
 def check_memory(t, root):
@@ -237,10 +249,24 @@ def addressed(t):
     return pos
 
 
-@settings(max_examples=150)
-@given(shape=shapes, data=st.data())
-def test_random_view_chains_match_numpy_and_share_memory(shape, data):
-    base = np.arange(math.prod(shape), dtype=np.int32).reshape(shape)
+def root_values(draw, shape, dtype):
+    """Distinct-ish values of ``shape``: a count (modulo 255 for uint8), a few floats set to
+    NaN or infinity."""
+    n = math.prod(shape)
+    values = (np.arange(n) % 255 if dtype.kind == "u" else np.arange(n)).astype(dtype)
+    if dtype.kind == "f" and n and draw(st.booleans()):
+        for i in draw(st.lists(st.integers(0, n - 1), max_size=3)):
+            values[i] = draw(st.sampled_from([np.nan, np.inf, -np.inf]))
+    return values.reshape(shape)
+
+
+@MANY
+@given(shape=shapes, dtype=st.sampled_from(DTYPES), data=st.data())
+def test_random_view_chains_match_numpy_and_share_memory(shape, dtype, data):
+    # the root: the whole stored array, or a view of it with negative steps on some dims
+    steps = tuple(data.draw(st.sampled_from([1, 1, -1, -2])) for _ in shape)
+    stored = root_values(data.draw, tuple(n * abs(s) for n, s in zip(shape, steps)), dtype)
+    base = stored[(*(slice(None, None, s) for s in steps), Ellipsis)]
     root = dt.from_numpy(base)
     t, a = root, base.copy()
     copied = False
@@ -253,7 +279,8 @@ def test_random_view_chains_match_numpy_and_share_memory(shape, data):
             continue
         check_memory(t, root)
         if predicted is not None:
-            if t.numel() == 0 and not 0 <= predicted[2] * 4 <= t.untyped_storage().nbytes():
+            nbytes = t.untyped_storage().nbytes()
+            if t.numel() == 0 and not 0 <= predicted[2] * dtype.itemsize <= nbytes:
                 # an empty view cannot point outside its storage; it keeps its parent's offset
                 predicted = predicted[:2] + (t.storage_offset(),)
             assert (tuple(t.shape), t.stride(), t.storage_offset()) == predicted, op
@@ -261,24 +288,29 @@ def test_random_view_chains_match_numpy_and_share_memory(shape, data):
     if not copied and not expanded:
         # a write through the final view lands exactly on the storage positions it names
         pos = addressed(t)
-        t.fill_(-7)
-        flat = base.reshape(-1)
-        assert (flat[pos] == -7).all()
-        assert (flat == -7).sum() == np.unique(pos).size
+        sentinel = SENTINEL[dtype.kind]
+        t.fill_(sentinel)
+        flat = stored.reshape(-1)
+        assert (flat[pos] == dtype.type(sentinel)).all()
+        assert (flat == dtype.type(sentinel)).sum() == np.unique(pos).size
 
 
-@settings(max_examples=100)
-@given(shape=st.lists(st.integers(1, 4), min_size=1, max_size=4).map(tuple), data=st.data())
+@SOME
+@given(shape=st.lists(st.integers(0, 4), min_size=1, max_size=4).map(tuple), data=st.data())
 def test_view_and_reshape_follow_compute_stride(shape, data):
+    # permuted, stepped (negative steps through numpy: Tensor indexing takes none) and
+    # expanded (stride 0) inputs
     base = dt.arange(math.prod(shape), dtype=dt.float64).view(shape)
     perm = data.draw(st.permutations(range(len(shape))))
-    steps = [data.draw(st.integers(1, 2)) for _ in shape]
-    t = base.permute(*perm)[tuple(slice(None, None, s) for s in steps)]
-    a = (
-        np.arange(math.prod(shape), dtype=np.float64)
-        .reshape(shape)
-        .transpose(perm)[tuple(slice(None, None, s) for s in steps)]
-    )
+    steps = [data.draw(st.sampled_from([1, 2, -1, -2])) for _ in shape]
+    index = (*(slice(None, None, s) for s in steps), Ellipsis)
+    t = base.permute(*perm)
+    t = dt.from_numpy(t.numpy()[index]) if min(steps) < 0 else t[index]
+    a = np.arange(math.prod(shape), dtype=np.float64).reshape(shape).transpose(perm)[index]
+    if data.draw(st.booleans()):  # a new stride-0 dim
+        d, n = data.draw(st.integers(0, a.ndim)), data.draw(st.integers(0, 3))
+        t = t.unsqueeze(d).expand(*a.shape[:d], n, *a.shape[d:])
+        a = np.broadcast_to(np.expand_dims(a, d), t.shape)
     new = new_shape_for(data.draw, a.shape)
     expected = S.compute_view_strides(tuple(t.shape), t.stride(), S.infer_size(new, a.size))
     r = t.reshape(new)
@@ -295,10 +327,10 @@ def test_view_and_reshape_follow_compute_stride(shape, data):
         np.testing.assert_array_equal(v.numpy(), a.reshape(new))
 
 
-@settings(max_examples=100)
-@given(shape=shapes, data=st.data())
-def test_from_numpy_of_random_strided_views_is_zero_copy(shape, data):
-    base = np.arange(math.prod(shape), dtype=np.float32).reshape(shape)
+@SOME
+@given(shape=shapes, dtype=st.sampled_from(DTYPES), data=st.data())
+def test_from_numpy_of_random_strided_views_is_zero_copy(shape, dtype, data):
+    base = root_values(data.draw, shape, dtype)
     idx = tuple(slice(None, None, data.draw(st.sampled_from([1, 2, -1, -2]))) for _ in shape)
     perm = data.draw(st.permutations(range(len(shape))))
     a = base[(*idx, Ellipsis)].transpose(perm)
@@ -306,14 +338,23 @@ def test_from_numpy_of_random_strided_views_is_zero_copy(shape, data):
     np.testing.assert_array_equal(t.numpy(), a)
     assert t.untyped_storage().nbytes() == base.nbytes
     assert t.untyped_storage().data_ptr() == base.__array_interface__["data"][0]
-    assert t.stride() == tuple(s // 4 for s in a.strides)
+    assert t.stride() == tuple(s // dtype.itemsize for s in a.strides)
     check_memory(t, dt.from_numpy(base))
     if a.size:
-        t.view(dt.int32).fill_(0)
+        t.view(np.dtype(f"i{dtype.itemsize}")).fill_(0)  # the same bytes, reinterpreted
         assert (a == 0).all()
+    # stride 0: a broadcast numpy array stays a view; writes through it are refused
+    lead = data.draw(st.integers(0, 2))
+    b = np.broadcast_to(a, (lead,) * bool(lead) + a.shape)
+    u = dt.from_numpy(b)
+    assert u.stride() == tuple(s // dtype.itemsize for s in b.strides)
+    np.testing.assert_array_equal(u.numpy(), b)
+    if lead > 1 and a.size:
+        with pytest.raises(ViewError, match="more than one element"):
+            u.fill_(1)
 
 
-@settings(max_examples=80)
+@SOME
 @given(
     shape=st.lists(st.integers(0, 5), min_size=0, max_size=3).map(tuple),
     data=st.data(),

@@ -227,8 +227,9 @@ def test_python_scalars_both_sides(data, shape, dtype, scalar, name, scalar_firs
         assert_matches(op(*args), ref, expected_dtype)
 
 
-@pytest.mark.xfail(strict=True, reason="the short path of a small integer tensor compared "
-                   "with a python int compares exactly (numpy) instead of wrapping the int")
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="the short path of a small integer tensor compared with a python int "
+                   "compares exactly (numpy) instead of wrapping the int")
 def test_compare_with_an_out_of_range_int_wraps():
     # README: an out-of-range python int wraps like a C cast (uint8: -1 is 255), as in
     # PyTorch (torch.zeros(3, dtype=torch.uint8) < -1 is all True). The result must not

@@ -317,11 +317,6 @@ def run_step(step, ref, x, mesh, kind):
         return ref, x.redistribute(mesh, list(step[1]))
     if op == "reduce":
         _, name, dim, keep = step
-        if name in ("amax", "amin") and ref.dtype.kind == "f" and np.isnan(ref).any():
-            # Known bug (test_nan_survives_amax_over_shards, xfail): MPI's MAX/MIN drop a
-            # NaN that only some ranks hold, so amax/amin over a sharded dim lose it (and
-            # the ranks disagree). Reduced by sum instead until that is fixed.
-            name = "sum"
         np_op = {"sum": np.sum, "mean": np.mean, "amax": np.amax, "amin": np.amin}[name]
         rt = np.int64 if name == "sum" and ref.dtype.kind in "bi" else ref.dtype
         res = np.asarray(np_op(ref, axis=dim, keepdims=keep)).astype(rt)
@@ -470,13 +465,11 @@ def test_bool_partial_sum_made_numbers(op):
 
 
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.xfail(
-    strict=True, raises=AssertionError, reason="MPI's MAX/MIN drop a NaN that only some ranks hold"
-)
 @pytest.mark.parametrize("op", ["amax", "amin"])
 def test_nan_survives_amax_over_shards(op):
     # found by the fuzzer: amax/amin over a sharded dim give a P(max)/P(min) whose NaN sits
-    # on one rank; the all-reduce drops it on some ranks and keeps it on others.
+    # on one rank; MPI's MAX/MIN all-reduce dropped it on some ranks and kept it on others
+    # (now NaN-propagating ops, see test_reduction_edges).
     mesh = get_mesh((WORLD.size,))
     x = dt.distribute_tensor(np.array([1.0] + [np.nan] * (WORLD.size - 1)), mesh, [S(0)])
     ok = bool(np.isnan(getattr(x, op)().full_tensor().numpy()))

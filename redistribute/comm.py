@@ -282,13 +282,7 @@ def _world_ranks(comm: Comm) -> list[int]:
     key = comm.mpi.handle
     found = _members.get(key)
     if found is None:
-        group, world = comm.mpi.Get_group(), MPI.COMM_WORLD.Get_group()
-        try:
-            ranks = MPI.Group.Translate_ranks(group, list(range(comm.size)), world)
-        finally:
-            group.Free()
-            world.Free()
-        found = _members[key] = list(ranks)
+        found = _members[key] = world_ranks(comm).tolist()
         comm.mpi.Set_attr(_MEMBERS_KEY, key)
     return found
 

@@ -429,7 +429,7 @@ class AllocatorMachine(RuleBasedStateMachine):
 
 
 AllocatorMachine.TestCase.settings = settings(
-    max_examples=60, stateful_step_count=25, deadline=None
+    stateful_step_count=25, deadline=None  # examples: the profile's count
 )
 test_allocator_machine = AllocatorMachine.TestCase
 

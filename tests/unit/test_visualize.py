@@ -111,7 +111,7 @@ def test_rejects_other_objects_and_png_without_matplotlib():
             visualize_sharding(spec((2,), [Shard(0)], (4,)), png="x.png")
 
 
-@settings(max_examples=60, deadline=None)
+@settings(deadline=None)  # examples: the profile's count
 @given(
     mesh=st.sampled_from([(1,), (2,), (3,), (4,), (2, 2), (3, 2)]),
     shape=st.lists(st.integers(0, 7), min_size=1, max_size=2).map(tuple),

@@ -104,7 +104,7 @@ def collect_info() -> dict[str, Any]:
         fast = "compiled"
     if shm.enabled():
         shared = f"on (exchanges of tensors from {shm.MIN_BYTES} bytes; DTENSOR_SHM=0 turns it off)"
-    elif not shm._env_enabled():
+    elif not shm.requested():
         shared = f"off (DTENSOR_SHM={os.environ.get('DTENSOR_SHM')})"
     else:
         shared = "off (no memfd on this platform)"

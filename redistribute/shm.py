@@ -61,10 +61,14 @@ __all__ = [
     "locate",
     "peer_buffer",
     "probe",
+    "requested",
 ]
 
 
-def _env_enabled() -> bool:
+def requested() -> bool:
+    """Whether the settings ask for shared memory here: ``DTENSOR_SHM`` (default on) on a
+    Linux with ``memfd``. **Local**. Unlike :func:`enabled`, a later :func:`disable` (a
+    failed probe) does not change it, so ranks can compare what they were asked for."""
     return (
         env_flag("DTENSOR_SHM", True)
         and sys.platform.startswith("linux")
@@ -76,7 +80,7 @@ def _env_min_bytes() -> int:
     return env_int("DTENSOR_SHM_MIN_BYTES", 1 << 20)
 
 
-_ENABLED = _env_enabled()
+_ENABLED = requested()
 
 #: Exchanges of a global tensor of at least this many bytes try the shared path.
 MIN_BYTES: int = _env_min_bytes()

@@ -337,7 +337,7 @@ def _path_settings() -> tuple[list[tuple[str, int | None]], list[ConfigError]]:
             return None
 
     settings = [
-        ("DTENSOR_SHM", read(_shm._env_enabled)),
+        ("DTENSOR_SHM", read(_shm.requested)),
         ("DTENSOR_SHM_MIN_BYTES", _shm.MIN_BYTES),
         ("DTENSOR_POOL_MIN_BYTES", _allocator.POOL_MIN_BYTES),
         ("DTENSOR_COST_MODEL digest", read(lambda: _model_digest(default_cost_model()))),

@@ -7,7 +7,8 @@ that kills its whole process group; all of it first with the compiled fast path
 (``DTENSOR_FASTPATH=1``) and again on the Python path (``DTENSOR_FASTPATH=0``). The MPI
 stages of the Python path also send every exchange of pooled buffers through node-shared
 memory (:data:`SHARED_ALWAYS`), which by default only tensors of 1 MiB and more take, so
-that every MPI test runs over both transports.
+that every MPI test runs over both transports. A plain suite's tests marked
+``mode_independent`` run in the first mode's stage only (see :class:`Stage`).
 
 Every stage lists its skips (``-rs``); the test folders' conftests fail a stage on a skip
 that ``tests/skips.py`` does not expect, and write the stage's counts and the path its ops
@@ -40,7 +41,15 @@ from pathlib import Path
 
 from ._mpiexec import TIMEOUT_EXIT_CODE, find_mpiexec, rank_env, run_job
 
-__all__ = ["Outcome", "Stage", "classify", "find_tests_dir", "main", "stage_environment"]
+__all__ = [
+    "MODE_INDEPENDENT_ENV",
+    "Outcome",
+    "Stage",
+    "classify",
+    "find_tests_dir",
+    "main",
+    "stage_environment",
+]
 
 PLAIN_SUITES = ("unit", "sim")
 MPI_SUITE = "mpi"
@@ -62,6 +71,9 @@ MODE_PATHS = {"fastpath": "compiled", "python": "python path"}
 REPORT_ENV = "DTENSOR_TEST_REPORT"
 #: Options of every stage's pytest: quiet, with the reason of each skip, no cache folder.
 PYTEST_OPTIONS = ("-q", "-rs", "-p", "no:cacheprovider")
+#: Set for a plain suite's stage when an earlier stage of the run (the other mode's) already
+#: ran the suite's tests marked ``mode_independent``: the suite's conftest deselects them.
+MODE_INDEPENDENT_ENV = "DTENSOR_TEST_MODE_INDEPENDENT_DONE"
 #: pytest's exit status when it collected (or selected) no test.
 NO_TESTS_EXIT_CODE = 5
 
@@ -75,12 +87,18 @@ print(fastpath.IMPORT_ERROR or "")
 
 @dataclass(frozen=True)
 class Stage:
-    """One pytest run: a suite folder, a rank count (``None``: no mpiexec) and a mode."""
+    """One pytest run: a suite folder, a rank count (``None``: no mpiexec) and a mode.
+
+    ``repeat`` marks a plain suite's stage in the second mode of a run: the tests marked
+    ``mode_independent`` (whose outcome ``DTENSOR_FASTPATH`` cannot change: rules, plans,
+    the runner and launcher themselves) ran in the first mode's stage and are left out.
+    """
 
     suite: str
     ranks: int | None
     mode: str
     path: Path
+    repeat: bool = False
 
 
 @dataclass(frozen=True)
@@ -144,10 +162,10 @@ def classify(returncode: int, stage: Stage, keyword: str | None, report: dict | 
 
 def _stages(tests_dir: Path, modes: Sequence[str], ranks: Sequence[int]) -> list[Stage]:
     stages = []
-    for mode in modes:
+    for i, mode in enumerate(modes):
         for suite in PLAIN_SUITES:
             if (tests_dir / suite).is_dir():
-                stages.append(Stage(suite, None, mode, tests_dir / suite))
+                stages.append(Stage(suite, None, mode, tests_dir / suite, repeat=i > 0))
         if (tests_dir / MPI_SUITE).is_dir():
             stages += [Stage(MPI_SUITE, k, mode, tests_dir / MPI_SUITE) for k in ranks]
     return stages
@@ -156,6 +174,8 @@ def _stages(tests_dir: Path, modes: Sequence[str], ranks: Sequence[int]) -> list
 def stage_environment(stage: Stage, env: dict[str, str]) -> dict[str, str]:
     """The environment ``stage`` runs in: ``env`` plus its mode's settings. **Local**."""
     out = dict(env, DTENSOR_FASTPATH=MODES[stage.mode])
+    if stage.repeat:
+        out[MODE_INDEPENDENT_ENV] = "1"
     if stage.mode == "python" and stage.ranks is not None:
         out.update(SHARED_ALWAYS)
     if stage.ranks is not None and stage.ranks > (os.cpu_count() or 1):

@@ -13,6 +13,8 @@ from placements.env import env_flag, env_int, env_seconds
 from placements.errors import ConfigError
 from redistribute import comm as _comm
 
+pytestmark = pytest.mark.mode_independent  # see tests/unit/conftest.py
+
 
 @pytest.mark.parametrize(
     "text,want",

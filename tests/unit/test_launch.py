@@ -32,6 +32,8 @@ from launch._mpiexec import (
     rank_env,
 )
 
+pytestmark = pytest.mark.mode_independent  # see tests/unit/conftest.py
+
 TESTS = Path(__file__).resolve().parents[1]
 MPI_CONFTEST = TESTS / "mpi" / "conftest.py"
 UNIT_CONFTEST = TESTS / "unit" / "conftest.py"
@@ -446,6 +448,33 @@ def test_stage_environments(tmp_path):
     assert py_mpi["DTENSOR_SHM_MIN_BYTES"] == "0" and py_mpi["DTENSOR_POOL_MIN_BYTES"] == "1"
     assert "DTENSOR_SHM_MIN_BYTES" not in fast_mpi and "DTENSOR_SHM_MIN_BYTES" not in py_unit
     assert all(e["KEEP"] == "1" for e in (fast_mpi, py_mpi, py_unit)) and base == {"KEEP": "1"}
+
+
+def test_mode_independent_tests_run_in_the_first_mode_only(tmp_path):
+    """The second mode's plain stages deselect the tests marked ``mode_independent``
+    (tests/unit/conftest.py); MPI stages and the first mode keep them."""
+    (tmp_path / "unit").mkdir()
+    (tmp_path / "mpi").mkdir()
+    stages = runtests._stages(tmp_path, ["fastpath", "python"], [2])
+    assert [(s.suite, s.mode, s.repeat) for s in stages] == [
+        ("unit", "fastpath", False),
+        ("mpi", "fastpath", False),
+        ("unit", "python", True),
+        ("mpi", "python", False),
+    ]
+    key = runtests.MODE_INDEPENDENT_ENV
+    assert [key in runtests.stage_environment(s, {}) for s in stages] == [False, False, True, False]
+    # the conftest's side: this module is marked, so its tests are deselected, not skipped
+    cmd = [sys.executable, "-m", "pytest", "unit/test_launch.py", "unit/test_allocator.py",
+           "--collect-only", "-q", "-p", "no:cacheprovider"]  # fmt: skip
+    env = dict(os.environ, DTENSOR_FASTPATH="0")
+    both = subprocess.run(cmd, cwd=TESTS, env=env, capture_output=True, text=True, timeout=120)
+    env[key] = "1"
+    second = subprocess.run(cmd, cwd=TESTS, env=env, capture_output=True, text=True, timeout=120)
+    assert "unit/test_launch.py::" in both.stdout, both.stdout[-2000:]
+    assert "unit/test_launch.py::" not in second.stdout, second.stdout[-2000:]
+    assert "unit/test_allocator.py::" in second.stdout
+    assert re.search(r"\d+ deselected", second.stdout), second.stdout[-500:]
 
 
 def _run_runner(

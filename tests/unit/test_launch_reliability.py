@@ -26,7 +26,10 @@ from _jobs import child_env, run_group
 #: Hard limit of one job, and of the waits below (a broken feature fails, never hangs).
 LIMIT_S = 60
 
-pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+pytestmark = [
+    pytest.mark.mode_independent,  # see tests/unit/conftest.py
+    pytest.mark.skipif(sys.platform != "linux", reason="reads /proc"),
+]
 
 
 def _env(tmp_path: Path) -> dict:

@@ -22,6 +22,8 @@ from placements import (
 )
 from placements.errors import MeshError, PlacementError, ShardingError
 
+pytestmark = pytest.mark.mode_independent  # see tests/unit/conftest.py
+
 MESHES = [(2,), (3,), (4,), (2, 2), (2, 3), (2, 2, 2)]
 
 

@@ -15,6 +15,8 @@ import pytest
 from placements import meta as M
 from placements.errors import ArgumentError, DimError, DTypeError, ShardingError, ViewError
 
+pytestmark = pytest.mark.mode_independent  # see tests/unit/conftest.py
+
 F16, F32, F64 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
 C64, C128 = np.dtype(np.complex64), np.dtype(np.complex128)
 I8, I16, I32, I64 = (np.dtype(t) for t in (np.int8, np.int16, np.int32, np.int64))

@@ -20,6 +20,10 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.mode_independent  # see tests/unit/conftest.py
+
 TESTS = Path(__file__).resolve().parents[1]
 ROOT = TESTS.parent
 

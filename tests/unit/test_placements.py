@@ -22,6 +22,8 @@ from placements import (
 )
 from placements.errors import PlacementError, ShardingError
 
+pytestmark = pytest.mark.mode_independent  # see tests/unit/conftest.py
+
 # ---------------------------------------------------------------------------------------------
 # Placement types
 

@@ -44,6 +44,8 @@ from redistribute import (
 from redistribute.cost import default_cost_model
 from redistribute.plan import _search
 
+pytestmark = pytest.mark.mode_independent  # see tests/unit/conftest.py
+
 R = Replicate()
 S0, S1 = Shard(0), Shard(1)
 PSUM, PMAX, PAVG, PMIN, PPROD = (Partial(op) for op in ("sum", "max", "avg", "min", "prod"))

@@ -8,6 +8,7 @@ results are the same afterwards, only recomputed.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from mpi4py import MPI
 
 from placements import DTensorSpec, MeshShape, Partial, Replicate, Shard
@@ -15,6 +16,8 @@ from placements.cache import clear_all, get_cache
 from redistribute import comm as C
 from redistribute import execute as E
 from redistribute.plan import plan
+
+pytestmark = pytest.mark.mode_independent  # see tests/unit/conftest.py
 
 
 def _spec(placements, shape=(8, 6), mesh=(2, 2)):

@@ -13,6 +13,8 @@ from mpi4py import MPI
 
 from redistribute import comm as C
 
+pytestmark = pytest.mark.mode_independent  # see tests/unit/conftest.py
+
 
 @pytest.fixture
 def comm():

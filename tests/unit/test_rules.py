@@ -30,6 +30,8 @@ from placements.rules import (
 from placements.rules.matmul import parse_einsum
 from placements.rules.view import reshape_groups
 
+pytestmark = pytest.mark.mode_independent  # see tests/unit/conftest.py
+
 R = Replicate()
 S = Shard
 P = Partial

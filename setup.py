@@ -1,4 +1,5 @@
-"""Build of the optional compiled extensions ``fastpath._strides``, ``_dispatch``, ``_kernels``.
+"""Build of the optional compiled extensions ``fastpath._strides``, ``_dispatch``, ``_pool``,
+``_kernels``.
 
 Everything else (metadata, packages, dependencies) lives in ``pyproject.toml``. The
 extension is optional: when Cython or the C compiler fails, the build prints a warning
@@ -56,6 +57,12 @@ def _extensions() -> list[Extension]:
                     "fastpath._dispatch",
                     [os.path.join("fastpath", "_dispatch.pyx")],
                     depends=DISPATCH_PARTS,
+                    include_dirs=[numpy.get_include()],
+                    define_macros=NPY_API,
+                ),
+                Extension(
+                    "fastpath._pool",
+                    [os.path.join("fastpath", "_pool.pyx")],
                     include_dirs=[numpy.get_include()],
                     define_macros=NPY_API,
                 ),

@@ -13,6 +13,9 @@ strides : module or None
     extension was not built (no C compiler at install time, or ``DTENSOR_NO_EXT=1``).
 dispatch : module or None
     ``fastpath._dispatch``, the compiled dispatch front (``None`` when not built).
+pool : module or None
+    ``fastpath._pool``, the compiled front of the caching host allocator (``None`` when not
+    built).
 kernels : module or None
     ``fastpath._kernels``, compiled local kernels (relu, erf, gelu, softmax) for small host
     arrays (``None`` when not built).
@@ -39,15 +42,17 @@ from placements.env import env_flag
 
 strides: ModuleType | None
 dispatch: ModuleType | None
+pool: ModuleType | None
 kernels: ModuleType | None
 IMPORT_ERROR: str | None
 
 try:
     strides = import_module(f"{__name__}._strides")
     dispatch = import_module(f"{__name__}._dispatch")
+    pool = import_module(f"{__name__}._pool")
     kernels = import_module(f"{__name__}._kernels")
 except ImportError as exc:
-    strides = dispatch = kernels = None
+    strides = dispatch = pool = kernels = None
     IMPORT_ERROR = str(exc)
 else:
     IMPORT_ERROR = None

@@ -25,6 +25,7 @@ cdef class FrontEntry:
     cdef int raw
     cdef object rawfn
     cdef object rawarg
+    cdef object rawout      # None (numpy allocates) or a callable returning the output array
     cdef tuple extra_idx    # bound values the raw form needs unchanged: their indices
     cdef tuple extra_val    # ... and values
     cdef unsigned long long tick
@@ -280,8 +281,7 @@ cdef class FastOp:
         if raw is None:
             fe.raw = RAW_NONE
         else:
-            fe.raw, fe.rawfn, extra = raw[:3]
-            fe.rawarg = raw[3] if len(raw) > 3 else None
+            fe.raw, fe.rawfn, extra, fe.rawarg, fe.rawout = raw
             fe.extra_idx = tuple([i for i, _ in extra])
             fe.extra_val = tuple([v for _, v in extra])
         fe.tick = 0

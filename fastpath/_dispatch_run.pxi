@@ -11,11 +11,18 @@ cdef inline object _local_arr(object v):
 cdef object _raw_pair(FrontEntry fe, object a, object b):
     """A binary or scalar raw form on operands ``a`` (a DTensor) and ``b``; None when the
     kernel must decide (an int the dtype cannot hold)."""
+    cdef object make = fe.rawout
     if fe.raw == RAW_BINARY:
-        out = fe.rawfn(_local_arr(a), _local_arr(b))
+        if make is None:
+            out = fe.rawfn(_local_arr(a), _local_arr(b))
+        else:
+            out = fe.rawfn(_local_arr(a), _local_arr(b), make())
     else:
         try:
-            out = fe.rawfn(_local_arr(a), b)
+            if make is None:
+                out = fe.rawfn(_local_arr(a), b)
+            else:
+                out = fe.rawfn(_local_arr(a), b, make())
         except OverflowError:
             return None
     return _new_dtensor_arr(out, fe.out_spec0)
@@ -38,12 +45,14 @@ cdef object _run(FrontEntry fe, list values):
             return out
     if raw == RAW_UNARY:
         f = fe.rawfn
+        o = None if fe.rawout is None else fe.rawout()
         if type(f) is Unary:  # a compiled kernel: its C entry, no Python call
-            return _new_dtensor_arr((<Unary>f).apply(_local_arr(values[0]), None), fe.out_spec0)
-        return _new_dtensor_arr(f(_local_arr(values[0]), None), fe.out_spec0)
+            return _new_dtensor_arr((<Unary>f).apply(_local_arr(values[0]), o), fe.out_spec0)
+        return _new_dtensor_arr(f(_local_arr(values[0]), o), fe.out_spec0)
     if raw == RAW_REDUCE:
         axes, dtype, keepdim, scale = <tuple>fe.rawarg
-        out = fe.rawfn(_local_arr(values[0]), axes, dtype, None, keepdim)
+        o = None if fe.rawout is None else fe.rawout()
+        out = fe.rawfn(_local_arr(values[0]), axes, dtype, o, keepdim)
         if type(out) is not _ndarray:  # a numpy scalar of a full reduction: 0-d array
             if scale is not None:
                 out = out * scale

@@ -44,16 +44,20 @@ __all__ = ["fast_op", "plug_fastpath", "raw_form"]
 def raw_form(info: OpInfo, entry: CacheEntry, values: list) -> tuple | None:
     """How the compiled front may run ``entry`` on raw ndarrays, or None. **Local**.
 
-    A pointwise op whose local kernel would take its own short path (same dtype of a kind
-    the kernel takes as is, not 0-d, no operand at the allocator's pooling size) computes
-    exactly ``ufunc(a, b)``, ``ufunc(a, scalar)`` or ``kernel(a, None)`` on the local
-    arrays; ``view``/``reshape`` of a standard (row-major) local tensor is numpy's reshape to
-    the local output shape (``Tensor.view``'s own short path), and ``t`` of a 2-D tensor is
-    the transposed array; ``sum`` and ``matmul``/``mm`` of small host arrays are the numpy
-    calls their kernels make. Everything here is fixed by the entry's specs and the key, so it
-    is decided once. Returns ``(form, arg, extra[, const])``: ``arg`` is the ufunc, kernel,
-    shape or index, ``extra`` lists ``(index, value)`` pairs of other bound values that must
-    be unchanged (``alpha=1``), ``const`` the second operand of a ``const`` form (relu's 0).
+    A pointwise op whose operands take its local kernel's short path (same dtype of a kind
+    the kernel takes as is, not 0-d) computes exactly ``ufunc(a, b, out)``,
+    ``ufunc(a, scalar, out)`` or ``kernel(a, out)`` on the local arrays; ``view``/``reshape``
+    of a standard (row-major) local tensor is numpy's reshape to the local output shape
+    (``Tensor.view``'s own short path), and ``t`` of a 2-D tensor is the transposed array;
+    ``sum`` and ``matmul``/``mm`` of host arrays are the numpy calls their kernels make.
+    ``out`` is None below the allocator's pooling size (numpy allocates, as the kernel's
+    short path lets it), else a pooled array of the local output's shape and dtype (as the
+    kernel's ``out_buffer``), so the front serves outputs of every size. Everything here is
+    fixed by the entry's specs and the key, so it is decided once. Returns
+    ``(form, arg, extra, const, out)``: ``arg`` is the ufunc, kernel, shape or index,
+    ``extra`` lists ``(index, value)`` pairs of other bound values that must be unchanged
+    (``alpha=1``), ``const`` the reduction's parameters, ``out`` None or a callable that
+    returns the output array (:func:`dtensor.local.allocator.pooled_empty`).
     """
     name = info.name
     if entry.direct is None or not values:
@@ -66,13 +70,13 @@ def raw_form(info: OpInfo, entry: CacheEntry, values: list) -> tuple | None:
         shape = values[1]
         if type(shape) in (tuple, list) and all(type(s) is int for s in shape):
             out = entry.out_specs[0]
-            return _RAW["view"], out.local_shape(out.mesh._coord), ()
+            return _RAW["view"], out.local_shape(out.mesh._coord), (), None, None
         return None
     if name == "t" and entry.kernel is Tensor.t and len(spec.shape) == 2:
-        return _RAW["t"], None, ()
+        return _RAW["t"], None, (), None, None
     if name == "getitem" and entry.kernel is Tensor.__getitem__ and spec.shape:
         index = _basic_index(values[1])
-        return None if index is None else (_RAW["getitem"], index, ())
+        return None if index is None else (_RAW["getitem"], index, (), None, None)
     if name == "mean":
         return _raw_sum(entry, values, spec, getattr(entry.kernel, "scale", None))
     if entry.kernel is not info.kernel:
@@ -81,7 +85,25 @@ def raw_form(info: OpInfo, entry: CacheEntry, values: list) -> tuple | None:
         return _raw_sum(entry, values, spec)
     if name in ("matmul", "mm"):
         return _raw_matmul(entry, values, spec)
-    return _raw_pointwise(info, values, spec)
+    return _raw_pointwise(info, entry, values, spec)
+
+
+#: The size limit given to the short-path condition: the front serves every size (it
+#: passes a pooled output from the pooling size on).
+_ANY_SIZE = 1 << 62
+
+
+def _out(entry: CacheEntry) -> tuple[bool, object]:
+    """(served, out) for the output of ``entry``: ``out`` None when numpy may allocate it
+    (below the pooling size), else a callable returning a pooled array; not served (False)
+    for a pooled-size output off the host (the kernel allocates on its device)."""
+    out = entry.out_specs[0]
+    shape = out.local_shape(out.mesh._coord)
+    if math.prod(shape) * out.dtype.itemsize < _allocator.POOL_MIN_BYTES:
+        return True, None
+    if out.mesh.device_type != "cpu":
+        return False, None
+    return True, _allocator.pooled_empty(shape, out.dtype)
 
 
 class _Shard(NamedTuple):
@@ -92,20 +114,25 @@ class _Shard(NamedTuple):
     nbytes: int
 
 
-def _raw_pointwise(info: OpInfo, values: list, spec: DTensorSpec) -> tuple | None:
-    """The raw form of an elementwise op whose local function would take its short path
-    (:func:`dtensor.local.kernels.pointwise.fast_path` on the local shards)."""
+def _raw_pointwise(
+    info: OpInfo, entry: CacheEntry, values: list, spec: DTensorSpec
+) -> tuple | None:
+    """The raw form of an elementwise op whose operands take its local function's short
+    path (:func:`dtensor.local.kernels.pointwise.fast_path` on the local shards, any size)."""
     kspec = getattr(info.function, "spec", None)
     if kspec is None:
         return None
+    served, out = _out(entry)
+    if not served:
+        return None
     dt = spec.dtype
     coord = spec.mesh._coord
-    limit = _allocator.POOL_MIN_BYTES
+    limit = _ANY_SIZE
     a = _Shard(dt, len(spec.shape), math.prod(spec.local_shape(coord)) * dt.itemsize)
     if isinstance(kspec, _pw.UnarySpec):
         if not _pw.fast_path(kspec.fast, limit, a):
             return None
-        return _RAW["unary"], kspec.kernel, ()
+        return _RAW["unary"], kspec.kernel, (), None, out
     uf = getattr(kspec.kernel, "ufunc", None)
     if uf is None or len(values) < 2:
         return None
@@ -121,46 +148,42 @@ def _raw_pointwise(info: OpInfo, values: list, spec: DTensorSpec) -> tuple | Non
         b_shard = _Shard(dt, len(bs.shape), math.prod(bs.local_shape(coord)) * dt.itemsize)
         if not _pw.fast_path(kspec.fast, limit, a, b_shard):
             return None
-        return _RAW["binary"], uf, extra
+        return _RAW["binary"], uf, extra, None, out
     if _pw.fast_path(kspec.scalar_fast.get(type(b), _pw.NO_DTYPES), limit, a):
-        return _RAW["scalar"], uf, extra
+        return _RAW["scalar"], uf, extra, None, out
     return None
 
 
 def _raw_sum(
     entry: CacheEntry, values: list, spec: DTensorSpec, scale: float | None = None
 ) -> tuple | None:
-    """``sum`` of a small float32/float64 host array as ``_math.sum`` computes it:
-    ``np.add.reduce`` over the normalised dims, in the input dtype (numpy allocates); for
-    ``mean``, that sum times the kernel's ``scale`` (1 / the global count) in the dtype."""
+    """``sum`` of a float32/float64 host array as ``_math.sum`` computes it:
+    ``np.add.reduce`` over the normalised dims, in the input dtype (into a pooled output
+    from the pooling size on); for ``mean``, that sum times the kernel's ``scale`` (1 / the
+    global count) in the dtype."""
     _, dim, keepdim, dtype = values
     dt = spec.dtype
     if dtype is not None or spec.mesh.device_type != "cpu":
         return None
     if dt not in (np.dtype(np.float32), np.dtype(np.float64)) or type(keepdim) is not bool:
         return None
-    out = entry.out_specs[0]
-    if math.prod(out.local_shape(out.mesh._coord)) * dt.itemsize >= _allocator.POOL_MIN_BYTES:
-        return None
+    _, out = _out(entry)
     axes = norm_dims(entry.name, dim, len(spec.shape))
-    return _RAW["reduce"], np.add.reduce, (), (
-        axes, dt, keepdim, None if scale is None else dt.type(scale))
+    const = (axes, dt, keepdim, None if scale is None else dt.type(scale))
+    return _RAW["reduce"], np.add.reduce, (), const, out
 
 
 def _raw_matmul(entry: CacheEntry, values: list, spec: DTensorSpec) -> tuple | None:
-    """``matmul``/``mm`` of two host DTensors of one dtype, both at least 2-D, with a small
-    result: ``np.matmul(a, b)``, as the local kernel computes it (numpy allocates)."""
+    """``matmul``/``mm`` of two host DTensors of one dtype, both at least 2-D:
+    ``np.matmul(a, b, out)``, as the local kernel computes it."""
     b = values[1]
     if type(b) is not DTensor or spec.mesh.device_type != "cpu":
         return None
     bs = b._spec
     if bs.dtype is not spec.dtype or len(spec.shape) < 2 or len(bs.shape) < 2:
         return None
-    out = entry.out_specs[0]
-    nbytes = math.prod(out.local_shape(out.mesh._coord)) * out.dtype.itemsize
-    if nbytes >= _allocator.POOL_MIN_BYTES:
-        return None
-    return _RAW["binary"], np.matmul, ()
+    _, out = _out(entry)
+    return _RAW["binary"], np.matmul, (), None, out
 
 
 def _basic_index(idx: object) -> tuple | None:

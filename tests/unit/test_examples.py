@@ -1,7 +1,8 @@
 """The demo, the examples, the strategy-sweep script and the calibration script run under
-the launcher (short sizes) and exit 0 with the output they promise; and the 3-D mesh tests
-of tests/mpi and its fuzzer run on 2x2x2 and 2x4 meshes (8 ranks, a size the MPI stages
-do not use).
+the launcher (short sizes) and exit 0 with the output they promise; every script of
+``launch/`` run from where the package is installed (outside the repository) imports the
+installed dtensor and runs on its compiled path; and the 3-D mesh tests of tests/mpi and
+its fuzzer run on 2x2x2 and 2x4 meshes (8 ranks, a size the MPI stages do not use).
 """
 
 from __future__ import annotations
@@ -13,12 +14,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from _jobs import child_env, run_group
+from _jobs import PKG_ROOT, child_env, run_group
 
+import fastpath
 from launch.bench.calibrate import fit
 
 ROOT = Path(__file__).resolve().parents[2]
 LIMIT_S = 120
+# the launch package next to the imported dtensor (site-packages when installed)
+INSTALLED = Path(PKG_ROOT) / "launch"
 
 
 def launch(n: int, *args: str, cwd: Path = ROOT, env: dict | None = None) -> str:
@@ -169,6 +173,64 @@ def test_reductions_and_mesh_create_benchmarks_report_their_figures(tmp_path):
     figures = json.loads(path.read_text())["figures"]
     assert set(figures) == {"init_device_mesh(2,)", "init_device_mesh(2, 1)"}
     assert all(f["median_us"] > 0 for f in figures.values())
+
+
+# Runs a script as ``python script.py args`` does (its folder is sys.path[0]), then reports
+# where dtensor came from and which path served its ops.
+_RUN_AND_REPORT = """
+import os, runpy, sys
+script = sys.argv[1]
+sys.argv = sys.argv[1:]
+sys.path[0] = os.path.dirname(script)
+try:
+    runpy.run_path(script, run_name="__main__")
+except SystemExit as exc:
+    if exc.code not in (None, 0):
+        raise
+import dtensor
+status = dtensor.debug.fastpath_status()
+print("REPORT", dtensor.__file__, status["active"])
+"""
+
+def _scripts(folder: Path, bench: bool = True) -> list[str]:
+    """The scripts of a launch package folder (with the benchmarks' ``--help`` when
+    ``bench``), each with small arguments."""
+    return [
+        *(["demo.py"] if (folder / "demo.py").exists() else []),
+        *(f"examples/{p.name}" for p in sorted((folder / "examples").glob("[!_]*.py"))),
+        "experiments/strategy_sweep.py --help",
+        *(f"bench/{p.name} --help" for p in sorted((folder / "bench").glob("[!_]*.py")) if bench),
+    ]
+
+
+# From the source tree every script (a script that put its own tree on sys.path would
+# import the dtensor there, not the installed one); from the installed folder, when the
+# package was installed rather than in place, the scripts a user runs, and the strategy
+# sweep once for real.
+_SOURCE = ROOT / "launch"
+_CASES = [
+    *((_SOURCE, s) for s in _scripts(_SOURCE)),
+    *((INSTALLED, s) for s in _scripts(INSTALLED, bench=False) if INSTALLED != _SOURCE),
+    (INSTALLED, "experiments/strategy_sweep.py --size tiny --repeat 1"),
+]
+
+
+@pytest.mark.skipif(not fastpath.AVAILABLE, reason="compiled extension not built")
+@pytest.mark.parametrize(
+    ("folder", "script"), _CASES, ids=[f"{f.parent.name}:{s}" for f, s in _CASES]
+)
+def test_launch_scripts_import_the_installed_package(folder, script, tmp_path):
+    """Each script at 1 rank, cwd outside the repository: it imports the installed dtensor
+    (no path of its own goes first), the extension loads (no "not built" warning, also for
+    ``--help``) and the compiled front is the one serving ops."""
+    path, *args = script.split()
+    cmd = [sys.executable, "-c", _RUN_AND_REPORT, str(folder / path), *args]
+    proc = run_group(cmd, tmp_path, LIMIT_S, child_env({"DTENSOR_FASTPATH": "1"}))
+    assert proc.returncode == 0, f"{script}\n{proc.stdout}\n{proc.stderr}"
+    assert "not built" not in proc.stderr, proc.stderr
+    origin, active = proc.stdout.rsplit("REPORT ", 1)[1].split()
+    assert Path(origin).resolve().is_relative_to(Path(PKG_ROOT).resolve()), origin
+    assert active == "True"
 
 
 def test_3d_meshes_at_8_ranks():

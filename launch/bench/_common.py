@@ -12,6 +12,9 @@ Both warm up first and return all samples; :func:`summary` reduces them to the m
 turns a per-rank figure into the slowest rank's. :func:`bench_args` and
 :func:`emit` give every benchmark the same ``--repeat`` / ``--out`` options and the same
 JSON output (stdout, and a file when asked).
+
+:func:`torch_process_group` starts the gloo process group that PyTorch's DTensor runs on,
+for the benchmarks that compare with it.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -91,6 +95,42 @@ def each_call_us(
         if i >= warmup:
             samples.append(elapsed / 1e3)
     return samples
+
+
+def torch_process_group(comm: Any) -> Callable[[], None] | None:
+    """Start PyTorch's gloo process group over the ranks of ``comm``. **Collective**.
+
+    Rank ``r`` of ``comm`` is rank ``r`` of the group; the ranks meet through a file store
+    whose path rank 0 chooses and broadcasts (no port to pick). Sets PyTorch to one thread
+    per rank, as the launcher does for BLAS.
+
+    Returns
+    -------
+    callable or None
+        The teardown (destroys the group, removes the store file), or None when torch is
+        not importable (on every rank alike).
+    """
+    try:
+        import torch
+        import torch.distributed as tdist
+    except ImportError:
+        return None
+    torch.set_num_threads(1)
+    path = None
+    if comm.rank == 0:
+        fd, path = tempfile.mkstemp(prefix="dtensor_bench_store_")
+        os.close(fd)
+        os.unlink(path)
+    path = comm.bcast(path, root=0)
+    store = tdist.FileStore(path, comm.size)
+    tdist.init_process_group("gloo", store=store, rank=comm.rank, world_size=comm.size)
+
+    def teardown() -> None:
+        tdist.destroy_process_group()
+        if comm.rank == 0 and os.path.exists(path):
+            os.unlink(path)
+
+    return teardown
 
 
 def summary(samples: list[float]) -> dict[str, float]:

@@ -35,7 +35,6 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
     del sys.path[0]
 
 import statistics
-import tempfile
 from collections.abc import Callable
 
 import numpy as np
@@ -45,7 +44,15 @@ import dtensor as dt
 from dtensor.dispatch import dispatcher as _dispatch
 from dtensor.local.backend import array_module
 from dtensor.local.tensor import _wrap
-from launch.bench._common import bench_args, emit, environment, per_call_us, ratio, worst_rank
+from launch.bench._common import (
+    bench_args,
+    emit,
+    environment,
+    per_call_us,
+    ratio,
+    torch_process_group,
+    worst_rank,
+)
 
 SHAPE = (8, 8)
 TARGETS = {"add_overhead_us": 0.5, "other_overhead_us": 1.5, "fast_vs_python": 5.0,
@@ -114,21 +121,12 @@ def _torch_cases(comm: MPI.Comm, mesh_shape: tuple[int, ...]) -> dict[str, Calla
     """PyTorch DTensor twins of the cases on a gloo group (None when torch is missing)."""
     try:
         import torch
-        import torch.distributed as tdist
         import torch.nn.functional as F
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
     except ImportError:
         return None
-    torch.set_num_threads(1)
-    path = None
-    if comm.rank == 0:
-        fd, path = tempfile.mkstemp(prefix="dtensor_bench_store_")
-        os.close(fd)
-        os.unlink(path)
-    path = comm.bcast(path, root=0)
-    store = tdist.FileStore(path, comm.size)
-    tdist.init_process_group("gloo", store=store, rank=comm.rank, world_size=comm.size)
+    teardown = torch_process_group(comm)
     tmesh = init_device_mesh("cpu", mesh_shape)
     rest = [Replicate()] * (len(mesh_shape) - 1)
     s0, s1, r = [Shard(0), *rest], [Shard(1), *rest], [Replicate(), *rest]
@@ -158,8 +156,7 @@ def _torch_cases(comm: MPI.Comm, mesh_shape: tuple[int, ...]) -> dict[str, Calla
         "from_local": lambda: DTensor.from_local(
             xl, tmesh, s0, shape=torch.Size(SHAPE), stride=(SHAPE[1], 1)
         ),
-        "_teardown": lambda: (tdist.destroy_process_group(), path and comm.rank == 0
-                              and os.path.exists(path) and os.unlink(path)),
+        "_teardown": teardown,
     }
 
 

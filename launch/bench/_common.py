@@ -13,6 +13,9 @@ turns a per-rank figure into the slowest rank's. :func:`bench_args` and
 :func:`emit` give every benchmark the same ``--repeat`` / ``--out`` options and the same
 JSON output (stdout, and a file when asked).
 
+For calls that may communicate and whose cost spans orders of magnitude (an op from 8x8 to
+4096x4096), :func:`worst_rank_median_us` agrees on the calls per sample across the ranks
+(:func:`agreed_number`) and sizes the number of samples to a time budget.
 :func:`torch_process_group` starts the gloo process group that PyTorch's DTensor runs on,
 for the benchmarks that compare with it.
 """
@@ -95,6 +98,61 @@ def each_call_us(
         if i >= warmup:
             samples.append(elapsed / 1e3)
     return samples
+
+
+def agreed_number(fn: Callable[[], Any], comm: Any, target_s: float) -> tuple[int, float]:
+    """Calls per sample so that a sample lasts ``target_s`` on the slowest rank. **Collective**.
+
+    Doubles the number of calls from 1 until ``number`` calls take at least ``target_s`` on
+    the slowest rank (one call when a single call takes longer). Every rank gets the same
+    answer, so calls that communicate stay matched.
+
+    Returns
+    -------
+    (int, float)
+        The number of calls and the slowest rank's seconds for that many calls.
+    """
+    clock = time.perf_counter
+    number = 1
+    while True:
+        start = clock()
+        for _ in range(number):
+            fn()
+        elapsed = worst_rank(clock() - start, comm)
+        if elapsed >= target_s:
+            return number, elapsed
+        number *= 2
+
+
+def worst_rank_median_us(
+    fn: Callable[[], Any],
+    comm: Any,
+    *,
+    budget_s: float,
+    target_s: float = 0.002,
+    min_repeat: int = 3,
+    max_repeat: int = 15,
+    warmup: int = 1,
+) -> tuple[float, int]:
+    """The slowest rank's median microseconds per call of ``fn``. **Collective**.
+
+    After ``warmup`` calls the ranks agree on the calls per sample (:func:`agreed_number`,
+    samples of about ``target_s``); the number of samples is what fits in ``budget_s``,
+    clamped to ``[min_repeat, max_repeat]``. Every rank makes the same calls.
+
+    Returns
+    -------
+    (float, int)
+        The median over this rank's samples, maximum over the ranks, in microseconds; and
+        the number of samples taken.
+    """
+    for _ in range(warmup):
+        fn()
+    comm.Barrier()
+    number, sample_s = agreed_number(fn, comm, target_s)
+    repeat = min(max(int(budget_s / sample_s), min_repeat), max_repeat)
+    samples = per_call_us(fn, repeat=repeat, number=number, warmup=0)
+    return worst_rank(statistics.median(samples), comm), repeat
 
 
 def torch_process_group(comm: Any) -> Callable[[], None] | None:

@@ -51,6 +51,19 @@ def test_demo_tour(n):
     seconds = float(re.search(r"tour done in (\S+) s", out).group(1))
     assert seconds < 60
     assert out.count("placements [") >= 3  # three visualize_sharding tables
+    # the latency table: two sizes as columns, rows labelled with what ran
+    table = out[out.index("== latency"):]
+    assert re.search(r"^op +placements +collectives +8x8 +512x512$", table, re.MULTILINE)
+    sharded = "[S(0), R]" if n == 4 else "[S(0)]"
+    replicated = "[R, R]" if n == 4 else "[R]"
+    gather = "all_gather" if n > 1 else "none"
+    for parts in (
+        ("x + x", f"{sharded}, {sharded} -> {sharded}", "none"),
+        ("x @ w", f"{sharded}, {replicated} -> {sharded}", "none"),
+        (f"x.redistribute({replicated})", f"{sharded} -> {replicated}", gather),
+    ):
+        row = "^" + " +".join(map(re.escape, parts)) + r" +[\d.]+ +[\d.]+$"
+        assert re.search(row, table, re.MULTILINE), (row, table)
     # rank 0 prints alone: every section once
     assert out.count("== mesh") == 1
 

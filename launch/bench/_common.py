@@ -17,7 +17,8 @@ For calls that may communicate and whose cost spans orders of magnitude (an op f
 4096x4096), :func:`worst_rank_median_us` agrees on the calls per sample across the ranks
 (:func:`agreed_number`) and sizes the number of samples to a time budget.
 :func:`torch_process_group` starts the gloo process group that PyTorch's DTensor runs on,
-for the benchmarks that compare with it.
+for the benchmarks that compare with it. :func:`numpy_gelu`, :func:`numpy_softmax` and
+:func:`numpy_layer_norm` are the numpy twins the benchmarks time next to dtensor's ops.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 
 def per_call_us(
@@ -191,6 +194,26 @@ def torch_process_group(comm: Any) -> Callable[[], None] | None:
     return teardown
 
 
+def numpy_gelu(a: Any) -> Any:
+    """GELU in numpy, the tanh form (numpy has no erf): the closest numpy computation of the
+    same size. **Local**."""
+    return 0.5 * a * (1.0 + np.tanh(0.7978845608028654 * (a + 0.044715 * a * a * a)))
+
+
+def numpy_softmax(a: Any) -> Any:
+    """Softmax over the last axis in numpy (max-shifted). **Local**."""
+    e = np.exp(a - a.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def numpy_layer_norm(a: Any, weight: Any, bias: Any, eps: float = 1e-5) -> Any:
+    """Layer norm over the last axis in numpy (biased variance), scaled and shifted.
+    **Local**."""
+    c = a - a.mean(axis=-1, keepdims=True)
+    var = (c * c).mean(axis=-1, keepdims=True)
+    return c / np.sqrt(var + eps) * weight + bias
+
+
 def summary(samples: list[float]) -> dict[str, float]:
     """Median, min, max and count of timing samples (microseconds). **Local**."""
     return {
@@ -228,8 +251,6 @@ def bench_args(description: str, argv: list[str] | None = None, **extra: Any) ->
 
 def environment() -> dict[str, Any]:
     """Machine facts that belong next to any timing. **Local**."""
-    import numpy as np
-
     return {
         "python": platform.python_version(),
         "numpy": np.__version__,

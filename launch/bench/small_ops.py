@@ -48,6 +48,8 @@ from launch.bench._common import (
     bench_args,
     emit,
     environment,
+    numpy_gelu,
+    numpy_softmax,
     per_call_us,
     ratio,
     torch_process_group,
@@ -59,16 +61,6 @@ TARGETS = {"add_overhead_us": 0.5, "other_overhead_us": 1.5, "fast_vs_python": 5
            "fast_vs_torch_add": 5.0}
 # ops whose overhead has no target
 NO_TARGET = ("to_local", "from_local")
-
-
-def _numpy_softmax(a: np.ndarray) -> np.ndarray:
-    e = np.exp(a - a.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
-
-
-def _numpy_gelu(a: np.ndarray) -> np.ndarray:
-    # numpy has no erf: the tanh form, the closest numpy computation of the same size
-    return 0.5 * a * (1.0 + np.tanh(0.7978845608028654 * (a + 0.044715 * a * a * a)))
 
 
 def _local(d: dt.DTensor):
@@ -96,7 +88,7 @@ def _cases(mesh: dt.DeviceMesh, rest: list) -> dict[str, dict]:
         "add": (lambda: x + y, lambda: xa + ya, "x + y"),
         "mul_scalar": (lambda: x * 2.5, lambda: xa * 2.5, "x * 2.5"),
         "relu": (lambda: x.relu(), lambda: np.maximum(xa, 0), "x.relu()"),
-        "gelu": (lambda: dt.gelu(x), lambda: _numpy_gelu(xa), "F.gelu(x)"),
+        "gelu": (lambda: dt.gelu(x), lambda: numpy_gelu(xa), "F.gelu(x)"),
         "sum": (lambda: x.sum(), lambda: xa.sum(), "x.sum()"),
         "sum_dim1": (lambda: x.sum(dim=1), lambda: xa.sum(axis=1), "x.sum(dim=1)"),
         "mean": (lambda: x.mean(), lambda: xa.mean(), "x.mean()"),
@@ -105,7 +97,7 @@ def _cases(mesh: dt.DeviceMesh, rest: list) -> dict[str, dict]:
         "view": (lambda: x.view(-1), lambda: xa.reshape(-1), "x.view(-1)"),
         "t": (lambda: x.t(), lambda: xa.T, "x.t()"),
         "reshape": (lambda: x.reshape(2, 32), lambda: xa.reshape(-1, 32), "x.reshape(2, 32)"),
-        "softmax": (lambda: x.softmax(dim=-1), lambda: _numpy_softmax(xa), "x.softmax(-1)"),
+        "softmax": (lambda: x.softmax(dim=-1), lambda: numpy_softmax(xa), "x.softmax(-1)"),
         "getitem_slice": (lambda: x[:, 2:6], lambda: xa[:, 2:6], "x[:, 2:6]"),
         "to_local": (lambda: x.to_local(), lambda: xa, "x.to_local()"),
         "from_local": (

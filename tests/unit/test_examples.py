@@ -7,6 +7,7 @@ its fuzzer run on 2x2x2 and 2x4 meshes (8 ranks, a size the MPI stages do not us
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import subprocess
@@ -17,6 +18,7 @@ import pytest
 from _jobs import PKG_ROOT, child_env, run_group
 
 import fastpath
+from launch.bench import size_sweep
 from launch.bench.calibrate import fit
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -156,6 +158,59 @@ def test_small_ops_benchmark_reports_every_op_and_path(tmp_path):
         if doc["fastpath"]["available"]:
             assert row["fast_us"] > 0 and row["python_over_fast"] > 0, name
         assert ("overhead_met" in row) == (name not in ("to_local", "from_local")), name
+
+
+@pytest.mark.parametrize(("n", "torch"), [(1, False), (2, True)])
+def test_size_sweep_times_every_op_size_placement_and_library(n, torch, tmp_path):
+    path, png = tmp_path / "sweep.json", tmp_path / "sweep.png"
+    out = launch(n, "launch/bench/size_sweep.py", "--sizes", "8,16", "--quick", "--budget",
+                 "0.001", "--json", str(path), "--png", str(png),
+                 *([] if torch else ["--no-torch"]))
+    doc = json.loads(path.read_text())
+    assert (doc["ranks"], doc["sizes"], doc["placements"]) == (n, [8, 16], ["S0", "R"])
+    assert doc["fastpath"] == ("compiled" if fastpath.ENABLED else "python")
+    assert doc["torch"] is (torch and importlib.util.find_spec("torch") is not None)
+    libs = ["ours", "numpy", *(["torch_local", "torch_dtensor"] if doc["torch"] else [])]
+    assert doc["libraries"] == libs
+    got = [(r["op"], r["placement"], r["n"]) for r in doc["results"]]
+    assert sorted(got) == sorted(
+        (op, pl, size) for op in size_sweep.OPS for pl in ("S0", "R") for size in (8, 16)
+        if op != "redistribute" or pl == "S0"
+    )
+    for r in doc["results"]:
+        assert r["bytes"] == r["n"] * r["n"] * 4
+        for lib in libs:
+            if lib == "torch_local" and r["op"] == "redistribute":
+                assert r[f"{lib}_us"] is None
+            else:
+                assert r[f"{lib}_us"] > 0 and r[f"{lib}_samples"] >= 3, (lib, r)
+        local = [r[f"{k}_us"] for k in ("numpy", "torch_local") if r.get(f"{k}_us")]
+        assert r["best_local_us"] == min(local)
+        assert r["within_local"] is (r["ours_us"] <= 1.1 * min(local) + 1.0)
+        assert r["within_torch_dtensor"] is (
+            None if not doc["torch"] else r["ours_us"] <= r["torch_dtensor_us"]
+        )
+        row = f"| {r['op']} | {r['placement']} | {r['n']} | {r['ours_us']:.1f} | "
+        assert row in out
+    misses = sum(not r["within_local"] for r in doc["results"])
+    assert doc["misses"]["local"] == misses
+    assert f"misses: {misses} of {len(got)} against the best local" in out
+    if importlib.util.find_spec("matplotlib") is None:
+        assert "matplotlib is not installed" in out
+    else:
+        assert png.stat().st_size > 0
+
+
+def test_size_sweep_command_line():
+    args = size_sweep.parse_args(["--ops", "add,redistribute", "--placements", "R"])
+    assert args.ops == ("add", "redistribute") and args.placements == ("R",)
+    assert args.sizes == size_sweep.SIZES and max(args.sizes) == 4096
+    assert size_sweep.parse_args(["--quick"]).sizes == size_sweep.QUICK_SIZES
+    assert size_sweep.parse_args(["--sizes", "8,24"]).sizes == (8, 24)
+    for bad in (["--ops", "add,nope"], ["--placements", "S1"], ["--sizes", "8,x"],
+                ["--sizes", "0"]):
+        with pytest.raises(SystemExit):
+            size_sweep.parse_args(bad)
 
 
 def test_redistribute_benchmark_compares_against_raw_collectives(tmp_path):

@@ -160,21 +160,21 @@ def test_small_ops_benchmark_reports_every_op_and_path(tmp_path):
         assert ("overhead_met" in row) == (name not in ("to_local", "from_local")), name
 
 
-@pytest.mark.parametrize(("n", "torch"), [(1, False), (2, True)])
-def test_size_sweep_times_every_op_size_placement_and_library(n, torch, tmp_path):
+@pytest.mark.parametrize(("n", "torch", "sizes"), [(1, False, [8, 16]), (2, True, [8])])
+def test_size_sweep_times_every_op_size_placement_and_library(n, torch, sizes, tmp_path):
     path, png = tmp_path / "sweep.json", tmp_path / "sweep.png"
-    out = launch(n, "launch/bench/size_sweep.py", "--sizes", "8,16", "--quick", "--budget",
-                 "0.001", "--json", str(path), "--png", str(png),
+    out = launch(n, "launch/bench/size_sweep.py", "--sizes", ",".join(map(str, sizes)),
+                 "--quick", "--budget", "0.001", "--json", str(path), "--png", str(png),
                  *([] if torch else ["--no-torch"]))
     doc = json.loads(path.read_text())
-    assert (doc["ranks"], doc["sizes"], doc["placements"]) == (n, [8, 16], ["S0", "R"])
+    assert (doc["ranks"], doc["sizes"], doc["placements"]) == (n, sizes, ["S0", "R"])
     assert doc["fastpath"] == ("compiled" if fastpath.ENABLED else "python")
     assert doc["torch"] is (torch and importlib.util.find_spec("torch") is not None)
     libs = ["ours", "numpy", *(["torch_local", "torch_dtensor"] if doc["torch"] else [])]
     assert doc["libraries"] == libs
     got = [(r["op"], r["placement"], r["n"]) for r in doc["results"]]
     assert sorted(got) == sorted(
-        (op, pl, size) for op in size_sweep.OPS for pl in ("S0", "R") for size in (8, 16)
+        (op, pl, size) for op in size_sweep.OPS for pl in ("S0", "R") for size in sizes
         if op != "redistribute" or pl == "S0"
     )
     for r in doc["results"]:

@@ -9,19 +9,21 @@ mesh. Rank 0 prints, the other ranks stay quiet:
 3. a few ops and the placements their sharding rules inferred;
 4. a redistribute with its ``dt.debug.explain`` plan, and what ``CommDebugMode`` counted;
 5. a tensor-parallel MLP (column- then row-parallel) checked against numpy;
-6. a small latency table (median microseconds per call, slowest rank).
+6. a latency table at two sizes, 8x8 and 512x512 (median microseconds per call, slowest
+   rank), each row labelled with the placements that ran and the collectives issued.
 """
 
 from __future__ import annotations
 
-import statistics
 import time
+from collections.abc import Callable
 
 import numpy as np
 from mpi4py import MPI
 
 import dtensor as dt
 from dtensor.debug import explain, visualize_sharding
+from launch.bench._common import worst_rank_median_us
 
 R, S = dt.Replicate(), dt.Shard
 COMM = MPI.COMM_WORLD
@@ -118,37 +120,53 @@ def tour_mlp(mesh: dt.DeviceMesh) -> None:
         raise AssertionError(f"the MLP differs from numpy by {err}")
 
 
-def _median_us(fn: object, number: int, repeat: int = 5) -> float:
-    """Median over ``repeat`` samples of the time per call of ``number`` calls, slowest rank.
+LATENCY_SIZES = (8, 512)
 
-    Every rank runs the same number of calls, so ops that communicate stay matched.
-    """
-    fn()
-    samples = []
-    for _ in range(repeat):
-        COMM.Barrier()
-        start = time.perf_counter()
-        for _ in range(number):
-            fn()
-        samples.append((time.perf_counter() - start) / number * 1e6)
-    return COMM.allreduce(statistics.median(samples), op=MPI.MAX)
+
+def _what_runs(fn: Callable[[], object], inputs: list[dt.DTensor]) -> tuple[str, str]:
+    """The placements ``fn`` maps (``[S(0)], [R] -> [S(0)]``) and the collectives it issues,
+    read from one call."""
+    with dt.debug.CommDebugMode() as mode:
+        out = fn()
+    if not isinstance(out, dt.DTensor):
+        return "(numpy, this rank's shard)", ""
+    placements = ", ".join(fmt(d.placements) for d in inputs) + f" -> {fmt(out.placements)}"
+    return placements, ", ".join(mode.get_comm_counts()) or "none"
+
+
+def _latency_cases(mesh: dt.DeviceMesh, n: int) -> list[tuple[str, Callable, list]]:
+    """(expression, call, DTensor inputs) of the latency table's rows on n x n operands."""
+    sharded, replicated = [S(0), *[R] * (mesh.ndim - 1)], [R] * mesh.ndim
+    a = np.ones((n, n), np.float32)
+    x = dt.distribute_tensor(a, mesh, sharded)
+    w = dt.distribute_tensor(a, mesh, replicated)
+    shard = x.to_local().numpy()
+    return [
+        ("x + x", lambda: x + x, [x, x]),
+        ("x @ w", lambda: x @ w, [x, w]),
+        ("x.sum(dim=0)", lambda: x.sum(dim=0), [x]),
+        (f"x.redistribute({fmt(replicated)})", lambda: x.redistribute(mesh, replicated), [x]),
+        ("shard + shard", lambda: shard + shard, []),
+    ]
 
 
 def tour_latency(mesh: dt.DeviceMesh) -> None:
-    section("latency (median us per call, slowest rank; small 64x64 float32)")
-    a = np.ones((64, 64), np.float32)
-    xs = dt.distribute_tensor(a, mesh, pl(S(0), R, mesh=mesh))
-    xr = dt.distribute_tensor(a, mesh, pl(R, R, mesh=mesh))
-    cases = {
-        "add (S(0) + S(0), no communication)": lambda: xs + xs,
-        "matmul (S(0) @ R, no communication)": lambda: xs @ xr,
-        "sum over the sharded dim (-> partial)": lambda: xs.sum(dim=0),
-        "redistribute S(0) -> R (all_gather)": lambda: xs.redistribute(mesh, pl(R, R, mesh=mesh)),
-        "numpy add, for scale": lambda: a + a,
-    }
-    width = max(map(len, cases))
-    for name, fn in cases.items():
-        say(f"{name.ljust(width)}  {_median_us(fn, 200):8.1f}")
+    sizes = " and ".join(f"{n}x{n}" for n in LATENCY_SIZES)
+    section(f"latency (median us per call, slowest rank; float32, {sizes})")
+    rows: dict[tuple[str, str, str], dict[int, float]] = {}
+    for n in LATENCY_SIZES:
+        for expr, fn, inputs in _latency_cases(mesh, n):
+            us = worst_rank_median_us(fn, COMM, budget_s=0.02)[0]
+            rows.setdefault((expr, *_what_runs(fn, inputs)), {})[n] = us
+    heads = ("op", "placements", "collectives", *(f"{n}x{n}" for n in LATENCY_SIZES))
+    table = [heads] + [
+        (*label, *(f"{times[n]:.1f}" if n in times else "-" for n in LATENCY_SIZES))
+        for label, times in rows.items()
+    ]
+    widths = [max(len(r[i]) for r in table) for i in range(len(heads))]
+    for r in table:
+        say("  ".join(c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in
+                      enumerate(zip(r, widths))).rstrip())
 
 
 def main() -> None:

@@ -12,6 +12,13 @@ Both warm up first and return all samples; :func:`summary` reduces them to the m
 turns a per-rank figure into the slowest rank's. :func:`bench_args` and
 :func:`emit` give every benchmark the same ``--repeat`` / ``--out`` options and the same
 JSON output (stdout, and a file when asked).
+
+For calls that may communicate and whose cost spans orders of magnitude (an op from 8x8 to
+4096x4096), :func:`worst_rank_median_us` agrees on the calls per sample across the ranks
+(:func:`agreed_number`) and sizes the number of samples to a time budget.
+:func:`torch_process_group` starts the gloo process group that PyTorch's DTensor runs on,
+for the benchmarks that compare with it. :func:`numpy_gelu`, :func:`numpy_softmax` and
+:func:`numpy_layer_norm` are the numpy twins the benchmarks time next to dtensor's ops.
 """
 
 from __future__ import annotations
@@ -22,9 +29,12 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 
 def per_call_us(
@@ -93,6 +103,117 @@ def each_call_us(
     return samples
 
 
+def agreed_number(fn: Callable[[], Any], comm: Any, target_s: float) -> tuple[int, float]:
+    """Calls per sample so that a sample lasts ``target_s`` on the slowest rank. **Collective**.
+
+    Doubles the number of calls from 1 until ``number`` calls take at least ``target_s`` on
+    the slowest rank (one call when a single call takes longer). Every rank gets the same
+    answer, so calls that communicate stay matched.
+
+    Returns
+    -------
+    (int, float)
+        The number of calls and the slowest rank's seconds for that many calls.
+    """
+    clock = time.perf_counter
+    number = 1
+    while True:
+        start = clock()
+        for _ in range(number):
+            fn()
+        elapsed = worst_rank(clock() - start, comm)
+        if elapsed >= target_s:
+            return number, elapsed
+        number *= 2
+
+
+def worst_rank_median_us(
+    fn: Callable[[], Any],
+    comm: Any,
+    *,
+    budget_s: float,
+    target_s: float = 0.002,
+    min_repeat: int = 3,
+    max_repeat: int = 15,
+    warmup: int = 1,
+) -> tuple[float, int]:
+    """The slowest rank's median microseconds per call of ``fn``. **Collective**.
+
+    After ``warmup`` calls the ranks agree on the calls per sample (:func:`agreed_number`,
+    samples of about ``target_s``); the number of samples is what fits in ``budget_s``,
+    clamped to ``[min_repeat, max_repeat]``. Every rank makes the same calls.
+
+    Returns
+    -------
+    (float, int)
+        The median over this rank's samples, maximum over the ranks, in microseconds; and
+        the number of samples taken.
+    """
+    for _ in range(warmup):
+        fn()
+    comm.Barrier()
+    number, sample_s = agreed_number(fn, comm, target_s)
+    repeat = min(max(int(budget_s / sample_s), min_repeat), max_repeat)
+    samples = per_call_us(fn, repeat=repeat, number=number, warmup=0)
+    return worst_rank(statistics.median(samples), comm), repeat
+
+
+def torch_process_group(comm: Any) -> Callable[[], None] | None:
+    """Start PyTorch's gloo process group over the ranks of ``comm``. **Collective**.
+
+    Rank ``r`` of ``comm`` is rank ``r`` of the group; the ranks meet through a file store
+    whose path rank 0 chooses and broadcasts (no port to pick). Sets PyTorch to one thread
+    per rank, as the launcher does for BLAS.
+
+    Returns
+    -------
+    callable or None
+        The teardown (destroys the group, removes the store file), or None when torch is
+        not importable (on every rank alike).
+    """
+    try:
+        import torch
+        import torch.distributed as tdist
+    except ImportError:
+        return None
+    torch.set_num_threads(1)
+    path = None
+    if comm.rank == 0:
+        fd, path = tempfile.mkstemp(prefix="dtensor_bench_store_")
+        os.close(fd)
+        os.unlink(path)
+    path = comm.bcast(path, root=0)
+    store = tdist.FileStore(path, comm.size)
+    tdist.init_process_group("gloo", store=store, rank=comm.rank, world_size=comm.size)
+
+    def teardown() -> None:
+        tdist.destroy_process_group()
+        if comm.rank == 0 and os.path.exists(path):
+            os.unlink(path)
+
+    return teardown
+
+
+def numpy_gelu(a: Any) -> Any:
+    """GELU in numpy, the tanh form (numpy has no erf): the closest numpy computation of the
+    same size. **Local**."""
+    return 0.5 * a * (1.0 + np.tanh(0.7978845608028654 * (a + 0.044715 * a * a * a)))
+
+
+def numpy_softmax(a: Any) -> Any:
+    """Softmax over the last axis in numpy (max-shifted). **Local**."""
+    e = np.exp(a - a.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def numpy_layer_norm(a: Any, weight: Any, bias: Any, eps: float = 1e-5) -> Any:
+    """Layer norm over the last axis in numpy (biased variance), scaled and shifted.
+    **Local**."""
+    c = a - a.mean(axis=-1, keepdims=True)
+    var = (c * c).mean(axis=-1, keepdims=True)
+    return c / np.sqrt(var + eps) * weight + bias
+
+
 def summary(samples: list[float]) -> dict[str, float]:
     """Median, min, max and count of timing samples (microseconds). **Local**."""
     return {
@@ -130,8 +251,6 @@ def bench_args(description: str, argv: list[str] | None = None, **extra: Any) ->
 
 def environment() -> dict[str, Any]:
     """Machine facts that belong next to any timing. **Local**."""
-    import numpy as np
-
     return {
         "python": platform.python_version(),
         "numpy": np.__version__,

@@ -1,6 +1,6 @@
 """Benchmark of the caching CPU allocator and of the local tensor layer's overhead.
 
-Two modes, one script (runs from any directory: it puts the repository root on sys.path):
+Two modes, one script (imports the installed dtensor, from any directory):
 
 ``python launch/bench/allocator.py [--repeat N] [--out FILE]``
     Single process. (1) allocate+free from the warm pool vs ``np.empty`` + first touch
@@ -32,10 +32,10 @@ import os
 import sys
 
 # Run as a script, this file's folder is sys.path[0], where its modules would shadow the
-# packages of the same name (launch/bench/redistribute.py): the repository root goes there.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-if sys.path and os.path.abspath(sys.path[0]) == _HERE:
-    sys.path[0] = os.path.dirname(os.path.dirname(_HERE))
+# packages of the same name (launch/bench/redistribute.py): it goes; the installed packages
+# are imported.
+if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+    del sys.path[0]
 
 import mmap
 import statistics

@@ -19,9 +19,9 @@ import os
 import sys
 
 # Run as a script, this file's folder is sys.path[0], where a benchmark's name could shadow
-# a package; the repository root goes first instead.
+# a package (launch/bench/redistribute.py): it goes; the installed packages are imported.
 if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
-    sys.path[0] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    del sys.path[0]
 
 import json
 import statistics

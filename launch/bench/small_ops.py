@@ -35,7 +35,6 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
     del sys.path[0]
 
 import statistics
-import tempfile
 from collections.abc import Callable
 
 import numpy as np
@@ -45,23 +44,23 @@ import dtensor as dt
 from dtensor.dispatch import dispatcher as _dispatch
 from dtensor.local.backend import array_module
 from dtensor.local.tensor import _wrap
-from launch.bench._common import bench_args, emit, environment, per_call_us, ratio, worst_rank
+from launch.bench._common import (
+    bench_args,
+    emit,
+    environment,
+    numpy_gelu,
+    numpy_softmax,
+    per_call_us,
+    ratio,
+    torch_process_group,
+    worst_rank,
+)
 
 SHAPE = (8, 8)
 TARGETS = {"add_overhead_us": 0.5, "other_overhead_us": 1.5, "fast_vs_python": 5.0,
            "fast_vs_torch_add": 5.0}
 # ops whose overhead has no target
 NO_TARGET = ("to_local", "from_local")
-
-
-def _numpy_softmax(a: np.ndarray) -> np.ndarray:
-    e = np.exp(a - a.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
-
-
-def _numpy_gelu(a: np.ndarray) -> np.ndarray:
-    # numpy has no erf: the tanh form, the closest numpy computation of the same size
-    return 0.5 * a * (1.0 + np.tanh(0.7978845608028654 * (a + 0.044715 * a * a * a)))
 
 
 def _local(d: dt.DTensor):
@@ -89,7 +88,7 @@ def _cases(mesh: dt.DeviceMesh, rest: list) -> dict[str, dict]:
         "add": (lambda: x + y, lambda: xa + ya, "x + y"),
         "mul_scalar": (lambda: x * 2.5, lambda: xa * 2.5, "x * 2.5"),
         "relu": (lambda: x.relu(), lambda: np.maximum(xa, 0), "x.relu()"),
-        "gelu": (lambda: dt.gelu(x), lambda: _numpy_gelu(xa), "F.gelu(x)"),
+        "gelu": (lambda: dt.gelu(x), lambda: numpy_gelu(xa), "F.gelu(x)"),
         "sum": (lambda: x.sum(), lambda: xa.sum(), "x.sum()"),
         "sum_dim1": (lambda: x.sum(dim=1), lambda: xa.sum(axis=1), "x.sum(dim=1)"),
         "mean": (lambda: x.mean(), lambda: xa.mean(), "x.mean()"),
@@ -98,7 +97,7 @@ def _cases(mesh: dt.DeviceMesh, rest: list) -> dict[str, dict]:
         "view": (lambda: x.view(-1), lambda: xa.reshape(-1), "x.view(-1)"),
         "t": (lambda: x.t(), lambda: xa.T, "x.t()"),
         "reshape": (lambda: x.reshape(2, 32), lambda: xa.reshape(-1, 32), "x.reshape(2, 32)"),
-        "softmax": (lambda: x.softmax(dim=-1), lambda: _numpy_softmax(xa), "x.softmax(-1)"),
+        "softmax": (lambda: x.softmax(dim=-1), lambda: numpy_softmax(xa), "x.softmax(-1)"),
         "getitem_slice": (lambda: x[:, 2:6], lambda: xa[:, 2:6], "x[:, 2:6]"),
         "to_local": (lambda: x.to_local(), lambda: xa, "x.to_local()"),
         "from_local": (
@@ -114,21 +113,12 @@ def _torch_cases(comm: MPI.Comm, mesh_shape: tuple[int, ...]) -> dict[str, Calla
     """PyTorch DTensor twins of the cases on a gloo group (None when torch is missing)."""
     try:
         import torch
-        import torch.distributed as tdist
         import torch.nn.functional as F
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
     except ImportError:
         return None
-    torch.set_num_threads(1)
-    path = None
-    if comm.rank == 0:
-        fd, path = tempfile.mkstemp(prefix="dtensor_bench_store_")
-        os.close(fd)
-        os.unlink(path)
-    path = comm.bcast(path, root=0)
-    store = tdist.FileStore(path, comm.size)
-    tdist.init_process_group("gloo", store=store, rank=comm.rank, world_size=comm.size)
+    teardown = torch_process_group(comm)
     tmesh = init_device_mesh("cpu", mesh_shape)
     rest = [Replicate()] * (len(mesh_shape) - 1)
     s0, s1, r = [Shard(0), *rest], [Shard(1), *rest], [Replicate(), *rest]
@@ -158,8 +148,7 @@ def _torch_cases(comm: MPI.Comm, mesh_shape: tuple[int, ...]) -> dict[str, Calla
         "from_local": lambda: DTensor.from_local(
             xl, tmesh, s0, shape=torch.Size(SHAPE), stride=(SHAPE[1], 1)
         ),
-        "_teardown": lambda: (tdist.destroy_process_group(), path and comm.rank == 0
-                              and os.path.exists(path) and os.unlink(path)),
+        "_teardown": teardown,
     }
 
 

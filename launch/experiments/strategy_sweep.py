@@ -18,8 +18,6 @@ from pathlib import Path
 
 from mpi4py import MPI
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
 import dtensor as dt
 from launch.experiments._sweep import (
     all_strategies,

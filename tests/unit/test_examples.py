@@ -1,11 +1,13 @@
 """The demo, the examples, the strategy-sweep script and the calibration script run under
-the launcher (short sizes) and exit 0 with the output they promise; and the 3-D mesh tests
-of tests/mpi and its fuzzer run on 2x2x2 and 2x4 meshes (8 ranks, a size the MPI stages
-do not use).
+the launcher (short sizes) and exit 0 with the output they promise; every script of
+``launch/`` run from where the package is installed (outside the repository) imports the
+installed dtensor and runs on its compiled path; and the 3-D mesh tests of tests/mpi and
+its fuzzer run on 2x2x2 and 2x4 meshes (8 ranks, a size the MPI stages do not use).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import subprocess
@@ -13,12 +15,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from _jobs import child_env, run_group
+from _jobs import PKG_ROOT, child_env, run_group
 
+import fastpath
+from launch.bench import size_sweep
 from launch.bench.calibrate import fit
 
 ROOT = Path(__file__).resolve().parents[2]
 LIMIT_S = 120
+# the launch package next to the imported dtensor (site-packages when installed)
+INSTALLED = Path(PKG_ROOT) / "launch"
 
 
 def launch(n: int, *args: str, cwd: Path = ROOT, env: dict | None = None) -> str:
@@ -47,6 +53,19 @@ def test_demo_tour(n):
     seconds = float(re.search(r"tour done in (\S+) s", out).group(1))
     assert seconds < 60
     assert out.count("placements [") >= 3  # three visualize_sharding tables
+    # the latency table: two sizes as columns, rows labelled with what ran
+    table = out[out.index("== latency"):]
+    assert re.search(r"^op +placements +collectives +8x8 +512x512$", table, re.MULTILINE)
+    sharded = "[S(0), R]" if n == 4 else "[S(0)]"
+    replicated = "[R, R]" if n == 4 else "[R]"
+    gather = "all_gather" if n > 1 else "none"
+    for parts in (
+        ("x + x", f"{sharded}, {sharded} -> {sharded}", "none"),
+        ("x @ w", f"{sharded}, {replicated} -> {sharded}", "none"),
+        (f"x.redistribute({replicated})", f"{sharded} -> {replicated}", gather),
+    ):
+        row = "^" + " +".join(map(re.escape, parts)) + r" +[\d.]+ +[\d.]+$"
+        assert re.search(row, table, re.MULTILINE), (row, table)
     # rank 0 prints alone: every section once
     assert out.count("== mesh") == 1
 
@@ -141,6 +160,59 @@ def test_small_ops_benchmark_reports_every_op_and_path(tmp_path):
         assert ("overhead_met" in row) == (name not in ("to_local", "from_local")), name
 
 
+@pytest.mark.parametrize(("n", "torch", "sizes"), [(1, False, [8, 16]), (2, True, [8])])
+def test_size_sweep_times_every_op_size_placement_and_library(n, torch, sizes, tmp_path):
+    path, png = tmp_path / "sweep.json", tmp_path / "sweep.png"
+    out = launch(n, "launch/bench/size_sweep.py", "--sizes", ",".join(map(str, sizes)),
+                 "--quick", "--budget", "0.001", "--json", str(path), "--png", str(png),
+                 *([] if torch else ["--no-torch"]))
+    doc = json.loads(path.read_text())
+    assert (doc["ranks"], doc["sizes"], doc["placements"]) == (n, sizes, ["S0", "R"])
+    assert doc["fastpath"] == ("compiled" if fastpath.ENABLED else "python")
+    assert doc["torch"] is (torch and importlib.util.find_spec("torch") is not None)
+    libs = ["ours", "numpy", *(["torch_local", "torch_dtensor"] if doc["torch"] else [])]
+    assert doc["libraries"] == libs
+    got = [(r["op"], r["placement"], r["n"]) for r in doc["results"]]
+    assert sorted(got) == sorted(
+        (op, pl, size) for op in size_sweep.OPS for pl in ("S0", "R") for size in sizes
+        if op != "redistribute" or pl == "S0"
+    )
+    for r in doc["results"]:
+        assert r["bytes"] == r["n"] * r["n"] * 4
+        for lib in libs:
+            if lib == "torch_local" and r["op"] == "redistribute":
+                assert r[f"{lib}_us"] is None
+            else:
+                assert r[f"{lib}_us"] > 0 and r[f"{lib}_samples"] >= 3, (lib, r)
+        local = [r[f"{k}_us"] for k in ("numpy", "torch_local") if r.get(f"{k}_us")]
+        assert r["best_local_us"] == min(local)
+        assert r["within_local"] is (r["ours_us"] <= 1.1 * min(local) + 1.0)
+        assert r["within_torch_dtensor"] is (
+            None if not doc["torch"] else r["ours_us"] <= r["torch_dtensor_us"]
+        )
+        row = f"| {r['op']} | {r['placement']} | {r['n']} | {r['ours_us']:.1f} | "
+        assert row in out
+    misses = sum(not r["within_local"] for r in doc["results"])
+    assert doc["misses"]["local"] == misses
+    assert f"misses: {misses} of {len(got)} against the best local" in out
+    if importlib.util.find_spec("matplotlib") is None:
+        assert "matplotlib is not installed" in out
+    else:
+        assert png.stat().st_size > 0
+
+
+def test_size_sweep_command_line():
+    args = size_sweep.parse_args(["--ops", "add,redistribute", "--placements", "R"])
+    assert args.ops == ("add", "redistribute") and args.placements == ("R",)
+    assert args.sizes == size_sweep.SIZES and max(args.sizes) == 4096
+    assert size_sweep.parse_args(["--quick"]).sizes == size_sweep.QUICK_SIZES
+    assert size_sweep.parse_args(["--sizes", "8,24"]).sizes == (8, 24)
+    for bad in (["--ops", "add,nope"], ["--placements", "S1"], ["--sizes", "8,x"],
+                ["--sizes", "0"]):
+        with pytest.raises(SystemExit):
+            size_sweep.parse_args(bad)
+
+
 def test_redistribute_benchmark_compares_against_raw_collectives(tmp_path):
     path = tmp_path / "redistribute.json"
     launch(2, "-m", "launch.bench.redistribute", "--sizes", "8", "--repeat", "2", "--cold",
@@ -169,6 +241,64 @@ def test_reductions_and_mesh_create_benchmarks_report_their_figures(tmp_path):
     figures = json.loads(path.read_text())["figures"]
     assert set(figures) == {"init_device_mesh(2,)", "init_device_mesh(2, 1)"}
     assert all(f["median_us"] > 0 for f in figures.values())
+
+
+# Runs a script as ``python script.py args`` does (its folder is sys.path[0]), then reports
+# where dtensor came from and which path served its ops.
+_RUN_AND_REPORT = """
+import os, runpy, sys
+script = sys.argv[1]
+sys.argv = sys.argv[1:]
+sys.path[0] = os.path.dirname(script)
+try:
+    runpy.run_path(script, run_name="__main__")
+except SystemExit as exc:
+    if exc.code not in (None, 0):
+        raise
+import dtensor
+status = dtensor.debug.fastpath_status()
+print("REPORT", dtensor.__file__, status["active"])
+"""
+
+def _scripts(folder: Path, bench: bool = True) -> list[str]:
+    """The scripts of a launch package folder (with the benchmarks' ``--help`` when
+    ``bench``), each with small arguments."""
+    return [
+        *(["demo.py"] if (folder / "demo.py").exists() else []),
+        *(f"examples/{p.name}" for p in sorted((folder / "examples").glob("[!_]*.py"))),
+        "experiments/strategy_sweep.py --help",
+        *(f"bench/{p.name} --help" for p in sorted((folder / "bench").glob("[!_]*.py")) if bench),
+    ]
+
+
+# From the source tree every script (a script that put its own tree on sys.path would
+# import the dtensor there, not the installed one); from the installed folder, when the
+# package was installed rather than in place, the scripts a user runs, and the strategy
+# sweep once for real.
+_SOURCE = ROOT / "launch"
+_CASES = [
+    *((_SOURCE, s) for s in _scripts(_SOURCE)),
+    *((INSTALLED, s) for s in _scripts(INSTALLED, bench=False) if INSTALLED != _SOURCE),
+    (INSTALLED, "experiments/strategy_sweep.py --size tiny --repeat 1"),
+]
+
+
+@pytest.mark.skipif(not fastpath.AVAILABLE, reason="compiled extension not built")
+@pytest.mark.parametrize(
+    ("folder", "script"), _CASES, ids=[f"{f.parent.name}:{s}" for f, s in _CASES]
+)
+def test_launch_scripts_import_the_installed_package(folder, script, tmp_path):
+    """Each script at 1 rank, cwd outside the repository: it imports the installed dtensor
+    (no path of its own goes first), the extension loads (no "not built" warning, also for
+    ``--help``) and the compiled front is the one serving ops."""
+    path, *args = script.split()
+    cmd = [sys.executable, "-c", _RUN_AND_REPORT, str(folder / path), *args]
+    proc = run_group(cmd, tmp_path, LIMIT_S, child_env({"DTENSOR_FASTPATH": "1"}))
+    assert proc.returncode == 0, f"{script}\n{proc.stdout}\n{proc.stderr}"
+    assert "not built" not in proc.stderr, proc.stderr
+    origin, active = proc.stdout.rsplit("REPORT ", 1)[1].split()
+    assert Path(origin).resolve().is_relative_to(Path(PKG_ROOT).resolve()), origin
+    assert active == "True"
 
 
 def test_3d_meshes_at_8_ranks():

@@ -5,7 +5,9 @@ Two modes, one script (imports the installed dtensor, from any directory):
 ``python launch/bench/allocator.py [--repeat N] [--out FILE]``
     Single process. (1) allocate+free from the warm pool vs ``np.empty`` + first touch
     (one write per page), at 16 MiB (the target size) and 64 MiB; the pooled figures
-    are given bare and with the same page touch. (2) Local-layer overhead: ``a + b``,
+    are given bare and with the same page touch. (1b) ``empty_array`` allocate+free
+    against ``np.empty`` on N x N float32 for N = 8 to 4096 (target: at most 0.5 us up to
+    1 MiB, as numpy's). (2) Local-layer overhead: ``a + b``,
     ``a.view(-1)`` and ``a.t()`` on 4x8 float32 ``dt.Tensor``s vs the numpy expressions.
 
 ``timeout 300 mpiexec -n 2 python launch/bench/allocator.py --mpi [--out FILE]``
@@ -118,6 +120,30 @@ def bench_alloc(repeat: int) -> dict[str, Any]:
     return out
 
 
+#: Square float32 arrays of these sides (256 B to 64 MiB) for :func:`bench_sizes`.
+SIDES = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+#: Target of a pooled allocate+free up to 1 MiB (what ``numpy.empty`` costs, about).
+SMALL_TARGET_US = 0.5
+
+
+def bench_sizes(repeat: int) -> dict[str, Any]:
+    """``empty_array`` allocate+free against ``np.empty`` on N x N float32, per size
+    (medians of batched samples, the two interleaved)."""
+    rows = {}
+    for n in SIDES:
+        shape = (n, n)
+        ours = per_call_us(lambda shape=shape: empty_array(shape, np.float32), repeat=repeat)
+        ref = per_call_us(lambda shape=shape: np.empty(shape, np.float32), repeat=repeat)
+        rows[f"{n}x{n}"] = {
+            "bytes": n * n * 4,
+            "empty_array_us": median(ours),
+            "np_empty_us": median(ref),
+        }
+    small = [r["empty_array_us"] for r in rows.values() if r["bytes"] <= MiB]
+    rows["target_up_to_1MiB_us"] = {"limit": SMALL_TARGET_US, "met": max(small) <= SMALL_TARGET_US}
+    return rows
+
+
 def bench_local(repeat: int) -> dict[str, Any]:
     """Overhead of the local tensor layer on tiny tensors, against plain numpy."""
     rng = np.random.default_rng(0)
@@ -200,6 +226,7 @@ def main(argv: list[str] | None = None) -> None:
             return
     else:
         result["alloc_free"] = bench_alloc(args.repeat)
+        result["alloc_free_by_size"] = bench_sizes(args.repeat)
         result["local_layer"] = bench_local(args.repeat)
     result["memory_stats"] = dt.memory_stats()
     emit(result, args.out)

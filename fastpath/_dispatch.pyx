@@ -64,18 +64,21 @@ __all__ = [
 # stores them (_dispatch_front.pxi), the runners run them (_dispatch_run.pxi).
 cdef enum:
     RAW_NONE = 0
-    RAW_BINARY = 1               # ufunc(local_a, local_b)
-    RAW_SCALAR = 2               # ufunc(local_a, python scalar); OverflowError -> the kernel
-    RAW_UNARY = 3                # fn(local_a, None)
+    RAW_BINARY = 1               # ufunc(local_a, local_b[, out])
+    RAW_SCALAR = 2               # ufunc(local_a, scalar[, out]); OverflowError -> the kernel
+    RAW_UNARY = 3                # fn(local_a, out)
     RAW_VIEW = 4                 # local_a.reshape(local out shape) of a standard local_a
     RAW_T = 5                    # local_a.T (2-D)
     RAW_GETITEM = 6              # local_a[basic index] when it has elements
-    RAW_REDUCE = 7               # ufunc.reduce(local_a, axes, dtype, None, keepdim) [* scale]
+    RAW_REDUCE = 7               # ufunc.reduce(local_a, axes, dtype, out, keepdim) [* scale]
+    RAW_COPY = 8                 # clone: a copy of a C-contiguous host local_a
+    RAW_CONTIG = 9               # contiguous: a C-order copy of a non-C-contiguous host local_a
 
 # The raw forms as Python values, for the dispatcher that chooses them.
 RAW_FORMS = {
     "binary": RAW_BINARY, "scalar": RAW_SCALAR, "unary": RAW_UNARY, "view": RAW_VIEW,
-    "t": RAW_T, "getitem": RAW_GETITEM, "reduce": RAW_REDUCE,
+    "t": RAW_T, "getitem": RAW_GETITEM, "reduce": RAW_REDUCE, "clone": RAW_COPY,
+    "contiguous": RAW_CONTIG,
 }
 
 # The parts of the module, included in this order (textually, at module level).

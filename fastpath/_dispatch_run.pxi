@@ -60,6 +60,18 @@ cdef object _run(FrontEntry fe, list values):
         elif scale is not None:
             out *= scale
         return _new_dtensor_arr(out, fe.out_spec0)
+    if raw == RAW_COPY or raw == RAW_CONTIG:
+        # Tensor.clone of a C-contiguous array (its copy keeps those strides) and
+        # Tensor.contiguous of one that is not (a C-order copy); otherwise the kernel
+        arr = _local_arr(values[0])
+        if type(arr) is cnp.ndarray and (
+                cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>arr) == (raw == RAW_COPY)):
+            if fe.rawout is None:
+                out = cnp.PyArray_NewCopy(<cnp.ndarray>arr, cnp.NPY_CORDER)
+            else:
+                out = fe.rawout()
+                cnp.PyArray_CopyInto(<cnp.ndarray>out, <cnp.ndarray>arr)
+            return _new_dtensor_arr(out, fe.out_spec0)
     cdef TensorBase t, nt
     if raw == RAW_VIEW:
         # Tensor.view's own short path: a standard (row-major) array reshapes to PyTorch's

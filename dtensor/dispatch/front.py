@@ -40,7 +40,6 @@ from .dispatcher import (
 __all__ = ["fast_op", "plug_fastpath", "raw_form"]
 
 
-
 def raw_form(info: OpInfo, entry: CacheEntry, values: list) -> tuple | None:
     """How the compiled front may run ``entry`` on raw ndarrays, or None. **Local**.
 
@@ -49,7 +48,9 @@ def raw_form(info: OpInfo, entry: CacheEntry, values: list) -> tuple | None:
     ``ufunc(a, scalar, out)`` or ``kernel(a, out)`` on the local arrays; ``view``/``reshape``
     of a standard (row-major) local tensor is numpy's reshape to the local output shape
     (``Tensor.view``'s own short path), and ``t`` of a 2-D tensor is the transposed array;
-    ``sum`` and ``matmul``/``mm`` of host arrays are the numpy calls their kernels make.
+    ``sum`` and ``matmul``/``mm`` of host arrays are the numpy calls their kernels make;
+    ``clone`` of a C-contiguous and ``contiguous`` of a non-C-contiguous host array are a
+    C-order copy (checked per call: the layout is not in the spec).
     ``out`` is None below the allocator's pooling size (numpy allocates, as the kernel's
     short path lets it), else a pooled array of the local output's shape and dtype (as the
     kernel's ``out_buffer``), so the front serves outputs of every size. Everything here is
@@ -77,6 +78,9 @@ def raw_form(info: OpInfo, entry: CacheEntry, values: list) -> tuple | None:
     if name == "getitem" and entry.kernel is Tensor.__getitem__ and spec.shape:
         index = _basic_index(values[1])
         return None if index is None else (_RAW["getitem"], index, (), None, None)
+    if name in ("clone", "contiguous") and entry.kernel is getattr(Tensor, name):
+        served, out = _out(entry)
+        return (_RAW[name], None, (), None, out) if served else None
     if name == "mean":
         return _raw_sum(entry, values, spec, getattr(entry.kernel, "scale", None))
     if entry.kernel is not info.kernel:
@@ -231,5 +235,3 @@ def fast_op(info: OpInfo) -> object:
 
 _FAST_OPS: dict[str, object] = {}
 _RAW: dict[str, int] = {}
-
-

@@ -50,14 +50,19 @@ def _data(shape=(4, 6), dtype=np.float32, seed=0):
     return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
 
 
-def _programs(mesh):
+#: Shapes of the programs' operands: below the allocator's pooling size (numpy allocates
+#: the outputs) and above it (pooled outputs, which the front allocates itself).
+SHAPES = [(4, 6), (48, 64)]
+
+
+def _programs(mesh, shape=SHAPES[0]):
     """Calls that reach the dispatcher through every kind of entry point."""
     s0, r = [dt.Shard(0)], [dt.Replicate()]
-    a, b = _data(), _data(seed=1)
+    a, b = _data(shape), _data(shape, seed=1)
     x = dt.distribute_tensor(a, mesh, s0, src_data_rank=None)
     y = dt.distribute_tensor(b, mesh, s0, src_data_rank=None)
-    w = dt.distribute_tensor(_data((6, 3), seed=2), mesh, r, src_data_rank=None)
-    i = dt.distribute_tensor(np.arange(24, dtype=np.int64).reshape(4, 6), mesh, s0,
+    w = dt.distribute_tensor(_data((shape[1], shape[1]), seed=2), mesh, r, src_data_rank=None)
+    i = dt.distribute_tensor(np.arange(a.size, dtype=np.int64).reshape(shape), mesh, s0,
                              src_data_rank=None)
     return {
         "add": lambda: x + y,
@@ -84,12 +89,15 @@ def _programs(mesh):
         "mean": lambda: x.mean(),
         "softmax": lambda: x.softmax(dim=-1),
         "view": lambda: x.view(-1),
-        "view_args": lambda: x.view(2, 12),
-        "reshape": lambda: x.reshape((6, 4)),
+        "view_args": lambda: x.view(2, -1),
+        "reshape": lambda: x.reshape((shape[1], shape[0])),
         "t": lambda: x.t(),
         "transpose": lambda: x.transpose(0, 1),
         "permute": lambda: x.permute(1, 0),
         "contiguous": lambda: x.t().contiguous(),
+        "contiguous_already": lambda: x.contiguous(),
+        "clone": lambda: x.clone(),
+        "clone_transposed": lambda: x.t().clone(),
         "getitem": lambda: x[:, 1:5],
         "getitem_int": lambda: x[:, 2],
         "int_plus_float": lambda: i + 0.5,
@@ -116,10 +124,10 @@ def _describe(out):
     )
 
 
-def _run_all(mesh, repeat=3):
+def _run_all(mesh, shape, repeat=3):
     """Run every program ``repeat`` times; results of the last round and cache counters."""
     dt.debug.clear_prop_cache()
-    progs = _programs(mesh)
+    progs = _programs(mesh, shape)
     results = {}
     for _ in range(repeat):
         for name, fn in progs.items():
@@ -129,12 +137,13 @@ def _run_all(mesh, repeat=3):
 
 
 @needs_front
-def test_both_paths_give_identical_results_and_cache_behaviour(mesh):
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_both_paths_give_identical_results_and_cache_behaviour(mesh, shape):
     dt.debug.set_fastpath(False)
-    slow, slow_stats = _run_all(mesh)
+    slow, slow_stats = _run_all(mesh, shape)
     assert dt.debug.prop_cache_stats()["fast_hits"] == 0
     dt.debug.set_fastpath(True)
-    fast, fast_stats = _run_all(mesh)
+    fast, fast_stats = _run_all(mesh, shape)
     assert fast == slow
     assert fast_stats == slow_stats
     assert dt.debug.prop_cache_stats()["fast_hits"] > 0
@@ -172,6 +181,37 @@ def test_fast_hits_are_served_without_the_python_dispatcher(mesh):
     assert after["fast_hits"] == before["fast_hits"] + 1
     assert after["hits"] == before["hits"] + 1
     assert after["misses"] == before["misses"]
+
+
+@needs_front
+@pytest.mark.parametrize(
+    "name", ["add", "mul_scalar", "relu", "gelu", "matmul", "clone", "contiguous", "t"]
+)
+def test_outputs_of_every_size_are_served_by_the_front(mesh, name):
+    """From the pooling size on, the front writes into a pooled output itself (no detour
+    through the Python dispatcher); the outputs live in the pool (node-shared memory when
+    it is on), are new memory and hold the same values as on the Python path."""
+    from dtensor.local import allocator
+    from redistribute import shm
+
+    fn = _programs(mesh, (64, 64))[name]
+    dt.debug.set_fastpath(False)
+    want = _describe(fn())
+    dt.debug.set_fastpath(True)
+    fn()
+    assert _dispatcher_calls(fn) == []
+    out = fn()
+    assert _describe(out) == want
+    arr = out.to_local().numpy()
+    assert arr.nbytes >= allocator.POOL_MIN_BYTES
+    if name != "t":  # a view: shares its input's memory
+        owner = arr
+        while isinstance(owner, np.ndarray):
+            owner = owner.base
+        assert type(owner) is fastpath.pool.Lease
+        assert not any(np.shares_memory(arr, o.to_local().numpy()) for o in [fn(), fn()])
+        if shm.enabled():
+            assert shm.locate(arr) is not None
 
 
 @needs_front

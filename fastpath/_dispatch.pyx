@@ -47,7 +47,9 @@ __all__ = [
     "TensorBase",
     "flush",
     "install",
+    "install_redistribute",
     "install_tensor",
+    "redistribute",
     "invalidate",
     "make_function",
     "make_method",
@@ -89,3 +91,4 @@ include "_dispatch_keys.pxi"   # key markers, simple statics, hashes, _frozen, _
 include "_dispatch_front.pxi"  # FrontEntry and FastOp: binding, front table, lookup, fill
 include "_dispatch_run.pxi"    # runners: _raw_pair, _run (raw forms, kernel, entry runner)
 include "_dispatch_entry.pxi"  # make_method, make_operator, make_function
+include "_dispatch_redist.pxi" # redistribute (one all-gather from compiled code), its plugs

@@ -35,16 +35,21 @@ def flush(data):
             data.move_to_end(fe.key)
 
 
+cdef unsigned long long _redist_hits = 0   # redistributes run by the compiled path
+
+
 def stats():
-    """``{"hits": front hits, "fills": front entries made}`` since the last reset. **Local**."""
-    return {"hits": _hits, "fills": _fills}
+    """``{"hits": front hits, "fills": front entries made, "redistributes": redistributes
+    run from compiled code}`` since the last reset. **Local**."""
+    return {"hits": _hits, "fills": _fills, "redistributes": _redist_hits}
 
 
 def reset_stats():
     """Zero the counters of :func:`stats` (the Python cache was cleared). **Local**."""
-    global _hits, _fills
+    global _hits, _fills, _redist_hits
     _hits = 0
     _fills = 0
+    _redist_hits = 0
 
 
 cdef inline FrontEntry _touch(FrontEntry fe):

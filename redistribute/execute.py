@@ -60,7 +60,7 @@ from . import comm as _comm
 from . import shm as _shm
 from .plan import AllGather, AllReduce, AllToAll, LocalChunk, PartitionPartial, ReduceScatter
 
-__all__ = ["execute", "scatter_from"]
+__all__ = ["execute", "gather_form", "scatter_from"]
 
 Alloc = Callable[[tuple, np.dtype], np.ndarray]
 
@@ -755,6 +755,36 @@ def execute(
     for runner in program:
         x, owned = runner.run(x, owned, comms[runner.mesh_dim], alloc)
     return x
+
+
+def gather_form(steps: Sequence[Any], spec: Any, coord: Sequence[int], comms: Sequence[Any]):
+    """The plan ``steps`` as one MPI all-gather of whole shards, when it is that, else None.
+
+    **Local** (compiles the plan once, like :func:`execute`). A plan of a single small
+    all-gather whose blocks land contiguously in the output, in rank order, is one
+    ``Allgather`` (equal blocks) or ``Allgatherv`` of this rank's C-contiguous shard
+    straight into the output; a caller that runs it itself (the dispatcher's compiled
+    front) skips the executor. Returns ``(mpi_comm, out_shape, send_bytes, counts,
+    displs)``: the mpi4py communicator, the local output shape, this rank's byte count,
+    and the byte counts and displacements per rank (None for ``Allgather``).
+    """
+    if len(steps) != 1:
+        return None
+    coord = tuple(coord)
+    (runner,) = _program(tuple(steps), spec, coord)
+    if type(runner) is not _Exchange or runner.gather_counts is None:
+        return None
+    if runner.stage_len is not None or runner.unstage:
+        return None
+    comm = comms[runner.mesh_dim]
+    isz = spec.dtype.itemsize
+    counts = [c * isz for c in runner.gather_counts]
+    mine = math.prod(runner.in_shape) * isz
+    if mine != counts[comm.rank]:
+        return None
+    if counts.count(mine) == len(counts):
+        return comm.mpi, runner.out_shape, mine, None, None
+    return comm.mpi, runner.out_shape, mine, counts, _comm._displs(counts)
 
 
 def scatter_from(

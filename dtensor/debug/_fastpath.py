@@ -22,7 +22,9 @@ def fastpath_status() -> dict[str, object]:
         ``"python"``), ``available`` (the extension is built and enabled at import),
         ``built`` (the extension imports), ``env`` (``DTENSOR_FASTPATH`` or None),
         ``reason`` (why the Python path serves, or None), and the propagation cache's
-        ``fast_hits``, ``python_hits`` and ``misses`` (misses always go to the Python path).
+        ``fast_hits``, ``python_hits`` and ``misses`` (misses always go to the Python path),
+        and ``fast_redistributes`` (redistributes the compiled path ran: plans that are one
+        all-gather; 0 on the Python path).
     """
     active = fastpath_active()
     if active:
@@ -44,4 +46,5 @@ def fastpath_status() -> dict[str, object]:
         "fast_hits": stats["fast_hits"],
         "python_hits": stats["python_hits"],
         "misses": stats["misses"],
+        "fast_redistributes": fastpath.dispatch.stats()["redistributes"] if fastpath.ENABLED else 0,
     }

@@ -19,8 +19,10 @@ import numpy as np
 import fastpath as _fp
 from placements.meta import norm_dims
 from placements.spec import DTensorSpec
+from redistribute import comm as _comm
+from redistribute.execute import gather_form as _gather_form
 
-from ..distributed.dtensor import DTensor
+from ..distributed.dtensor import DTensor, _normalize_placements, _target
 from ..local import allocator as _allocator
 from ..local import dtypes as _dtypes
 from ..local.kernels import pointwise as _pw
@@ -37,7 +39,7 @@ from .dispatcher import (
     wrap_outputs,
 )
 
-__all__ = ["fast_op", "plug_fastpath", "raw_form"]
+__all__ = ["fast_op", "plug_fastpath", "raw_form", "redistribute_form"]
 
 
 def raw_form(info: OpInfo, entry: CacheEntry, values: list) -> tuple | None:
@@ -190,6 +192,35 @@ def _raw_matmul(entry: CacheEntry, values: list, spec: DTensorSpec) -> tuple | N
     return _RAW["binary"], np.matmul, (), None, out
 
 
+def redistribute_form(d: DTensor, placements: object) -> tuple | None:
+    """How the compiled ``redistribute`` may run ``d.redistribute(placements=...)``, or None
+    (the Python method then runs). **Local**.
+
+    A host DTensor whose plan to the target is one all-gather of whole shards
+    (:func:`redistribute.execute.gather_form`) runs as that MPI call from the local array
+    into a new output: numpy's below the allocator's pooling size, a pooled one from there
+    on, as the Python method's ``allocator_for``. Returns ``(targets, target spec,
+    mpi_comm, out callable or None, out shape, dtype, send bytes, counts, displs)``.
+    Invalid placements raise here as in the Python method.
+    """
+    spec = d._spec
+    mesh = spec.mesh
+    targets = _normalize_placements(placements, mesh, "redistribute")
+    if mesh.device_type != "cpu":
+        return None
+    dst, steps = _target(spec, targets)
+    form = _gather_form(steps, spec, mesh._coord, mesh._dim_comms) if steps else None
+    if form is None:
+        return None
+    mpi, shape, mine, counts, displs = form
+    dtype = spec.dtype
+    if len(shape) > 32:
+        return None
+    nbytes = math.prod(shape) * dtype.itemsize
+    make = None if nbytes < _allocator.POOL_MIN_BYTES else _allocator.pooled_empty(shape, dtype)
+    return targets, dst, mpi, make, tuple(shape), dtype, mine, counts, displs
+
+
 def _basic_index(idx: object) -> tuple | None:
     """``idx`` as a numpy index that always yields an array view (a trailing Ellipsis), when
     it holds only ints, slices of ints with positive steps and at most one Ellipsis."""
@@ -221,8 +252,14 @@ def plug_fastpath() -> object:
         DTensor, vars(_dtypes), lookup, dispatch, run_entry, wrap_outputs, raw_form, MISSING
     )
     _RAW = front.RAW_FORMS
+    front.install_redistribute(redistribute_form, PY_REDISTRIBUTE, _comm, _comm.BYTES)
     attach_front(front)
     return front
+
+
+#: DTensor's Python ``redistribute`` (the compiled one falls back to it; installed again
+#: when the front is turned off).
+PY_REDISTRIBUTE = DTensor.redistribute
 
 
 def fast_op(info: OpInfo) -> object:

@@ -30,7 +30,7 @@ from ..distributed.dtensor import DTensor
 from ..local.tensor import Tensor
 from ..ops import OPS, Operator, OpInfo
 from .dispatcher import dispatch
-from .front import fast_op, plug_fastpath
+from .front import PY_REDISTRIBUTE, fast_op, plug_fastpath
 
 __all__ = ["export", "fastpath_active", "has_dtensor", "installed", "set_fastpath"]
 
@@ -222,6 +222,8 @@ def _install_dtensor() -> list[str]:
                 setattr(DTensor, op.dunder, _operator(info, op))
             names.append(op.dunder)
     DTensor.__hash__ = object.__hash__
+    # a plan that is one all-gather runs from compiled code (see front.redistribute_form)
+    DTensor.redistribute = _front.redistribute if _FAST else PY_REDISTRIBUTE
     DTensor.T = property(_T)
     DTensor.mT = property(_mT)
     return names

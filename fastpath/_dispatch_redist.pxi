@@ -1,0 +1,114 @@
+# DTensor.redistribute from compiled code: a plan that is one MPI all-gather of whole
+# shards (the common small S -> R) runs as that call on the local array, the output from
+# the allocator; every other plan, and every call while a communication observer or check
+# is on, goes to the Python method.
+
+cdef object _redist_form = None      # front.redistribute_form(dtensor, placements) -> tuple|None
+cdef object _redist_py = None        # DTensor's Python redistribute method
+cdef object _comm_mod = None         # redistribute.comm (its _observers and _checks)
+cdef object _mpi_byte = None         # MPI.BYTE
+cdef dict _redist = {}               # id(source spec) -> list of RedistEntry
+cdef Py_ssize_t REDIST_MAX = 4096    # source specs kept at most (then all are forgotten)
+
+cdef enum:
+    REDIST_PY = 0                    # the Python method runs
+    REDIST_GATHER = 1                # Allgather / Allgatherv into a new output
+
+
+def install_redistribute(form, py_method, comm_module, mpi_byte):
+    """Plug in what the compiled ``redistribute`` needs: the dispatcher's
+    ``redistribute_form``, DTensor's Python method, ``redistribute.comm`` and ``MPI.BYTE``.
+    **Local**."""
+    global _redist_form, _redist_py, _comm_mod, _mpi_byte
+    _redist_form, _redist_py, _comm_mod, _mpi_byte = form, py_method, comm_module, mpi_byte
+    _redist.clear()
+
+
+@cython.final
+cdef class RedistEntry:
+    """One (source spec, target placements) pair as the compiled path runs it."""
+
+    cdef object spec
+    cdef tuple targets
+    cdef long generation
+    cdef int kind
+    cdef object dst
+    cdef object mpi
+    cdef object make                 # None (numpy allocates) or a callable returning the output
+    cdef tuple shape
+    cdef int typenum
+    cdef Py_ssize_t mine
+    cdef object counts               # byte counts per rank (Allgatherv) or None (Allgather)
+    cdef object displs
+
+
+cdef inline bint _same_targets(tuple targets, object placements):
+    """Whether ``placements`` (a list or tuple) holds exactly the interned ``targets``."""
+    cdef Py_ssize_t n = len(targets), i
+    if len(placements) != n:
+        return False
+    for i in range(n):
+        if <object>PyTuple_GET_ITEM(targets, i) is not placements[i]:
+            return False
+    return True
+
+
+cdef RedistEntry _redist_entry(object d, object spec, object placements):
+    """The entry of ``(spec, placements)``, filled from the dispatcher on first use."""
+    key = id(spec)
+    cdef object chain = _redist.get(key)
+    cdef RedistEntry e
+    if chain is not None:
+        for e in <list>chain:
+            if e.spec is spec and e.generation == _generation and _same_targets(e.targets, placements):
+                return e
+    form = _redist_form(d, placements)
+    e = RedistEntry.__new__(RedistEntry)
+    e.spec = spec
+    e.generation = _generation
+    if form is None:
+        e.kind = REDIST_PY
+        e.targets = tuple(placements)
+    else:
+        e.kind = REDIST_GATHER
+        e.targets, e.dst, e.mpi, e.make, e.shape, dtype, e.mine, e.counts, e.displs = form
+        e.typenum = dtype.num
+    if chain is None or (<RedistEntry>(<list>chain)[0]).spec is not spec:
+        if len(_redist) >= REDIST_MAX:
+            _redist.clear()
+        chain = []
+        _redist[key] = chain
+    (<list>chain).append(e)
+    return e
+
+
+def redistribute(self, device_mesh=None, placements=None, *, async_op=False):
+    """``DTensor.redistribute`` (same signature and result) served from compiled code when
+    the plan is one all-gather of whole shards; else the Python method. **Collective**."""
+    cdef DTensorBase d = <DTensorBase>self
+    spec = d._spec
+    if placements is None or (device_mesh is not None and device_mesh is not spec.mesh):
+        return _redist_py(self, device_mesh, placements, async_op=async_op)
+    if _comm_mod._observers or _comm_mod._checks:
+        return _redist_py(self, device_mesh, placements, async_op=async_op)
+    cdef RedistEntry e = _redist_entry(self, spec, placements)
+    if e.kind == REDIST_PY:
+        return _redist_py(self, device_mesh, placements, async_op=async_op)
+    x = _local_arr(self)
+    if type(x) is not cnp.ndarray or not cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>x):
+        return _redist_py(self, device_mesh, placements, async_op=async_op)
+    cdef cnp.npy_intp dims[32]
+    cdef Py_ssize_t i, nd = len(e.shape)
+    if e.make is None:
+        for i in range(nd):
+            dims[i] = <cnp.npy_intp>(<object>PyTuple_GET_ITEM(e.shape, i))
+        out = cnp.PyArray_EMPTY(<int>nd, dims, e.typenum, 0)
+    else:
+        out = e.make()
+    global _redist_hits
+    _redist_hits += 1
+    if e.counts is None:
+        e.mpi.Allgather([x, e.mine, _mpi_byte], [out, e.mine, _mpi_byte])
+    else:
+        e.mpi.Allgatherv([x, e.mine, _mpi_byte], [out, e.counts, e.displs, _mpi_byte])
+    return _new_dtensor_arr(out, e.dst)

@@ -89,6 +89,8 @@ def raw_form(info: OpInfo, entry: CacheEntry, values: list) -> tuple | None:
         return None
     if name == "sum":
         return _raw_sum(entry, values, spec)
+    if name in ("amax", "amin"):
+        return _raw_extreme(entry, values, spec)
     if name in ("matmul", "mm"):
         return _raw_matmul(entry, values, spec)
     return _raw_pointwise(info, entry, values, spec)
@@ -177,6 +179,22 @@ def _raw_sum(
     axes = norm_dims(entry.name, dim, len(spec.shape))
     const = (axes, dt, keepdim, None if scale is None else dt.type(scale))
     return _RAW["reduce"], np.add.reduce, (), const, out
+
+
+def _raw_extreme(entry: CacheEntry, values: list, spec: DTensorSpec) -> tuple | None:
+    """``amax``/``amin`` of a host array as the kernel computes it: ``np.maximum.reduce``
+    (``minimum``) over the normalised dims, in the input dtype, NaN propagating; only when
+    no reduced dim of the local shard is empty (the kernel decides those)."""
+    _, dim, keepdim = values
+    if spec.mesh.device_type != "cpu" or type(keepdim) is not bool:
+        return None
+    axes = norm_dims(entry.name, dim, len(spec.shape))
+    local = spec.local_shape(spec.mesh._coord)
+    if any(local[d] == 0 for d in axes):
+        return None
+    _, out = _out(entry)
+    ufunc = np.maximum if entry.name == "amax" else np.minimum
+    return _RAW["reduce"], ufunc.reduce, (), (axes, None, keepdim, None), out
 
 
 def _raw_matmul(entry: CacheEntry, values: list, spec: DTensorSpec) -> tuple | None:

@@ -103,6 +103,10 @@ def _programs(mesh, shape=SHAPES[0]):
         "int_plus_float": lambda: i + 0.5,
         "int_floordiv": lambda: i // 4,
         "max_dim": lambda: x.max(dim=1),
+        "amax_dim": lambda: x.amax(dim=1),
+        "amin_all": lambda: x.amin(),
+        "amax_keepdim": lambda: x.amax((0, 1), True),
+        "amax_int": lambda: i.amax(dim=0),
         "split": lambda: x.split(2, dim=1),
     }
 

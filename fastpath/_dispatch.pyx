@@ -66,8 +66,8 @@ __all__ = [
 # stores them (_dispatch_front.pxi), the runners run them (_dispatch_run.pxi).
 cdef enum:
     RAW_NONE = 0
-    RAW_BINARY = 1               # ufunc(local_a, local_b[, out])
-    RAW_SCALAR = 2               # ufunc(local_a, scalar[, out]); OverflowError -> the kernel
+    RAW_BINARY = 1               # ufunc(local_a, local_b[, out=])
+    RAW_SCALAR = 2               # ufunc(local_a, scalar[, out=]); OverflowError -> the kernel
     RAW_UNARY = 3                # fn(local_a, out)
     RAW_VIEW = 4                 # local_a.reshape(local out shape) of a standard local_a
     RAW_T = 5                    # local_a.T (2-D)

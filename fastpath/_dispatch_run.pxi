@@ -16,13 +16,13 @@ cdef object _raw_pair(FrontEntry fe, object a, object b):
         if make is None:
             out = fe.rawfn(_local_arr(a), _local_arr(b))
         else:
-            out = fe.rawfn(_local_arr(a), _local_arr(b), make())
+            out = fe.rawfn(_local_arr(a), _local_arr(b), out=make())
     else:
         try:
             if make is None:
                 out = fe.rawfn(_local_arr(a), b)
             else:
-                out = fe.rawfn(_local_arr(a), b, make())
+                out = fe.rawfn(_local_arr(a), b, out=make())
         except OverflowError:
             return None
     return _new_dtensor_arr(out, fe.out_spec0)

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -83,6 +84,7 @@ def _programs(mesh, shape=SHAPES[0]):
         "relu": lambda: x.relu(),
         "gelu": lambda: dt.gelu(x),
         "dt_add": lambda: dt.add(x, y),
+        "maximum": lambda: dt.maximum(x, y),
         "sum": lambda: x.sum(),
         "sum_dim": lambda: x.sum(dim=1),
         "sum_keepdim": lambda: x.sum(1, True),
@@ -189,7 +191,7 @@ def test_fast_hits_are_served_without_the_python_dispatcher(mesh):
 
 @needs_front
 @pytest.mark.parametrize(
-    "name", ["add", "mul_scalar", "relu", "gelu", "matmul", "clone", "contiguous", "t"]
+    "name", ["add", "mul_scalar", "maximum", "relu", "gelu", "matmul", "clone", "contiguous", "t"]
 )
 def test_outputs_of_every_size_are_served_by_the_front(mesh, name):
     """From the pooling size on, the front writes into a pooled output itself (no detour
@@ -202,7 +204,9 @@ def test_outputs_of_every_size_are_served_by_the_front(mesh, name):
     dt.debug.set_fastpath(False)
     want = _describe(fn())
     dt.debug.set_fastpath(True)
-    fn()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # e.g. numpy's deprecation of a positional out
+        fn()
     assert _dispatcher_calls(fn) == []
     out = fn()
     assert _describe(out) == want

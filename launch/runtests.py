@@ -42,7 +42,7 @@ from pathlib import Path
 from ._mpiexec import TIMEOUT_EXIT_CODE, find_mpiexec, rank_env, run_job
 
 __all__ = [
-    "MODE_INDEPENDENT_ENV",
+    "REPEAT_MARKERS",
     "Outcome",
     "Stage",
     "classify",
@@ -71,9 +71,9 @@ MODE_PATHS = {"fastpath": "compiled", "python": "python path"}
 REPORT_ENV = "DTENSOR_TEST_REPORT"
 #: Options of every stage's pytest: quiet, with the reason of each skip, no cache folder.
 PYTEST_OPTIONS = ("-q", "-rs", "-p", "no:cacheprovider")
-#: Set for a plain suite's stage when an earlier stage of the run (the other mode's) already
-#: ran the suite's tests marked ``mode_independent``: the suite's conftest deselects them.
-MODE_INDEPENDENT_ENV = "DTENSOR_TEST_MODE_INDEPENDENT_DONE"
+#: pytest's marker expression of a plain suite's stage when an earlier stage of the run (the
+#: other mode's) already ran the suite's tests marked ``mode_independent``.
+REPEAT_MARKERS = ("-m", "not mode_independent")
 #: pytest's exit status when it collected (or selected) no test.
 NO_TESTS_EXIT_CODE = 5
 
@@ -174,8 +174,6 @@ def _stages(tests_dir: Path, modes: Sequence[str], ranks: Sequence[int]) -> list
 def stage_environment(stage: Stage, env: dict[str, str]) -> dict[str, str]:
     """The environment ``stage`` runs in: ``env`` plus its mode's settings. **Local**."""
     out = dict(env, DTENSOR_FASTPATH=MODES[stage.mode])
-    if stage.repeat:
-        out[MODE_INDEPENDENT_ENV] = "1"
     if stage.mode == "python" and stage.ranks is not None:
         out.update(SHARED_ALWAYS)
     if stage.ranks is not None and stage.ranks > (os.cpu_count() or 1):
@@ -187,7 +185,7 @@ def stage_environment(stage: Stage, env: dict[str, str]) -> dict[str, str]:
 def _command(stage: Stage, mpiexec: str, pytest_args: Sequence[str]) -> list[str]:
     pytest = [sys.executable, "-m", "pytest", str(stage.path), *PYTEST_OPTIONS]
     if stage.ranks is None:
-        return [*pytest, *pytest_args]
+        return [*pytest, *(REPEAT_MARKERS if stage.repeat else ()), *pytest_args]
     return [mpiexec, "-n", str(stage.ranks), *pytest, "--with-mpi", *pytest_args]
 
 

@@ -2,22 +2,16 @@
 
 The default dtype and the global random generator are module state; a test that
 changes them must not leak into the next one. A skip whose reason ``tests/skips.py``
-does not expect fails the session. Tests marked ``mode_independent`` are deselected in the
-test runner's second-mode stage.
+does not expect fails the session. The test runner's second-mode stage deselects the tests
+marked ``mode_independent`` (``-m "not mode_independent"``).
 """
 
 from __future__ import annotations
-
-import os
 
 import pytest
 import skips
 
 import dtensor as dt
-
-#: Set by the test runner (``launch.runtests.MODE_INDEPENDENT_ENV``) when the other mode's
-#: stage already ran the tests marked ``mode_independent``.
-MODE_INDEPENDENT_ENV = "DTENSOR_TEST_MODE_INDEPENDENT_DONE"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -28,14 +22,6 @@ def pytest_configure(config: pytest.Config) -> None:
         "the runner and launcher); the test runner runs it in one mode's stage only",
     )
 
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if os.environ.get(MODE_INDEPENDENT_ENV) != "1":
-        return
-    done = [item for item in items if item.get_closest_marker("mode_independent")]
-    if done:
-        config.hook.pytest_deselected(items=done)
-        items[:] = [item for item in items if not item.get_closest_marker("mode_independent")]
 
 
 @pytest.fixture(autouse=True)

@@ -452,7 +452,9 @@ def test_stage_environments(tmp_path):
 
 def test_mode_independent_tests_run_in_the_first_mode_only(tmp_path):
     """The second mode's plain stages deselect the tests marked ``mode_independent``
-    (tests/unit/conftest.py); MPI stages and the first mode keep them."""
+    (``-m "not mode_independent"``); MPI stages and the first mode keep them. The marker
+    goes on the stage's command line, so pytest runs that tests start themselves (the
+    mutation check's) still select such tests."""
     (tmp_path / "unit").mkdir()
     (tmp_path / "mpi").mkdir()
     stages = runtests._stages(tmp_path, ["fastpath", "python"], [2])
@@ -462,15 +464,17 @@ def test_mode_independent_tests_run_in_the_first_mode_only(tmp_path):
         ("unit", "python", True),
         ("mpi", "python", False),
     ]
-    key = runtests.MODE_INDEPENDENT_ENV
-    assert [key in runtests.stage_environment(s, {}) for s in stages] == [False, False, True, False]
-    # the conftest's side: this module is marked, so its tests are deselected, not skipped
+    marks = [runtests.REPEAT_MARKERS[1] in runtests._command(s, "mpiexec", ["-x"]) for s in stages]
+    assert marks == [False, False, True, False]
+    assert runtests._command(stages[2], "mpiexec", ["-x"])[-1] == "-x"
+    # pytest's side: this module is marked, so its tests are deselected, not skipped
     cmd = [sys.executable, "-m", "pytest", "unit/test_launch.py", "unit/test_allocator.py",
            "--collect-only", "-q", "-p", "no:cacheprovider"]  # fmt: skip
     env = dict(os.environ, DTENSOR_FASTPATH="0")
-    both = subprocess.run(cmd, cwd=TESTS, env=env, capture_output=True, text=True, timeout=120)
-    env[key] = "1"
-    second = subprocess.run(cmd, cwd=TESTS, env=env, capture_output=True, text=True, timeout=120)
+    run = {"cwd": TESTS, "env": env, "capture_output": True, "text": True, "timeout": 120}
+    both = subprocess.run(cmd, check=False, **run)
+    cmd += runtests.REPEAT_MARKERS
+    second = subprocess.run(cmd, check=False, **run)
     assert "unit/test_launch.py::" in both.stdout, both.stdout[-2000:]
     assert "unit/test_launch.py::" not in second.stdout, second.stdout[-2000:]
     assert "unit/test_allocator.py::" in second.stdout

@@ -23,7 +23,6 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
-
 @pytest.fixture(autouse=True)
 def _restore_dtensor_globals():
     dtype = dt.get_default_dtype()

@@ -1,7 +1,7 @@
 """Type stubs of fastpath._kernels (compiled local kernels for float32/float64 host arrays)."""
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeAlias
 
 __all__ = ["Unary", "fast_path", "layer_norm", "reduce_lastdim", "short_binary",
            "softmax_lastdim"]
@@ -14,14 +14,15 @@ class Unary:
     def __init__(self, kind: str, fallback: Callable[[Any, Any], Any]) -> None: ...
     def __call__(self, a: Any, out: Any = None) -> Any: ...
 
-def softmax_lastdim(a: Any, take_log: bool, out: Any = None) -> Any | None: ...
+Alloc: TypeAlias = Callable[[tuple[int, ...], Any, Any], Any]
+
+def softmax_lastdim(a: Any, take_log: bool, alloc: Alloc | None = None) -> Any | None: ...
 def layer_norm(
     a: Any, normalized_shape: Any, weight: Any, bias: Any, eps: float,
-    alloc: Callable[[tuple[int, ...], Any, Any], Any],
+    alloc: Alloc | None = None,
 ) -> Any | None: ...
 def reduce_lastdim(
-    op: str, a: Any, dim: Any, keepdim: bool, dtype: Any,
-    alloc: Callable[[tuple[int, ...], Any, Any], Any],
+    op: str, a: Any, dim: Any, keepdim: bool, dtype: Any, alloc: Alloc | None = None
 ) -> Any | None: ...
 
 def fast_path(fast: frozenset[Any], limit: int, a: Any, b: Any = None) -> bool: ...

@@ -8,10 +8,11 @@ several passes over memory or more call overhead than arithmetic on a small arra
 ``softmax`` / ``log_softmax`` along the last axis, and for float32 only ``layer_norm`` over
 the trailing dims and the ``sum`` / ``mean`` / ``amax`` of rows (the last axis, or the whole
 array). Each kernel serves C-contiguous, aligned, native-order numpy arrays of the dtypes it
-names (and an optional output array of the same kind, shape and dtype); any other input
-(another dtype, strides, a cupy array) goes to the array-module twin the kernel was built
-with, or the kernel answers None and the caller runs its twin, so callers never need to
-check. Loops over large arrays release the GIL.
+names; the elementwise ones write into an optional output array of the same kind, shape and
+dtype, the row ones into an array from the caller's allocator. Any other input (another
+dtype, strides, a cupy array) goes to the array-module twin the kernel was built with, or
+the kernel answers None and the caller runs its twin, so callers never need to check.
+Loops over large arrays release the GIL.
 
 float32 runs the vectorised C loops of ``_kernels_simd.pxi`` (exp, erf and tanh written as
 polynomials, accurate to 1-2 ulp; ``sum`` and ``mean`` equal numpy's to the bit); float64
@@ -185,12 +186,12 @@ cdef inline void _softmax(bint f32, void* x, void* y, Py_ssize_t rows, Py_ssize_
         _softmax_rows(<const double*>x, <double*>y, rows, n, take_log)
 
 
-def softmax_lastdim(a, bint take_log, out=None):
+def softmax_lastdim(a, bint take_log, alloc=None):
     """``softmax`` (or ``log_softmax`` when ``take_log``) of ``a`` along its last axis, in
-    its dtype, written to ``out`` when given (an array of the same kind, size and dtype) or
-    to a new array; None when ``a`` or ``out`` is not served (``a`` must be a non-empty
-    C-contiguous float32/float64 array of at least one dim): the caller computes it
-    otherwise. **Local**.
+    its dtype, as a new array from ``alloc(shape, dtype, a)`` (the caller's output policy;
+    ``alloc`` None or its answer None: numpy allocates); None when not served (``a`` must be
+    a non-empty C-contiguous float32/float64 array of at least one dim): the caller computes
+    it otherwise. **Local**.
 
     A slice holding NaN gives NaN; an all ``-inf`` slice gives NaN (as ``exp(x - max)``
     does). float32 sums accumulate in float32 lanes with float64 block totals
@@ -205,12 +206,12 @@ def softmax_lastdim(a, bint take_log, out=None):
         return None
     cdef Py_ssize_t n = cnp.PyArray_DIMS(x)[nd - 1]
     cdef Py_ssize_t rows = size // n
-    cdef cnp.ndarray y = _output(x, out)
+    y = _allocated(alloc, x, a.shape, size)
     if y is None:
         return None
     cdef bint f32 = cnp.PyArray_TYPE(x) == cnp.NPY_FLOAT32
     cdef void* px = cnp.PyArray_DATA(x)
-    cdef void* py = cnp.PyArray_DATA(y)
+    cdef void* py = cnp.PyArray_DATA(<cnp.ndarray>y)
     if size >= NOGIL_MIN:
         with nogil:
             _softmax(f32, px, py, rows, n, take_log)
@@ -230,13 +231,13 @@ cdef inline const float* _affine(object p, Py_ssize_t n, bint* ok):
     return <const float*>cnp.PyArray_DATA(<cnp.ndarray>p)
 
 
-def layer_norm(a, normalized_shape, weight, bias, double eps, alloc):
+def layer_norm(a, normalized_shape, weight, bias, double eps, alloc=None):
     """``layer_norm`` of the float32 array ``a`` over its trailing ``normalized_shape``
     (an int or a tuple/list of ints) with optional ``weight`` and ``bias`` arrays, as a new
-    array from ``alloc(shape, dtype, a)`` (the caller's output policy; it may answer None,
-    then numpy allocates); None when not served: ``a`` must be a non-empty C-contiguous
-    float32 array whose trailing dims are ``normalized_shape``, ``weight`` / ``bias`` None
-    or C-contiguous float32 arrays of that size. **Local**.
+    array from ``alloc(shape, dtype, a)`` (as for :func:`softmax_lastdim`); None when not
+    served: ``a`` must be a non-empty C-contiguous float32 array whose trailing dims are
+    ``normalized_shape``, ``weight`` / ``bias`` None or C-contiguous float32 arrays of that
+    size. **Local**.
 
     ``(x - mean) * rsqrt(var + eps) * weight + bias`` per row, the biased variance taken
     from a second pass over ``x - mean``; its sums accumulate in float32 lanes with float64
@@ -266,7 +267,7 @@ def layer_norm(a, normalized_shape, weight, bias, double eps, alloc):
     cdef const float* pb = _affine(bias, n, &ok)
     if not ok:
         return None
-    y = _allocated(alloc, a.shape, a, size)
+    y = _allocated(alloc, x, a.shape, size)
     if y is None:
         return None
     cdef const float* px = <const float*>cnp.PyArray_DATA(x)
@@ -280,29 +281,31 @@ def layer_norm(a, normalized_shape, weight, bias, double eps, alloc):
     return y
 
 
-cdef object _allocated(object alloc, tuple shape, object a, Py_ssize_t size):
-    """A float32 array of ``shape`` (``size`` elements) from ``alloc(shape, dtype, a)``,
-    or from numpy when that answers None; None when ``alloc`` gives an array a loop cannot
-    write (not a C-contiguous float32 array of that size)."""
+cdef object _allocated(object alloc, cnp.ndarray a, tuple shape, Py_ssize_t size):
+    """An array of ``shape`` (``size`` elements) in ``a``'s dtype from
+    ``alloc(shape, dtype, a)``, or from numpy when ``alloc`` is None or answers None; None
+    when ``alloc`` gives an array a loop cannot write (not a writeable C-contiguous array of
+    that dtype and size)."""
     cdef cnp.npy_intp[64] dims        # NPY_MAXDIMS: 32 before numpy 2, 64 since
     cdef Py_ssize_t i
-    y = alloc(shape, a.dtype, a)
+    y = None if alloc is None else alloc(shape, <object>cnp.PyArray_DESCR(a), a)
     if y is None:
         for i in range(len(shape)):
             dims[i] = shape[i]
-        return cnp.PyArray_EMPTY(len(shape), dims, cnp.NPY_FLOAT32, 0)
-    if not _plain32(y) or cnp.PyArray_SIZE(<cnp.ndarray>y) != size:
+        return cnp.PyArray_EMPTY(len(shape), dims, cnp.PyArray_TYPE(a), 0)
+    if (not _plain(y) or cnp.PyArray_TYPE(<cnp.ndarray>y) != cnp.PyArray_TYPE(a)
+            or cnp.PyArray_SIZE(<cnp.ndarray>y) != size
+            or not cnp.PyArray_ISWRITEABLE(<cnp.ndarray>y)):
         return None
     return y
 
 
-def reduce_lastdim(str op, a, dim, bint keepdim, dtype, alloc):
+def reduce_lastdim(str op, a, dim, bint keepdim, dtype, alloc=None):
     """``op`` (``"sum"``, ``"mean"`` or ``"amax"``) of the float32 array ``a`` over its last
     axis (``dim`` is the int ``-1`` or ``a.ndim - 1``) or over every axis (``dim`` None or
-    ``()``), as a new array from ``alloc(shape, dtype, a)`` (the caller's output policy; it
-    may answer None, then numpy allocates); None when not served: ``a`` must be a non-empty
-    C-contiguous float32 array of at least one dim, and ``dtype`` None or float32 itself.
-    **Local**.
+    ``()``), as a new array from ``alloc(shape, dtype, a)`` (as for
+    :func:`softmax_lastdim`); None when not served: ``a`` must be a non-empty C-contiguous
+    float32 array of at least one dim, and ``dtype`` None or float32 itself. **Local**.
 
     A sum is numpy's pairwise sum (``np.add.reduce``) to the bit and a mean that sum
     divided by the count in float32, as ``np.mean`` computes them; a maximum is NaN where a
@@ -329,7 +332,7 @@ def reduce_lastdim(str op, a, dim, bint keepdim, dtype, alloc):
         return None
     cdef int kind = _REDUCTIONS[op]
     cdef Py_ssize_t rows = size // n
-    y = _allocated(alloc, shape, a, rows)
+    y = _allocated(alloc, x, shape, rows)
     if y is None:
         return None
     cdef const float* px = <const float*>cnp.PyArray_DATA(x)

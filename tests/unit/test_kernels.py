@@ -43,6 +43,10 @@ def twin(name):
     return k.fallback if isinstance(k, K.Unary) else k
 
 
+def alloc_none(shape, dtype, like):
+    """An output policy that leaves the allocation to numpy (it answers None)."""
+
+
 def tol(dtype):
     return {"rtol": 4e-6, "atol": 2e-7} if dtype == F32 else {"rtol": 1e-13, "atol": 1e-15}
 
@@ -160,9 +164,14 @@ def test_softmax_lastdim_declines_what_it_does_not_serve():
     assert K.softmax_lastdim(np.zeros((0, 3), F32), False) is None
     assert K.softmax_lastdim(np.float32(1.0).reshape(()), False) is None
     assert K.softmax_lastdim(a.astype(np.float16), False) is None
-    assert K.softmax_lastdim(a, False, np.empty((3, 4), F64)) is None
+    assert K.softmax_lastdim(a, False, lambda s, d, like: np.empty((3, 4), F64)) is None
+    assert K.softmax_lastdim(a, False, lambda s, d, like: np.empty((3, 8), F32)[:, ::2]) is None
+    ro = np.empty_like(a)
+    ro.flags.writeable = False
+    assert K.softmax_lastdim(a, False, lambda s, d, like: ro) is None
     out = np.empty_like(a)
-    assert K.softmax_lastdim(a, False, out) is out
+    assert K.softmax_lastdim(a, False, lambda s, d, like: out) is out
+    assert K.softmax_lastdim(a.astype(F64), False, alloc_none).dtype == F64
 
 
 @pytest.mark.skipif(not fastpath.ENABLED, reason="kernels are used only when enabled")
@@ -305,10 +314,6 @@ def test_softmax_float32_matches_float64(shape, log):
 
 
 # ------------------------------------------------------------------------------ reductions
-def alloc_none(shape, dtype, like):
-    """An output policy that leaves the allocation to numpy (it answers None)."""
-
-
 REDUCE_SHAPES = [(1,), (7,), (3, 5), (4, 1), (2, 3, 40), (3, 127), (3, 129), (2, 1000),
                  (1, 4096), (2, 4097), (1, 70_003), (64, 64)]
 

@@ -70,7 +70,7 @@ def _compiled_softmax(x, d: int, take_log: bool):
     or the extension is off)."""
     if _KERNELS is None or d != x.ndim - 1:
         return None
-    return _KERNELS.softmax_lastdim(x, take_log, out_buffer(x.shape, x.dtype, x))
+    return _KERNELS.softmax_lastdim(x, take_log, out_buffer)
 
 
 def _short_softmax(op: str, input, dim, take_log: bool):

@@ -1,9 +1,10 @@
 """Type stubs of fastpath._kernels (compiled local kernels for float32/float64 host arrays)."""
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeAlias
 
-__all__ = ["Unary", "fast_path", "short_binary", "softmax_lastdim"]
+__all__ = ["Unary", "fast_path", "layer_norm", "reduce_lastdim", "short_binary",
+           "softmax_lastdim"]
 
 class Unary:
     """An elementwise compiled loop (relu, erf, gelu, gelu_tanh) with its array-module twin."""
@@ -13,7 +14,16 @@ class Unary:
     def __init__(self, kind: str, fallback: Callable[[Any, Any], Any]) -> None: ...
     def __call__(self, a: Any, out: Any = None) -> Any: ...
 
-def softmax_lastdim(a: Any, take_log: bool, out: Any = None) -> Any | None: ...
+_Alloc: TypeAlias = Callable[[tuple[int, ...], Any, Any], Any]
+
+def softmax_lastdim(a: Any, take_log: bool, alloc: _Alloc | None = None) -> Any | None: ...
+def layer_norm(
+    a: Any, normalized_shape: Any, weight: Any, bias: Any, eps: float,
+    alloc: _Alloc | None = None,
+) -> Any | None: ...
+def reduce_lastdim(
+    op: str, a: Any, dim: Any, keepdim: bool, dtype: Any, alloc: _Alloc | None = None
+) -> Any | None: ...
 
 def fast_path(fast: frozenset[Any], limit: int, a: Any, b: Any = None) -> bool: ...
 def short_binary(ufunc: Any, fast: frozenset[Any], limit: int, a: Any, b: Any) -> Any | None: ...

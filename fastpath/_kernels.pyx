@@ -2,13 +2,21 @@
 # cython: initializedcheck=False, nonecheck=False, binding=True, embedsignature=True
 """Compiled local kernels for host arrays of float32 and float64.
 
-This module owns the loops that numpy has no single ufunc for, or whose ufunc call costs
-more than the arithmetic on a small array: ``relu`` (``maximum(x, 0)``: NaN stays NaN, -0
-becomes 0), ``erf``, ``gelu`` (exact and tanh forms), and ``softmax`` / ``log_softmax``
-along the last axis. Each kernel serves C-contiguous, aligned, native-order float32 and
-float64 numpy arrays (and an optional output array of the same kind, shape and dtype); any
-other input (another dtype, strides, a cupy array) goes to the array-module twin the kernel
-was built with, so callers never need to check. Loops over large arrays release the GIL.
+This module owns the loops that numpy has no single ufunc for, or whose numpy form costs
+several passes over memory or more call overhead than arithmetic on a small array: ``relu``
+(``maximum(x, 0)``: NaN stays NaN, -0 becomes 0), ``erf``, ``gelu`` (exact and tanh forms),
+``softmax`` / ``log_softmax`` along the last axis, and for float32 only ``layer_norm`` over
+the trailing dims and the ``sum`` / ``mean`` / ``amax`` of rows (the last axis, or the whole
+array). Each kernel serves C-contiguous, aligned, native-order numpy arrays of the dtypes it
+names; the elementwise ones write into an optional output array of the same kind, shape and
+dtype, the row ones into an array from the caller's allocator. Any other input (another
+dtype, strides, a cupy array) goes to the array-module twin the kernel was built with, or
+the kernel answers None and the caller runs its twin, so callers never need to check.
+Loops over large arrays release the GIL.
+
+float32 runs the vectorised C loops of ``_kernels_simd.pxi`` (exp, erf and tanh written as
+polynomials, accurate to 1-2 ulp; ``sum`` and ``mean`` equal numpy's to the bit); float64
+runs scalar loops on libm.
 
 It also holds the compiled twins of the elementwise kernels' short-path condition
 (:func:`fast_path`, and :func:`short_binary`, which applies it to two arrays and runs the
@@ -21,18 +29,14 @@ forms are exercised by the test suite. Every function here is **Local**.
 
 cimport cython
 cimport numpy as cnp
-from cython cimport floating
-from libc.math cimport erf, erff, exp, expf, log, tanh, tanhf, sqrt
+from libc.math cimport erf, exp, log, tanh, sqrt
 
 cnp.import_array()
 
-__all__ = ["Unary", "fast_path", "short_binary", "softmax_lastdim"]
+include "_kernels_simd.pxi"
 
-cdef enum:
-    K_RELU = 0
-    K_ERF = 1
-    K_GELU = 2
-    K_GELU_TANH = 3
+__all__ = ["Unary", "fast_path", "layer_norm", "reduce_lastdim", "short_binary",
+           "softmax_lastdim"]
 
 cdef Py_ssize_t NOGIL_MIN = 65536    # elements from which a loop releases the GIL
 
@@ -40,7 +44,8 @@ cdef double SQRT1_2 = sqrt(0.5)
 cdef double SQRT_2_PI = sqrt(2.0 / 3.141592653589793)
 cdef double GELU_C = 0.044715
 
-_KINDS = {"relu": K_RELU, "erf": K_ERF, "gelu": K_GELU, "gelu_tanh": K_GELU_TANH}
+_KINDS = {"relu": DTK_RELU, "erf": DTK_ERF, "gelu": DTK_GELU, "gelu_tanh": DTK_GELU_TANH}
+_REDUCTIONS = {"sum": DTK_SUM, "mean": DTK_MEAN, "amax": DTK_MAX}
 
 
 cdef inline bint _plain(object a):
@@ -50,6 +55,11 @@ cdef inline bint _plain(object a):
     cdef cnp.ndarray arr = <cnp.ndarray>a
     cdef int t = cnp.PyArray_TYPE(arr)
     return (t == cnp.NPY_FLOAT32 or t == cnp.NPY_FLOAT64) and cnp.PyArray_ISCARRAY_RO(arr)
+
+
+cdef inline bint _plain32(object a):
+    """A C-contiguous, aligned, native-order float32 numpy array."""
+    return _plain(a) and cnp.PyArray_TYPE(<cnp.ndarray>a) == cnp.NPY_FLOAT32
 
 
 cdef inline cnp.ndarray _output(cnp.ndarray a, object out):
@@ -67,53 +77,30 @@ cdef inline cnp.ndarray _output(cnp.ndarray a, object out):
     return o
 
 
-cdef inline floating _erf(floating v) noexcept nogil:
-    if floating is float:
-        return erff(v)
-    else:
-        return erf(v)
-
-
-cdef inline floating _tanh(floating v) noexcept nogil:
-    if floating is float:
-        return tanhf(v)
-    else:
-        return tanh(v)
-
-
-cdef inline floating _exp(floating v) noexcept nogil:
-    if floating is float:
-        return expf(v)
-    else:
-        return exp(v)
-
-
-cdef void _loop(int kind, const floating* x, floating* y, Py_ssize_t n) noexcept nogil:
-    """One elementwise kernel over ``n`` elements, in the precision of ``floating``."""
+cdef void _loop(int kind, const double* x, double* y, Py_ssize_t n) noexcept nogil:
+    """One elementwise kernel over ``n`` float64 elements, on libm."""
     cdef Py_ssize_t i
-    cdef floating v
-    cdef floating s1 = <floating>SQRT1_2, s2 = <floating>SQRT_2_PI, c = <floating>GELU_C
-    cdef floating half = <floating>0.5
-    if kind == K_RELU:
+    cdef double v
+    if kind == DTK_RELU:
         for i in range(n):
             v = x[i]
             y[i] = v if (v > 0 or v != v) else 0
-    elif kind == K_ERF:
+    elif kind == DTK_ERF:
         for i in range(n):
-            y[i] = _erf(x[i])
-    elif kind == K_GELU:
+            y[i] = erf(x[i])
+    elif kind == DTK_GELU:
         for i in range(n):
             v = x[i]
-            y[i] = (_erf(v * s1) + 1) * v * half
+            y[i] = (erf(v * SQRT1_2) + 1) * v * 0.5
     else:
         for i in range(n):
             v = x[i]
-            y[i] = (_tanh((v * v * c + 1) * v * s2) + 1) * v * half
+            y[i] = (tanh((v * v * GELU_C + 1) * v * SQRT_2_PI) + 1) * v * 0.5
 
 
 cdef inline void _unary(int kind, bint f32, void* x, void* y, Py_ssize_t n) noexcept nogil:
     if f32:
-        _loop(kind, <const float*>x, <float*>y, n)
+        dtk_unary_f32(kind, <const float*>x, <float*>y, n)
     else:
         _loop(kind, <const double*>x, <double*>y, n)
 
@@ -160,12 +147,11 @@ cdef class Unary:
         return f"<compiled kernel {self.name}>"
 
 
-cdef void _softmax_rows(const floating* x, floating* y, Py_ssize_t rows, Py_ssize_t n,
+cdef void _softmax_rows(const double* x, double* y, Py_ssize_t rows, Py_ssize_t n,
                         bint take_log) noexcept nogil:
-    """softmax (or log_softmax) of ``rows`` contiguous rows of ``n``; sums in double."""
+    """float64 softmax (or log_softmax) of ``rows`` contiguous rows of ``n``, on libm."""
     cdef Py_ssize_t r, i
-    cdef floating m, v, ls
-    cdef double s
+    cdef double m, v, s, ls
     for r in range(rows):
         m = x[0]
         for i in range(1, n):
@@ -177,18 +163,17 @@ cdef void _softmax_rows(const floating* x, floating* y, Py_ssize_t rows, Py_ssiz
         s = 0
         if take_log:
             for i in range(n):
-                s += _exp(x[i] - m)
-            ls = <floating>log(s)
+                s += exp(x[i] - m)
+            ls = log(s)
             for i in range(n):
                 y[i] = (x[i] - m) - ls
         else:
             for i in range(n):
-                v = _exp(x[i] - m)
+                v = exp(x[i] - m)
                 y[i] = v
                 s += v
-            ls = <floating>s
             for i in range(n):
-                y[i] = y[i] / ls
+                y[i] = y[i] / s
         x += n
         y += n
 
@@ -196,20 +181,21 @@ cdef void _softmax_rows(const floating* x, floating* y, Py_ssize_t rows, Py_ssiz
 cdef inline void _softmax(bint f32, void* x, void* y, Py_ssize_t rows, Py_ssize_t n,
                           bint take_log) noexcept nogil:
     if f32:
-        _softmax_rows(<const float*>x, <float*>y, rows, n, take_log)
+        dtk_softmax_f32(<const float*>x, <float*>y, rows, n, take_log)
     else:
         _softmax_rows(<const double*>x, <double*>y, rows, n, take_log)
 
 
-def softmax_lastdim(a, bint take_log, out=None):
+def softmax_lastdim(a, bint take_log, alloc=None):
     """``softmax`` (or ``log_softmax`` when ``take_log``) of ``a`` along its last axis, in
-    its dtype, written to ``out`` when given (an array of the same kind, size and dtype) or
-    to a new array; None when ``a`` or ``out`` is not served (``a`` must be a non-empty
-    C-contiguous float32/float64 array of at least one dim): the caller computes it
-    otherwise. **Local**.
+    its dtype, as a new array from ``alloc(shape, dtype, a)`` (the caller's output policy;
+    ``alloc`` None or its answer None: numpy allocates); None when not served (``a`` must be
+    a non-empty C-contiguous float32/float64 array of at least one dim): the caller computes
+    it otherwise. **Local**.
 
     A slice holding NaN gives NaN; an all ``-inf`` slice gives NaN (as ``exp(x - max)``
-    does); sums accumulate in float64.
+    does). float32 sums accumulate in float32 lanes with float64 block totals
+    (``_kernels_simd.pxi``), float64 ones in float64.
     """
     if not _plain(a):
         return None
@@ -220,17 +206,142 @@ def softmax_lastdim(a, bint take_log, out=None):
         return None
     cdef Py_ssize_t n = cnp.PyArray_DIMS(x)[nd - 1]
     cdef Py_ssize_t rows = size // n
-    cdef cnp.ndarray y = _output(x, out)
+    y = _allocated(alloc, x, a.shape, size)
     if y is None:
         return None
     cdef bint f32 = cnp.PyArray_TYPE(x) == cnp.NPY_FLOAT32
     cdef void* px = cnp.PyArray_DATA(x)
-    cdef void* py = cnp.PyArray_DATA(y)
+    cdef void* py = cnp.PyArray_DATA(<cnp.ndarray>y)
     if size >= NOGIL_MIN:
         with nogil:
             _softmax(f32, px, py, rows, n, take_log)
     else:
         _softmax(f32, px, py, rows, n, take_log)
+    return y
+
+
+cdef inline const float* _affine(object p, Py_ssize_t n, bint* ok):
+    """The data of a layer_norm weight/bias ``p`` (NULL for None); ``ok`` false when ``p``
+    is not a plain float32 array of ``n`` elements."""
+    if p is None:
+        return NULL
+    if not _plain32(p) or cnp.PyArray_SIZE(<cnp.ndarray>p) != n:
+        ok[0] = False
+        return NULL
+    return <const float*>cnp.PyArray_DATA(<cnp.ndarray>p)
+
+
+def layer_norm(a, normalized_shape, weight, bias, double eps, alloc=None):
+    """``layer_norm`` of the float32 array ``a`` over its trailing ``normalized_shape``
+    (an int or a tuple/list of ints) with optional ``weight`` and ``bias`` arrays, as a new
+    array from ``alloc(shape, dtype, a)`` (as for :func:`softmax_lastdim`); None when not
+    served: ``a`` must be a non-empty C-contiguous float32 array whose trailing dims are
+    ``normalized_shape``, ``weight`` / ``bias`` None or C-contiguous float32 arrays of that
+    size. **Local**.
+
+    ``(x - mean) * rsqrt(var + eps) * weight + bias`` per row, the biased variance taken
+    from a second pass over ``x - mean``; its sums accumulate in float32 lanes with float64
+    block totals (``_kernels_simd.pxi``).
+    """
+    if not _plain32(a):
+        return None
+    cdef cnp.ndarray x = <cnp.ndarray>a
+    cdef int nd = cnp.PyArray_NDIM(x)
+    cdef Py_ssize_t size = cnp.PyArray_SIZE(x)
+    cdef cnp.npy_intp* dims = cnp.PyArray_DIMS(x)
+    cdef Py_ssize_t n = 1, k, i
+    if type(normalized_shape) is int:
+        normalized_shape = (normalized_shape,)
+    elif type(normalized_shape) is not tuple and type(normalized_shape) is not list:
+        return None
+    k = len(normalized_shape)
+    if size == 0 or k == 0 or k > nd:
+        return None
+    for i in range(k):
+        v = normalized_shape[i]
+        if type(v) is not int or v != dims[nd - k + i]:
+            return None
+        n *= dims[nd - k + i]
+    cdef bint ok = True
+    cdef const float* pw = _affine(weight, n, &ok)
+    cdef const float* pb = _affine(bias, n, &ok)
+    if not ok:
+        return None
+    y = _allocated(alloc, x, a.shape, size)
+    if y is None:
+        return None
+    cdef const float* px = <const float*>cnp.PyArray_DATA(x)
+    cdef float* py = <float*>cnp.PyArray_DATA(<cnp.ndarray>y)
+    cdef Py_ssize_t rows = size // n
+    if size >= NOGIL_MIN:
+        with nogil:
+            dtk_layer_norm_f32(px, py, rows, n, pw, pb, eps)
+    else:
+        dtk_layer_norm_f32(px, py, rows, n, pw, pb, eps)
+    return y
+
+
+cdef object _allocated(object alloc, cnp.ndarray a, tuple shape, Py_ssize_t size):
+    """An array of ``shape`` (``size`` elements) in ``a``'s dtype from
+    ``alloc(shape, dtype, a)``, or from numpy when ``alloc`` is None or answers None; None
+    when ``alloc`` gives an array a loop cannot write (not a writeable C-contiguous array of
+    that dtype and size)."""
+    cdef cnp.npy_intp[64] dims        # NPY_MAXDIMS: 32 before numpy 2, 64 since
+    cdef Py_ssize_t i
+    y = None if alloc is None else alloc(shape, <object>cnp.PyArray_DESCR(a), a)
+    if y is None:
+        for i in range(len(shape)):
+            dims[i] = shape[i]
+        return cnp.PyArray_EMPTY(len(shape), dims, cnp.PyArray_TYPE(a), 0)
+    if (not _plain(y) or cnp.PyArray_TYPE(<cnp.ndarray>y) != cnp.PyArray_TYPE(a)
+            or cnp.PyArray_SIZE(<cnp.ndarray>y) != size
+            or not cnp.PyArray_ISWRITEABLE(<cnp.ndarray>y)):
+        return None
+    return y
+
+
+def reduce_lastdim(str op, a, dim, bint keepdim, dtype, alloc=None):
+    """``op`` (``"sum"``, ``"mean"`` or ``"amax"``) of the float32 array ``a`` over its last
+    axis (``dim`` is the int ``-1`` or ``a.ndim - 1``) or over every axis (``dim`` None or
+    ``()``), as a new array from ``alloc(shape, dtype, a)`` (as for
+    :func:`softmax_lastdim`); None when not served: ``a`` must be a non-empty C-contiguous
+    float32 array of at least one dim, and ``dtype`` None or float32 itself. **Local**.
+
+    A sum is numpy's pairwise sum (``np.add.reduce``) to the bit and a mean that sum
+    divided by the count in float32, as ``np.mean`` computes them; a maximum is NaN where a
+    NaN is reduced.
+    """
+    if not _plain32(a):
+        return None
+    if dtype is not None and dtype is not <object>cnp.PyArray_DESCR(<cnp.ndarray>a):
+        return None
+    cdef cnp.ndarray x = <cnp.ndarray>a
+    cdef int nd = cnp.PyArray_NDIM(x)
+    cdef Py_ssize_t size = cnp.PyArray_SIZE(x)
+    if nd == 0 or size == 0:
+        return None
+    cdef Py_ssize_t n
+    cdef tuple shape
+    if dim is None or (type(dim) is tuple and not dim):
+        n = size
+        shape = (1,) * nd if keepdim else ()
+    elif type(dim) is int and (dim == -1 or dim == nd - 1):
+        n = cnp.PyArray_DIMS(x)[nd - 1]
+        shape = a.shape[:nd - 1] + (1,) if keepdim else a.shape[:nd - 1]
+    else:
+        return None
+    cdef int kind = _REDUCTIONS[op]
+    cdef Py_ssize_t rows = size // n
+    y = _allocated(alloc, x, shape, rows)
+    if y is None:
+        return None
+    cdef const float* px = <const float*>cnp.PyArray_DATA(x)
+    cdef float* py = <float*>cnp.PyArray_DATA(<cnp.ndarray>y)
+    if size >= NOGIL_MIN:
+        with nogil:
+            dtk_reduce_f32(kind, px, py, rows, n)
+    else:
+        dtk_reduce_f32(kind, px, py, rows, n)
     return y
 
 

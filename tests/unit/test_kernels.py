@@ -43,6 +43,10 @@ def twin(name):
     return k.fallback if isinstance(k, K.Unary) else k
 
 
+def alloc_none(shape, dtype, like):
+    """An output policy that leaves the allocation to numpy (it answers None)."""
+
+
 def tol(dtype):
     return {"rtol": 4e-6, "atol": 2e-7} if dtype == F32 else {"rtol": 1e-13, "atol": 1e-15}
 
@@ -160,9 +164,14 @@ def test_softmax_lastdim_declines_what_it_does_not_serve():
     assert K.softmax_lastdim(np.zeros((0, 3), F32), False) is None
     assert K.softmax_lastdim(np.float32(1.0).reshape(()), False) is None
     assert K.softmax_lastdim(a.astype(np.float16), False) is None
-    assert K.softmax_lastdim(a, False, np.empty((3, 4), F64)) is None
+    assert K.softmax_lastdim(a, False, lambda s, d, like: np.empty((3, 4), F64)) is None
+    assert K.softmax_lastdim(a, False, lambda s, d, like: np.empty((3, 8), F32)[:, ::2]) is None
+    ro = np.empty_like(a)
+    ro.flags.writeable = False
+    assert K.softmax_lastdim(a, False, lambda s, d, like: ro) is None
     out = np.empty_like(a)
-    assert K.softmax_lastdim(a, False, out) is out
+    assert K.softmax_lastdim(a, False, lambda s, d, like: out) is out
+    assert K.softmax_lastdim(a.astype(F64), False, alloc_none).dtype == F64
 
 
 @pytest.mark.skipif(not fastpath.ENABLED, reason="kernels are used only when enabled")
@@ -215,3 +224,277 @@ def test_short_path_condition_matches_its_reference(a, b):
         np.testing.assert_array_equal(got, want)
     expect = a.ndim > 0 and a.nbytes < limit and b.nbytes < limit and a.dtype == F32
     assert (want is not None) == (expect and a.dtype is b.dtype)
+
+
+# ---------------------------------------------------------------- float32 vectorised loops
+# The float32 loops evaluate exp, erf and tanh as polynomials (fastpath/_kernels_simd.pxi);
+# these tests hold them to a few ulps of float64 references over dense grids.
+
+
+def ulps(got, want):
+    """|got - want| in units of the float32 spacing at ``want`` (a float64 reference)."""
+    spacing = np.spacing(np.abs(want).astype(F32)).astype(F64)
+    return np.abs(got.astype(F64) - want) / spacing
+
+
+def dense(lo, hi, n=400_001):
+    return np.linspace(lo, hi, n).astype(F32)
+
+
+def test_erf_float32_is_within_two_ulps():
+    a = np.concatenate([dense(-6, 6), np.float32([1e-30, -1e-30, 1e-40, 3.9, 3.92, 4.0])])
+    got = K.Unary("erf", twin("erf"))(a, None)
+    want = np.array([math.erf(v) for v in a.astype(F64)])
+    assert ulps(got, want).max() <= 2
+    special = K.Unary("erf", twin("erf"))(np.float32([np.nan, np.inf, -np.inf, -0.0]), None)
+    assert np.isnan(special[0]) and list(special[1:3]) == [1, -1]
+    assert special[3] == 0 and np.signbit(special[3])
+
+
+def gelu_reference(a):
+    x = a.astype(F64)
+    phi = np.array([math.erfc(-v / math.sqrt(2)) for v in x.ravel()]).reshape(x.shape)
+    return 0.5 * x * phi
+
+
+def test_gelu_float32_is_within_a_few_ulps():
+    gelu = K.Unary("gelu", twin("gelu"))
+    pos = dense(0, 12, 200_001)
+    assert ulps(gelu(pos, None), gelu_reference(pos)).max() <= 3
+    neg = dense(-5.5, 0, 200_001)
+    np.testing.assert_allclose(gelu(neg, None), gelu_reference(neg), rtol=1e-5, atol=1e-30)
+    special = gelu(np.float32([np.nan, np.inf, -np.inf, -0.0, -30.0, 1e-30]), None)
+    assert np.isnan(special[0]) and special[1] == np.inf and np.isnan(special[2])
+    assert special[3] == 0 and np.signbit(special[3])  # -0 stays -0, as in x * Phi(x)
+    assert special[4] == 0 and special[5] == np.float32(5e-31)
+
+
+def test_gelu_tanh_float32_matches_its_formula_in_float64():
+    a = dense(-12, 12)
+    x = a.astype(F64)
+    want = 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+    got = K.Unary("gelu_tanh", twin("gelu_tanh"))(a, None)
+    # 1 + tanh cancels for negative x in any float32 evaluation: a term of |x| ulps of 1/2
+    bound = 2 * np.spacing(np.abs(want).astype(F32)) + 6e-8 * np.abs(x)
+    np.testing.assert_array_less(np.abs(got - want), bound)
+
+
+def softmax64(a, log):
+    return ref_softmax(a.astype(F64), log)
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("n", [3, 100, 5000], ids=["short", "long", "chunked"])
+def test_softmax_float32_special_rows(n, log):
+    """Rows of every length class (grouped short rows, one pass per long row, log_softmax's
+    chunked exp) with huge logits, -inf, +inf, NaN and exponents far below -87 (subnormal
+    and zero results)."""
+    rows = np.full((8, n), -1.0, F32)
+    rows[0, :2] = [1e30, -1e30]
+    rows[1, :] = -np.inf
+    rows[2, :2] = [np.inf, 0]
+    rows[3, 1] = np.nan
+    rows[4, :] = -np.inf
+    rows[4, :3] = [0, -100, -110]  # e^-100 is subnormal, e^-110 rounds to 0
+    rows[5, :2] = [-np.inf, 5]
+    rows[6, :] = np.linspace(-200, 0, n)
+    got, want = K.softmax_lastdim(rows, log), softmax64(rows, log)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=4e-6, atol=0 if log else 3e-45)
+    if not log:
+        assert got[4, 1] > 0 and got[4, 2] == 0
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("shape", [(700, 7), (33, 64), (5, 1000), (2, 9000)])
+def test_softmax_float32_matches_float64(shape, log):
+    a = sample(shape, F32, seed=3, special=False) * 10
+    np.testing.assert_allclose(K.softmax_lastdim(a, log), softmax64(a, log),
+                               rtol=4e-6, atol=1e-7 if log else 1e-12)
+
+
+# ------------------------------------------------------------------------------ reductions
+REDUCE_SHAPES = [(1,), (7,), (3, 5), (4, 1), (2, 3, 40), (3, 127), (3, 129), (2, 1000),
+                 (1, 4096), (2, 4097), (1, 70_003), (64, 64)]
+
+
+@pytest.mark.parametrize("shape", REDUCE_SHAPES)
+def test_sum_and_mean_equal_numpy_to_the_bit(shape):
+    """The compiled sums reproduce numpy's pairwise summation exactly (so the twins, and
+    the dispatcher's raw forms that call numpy, give the same bytes)."""
+    rng = np.random.default_rng(sum(shape))
+    a = (rng.standard_normal(shape) * 10.0 ** rng.uniform(-3, 3, shape)).astype(F32)
+    for keepdim in (False, True):
+        for dim in (-1, a.ndim - 1, None, ()):
+            axis = -1 if dim in (-1, a.ndim - 1) else None
+            got = K.reduce_lastdim("sum", a, dim, keepdim, None, alloc_none)
+            want = np.asarray(np.sum(a, axis=axis, keepdims=keepdim))
+            assert got.shape == want.shape and got.tobytes() == want.tobytes(), (dim, keepdim)
+            got = K.reduce_lastdim("mean", a, dim, keepdim, F32, alloc_none)
+            want = np.asarray(np.mean(a, axis=axis, keepdims=keepdim))
+            assert got.shape == want.shape and got.tobytes() == want.tobytes(), (dim, keepdim)
+
+
+def test_reductions_of_special_values():
+    a = np.float32([[np.nan, 1, 2], [np.inf, 1, 2], [-np.inf, -np.inf, -np.inf],
+                    [np.inf, -np.inf, 0], [-0.0, -0.0, -0.0], [3e38, 3e38, 0],
+                    [1e-45, 1e-45, 0], [5, np.nan, np.inf]])
+    for op, fn in (("sum", np.sum), ("mean", np.mean), ("amax", np.max)):
+        with np.errstate(all="ignore"):
+            want = fn(a, axis=-1)
+        got = K.reduce_lastdim(op, a, -1, False, None, alloc_none)
+        np.testing.assert_array_equal(got, want, err_msg=op)
+        np.testing.assert_array_equal(np.signbit(got), np.signbit(want), err_msg=op)
+    long = np.zeros((3, 100), F32)
+    long[0, 77], long[1, 5], long[2, :] = np.nan, np.inf, -np.inf
+    np.testing.assert_array_equal(K.reduce_lastdim("amax", long, 1, False, None, alloc_none),
+                                  [np.nan, np.inf, -np.inf])
+
+
+@pytest.mark.parametrize("shape", REDUCE_SHAPES)
+def test_amax_equals_numpy(shape):
+    a = sample(shape, F32, seed=len(shape))
+    for dim in (-1, None):
+        got = K.reduce_lastdim("amax", a, dim, True, None, alloc_none)
+        np.testing.assert_array_equal(got, np.max(a, axis=-1 if dim == -1 else None,
+                                                  keepdims=True))
+
+
+def test_reduce_lastdim_writes_into_what_alloc_gives():
+    a = sample((4, 6), F32)
+    out = np.empty(4, F32)
+    seen = []
+
+    def alloc(shape, dtype, like):
+        seen.append((shape, dtype, like))
+        return out
+
+    assert K.reduce_lastdim("sum", a, -1, False, None, alloc) is out
+    assert seen == [((4,), F32, a)]
+    np.testing.assert_array_equal(out, a.sum(-1))
+
+
+@pytest.mark.parametrize(
+    ("a", "dim", "dtype", "alloc"),
+    [
+        (sample((3, 4), F32).T, -1, None, alloc_none),  # not C-contiguous
+        (sample((3, 4), F64), -1, None, alloc_none),  # float64: numpy
+        (sample((3, 4), np.float16), -1, None, alloc_none),
+        (np.arange(12).reshape(3, 4), -1, None, alloc_none),
+        (np.zeros((0, 3), F32), -1, None, alloc_none),  # empty
+        (np.zeros((3, 0), F32), None, None, alloc_none),
+        (np.float32(1.0).reshape(()), None, None, alloc_none),  # 0-d
+        (sample((3, 4), F32), 0, None, alloc_none),  # not the last dim
+        (sample((3, 4), F32), [1], None, alloc_none),  # a list of dims
+        (sample((3, 4), F32), True, None, alloc_none),  # a bool is no dim
+        (sample((3, 4), F32), -1, F64, alloc_none),  # another result dtype
+        (sample((3, 4), F32), -1, None, lambda s, d, like: np.empty(8, F32)[::2]),
+    ],
+    ids=["transposed", "float64", "float16", "int", "empty", "empty-rows", "0-d", "dim0",
+         "list", "bool", "dtype", "strided-out"],
+)
+def test_reduce_lastdim_declines_what_it_does_not_serve(a, dim, dtype, alloc):
+    for op in ("sum", "mean", "amax"):
+        assert K.reduce_lastdim(op, a, dim, False, dtype, alloc) is None
+
+
+# ------------------------------------------------------------------------------ layer_norm
+def layer_norm64(a, k, w=None, b=None, eps=1e-5):
+    x = a.astype(F64)
+    axes = tuple(range(a.ndim - k, a.ndim))
+    c = x - x.mean(axes, keepdims=True)
+    r = c / np.sqrt((c * c).mean(axes, keepdims=True) + eps)
+    return r * (1 if w is None else w) + (0 if b is None else b)
+
+
+@pytest.mark.parametrize("affine", ["none", "weight", "bias", "both"])
+@pytest.mark.parametrize(("shape", "ns"), [((5, 7), 7), ((3, 4, 50), (4, 50)),
+                                           ((6, 1000), [1000]), ((2, 1), (1,))])
+def test_layer_norm_float32_matches_float64(shape, ns, affine):
+    a = sample(shape, F32, seed=5, special=False) * 3 + 1
+    k = 1 if isinstance(ns, int) else len(ns)
+    pshape = shape[len(shape) - k:]
+    w = sample(pshape, F32, seed=6, special=False) if affine in ("weight", "both") else None
+    b = sample(pshape, F32, seed=7, special=False) if affine in ("bias", "both") else None
+    got = K.layer_norm(a, ns, w, b, 1e-5, alloc_none)
+    assert got.dtype == F32 and got.shape == a.shape
+    np.testing.assert_allclose(got, layer_norm64(a, k, w, b), rtol=2e-5, atol=2e-6)
+
+
+def test_layer_norm_special_rows_follow_the_twin():
+    a = np.float32([[1, np.nan, 2, 3], [np.inf, 1, 2, 3], [-np.inf] * 4, [2, 2, 2, 2],
+                    [1e-40, 0, -1e-40, 0]])
+    got = K.layer_norm(a, 4, None, None, 1e-5, alloc_none)
+    with np.errstate(all="ignore"):  # the twin's float32 steps
+        c = a - a.mean(-1, keepdims=True)
+        want = c / np.sqrt((c * c).mean(-1, keepdims=True) + np.float32(1e-5))
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+    assert not got[3].any()  # a constant row normalises to zeros
+
+
+def test_layer_norm_declines_what_it_does_not_serve():
+    a = sample((3, 4), F32)
+    w = np.ones(4, F32)
+    assert K.layer_norm(a, 3, None, None, 1e-5, alloc_none) is None  # shape mismatch
+    assert K.layer_norm(a, (3, 4, 1), None, None, 1e-5, alloc_none) is None
+    assert K.layer_norm(a, (), None, None, 1e-5, alloc_none) is None
+    assert K.layer_norm(a, 4.0, None, None, 1e-5, alloc_none) is None
+    assert K.layer_norm(a.T.copy().T, 4, None, None, 1e-5, alloc_none) is None
+    assert K.layer_norm(a.astype(F64), 4, None, None, 1e-5, alloc_none) is None
+    assert K.layer_norm(np.zeros((0, 4), F32), 4, None, None, 1e-5, alloc_none) is None
+    assert K.layer_norm(a, 4, w.astype(F64), None, 1e-5, alloc_none) is None
+    assert K.layer_norm(a, 4, None, np.ones(8, F32)[::2], 1e-5, alloc_none) is None
+    assert K.layer_norm(a, 4, np.ones(5, F32), None, 1e-5, alloc_none) is None
+    out = np.empty_like(a)
+    assert K.layer_norm(a, 4, w, None, 1e-5, lambda s, d, like: out) is out
+
+
+def test_large_reductions_and_layer_norm_release_the_gil_and_agree():
+    a = sample((300, 300), F32, special=False)  # above the no-GIL threshold
+    assert K.reduce_lastdim("sum", a, None, False, None, alloc_none) == np.sum(a)
+    np.testing.assert_array_equal(K.reduce_lastdim("amax", a, -1, False, None, alloc_none),
+                                  a.max(-1))
+    np.testing.assert_allclose(K.layer_norm(a, 300, None, None, 1e-5, alloc_none),
+                               layer_norm64(a, 1), rtol=2e-5, atol=2e-6)
+
+
+# ------------------------------------------------------------ the local ops, in both modes
+# These run with and without the compiled kernels (DTENSOR_FASTPATH=0 runs the numpy twins):
+# both must give numpy's sums to the bit and the others within float32 tolerances.
+
+
+@pytest.mark.parametrize("shape", [(8, 8), (4, 8), (33, 130), (256, 512)])
+def test_local_reductions_give_numpy_sums_in_both_modes(shape):
+    a = sample(shape, F32, seed=11, special=False)
+    x = dt.from_numpy(a)
+    for got, want in [
+        (dt.sum(x, -1), np.sum(a, -1)), (dt.sum(x, 1, True), np.sum(a, 1, keepdims=True)),
+        (dt.sum(x), np.sum(a)), (dt.mean(x, -1), np.mean(a, -1)), (dt.mean(x), np.mean(a)),
+        (dt.amax(x, -1), np.max(a, -1)), (dt.amax(x), np.max(a)),
+        (x.T.sum(-1), np.sum(a.T, -1)),  # a transposed view: the numpy path
+    ]:
+        w = np.asarray(want)
+        assert got.shape == w.shape and got.numpy().tobytes() == w.tobytes()
+
+
+@pytest.mark.parametrize("shape", [(8, 8), (16, 33), (128, 256)])
+def test_local_softmax_layer_norm_gelu_in_both_modes(shape):
+    a = sample(shape, F32, seed=12, special=False) * 4
+    x = dt.from_numpy(a)
+    w, b = dt.from_numpy(a[0] * 0 + 1.5), dt.from_numpy(a[1])
+    np.testing.assert_allclose(dt.softmax(x, -1).numpy(), softmax64(a, False), rtol=4e-6,
+                               atol=1e-12)
+    np.testing.assert_allclose(dt.log_softmax(x, 1).numpy(), softmax64(a, True), rtol=4e-6,
+                               atol=1e-6)
+    np.testing.assert_allclose(dt.softmax(x.T, -1).numpy(), softmax64(a.T, False), rtol=4e-6,
+                               atol=1e-12)
+    np.testing.assert_allclose(dt.layer_norm(x, (shape[1],), w, b).numpy(),
+                               layer_norm64(a, 1, 1.5, a[1]), rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(dt.gelu(x).numpy(), gelu_reference(a), rtol=1e-5, atol=2e-7)
+    h = dt.from_numpy(a.astype(np.float16))  # float16: the numpy twins, in float32
+    np.testing.assert_allclose(dt.softmax(h, -1).numpy(), softmax64(a.astype(np.float16),
+                               False), rtol=2e-3, atol=1e-4)
+    d = dt.from_numpy(a.astype(F64))  # float64: libm loops or numpy
+    np.testing.assert_allclose(dt.layer_norm(d, (shape[1],)).numpy(), layer_norm64(a, 1),
+                               rtol=1e-10, atol=1e-12)

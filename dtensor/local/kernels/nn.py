@@ -5,7 +5,9 @@ All are **Local** plain functions with the names and arguments of
 ``torch.nn.functional``. Softmax-like kernels subtract the maximum first (numerically
 stable); float16 inputs compute in float32 and return float16. With the compiled
 extension enabled, softmax and log_softmax along the last axis of a contiguous
-float32/float64 host array run one compiled loop (sums in float64).
+float32/float64 host array, and layer_norm of a contiguous float32 host array, run one
+compiled loop each (``fastpath._kernels``; its notes say how sums accumulate); the numpy
+code here serves everything else, and everything with ``DTENSOR_FASTPATH=0``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from placements.meta import check_embedding_indices
 
 from .. import rng as _random
 from ..dtypes import to_dtype
-from ..tensor import Tensor, _norm_dim
+from ..tensor import Tensor, _norm_dim, _wrap
 from .base import (
     FLOAT32,
     acc_dtype,
@@ -33,7 +35,7 @@ from .base import (
 )
 
 _REDUCTIONS = ("none", "mean", "sum")
-# compiled last-axis softmax loops for contiguous float32/float64 host arrays
+# compiled softmax and layer_norm loops for contiguous float32/float64 host arrays
 _KERNELS = _fp.kernels if _fp.ENABLED else None
 
 
@@ -68,7 +70,17 @@ def _compiled_softmax(x, d: int, take_log: bool):
     or the extension is off)."""
     if _KERNELS is None or d != x.ndim - 1:
         return None
-    return _KERNELS.softmax_lastdim(x, take_log, out_buffer(x.shape, x.dtype, x))
+    return _KERNELS.softmax_lastdim(x, take_log, out_buffer)
+
+
+def _short_softmax(op: str, input, dim, take_log: bool):
+    """The compiled (log_)softmax of ``input`` for the common call (an int ``dim`` naming
+    the last axis of an array of at least one dim), as a Tensor; None otherwise."""
+    a = as_array(op, input)
+    if type(dim) is not int or not a.ndim or (dim != -1 and dim != a.ndim - 1):
+        return None
+    r = _compiled_softmax(a, a.ndim - 1, take_log)
+    return None if r is None else _wrap(r)
 
 
 def softmax(input: Tensor, dim: int, dtype=None) -> Tensor:
@@ -87,6 +99,10 @@ def softmax(input: Tensor, dim: int, dtype=None) -> Tensor:
     Tensor
         NaN along slices that are all ``-inf``.
     """
+    if dtype is None and _KERNELS is not None:
+        r = _short_softmax("softmax", input, dim, False)
+        if r is not None:
+            return r
     a = _float_input("softmax", input, dtype)
     x, d = _softmax_axis("softmax", a, dim)
     r = _compiled_softmax(x, d, False)
@@ -118,6 +134,10 @@ def log_softmax(input: Tensor, dim: int, dtype=None) -> Tensor:
     -------
     Tensor
     """
+    if dtype is None and _KERNELS is not None:
+        r = _short_softmax("log_softmax", input, dim, True)
+        if r is not None:
+            return r
     a = _float_input("log_softmax", input, dtype)
     x, d = _softmax_axis("log_softmax", a, dim)
     r = _compiled_softmax(x, d, True)
@@ -152,6 +172,13 @@ def layer_norm(
     -------
     Tensor
     """
+    if _KERNELS is not None:
+        a = as_array("layer_norm", input)
+        w = None if weight is None else as_array("layer_norm", weight)
+        b = None if bias is None else as_array("layer_norm", bias)
+        r = _KERNELS.layer_norm(a, normalized_shape, w, b, eps, out_buffer)
+        if r is not None:
+            return _wrap(r)
     a = _float_input("layer_norm", input)
     ns = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     k = len(ns)

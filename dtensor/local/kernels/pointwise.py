@@ -380,16 +380,16 @@ def gelu(input: Tensor, approximate: str = "none", *, out=None) -> Tensor:
     -------
     Tensor
     """
-    spec = _GELU.get(approximate)
-    if spec is None:
+    fn = _GELU.get(approximate)
+    if fn is None:
         raise ArgumentError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
-    r = spec.compute(as_array("gelu", input), out)
-    return out if out is not None else wrap(r)
+    return fn(input, out=out)
 
 
+# the unary functions of the two forms (with the short path of small arrays)
 _GELU = {
-    "none": UnarySpec("gelu", _gelu_erf, "floatonly", FLOATS),
-    "tanh": UnarySpec("gelu", _gelu_tanh, "floatonly", FLOATS),
+    "none": unary_function("gelu", _gelu_erf, "floatonly", FLOATS),
+    "tanh": unary_function("gelu", _gelu_tanh, "floatonly", FLOATS),
 }
 
 

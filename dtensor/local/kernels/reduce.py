@@ -5,6 +5,12 @@ All are **Local** plain functions with PyTorch's names and arguments. ``dim`` is
 dim), an int or a sequence of ints (negative dims count from the end); ``keepdim`` keeps
 reduced dims as size 1. Dtypes follow PyTorch: sums and products of bool and integer
 tensors are int64; mean, var, std and norm need floating (or complex) tensors.
+
+With the compiled extension enabled, sum, mean and amax of a contiguous float32 host
+array over its last dim or over every dim run one compiled loop
+(``fastpath._kernels.reduce_lastdim``; its sums are numpy's pairwise sums to the bit, so
+both forms give identical results); numpy serves everything else, and everything with
+``DTENSOR_FASTPATH=0``.
 """
 
 from __future__ import annotations
@@ -15,11 +21,12 @@ from collections import namedtuple
 
 import numpy as np
 
+import fastpath as _fp
 from placements.errors import DTypeError, NoRuleError, ShardingError
 from placements.meta import check_nonempty_reduction, norm_dims, real_dtype, reduced_shape
 
 from ..dtypes import to_dtype
-from ..tensor import Tensor, _norm_dim
+from ..tensor import Tensor, _norm_dim, _wrap
 from .base import (
     INT64,
     acc_dtype,
@@ -36,6 +43,8 @@ from .pointwise import maximum, minimum
 MaxResult = namedtuple("max", ("values", "indices"))
 MinResult = namedtuple("min", ("values", "indices"))
 BOOL = np.dtype(np.bool_)
+# compiled last-dim / whole-array reductions of contiguous float32 host arrays
+_KERNELS = _fp.kernels if _fp.ENABLED else None
 
 
 def _reduce(fn, a, axes, keepdim: bool, dtype=None, result=None):
@@ -86,6 +95,10 @@ def sum(input: Tensor, dim=None, keepdim: bool = False, *, dtype=None) -> Tensor
     Tensor
     """
     a = as_array("sum", input)
+    if _KERNELS is not None:
+        r = _KERNELS.reduce_lastdim("sum", a, dim, keepdim, dtype, out_buffer)
+        if r is not None:
+            return _wrap(r)
     axes = norm_dims("sum", dim, a.ndim)
     return wrap(_acc_reduce(xp_of(a).sum, a, axes, keepdim, _sum_dtype(a.dtype, dtype)))
 
@@ -128,6 +141,10 @@ def mean(input: Tensor, dim=None, keepdim: bool = False, *, dtype=None) -> Tenso
         For integer or bool inputs without ``dtype``.
     """
     a = as_array("mean", input)
+    if _KERNELS is not None:
+        r = _KERNELS.reduce_lastdim("mean", a, dim, keepdim, dtype, out_buffer)
+        if r is not None:
+            return _wrap(r)
     # Note: like PyTorch (and unlike numpy, which gives float64), the mean of an integer
     # tensor raises unless a floating dtype is passed.
     rt = to_dtype(dtype) if dtype is not None else a.dtype
@@ -209,6 +226,10 @@ def std(
 def _extreme(op: str, input: Tensor, dim, keepdim: bool) -> Tensor:
     """amax/amin of ``input`` over ``dim`` (every dim when empty); NaN propagates."""
     a = as_array(op, input)
+    if op == "amax" and _KERNELS is not None:
+        r = _KERNELS.reduce_lastdim("amax", a, dim, keepdim, None, out_buffer)
+        if r is not None:
+            return _wrap(r)
     axes = norm_dims(op, dim, a.ndim)
     check_nonempty_reduction(op, a.shape, axes)
     xp = xp_of(a)

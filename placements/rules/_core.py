@@ -345,11 +345,50 @@ def nd_valid(result: RuleResult, combo: Sequence[Candidate]) -> bool:
     return result.nd_check is None or result.nd_check(tuple(combo))
 
 
+_BOOL = np.dtype(np.bool_)
+
+
+def _without_bool_sums(schema: OpSchema, result: RuleResult) -> RuleResult:
+    """``result`` without the candidates that keep a bool tensor argument ``P(sum)`` or
+    ``P(avg)`` while an output is not bool.
+
+    A bool ``P(sum)`` reduces by logical or: several contributions may hold the same True.
+    An op that makes numbers of it (a cast to a number, ``x + 1``, ``sum``, ``cumsum``,
+    ``where`` with a number operand...) would add those contributions up (True on two
+    ranks giving 2), so such an input is reduced first, as for ``long()``, whose cast rule
+    has no sum candidate. Where every output is bool (``x | y``, ``x & y`` of bools,
+    ``where`` of bools) the or commutes with the op and the candidates stay. Python scalars
+    are exempt: a replicated value split into ``P(sum)`` is held by one coordinate only.
+    """
+    if all(d == _BOOL for d in result.out_dtypes):
+        return result
+    n_out = len(result.out_shapes)
+    slots = [
+        n_out + i
+        for i, a in enumerate(schema.args)
+        if a is not None and a.dtype == _BOOL and not a.is_scalar
+    ]
+    if not slots:
+        return result
+
+    def keeps_bool_sum(c: Candidate) -> bool:
+        return any(
+            (p := c.placements[j]) is not None and p.kind == "P" and p.reduce_op in _LINEAR
+            for j in slots
+        )
+
+    kept = tuple(c for c in result.candidates if not keeps_bool_sum(c))
+    if len(kept) == len(result.candidates):
+        return result
+    return RuleResult(result.out_shapes, result.out_dtypes, kept, result.nd_check, result.inplace)
+
+
 _RESULTS = LRUCache("placements.rules.results", 4096)
 
 
 def _rule_result(schema: OpSchema) -> RuleResult:
-    """The rule's result for ``schema``, memoised on everything a rule may read.
+    """The rule's result for ``schema`` (less the candidates that would add up a bool
+    ``P(sum)``, :func:`_without_bool_sums`), memoised on everything a rule may read.
 
     Rules are functions of the op, the arguments' shapes, dtypes and scalar flags, the
     static arguments, the mesh shape and the default float dtype -- never of the current
@@ -367,10 +406,10 @@ def _rule_result(schema: OpSchema) -> RuleResult:
     try:
         result = data.get(key)
     except TypeError:  # an unhashable static argument (a slice in an index...)
-        return get_rule(schema.op)(schema)
+        return _without_bool_sums(schema, get_rule(schema.op)(schema))
     if result is None:
         _RESULTS.misses += 1
-        result = get_rule(schema.op)(schema)
+        result = _without_bool_sums(schema, get_rule(schema.op)(schema))
         _RESULTS.put(key, result)
     else:
         _RESULTS.hits += 1

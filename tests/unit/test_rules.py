@@ -314,6 +314,17 @@ def test_bool_partial_sum_kept_where_the_result_is_bool():
     assert st_.output_specs[0].placements == (P("sum"),) and st_.cost == 0
 
 
+@pytest.mark.parametrize("op", ["sum", "cumsum"])
+def test_no_rule_makes_an_integer_partial_avg(op):
+    # an average of integers has no exact integer value: a float P(avg) made int64 is
+    # reduced first; as a float, it stays
+    x = t((4, 6), F32, (P("avg"),))
+    static = {"dim": 0} if op == "cumsum" else {}
+    st_ = choose(op, x, dtype=I64, **static)
+    assert st_.output_specs[0].placements != (P("avg"),) and st_.input_placements[0] != (P("avg"),)
+    assert choose(op, x, dtype=F64, **static).output_specs[0].placements == (P("avg"),)
+
+
 def test_no_communication_when_placements_already_fit():
     st_ = choose("matmul", t((8, 6), placements=(S(0),)), t((6, 4), placements=(R,)))
     assert st_.cost == 0 and st_.output_specs[0].placements == (S(0),)

@@ -32,6 +32,7 @@ from numpy import asarray as _asarray
 from numpy import ndarray as _ndarray
 from cpython.dict cimport PyDict_GetItem
 from cpython.list cimport PyList_New, PyList_SET_ITEM
+from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.ref cimport Py_INCREF
 from cpython.tuple cimport PyTuple_GET_ITEM
 from cpython.object cimport PyObject
@@ -65,7 +66,8 @@ __all__ = [
 cdef enum:
     RAW_NONE = 0
     RAW_BINARY = 1               # ufunc(local_a, local_b)
-    RAW_SCALAR = 2               # ufunc(local_a, python scalar); OverflowError -> the kernel
+    RAW_SCALAR = 2               # ufunc(local_a, python scalar); OverflowError, or an int
+                                 # outside the entry's [lo, hi] -> the kernel
     RAW_UNARY = 3                # fn(local_a, None)
     RAW_VIEW = 4                 # local_a.reshape(local out shape) of a standard local_a
     RAW_T = 5                    # local_a.T (2-D)

@@ -27,6 +27,9 @@ cdef class FrontEntry:
     cdef object rawarg
     cdef tuple extra_idx    # bound values the raw form needs unchanged: their indices
     cdef tuple extra_val    # ... and values
+    cdef bint bounded       # a scalar form that runs with python ints in [lo, hi] only
+    cdef long long lo
+    cdef long long hi
     cdef unsigned long long tick
     cdef bint pending
 
@@ -282,6 +285,9 @@ cdef class FastOp:
         else:
             fe.raw, fe.rawfn, extra = raw[:3]
             fe.rawarg = raw[3] if len(raw) > 3 else None
+            if fe.raw == RAW_SCALAR and fe.rawarg is not None:
+                fe.bounded = True
+                fe.lo, fe.hi = fe.rawarg
             fe.extra_idx = tuple([i for i, _ in extra])
             fe.extra_val = tuple([v for _, v in extra])
         fe.tick = 0

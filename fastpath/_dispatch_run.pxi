@@ -8,12 +8,22 @@ cdef inline object _local_arr(object v):
     return (<TensorBase?>d._loc)._arr
 
 
+cdef bint _outside(FrontEntry fe, object b) except -1:
+    """Whether the python int ``b`` is outside ``[fe.lo, fe.hi]`` (or beyond 64 bits)."""
+    cdef int overflow = 0
+    cdef long long v = PyLong_AsLongLongAndOverflow(b, &overflow)
+    return overflow != 0 or v < fe.lo or v > fe.hi
+
+
 cdef object _raw_pair(FrontEntry fe, object a, object b):
     """A binary or scalar raw form on operands ``a`` (a DTensor) and ``b``; None when the
-    kernel must decide (an int the dtype cannot hold)."""
+    kernel must decide (an int the dtype cannot hold: numpy raises, or compares exactly
+    where the kernel wraps it)."""
     if fe.raw == RAW_BINARY:
         out = fe.rawfn(_local_arr(a), _local_arr(b))
     else:
+        if fe.bounded and _outside(fe, b):
+            return None
         try:
             out = fe.rawfn(_local_arr(a), b)
         except OverflowError:

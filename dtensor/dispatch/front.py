@@ -24,6 +24,7 @@ from ..distributed.dtensor import DTensor
 from ..local import allocator as _allocator
 from ..local import dtypes as _dtypes
 from ..local.kernels import pointwise as _pw
+from ..local.kernels.base import INT_RANGES
 from ..local.tensor import Tensor
 from ..ops.table import OpInfo
 from .dispatcher import (
@@ -51,9 +52,11 @@ def raw_form(info: OpInfo, entry: CacheEntry, values: list) -> tuple | None:
     the local output shape (``Tensor.view``'s own short path), and ``t`` of a 2-D tensor is
     the transposed array; ``sum`` and ``matmul``/``mm`` of small host arrays are the numpy
     calls their kernels make. Everything here is fixed by the entry's specs and the key, so it
-    is decided once. Returns ``(form, arg, extra[, const])``: ``arg`` is the ufunc, kernel,
+    is decided once. Returns ``(form, arg, extra[, param])``: ``arg`` is the ufunc, kernel,
     shape or index, ``extra`` lists ``(index, value)`` pairs of other bound values that must
-    be unchanged (``alpha=1``), ``const`` the second operand of a ``const`` form (relu's 0).
+    be unchanged (``alpha=1``), ``param`` what the form needs besides (the reduce form's
+    axes, dtype, keepdim and scale; a comparison with a python int on an integer dtype, the
+    ``(min, max)`` of the ints it runs with, others going to the kernel).
     """
     name = info.name
     if entry.direct is None or not values:
@@ -123,8 +126,16 @@ def _raw_pointwise(info: OpInfo, values: list, spec: DTensorSpec) -> tuple | Non
             return None
         return _RAW["binary"], uf, extra
     if _pw.fast_path(kspec.scalar_fast.get(type(b), _pw.NO_DTYPES), limit, a):
-        return _RAW["scalar"], uf, extra
+        bounds = INT_RANGES.get(dt) if kspec.kind == "compare" and type(b) is int else None
+        if bounds is None:
+            return _RAW["scalar"], uf, extra
+        # the local function's range check (an int the dtype cannot hold wraps, in its
+        # slow path), within int64 (a larger uint64 value takes that path too)
+        return _RAW["scalar"], uf, extra, (bounds[0], min(bounds[1], _INT64_MAX))
     return None
+
+
+_INT64_MAX = (1 << 63) - 1
 
 
 def _raw_sum(

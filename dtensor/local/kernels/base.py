@@ -143,6 +143,14 @@ def operand(op: str, x):
     return as_array(op, x)
 
 
+#: The values of each integer dtype, ``(min, max)``: a python int outside them wraps when
+#: it meets the dtype (:func:`cast_scalar`), so the short paths that hand a python int to a
+#: ufunc check it against these first (a cheap range check; numpy 2 would compare exactly).
+INT_RANGES = {
+    np.dtype(t): (int(np.iinfo(t).min), int(np.iinfo(t).max)) for t in "bBhHiIlLqQ"
+}
+
+
 def cast_scalar(value, dtype, op: str = ""):
     """A python scalar as a numpy scalar of ``dtype``, wrapping integers like a C cast.
 

@@ -26,6 +26,7 @@ from .. import allocator as _allocator
 from ..tensor import Tensor, _wrap
 from .base import (
     BOOL,
+    INT_RANGES,
     SCALAR_TYPES,
     OperandTypeError,
     TensorLike,
@@ -526,9 +527,19 @@ def _binary_fns(spec: BinarySpec):
     uf, fast, name = getattr(spec.kernel, "ufunc", None), spec.fast, spec.name
     scalar_fast_dtypes = spec.scalar_fast
 
+    # Note: numpy 2 compares an integer array with a python int it cannot hold exactly
+    # (uint8 < -1 is False), where the other ufuncs raise OverflowError; PyTorch wraps the
+    # int like a C cast (-1 is 255: True), as the slow path does (cast_scalar). Such an int
+    # takes the slow path; one in range costs a range check (0..127 fits every dtype).
+    bounded = spec.kind == "compare"
+
     def scalar_fast(a, s, swap):
         """The op on a small array and a python int/float, or None for the slow path."""
         if fast_path(scalar_fast_dtypes.get(type(s), NO_DTYPES), _allocator.POOL_MIN_BYTES, a):
+            if bounded and type(s) is int and not 0 <= s <= 127:
+                bounds = INT_RANGES.get(a.dtype)
+                if bounds is not None and not bounds[0] <= s <= bounds[1]:
+                    return None
             try:
                 return _wrap(uf(s, a) if swap else uf(a, s))
             except OverflowError:  # an int that does not fit: the slow path wraps it

@@ -16,7 +16,9 @@ This module owns
   ufunc the kernel would call) on the local arrays, wrapped into the output Tensor and
   DTensor. Entries that redistribute inputs run their cached plan through the entry runner.
   A front miss goes to the Python dispatcher, whose propagation cache decides (and counts)
-  the hit or miss; the front then remembers the entry.
+  the hit or miss; the front then remembers the entry;
+* quiet raw forms: what the front runs for an op that computes, with numpy's floating-point
+  errors ignored in the context dtensor plugs in (:func:`set_quiet`), as its kernels do.
 
 The front only ever holds entries that are live in the Python cache: every eviction or
 clear of that cache bumps a generation that invalidates the front. Hits served here touch
@@ -55,6 +57,7 @@ __all__ = [
     "make_operator",
     "RAW_FORMS",
     "SLOT_TAGS",
+    "set_quiet",
     "set_slot_ops",
     "stats",
     "reset_stats",
@@ -83,6 +86,7 @@ RAW_FORMS = {
 # The parts of the module, included in this order (textually, at module level).
 include "_dispatch_bases.pxi"  # TensorBase, DTensorBase, operator slots, set_slot_ops
 include "_dispatch_plugs.pxi"  # install, install_tensor, plugged globals, wrap, constructors
+include "_dispatch_quiet.pxi"  # set_quiet: raw forms with numpy's FP errors ignored
 include "_dispatch_lru.pxi"    # counters, generation, queued touches: invalidate, flush, stats
 include "_dispatch_keys.pxi"   # key markers, simple statics, hashes, _frozen, _same
 include "_dispatch_front.pxi"  # FrontEntry and FastOp: binding, front table, lookup, fill

@@ -27,6 +27,8 @@ cdef class FrontEntry:
     cdef object rawarg
     cdef tuple extra_idx    # bound values the raw form needs unchanged: their indices
     cdef tuple extra_val    # ... and values
+    cdef bint quiet_raw     # run the raw form quietly (numpy may report FP errors there)
+    cdef bint quiet_kernel  # run the kernel quietly (it computes and does not itself)
     cdef bint bounded       # a scalar form that runs with python ints in [lo, hi] only
     cdef long long lo
     cdef long long hi
@@ -275,6 +277,7 @@ cdef class FastOp:
         fe.key = key
         fe.mesh = mesh
         fe.kernel = entry.kernel
+        fe.quiet_kernel = entry.quiet
         fe.direct = entry.direct
         fe.out_specs = tuple(entry.out_specs)
         fe.out_spec0 = fe.out_specs[0] if fe.out_specs else None
@@ -283,8 +286,7 @@ cdef class FastOp:
         if raw is None:
             fe.raw = RAW_NONE
         else:
-            fe.raw, fe.rawfn, extra = raw[:3]
-            fe.rawarg = raw[3] if len(raw) > 3 else None
+            fe.raw, fe.rawfn, extra, fe.rawarg, fe.quiet_raw = raw
             if fe.raw == RAW_SCALAR and fe.rawarg is not None:
                 fe.bounded = True
                 fe.lo, fe.hi = fe.rawarg

@@ -19,16 +19,51 @@ cdef object _raw_pair(FrontEntry fe, object a, object b):
     """A binary or scalar raw form on operands ``a`` (a DTensor) and ``b``; None when the
     kernel must decide (an int the dtype cannot hold: numpy raises, or compares exactly
     where the kernel wraps it)."""
+    x = _local_arr(a)
     if fe.raw == RAW_BINARY:
-        out = fe.rawfn(_local_arr(a), _local_arr(b))
+        y = _local_arr(b)
+    elif fe.bounded and _outside(fe, b):
+        return None
     else:
-        if fe.bounded and _outside(fe, b):
-            return None
-        try:
-            out = fe.rawfn(_local_arr(a), b)
-        except OverflowError:
-            return None
+        y = b
+    try:
+        if not fe.quiet_raw:
+            out = fe.rawfn(x, y)
+        elif _quiet_enter():
+            try:
+                out = fe.rawfn(x, y)
+            finally:
+                PyContext_Exit(_quiet_ctx)
+        else:
+            out = _quiet_call(fe.rawfn, x, y)
+    except OverflowError:
+        if fe.raw == RAW_BINARY:
+            raise
+        return None
     return _new_dtensor_arr(out, fe.out_spec0)
+
+
+cdef object _raw_compute(FrontEntry fe, int raw, object a):
+    """The unary or reduce raw form on the local array ``a`` (quietly: see _run)."""
+    if raw == RAW_UNARY:
+        f = fe.rawfn
+        if type(f) is Unary:  # a compiled kernel: its C entry, no Python call
+            return (<Unary>f).apply(a, None)
+        return f(a, None)
+    axes, dtype, keepdim, scale = <tuple>fe.rawarg
+    out = fe.rawfn(a, axes, dtype, None, keepdim)
+    if type(out) is not _ndarray:  # a numpy scalar of a full reduction: 0-d array
+        if scale is not None:
+            out = out * scale
+        return _asarray(out)
+    if scale is not None:
+        out *= scale
+    return out
+
+
+def _raw_compute_py(FrontEntry fe, int raw, object a):
+    """:func:`_raw_compute` as a Python callable, for ``_quiet_call``."""
+    return _raw_compute(fe, raw, a)
 
 
 cdef object _run(FrontEntry fe, list values):
@@ -46,20 +81,17 @@ cdef object _run(FrontEntry fe, list values):
         out = _raw_pair(fe, values[0], values[1])
         if out is not None:
             return out
-    if raw == RAW_UNARY:
-        f = fe.rawfn
-        if type(f) is Unary:  # a compiled kernel: its C entry, no Python call
-            return _new_dtensor_arr((<Unary>f).apply(_local_arr(values[0]), None), fe.out_spec0)
-        return _new_dtensor_arr(f(_local_arr(values[0]), None), fe.out_spec0)
-    if raw == RAW_REDUCE:
-        axes, dtype, keepdim, scale = <tuple>fe.rawarg
-        out = fe.rawfn(_local_arr(values[0]), axes, dtype, None, keepdim)
-        if type(out) is not _ndarray:  # a numpy scalar of a full reduction: 0-d array
-            if scale is not None:
-                out = out * scale
-            out = _asarray(out)
-        elif scale is not None:
-            out *= scale
+    if raw == RAW_UNARY or raw == RAW_REDUCE:
+        a = _local_arr(values[0])
+        if not fe.quiet_raw:
+            out = _raw_compute(fe, raw, a)
+        elif _quiet_enter():
+            try:
+                out = _raw_compute(fe, raw, a)
+            finally:
+                PyContext_Exit(_quiet_ctx)
+        else:
+            out = _quiet_call(_raw_compute_py, fe, raw, a)
         return _new_dtensor_arr(out, fe.out_spec0)
     cdef TensorBase t, nt
     if raw == RAW_VIEW:
@@ -92,7 +124,9 @@ cdef object _run(FrontEntry fe, list values):
         v = values[pi]
         if type(v) is _DTensor:
             values[pi] = _get_local(<DTensorBase>v)
-    out = fe.kernel(*values)
+    # a kernel that computes and does not see to it itself runs through quiet_call (the
+    # kernels' context: the kernel's short paths enter the shared one of the short paths)
+    out = _quiet_call(fe.kernel, *values) if fe.quiet_kernel else fe.kernel(*values)
     if type(out) is _Tensor:
         return _new_dtensor(out, fe.out_spec0)
     return _wrap_outputs(out, fe.out_specs)

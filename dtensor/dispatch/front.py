@@ -24,7 +24,7 @@ from ..distributed.dtensor import DTensor
 from ..local import allocator as _allocator
 from ..local import dtypes as _dtypes
 from ..local.kernels import pointwise as _pw
-from ..local.kernels.base import INT_RANGES
+from ..local.kernels.base import INT_RANGES, QUIET, quiet_call
 from ..local.tensor import Tensor
 from ..ops.table import OpInfo
 from .dispatcher import (
@@ -38,11 +38,20 @@ from .dispatcher import (
     wrap_outputs,
 )
 
-__all__ = ["fast_op", "plug_fastpath", "raw_form"]
+__all__ = ["RawForm", "fast_op", "plug_fastpath", "raw_form"]
 
 
+class RawForm(NamedTuple):
+    """How the compiled front runs an entry on raw ndarrays (see :func:`raw_form`)."""
 
-def raw_form(info: OpInfo, entry: CacheEntry, values: list) -> tuple | None:
+    form: int  # one of the front's RAW_FORMS
+    arg: object  # the ufunc, kernel, shape or index
+    extra: tuple = ()  # (index, value) of other bound values that must be unchanged
+    param: object = None  # what the form needs besides (see raw_form)
+    quiet: bool = False  # run it with numpy's floating-point errors ignored
+
+
+def raw_form(info: OpInfo, entry: CacheEntry, values: list) -> RawForm | None:
     """How the compiled front may run ``entry`` on raw ndarrays, or None. **Local**.
 
     A pointwise op whose local kernel would take its own short path (same dtype of a kind
@@ -52,11 +61,13 @@ def raw_form(info: OpInfo, entry: CacheEntry, values: list) -> tuple | None:
     the local output shape (``Tensor.view``'s own short path), and ``t`` of a 2-D tensor is
     the transposed array; ``sum`` and ``matmul``/``mm`` of small host arrays are the numpy
     calls their kernels make. Everything here is fixed by the entry's specs and the key, so it
-    is decided once. Returns ``(form, arg, extra[, param])``: ``arg`` is the ufunc, kernel,
-    shape or index, ``extra`` lists ``(index, value)`` pairs of other bound values that must
-    be unchanged (``alpha=1``), ``param`` what the form needs besides (the reduce form's
-    axes, dtype, keepdim and scale; a comparison with a python int on an integer dtype, the
-    ``(min, max)`` of the ints it runs with, others going to the kernel).
+    is decided once. Returns a :class:`RawForm`: ``arg`` is the ufunc, kernel, shape or
+    index, ``extra`` lists ``(index, value)`` pairs of other bound values that must be
+    unchanged (``alpha=1``), ``param`` what the form needs besides (the reduce form's axes,
+    dtype, keepdim and scale; a comparison with a python int on an integer dtype, the
+    ``(min, max)`` of the ints it runs with, others going to the kernel), ``quiet`` whether
+    numpy may report floating-point errors there (float arithmetic), which the front then
+    ignores as the kernels do.
     """
     name = info.name
     if entry.direct is None or not values:
@@ -69,13 +80,13 @@ def raw_form(info: OpInfo, entry: CacheEntry, values: list) -> tuple | None:
         shape = values[1]
         if type(shape) in (tuple, list) and all(type(s) is int for s in shape):
             out = entry.out_specs[0]
-            return _RAW["view"], out.local_shape(out.mesh._coord), ()
+            return RawForm(_RAW["view"], out.local_shape(out.mesh._coord))
         return None
     if name == "t" and entry.kernel is Tensor.t and len(spec.shape) == 2:
-        return _RAW["t"], None, ()
+        return RawForm(_RAW["t"], None)
     if name == "getitem" and entry.kernel is Tensor.__getitem__ and spec.shape:
         index = _basic_index(values[1])
-        return None if index is None else (_RAW["getitem"], index, ())
+        return None if index is None else RawForm(_RAW["getitem"], index)
     if name == "mean":
         return _raw_sum(entry, values, spec, getattr(entry.kernel, "scale", None))
     if entry.kernel is not info.kernel:
@@ -95,7 +106,7 @@ class _Shard(NamedTuple):
     nbytes: int
 
 
-def _raw_pointwise(info: OpInfo, values: list, spec: DTensorSpec) -> tuple | None:
+def _raw_pointwise(info: OpInfo, values: list, spec: DTensorSpec) -> RawForm | None:
     """The raw form of an elementwise op whose local function would take its short path
     (:func:`dtensor.local.kernels.pointwise.fast_path` on the local shards)."""
     kspec = getattr(info.function, "spec", None)
@@ -105,10 +116,11 @@ def _raw_pointwise(info: OpInfo, values: list, spec: DTensorSpec) -> tuple | Non
     coord = spec.mesh._coord
     limit = _allocator.POOL_MIN_BYTES
     a = _Shard(dt, len(spec.shape), math.prod(spec.local_shape(coord)) * dt.itemsize)
+    quiet = dt.kind in "fc" and kspec.kind not in _pw.FP_ERROR_FREE
     if isinstance(kspec, _pw.UnarySpec):
         if not _pw.fast_path(kspec.fast, limit, a):
             return None
-        return _RAW["unary"], kspec.kernel, ()
+        return RawForm(_RAW["unary"], kspec.kernel, quiet=quiet)
     uf = getattr(kspec.kernel, "ufunc", None)
     if uf is None or len(values) < 2:
         return None
@@ -124,14 +136,14 @@ def _raw_pointwise(info: OpInfo, values: list, spec: DTensorSpec) -> tuple | Non
         b_shard = _Shard(dt, len(bs.shape), math.prod(bs.local_shape(coord)) * dt.itemsize)
         if not _pw.fast_path(kspec.fast, limit, a, b_shard):
             return None
-        return _RAW["binary"], uf, extra
+        return RawForm(_RAW["binary"], uf, extra, quiet=quiet)
     if _pw.fast_path(kspec.scalar_fast.get(type(b), _pw.NO_DTYPES), limit, a):
         bounds = INT_RANGES.get(dt) if kspec.kind == "compare" and type(b) is int else None
-        if bounds is None:
-            return _RAW["scalar"], uf, extra
-        # the local function's range check (an int the dtype cannot hold wraps, in its
-        # slow path), within int64 (a larger uint64 value takes that path too)
-        return _RAW["scalar"], uf, extra, (bounds[0], min(bounds[1], _INT64_MAX))
+        if bounds is not None:
+            # the local function's range check (an int the dtype cannot hold wraps, in its
+            # slow path), within int64 (a larger uint64 value takes that path too)
+            bounds = (bounds[0], min(bounds[1], _INT64_MAX))
+        return RawForm(_RAW["scalar"], uf, extra, bounds, quiet)
     return None
 
 
@@ -140,7 +152,7 @@ _INT64_MAX = (1 << 63) - 1
 
 def _raw_sum(
     entry: CacheEntry, values: list, spec: DTensorSpec, scale: float | None = None
-) -> tuple | None:
+) -> RawForm | None:
     """``sum`` of a small float32/float64 host array as ``_math.sum`` computes it:
     ``np.add.reduce`` over the normalised dims, in the input dtype (numpy allocates); for
     ``mean``, that sum times the kernel's ``scale`` (1 / the global count) in the dtype."""
@@ -154,11 +166,11 @@ def _raw_sum(
     if math.prod(out.local_shape(out.mesh._coord)) * dt.itemsize >= _allocator.POOL_MIN_BYTES:
         return None
     axes = norm_dims(entry.name, dim, len(spec.shape))
-    return _RAW["reduce"], np.add.reduce, (), (
-        axes, dt, keepdim, None if scale is None else dt.type(scale))
+    param = (axes, dt, keepdim, None if scale is None else dt.type(scale))
+    return RawForm(_RAW["reduce"], np.add.reduce, (), param, quiet=True)
 
 
-def _raw_matmul(entry: CacheEntry, values: list, spec: DTensorSpec) -> tuple | None:
+def _raw_matmul(entry: CacheEntry, values: list, spec: DTensorSpec) -> RawForm | None:
     """``matmul``/``mm`` of two host DTensors of one dtype, both at least 2-D, with a small
     result: ``np.matmul(a, b)``, as the local kernel computes it (numpy allocates)."""
     b = values[1]
@@ -171,7 +183,7 @@ def _raw_matmul(entry: CacheEntry, values: list, spec: DTensorSpec) -> tuple | N
     nbytes = math.prod(out.local_shape(out.mesh._coord)) * out.dtype.itemsize
     if nbytes >= _allocator.POOL_MIN_BYTES:
         return None
-    return _RAW["binary"], np.matmul, ()
+    return RawForm(_RAW["binary"], np.matmul, quiet=spec.dtype.kind in "fc")
 
 
 def _basic_index(idx: object) -> tuple | None:
@@ -204,6 +216,7 @@ def plug_fastpath() -> object:
     front.install(
         DTensor, vars(_dtypes), lookup, dispatch, run_entry, wrap_outputs, raw_form, MISSING
     )
+    front.set_quiet(QUIET, quiet_call)
     _RAW = front.RAW_FORMS
     attach_front(front)
     return front

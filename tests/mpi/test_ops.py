@@ -12,6 +12,7 @@ control flow.
 from __future__ import annotations
 
 import itertools
+import warnings
 import zlib
 
 import numpy as np
@@ -20,6 +21,7 @@ from mpi4py import MPI
 
 import dtensor as dt
 from dtensor.testing import distribute_random
+from placements.rules import Candidate, RuleResult
 
 WORLD = MPI.COMM_WORLD
 R, S, P = dt.Replicate(), dt.Shard, dt.Partial
@@ -241,6 +243,61 @@ def test_a_python_int_out_of_the_dtype_range_wraps(dtype):
                             np.testing.assert_array_equal(got, np_op(w, a), f"{name} {value}")
                     np.testing.assert_array_equal((x < value).full_tensor().numpy(), a < w)
                     np.testing.assert_array_equal((value < x).full_tensor().numpy(), w < a)
+
+
+def fp_error_cases(make):
+    """Calls whose numpy computation raises a floating-point error (overflow, division by
+    zero, invalid), on DTensors made by ``make`` from global arrays: name -> call."""
+    h = make(np.full((8,), 60000, np.float16))
+    big, huge = make(np.full((8, 8), 100.0, np.float32)), make(np.full((8, 8), 3e38, np.float32))
+    one, zero = make(np.ones((8, 8), np.float32)), make(np.zeros((8, 8), np.float32))
+    neg = make(-np.ones((8, 8), np.float32))
+    return {
+        "float16 sum": lambda: h.sum(), "exp": lambda: big.exp(),
+        "dt.exp": lambda: dt.exp(big), "mul": lambda: huge * huge,
+        "mul scalar": lambda: huge * 10.0, "x / 0": lambda: one / 0,
+        "x / zeros": lambda: one / zero, "0 / 0": lambda: zero / zero,
+        "log(-1)": lambda: neg.log(), "sqrt(-1)": lambda: neg.sqrt(),
+        "mean": lambda: huge.mean(), "matmul": lambda: huge @ huge.T,
+        "softmax": lambda: dt.softmax(neg * np.inf, 1),
+    }
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("shard", [False, True], ids=["R", "S0"])
+def test_floating_point_errors_never_warn(shard):
+    # PyTorch gives inf/nan silently; numpy's RuntimeWarnings must not reach the caller on
+    # any path (the compiled front's raw forms and kernels, the Python dispatcher), even
+    # when it turns every warning into an error
+    for mesh in meshes():
+        pl = [S(0) if shard else R] + [R] * (mesh.ndim - 1)
+        cases = fp_error_cases(lambda a, mesh=mesh, pl=pl: dt.distribute_tensor(a, mesh, pl))
+        before = np.geterr()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            for name, fn in cases.items():
+                for _ in range(3):  # a propagation-cache miss, then hits
+                    got = fn().full_tensor().numpy()
+                assert not np.isfinite(got).all(), name
+            assert np.geterr() == before
+            with pytest.raises(RuntimeWarning, match="divide by zero"):
+                np.ones(2) / np.zeros(2)  # the caller's own numpy code still warns
+
+
+@pytest.mark.mpi(min_size=1)
+def test_a_registered_kernel_keeps_its_own_numpy_warnings():
+    # dtensor's kernels run quietly; a user's kernel (register_op) is the user's numpy code
+    def rule(schema):
+        a = schema.args[0]
+        return RuleResult((a.shape,), (a.dtype,), (Candidate((R, R)),))
+
+    f = dt.register_op("test_ops_halve_by_zero", lambda x: dt.from_numpy(x.numpy() / 0.0), rule)
+    x = dt.distribute_tensor(np.ones(3, np.float32), meshes()[0], [R])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(2):  # a propagation-cache miss, then a hit
+            with pytest.raises(RuntimeWarning, match="divide by zero"):
+                f(x)
 
 
 @pytest.mark.mpi(min_size=1)

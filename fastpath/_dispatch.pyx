@@ -16,7 +16,9 @@ This module owns
   ufunc the kernel would call) on the local arrays, wrapped into the output Tensor and
   DTensor. Entries that redistribute inputs run their cached plan through the entry runner.
   A front miss goes to the Python dispatcher, whose propagation cache decides (and counts)
-  the hit or miss; the front then remembers the entry.
+  the hit or miss; the front then remembers the entry;
+* quiet raw forms: what the front runs for an op that computes, with numpy's floating-point
+  errors ignored in the context dtensor plugs in (:func:`set_quiet`), as its kernels do.
 
 The front only ever holds entries that are live in the Python cache: every eviction or
 clear of that cache bumps a generation that invalidates the front. Hits served here touch
@@ -32,6 +34,7 @@ from numpy import asarray as _asarray
 from numpy import ndarray as _ndarray
 from cpython.dict cimport PyDict_GetItem
 from cpython.list cimport PyList_New, PyList_SET_ITEM
+from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.ref cimport Py_INCREF
 from cpython.tuple cimport PyTuple_GET_ITEM
 from cpython.object cimport PyObject
@@ -49,15 +52,16 @@ __all__ = [
     "install",
     "install_redistribute",
     "install_tensor",
-    "redistribute",
     "invalidate",
     "make_function",
     "make_method",
     "make_operator",
     "RAW_FORMS",
     "SLOT_TAGS",
+    "set_quiet",
     "set_slot_ops",
     "stats",
+    "redistribute",
     "reset_stats",
     "wrap",
 ]
@@ -67,7 +71,8 @@ __all__ = [
 cdef enum:
     RAW_NONE = 0
     RAW_BINARY = 1               # ufunc(local_a, local_b[, out=])
-    RAW_SCALAR = 2               # ufunc(local_a, scalar[, out=]); OverflowError -> the kernel
+    RAW_SCALAR = 2               # ufunc(local_a, python scalar[, out=]); OverflowError, or an
+                                 # int outside the entry's [lo, hi] -> the kernel
     RAW_UNARY = 3                # fn(local_a, out)
     RAW_VIEW = 4                 # local_a.reshape(local out shape) of a standard local_a
     RAW_T = 5                    # local_a.T (2-D)
@@ -86,6 +91,7 @@ RAW_FORMS = {
 # The parts of the module, included in this order (textually, at module level).
 include "_dispatch_bases.pxi"  # TensorBase, DTensorBase, operator slots, set_slot_ops
 include "_dispatch_plugs.pxi"  # install, install_tensor, plugged globals, wrap, constructors
+include "_dispatch_quiet.pxi"  # set_quiet: raw forms with numpy's FP errors ignored
 include "_dispatch_lru.pxi"    # counters, generation, queued touches: invalidate, flush, stats
 include "_dispatch_keys.pxi"   # key markers, simple statics, hashes, _frozen, _same
 include "_dispatch_front.pxi"  # FrontEntry and FastOp: binding, front table, lookup, fill

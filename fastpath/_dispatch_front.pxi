@@ -28,6 +28,11 @@ cdef class FrontEntry:
     cdef object rawout      # None (numpy allocates) or a callable returning the output array
     cdef tuple extra_idx    # bound values the raw form needs unchanged: their indices
     cdef tuple extra_val    # ... and values
+    cdef bint quiet_raw     # run the raw form quietly (numpy may report FP errors there)
+    cdef bint quiet_kernel  # run the kernel quietly (it computes and does not itself)
+    cdef bint bounded       # a scalar form that runs with python ints in [lo, hi] only
+    cdef long long lo
+    cdef long long hi
     cdef unsigned long long tick
     cdef bint pending
 
@@ -273,6 +278,7 @@ cdef class FastOp:
         fe.key = key
         fe.mesh = mesh
         fe.kernel = entry.kernel
+        fe.quiet_kernel = entry.quiet
         fe.direct = entry.direct
         fe.out_specs = tuple(entry.out_specs)
         fe.out_spec0 = fe.out_specs[0] if fe.out_specs else None
@@ -281,7 +287,10 @@ cdef class FastOp:
         if raw is None:
             fe.raw = RAW_NONE
         else:
-            fe.raw, fe.rawfn, extra, fe.rawarg, fe.rawout = raw
+            fe.raw, fe.rawfn, extra, fe.rawarg, fe.quiet_raw, fe.rawout = raw
+            if fe.raw == RAW_SCALAR and fe.rawarg is not None:
+                fe.bounded = True
+                fe.lo, fe.hi = fe.rawarg
             fe.extra_idx = tuple([i for i, _ in extra])
             fe.extra_val = tuple([v for _, v in extra])
         fe.tick = 0

@@ -8,24 +8,76 @@ cdef inline object _local_arr(object v):
     return (<TensorBase?>d._loc)._arr
 
 
+cdef bint _outside(FrontEntry fe, object b) except -1:
+    """Whether the python int ``b`` is outside ``[fe.lo, fe.hi]`` (or beyond 64 bits)."""
+    cdef int overflow = 0
+    cdef long long v = PyLong_AsLongLongAndOverflow(b, &overflow)
+    return overflow != 0 or v < fe.lo or v > fe.hi
+
+
 cdef object _raw_pair(FrontEntry fe, object a, object b):
     """A binary or scalar raw form on operands ``a`` (a DTensor) and ``b``; None when the
-    kernel must decide (an int the dtype cannot hold)."""
-    cdef object make = fe.rawout
+    kernel must decide (an int the dtype cannot hold: numpy raises, or compares exactly
+    where the kernel wraps it)."""
+    x = _local_arr(a)
     if fe.raw == RAW_BINARY:
-        if make is None:
-            out = fe.rawfn(_local_arr(a), _local_arr(b))
-        else:
-            out = fe.rawfn(_local_arr(a), _local_arr(b), out=make())
+        y = _local_arr(b)
+    elif fe.bounded and _outside(fe, b):
+        return None
     else:
-        try:
-            if make is None:
-                out = fe.rawfn(_local_arr(a), b)
-            else:
-                out = fe.rawfn(_local_arr(a), b, out=make())
-        except OverflowError:
-            return None
+        y = b
+    try:
+        if not fe.quiet_raw:
+            out = _call_pair(fe, x, y)
+        elif _quiet_enter():
+            try:
+                out = _call_pair(fe, x, y)
+            finally:
+                PyContext_Exit(_quiet_ctx)
+        else:
+            out = _quiet_call(_call_pair_py, fe, x, y)
+    except OverflowError:
+        if fe.raw == RAW_BINARY:
+            raise
+        return None
     return _new_dtensor_arr(out, fe.out_spec0)
+
+
+cdef inline object _call_pair(FrontEntry fe, object x, object y):
+    """``ufunc(x, y)``, into the entry's pooled output (``out=``) when it has one."""
+    if fe.rawout is None:
+        return fe.rawfn(x, y)
+    return fe.rawfn(x, y, out=fe.rawout())
+
+
+def _call_pair_py(FrontEntry fe, object x, object y):
+    """:func:`_call_pair` as a Python callable, for ``_quiet_call``."""
+    return _call_pair(fe, x, y)
+
+
+cdef object _raw_compute(FrontEntry fe, int raw, object a):
+    """The unary or reduce raw form on the local array ``a`` (quietly: see _run), into the
+    entry's pooled output when it has one."""
+    o = None if fe.rawout is None else fe.rawout()
+    if raw == RAW_UNARY:
+        f = fe.rawfn
+        if type(f) is Unary:  # a compiled kernel: its C entry, no Python call
+            return (<Unary>f).apply(a, o)
+        return f(a, o)
+    axes, dtype, keepdim, scale = <tuple>fe.rawarg
+    out = fe.rawfn(a, axes, dtype, o, keepdim)
+    if type(out) is not _ndarray:  # a numpy scalar of a full reduction: 0-d array
+        if scale is not None:
+            out = out * scale
+        return _asarray(out)
+    if scale is not None:
+        out *= scale
+    return out
+
+
+def _raw_compute_py(FrontEntry fe, int raw, object a):
+    """:func:`_raw_compute` as a Python callable, for ``_quiet_call``."""
+    return _raw_compute(fe, raw, a)
 
 
 cdef object _run(FrontEntry fe, list values):
@@ -43,22 +95,17 @@ cdef object _run(FrontEntry fe, list values):
         out = _raw_pair(fe, values[0], values[1])
         if out is not None:
             return out
-    if raw == RAW_UNARY:
-        f = fe.rawfn
-        o = None if fe.rawout is None else fe.rawout()
-        if type(f) is Unary:  # a compiled kernel: its C entry, no Python call
-            return _new_dtensor_arr((<Unary>f).apply(_local_arr(values[0]), o), fe.out_spec0)
-        return _new_dtensor_arr(f(_local_arr(values[0]), o), fe.out_spec0)
-    if raw == RAW_REDUCE:
-        axes, dtype, keepdim, scale = <tuple>fe.rawarg
-        o = None if fe.rawout is None else fe.rawout()
-        out = fe.rawfn(_local_arr(values[0]), axes, dtype, o, keepdim)
-        if type(out) is not _ndarray:  # a numpy scalar of a full reduction: 0-d array
-            if scale is not None:
-                out = out * scale
-            out = _asarray(out)
-        elif scale is not None:
-            out *= scale
+    if raw == RAW_UNARY or raw == RAW_REDUCE:
+        a = _local_arr(values[0])
+        if not fe.quiet_raw:
+            out = _raw_compute(fe, raw, a)
+        elif _quiet_enter():
+            try:
+                out = _raw_compute(fe, raw, a)
+            finally:
+                PyContext_Exit(_quiet_ctx)
+        else:
+            out = _quiet_call(_raw_compute_py, fe, raw, a)
         return _new_dtensor_arr(out, fe.out_spec0)
     if raw == RAW_COPY or raw == RAW_CONTIG:
         # Tensor.clone of a C-contiguous array (its copy keeps those strides) and
@@ -103,7 +150,9 @@ cdef object _run(FrontEntry fe, list values):
         v = values[pi]
         if type(v) is _DTensor:
             values[pi] = _get_local(<DTensorBase>v)
-    out = fe.kernel(*values)
+    # a kernel that computes and does not see to it itself runs through quiet_call (the
+    # kernels' context: the kernel's short paths enter the shared one of the short paths)
+    out = _quiet_call(fe.kernel, *values) if fe.quiet_kernel else fe.kernel(*values)
     if type(out) is _Tensor:
         return _new_dtensor(out, fe.out_spec0)
     return _wrap_outputs(out, fe.out_specs)

@@ -28,7 +28,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from ._mpiexec import find_mpiexec, host_args, job_command, rank_env, run_job
+from ._mpiexec import JobInterrupted, find_mpiexec, host_args, job_command, rank_env, run_job
 
 __all__ = ["main"]
 
@@ -210,7 +210,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(exc))
     cmd = job_command(mpiexec, opts.nprocs, target, extra)
     overrides = {"DTENSOR_MESH": "x".join(map(str, mesh_shape))} if mesh_shape else {}
-    return run_job(cmd, env=rank_env(**overrides), timeout=opts.timeout)
+    try:
+        return run_job(cmd, env=rank_env(**overrides), timeout=opts.timeout)
+    except JobInterrupted as exc:  # the job is dead already
+        return exc.status
 
 
 if __name__ == "__main__":

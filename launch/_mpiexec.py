@@ -10,6 +10,7 @@ the standard library only and never initialises MPI.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import re
@@ -20,15 +21,17 @@ import sys
 import sysconfig
 import tempfile
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
 __all__ = [
     "JOB_DIR_VAR",
     "TIMEOUT_EXIT_CODE",
+    "JobInterrupted",
     "find_mpiexec",
     "host_args",
+    "interruptible",
     "job_command",
     "rank_env",
     "run_job",
@@ -204,16 +207,40 @@ def rank_env(base: Mapping[str, str] | None = None, **overrides: str) -> dict[st
     return env
 
 
-class _Terminated(Exception):
-    """The launcher itself received SIGTERM or SIGHUP while a job ran."""
+class JobInterrupted(Exception):
+    """This process received SIGINT, SIGTERM or SIGHUP: the job it ran (if any) was killed,
+    its whole process group, and the caller should stop (exit status :attr:`status`)."""
 
     def __init__(self, signum: int) -> None:
-        super().__init__(signum)
+        super().__init__(f"interrupted by {signal.Signals(signum).name}")
         self.signum = signum
 
+    @property
+    def status(self) -> int:
+        """``128 + signal``: the exit status of a process ended by the signal."""
+        return 128 + self.signum
 
-def _raise_terminated(signum: int, _frame: object) -> None:
-    raise _Terminated(signum)
+
+def _raise_interrupted(signum: int, _frame: object) -> None:
+    raise JobInterrupted(signum)
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """Within the block, SIGTERM and SIGHUP raise :class:`JobInterrupted` (SIGINT raises
+    KeyboardInterrupt as always); the previous handlers come back after it. **Local**.
+
+    Only the main thread can set signal handlers: elsewhere the block changes nothing.
+    """
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            previous[sig] = signal.signal(sig, _raise_interrupted)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _kill_group(proc: subprocess.Popen[bytes], first: int) -> None:
@@ -293,10 +320,11 @@ def run_job(
     output goes to this process's stdout/stderr as it comes or, with ``output`` (a file open
     for binary writing), stdout and stderr both go to that file. When ``timeout`` seconds pass,
     the whole process group (``mpiexec`` and every rank it started) gets SIGTERM, then
-    SIGKILL, and the result is ``TIMEOUT_EXIT_CODE`` (124). Ctrl-C, SIGTERM and SIGHUP
-    sent to this process also end the whole group (exit status 128 + signal); on Linux the
-    job also dies when this process is killed outright (SIGKILL), or when the calling
-    thread ends. The job gets a private folder (mode 0700) in ``$DTENSOR_WATCHDOG_DIR``
+    SIGKILL, and the result is ``TIMEOUT_EXIT_CODE`` (124). Ctrl-C (SIGINT), SIGTERM and
+    SIGHUP sent to this process while the job runs end the whole group the same way (SIGINT
+    or SIGTERM first), then raise :class:`JobInterrupted`, so that a caller running several
+    jobs stops instead of starting the next; on Linux the job also dies when this process is
+    killed outright (SIGKILL), or when the calling thread ends. The job gets a private folder (mode 0700) in ``$DTENSOR_WATCHDOG_DIR``
     unless ``env`` names one already, removed when the job ends, however it ends.
 
     Returns
@@ -304,6 +332,12 @@ def run_job(
     int
         The exit status; a job killed by signal ``s``, or whose rank was (as Hydra's
         ``mpiexec`` reports it, with a message naming the signal), gives ``128 + s``.
+
+    Raises
+    ------
+    JobInterrupted
+        This process received SIGINT, SIGTERM or SIGHUP while the job ran (the job was
+        killed); its ``status`` is ``128 + signal``.
     """
     job_env = dict(os.environ if env is None else env)
     made = None if job_env.get(JOB_DIR_VAR) else tempfile.mkdtemp(prefix="dtensor-job-")
@@ -323,7 +357,6 @@ def _run(
     timeout: float | None,
     output: IO[bytes] | None = None,
 ) -> int:
-    previous = {}
     read_end, write_end = os.pipe()
     try:
         proc = subprocess.Popen(
@@ -344,11 +377,9 @@ def _run(
         os.close(write_end)
     relay = _Relay(read_end, 1 if output is None else output.fileno())
     relay.start()
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGHUP):
-            previous[sig] = signal.signal(sig, _raise_terminated)
     try:
-        rc = proc.wait(timeout=timeout)
+        with interruptible():
+            rc = proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         sys.stderr.write(f"launch: the job ran past its timeout of {timeout:g} s; killing it\n")
         sys.stderr.flush()
@@ -356,13 +387,11 @@ def _run(
         return TIMEOUT_EXIT_CODE
     except KeyboardInterrupt:
         _kill_group(proc, signal.SIGINT)
-        return 128 + signal.SIGINT
-    except _Terminated as exc:
+        raise JobInterrupted(signal.SIGINT) from None
+    except JobInterrupted:
         _kill_group(proc, signal.SIGTERM)
-        return 128 + exc.signum
+        raise
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
         relay.join(_DRAIN_S)
     if rc < 0:
         return 128 - rc

@@ -15,7 +15,8 @@ it had not fired (a broken run, not a catch).
 It prints one row per mutation (name, family, kind, result, seconds), the survivors with the
 analysis recorded in their ``note``, the invalid ones, and ends with the line
 ``mutations: <killed>/<total> killed``; it exits non-zero when fewer than :data:`TARGET` of
-the mutations are killed or any is invalid.
+the mutations are killed or any is invalid. SIGINT, SIGTERM or SIGHUP stops it: the running
+test job is killed (its process group) and it exits with ``128 + signal``.
 
 Runs use the ``tests`` folder as working directory, like :mod:`launch.runtests`, with the
 checkout that holds this package first on ``PYTHONPATH``, so that the test processes import
@@ -29,6 +30,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -38,7 +40,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import _mutant
-from ._mpiexec import TIMEOUT_EXIT_CODE, find_mpiexec, job_command, rank_env, run_job
+from ._mpiexec import (
+    TIMEOUT_EXIT_CODE,
+    JobInterrupted,
+    find_mpiexec,
+    interruptible,
+    job_command,
+    rank_env,
+    run_job,
+)
 from .mutations import FAMILIES, KINDS, MUTATIONS, Mutation, Run
 from .runtests import MODES, NO_TESTS_EXIT_CODE, Stage, find_tests_dir, stage_environment
 
@@ -320,13 +330,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(_row(["mutation", "family", "kind", "seconds", "result"], widths), flush=True)
     start = time.perf_counter()
     results = []
-    for m in chosen:
-        r = run_mutation(ctx, m)
-        results.append(r)
-        result = r.detail if r.status != "invalid" else f"INVALID: {r.detail}"
-        if r.notes:
-            result += f" (skipped: {'; '.join(r.notes)})"
-        print(_row([m.name, m.family, m.kind, f"{r.seconds:.1f}", result], widths), flush=True)
+    try:
+        with interruptible():
+            for m in chosen:
+                r = run_mutation(ctx, m)
+                results.append(r)
+                result = r.detail if r.status != "invalid" else f"INVALID: {r.detail}"
+                if r.notes:
+                    result += f" (skipped: {'; '.join(r.notes)})"
+                print(_row([m.name, m.family, m.kind, f"{r.seconds:.1f}", result], widths),
+                      flush=True)
+    except (JobInterrupted, KeyboardInterrupt) as exc:
+        stop = exc if isinstance(exc, JobInterrupted) else JobInterrupted(signal.SIGINT)
+        print(f"launch mutate: {stop} during mutation {m.name} (its test run killed); no "
+              "further mutation runs", file=sys.stderr, flush=True)
+        return stop.status
     survivors = [r for r in results if r.status == "survived"]
     invalid = [r for r in results if r.status == "invalid"]
     if survivors:

@@ -17,7 +17,10 @@ took to a JSON file (``DTENSOR_TEST_REPORT``). From it the summary table gets it
 (``all-skipped``) and fails one that ran on another path than its mode asks for
 (``wrong-mode``). The run ends with that table and the line ``N passed, N failed``
 (counting stages) and exits non-zero when any stage failed. With ``DTENSOR_REQUIRE_EXT=1``
-a missing compiled extension fails the run before any stage starts.
+a missing compiled extension fails the run before any stage starts. SIGINT (Ctrl-C),
+SIGTERM or SIGHUP stops the whole run: the running stage's job is killed (its process
+group), the runner names the stage, prints the table so far and exits with
+``128 + signal``; no later stage starts.
 
 Stages run with the ``tests`` folder as working directory, so the packages under test
 are the installed ones (with their compiled extension), not the source tree next to
@@ -31,6 +34,7 @@ import argparse
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -39,7 +43,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._mpiexec import TIMEOUT_EXIT_CODE, find_mpiexec, rank_env, run_job
+from ._mpiexec import (
+    TIMEOUT_EXIT_CODE,
+    JobInterrupted,
+    find_mpiexec,
+    interruptible,
+    rank_env,
+    run_job,
+)
 
 __all__ = [
     "REPEAT_MARKERS",
@@ -294,8 +305,55 @@ def _summary(outcomes: Sequence[Outcome]) -> str:
     )
 
 
+def _stage_name(stage: Stage) -> str:
+    ranks = "" if stage.ranks is None else f", {stage.ranks} rank" + "s" * (stage.ranks > 1)
+    return f"{stage.suite}{ranks}, {MODE_TITLES[stage.mode]}"
+
+
+def _run_stages(
+    tests_dir: Path,
+    modes: Sequence[str],
+    opts: argparse.Namespace,
+    env: dict[str, str],
+    mpiexec: str,
+    pytest_args: Sequence[str],
+    outcomes: list[Outcome],
+) -> None:
+    """Run every stage in order, appending each one's outcome to ``outcomes``; the stage
+    being run when the runner is interrupted is appended with the status ``interrupted``
+    before :class:`JobInterrupted` (or KeyboardInterrupt) goes on. **Local**."""
+    with tempfile.TemporaryDirectory(prefix="dtensor-test-reports-") as reports:
+        for i, stage in enumerate(_stages(tests_dir, modes, opts.ranks)):
+            cmd = _command(stage, mpiexec, pytest_args)
+            print(f"\n== {_stage_name(stage)} ==\n$ {shlex.join(cmd)}", flush=True)
+            report_path = Path(reports) / f"stage{i}.json"
+            stage_env = dict(stage_environment(stage, env), **{REPORT_ENV: str(report_path)})
+            start = time.perf_counter()
+            try:
+                rc = run_job(cmd, env=stage_env, cwd=tests_dir, timeout=opts.timeout)
+            except (JobInterrupted, KeyboardInterrupt):
+                outcomes.append(Outcome(stage, "interrupted", time.perf_counter() - start))
+                raise
+            seconds = time.perf_counter() - start
+            report = _read_report(report_path)
+            status = classify(rc, stage, opts.keyword, report)
+            if status == "wrong-mode":
+                print(f"the {stage.mode} stage ran with fastpath: {report['fastpath']}")
+            outcomes.append(Outcome(stage, status, seconds, report))
+
+
+def _interrupted(outcomes: Sequence[Outcome]) -> str:
+    """Which stage an interruption stopped, for the runner's last message."""
+    if outcomes and outcomes[-1].status == "interrupted":
+        return f"stage {_stage_name(outcomes[-1].stage)} was interrupted (its job killed)"
+    if outcomes:
+        return f"after stage {_stage_name(outcomes[-1].stage)}"
+    return "before the first stage"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the test stages and print the summary; return 0 only when every stage passed.
+    """Run the test stages and print the summary; return 0 only when every stage passed
+    (``128 + signal`` when a signal stopped the run).
 
     **Local** (each MPI stage starts its own ``mpiexec`` job).
 
@@ -353,23 +411,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         modes = ["python"]
 
-    outcomes = []
-    with tempfile.TemporaryDirectory(prefix="dtensor-test-reports-") as reports:
-        for i, stage in enumerate(_stages(tests_dir, modes, opts.ranks)):
-            cmd = _command(stage, mpiexec, pytest_args)
-            ranks = "" if stage.ranks is None else f", {stage.ranks} rank" + "s" * (stage.ranks > 1)
-            header = f"== {stage.suite}{ranks}, {MODE_TITLES[stage.mode]} =="
-            print(f"\n{header}\n$ {shlex.join(cmd)}", flush=True)
-            report_path = Path(reports) / f"stage{i}.json"
-            stage_env = dict(stage_environment(stage, env), **{REPORT_ENV: str(report_path)})
-            start = time.perf_counter()
-            rc = run_job(cmd, env=stage_env, cwd=tests_dir, timeout=opts.timeout)
-            seconds = time.perf_counter() - start
-            report = _read_report(report_path)
-            status = classify(rc, stage, opts.keyword, report)
-            if status == "wrong-mode":
-                print(f"the {stage.mode} stage ran with fastpath: {report['fastpath']}")
-            outcomes.append(Outcome(stage, status, seconds, report))
+    outcomes: list[Outcome] = []
+    try:
+        with interruptible():
+            _run_stages(tests_dir, modes, opts, env, mpiexec, pytest_args, outcomes)
+    except (JobInterrupted, KeyboardInterrupt) as exc:
+        stop = exc if isinstance(exc, JobInterrupted) else JobInterrupted(signal.SIGINT)
+        print("\n" + _summary(outcomes), flush=True)
+        print(f"launch test: {stop}; {_interrupted(outcomes)}; no further stage runs",
+              file=sys.stderr, flush=True)
+        return stop.status
     matched = not opts.keyword or any(o.status not in ("empty", "deselected") for o in outcomes)
     if not matched:
         print(f"\nno test matched -k {opts.keyword!r}")

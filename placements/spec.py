@@ -16,11 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ShardingError
+from .errors import DTypeError, ShardingError
 from .layout import _box, normalize_placements
-from .types import Placement, short_placements
+from .types import Placement, placement_list, short_placements
 
-__all__ = ["DTensorSpec", "MeshShape"]
+__all__ = ["DTensorSpec", "MeshShape", "check_partial_dtype"]
 
 _set = object.__setattr__
 
@@ -64,6 +64,33 @@ class MeshShape:
 
     def __repr__(self) -> str:
         return f"MeshShape({self.shape})"
+
+
+def check_partial_dtype(op: str, placements: Sequence[Placement], dtype: np.dtype) -> None:
+    """Refuse placements that hold ``Partial("avg")`` of a dtype that is not floating or
+    complex. **Local**.
+
+    An average of integer (or bool) contributions has no exact value of their dtype, so a
+    DTensor never holds one: every route that builds a DTensor from placements a user gives
+    (``from_local``, ``distribute_tensor``, the factories, ``redistribute``) checks them
+    here before it communicates or allocates anything, and no sharding rule produces one
+    (:func:`placements.rules._core._dtype_valid`).
+
+    Raises
+    ------
+    DTypeError
+        Naming ``op``, the dtype and the placements.
+    """
+    # Note: PyTorch builds an integer Partial("avg") and fails at its first reduction (the
+    # average cannot be cast back to the integer dtype); it is refused here when built.
+    if dtype.kind not in "fc" and any(
+        p.kind == "P" and p.reduce_op == "avg" for p in placements
+    ):
+        raise DTypeError(
+            f"{op}: Partial(avg) needs a floating or complex dtype, got {dtype.name} "
+            f"(placements {placement_list(placements)}); an average of {dtype.name} "
+            "contributions has no exact value: use Partial(sum) or a floating dtype"
+        )
 
 
 class DTensorSpec:

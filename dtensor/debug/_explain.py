@@ -17,7 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 from placements.errors import DTypeError, NoRuleError, SignatureError
-from placements.rules import OpSchema, get_rule, nd_valid
+from placements.rules import OpSchema, nd_valid
+from placements.rules._core import _rule_result
 from placements.spec import DTensorSpec
 from placements.types import Placement, placement_list
 from redistribute.cost import buffer_bytes, default_cost_model, step_cost
@@ -190,7 +191,7 @@ def _candidates(
 ) -> tuple[list[tuple[str, float]], int]:
     """Every valid N-D candidate of the op's rule with its redistribution cost, cheapest first
     (ties in candidate-list order); at most :data:`MAX_CANDIDATES` are priced."""
-    result = get_rule(schema.op)(schema)
+    result = _rule_result(schema)
     n_out = len(result.out_shapes)
     # As the dispatcher does: never turn an input into a Partial kind no input holds there.
     held = [

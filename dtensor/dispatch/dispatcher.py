@@ -55,6 +55,7 @@ from redistribute.plan import redistribute_cost
 
 from ..distributed.dtensor import DTensor, allocator_for
 from ..local import dtypes as _dtypes
+from ..local.kernels.base import quiet_call
 from ..local.tensor import Tensor, _wrap
 from ..ops.table import OpInfo
 
@@ -274,6 +275,9 @@ class CacheEntry:
     direct : tuple of int or None
         When no input moves, the op is not in-place and has no variadic argument: the
         parameter indices whose DTensors just give their local tensors (the short path).
+    quiet : bool
+        The kernel must be run with numpy's floating-point errors ignored
+        (:attr:`OpInfo.quiet`) and does not do it itself.
     strategy : OpStrategy
         The chosen strategy (for debugging tools).
     schema : OpSchema
@@ -288,6 +292,7 @@ class CacheEntry:
         "moves",
         "name",
         "out_specs",
+        "quiet",
         "schema",
         "slots",
         "strategy",
@@ -303,10 +308,12 @@ class CacheEntry:
         inplace: bool,
         strategy: OpStrategy,
         schema: OpSchema,
+        quiet: bool = False,
     ) -> None:
         self.name = name
         self.schema = schema
         self.kernel = kernel
+        self.quiet = quiet and not getattr(kernel, "quiet", False)
         self.slots = slots
         self.moves = moves
         self.out_specs = out_specs
@@ -658,7 +665,8 @@ def _build_entry(info: OpInfo, binder: _Binder, values: list, mesh: object) -> C
         _check_inplace(info.name, args, moves, out_specs)
     kernel = info.local_fn(schema, strategy) if info.local_fn is not None else info.kernel
     return CacheEntry(
-        info.name, kernel, slots, tuple(moves), out_specs, info.inplace, strategy, schema
+        info.name, kernel, slots, tuple(moves), out_specs, info.inplace, strategy, schema,
+        info.quiet,
     )
 
 
@@ -741,7 +749,7 @@ def run_entry(entry: CacheEntry, values: list, mesh: object) -> object:
             v = values[pi]
             if isinstance(v, DTensor):
                 values[pi] = v._local
-        out = entry.kernel(*values)
+        out = quiet_call(entry.kernel, *values) if entry.quiet else entry.kernel(*values)
         if type(out) is Tensor:
             d = _new(DTensor)
             d._local = out
@@ -759,7 +767,7 @@ def run_entry(entry: CacheEntry, values: list, mesh: object) -> object:
             _current_op = prev
     else:
         _to_locals(entry, values, mesh)
-    out = entry.kernel(*values)
+    out = quiet_call(entry.kernel, *values) if entry.quiet else entry.kernel(*values)
     if target is not None:
         return target
     return wrap_outputs(out, entry.out_specs)

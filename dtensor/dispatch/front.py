@@ -26,6 +26,7 @@ from ..distributed.dtensor import DTensor, _normalize_placements, _target
 from ..local import allocator as _allocator
 from ..local import dtypes as _dtypes
 from ..local.kernels import pointwise as _pw
+from ..local.kernels.base import INT_RANGES, QUIET, quiet_call
 from ..local.tensor import Tensor
 from ..ops.table import OpInfo
 from .dispatcher import (
@@ -39,28 +40,41 @@ from .dispatcher import (
     wrap_outputs,
 )
 
-__all__ = ["fast_op", "plug_fastpath", "raw_form", "redistribute_form"]
+__all__ = ["RawForm", "fast_op", "plug_fastpath", "raw_form", "redistribute_form"]
 
 
-def raw_form(info: OpInfo, entry: CacheEntry, values: list) -> tuple | None:
+class RawForm(NamedTuple):
+    """How the compiled front runs an entry on raw ndarrays (see :func:`raw_form`)."""
+
+    form: int  # one of the front's RAW_FORMS
+    arg: object  # the ufunc, kernel, shape or index
+    extra: tuple = ()  # (index, value) of other bound values that must be unchanged
+    param: object = None  # what the form needs besides (see raw_form)
+    quiet: bool = False  # run it with numpy's floating-point errors ignored
+    out: object = None  # None (numpy allocates) or a callable returning the output array
+
+
+def raw_form(info: OpInfo, entry: CacheEntry, values: list) -> RawForm | None:
     """How the compiled front may run ``entry`` on raw ndarrays, or None. **Local**.
 
     A pointwise op whose operands take its local kernel's short path (same dtype of a kind
-    the kernel takes as is, not 0-d) computes exactly ``ufunc(a, b, out)``,
-    ``ufunc(a, scalar, out)`` or ``kernel(a, out)`` on the local arrays; ``view``/``reshape``
-    of a standard (row-major) local tensor is numpy's reshape to the local output shape
-    (``Tensor.view``'s own short path), and ``t`` of a 2-D tensor is the transposed array;
-    ``sum`` and ``matmul``/``mm`` of host arrays are the numpy calls their kernels make;
-    ``clone`` of a C-contiguous and ``contiguous`` of a non-C-contiguous host array are a
-    C-order copy (checked per call: the layout is not in the spec).
-    ``out`` is None below the allocator's pooling size (numpy allocates, as the kernel's
-    short path lets it), else a pooled array of the local output's shape and dtype (as the
-    kernel's ``out_buffer``), so the front serves outputs of every size. Everything here is
-    fixed by the entry's specs and the key, so it is decided once. Returns
-    ``(form, arg, extra, const, out)``: ``arg`` is the ufunc, kernel, shape or index,
-    ``extra`` lists ``(index, value)`` pairs of other bound values that must be unchanged
-    (``alpha=1``), ``const`` the reduction's parameters, ``out`` None or a callable that
-    returns the output array (:func:`dtensor.local.allocator.pooled_empty`).
+    the kernel takes as is, not 0-d) computes exactly ``ufunc(a, b)``, ``ufunc(a, scalar)``
+    or ``kernel(a, out)`` on the local arrays; ``view``/``reshape`` of a standard (row-major)
+    local tensor is numpy's reshape to the local output shape (``Tensor.view``'s own short
+    path), and ``t`` of a 2-D tensor is the transposed array; ``sum``, ``amax``/``amin`` and
+    ``matmul``/``mm`` of host arrays are the numpy calls their kernels make; ``clone`` of a
+    C-contiguous and ``contiguous`` of a non-C-contiguous host array are a C-order copy
+    (checked per call: the layout is not in the spec). Everything here is fixed by the
+    entry's specs and the key, so it is decided once. Returns a :class:`RawForm`: ``arg`` is
+    the ufunc, kernel, shape or index, ``extra`` lists ``(index, value)`` pairs of other
+    bound values that must be unchanged (``alpha=1``), ``param`` what the form needs besides
+    (the reduce form's axes, dtype, keepdim and scale; a comparison with a python int on an
+    integer dtype, the ``(min, max)`` of the ints it runs with, others going to the kernel),
+    ``quiet`` whether numpy may report floating-point errors there (float arithmetic), which
+    the front then ignores as the kernels do, and ``out`` the output: None below the
+    allocator's pooling size (numpy allocates, as the kernel's short path lets it), else a
+    callable returning a pooled array of the local output's shape and dtype (as the kernel's
+    ``out_buffer``), so the front serves outputs of every size.
     """
     name = info.name
     if entry.direct is None or not values:
@@ -73,16 +87,16 @@ def raw_form(info: OpInfo, entry: CacheEntry, values: list) -> tuple | None:
         shape = values[1]
         if type(shape) in (tuple, list) and all(type(s) is int for s in shape):
             out = entry.out_specs[0]
-            return _RAW["view"], out.local_shape(out.mesh._coord), (), None, None
+            return RawForm(_RAW["view"], out.local_shape(out.mesh._coord))
         return None
     if name == "t" and entry.kernel is Tensor.t and len(spec.shape) == 2:
-        return _RAW["t"], None, (), None, None
+        return RawForm(_RAW["t"], None)
     if name == "getitem" and entry.kernel is Tensor.__getitem__ and spec.shape:
         index = _basic_index(values[1])
-        return None if index is None else (_RAW["getitem"], index, (), None, None)
+        return None if index is None else RawForm(_RAW["getitem"], index)
     if name in ("clone", "contiguous") and entry.kernel is getattr(Tensor, name):
         served, out = _out(entry)
-        return (_RAW[name], None, (), None, out) if served else None
+        return RawForm(_RAW[name], None, out=out) if served else None
     if name == "mean":
         return _raw_sum(entry, values, spec, getattr(entry.kernel, "scale", None))
     if entry.kernel is not info.kernel:
@@ -124,7 +138,7 @@ class _Shard(NamedTuple):
 
 def _raw_pointwise(
     info: OpInfo, entry: CacheEntry, values: list, spec: DTensorSpec
-) -> tuple | None:
+) -> RawForm | None:
     """The raw form of an elementwise op whose operands take its local function's short
     path (:func:`dtensor.local.kernels.pointwise.fast_path` on the local shards, any size)."""
     kspec = getattr(info.function, "spec", None)
@@ -137,10 +151,11 @@ def _raw_pointwise(
     coord = spec.mesh._coord
     limit = _ANY_SIZE
     a = _Shard(dt, len(spec.shape), math.prod(spec.local_shape(coord)) * dt.itemsize)
+    quiet = dt.kind in "fc" and kspec.kind not in _pw.FP_ERROR_FREE
     if isinstance(kspec, _pw.UnarySpec):
         if not _pw.fast_path(kspec.fast, limit, a):
             return None
-        return _RAW["unary"], kspec.kernel, (), None, out
+        return RawForm(_RAW["unary"], kspec.kernel, quiet=quiet, out=out)
     uf = getattr(kspec.kernel, "ufunc", None)
     if uf is None or len(values) < 2:
         return None
@@ -156,15 +171,23 @@ def _raw_pointwise(
         b_shard = _Shard(dt, len(bs.shape), math.prod(bs.local_shape(coord)) * dt.itemsize)
         if not _pw.fast_path(kspec.fast, limit, a, b_shard):
             return None
-        return _RAW["binary"], uf, extra, None, out
+        return RawForm(_RAW["binary"], uf, extra, quiet=quiet, out=out)
     if _pw.fast_path(kspec.scalar_fast.get(type(b), _pw.NO_DTYPES), limit, a):
-        return _RAW["scalar"], uf, extra, None, out
+        bounds = INT_RANGES.get(dt) if kspec.kind == "compare" and type(b) is int else None
+        if bounds is not None:
+            # the local function's range check (an int the dtype cannot hold wraps, in its
+            # slow path), within int64 (a larger uint64 value takes that path too)
+            bounds = (bounds[0], min(bounds[1], _INT64_MAX))
+        return RawForm(_RAW["scalar"], uf, extra, bounds, quiet, out)
     return None
+
+
+_INT64_MAX = (1 << 63) - 1
 
 
 def _raw_sum(
     entry: CacheEntry, values: list, spec: DTensorSpec, scale: float | None = None
-) -> tuple | None:
+) -> RawForm | None:
     """``sum`` of a float32/float64 host array as ``_math.sum`` computes it:
     ``np.add.reduce`` over the normalised dims, in the input dtype (into a pooled output
     from the pooling size on); for ``mean``, that sum times the kernel's ``scale`` (1 / the
@@ -177,11 +200,11 @@ def _raw_sum(
         return None
     _, out = _out(entry)
     axes = norm_dims(entry.name, dim, len(spec.shape))
-    const = (axes, dt, keepdim, None if scale is None else dt.type(scale))
-    return _RAW["reduce"], np.add.reduce, (), const, out
+    param = (axes, dt, keepdim, None if scale is None else dt.type(scale))
+    return RawForm(_RAW["reduce"], np.add.reduce, (), param, quiet=True, out=out)
 
 
-def _raw_extreme(entry: CacheEntry, values: list, spec: DTensorSpec) -> tuple | None:
+def _raw_extreme(entry: CacheEntry, values: list, spec: DTensorSpec) -> RawForm | None:
     """``amax``/``amin`` of a host array as the kernel computes it: ``np.maximum.reduce``
     (``minimum``) over the normalised dims, in the input dtype, NaN propagating; only when
     no reduced dim of the local shard is empty (the kernel decides those)."""
@@ -194,12 +217,13 @@ def _raw_extreme(entry: CacheEntry, values: list, spec: DTensorSpec) -> tuple | 
         return None
     _, out = _out(entry)
     ufunc = np.maximum if entry.name == "amax" else np.minimum
-    return _RAW["reduce"], ufunc.reduce, (), (axes, None, keepdim, None), out
+    return RawForm(_RAW["reduce"], ufunc.reduce, (), (axes, None, keepdim, None), out=out)
 
 
-def _raw_matmul(entry: CacheEntry, values: list, spec: DTensorSpec) -> tuple | None:
+def _raw_matmul(entry: CacheEntry, values: list, spec: DTensorSpec) -> RawForm | None:
     """``matmul``/``mm`` of two host DTensors of one dtype, both at least 2-D:
-    ``np.matmul(a, b, out)``, as the local kernel computes it."""
+    ``np.matmul(a, b)``, as the local kernel computes it (into a pooled output from the
+    pooling size on)."""
     b = values[1]
     if type(b) is not DTensor or spec.mesh.device_type != "cpu":
         return None
@@ -207,7 +231,7 @@ def _raw_matmul(entry: CacheEntry, values: list, spec: DTensorSpec) -> tuple | N
     if bs.dtype is not spec.dtype or len(spec.shape) < 2 or len(bs.shape) < 2:
         return None
     _, out = _out(entry)
-    return _RAW["binary"], np.matmul, (), None, out
+    return RawForm(_RAW["binary"], np.matmul, quiet=spec.dtype.kind in "fc", out=out)
 
 
 def redistribute_form(d: DTensor, placements: object) -> tuple | None:
@@ -269,6 +293,7 @@ def plug_fastpath() -> object:
     front.install(
         DTensor, vars(_dtypes), lookup, dispatch, run_entry, wrap_outputs, raw_form, MISSING
     )
+    front.set_quiet(QUIET, quiet_call)
     _RAW = front.RAW_FORMS
     front.install_redistribute(redistribute_form, PY_REDISTRIBUTE, _comm, _comm.BYTES)
     attach_front(front)

@@ -14,6 +14,10 @@ At import this module (the one place that adds methods to :class:`Tensor` and
   otherwise it dispatches (:func:`dtensor.dispatch.dispatcher.dispatch`). ``dtensor``
   exports these (:func:`export`).
 
+The local variants of an op that computes run with numpy's floating-point errors ignored
+(:attr:`dtensor.ops.table.OpInfo.quiet`): those that do not see to it themselves are
+installed wrapped (:func:`dtensor.local.kernels.base.quiet_function`).
+
 The class docstrings of Tensor and DTensor end with the list of what was installed.
 Comparisons return tensors, so ``__hash__`` stays the identity hash (as in PyTorch).
 """
@@ -27,6 +31,7 @@ import fastpath as _fp
 from placements.errors import UnavailableError
 
 from ..distributed.dtensor import DTensor
+from ..local.kernels.base import quiet_function
 from ..local.tensor import Tensor
 from ..ops import OPS, Operator, OpInfo
 from .dispatcher import dispatch
@@ -69,8 +74,14 @@ _OPERATOR_DOC = {
 
 
 # -- public functions --------------------------------------------------------------------------
+def _quiet(info: OpInfo, fn: Callable) -> Callable:
+    """``fn`` (a local variant of ``info``), made to run with numpy's floating-point errors
+    ignored when the op computes (:attr:`OpInfo.quiet`) and ``fn`` does not see to it."""
+    return quiet_function(fn) if info.quiet else fn
+
+
 def _function(info: OpInfo) -> Callable:
-    local = info.function
+    local = _quiet(info, info.function)
     if _FAST:
         fn = _front.make_function(fast_op(info), local)
     else:
@@ -80,8 +91,8 @@ def _function(info: OpInfo) -> Callable:
                 return dispatch(info, args, kwargs)
             return local(*args, **kwargs)
 
-    functools.update_wrapper(fn, local)
-    fn.__doc__ = (local.__doc__ or "") + _FUNCTION_DOC
+    functools.update_wrapper(fn, info.function)
+    fn.__doc__ = (info.function.__doc__ or "") + _FUNCTION_DOC
     return fn
 
 
@@ -234,14 +245,14 @@ def _tensor_method(info: OpInfo) -> Callable:
     """The local Tensor method of ``info`` (its method form, reordered per method_args)."""
     fn, order = info.method, info.method_args
     if order is None:
-        return fn
+        return _quiet(info, fn)
 
     def method(self: Tensor, *args: object) -> object:
         return fn(*_reorder(order, (self, *args)))
 
     method.__name__ = method.__qualname__ = info.name
     method.__doc__ = fn.__doc__
-    return method
+    return _quiet(info, method)
 
 
 def _install_tensor() -> list[str]:
@@ -255,7 +266,7 @@ def _install_tensor() -> list[str]:
                     names.append(name)
         for op in info.operators:
             if op.dunder not in _OWN_TENSOR:
-                setattr(Tensor, op.dunder, op.local)
+                setattr(Tensor, op.dunder, _quiet(info, op.local))
                 names.append(op.dunder)
     # ``==`` returns a Tensor, so hashing is by identity (as in PyTorch).
     Tensor.__hash__ = object.__hash__

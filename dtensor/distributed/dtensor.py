@@ -24,7 +24,7 @@ from placements.errors import (
     SignatureError,
 )
 from placements.layout import local_shape as _layout_local_shape
-from placements.spec import DTensorSpec
+from placements.spec import DTensorSpec, check_partial_dtype
 from placements.types import placement_list
 from redistribute.execute import execute as _execute
 from redistribute.execute import scatter_from as _scatter_from
@@ -65,12 +65,17 @@ _find_target = _TARGETS.data.get
 
 
 def _target(spec: DTensorSpec, placements: tuple[Placement, ...]) -> tuple:
-    """``(spec.with_placements(placements), plan to it)``, cached. **Local**."""
+    """``(spec.with_placements(placements), plan to it)``, cached. **Local**.
+
+    Raises DTypeError (before anything is cached) for a ``Partial("avg")`` target of a
+    dtype that is not floating (:func:`placements.spec.check_partial_dtype`).
+    """
     key = (spec, placements, id(spec.mesh))
     hit = _find_target(key)
     if hit is None:
         _TARGETS.misses += 1
         dst = spec.with_placements(placements)
+        check_partial_dtype("redistribute", dst.placements, dst.dtype)
         same = dst.placements == spec.placements
         hit = (dst, () if same else _plan(spec, dst.placements))
         _TARGETS.put(key, hit)
@@ -235,6 +240,11 @@ class DTensor(_fp.DTensorBase):
             Target placements; None means Replicate on every mesh dim.
         async_op : bool
             Accepted for PyTorch compatibility; the call is always synchronous.
+
+        Raises
+        ------
+        DTypeError
+            A ``Partial("avg")`` target of a dtype that is not floating or complex.
         """
         spec = self._spec
         mesh = spec.mesh
@@ -294,7 +304,8 @@ class DTensor(_fp.DTensorBase):
         Raises
         ------
         DTypeError
-            If ``local_tensor`` is neither a tensor nor numeric data (a string, objects).
+            If ``local_tensor`` is neither a tensor nor numeric data (a string, objects), or
+            a placement is ``Partial("avg")`` and its dtype is not floating or complex.
         """
         if device_mesh is None:
             device_mesh = init_device_mesh()
@@ -325,6 +336,8 @@ class DTensor(_fp.DTensorBase):
                     f"{device_mesh._coord} does not match the shard {expected} of global shape "
                     f"{spec.shape} under placements {placement_list(placements)}"
                 )
+        # after the collective checks, so that every rank took part in them
+        check_partial_dtype("DTensor.from_local", spec.placements, spec.dtype)
         return DTensor._make(local, spec)
 
 
@@ -433,6 +446,11 @@ def distribute_tensor(
         coordinate 0 of that dim and zeros elsewhere; other Partial kinds place it everywhere.
     src_data_rank : int or None
         Rank (in ``device_mesh.mesh`` numbering) that holds the data.
+
+    Raises
+    ------
+    DTypeError
+        A ``Partial("avg")`` placement of a dtype that is not floating or complex.
     """
     if device_mesh is None:
         device_mesh = init_device_mesh()
@@ -442,6 +460,7 @@ def distribute_tensor(
     if src_data_rank is None:
         data = _as_local_tensor(tensor, "distribute_tensor").to(mesh.device_type)
         spec = DTensorSpec(mesh, placements, tuple(data.shape), data.dtype)
+        check_partial_dtype("distribute_tensor", spec.placements, spec.dtype)
         src_spec = spec.with_placements((Replicate(),) * mesh.ndim)
         steps = _plan(src_spec, placements)
         out = _execute(steps, data._arr, src_spec, mesh._coord, mesh._dim_comms, alloc)
@@ -472,6 +491,8 @@ def distribute_tensor(
     shape = tuple(int(s) for s in meta[2 : 2 + ndim])
     dtype = np.dtype(chr(int(meta[1])))
     spec = DTensorSpec(mesh, placements, shape, dtype)
+    # on every rank, now that the source's dtype is known here
+    check_partial_dtype("distribute_tensor", spec.placements, spec.dtype)
     mismatch = data is not None and not is_src and (tuple(data.shape) != shape)
     flags = base.allgather_ints(
         np.array([int(mismatch)], dtype=np.int64), "distribute_tensor: shape check"

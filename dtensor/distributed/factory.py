@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 
 from placements.errors import PlacementError
 from placements.layout import partial_fill
-from placements.spec import DTensorSpec
+from placements.spec import DTensorSpec, check_partial_dtype
 
 from ..local import allocator as _allocator
 from ..local import factory as _local
@@ -53,6 +53,7 @@ def distributed_factory(
     mesh = device_mesh
     placements = _normalize_placements(placements, mesh, f"dt.{req.name}")
     spec = DTensorSpec(mesh, placements, req.size, req.dtype)
+    check_partial_dtype(f"dt.{req.name}", spec.placements, spec.dtype)
     coord = mesh.get_coordinate()
     out = _allocator.empty_array(spec.local_shape(coord), req.dtype, mesh.device_type)
     counters = _local.reserve(req)

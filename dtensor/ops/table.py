@@ -125,6 +125,20 @@ class OpInfo:
         """The name its sharding rule is registered under (the op's name)."""
         return self.name
 
+    @property
+    def quiet(self) -> bool:
+        """Whether its kernel runs with numpy's floating-point errors ignored (PyTorch gives
+        inf and nan without a warning): every op of dtensor's own that computes. Ops that
+        only view or move data (sample families ``view``, ``expand_as``) need not, and a
+        user's kernel (:func:`dtensor.register_op`, no sample family) keeps its warnings.
+        """
+        return self.samples is not None and self.samples not in _MOVES_ONLY
+
+
+#: Sample families of ops that only view or move data: numpy reports no floating-point error
+#: in them, so they do not run quietly (:attr:`OpInfo.quiet`).
+_MOVES_ONLY = frozenset(("view", "expand_as"))
+
 
 OPS: dict[str, OpInfo] = {}
 
@@ -149,12 +163,14 @@ def _adapter(fn: Callable, npos: int, kwonly: tuple[str, ...]) -> Callable:
             return fn(*values[:npos], **{name: values[npos]})
 
         kernel1.__name__ = kernel1.__qualname__ = getattr(fn, "__name__", "kernel")
+        kernel1.quiet = getattr(fn, "quiet", False)  # quiet when fn is (see base.quiet_function)
         return kernel1
 
     def kernel(*values):
         return fn(*values[:npos], **dict(zip(kwonly, values[npos:])))
 
     kernel.__name__ = kernel.__qualname__ = getattr(fn, "__name__", "kernel")
+    kernel.quiet = getattr(fn, "quiet", False)
     return kernel
 
 

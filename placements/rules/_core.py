@@ -345,11 +345,53 @@ def nd_valid(result: RuleResult, combo: Sequence[Candidate]) -> bool:
     return result.nd_check is None or result.nd_check(tuple(combo))
 
 
+_BOOL = np.dtype(np.bool_)
+
+
+def _dtype_valid(schema: OpSchema, result: RuleResult) -> RuleResult:
+    """``result`` without the candidates that the dtypes make wrong. **Local**.
+
+    - A bool tensor argument kept ``P(sum)``/``P(avg)`` while an output is not bool: a bool
+      ``P(sum)`` reduces by logical or (several contributions may hold the same True), and
+      an op that makes numbers of it (a cast to a number, ``x + 1``, ``sum``, ``cumsum``,
+      ``where`` with a number operand...) would add those contributions up (True on two
+      ranks giving 2). Such an input is reduced first, as for ``long()``, whose cast rule
+      has no sum candidate. Where every output is bool (``x | y``, ``x & y``, ``where`` of
+      bools) the or commutes with the op and the candidates stay. Python scalars are
+      exempt: a replicated value split into ``P(sum)`` is held by one coordinate only.
+    - An output ``P(avg)`` of a dtype that is not floating or complex (``sum(dtype=int64)``
+      of a float ``P(avg)``): an average of integers has no exact value of their dtype, so
+      no DTensor holds one (:func:`placements.spec.check_partial_dtype`).
+    """
+    n_out = len(result.out_shapes)
+    bool_slots = () if all(d == _BOOL for d in result.out_dtypes) else [
+        n_out + i
+        for i, a in enumerate(schema.args)
+        if a is not None and a.dtype == _BOOL and not a.is_scalar
+    ]
+    int_outs = [k for k, d in enumerate(result.out_dtypes) if d.kind not in "fc"]
+    if not bool_slots and not int_outs:
+        return result
+
+    def wrong(c: Candidate) -> bool:
+        pl = c.placements
+        return any(
+            (p := pl[j]) is not None and p.kind == "P" and p.reduce_op in _LINEAR
+            for j in bool_slots
+        ) or any(pl[k].kind == "P" and pl[k].reduce_op == "avg" for k in int_outs)
+
+    kept = tuple(c for c in result.candidates if not wrong(c))
+    if len(kept) == len(result.candidates):
+        return result
+    return RuleResult(result.out_shapes, result.out_dtypes, kept, result.nd_check, result.inplace)
+
+
 _RESULTS = LRUCache("placements.rules.results", 4096)
 
 
 def _rule_result(schema: OpSchema) -> RuleResult:
-    """The rule's result for ``schema``, memoised on everything a rule may read.
+    """The rule's result for ``schema`` (less the candidates its dtypes make wrong,
+    :func:`_dtype_valid`), memoised on everything a rule may read.
 
     Rules are functions of the op, the arguments' shapes, dtypes and scalar flags, the
     static arguments, the mesh shape and the default float dtype -- never of the current
@@ -367,10 +409,10 @@ def _rule_result(schema: OpSchema) -> RuleResult:
     try:
         result = data.get(key)
     except TypeError:  # an unhashable static argument (a slice in an index...)
-        return get_rule(schema.op)(schema)
+        return _dtype_valid(schema, get_rule(schema.op)(schema))
     if result is None:
         _RESULTS.misses += 1
-        result = get_rule(schema.op)(schema)
+        result = _dtype_valid(schema, get_rule(schema.op)(schema))
         _RESULTS.put(key, result)
     else:
         _RESULTS.hits += 1

@@ -312,17 +312,44 @@ def test_redistribute_to_another_mesh(mesh):
 
 
 @pytest.mark.mpi(min_size=1)
-def test_partial_avg_of_ints_names_the_step_and_spec(mesh):
-    p = dt.DTensor.from_local(dt.ones(3, dtype=dt.int64), mesh, [P("avg")])
-    expect(
-        p.full_tensor,
-        errors.DTypeError,
-        "all_reduce",
-        "P(avg) -> R",
-        "shape=(3,), int64",
-        "'avg'",
-        unchanged=[p],
-    )
+@pytest.mark.parametrize("dtype", ["int64", "uint8", "bool"])
+@pytest.mark.parametrize("route", ["from_local", "distribute_tensor", "distribute_local",
+                                   "factory", "redistribute"])
+def test_partial_avg_of_a_non_float_dtype_is_refused_where_it_is_built(mesh, route, dtype):
+    # an average of integers has no exact integer value: refused when the DTensor is built
+    # (not at its first reduction), before any collective, naming the op, dtype, placements
+    ones = np.ones(3, dtype)
+    dtype = getattr(dt, dtype)
+    x = dt.distribute_tensor(ones, mesh, [R])
+    fn, op = {
+        "from_local": (lambda: dt.DTensor.from_local(dt.from_numpy(ones), mesh, [P("avg")]),
+                       "DTensor.from_local"),
+        "distribute_tensor": (lambda: dt.distribute_tensor(ones, mesh, [P("avg")]),
+                              "distribute_tensor"),
+        "distribute_local": (
+            lambda: dt.distribute_tensor(ones, mesh, [P("avg")], src_data_rank=None),
+            "distribute_tensor"),
+        "factory": (lambda: dt.ones(3, dtype=dtype, device_mesh=mesh, placements=[P("avg")]),
+                    "dt.ones"),
+        "redistribute": (lambda: x.redistribute(mesh, [P("avg")]), "redistribute"),
+    }[route]
+    check = expect if route == "distribute_tensor" else expect_no_comm  # (the shape bcast)
+    check(fn, errors.DTypeError, op, np.dtype(dtype).name, "[P(avg)]", "Partial(avg)",
+          unchanged=[x])
+
+
+@pytest.mark.mpi(min_size=1)
+def test_no_op_makes_an_integer_partial_avg(mesh):
+    # a float P(avg) summed to int64 is reduced first (no int P(avg) output); an int operand
+    # of a float P(avg) may still be split into it (it keeps its value everywhere)
+    r = mesh.get_coordinate()[0]
+    f = dt.DTensor.from_local(dt.full((3,), 0.75 + r), mesh, [P("avg")])  # 0.75 + (W-1)/2
+    s = f.sum(dtype=dt.int64)
+    assert s.placements != (P("avg"),) and s.dtype == dt.int64
+    assert s.full_tensor().item() == 3 * int(0.75 + (W - 1) / 2)
+    y = f + dt.distribute_tensor(np.arange(3), mesh, [R])
+    assert y.placements == (P("avg"),) and y.dtype == dt.float32
+    np.testing.assert_allclose(y.full_tensor().numpy(), 0.75 + (W - 1) / 2 + np.arange(3))
 
 
 @pytest.mark.mpi(min_size=1)

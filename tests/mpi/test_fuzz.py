@@ -267,21 +267,10 @@ def _no_inf_times_partial_sum(x, a, y, b, mesh):
     return x, y
 
 
-def _makes_numbers(step) -> bool:
-    """Whether ``step`` turns a bool tensor into numbers (int64 or floats)."""
-    return (step[0] == "scalar" or step[0] == "cast" and step[1] != "bool"
-            or step[:2] == ("reduce", "sum"))
-
-
 def run_step(step, ref, x, mesh, kind):
     """Apply one step to the numpy reference and to the DTensor."""
     op = step[0]
     dtype = ref.dtype.name
-    if dtype == "bool" and _makes_numbers(step):
-        # Known bug (test_bool_partial_sum_made_numbers, xfail): a bool P(sum) reduces by
-        # logical or, but made numbers it keeps P(sum), so Trues of several ranks add up.
-        # Replicated first until that is fixed.
-        x = _replicate_summed(x, mesh)
     if op == "unary":
         fn = step[1]
         np_fns = {"neg": np.negative, "abs": np.abs, "tanh": np.tanh, "exp": np.exp,
@@ -444,21 +433,26 @@ def test_int_amax_over_empty_shards_then_neg_or_scalar_add(op):
 
 
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.xfail(
-    strict=True, raises=AssertionError, reason="a bool P(sum) made numbers keeps P(sum)"
+@pytest.mark.parametrize(
+    "op", ["float", "add_scalar", "mul_scalar", "sum", "where", "mean", "cumsum", "int32"]
 )
-@pytest.mark.parametrize("op", ["float", "add_scalar", "mul_scalar", "sum"])
 def test_bool_partial_sum_made_numbers(op):
     # found by the fuzzer: (R + P(sum)) of bools holds True on several ranks (a bool P(sum)
     # reduces by logical or); cast to float32, plus or times an int, or summed, it stayed
-    # P(sum) and those Trues added up (2.0 for True). .long() reduces first, correctly.
+    # P(sum) and those Trues added up (2.0 for True). Made numbers, such an input is now
+    # reduced first (as .long() always did).
     mesh = get_mesh((WORLD.size,))
     x = dt.DTensor.from_local(dt.tensor([True, False]), mesh, [P("sum")])
+    cond = dt.DTensor.from_local(dt.tensor([True, True]), mesh, [R])
     y, expected = {
         "float": (lambda: x.to(dt.float32), [1.0, 0.0]),
         "add_scalar": (lambda: x + 1, [2, 1]),
         "mul_scalar": (lambda: x * 3, [3, 0]),
         "sum": (lambda: x.sum(), 1),
+        "where": (lambda: dt.where(cond, x, 0.5), [1.0, 0.0]),
+        "mean": (lambda: x.mean(dtype=dt.float32), 0.5),
+        "cumsum": (lambda: x.cumsum(0), [1, 1]),
+        "int32": (lambda: x.to(dt.int32), [1, 0]),
     }[op]
     ok = np.array_equal(y().full_tensor().numpy(), expected)
     assert all(WORLD.allgather(ok))  # the verdict of every rank

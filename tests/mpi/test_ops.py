@@ -12,6 +12,7 @@ control flow.
 from __future__ import annotations
 
 import itertools
+import warnings
 import zlib
 
 import numpy as np
@@ -20,6 +21,7 @@ from mpi4py import MPI
 
 import dtensor as dt
 from dtensor.testing import distribute_random
+from placements.rules import Candidate, RuleResult
 
 WORLD = MPI.COMM_WORLD
 R, S, P = dt.Replicate(), dt.Shard, dt.Partial
@@ -215,6 +217,87 @@ SCALAR_OPS = [
 @pytest.mark.parametrize("name,fn,np_fn", SCALAR_OPS, ids=[s[0] for s in SCALAR_OPS])
 def test_python_scalars_both_sides(name, fn, np_fn):
     for_each_unary(fn, np_fn, (5, 3), name, arr=data((5, 3), seed=3, positive=True))
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int32", "int64"])
+def test_a_python_int_out_of_the_dtype_range_wraps(dtype):
+    # as on local tensors and in PyTorch, the int wraps like a C cast (uint8: -1 is 255),
+    # whatever the shard size: (6, 5) shards take the short path (a raw ufunc on the
+    # compiled front's hits), (2, 4096) ones and 0-d tensors the kernels' slow path
+    ops = {"lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
+           "eq": np.equal, "ne": np.not_equal, "add": np.add, "sub": np.subtract,
+           "mul": np.multiply}
+    for mesh in meshes():
+        for shape in [(), (6, 5), (2, 4096)]:
+            a = np.asarray(data(shape, np.int64, seed=7) % 5).astype(dtype)
+            for pl in [(R,) * mesh.ndim, (S(0),) + (R,) * (mesh.ndim - 1)][: 1 + bool(shape)]:
+                x = dt.distribute_tensor(a, mesh, list(pl))
+                for value in (-1, 200, 256, 300, 2**31 + 5):
+                    w = np.asarray(value).astype(dtype)
+                    for name, np_op in ops.items():
+                        for _ in range(2):  # a propagation-cache miss, then a hit
+                            got = getattr(dt, name)(x, value).full_tensor().numpy()
+                            np.testing.assert_array_equal(got, np_op(a, w), f"{name} {value}")
+                            got = getattr(dt, name)(value, x).full_tensor().numpy()
+                            np.testing.assert_array_equal(got, np_op(w, a), f"{name} {value}")
+                    np.testing.assert_array_equal((x < value).full_tensor().numpy(), a < w)
+                    np.testing.assert_array_equal((value < x).full_tensor().numpy(), w < a)
+
+
+def fp_error_cases(make):
+    """Calls whose numpy computation raises a floating-point error (overflow, division by
+    zero, invalid), on DTensors made by ``make`` from global arrays: name -> call."""
+    h = make(np.full((8,), 60000, np.float16))
+    big, huge = make(np.full((8, 8), 100.0, np.float32)), make(np.full((8, 8), 3e38, np.float32))
+    one, zero = make(np.ones((8, 8), np.float32)), make(np.zeros((8, 8), np.float32))
+    neg = make(-np.ones((8, 8), np.float32))
+    return {
+        "float16 sum": lambda: h.sum(), "exp": lambda: big.exp(),
+        "dt.exp": lambda: dt.exp(big), "mul": lambda: huge * huge,
+        "mul scalar": lambda: huge * 10.0, "x / 0": lambda: one / 0,
+        "x / zeros": lambda: one / zero, "0 / 0": lambda: zero / zero,
+        "log(-1)": lambda: neg.log(), "sqrt(-1)": lambda: neg.sqrt(),
+        "mean": lambda: huge.mean(), "matmul": lambda: huge @ huge.T,
+        "softmax": lambda: dt.softmax(neg * np.inf, 1),
+    }
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("shard", [False, True], ids=["R", "S0"])
+def test_floating_point_errors_never_warn(shard):
+    # PyTorch gives inf/nan silently; numpy's RuntimeWarnings must not reach the caller on
+    # any path (the compiled front's raw forms and kernels, the Python dispatcher), even
+    # when it turns every warning into an error
+    for mesh in meshes():
+        pl = [S(0) if shard else R] + [R] * (mesh.ndim - 1)
+        cases = fp_error_cases(lambda a, mesh=mesh, pl=pl: dt.distribute_tensor(a, mesh, pl))
+        before = np.geterr()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            for name, fn in cases.items():
+                for _ in range(3):  # a propagation-cache miss, then hits
+                    got = fn().full_tensor().numpy()
+                assert not np.isfinite(got).all(), name
+            assert np.geterr() == before
+            with pytest.raises(RuntimeWarning, match="divide by zero"):
+                np.ones(2) / np.zeros(2)  # the caller's own numpy code still warns
+
+
+@pytest.mark.mpi(min_size=1)
+def test_a_registered_kernel_keeps_its_own_numpy_warnings():
+    # dtensor's kernels run quietly; a user's kernel (register_op) is the user's numpy code
+    def rule(schema):
+        a = schema.args[0]
+        return RuleResult((a.shape,), (a.dtype,), (Candidate((R, R)),))
+
+    f = dt.register_op("test_ops_halve_by_zero", lambda x: dt.from_numpy(x.numpy() / 0.0), rule)
+    x = dt.distribute_tensor(np.ones(3, np.float32), meshes()[0], [R])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(2):  # a propagation-cache miss, then a hit
+            with pytest.raises(RuntimeWarning, match="divide by zero"):
+                f(x)
 
 
 @pytest.mark.mpi(min_size=1)

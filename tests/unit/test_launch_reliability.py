@@ -7,12 +7,15 @@ of its own, killed when it outlives its limit) and checks:
 - a rank killed by signal ``s`` makes the job exit with ``128 + s`` and the launcher names
   the signal, while ``sys.exit(s)`` stays ``s``;
 - the ranks get a private (0700) folder for the watchdog's state in
-  ``DTENSOR_WATCHDOG_DIR``, which the launcher removes when the job ends, aborted or not.
+  ``DTENSOR_WATCHDOG_DIR``, which the launcher removes when the job ends, aborted or not;
+- SIGTERM or SIGINT to the test runner (``python -m launch test``) kills the running
+  stage's job and ends the run with ``128 + signal``, no later stage started.
 """
 
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -155,3 +158,90 @@ def test_ranks_get_a_private_folder_that_the_launcher_removes(tmp_path, end):
     folder = Path(folders.pop())
     assert folder.parent == tmp_path / "tmp"
     assert not folder.exists()
+
+
+BLOCKING_STAGE = """\
+import os, subprocess, sys
+
+def test_blocks():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    print(f"STAGE-PIDS {os.getpid()} {child.pid}", flush=True)
+    child.wait()
+"""
+SECOND_STAGE = """\
+from pathlib import Path
+
+Path(__file__).with_name("second-stage-started").touch()
+
+def test_second():
+    pass
+"""
+
+
+def _read_until(proc: subprocess.Popen, marker: bytes, deadline: float) -> bytes:
+    """What ``proc`` wrote to its stdout up to the first line holding ``marker``."""
+    seen = b""
+    while marker not in seen or not seen.split(marker, 1)[1].count(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([proc.stdout], [], [], left)[0]:
+            pytest.fail(f"no {marker!r} line within {LIMIT_S} s: {seen!r}")
+        chunk = os.read(proc.stdout.fileno(), 65536)
+        if not chunk:
+            pytest.fail(f"the runner ended before printing {marker!r}: {seen!r}")
+        seen += chunk
+    return seen
+
+
+def _gone(pid: int, start: str | None, deadline: float) -> bool:
+    """Whether process ``pid`` (started at ``start``) has ended by ``deadline``: waits on a
+    pidfd, which becomes readable when the process ends."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        if _start_time(pid) != start:  # ended (a zombie, or the pid is another's now)
+            return True
+        return bool(select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0])
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+def test_a_signal_to_the_test_runner_stops_the_whole_run(tmp_path, sig):
+    # python -m launch test on a fake suite: the first stage blocks (with a child process of
+    # its own); the runner gets ``sig`` while it runs. The stage's job dies (its whole
+    # process group), the runner names the stage and exits with 128 + sig, and the second
+    # stage never starts.
+    tests = tmp_path / "tests"
+    (tests / "unit").mkdir(parents=True)
+    (tests / "mpi").mkdir()
+    (tests / "unit" / "test_block.py").write_text(BLOCKING_STAGE)
+    (tests / "mpi" / "test_second.py").write_text(SECOND_STAGE)
+    cmd = [sys.executable, "-m", "launch", "test", "--tests-dir", str(tests), "--quick",
+           "--ranks", "1", "--timeout", str(LIMIT_S), "--", "-s"]
+    runner = subprocess.Popen(cmd, cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, start_new_session=True)
+    pids: dict[int, str | None] = {}
+    try:
+        deadline = time.monotonic() + LIMIT_S
+        seen = _read_until(runner, b"STAGE-PIDS", deadline)
+        line = seen.split(b"STAGE-PIDS", 1)[1].split(b"\n", 1)[0]
+        pids = {int(p): _start_time(int(p)) for p in line.split()}
+        assert all(pids.values()), f"the stage's processes are not running: {pids}"
+        os.kill(runner.pid, sig)
+        out, err = runner.communicate(timeout=LIMIT_S)
+        out, err = (seen + out).decode(), err.decode()
+        assert runner.returncode == 128 + sig, out + err
+        survivors = [p for p, start in pids.items() if not _gone(p, start, deadline)]
+        assert not survivors, f"processes of the interrupted stage survived: {survivors}"
+        assert f"interrupted by {sig.name}" in err and "stage unit" in err, err
+        assert "== mpi" not in out, out
+        assert not (tests / "mpi" / "second-stage-started").exists()
+    finally:
+        for pid, start in pids.items():  # only the stage's processes, by id
+            if start and _start_time(pid) == start:
+                os.kill(pid, signal.SIGKILL)
+        if runner.poll() is None:
+            os.killpg(runner.pid, signal.SIGKILL)
+            runner.wait()

@@ -14,6 +14,8 @@ import math
 import os
 import subprocess
 import sys
+import threading
+import warnings
 import zlib
 from pathlib import Path
 
@@ -35,9 +37,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # where the imported dtensor lives (site-packages when installed): subprocesses use the same
 PKG_ROOT = str(Path(importlib.util.find_spec("dtensor").origin).resolve().parents[1])
 
-# numpy's floating-point RuntimeWarnings are silenced by a filter installed when dtensor is
-# imported; pytest resets warning filters around each test, so they are ignored here too
-# (test_no_floating_point_warnings checks the real behaviour in a fresh interpreter).
+# dtensor's kernels never emit numpy's floating-point RuntimeWarnings (checked by
+# test_kernels_never_warn_on_floating_point_errors and test_no_floating_point_warnings); the
+# numpy references computed here do, on NaN and inf samples: ignored.
 pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
 
 
@@ -216,8 +218,8 @@ def test_unary_dtype_errors():
 
 
 def test_no_floating_point_warnings():
-    # PyTorch never warns about inf/nan results; numpy's warnings from the kernels are
-    # silenced at import (checked in a fresh interpreter: pytest resets warning filters).
+    # PyTorch never warns about inf/nan results; dtensor's kernels run with numpy's
+    # floating-point errors ignored (checked in a fresh interpreter, every warning an error).
     code = (
         "import numpy as np, dtensor as dt\n"
         "x = dt.tensor([0.0, 1.0, -1.0, 1e30])\n"
@@ -230,6 +232,77 @@ def test_no_floating_point_warnings():
                           text=True, timeout=120, env={**os.environ, "PYTHONPATH": PKG_ROOT},
                           check=False)
     assert done.returncode == 0, done.stderr
+
+
+def _fp_error_cases(make, shape=(8, 8)):
+    """Calls whose numpy computation raises a floating-point error (overflow, division by
+    zero, invalid), on tensors made by ``make`` from an array (mostly of ``shape``, square
+    or not): name -> call."""
+    h = make(np.full((8,), 60000, np.float16))
+    big = make(np.full(shape, 100.0, np.float32))
+    huge = make(np.full(shape, 3e38, np.float32))
+    one, zero = make(np.ones(shape, np.float32)), make(np.zeros(shape, np.float32))
+    neg = make(-np.ones(shape, np.float32))
+    return {
+        "float16 sum": lambda: h.sum(),
+        "float16 sum dim": lambda: dt.sum(h, 0),
+        "exp": lambda: big.exp(),
+        "dt.exp": lambda: dt.exp(big),
+        "mul": lambda: huge * huge,
+        "mul scalar": lambda: huge * 10.0,
+        "dt.mul": lambda: dt.mul(huge, huge),
+        "x / 0": lambda: one / 0,
+        "x / zeros": lambda: one / zero,
+        "0 / 0": lambda: zero / zero,
+        "log(-1)": lambda: neg.log(),
+        "dt.log(-1)": lambda: dt.log(neg),
+        "sqrt(-1)": lambda: neg.sqrt(),
+        "mean": lambda: huge.mean(),
+        "in place": lambda: huge.clone().mul_(huge),
+        "matmul": lambda: huge @ huge.T,
+        "softmax": lambda: dt.softmax(neg * np.inf, 0),
+    }
+
+
+@pytest.mark.parametrize("case", sorted(_fp_error_cases(T)))
+def test_kernels_never_warn_on_floating_point_errors(case):
+    # PyTorch gives inf/nan silently; numpy's RuntimeWarnings must not reach the caller,
+    # even when it turns every warning into an error (after dtensor was imported)
+    fn = _fp_error_cases(T)[case]
+    before = np.geterr()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(2):  # the first call and a repeated one
+            r = fn()
+        assert not np.isfinite(r.numpy()).all(), case
+        # the caller's own numpy code keeps its error state and its warnings
+        assert np.geterr() == before
+        with pytest.raises(RuntimeWarning, match="divide by zero"):
+            np.ones(2) / np.zeros(2)
+
+
+def test_kernels_never_warn_in_another_thread():
+    # every thread runs dtensor's kernels quietly; numpy lets other threads run while it
+    # computes on 1000 elements, so they find the shared quiet contexts entered and use
+    # contexts of their own
+    errors = []
+
+    def work():
+        try:
+            for _ in range(50):
+                for fn in _fp_error_cases(T, (25, 40)).values():
+                    fn()
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the filters are the process's: every thread's
+        threads = [threading.Thread(target=work) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not errors, errors
 
 
 def test_erf_accuracy():

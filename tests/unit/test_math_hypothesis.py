@@ -206,10 +206,6 @@ SCALARS = st.one_of(st.booleans(), st.integers(-5, 5), st.floats(-4, 4),
 def test_python_scalars_both_sides(data, shape, dtype, scalar, name, scalar_first):
     t, x = data.draw(tensor_and_array(dtype, shape))
     rt = scalar_promote(dtype, scalar)
-    # Known bug, pinned by test_compare_with_an_out_of_range_int_wraps (xfail): a small
-    # integer tensor compares with an int its dtype cannot hold exactly (numpy's answer).
-    assume(not (name in COMPARE and type(scalar) is int and rt.kind in "iu"
-                and not np.iinfo(rt).min <= scalar <= np.iinfo(rt).max))
     args = (scalar, t) if scalar_first else (t, scalar)
     if name == "sub" and rt.kind == "b":
         with pytest.raises(DTypeError):
@@ -227,17 +223,31 @@ def test_python_scalars_both_sides(data, shape, dtype, scalar, name, scalar_firs
         assert_matches(op(*args), ref, expected_dtype)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="the short path of a small integer tensor compared with a python int "
-                   "compares exactly (numpy) instead of wrapping the int")
-def test_compare_with_an_out_of_range_int_wraps():
+INT_DTYPES = ["uint8", "int8", "int16", "int32", "int64"]
+
+
+@pytest.mark.parametrize("dtype", INT_DTYPES)
+@pytest.mark.parametrize("shape", [(), (3,), (8, 8), (8192,)])
+def test_compare_with_an_out_of_range_int_wraps(dtype, shape):
     # README: an out-of-range python int wraps like a C cast (uint8: -1 is 255), as in
-    # PyTorch (torch.zeros(3, dtype=torch.uint8) < -1 is all True). The result must not
-    # depend on the tensor's size: 0-d and pooled-size tensors (the slow path) wrap.
-    for shape in [(), (3,), (8192,)]:
-        t = dt.zeros(shape, dtype=dt.uint8)
-        assert (t < -1).numpy().all() and dt.lt(t, -1).numpy().all(), shape
-        assert (t == 256).numpy().all() and not (t != 256).numpy().any(), shape
+    # PyTorch (torch.zeros(3, dtype=torch.uint8) < -1 is all True, int8 > 200 compares with
+    # -56). The result must not depend on the tensor's size: 0-d and pooled-size tensors
+    # take the slow path, the others the short path (numpy 2 alone compares exactly there).
+    x = np.asarray(np.arange(math.prod(shape)).reshape(shape) % 7 - 3).astype(dtype)
+    t = dt.from_numpy(x)
+    for value in (-1, 200, 256, 300, -129, 128, 2**31, 2**40, 2**63):
+        w = np.asarray(value).astype(dtype)  # the C cast
+        for name, np_op in COMPARE.items():
+            expected = np_op(x, w)
+            assert_matches(getattr(dt, name)(t, value), expected, np.dtype(bool))
+            assert_matches(getattr(dt, name)(value, t), np_op(w, x), np.dtype(bool))
+        assert_matches(t < value, x < w, np.dtype(bool))
+        assert_matches(value < t, w < x, np.dtype(bool))
+        assert_matches(t == value, x == w, np.dtype(bool))
+        assert_matches(t != value, x != w, np.dtype(bool))
+        # arithmetic wraps the same way (numpy would raise OverflowError)
+        for name, np_op in (("add", np.add), ("sub", np.subtract), ("mul", np.multiply)):
+            assert_matches(getattr(dt, name)(t, value), np_op(x, w), np.dtype(dtype))
 
 
 def _sigmoid(x):

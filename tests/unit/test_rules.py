@@ -284,6 +284,49 @@ def test_partial_sum_plus_scalar_adds_once():
     assert st_.input_placements == ((P("sum"),), (R,)) and st_.cost == 0
 
 
+@pytest.mark.parametrize("op, args, static", [
+    ("float", (0,), {}),
+    ("to", (0,), {"dtype": F32}),
+    ("to", (0,), {"dtype": I32}),
+    ("add", (0, 1), {}),
+    ("mul", (0, 3), {}),
+    ("sum", (0,), {}),
+    ("mean", (0,), {"dtype": F32}),
+    ("cumsum", (0,), {"dim": 0}),
+    ("where", ("cond", 0, 0.5), {}),
+])
+def test_bool_partial_sum_made_numbers_is_reduced_first(op, args, static):
+    # a bool P(sum) reduces by logical or: kept P(sum) through an op that makes numbers of
+    # it, contributions holding the same True would add up
+    x = t((4, 6), BOOL, (P("sum"),))
+    metas = [x if a == 0 else t((4, 6), BOOL, (R,)) if a == "cond" else scalar(a) for a in args]
+    st_ = choose(op, *metas, **static)
+    assert st_.input_placements[args.index(0)] != (P("sum"),)
+    assert st_.output_specs[0].placements != (P("sum"),)
+
+
+def test_bool_partial_sum_kept_where_the_result_is_bool():
+    x = t((4, 6), BOOL, (P("sum"),))
+    # or of bools commutes with or, and, where of bools
+    assert choose("add", x, x).output_specs[0].placements == (P("sum"),)
+    assert choose("mul", x, t((4, 6), BOOL, (R,))).output_specs[0].placements == (P("sum"),)
+    assert choose("to", x, dtype=BOOL).output_specs[0].placements == (P("sum"),)
+    # a python bool added to a float P(sum) is held by one coordinate: it counts once
+    st_ = choose("add", t((4, 6), F32, (P("sum"),)), scalar(True))
+    assert st_.output_specs[0].placements == (P("sum"),) and st_.cost == 0
+
+
+@pytest.mark.parametrize("op", ["sum", "cumsum"])
+def test_no_rule_makes_an_integer_partial_avg(op):
+    # an average of integers has no exact integer value: a float P(avg) made int64 is
+    # reduced first; as a float, it stays
+    x = t((4, 6), F32, (P("avg"),))
+    static = {"dim": 0} if op == "cumsum" else {}
+    st_ = choose(op, x, dtype=I64, **static)
+    assert st_.output_specs[0].placements != (P("avg"),) and st_.input_placements[0] != (P("avg"),)
+    assert choose(op, x, dtype=F64, **static).output_specs[0].placements == (P("avg"),)
+
+
 def test_no_communication_when_placements_already_fit():
     st_ = choose("matmul", t((8, 6), placements=(S(0),)), t((6, 4), placements=(R,)))
     assert st_.cost == 0 and st_.output_specs[0].placements == (S(0),)

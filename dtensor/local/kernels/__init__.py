@@ -108,6 +108,7 @@ def inplace_form(fn):
 
     method.__name__ = method.__qualname__ = fn.__name__ + "_"
     method.__doc__ = f"In-place :func:`{fn.__name__}` (writes into ``self``). **Local**."
+    method.quiet = getattr(fn, "quiet", False)  # as fn (base.quiet_function)
     return method
 
 
@@ -123,6 +124,7 @@ def inplace_operator(fn, tag: str):
         return fn(self, other, out=self)
 
     method.__name__ = method.__qualname__ = f"__i{tag}__"
+    method.quiet = getattr(fn, "quiet", False)
     return method
 
 

@@ -26,6 +26,7 @@ from .. import allocator as _allocator
 from ..tensor import Tensor, _wrap
 from .base import (
     BOOL,
+    INT_RANGES,
     SCALAR_TYPES,
     OperandTypeError,
     TensorLike,
@@ -39,6 +40,8 @@ from .base import (
     new_array,
     operand,
     out_buffer,
+    quiet_call,
+    quiet_run,
     result_type,
     shape_of,
     tname,
@@ -48,6 +51,9 @@ from .base import (
 
 #: No dtype takes the short path (an operand type without a fast set).
 NO_DTYPES: frozenset = frozenset()
+#: Kinds of ops (UnarySpec, BinarySpec) in which numpy reports no floating-point error:
+#: their short paths need not ignore them.
+FP_ERROR_FREE = frozenset(("bool", "integral", "round", "compare", "logical", "bitwise"))
 # Dtype sets of the kernels' short paths and dtype rules.
 BOOLS = frozenset([BOOL])
 INTS = frozenset(np.dtype(t) for t in "bBhHiIlLqQ")
@@ -125,7 +131,12 @@ class UnarySpec:
         self.fast, self.reject, self.hint = fast, reject, hint
 
     def compute(self, a, out):
-        """The op on array ``a``; ``out`` is an ``out=`` Tensor or None. Returns an array."""
+        """The op on array ``a``; ``out`` is an ``out=`` Tensor or None. Returns an array.
+
+        Runs with numpy's floating-point errors ignored (:func:`quiet_call`)."""
+        return quiet_call(self._compute, a, out)
+
+    def _compute(self, a, out):
         dt = a.dtype
         kind = self.kind
         if dt.kind in self.reject or (kind == "floatonly" and dt.kind not in "fc") or (
@@ -147,6 +158,9 @@ class UnarySpec:
 def _unary_fn(spec: UnarySpec):
     """The public function of a unary spec: ``fn(input, *, out=None)``."""
     kernel, fast, name = spec.kernel, spec.fast, spec.name
+    # its short path quietly (numpy's floating-point errors ignored) unless it returns bools
+    # or rounds, which raise none
+    quiet = spec.kind not in FP_ERROR_FREE
 
     def fn(input, *, out=None):
         if out is None:
@@ -156,11 +170,17 @@ def _unary_fn(spec: UnarySpec):
                 pass
             else:
                 if fast_path(fast, _allocator.POOL_MIN_BYTES, a):
-                    return _wrap(kernel(a, None))
+                    if not quiet:
+                        return _wrap(kernel(a, None))
+                    try:
+                        return _wrap(quiet_run(kernel, a, None))
+                    except RuntimeError:  # another thread is in the shared quiet context
+                        return _wrap(quiet_call(kernel, a, None))
         r = spec.compute(as_array(name, input), out)
         return out if out is not None else wrap(r)
 
     fn.spec = spec
+    fn.quiet = True
     fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = f"""Elementwise ``{name}`` of a tensor. **Local**.
 
@@ -494,7 +514,12 @@ class BinarySpec:
         return ct, (BOOL if kind in ("compare", "logical") else ct)
 
     def compute(self, x, y, out):
-        """The op on operands (arrays or python scalars); ``out`` is a Tensor or None."""
+        """The op on operands (arrays or python scalars); ``out`` is a Tensor or None.
+
+        Runs with numpy's floating-point errors ignored (:func:`quiet_call`)."""
+        return quiet_call(self._compute, x, y, out)
+
+    def _compute(self, x, y, out):
         like = _array_like(x, y)
         ct, rt = self.dtypes(x, y)
         shape = broadcast_shapes(self.name, shape_of(x), shape_of(y))
@@ -517,6 +542,15 @@ def _ufunc2(ufunc):
     return kernel
 
 
+def _short_binary_quietly(uf, fast, a, b):
+    """``short_binary`` through :func:`quiet_call` (when another thread is in the shared
+    quiet context), None for shapes that do not broadcast."""
+    try:
+        return quiet_call(short_binary, uf, fast, _allocator.POOL_MIN_BYTES, a, b)
+    except ValueError:
+        return None
+
+
 def _binary_fns(spec: BinarySpec):
     """(function, operator, reflected operator) of a binary spec.
 
@@ -526,11 +560,29 @@ def _binary_fns(spec: BinarySpec):
     uf, fast, name = getattr(spec.kernel, "ufunc", None), spec.fast, spec.name
     scalar_fast_dtypes = spec.scalar_fast
 
+    # Note: numpy 2 compares an integer array with a python int it cannot hold exactly
+    # (uint8 < -1 is False), where the other ufuncs raise OverflowError; PyTorch wraps the
+    # int like a C cast (-1 is 255: True), as the slow path does (cast_scalar). Such an int
+    # takes the slow path; one in range costs a range check (0..127 fits every dtype).
+    bounded = spec.kind == "compare"
+    # the short paths quietly (numpy's floating-point errors ignored) unless the op compares
+    # or works on bits, which raise none
+    quiet = spec.kind not in FP_ERROR_FREE
+
     def scalar_fast(a, s, swap):
         """The op on a small array and a python int/float, or None for the slow path."""
         if fast_path(scalar_fast_dtypes.get(type(s), NO_DTYPES), _allocator.POOL_MIN_BYTES, a):
+            if bounded and type(s) is int and not 0 <= s <= 127:
+                bounds = INT_RANGES.get(a.dtype)
+                if bounds is not None and not bounds[0] <= s <= bounds[1]:
+                    return None
             try:
-                return _wrap(uf(s, a) if swap else uf(a, s))
+                if not quiet:
+                    return _wrap(uf(s, a) if swap else uf(a, s))
+                try:
+                    return _wrap(quiet_run(uf, s, a) if swap else quiet_run(uf, a, s))
+                except RuntimeError:  # another thread is in the shared quiet context
+                    return _wrap(quiet_call(uf, s, a) if swap else quiet_call(uf, a, s))
             except OverflowError:  # an int that does not fit: the slow path wraps it
                 return None
         return None
@@ -554,7 +606,13 @@ def _binary_fns(spec: BinarySpec):
                         return r
                 else:
                     try:
-                        r = short_binary(uf, fast, _allocator.POOL_MIN_BYTES, a, b)
+                        r = (
+                            quiet_run(short_binary, uf, fast, _allocator.POOL_MIN_BYTES, a, b)
+                            if quiet
+                            else short_binary(uf, fast, _allocator.POOL_MIN_BYTES, a, b)
+                        )
+                    except RuntimeError:  # another thread is in the shared quiet context
+                        r = _short_binary_quietly(uf, fast, a, b)
                     except ValueError:  # shapes that do not broadcast: the slow path
                         r = None        # raises the error
                     if r is not None:
@@ -576,7 +634,13 @@ def _binary_fns(spec: BinarySpec):
                 return NotImplemented
             return wrap(spec.compute(a, y, None))
         try:
-            r = short_binary(uf, fast, _allocator.POOL_MIN_BYTES, a, b)
+            r = (
+                quiet_run(short_binary, uf, fast, _allocator.POOL_MIN_BYTES, a, b)
+                if quiet
+                else short_binary(uf, fast, _allocator.POOL_MIN_BYTES, a, b)
+            )
+        except RuntimeError:
+            r = _short_binary_quietly(uf, fast, a, b)
         except ValueError:
             r = None
         if r is not None:
@@ -595,6 +659,7 @@ def _binary_fns(spec: BinarySpec):
         return wrap(spec.compute(y, a, None))
 
     fn.spec = spec
+    fn.quiet = op.quiet = rop.quiet = True
     fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = f"""Elementwise ``{name}`` with broadcasting. **Local**.
 
@@ -695,10 +760,14 @@ def _scaled(name, x, y, alpha, what="alpha"):
 
 
 def _with_alpha(op: str, input: TensorLike, other: TensorLike, alpha, out) -> Tensor:
-    """``input op alpha * other`` for add/sub with an ``alpha`` other than 1."""
+    """``input op alpha * other`` for add/sub with an ``alpha`` other than 1 (quietly)."""
     x, y = operand(op, input), operand(op, other)
-    r = _BINARY_SPECS[op].compute(x, _scaled(op, x, y, alpha), out)
+    r = quiet_call(_scaled_compute, op, x, y, alpha, out)
     return out if out is not None else wrap(r)
+
+
+def _scaled_compute(op: str, x, y, alpha, out):
+    return _BINARY_SPECS[op].compute(x, _scaled(op, x, y, alpha), out)
 
 
 def add(input: TensorLike, other: TensorLike, *, alpha=1, out=None) -> Tensor:
@@ -777,6 +846,11 @@ def div(input: TensorLike, other: TensorLike, *, rounding_mode=None, out=None) -
         f"div: expected rounding_mode to be one of None, 'trunc', or 'floor' but found "
         f"{rounding_mode!r}"
     )
+
+
+# These compute through the quiet paths of the binary ops (or not at all): they need no
+# wrapper (base.quiet_function).
+add.quiet = sub.quiet = div.quiet = square.quiet = positive.quiet = True
 
 
 # ---------------------------------------------------------------------------- ternary

@@ -320,7 +320,7 @@ cdef extern from *:
        follow each other (independent additions the CPU overlaps). */
     #define DTK_PW_BLOCK 128
     #define DTK_PW_CHUNK 4096                   /* longest run one plan covers */
-    #define DTK_PW_LEAVES (DTK_PW_CHUNK / 64)   /* leaves of a plan (each > 64 long) */
+    #define DTK_PW_LEAVES (DTK_PW_CHUNK / 64)   /* leaves of a plan (each >= 64 long) */
 
     typedef struct {
         int k;                                  /* leaf blocks */

@@ -348,7 +348,9 @@ def test_no_op_makes_an_integer_partial_avg(mesh):
     assert s.placements != (P("avg"),) and s.dtype == dt.int64
     assert s.full_tensor().item() == 3 * int(0.75 + (W - 1) / 2)
     y = f + dt.distribute_tensor(np.arange(3), mesh, [R])
-    assert y.placements == (P("avg"),) and y.dtype == dt.float32
+    # (at one rank the cost model may as well reduce first: both are free there)
+    assert y.placements == (P("avg"),) or W == 1, y.placements
+    assert y.dtype == dt.float32
     np.testing.assert_allclose(y.full_tensor().numpy(), 0.75 + (W - 1) / 2 + np.arange(3))
 
 

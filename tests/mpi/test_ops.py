@@ -467,8 +467,9 @@ def test_split_chunk_unbind():
 def test_cat_and_stack():
     a, b, a2 = data((5, 3)), data((2, 3), seed=1), data((5, 3), seed=2)
     for mesh in meshes():
+        step = 3 if WORLD.size < 4 else 5  # the 2x2 mesh's many pairs: a sample
         for pa, pb in itertools.islice(
-            itertools.product(options(mesh, 2), options(mesh, 2)), 0, None, 3
+            itertools.product(options(mesh, 2), options(mesh, 2)), 0, None, step
         ):
             check(lambda x, y: dt.cat([x, y]), lambda p, q: np.concatenate([p, q]), [a, b],
                   [(mesh, pa), (mesh, pb)], "cat dim 0")

@@ -78,6 +78,8 @@ cdef RedistEntry _redist_entry(object d, object spec, object placements):
             _redist.clear()
         chain = []
         _redist[key] = chain
+    else:  # entries of an older generation are never used again
+        chain[:] = [x for x in <list>chain if (<RedistEntry>x).generation == _generation]
     (<list>chain).append(e)
     return e
 
@@ -87,7 +89,8 @@ def redistribute(self, device_mesh=None, placements=None, *, async_op=False):
     the plan is one all-gather of whole shards; else the Python method. **Collective**."""
     cdef DTensorBase d = <DTensorBase>self
     spec = d._spec
-    if placements is None or (device_mesh is not None and device_mesh is not spec.mesh):
+    if (type(placements) is not list and type(placements) is not tuple) or (
+            device_mesh is not None and device_mesh is not spec.mesh):
         return _redist_py(self, device_mesh, placements, async_op=async_op)
     if _comm_mod._observers or _comm_mod._checks:
         return _redist_py(self, device_mesh, placements, async_op=async_op)

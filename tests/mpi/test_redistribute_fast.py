@@ -123,4 +123,5 @@ def test_bad_arguments_raise_as_in_the_python_method():
         with pytest.raises(MeshError, match="redistribute: moving a DTensor"):
             x.redistribute(other, [R, R])
         assert x.redistribute(mesh, None).placements == (R,)
+        assert x.redistribute(mesh, iter([R])).placements == (R,)  # any iterable
         assert x.redistribute(placements=(R,), async_op=True).placements == (R,)

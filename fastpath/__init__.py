@@ -17,8 +17,9 @@ pool : module or None
     ``fastpath._pool``, the compiled front of the caching host allocator (``None`` when not
     built).
 kernels : module or None
-    ``fastpath._kernels``, compiled local kernels (relu, erf, gelu, softmax) for small host
-    arrays (``None`` when not built).
+    ``fastpath._kernels``, compiled local kernels (relu, erf, gelu, softmax/log_softmax,
+    layer_norm, last-dim sum/mean/amax; vectorised float32 loops) and the elementwise
+    short-path condition (``None`` when not built).
 AVAILABLE : bool
     Whether the compiled extensions can be imported.
 ENABLED : bool

@@ -563,6 +563,11 @@ def empty_array(shape: Any, dtype: Any, device: Any = "cpu") -> Any:
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes < POOL_MIN_BYTES or dtype.hasobject or min(shape, default=0) < 0:
         return np.empty(shape, dtype)  # numpy raises for negative dimensions
+    return _pool_array(nbytes, shape, dtype)
+
+
+def _pool_array(nbytes: int, shape: tuple, dtype: np.dtype) -> np.ndarray:
+    """An array of ``shape`` and ``dtype`` over a new block of the Python pool."""
     return np.asarray(_CPU.allocate(nbytes)).view(dtype).reshape(shape)
 
 
@@ -575,7 +580,7 @@ def pooled_empty(shape: tuple, dtype: np.dtype) -> Any:
     if _CACHE is not None:
         return partial(_CACHE.empty, tuple(shape), dtype, 0)
     nbytes = math.prod(shape) * dtype.itemsize
-    return lambda: np.asarray(_CPU.allocate(nbytes)).view(dtype).reshape(shape)
+    return partial(_pool_array, nbytes, tuple(shape), dtype)
 
 
 def _cuda_empty(shape: Any, dtype: Any, index: int) -> Any:

@@ -41,6 +41,7 @@ from placements.errors import (
 from . import backend as B
 from . import dtypes as _dtypes
 from . import rng as _random
+from .quiet import quiet_call
 from .tensor import Tensor, _alloc, _copy_into, _empty_like_arr, _shape_arg, _wrap
 
 __all__ = [
@@ -425,7 +426,7 @@ def fill_block(req: Request, out, offsets: tuple[int, ...], counters: tuple[int,
     if name == "empty":
         return
     if name in _CONSTANT or name == "full":
-        out.fill(_CONSTANT.get(name, req.values.get("fill_value")))
+        quiet_call(out.fill, _CONSTANT.get(name, req.values.get("fill_value")))
         return
     xp = B.array_module_of(out)
     if name in _RANDOM:

@@ -62,6 +62,7 @@ from . import allocator as _allocator
 from . import backend as B
 from . import dtypes as _dtypes
 from . import strides as _strides
+from .quiet import quiet_call
 
 __all__ = ["Size", "Storage", "Tensor", "is_tensor"]
 
@@ -300,9 +301,10 @@ def _empty_like_arr(arr, dtype, device):
 
 
 def _copy_into(dst, src) -> None:
-    """Copy (broadcasting, casting) ``src`` (array or scalar, any device) into ``dst``."""
+    """Copy (broadcasting, casting) ``src`` (array or scalar, any device) into ``dst``; a
+    cast that overflows gives inf or wraps, without numpy's warning (as in PyTorch)."""
     if isinstance(dst, np.ndarray):
-        np.copyto(dst, _operand(src, np), casting="unsafe")
+        quiet_call(np.copyto, dst, _operand(src, np), casting="unsafe")
     else:
         cp = B.array_module_of(dst)
         with dst.device:
@@ -566,7 +568,7 @@ class Tensor(_fp.TensorBase):
                 raise ArgumentError(
                     f"__array__: converting {arr.dtype} to {np.dtype(dtype)} needs a copy"
                 )
-            return arr.astype(dtype)
+            return quiet_call(arr.astype, dtype)
         return arr.copy() if copy else arr
 
     def numpy(self, force: bool = False) -> np.ndarray:
@@ -1062,7 +1064,7 @@ class Tensor(_fp.TensorBase):
         _check_no_internal_overlap(arr, "__setitem__")
         try:
             index = self._index(idx, "__setitem__")[0]
-            arr[index] = _operand(value, B.array_module_of(arr))
+            quiet_call(arr.__setitem__, index, _operand(value, B.array_module_of(arr)))
         except IndexError as exc:
             raise _index_error(exc, arr.shape, idx, "__setitem__") from None
 
@@ -1116,7 +1118,7 @@ class Tensor(_fp.TensorBase):
                     f"{value.ndim} dimensions."
                 )
             value = value.item()
-        arr.fill(value)
+        quiet_call(arr.fill, value)
         return self
 
     def zero_(self) -> Tensor:

@@ -285,6 +285,33 @@ def test_floating_point_errors_never_warn(shard):
 
 
 @pytest.mark.mpi(min_size=1)
+def test_overflowing_partial_sums_and_casts_never_warn():
+    # a float16 Partial(sum) reduced over shared memory (2 MiB: the ranks add each other's
+    # blocks with numpy) or over MPI (16 B), and casts of DTensors, overflow to inf
+    # silently, as in PyTorch
+    from redistribute import shm
+
+    mesh = dt.init_device_mesh((MPI.COMM_WORLD.size,))
+    n = MPI.COMM_WORLD.size
+    want = np.float16(np.inf if n > 1 else 60000)  # 60000 + 60000 overflows float16
+    for size in (8, 1 << 20):
+        part = dt.full((size,), 60000.0, dtype=np.float16)  # pooled: in shared memory
+        before = dict(shm.counts)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            for src, dst in (("sum", R), ("sum", S(0)), ("avg", R)):
+                x = dt.DTensor.from_local(part, mesh, [dt.Partial(src)])
+                got = x.redistribute(mesh, [dst]).full_tensor().numpy()
+                assert got.dtype == np.float16
+                np.testing.assert_array_equal(got, want, err_msg=f"{src}->{dst}")
+            big = dt.distribute_tensor(np.full((4 * n,), 1e10, np.float32), mesh, [S(0)])
+            assert np.isinf(big.to(np.float16).full_tensor().numpy()).all()
+            assert np.isinf(big.half().full_tensor().numpy()).all()
+        if size > 1 << 19 and n > 1 and shm.enabled():
+            assert shm.counts.get("all_reduce", 0) > before.get("all_reduce", 0)
+
+
+@pytest.mark.mpi(min_size=1)
 def test_a_registered_kernel_keeps_its_own_numpy_warnings():
     # dtensor's kernels run quietly; a user's kernel (register_op) is the user's numpy code
     def rule(schema):

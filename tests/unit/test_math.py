@@ -281,6 +281,44 @@ def test_kernels_never_warn_on_floating_point_errors(case):
             np.ones(2) / np.zeros(2)
 
 
+def _cast_cases():
+    """Casts through Tensor's own methods and the factories, each overflowing (or casting
+    NaN to an integer): name -> (call, the source values, the target dtype)."""
+    big = np.array([1e10, 3.0], np.float32)
+    nan = np.array([np.nan, 1.0], np.float32)
+    f16 = np.dtype(np.float16)
+
+    def setitem():
+        t = dt.zeros(2, dtype=f16)
+        t[:] = T(big)
+        return t
+
+    return {
+        "to(float16)": (lambda: T(big).to(f16), big, f16),
+        "half": (lambda: T(big).half(), big, f16),
+        "type_as": (lambda: T(big).type_as(dt.zeros(1, dtype=f16)), big, f16),
+        "copy_": (lambda: dt.zeros(2, dtype=f16).copy_(T(big)), big, f16),
+        "setitem": (setitem, big, f16),
+        "fill_": (lambda: dt.zeros(2, dtype=f16).fill_(1e10), np.full(2, 1e10), f16),
+        "full": (lambda: dt.full((2,), 1e10, dtype=f16), np.full(2, 1e10), f16),
+        "tensor": (lambda: dt.tensor([1e10, 3.0], dtype=f16), big, f16),
+        "nan to int32": (lambda: T(nan).to(np.int32), nan, np.dtype(np.int32)),
+    }
+
+
+@pytest.mark.parametrize("case", sorted(_cast_cases()))
+def test_casts_never_warn(case):
+    # an overflowing cast gives inf (or wraps) silently, as in PyTorch, with numpy's values
+    fn, src, dtype = _cast_cases()[case]
+    with np.errstate(all="ignore"):
+        want = src.astype(dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = fn().numpy()
+    assert got.dtype == dtype
+    np.testing.assert_array_equal(got, want)
+
+
 def test_kernels_never_warn_in_another_thread():
     # every thread runs dtensor's kernels quietly; numpy lets other threads run while it
     # computes on 1000 elements, so they find the shared quiet contexts entered and use

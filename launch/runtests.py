@@ -82,8 +82,8 @@ MODE_PATHS = {"fastpath": "compiled", "python": "python path"}
 REPORT_ENV = "DTENSOR_TEST_REPORT"
 #: Options of every stage's pytest: quiet, with the reason of each skip, no cache folder.
 PYTEST_OPTIONS = ("-q", "-rs", "-p", "no:cacheprovider")
-#: pytest's marker expression of a plain suite's stage when an earlier stage of the run (the
-#: other mode's) already ran the suite's tests marked ``mode_independent``.
+#: pytest's marker expression of a stage when an earlier stage of the run (the other mode's,
+#: same suite and rank count) already ran the suite's tests marked ``mode_independent``.
 REPEAT_MARKERS = ("-m", "not mode_independent")
 #: pytest's exit status when it collected (or selected) no test.
 NO_TESTS_EXIT_CODE = 5
@@ -100,9 +100,10 @@ print(fastpath.IMPORT_ERROR or "")
 class Stage:
     """One pytest run: a suite folder, a rank count (``None``: no mpiexec) and a mode.
 
-    ``repeat`` marks a plain suite's stage in the second mode of a run: the tests marked
+    ``repeat`` marks a stage in the second mode of a run: the tests marked
     ``mode_independent`` (whose outcome ``DTENSOR_FASTPATH`` cannot change: rules, plans,
-    the runner and launcher themselves) ran in the first mode's stage and are left out.
+    the redistribute executor, the runner and launcher themselves) ran in the first mode's
+    stage of the same suite and rank count, and are left out.
     """
 
     suite: str
@@ -178,7 +179,8 @@ def _stages(tests_dir: Path, modes: Sequence[str], ranks: Sequence[int]) -> list
             if (tests_dir / suite).is_dir():
                 stages.append(Stage(suite, None, mode, tests_dir / suite, repeat=i > 0))
         if (tests_dir / MPI_SUITE).is_dir():
-            stages += [Stage(MPI_SUITE, k, mode, tests_dir / MPI_SUITE) for k in ranks]
+            mpi = tests_dir / MPI_SUITE
+            stages += [Stage(MPI_SUITE, k, mode, mpi, repeat=i > 0) for k in ranks]
     return stages
 
 
@@ -195,9 +197,10 @@ def stage_environment(stage: Stage, env: dict[str, str]) -> dict[str, str]:
 
 def _command(stage: Stage, mpiexec: str, pytest_args: Sequence[str]) -> list[str]:
     pytest = [sys.executable, "-m", "pytest", str(stage.path), *PYTEST_OPTIONS]
+    marks = REPEAT_MARKERS if stage.repeat else ()
     if stage.ranks is None:
-        return [*pytest, *(REPEAT_MARKERS if stage.repeat else ()), *pytest_args]
-    return [mpiexec, "-n", str(stage.ranks), *pytest, "--with-mpi", *pytest_args]
+        return [*pytest, *marks, *pytest_args]
+    return [mpiexec, "-n", str(stage.ranks), *pytest, "--with-mpi", *marks, *pytest_args]
 
 
 def _probe(tests_dir: Path, env: dict[str, str]) -> tuple[bool, str, str] | None:

@@ -14,7 +14,7 @@ from placements.errors import CommError, DTypeError, MeshError
 from redistribute import comm as C
 
 WORLD = MPI.COMM_WORLD.Get_size()
-pytestmark = pytest.mark.mpi(min_size=1)
+pytestmark = [pytest.mark.mpi(min_size=1), pytest.mark.mode_independent]  # see tests/conftest.py
 
 
 @pytest.fixture

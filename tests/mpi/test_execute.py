@@ -37,7 +37,7 @@ OPTIONS = (
 SHAPES = ((8, 6), (5, 3), (1, 7), (0, 4), (3, 2), (4, 5, 3))
 DTYPES = (np.float32, np.float64, np.int64, np.bool_)
 
-pytestmark = pytest.mark.mpi(min_size=1)
+pytestmark = [pytest.mark.mpi(min_size=1), pytest.mark.mode_independent]  # see tests/conftest.py
 on_2x2 = pytest.mark.skipif(WORLD != 4, reason="the 2x2 mesh needs exactly 4 ranks")
 
 

@@ -84,6 +84,7 @@ def test_sub_meshes_keep_world_identity(reversed_comm):
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.mode_independent  # mesh creation is below the dispatch (tests/conftest.py)
 def test_identical_meshes_share_communicators():
     first = dt.init_device_mesh((N,))
     first_2d = dt.init_device_mesh((N, 1))

@@ -2,8 +2,7 @@
 
 The default dtype and the global random generator are module state; a test that
 changes them must not leak into the next one. A skip whose reason ``tests/skips.py``
-does not expect fails the session. The test runner's second-mode stage deselects the tests
-marked ``mode_independent`` (``-m "not mode_independent"``).
+does not expect fails the session. The ``mode_independent`` marker is ``tests/conftest.py``'s.
 """
 
 from __future__ import annotations
@@ -16,11 +15,6 @@ import dtensor as dt
 
 def pytest_configure(config: pytest.Config) -> None:
     skips.register(config)
-    config.addinivalue_line(
-        "markers",
-        "mode_independent: the outcome does not depend on DTENSOR_FASTPATH (rules, plans, "
-        "the runner and launcher); the test runner runs it in one mode's stage only",
-    )
 
 
 @pytest.fixture(autouse=True)

@@ -12,7 +12,7 @@ from placements.cache import LRUCache, all_stats, clear_all, get_cache, memoize
 from placements.errors import ConfigError
 from placements.layout import partial_fill
 
-pytestmark = pytest.mark.mode_independent  # see tests/unit/conftest.py
+pytestmark = pytest.mark.mode_independent  # see tests/conftest.py
 
 _names = itertools.count()
 

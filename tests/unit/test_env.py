@@ -13,7 +13,7 @@ from placements.env import env_flag, env_int, env_seconds
 from placements.errors import ConfigError
 from redistribute import comm as _comm
 
-pytestmark = pytest.mark.mode_independent  # see tests/unit/conftest.py
+pytestmark = pytest.mark.mode_independent  # see tests/conftest.py
 
 
 @pytest.mark.parametrize(

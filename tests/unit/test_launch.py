@@ -32,7 +32,7 @@ from launch._mpiexec import (
     rank_env,
 )
 
-pytestmark = pytest.mark.mode_independent  # see tests/unit/conftest.py
+pytestmark = pytest.mark.mode_independent  # see tests/conftest.py
 
 TESTS = Path(__file__).resolve().parents[1]
 MPI_CONFTEST = TESTS / "mpi" / "conftest.py"
@@ -451,8 +451,8 @@ def test_stage_environments(tmp_path):
 
 
 def test_mode_independent_tests_run_in_the_first_mode_only(tmp_path):
-    """The second mode's plain stages deselect the tests marked ``mode_independent``
-    (``-m "not mode_independent"``); MPI stages and the first mode keep them. The marker
+    """The second mode's stages (plain and MPI) deselect the tests marked
+    ``mode_independent`` (``-m "not mode_independent"``); the first mode keeps them. The marker
     goes on the stage's command line, so pytest runs that tests start themselves (the
     mutation check's) still select such tests."""
     (tmp_path / "unit").mkdir()
@@ -462,11 +462,13 @@ def test_mode_independent_tests_run_in_the_first_mode_only(tmp_path):
         ("unit", "fastpath", False),
         ("mpi", "fastpath", False),
         ("unit", "python", True),
-        ("mpi", "python", False),
+        ("mpi", "python", True),
     ]
     marks = [runtests.REPEAT_MARKERS[1] in runtests._command(s, "mpiexec", ["-x"]) for s in stages]
-    assert marks == [False, False, True, False]
+    assert marks == [False, False, True, True]
     assert runtests._command(stages[2], "mpiexec", ["-x"])[-1] == "-x"
+    mpi = runtests._command(stages[3], "mpiexec", ["-x"])
+    assert mpi[:3] == ["mpiexec", "-n", "2"] and mpi[-3:] == [*runtests.REPEAT_MARKERS, "-x"]
     # pytest's side: this module is marked, so its tests are deselected, not skipped
     cmd = [sys.executable, "-m", "pytest", "unit/test_launch.py", "unit/test_allocator.py",
            "--collect-only", "-q", "-p", "no:cacheprovider"]  # fmt: skip

@@ -30,7 +30,7 @@ from _jobs import child_env, run_group
 LIMIT_S = 60
 
 pytestmark = [
-    pytest.mark.mode_independent,  # see tests/unit/conftest.py
+    pytest.mark.mode_independent,  # see tests/conftest.py
     pytest.mark.skipif(sys.platform != "linux", reason="reads /proc"),
 ]
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.mode_independent  # see tests/unit/conftest.py
+pytestmark = pytest.mark.mode_independent  # see tests/conftest.py
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("placements", "redistribute", "fastpath", "dtensor", "launch")

@@ -22,7 +22,7 @@ from placements import (
 )
 from placements.errors import MeshError, PlacementError, ShardingError
 
-pytestmark = pytest.mark.mode_independent  # see tests/unit/conftest.py
+pytestmark = pytest.mark.mode_independent  # see tests/conftest.py
 
 MESHES = [(2,), (3,), (4,), (2, 2), (2, 3), (2, 2, 2)]
 

@@ -15,7 +15,7 @@ import pytest
 from placements import meta as M
 from placements.errors import ArgumentError, DimError, DTypeError, ShardingError, ViewError
 
-pytestmark = pytest.mark.mode_independent  # see tests/unit/conftest.py
+pytestmark = pytest.mark.mode_independent  # see tests/conftest.py
 
 F16, F32, F64 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
 C64, C128 = np.dtype(np.complex64), np.dtype(np.complex128)

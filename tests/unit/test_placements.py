@@ -22,7 +22,7 @@ from placements import (
 )
 from placements.errors import PlacementError, ShardingError
 
-pytestmark = pytest.mark.mode_independent  # see tests/unit/conftest.py
+pytestmark = pytest.mark.mode_independent  # see tests/conftest.py
 
 # ---------------------------------------------------------------------------------------------
 # Placement types

@@ -44,7 +44,7 @@ from redistribute import (
 from redistribute.cost import default_cost_model
 from redistribute.plan import _search
 
-pytestmark = pytest.mark.mode_independent  # see tests/unit/conftest.py
+pytestmark = pytest.mark.mode_independent  # see tests/conftest.py
 
 R = Replicate()
 S0, S1 = Shard(0), Shard(1)

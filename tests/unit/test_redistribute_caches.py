@@ -17,7 +17,7 @@ from redistribute import comm as C
 from redistribute import execute as E
 from redistribute.plan import plan
 
-pytestmark = pytest.mark.mode_independent  # see tests/unit/conftest.py
+pytestmark = pytest.mark.mode_independent  # see tests/conftest.py
 
 
 def _spec(placements, shape=(8, 6), mesh=(2, 2)):

@@ -13,7 +13,7 @@ from mpi4py import MPI
 
 from redistribute import comm as C
 
-pytestmark = pytest.mark.mode_independent  # see tests/unit/conftest.py
+pytestmark = pytest.mark.mode_independent  # see tests/conftest.py
 
 
 @pytest.fixture

@@ -30,7 +30,7 @@ from placements.rules import (
 from placements.rules.matmul import parse_einsum
 from placements.rules.view import reshape_groups
 
-pytestmark = pytest.mark.mode_independent  # see tests/unit/conftest.py
+pytestmark = pytest.mark.mode_independent  # see tests/conftest.py
 
 R = Replicate()
 S = Shard

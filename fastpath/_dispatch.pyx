@@ -40,7 +40,7 @@ from cpython.tuple cimport PyTuple_GET_ITEM
 from cpython.object cimport PyObject
 from libc.stdint cimport uintptr_t
 cimport numpy as cnp
-from fastpath._kernels cimport Unary
+from fastpath._kernels cimport Unary, copy_c_order
 
 cnp.import_array()
 

@@ -113,10 +113,12 @@ cdef object _run(FrontEntry fe, list values):
         arr = _local_arr(values[0])
         if type(arr) is cnp.ndarray and (
                 cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>arr) == (raw == RAW_COPY)):
-            if fe.rawout is None:
+            out = None if fe.rawout is None else fe.rawout()
+            if raw == RAW_CONTIG:  # a tiled transpose for x.mT layouts
+                out = copy_c_order(arr, out)
+            elif out is None:
                 out = cnp.PyArray_NewCopy(<cnp.ndarray>arr, cnp.NPY_CORDER)
             else:
-                out = fe.rawout()
                 cnp.PyArray_CopyInto(<cnp.ndarray>out, <cnp.ndarray>arr)
             return _new_dtensor_arr(out, fe.out_spec0)
     cdef TensorBase t, nt

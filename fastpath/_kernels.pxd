@@ -5,3 +5,5 @@ cdef class Unary:
     cdef readonly str name
     cdef readonly object fallback
     cdef object apply(self, object a, object out)
+
+cdef object copy_c_order(object a, object out)

@@ -293,11 +293,15 @@ cdef object _allocated(object alloc, cnp.ndarray a, tuple shape, Py_ssize_t size
         for i in range(len(shape)):
             dims[i] = shape[i]
         return cnp.PyArray_EMPTY(len(shape), dims, cnp.PyArray_TYPE(a), 0)
-    if (not _plain(y) or cnp.PyArray_TYPE(<cnp.ndarray>y) != cnp.PyArray_TYPE(a)
-            or cnp.PyArray_SIZE(<cnp.ndarray>y) != size
-            or not cnp.PyArray_ISWRITEABLE(<cnp.ndarray>y)):
-        return None
-    return y
+    return y if _can_take(y, a, size) else None
+
+
+cdef inline bint _can_take(object y, cnp.ndarray a, Py_ssize_t size):
+    """Whether a loop can write ``size`` elements of ``a``'s dtype into ``y``: a writeable
+    C-contiguous array of that dtype and size."""
+    return (_plain(y) and cnp.PyArray_TYPE(<cnp.ndarray>y) == cnp.PyArray_TYPE(a)
+            and cnp.PyArray_SIZE(<cnp.ndarray>y) == size
+            and cnp.PyArray_ISWRITEABLE(<cnp.ndarray>y))
 
 
 def reduce_lastdim(str op, a, dim, bint keepdim, dtype, alloc=None):
@@ -335,14 +339,170 @@ def reduce_lastdim(str op, a, dim, bint keepdim, dtype, alloc=None):
     y = _allocated(alloc, x, shape, rows)
     if y is None:
         return None
+    _reduce_rows(kind, x, <cnp.ndarray>y, rows, n)
+    return y
+
+
+cdef class LastDimReduce:
+    """``ufunc.reduce``'s call ``(a, axes, dtype, out, keepdims)`` for one reduction
+    (``"sum"`` or ``"amax"``): over the last axis or every axis of a non-empty C-contiguous
+    float32 array (``dtype`` None or float32) it runs the compiled loop of
+    :func:`reduce_lastdim` (numpy's results: the pairwise sum to the bit, NaN-propagating
+    maximum), into ``out`` when ``out`` is a writeable C-contiguous float32 array of the
+    result's size; everything else goes to ``fallback`` (``np.add.reduce``,
+    ``np.maximum.reduce``) unchanged. **Local**.
+    """
+
+    cdef int kind
+    cdef object fallback
+
+    def __init__(self, str op, fallback):
+        if op not in ("sum", "amax"):
+            raise ValueError(f"LastDimReduce: op must be 'sum' or 'amax', got {op!r}")
+        self.kind = _REDUCTIONS[op]
+        self.fallback = fallback
+
+    def __call__(self, a, tuple axes, dtype, out, bint keepdims):
+        cdef cnp.ndarray x
+        cdef int nd
+        cdef Py_ssize_t size, n, rows
+        cdef tuple shape
+        if _plain32(a) and (dtype is None or dtype is <object>cnp.PyArray_DESCR(<cnp.ndarray>a)):
+            x = <cnp.ndarray>a
+            nd = cnp.PyArray_NDIM(x)
+            size = cnp.PyArray_SIZE(x)
+            if nd > 0 and size > 0 and len(axes) == 1 and axes[0] == nd - 1:
+                n = cnp.PyArray_DIMS(x)[nd - 1]
+                shape = a.shape[:nd - 1] + (1,) if keepdims else a.shape[:nd - 1]
+            elif nd > 0 and size > 0 and len(axes) == nd:
+                n = size
+                shape = (1,) * nd if keepdims else ()
+            else:
+                return self.fallback(a, axes, dtype, out, keepdims)
+            rows = size // n
+            if out is None:
+                out = _allocated(None, x, shape, rows)
+            elif not _can_take(out, x, rows):
+                return self.fallback(a, axes, dtype, out, keepdims)
+            _reduce_rows(self.kind, x, <cnp.ndarray>out, rows, n)
+            return out
+        return self.fallback(a, axes, dtype, out, keepdims)
+
+
+cdef void _reduce_rows(int kind, cnp.ndarray x, cnp.ndarray y, Py_ssize_t rows, Py_ssize_t n):
+    """The compiled reduce loop of ``x`` (``rows`` x ``n`` float32) into ``y`` (``rows``)."""
     cdef const float* px = <const float*>cnp.PyArray_DATA(x)
-    cdef float* py = <float*>cnp.PyArray_DATA(<cnp.ndarray>y)
-    if size >= NOGIL_MIN:
+    cdef float* py = <float*>cnp.PyArray_DATA(y)
+    if rows * n >= NOGIL_MIN:
         with nogil:
             dtk_reduce_f32(kind, px, py, rows, n)
     else:
         dtk_reduce_f32(kind, px, py, rows, n)
-    return y
+
+
+cdef extern from *:
+    """
+    /* D = transpose(S) for each of `batch` matrices: S is cols x rows and D rows x cols,
+       both C-contiguous, elements of `isz` bytes. Tiles of DTK_TILE x DTK_TILE elements
+       are copied as 8 x 8 blocks gathered into a small buffer whose rows are then written
+       whole: both the rows read and the rows written stay in cache (a plain strided copy
+       misses on every element of one side once a matrix outgrows the cache, and more so
+       at power-of-two strides). */
+    #define DTK_TILE 64
+    #define DTK_TRANSPOSE_BODY(T)                                                      \
+        for (Py_ssize_t b = 0; b < batch; b++) {                                       \
+            const T* s = (const T*)src + b * rows * cols;                              \
+            T* d = (T*)dst + b * rows * cols;                                          \
+            for (Py_ssize_t i0 = 0; i0 < rows; i0 += DTK_TILE)                         \
+            for (Py_ssize_t j0 = 0; j0 < cols; j0 += DTK_TILE) {                       \
+                Py_ssize_t i1 = i0 + DTK_TILE < rows ? i0 + DTK_TILE : rows;           \
+                Py_ssize_t j1 = j0 + DTK_TILE < cols ? j0 + DTK_TILE : cols;           \
+                for (Py_ssize_t i = i0; i < i1; i += 8)                                \
+                for (Py_ssize_t j = j0; j < j1; j += 8) {                              \
+                    if (i + 8 <= i1 && j + 8 <= j1) {                                  \
+                        T blk[8][8];                                                   \
+                        for (int jj = 0; jj < 8; jj++)                                 \
+                            for (int ii = 0; ii < 8; ii++)                             \
+                                blk[ii][jj] = s[(j + jj) * rows + i + ii];             \
+                        for (int ii = 0; ii < 8; ii++)                                 \
+                            memcpy(d + (i + ii) * cols + j, blk[ii], sizeof(blk[ii])); \
+                    } else {                                                           \
+                        Py_ssize_t ie = i + 8 < i1 ? i + 8 : i1;                       \
+                        Py_ssize_t je = j + 8 < j1 ? j + 8 : j1;                       \
+                        for (Py_ssize_t ii = i; ii < ie; ii++)                         \
+                            for (Py_ssize_t jj = j; jj < je; jj++)                     \
+                                d[ii * cols + jj] = s[jj * rows + ii];                 \
+                    }                                                                  \
+                }                                                                      \
+            }                                                                          \
+        }
+    #include <string.h>
+    static void dtk_transpose_copy(const void* src, void* dst, Py_ssize_t batch,
+                                   Py_ssize_t rows, Py_ssize_t cols, int isz) {
+        switch (isz) {
+        case 1: { DTK_TRANSPOSE_BODY(uint8_t) break; }
+        case 2: { DTK_TRANSPOSE_BODY(uint16_t) break; }
+        case 4: { DTK_TRANSPOSE_BODY(uint32_t) break; }
+        case 8: { DTK_TRANSPOSE_BODY(uint64_t) break; }
+        }
+    }
+    """
+    void dtk_transpose_copy(const void* src, void* dst, Py_ssize_t batch, Py_ssize_t rows,
+                            Py_ssize_t cols, int isz) nogil
+
+
+cdef Py_ssize_t TRANSPOSE_MIN = 4096   # elements from which the tiled copy pays
+
+
+cdef object copy_c_order(object a, object out):
+    """A C-order copy of the numpy array ``a`` into ``out`` (a new array when None), by a
+    tiled transpose when ``a`` is the last-two-dims transpose of a C-contiguous array
+    (``c.mT``: ``x.t().contiguous()``, attention's ``k.transpose(-2, -1)``) of elements of
+    1, 2, 4 or 8 bytes and at least :data:`TRANSPOSE_MIN` elements, else by numpy. ``out``
+    must be a C-contiguous array of ``a``'s shape and dtype. Returns ``out``."""
+    cdef cnp.ndarray x = <cnp.ndarray>a
+    cdef int nd = cnp.PyArray_NDIM(x)
+    cdef Py_ssize_t isz = cnp.PyArray_ITEMSIZE(x)
+    cdef Py_ssize_t rows, cols, batch, i, step
+    cdef cnp.npy_intp* dims
+    cdef cnp.npy_intp* strides
+    if (nd >= 2 and cnp.PyArray_SIZE(x) >= TRANSPOSE_MIN and isz in (1, 2, 4, 8)
+            and cnp.PyArray_ISALIGNED(x) and cnp.PyArray_ISNOTSWAPPED(x)):
+        dims = cnp.PyArray_DIMS(x)
+        strides = cnp.PyArray_STRIDES(x)
+        rows, cols = dims[nd - 2], dims[nd - 1]
+        step = rows * cols * isz
+        batch = 1
+        ok = rows > 1 and cols > 1 and strides[nd - 2] == isz and strides[nd - 1] == rows * isz
+        for i in range(nd - 3, -1, -1):
+            if not ok:
+                break
+            ok = dims[i] == 1 or strides[i] == step * batch
+            batch *= dims[i]
+        if ok:
+            if out is None:
+                out = cnp.PyArray_EMPTY(nd, dims, cnp.PyArray_TYPE(x), 0)
+            with nogil:
+                dtk_transpose_copy(cnp.PyArray_DATA(x), cnp.PyArray_DATA(<cnp.ndarray>out),
+                                   batch, rows, cols, <int>isz)
+            return out
+    if out is None:
+        return cnp.PyArray_NewCopy(x, cnp.NPY_CORDER)
+    cnp.PyArray_CopyInto(<cnp.ndarray>out, x)
+    return out
+
+
+def copy_into(out, a):
+    """Copy the numpy array ``a`` into the C-contiguous array ``out`` of its shape and dtype
+    (:func:`copy_c_order`: a tiled transpose for ``c.mT`` layouts); returns ``out``.
+    **Local**."""
+    if type(a) is not cnp.ndarray or type(out) is not cnp.ndarray:
+        raise TypeError("copy_into: numpy arrays expected")
+    if (out.shape != a.shape or out.dtype != a.dtype or not out.flags.c_contiguous
+            or not out.flags.writeable):
+        raise ValueError("copy_into: out must be a writeable C-contiguous array of a's "
+                         f"shape and dtype; got {out.shape} {out.dtype} for {a.shape} {a.dtype}")
+    return copy_c_order(a, out)
 
 
 cdef inline bint _short(frozenset fast, Py_ssize_t limit, object a, object b) except -1:

@@ -185,11 +185,21 @@ def _raw_pointwise(
 _INT64_MAX = (1 << 63) - 1
 
 
+#: The raw reduce forms' functions, called as ``ufunc.reduce`` is: with the compiled
+#: kernels, sum and amax over the last or every axis of a contiguous float32 array run the
+#: compiled loop that the local kernels run (numpy's results, to the bit).
+_REDUCE = {"sum": np.add.reduce, "amax": np.maximum.reduce, "amin": np.minimum.reduce}
+if _fp.ENABLED:
+    _REDUCE.update(
+        (op, _fp.kernels.LastDimReduce(op, _REDUCE[op])) for op in ("sum", "amax")
+    )
+
+
 def _raw_sum(
     entry: CacheEntry, values: list, spec: DTensorSpec, scale: float | None = None
 ) -> RawForm | None:
     """``sum`` of a float32/float64 host array as ``_math.sum`` computes it:
-    ``np.add.reduce`` over the normalised dims, in the input dtype (into a pooled output
+    ``np.add.reduce`` (or its compiled twin, :data:`_REDUCE`) over the normalised dims, in the input dtype (into a pooled output
     from the pooling size on); for ``mean``, that sum times the kernel's ``scale`` (1 / the
     global count) in the dtype."""
     _, dim, keepdim, dtype = values
@@ -201,12 +211,12 @@ def _raw_sum(
     _, out = _out(entry)
     axes = norm_dims(entry.name, dim, len(spec.shape))
     param = (axes, dt, keepdim, None if scale is None else dt.type(scale))
-    return RawForm(_RAW["reduce"], np.add.reduce, (), param, quiet=True, out=out)
+    return RawForm(_RAW["reduce"], _REDUCE["sum"], (), param, quiet=True, out=out)
 
 
 def _raw_extreme(entry: CacheEntry, values: list, spec: DTensorSpec) -> RawForm | None:
     """``amax``/``amin`` of a host array as the kernel computes it: ``np.maximum.reduce``
-    (``minimum``) over the normalised dims, in the input dtype, NaN propagating; only when
+    (``minimum``; or a compiled twin, :data:`_REDUCE`) over the normalised dims, in the input dtype, NaN propagating; only when
     no reduced dim of the local shard is empty (the kernel decides those)."""
     _, dim, keepdim = values
     if spec.mesh.device_type != "cpu" or type(keepdim) is not bool:
@@ -216,8 +226,7 @@ def _raw_extreme(entry: CacheEntry, values: list, spec: DTensorSpec) -> RawForm 
     if any(local[d] == 0 for d in axes):
         return None
     _, out = _out(entry)
-    ufunc = np.maximum if entry.name == "amax" else np.minimum
-    return RawForm(_RAW["reduce"], ufunc.reduce, (), (axes, None, keepdim, None), out=out)
+    return RawForm(_RAW["reduce"], _REDUCE[entry.name], (), (axes, None, keepdim, None), out=out)
 
 
 def _raw_matmul(entry: CacheEntry, values: list, spec: DTensorSpec) -> RawForm | None:

@@ -68,6 +68,8 @@ __all__ = ["Size", "Storage", "Tensor", "is_tensor"]
 
 # The stride math: the compiled twin (same functions, same errors) when the fast path is on.
 _S = _fp.strides if _fp.ENABLED else _strides
+#: The compiled C-order copy of a host array (a tiled transpose for ``x.mT`` layouts).
+_COPY_C = _fp.kernels.copy_into if _fp.ENABLED else None
 
 _VIEW_ERROR = (
     "view size is not compatible with input tensor's size and stride (at least one "
@@ -764,7 +766,10 @@ class Tensor(_fp.TensorBase):
         if arr.flags.c_contiguous:
             return self
         out = _alloc(arr.shape, arr.dtype, B.device_of(arr))
-        _copy_into(out, arr)
+        if _COPY_C is not None and type(arr) is np.ndarray:
+            _COPY_C(out, arr)  # a tiled transpose for x.mT layouts
+        else:
+            _copy_into(out, arr)
         return _wrap(out)
 
     transpose = _transposer("transpose", "View with two dims swapped. **Local.**")

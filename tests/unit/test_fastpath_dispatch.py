@@ -223,6 +223,26 @@ def test_outputs_of_every_size_are_served_by_the_front(mesh, name):
 
 
 @needs_front
+def test_row_reductions_and_transposed_copies_run_the_compiled_loops(mesh):
+    """The front's raw forms of sum/mean/amax over the last dim call the compiled loop the
+    local kernels call (numpy's bytes), and ``contiguous`` of a transposed shard the tiled
+    transpose; both paths give the same bytes at sizes the tiled copy serves."""
+    from dtensor.dispatch import front
+
+    for op in ("sum", "amax"):
+        assert isinstance(front._REDUCE[op], fastpath.kernels.LastDimReduce), op
+    x = dt.distribute_tensor(_data((160, 96)), mesh, [dt.Shard(0)], src_data_rank=None)
+    calls = [lambda: x.sum(dim=1), lambda: x.mean(-1, True), lambda: x.amax(dim=1),
+             lambda: x.sum(), lambda: x.t().contiguous(), lambda: x.t().reshape(-1)]
+    for call in calls:
+        dt.debug.set_fastpath(False)
+        want = _describe(call())
+        dt.debug.set_fastpath(True)
+        call()
+        assert _describe(call()) == want
+
+
+@needs_front
 @pytest.mark.parametrize("mode", [True, False])
 def test_cache_keys_distinguish_what_matters(mesh, mode):
     dt.debug.set_fastpath(mode)

@@ -398,6 +398,55 @@ def test_reduce_lastdim_declines_what_it_does_not_serve(a, dim, dtype, alloc):
         assert K.reduce_lastdim(op, a, dim, False, dtype, alloc) is None
 
 
+@pytest.mark.parametrize("op", ["sum", "amax"])
+@pytest.mark.parametrize("shape", [(3, 7), (2, 3, 1000), (70_003,)])
+def test_last_dim_reduce_is_ufunc_reduce(op, shape):
+    """The compiled front's raw reduce form (``ufunc.reduce``'s call) gives numpy's bytes,
+    into a given output too; what it does not serve goes to the ufunc unchanged."""
+    ufunc = {"sum": np.add, "amax": np.maximum}[op]
+    r = K.LastDimReduce(op, ufunc.reduce)
+    a = sample(shape, F32, seed=len(shape), special=op == "amax")
+    served = [(a.ndim - 1,), tuple(range(a.ndim))]
+    others = [(0,)] if a.ndim > 1 else []
+    for axes in served + others:
+        for keepdims in (False, True):
+            for dtype in (None, F32):
+                want = np.asarray(ufunc.reduce(a, axes, dtype, None, keepdims))
+                got = np.asarray(r(a, axes, dtype, None, keepdims))
+                assert got.shape == want.shape and got.tobytes() == want.tobytes(), axes
+            out = np.empty(want.shape, F32)
+            assert r(a, axes, None, out, keepdims) is out
+            assert out.tobytes() == want.tobytes()
+    spy = K.LastDimReduce(op, lambda *args: "numpy")
+    last = served[0]
+    rows = a.size // a.shape[-1]
+    strided = np.empty(2 * rows, F32)[::2]  # one element: contiguous all the same
+    for args in [(a[..., ::2], last, None, None, False),  # not C-contiguous
+                 (a.astype(F64), last, None, None, False),  # float64
+                 (a, last, F64, None, False),  # another result dtype
+                 (a, last, None, np.empty(rows + 1, F32), False),  # an out of another size
+                 *([(a, last, None, strided, False)] if rows > 1 else []),  # a strided out
+                 (np.zeros((0, 3), F32), (1,), None, None, False)]:  # empty
+        assert spy(*args) == "numpy", args[1:]
+    with pytest.raises(ValueError, match="op must be"):
+        K.LastDimReduce("prod", np.multiply.reduce)
+
+
+@pytest.mark.parametrize("dtype", [F32, F64, np.dtype(np.int16), np.dtype(np.int8),
+                                   np.dtype(np.bool_)], ids=str)
+@pytest.mark.parametrize("shape", [(64, 64), (130, 67), (3, 100, 70), (2, 2, 9, 200), (5, 1)])
+def test_copy_into_transposes_by_tiles_and_equals_numpy(dtype, shape):
+    """``copy_into`` of an ``x.mT`` layout (the tiled transpose, edges included) and of
+    other layouts (numpy's copy) gives the C-order copy."""
+    c = (np.random.default_rng(7).standard_normal(shape) * 50).astype(dtype)
+    for a in (np.swapaxes(c, -1, -2), c[..., ::2], c, np.swapaxes(c, 0, -1)):
+        out = np.empty(a.shape, dtype)
+        assert K.copy_into(out, a) is out
+        np.testing.assert_array_equal(out, a)
+    with pytest.raises(ValueError, match="out must be"):
+        K.copy_into(np.empty(c.shape, dtype)[::-1], c)
+
+
 # ------------------------------------------------------------------------------ layer_norm
 def layer_norm64(a, k, w=None, b=None, eps=1e-5):
     x = a.astype(F64)

@@ -204,20 +204,57 @@ def softmax_lastdim(a, bint take_log, alloc=None):
     cdef Py_ssize_t size = cnp.PyArray_SIZE(x)
     if nd == 0 or size == 0:
         return None
-    cdef Py_ssize_t n = cnp.PyArray_DIMS(x)[nd - 1]
-    cdef Py_ssize_t rows = size // n
     y = _allocated(alloc, x, a.shape, size)
     if y is None:
         return None
+    _softmax_into(x, <cnp.ndarray>y, take_log)
+    return y
+
+
+cdef void _softmax_into(cnp.ndarray x, cnp.ndarray y, bint take_log):
+    """(log_)softmax of the plain non-empty array ``x`` along its last axis into ``y``."""
+    cdef int nd = cnp.PyArray_NDIM(x)
+    cdef Py_ssize_t size = cnp.PyArray_SIZE(x)
+    cdef Py_ssize_t n = cnp.PyArray_DIMS(x)[nd - 1]
+    cdef Py_ssize_t rows = size // n
     cdef bint f32 = cnp.PyArray_TYPE(x) == cnp.NPY_FLOAT32
     cdef void* px = cnp.PyArray_DATA(x)
-    cdef void* py = cnp.PyArray_DATA(<cnp.ndarray>y)
+    cdef void* py = cnp.PyArray_DATA(y)
     if size >= NOGIL_MIN:
         with nogil:
             _softmax(f32, px, py, rows, n, take_log)
     else:
         _softmax(f32, px, py, rows, n, take_log)
-    return y
+
+
+cdef class LastDimSoftmax:
+    """``f(a, out)`` of the compiled front's raw unary form for softmax (log_softmax when
+    ``take_log``) along the last axis: the loop of :func:`softmax_lastdim` on a non-empty
+    C-contiguous float32/float64 array of at least one dim, into ``out`` when it can take
+    the result (else a new array); anything else goes to ``fallback(a, out)``. **Local**.
+    """
+
+    cdef bint take_log
+    cdef object fallback
+
+    def __init__(self, bint take_log, fallback):
+        self.take_log = take_log
+        self.fallback = fallback
+
+    def __call__(self, a, out):
+        cdef cnp.ndarray x
+        cdef Py_ssize_t size
+        if _plain(a):
+            x = <cnp.ndarray>a
+            size = cnp.PyArray_SIZE(x)
+            if cnp.PyArray_NDIM(x) > 0 and size > 0:
+                if out is None:
+                    out = _allocated(None, x, a.shape, size)
+                elif not _can_take(out, x, size):
+                    return self.fallback(a, out)
+                _softmax_into(x, <cnp.ndarray>out, self.take_log)
+                return out
+        return self.fallback(a, out)
 
 
 cdef inline const float* _affine(object p, Py_ssize_t n, bint* ok):

@@ -11,6 +11,7 @@ local kernel would.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -25,9 +26,10 @@ from redistribute.execute import gather_form as _gather_form
 from ..distributed.dtensor import DTensor, _normalize_placements, _target
 from ..local import allocator as _allocator
 from ..local import dtypes as _dtypes
+from ..local.kernels import nn as _nn
 from ..local.kernels import pointwise as _pw
 from ..local.kernels.base import INT_RANGES, QUIET, quiet_call
-from ..local.tensor import Tensor
+from ..local.tensor import Tensor, _wrap
 from ..ops.table import OpInfo
 from .dispatcher import (
     MISSING,
@@ -105,6 +107,8 @@ def raw_form(info: OpInfo, entry: CacheEntry, values: list) -> RawForm | None:
         return _raw_sum(entry, values, spec)
     if name in ("amax", "amin"):
         return _raw_extreme(entry, values, spec)
+    if name in _SOFTMAX:
+        return _raw_softmax(entry, values, spec)
     if name in ("matmul", "mm"):
         return _raw_matmul(entry, values, spec)
     return _raw_pointwise(info, entry, values, spec)
@@ -193,6 +197,39 @@ if _fp.ENABLED:
     _REDUCE.update(
         (op, _fp.kernels.LastDimReduce(op, _REDUCE[op])) for op in ("sum", "amax")
     )
+
+
+def _softmax_fallback(kernel, a, out):
+    """The local kernel on an array the compiled loop does not serve (``out`` unused)."""
+    return quiet_call(kernel, _wrap(a), -1)._arr
+
+
+#: The raw forms of softmax and log_softmax along the last dim: the compiled loop that the
+#: local kernels' short path runs (their other arrays go to the kernel itself).
+_SOFTMAX = {}
+if _fp.ENABLED:
+    _SOFTMAX.update(
+        (name, _fp.kernels.LastDimSoftmax(name == "log_softmax",
+                                          functools.partial(_softmax_fallback, kernel)))
+        for name, kernel in (("softmax", _nn.softmax), ("log_softmax", _nn.log_softmax))
+    )
+
+
+def _raw_softmax(entry: CacheEntry, values: list, spec: DTensorSpec) -> RawForm | None:
+    """``softmax``/``log_softmax`` over the last dim of a float32/float64 host array, as
+    the local kernel's short path computes it (into a pooled output from the pooling size
+    on)."""
+    _, dim, dtype = values
+    nd = len(spec.shape)
+    if dtype is not None or type(dim) is not int or spec.mesh.device_type != "cpu":
+        return None
+    if not nd or dim not in (-1, nd - 1) or spec.dtype not in _FLOATS:
+        return None
+    _, out = _out(entry)
+    return RawForm(_RAW["unary"], _SOFTMAX[entry.name], out=out)
+
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def _raw_sum(

@@ -191,7 +191,9 @@ def test_fast_hits_are_served_without_the_python_dispatcher(mesh):
 
 @needs_front
 @pytest.mark.parametrize(
-    "name", ["add", "mul_scalar", "maximum", "relu", "gelu", "matmul", "clone", "contiguous", "t"]
+    "name",
+    ["add", "mul_scalar", "maximum", "relu", "gelu", "matmul", "clone", "contiguous", "t",
+     "softmax"],
 )
 def test_outputs_of_every_size_are_served_by_the_front(mesh, name):
     """From the pooling size on, the front writes into a pooled output itself (no detour
@@ -224,16 +226,20 @@ def test_outputs_of_every_size_are_served_by_the_front(mesh, name):
 
 @needs_front
 def test_row_reductions_and_transposed_copies_run_the_compiled_loops(mesh):
-    """The front's raw forms of sum/mean/amax over the last dim call the compiled loop the
-    local kernels call (numpy's bytes), and ``contiguous`` of a transposed shard the tiled
-    transpose; both paths give the same bytes at sizes the tiled copy serves."""
+    """The front's raw forms of sum/mean/amax and softmax/log_softmax over the last dim call
+    the compiled loops the local kernels call, and ``contiguous`` of a transposed shard the
+    tiled transpose; both paths give the same bytes (a transposed softmax input goes to the
+    kernel's other path)."""
     from dtensor.dispatch import front
 
     for op in ("sum", "amax"):
         assert isinstance(front._REDUCE[op], fastpath.kernels.LastDimReduce), op
+    for op in ("softmax", "log_softmax"):
+        assert isinstance(front._SOFTMAX[op], fastpath.kernels.LastDimSoftmax), op
     x = dt.distribute_tensor(_data((160, 96)), mesh, [dt.Shard(0)], src_data_rank=None)
     calls = [lambda: x.sum(dim=1), lambda: x.mean(-1, True), lambda: x.amax(dim=1),
-             lambda: x.sum(), lambda: x.t().contiguous(), lambda: x.t().reshape(-1)]
+             lambda: x.sum(), lambda: x.t().contiguous(), lambda: x.t().reshape(-1),
+             lambda: x.softmax(-1), lambda: dt.log_softmax(x, 1), lambda: x.t().softmax(1)]
     for call in calls:
         dt.debug.set_fastpath(False)
         want = _describe(call())

@@ -398,6 +398,23 @@ def test_reduce_lastdim_declines_what_it_does_not_serve(a, dim, dtype, alloc):
         assert K.reduce_lastdim(op, a, dim, False, dtype, alloc) is None
 
 
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("dtype", [F32, F64], ids=["f32", "f64"])
+def test_last_dim_softmax_is_softmax_lastdim(log, dtype):
+    """The front's raw softmax form: the bytes of :func:`softmax_lastdim`, into a given
+    output too; what the loop does not serve goes to the fallback with its ``out``."""
+    f = K.LastDimSoftmax(log, lambda a, out: ("fallback", a, out))
+    a = sample((5, 33), dtype)
+    want = K.softmax_lastdim(a, log, alloc_none)
+    assert f(a, None).tobytes() == want.tobytes()
+    out = np.empty_like(a)
+    assert f(a, out) is out and out.tobytes() == want.tobytes()
+    for b, o in [(a.T, None), (a.astype(np.float16), None), (np.zeros((0, 3), dtype), None),
+                 (a, np.empty((5, 34), dtype)[:, :33]), (a, np.empty(a.shape, np.float16))]:
+        got = f(b, o)
+        assert got[0] == "fallback" and got[1] is b and got[2] is o
+
+
 @pytest.mark.parametrize("op", ["sum", "amax"])
 @pytest.mark.parametrize("shape", [(3, 7), (2, 3, 1000), (70_003,)])
 def test_last_dim_reduce_is_ufunc_reduce(op, shape):

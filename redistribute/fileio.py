@@ -27,6 +27,11 @@ __all__ = ["File"]
 _MAX_CALL = 1 << 30
 
 
+def _reason(e: MPI.Exception) -> str:
+    """The first line of an MPI error's text, without MPICH's error stack."""
+    return e.Get_error_string().split(", error stack")[0].splitlines()[0]
+
+
 def _bytes_of(buf: np.ndarray) -> np.ndarray:
     """The contiguous ``buf`` as a flat uint8 view (shares memory)."""
     if not buf.flags.c_contiguous:
@@ -67,11 +72,11 @@ class File:
         except MPI.Exception as e:
             raise CheckpointError(
                 f"{op}: cannot open {self.path!r} ({'read' if mode == 'r' else 'write'}): "
-                f"{e.Get_error_string()}"
+                f"{_reason(e)}"
             ) from None
 
     def _fail(self, what: str, e: MPI.Exception) -> CheckpointError:
-        return CheckpointError(f"{self.op}: {what} of {self.path!r} failed: {e.Get_error_string()}")
+        return CheckpointError(f"{self.op}: {what} of {self.path!r} failed: {_reason(e)}")
 
     def size(self) -> int:
         """The file's size in bytes. **Local**."""
@@ -112,25 +117,32 @@ class File:
         offsets: Sequence[int],
         lengths: Sequence[int],
         itemsize: int,
-    ) -> tuple[object, int, list]:
+        count: int,
+    ) -> tuple[object, list]:
         """Set the file view to the block ``offsets``/``lengths`` of a C-ordered array of
-        ``shape`` at byte ``disp``; returns (etype, element count, types to free)."""
-        count = int(np.prod(lengths, dtype=np.int64))
+        ``shape`` at byte ``disp`` (``count`` elements; 0: none); returns (etype, types to
+        free)."""
         etype = BYTES.Create_contiguous(itemsize).Commit()
         if count == 0 or len(shape) == 0:
             self._fh.Set_view(disp, etype, etype, "native")
-            return etype, count, [etype]
+            return etype, [etype]
         filetype = etype.Create_subarray(
             [int(s) for s in shape], [int(n) for n in lengths], [int(o) for o in offsets]
         ).Commit()
         self._fh.Set_view(disp, etype, filetype, "native")
-        return etype, count, [etype, filetype]
+        return etype, [etype, filetype]
 
     def _block_all(self, read: bool, disp, shape, offsets, lengths, buf: np.ndarray) -> None:
         what = "reading" if read else "writing"
         types: list = []
         try:
-            etype, count, types = self._block_view(disp, shape, offsets, lengths, buf.itemsize)
+            count = buf.size
+            if count and count != int(np.prod(lengths, dtype=np.int64)):
+                raise CheckpointError(
+                    f"{self.op}: a buffer of {count} items for a block of shape "
+                    f"{tuple(lengths)} of {self.path!r}"
+                )
+            etype, types = self._block_view(disp, shape, offsets, lengths, buf.itemsize, count)
             spec = [_bytes_of(buf), count, etype]
             (self._fh.Read_all if read else self._fh.Write_all)(spec)
         except MPI.Exception as e:
@@ -154,8 +166,8 @@ class File:
         """Read block ``offsets``/``lengths`` of the C-ordered array of ``shape`` (items of
         ``buf.itemsize`` bytes) stored from byte ``disp`` into the contiguous ``buf``.
 
-        **Collective** over the file's ranks (each reads its own block; empty blocks are
-        legal). The file view is left set: use :meth:`read_at`/:meth:`write_at` after it
+        **Collective** over the file's ranks (each reads its own block; a rank that reads
+        nothing passes an empty ``buf``). The file view is left set: use :meth:`read_at`/:meth:`write_at` after it
         only through a new :class:`File`.
         """
         self._block_all(True, disp, shape, offsets, lengths, buf)

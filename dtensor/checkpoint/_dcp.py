@@ -368,8 +368,9 @@ def _read_block_part(fh: File, target: _Target, block: dict, chunk: int, folder:
     last = sum((s + n - 1) * st for s, n, st in zip(start, sub, strides)) + dtype.itemsize
     c0, c1 = first // chunk, -(-last // chunk)
     r0, r1 = c0 * chunk, min(c1 * chunk, block["nbytes"])
-    region = target.dst[tuple(slice(lo - o, h - o) for lo, h, o in
-                              zip(lo_g, hi_g, target.offsets))]
+    # the trailing Ellipsis keeps a 0-d region a view (an empty tuple gives a scalar)
+    region = target.dst[(*(slice(lo - o, h - o) for lo, h, o in
+                           zip(lo_g, hi_g, target.offsets)), ...)]
     direct = region.flags.c_contiguous and (r0, r1) == (first, last) and region.nbytes == r1 - r0
     buf = region if direct else np.empty(r1 - r0, np.uint8)
     got = fh.read_at(block["offset"] + r0, buf)

@@ -119,8 +119,9 @@ def values_by_key(node: Any, key: str = "", out: dict | None = None) -> dict[str
 
 
 def replace_values(state: Any, saved: dict[str, Any], key: str = "") -> None:
-    """Set the python values of ``state``'s dicts and lists to ``saved[key]`` where the
-    checkpoint holds that key (tuples are immutable and keep theirs). **Local**."""
+    """Set the python values and numpy scalars of ``state``'s dicts and lists to
+    ``saved[key]`` where ``saved`` holds that key (tuples are immutable and keep theirs).
+    **Local**."""
     items = (
         state.items() if isinstance(state, dict)
         else enumerate(state) if isinstance(state, (list, tuple)) else ()
@@ -129,5 +130,5 @@ def replace_values(state: Any, saved: dict[str, Any], key: str = "") -> None:
         sub = f"{key}.{k}" if key else str(k)
         if isinstance(v, (dict, list, tuple)):
             replace_values(v, saved, sub)
-        elif kind_of(v) is None and sub in saved and not isinstance(state, tuple):
+        elif kind_of(v) in (None, "scalar") and sub in saved and not isinstance(state, tuple):
             state[k] = saved[sub]

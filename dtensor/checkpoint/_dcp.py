@@ -118,43 +118,51 @@ def _host(leaf: Any) -> np.ndarray:
     return np.ascontiguousarray(leaf)
 
 
-def _plan_blocks(entries: list[dict], leaves: list, chunk_bytes: int) -> list[tuple]:
-    """Add each entry's ``blocks`` (file offsets, sizes, chunk counts); returns this rank's
-    writes ``(entry, block, leaf)``."""
-    rank = world().rank
+def _nchunks(nbytes: int, chunk_bytes: int) -> int:
+    return -(-nbytes // chunk_bytes)
+
+
+def _plan_blocks(entries: list[dict], leaves: list, rank: int, chunk_bytes: int) -> tuple:
+    """Add each entry's saved ``blocks`` (global box, file offset, size, writer rank).
+
+    Returns ``(writes, first_chunk, chunks)``: this rank's writes ``(block, leaf)``, the
+    index of each block's first checksum chunk (by ``id(block)``) in the numbering of all
+    chunks of the checkpoint, and the number of chunks.
+    """
     offset = 0
-    writes = []
+    writes, first_chunk, chunks = [], {}, 0
     for entry, (_, leaf) in zip(entries, leaves):
         itemsize = np.dtype(entry["dtype"]).itemsize
         shape = tuple(entry["shape"])
         if entry["kind"] == "dtensor":
-            mesh = leaf.device_mesh
-            placements = leaf.placements
-            holders = [(c, int(mesh._world[c])) for c in writer_coords(mesh.shape, placements)]
+            mesh_shape, placements = leaf.device_mesh.shape, leaf.placements
+            # world ranks of the coordinates (the mesh spans every rank: _describe checked)
+            world_ranks = leaf.device_mesh._world
+            holders = [(c, int(world_ranks[c])) for c in writer_coords(mesh_shape, placements)]
             entry["placements"] = [p.short() for p in placements]
         else:
-            mesh, placements, holders = None, (), [((), 0)]
-        blocks = []
+            mesh_shape, placements, holders = (), (), [((), 0)]
+        entry["blocks"] = []
         for coord, writer in holders:
-            offs, lens = box(shape, mesh.shape if mesh else (), placements, coord)
+            offs, lens = box(shape, mesh_shape, placements, coord)
             nbytes = int(np.prod(lens, dtype=np.int64)) * itemsize
-            if nbytes == 0 and shape and 0 in lens:
+            if nbytes == 0:
                 continue  # an empty shard holds nothing
             block = {"offsets": list(offs), "lengths": list(lens), "file": DATA,
                      "offset": offset, "nbytes": nbytes, "writer": writer}
-            blocks.append(block)
+            entry["blocks"].append(block)
             if writer == rank:
-                writes.append((entry, block, leaf))
+                writes.append((block, leaf))
+            first_chunk[id(block)] = chunks
+            chunks += _nchunks(nbytes, chunk_bytes)
             offset += -(-nbytes // ALIGN) * ALIGN
-        entry["blocks"] = blocks
-    return writes
+    return writes, first_chunk, chunks
 
 
 def _crcs(data: np.ndarray, chunk_bytes: int) -> list[int]:
+    """CRC-32 of each ``chunk_bytes`` of the contiguous ``data``."""
     mv = memoryview(data.reshape(-1).view(np.uint8))
-    return [zlib.crc32(mv[i : i + chunk_bytes]) for i in range(0, len(mv), chunk_bytes)] or [
-        zlib.crc32(b"")
-    ]
+    return [zlib.crc32(mv[i : i + chunk_bytes]) for i in range(0, len(mv), chunk_bytes)]
 
 
 def _prepare_dir(path: str, tmp: str) -> None:
@@ -240,28 +248,22 @@ def save(state: Any, path: str | os.PathLike, *, chunk_bytes: int = CHUNK_BYTES)
             f"placements) for {path!r}; rank {comm.rank} passes {text[:400]}"
         ) if digests[comm.rank, 0] != digests[0, 0] else None, "save")
     leaves = [(k, reduce_partial(x) if isinstance(x, DTensor) else x) for k, x in leaves]
-    writes = _plan_blocks(entries, leaves, chunk_bytes)
+    writes, first_chunk, chunks = _plan_blocks(entries, leaves, comm.rank, chunk_bytes)
     tmp = sibling(path, "tmp")
     run_agreed(comm, "save", lambda: comm.rank == 0 and _prepare_dir(path, tmp))
-    # checksum chunks of every block, numbered across the checkpoint
-    firsts, total = {}, 0
-    for entry in entries:
-        for block in entry["blocks"]:
-            firsts[id(block)] = total
-            total += max(1, -(-block["nbytes"] // chunk_bytes))
-    crcs = np.zeros(total, np.int64)
+    crcs = np.zeros(chunks, np.int64)  # each chunk's is set by its writer, then summed
     data_path = os.path.join(tmp, DATA)
     fh = File(comm, data_path, "w", "save")
     error = None
     try:
         kill = os.environ.get(_KILL_ENV) == str(comm.rank)
-        for entry, block, leaf in writes:
+        for block, leaf in writes:
             data = _host(leaf)
             fh.write_at(block["offset"], data)
             if kill:
                 os.kill(os.getpid(), signal.SIGKILL)
-            sums = _crcs(data, chunk_bytes)
-            crcs[firsts[id(block)] : firsts[id(block)] + len(sums)] = sums
+            first = first_chunk[id(block)]
+            crcs[first : first + _nchunks(block["nbytes"], chunk_bytes)] = _crcs(data, chunk_bytes)
     except LOCAL_ERRORS as e:
         error = e
     fh.sync()
@@ -271,8 +273,9 @@ def save(state: Any, path: str | os.PathLike, *, chunk_bytes: int = CHUNK_BYTES)
     if comm.rank == 0:
         for entry in entries:
             for block in entry["blocks"]:
-                n = max(1, -(-block["nbytes"] // chunk_bytes))
-                block["crc32"] = crcs[firsts[id(block)] : firsts[id(block)] + n].tolist()
+                first = first_chunk[id(block)]
+                n = _nchunks(block["nbytes"], chunk_bytes)
+                block["crc32"] = crcs[first : first + n].tolist()
         end = max((b["offset"] + b["nbytes"] for e in entries for b in e["blocks"]), default=0)
         meta = {
             "format": FORMAT, "version": VERSION, "world_size": comm.size,
@@ -399,7 +402,7 @@ def _fill(comm, folder: str, meta: dict, targets: list[_Target], stats: dict) ->
     chunk = int(meta["chunk_bytes"])
     by_file: dict[str, list] = {}
     for t in targets:
-        for block in t.entry["blocks"]:
+        for block in t.entry["blocks"] if t.fill is None else ():  # else it holds no data
             by_file.setdefault(block["file"], []).append((t, block))
     for name in sorted(set(meta["files"]) | set(by_file)):
         path = os.path.join(folder, name)

@@ -196,6 +196,6 @@ def to_npy(x: object, path: str | os.PathLike) -> None:
     def commit() -> None:
         if comm.rank == 0:
             os.replace(tmp, path)
-            fsync_path(parent or ".", directory=True)
+            fsync_path(parent, directory=True)
 
     run_agreed(comm, "to_npy", commit)

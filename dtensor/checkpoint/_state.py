@@ -42,7 +42,7 @@ def _value(v: Any, key: str, op: str) -> Any:
     if isinstance(v, VALUE_TYPES):
         return v
     raise DTypeError(
-        f"{op}: the state's entry {key!r} is a {type(v).__name__}; a checkpoint holds dicts "
+        f"{op}: the state's entry {key!r} has type {type(v).__name__}; a checkpoint holds dicts "
         "(str keys), lists, tuples, DTensors, Tensors, numpy arrays and scalars, None, bool, "
         "int, float and str"
     )

@@ -164,6 +164,12 @@ def test_resharding_load_reads_only_its_share(folder):
         assert stats["bytes_read"] == meta_bytes + share
         everyone = WORLD.allgather(stats["data_bytes"])
         assert sum(everyone) == a.nbytes  # no rank read another's rows
+    # a Partial(sum) target: only coordinate 0 holds the value and reads it
+    target = dt.distribute_tensor(np.zeros_like(a), mesh, [P("sum")])
+    dt.load({"rep": target}, path)
+    np.testing.assert_array_equal(full(target), a)
+    read = dt.checkpoint.last_load_stats()["data_bytes"]
+    assert read == (a.nbytes if WORLD.rank == 0 else 0)
     # default chunks: at most the chunks that hold the share
     dt.save(state, path)
     target = dt.distribute_tensor(np.zeros_like(a), mesh, [S(0)])
@@ -248,7 +254,7 @@ def test_state_that_does_not_match_the_checkpoint(folder):
         dt.load({"b": np.zeros(5)}, path)
     with pytest.raises(DTypeError, match="load: 'b' has dtype int64"):
         dt.load({"b": np.zeros(4, np.int64)}, path)
-    with pytest.raises(DTypeError, match="save: the state's entry 'o' is a object"):
+    with pytest.raises(DTypeError, match="save: the state's entry 'o' has type object"):
         dt.save({"o": object()}, path)
     if WORLD.size > 1:
         shape = (3,) if WORLD.rank == 0 else (4,)

@@ -23,7 +23,7 @@ T = TypeVar("T")
 
 #: Errors a rank may meet alone (a file it alone reads, a check of its own data): the
 #: ranks agree on them before the next collective, so that every rank raises.
-LOCAL_ERRORS = (DTensorError, OSError, ValueError, TypeError, KeyError)
+LOCAL_ERRORS = (DTensorError, OSError, ValueError, TypeError, LookupError)
 
 
 def agree(comm: Comm, error: BaseException | None, op: str) -> None:

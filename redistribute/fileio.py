@@ -44,8 +44,9 @@ class File:
 
     Parameters
     ----------
-    comm : Comm
-        The ranks that open the file together.
+    comm : Comm or None
+        The ranks that open the file together; None: this rank alone (``COMM_SELF``, then
+        every method is **Local**).
     path : str or os.PathLike
         The file.
     mode : {"r", "w"}
@@ -62,13 +63,13 @@ class File:
 
     __slots__ = ("_fh", "comm", "op", "path")
 
-    def __init__(self, comm: Comm, path: str | os.PathLike, mode: str, op: str) -> None:
+    def __init__(self, comm: Comm | None, path: str | os.PathLike, mode: str, op: str) -> None:
         self.comm = comm
         self.path = os.fspath(path)
         self.op = op
         amode = MPI.MODE_RDONLY if mode == "r" else MPI.MODE_WRONLY | MPI.MODE_CREATE
         try:
-            self._fh = MPI.File.Open(comm.mpi, self.path, amode)
+            self._fh = MPI.File.Open(MPI.COMM_SELF if comm is None else comm.mpi, self.path, amode)
         except MPI.Exception as e:
             raise CheckpointError(
                 f"{op}: cannot open {self.path!r} ({'read' if mode == 'r' else 'write'}): "

@@ -9,9 +9,11 @@ A checkpoint is a folder of two files:
   with (and those it had: Partial mesh dims are reduced to Replicate before the write), and
   its saved blocks: global offsets and lengths, the data file, the byte offset, the size,
   and one CRC-32 per ``chunk_bytes`` of the block;
-- ``data.bin``: the blocks, C-ordered, each written once by one rank (a DTensor's distinct
-  blocks by the ranks at mesh coordinate 0 of every non-sharding mesh dim; local tensors,
-  numpy arrays and scalars by rank 0, as for every rank the same) with MPI-IO.
+- ``data-<rank>.bin``, one per rank that writes: the blocks, C-ordered, each written once
+  by one rank (a DTensor's distinct blocks by the ranks at mesh coordinate 0 of every
+  non-sharding mesh dim; local tensors, numpy arrays and scalars by rank 0, as for every
+  rank the same) with MPI-IO. A file per writer keeps the ranks' writes from contending for
+  one file (a shared file's buffered writes serialise on its inode lock).
 
 Crash safety: a save writes into ``.<name>.dtensor-tmp`` beside the target, syncs the data
 (MPI_File_sync), the metadata and the folder, and only after every rank has finished
@@ -67,7 +69,8 @@ __all__ = ["last_load_stats", "load", "save"]
 FORMAT = "dtensor-checkpoint"
 VERSION = 1
 META = "metadata.json"
-DATA = "data.bin"
+#: The data file of the blocks that world rank ``r`` writes: ``DATA.format(r)``.
+DATA = "data-{:05d}.bin"
 #: Default bytes per checksum chunk: a rank that needs part of a block reads whole chunks.
 CHUNK_BYTES = 1 << 22
 #: Blocks start at multiples of this many bytes in the data file.
@@ -125,11 +128,12 @@ def _nchunks(nbytes: int, chunk_bytes: int) -> int:
 def _plan_blocks(entries: list[dict], leaves: list, rank: int, chunk_bytes: int) -> tuple:
     """Add each entry's saved ``blocks`` (global box, file offset, size, writer rank).
 
-    Returns ``(writes, first_chunk, chunks)``: this rank's writes ``(block, leaf)``, the
+    Returns ``(writes, first_chunk, chunks)``: this rank's writes ``(block, leaf)`` (into
+    its own file), the
     index of each block's first checksum chunk (by ``id(block)``) in the numbering of all
     chunks of the checkpoint, and the number of chunks.
     """
-    offset = 0
+    offsets: dict[int, int] = {}  # writer rank -> end of its file so far
     writes, first_chunk, chunks = [], {}, 0
     for entry, (_, leaf) in zip(entries, leaves):
         itemsize = np.dtype(entry["dtype"]).itemsize
@@ -148,14 +152,15 @@ def _plan_blocks(entries: list[dict], leaves: list, rank: int, chunk_bytes: int)
             nbytes = int(np.prod(lens, dtype=np.int64)) * itemsize
             if nbytes == 0:
                 continue  # an empty shard holds nothing
-            block = {"offsets": list(offs), "lengths": list(lens), "file": DATA,
+            offset = offsets.get(writer, 0)
+            block = {"offsets": list(offs), "lengths": list(lens), "file": DATA.format(writer),
                      "offset": offset, "nbytes": nbytes, "writer": writer}
             entry["blocks"].append(block)
             if writer == rank:
                 writes.append((block, leaf))
             first_chunk[id(block)] = chunks
             chunks += _nchunks(nbytes, chunk_bytes)
-            offset += -(-nbytes // ALIGN) * ALIGN
+            offsets[writer] = offset + -(-nbytes // ALIGN) * ALIGN
     return writes, first_chunk, chunks
 
 
@@ -252,10 +257,10 @@ def save(state: Any, path: str | os.PathLike, *, chunk_bytes: int = CHUNK_BYTES)
     tmp = sibling(path, "tmp")
     run_agreed(comm, "save", lambda: comm.rank == 0 and _prepare_dir(path, tmp))
     crcs = np.zeros(chunks, np.int64)  # each chunk's is set by its writer, then summed
-    data_path = os.path.join(tmp, DATA)
-    fh = File(comm, data_path, "w", "save")
-    error = None
+    error, fh = None, None
     try:
+        if writes:
+            fh = File(None, os.path.join(tmp, DATA.format(comm.rank)), "w", "save")
         kill = os.environ.get(_KILL_ENV) == str(comm.rank)
         for block, leaf in writes:
             data = _host(leaf)
@@ -264,10 +269,15 @@ def save(state: Any, path: str | os.PathLike, *, chunk_bytes: int = CHUNK_BYTES)
                 os.kill(os.getpid(), signal.SIGKILL)
             first = first_chunk[id(block)]
             crcs[first : first + _nchunks(block["nbytes"], chunk_bytes)] = _crcs(data, chunk_bytes)
+        if fh is not None:
+            fh.sync()
     except LOCAL_ERRORS as e:
         error = e
-    fh.sync()
-    fh.close()
+    if fh is not None:
+        try:
+            fh.close()
+        except LOCAL_ERRORS as e:
+            error = error or e
     agree(comm, error, "save")
     comm.allreduce(crcs, op="sum", what="save: checksums")
     if comm.rank == 0:
@@ -276,10 +286,12 @@ def save(state: Any, path: str | os.PathLike, *, chunk_bytes: int = CHUNK_BYTES)
                 first = first_chunk[id(block)]
                 n = _nchunks(block["nbytes"], chunk_bytes)
                 block["crc32"] = crcs[first : first + n].tolist()
-        end = max((b["offset"] + b["nbytes"] for e in entries for b in e["blocks"]), default=0)
+        files: dict[str, int] = {}
+        for block in (b for e in entries for b in e["blocks"]):
+            files[block["file"]] = max(files.get(block["file"], 0), block["offset"] + block["nbytes"])
         meta = {
             "format": FORMAT, "version": VERSION, "world_size": comm.size,
-            "chunk_bytes": chunk_bytes, "checksum": "crc32", "files": {DATA: end},
+            "chunk_bytes": chunk_bytes, "checksum": "crc32", "files": files,
             "structure": skeleton, "tensors": entries,
         }
     run_agreed(comm, "save", lambda: comm.rank == 0 and _commit(path, tmp, meta))
@@ -397,39 +409,45 @@ def _read_block_part(fh: File, target: _Target, block: dict, chunk: int, folder:
 
 
 def _fill(comm, folder: str, meta: dict, targets: list[_Target], stats: dict) -> None:
-    """Fill every target from the data files. **Collective** (the files are opened and
-    closed by every rank)."""
+    """Fill every target from the data files this rank needs (each opened by this rank
+    alone). **Collective**: the ranks agree on the errors at the end."""
     chunk = int(meta["chunk_bytes"])
     by_file: dict[str, list] = {}
     for t in targets:
         for block in t.entry["blocks"] if t.fill is None else ():  # else it holds no data
             by_file.setdefault(block["file"], []).append((t, block))
-    for name in sorted(set(meta["files"]) | set(by_file)):
-        path = os.path.join(folder, name)
-        try:
-            fh = File(comm, path, "r", "load")
-        except CheckpointError as e:
-            keys = sorted({t.entry["key"] for t, _ in by_file.get(name, [])})
-            raise CheckpointError(f"{e}; it holds tensors {keys}") from None
-        error = None
-        try:
-            size = fh.size()
-            if size < meta["files"].get(name, 0):
-                late = sorted({t.entry["key"] for t, b in by_file.get(name, [])
-                               if b["offset"] + b["nbytes"] > size})
-                raise CheckpointError(
-                    f"load: {path!r} holds {size} bytes, the checkpoint needs "
-                    f"{meta['files'][name]}; truncated tensors {late}"
-                )
-            for t, block in by_file.get(name, []):
-                _read_block_part(fh, t, block, chunk, folder, stats)
-        except LOCAL_ERRORS as e:
-            error = e
-        fh.close()
-        agree(comm, error, "load")
+    error = None
+    try:
+        for name, parts in sorted(by_file.items()):
+            _read_file(os.path.join(folder, name), meta, parts, chunk, stats)
+    except LOCAL_ERRORS as e:
+        error = e
+    agree(comm, error, "load")
     for t in targets:
         if t.fill is not None:
             t.dst[...] = t.fill
+
+
+def _read_file(path: str, meta: dict, parts: list, chunk: int, stats: dict) -> None:
+    """Read the ``(target, block)`` parts of one data file."""
+    name = os.path.basename(path)
+    held = sorted({e["key"] for e in meta["tensors"] for b in e["blocks"] if b["file"] == name})
+    try:
+        fh = File(None, path, "r", "load")
+    except CheckpointError as e:
+        raise CheckpointError(f"{e}; it holds tensors {held}") from None
+    try:
+        size, need = fh.size(), meta["files"].get(name, 0)
+        if size < need:
+            late = sorted({t.entry["key"] for t, b in parts if b["offset"] + b["nbytes"] > size})
+            raise CheckpointError(
+                f"load: {path!r} holds {size} bytes, the checkpoint needs {need}; truncated "
+                f"tensors {late or held}"
+            )
+        for t, block in parts:
+            _read_block_part(fh, t, block, chunk, os.path.dirname(path), stats)
+    finally:
+        fh.close()
 
 
 def last_load_stats() -> dict[str, Any]:

@@ -12,7 +12,9 @@ barrier, on every rank:
 - ``dt.load(state, DIR/ckpt)`` in place (every chunk read is verified);
 - ``np.load`` of those files.
 
-Files are read back from the page cache (just written). Figures: per operation the median
+Before each sample every rank flushes the file system's dirty data (``os.sync``, not
+timed), so that no sample pays for the write-back of an earlier one. Files are read back
+from the page cache (just written). Figures: per operation the median
 seconds on each rank, then the worst rank; GB/s of the whole state; the ratios of dt's
 figures to numpy's. Everything under ``DIR`` that the run wrote is removed at the end
 (``--dir`` defaults to the temporary directory; the run needs about twice ``--mib`` free).
@@ -43,6 +45,7 @@ from launch.bench._common import bench_args, emit, environment, ratio, worst_ran
 
 
 def _timed(fn, world) -> float:
+    os.sync()  # every sample starts with no dirty data of an earlier one to write back
     world.Barrier()
     start = time.perf_counter()
     fn()

@@ -151,7 +151,8 @@ def test_resharding_load_reads_only_its_share(folder):
     blocks = {t["key"]: t["blocks"] for t in meta["tensors"]}
     assert len(blocks["rep"]) == 1  # a replicated tensor is written once
     assert len(blocks["cols"]) == min(WORLD.size, cols)
-    data_size = os.path.getsize(os.path.join(path, "data.bin"))
+    data_size = sum(os.path.getsize(os.path.join(path, f)) for f in meta["files"])
+    assert sorted(meta["files"]) == sorted(f for f in os.listdir(path) if f.endswith(".bin"))
     assert data_size < 2 * a.nbytes + 64 * (WORLD.size + 1)
     meta_bytes = os.path.getsize(os.path.join(path, "metadata.json"))
     for key in ("cols", "rep"):
@@ -199,13 +200,13 @@ def test_flipped_byte_raises_checkpoint_error_naming_file_and_tensor(folder):
     meta = read_meta(path)
     last = next(t for t in meta["tensors"] if t["key"] == "w")["blocks"][-1]
     if WORLD.rank == 0:
-        with open(os.path.join(path, "data.bin"), "r+b") as fh:
+        with open(os.path.join(path, last["file"]), "r+b") as fh:
             fh.seek(last["offset"] + 5)
             byte = fh.read(1)
             fh.seek(last["offset"] + 5)
             fh.write(bytes([byte[0] ^ 0x40]))
     WORLD.Barrier()
-    with pytest.raises(CheckpointError, match=r"load: checksum mismatch in .*data\.bin.* 'w'"):
+    with pytest.raises(CheckpointError, match=r"load: checksum mismatch in .*data-\d{5}\.bin.* 'w'"):
         dt.load(path)
     # the other tensor is intact and loads alone
     b = np.zeros(4)
@@ -218,9 +219,9 @@ def test_missing_or_bad_files_raise_checkpoint_error(folder):
     path, _, _ = _save_small(folder)
     WORLD.Barrier()
     if WORLD.rank == 0:
-        os.remove(os.path.join(path, "data.bin"))
+        os.remove(os.path.join(path, "data-00000.bin"))  # rank 0's: 'b' and a block of 'w'
     WORLD.Barrier()
-    with pytest.raises(CheckpointError, match=r"load: cannot open .*data\.bin.*'b', 'w'"):
+    with pytest.raises(CheckpointError, match=r"load: cannot open .*data-00000\.bin.*'b', 'w'"):
         dt.load(path)
     WORLD.Barrier()
     if WORLD.rank == 0:
@@ -239,9 +240,9 @@ def test_truncated_data_file(folder):
     path, _, _ = _save_small(folder)
     WORLD.Barrier()
     if WORLD.rank == 0:
-        os.truncate(os.path.join(path, "data.bin"), 10)
+        os.truncate(os.path.join(path, "data-00000.bin"), 10)
     WORLD.Barrier()
-    with pytest.raises(CheckpointError, match=r"data\.bin' holds 10 bytes.*truncated tensors"):
+    with pytest.raises(CheckpointError, match=r"data-00000\.bin' holds 10 bytes.*truncated tensors"):
         dt.load(path)
 
 
@@ -284,7 +285,7 @@ def test_leftovers_of_a_killed_save(folder):
     WORLD.Barrier()
     if WORLD.rank == 0:  # killed while writing: a partial temporary folder
         os.mkdir(tmp)
-        with open(os.path.join(tmp, "data.bin"), "wb") as fh:
+        with open(os.path.join(tmp, "data-00000.bin"), "wb") as fh:
             fh.write(b"partial")
     WORLD.Barrier()
     w = dt.distribute_tensor(np.zeros_like(a), mesh, [S(0)])

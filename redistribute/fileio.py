@@ -21,10 +21,17 @@ from placements.errors import CheckpointError
 
 from .comm import BYTES, Comm
 
-__all__ = ["File"]
+__all__ = ["File", "threads_allowed"]
 
 #: Largest byte count of one MPI call: larger ranges are moved in several calls.
 _MAX_CALL = 1 << 30
+
+
+def threads_allowed() -> bool:
+    """Whether a thread other than the main one may call MPI (file IO beside other work)
+    while the main thread does not: the MPI library was initialised with at least
+    ``MPI_THREAD_SERIALIZED``. **Local**."""
+    return MPI.Query_thread() >= MPI.THREAD_SERIALIZED
 
 
 def _reason(e: MPI.Exception) -> str:

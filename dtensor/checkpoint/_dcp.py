@@ -15,6 +15,9 @@ A checkpoint is a folder of two files:
   rank the same) with MPI-IO. A file per writer keeps the ranks' writes from contending for
   one file (a shared file's buffered writes serialise on its inode lock).
 
+Each rank writes and syncs its data file in a worker thread while it computes the checksums
+(MPI-IO and zlib release the GIL), where the MPI library allows calls from a thread.
+
 Crash safety: a save writes into ``.<name>.dtensor-tmp`` beside the target, syncs the data
 (MPI_File_sync), the metadata and the folder, and only after every rank has finished
 renames it into place: the previous checkpoint is first renamed to ``.<name>.dtensor-old``,
@@ -40,6 +43,7 @@ import shutil
 import signal
 import zlib
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -48,7 +52,7 @@ from placements import Replicate, Shard
 from placements.errors import CheckpointError, DTypeError, MeshError, ShardingError
 from placements.layout import partial_fill
 from redistribute.comm import world
-from redistribute.fileio import File
+from redistribute.fileio import File, threads_allowed
 
 from ..distributed.dtensor import DTensor
 from ..distributed.mesh import init_device_mesh
@@ -170,6 +174,15 @@ def _crcs(data: np.ndarray, chunk_bytes: int) -> list[int]:
     return [zlib.crc32(mv[i : i + chunk_bytes]) for i in range(0, len(mv), chunk_bytes)]
 
 
+def _write(fh: File, data: list[tuple[dict, np.ndarray]], kill: bool) -> None:
+    """Write this rank's blocks into its data file and sync it."""
+    for block, arr in data:
+        fh.write_at(block["offset"], arr)
+        if kill:  # the private test hook of a save killed mid-write
+            os.kill(os.getpid(), signal.SIGKILL)
+    fh.sync()
+
+
 def _prepare_dir(path: str, tmp: str) -> None:
     """Rank 0: refuse to overwrite what is not a checkpoint; a fresh temporary folder."""
     if os.path.lexists(path) and not (
@@ -261,16 +274,19 @@ def save(state: Any, path: str | os.PathLike, *, chunk_bytes: int = CHUNK_BYTES)
     try:
         if writes:
             fh = File(None, os.path.join(tmp, DATA.format(comm.rank)), "w", "save")
-        kill = os.environ.get(_KILL_ENV) == str(comm.rank)
-        for block, leaf in writes:
-            data = _host(leaf)
-            fh.write_at(block["offset"], data)
-            if kill:
-                os.kill(os.getpid(), signal.SIGKILL)
-            first = first_chunk[id(block)]
-            crcs[first : first + _nchunks(block["nbytes"], chunk_bytes)] = _crcs(data, chunk_bytes)
-        if fh is not None:
-            fh.sync()
+            data = [(block, _host(leaf)) for block, leaf in writes]
+            kill = os.environ.get(_KILL_ENV) == str(comm.rank)
+            # the writes and the sync run beside the checksums (both release the GIL)
+            with ThreadPoolExecutor(1) as pool:
+                done = pool.submit(_write, fh, data, kill) if threads_allowed() else None
+                for block, arr in data:
+                    first = first_chunk[id(block)]
+                    n = _nchunks(block["nbytes"], chunk_bytes)
+                    crcs[first : first + n] = _crcs(arr, chunk_bytes)
+                if done is None:
+                    _write(fh, data, kill)
+                else:
+                    done.result()
     except LOCAL_ERRORS as e:
         error = e
     if fh is not None:

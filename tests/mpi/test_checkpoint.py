@@ -348,3 +348,15 @@ def test_npy_errors(folder):
         dt.from_npy(short, mesh, [S(0)])
     with pytest.raises(DTypeError, match="to_npy: expected a DTensor"):
         dt.to_npy([1, 2], os.path.join(folder, "x.npy"))
+
+
+@pytest.mark.mpi(min_size=1)
+def test_save_without_a_writer_thread(folder, monkeypatch):
+    # an MPI library without MPI_THREAD_SERIALIZED: the writes run on the main thread
+    import dtensor.checkpoint._dcp as dcp
+
+    monkeypatch.setattr(dcp, "threads_allowed", lambda: False)
+    path, mesh, a = _save_small(folder)
+    w = dt.distribute_tensor(np.zeros_like(a), mesh, [R])
+    dt.load({"w": w}, path)
+    np.testing.assert_array_equal(full(w), a)

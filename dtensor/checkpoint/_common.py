@@ -29,17 +29,23 @@ LOCAL_ERRORS = (DTensorError, OSError, ValueError, TypeError, LookupError)
 def agree(comm: Comm, error: BaseException | None, op: str) -> None:
     """Raise on every rank when ``error`` is set on any rank. **Collective** over ``comm``.
 
-    The lowest failing rank's error type (a dtensor error type, else CheckpointError) and
-    message are sent to the others; each rank raises that type, the message prefixed with
-    the failing rank where it is another one.
+    The lowest failing rank's error (an error of another type than dtensor's becomes a
+    CheckpointError naming ``op``) is sent to the others: each rank raises its type and
+    message, followed by the failing rank where it is another one.
     """
+    if error is not None and not isinstance(error, DTensorError):
+        wrapped = CheckpointError(f"{op}: {type(error).__name__}: {error}")
+        wrapped.__cause__ = error
+        error = wrapped
     flag = np.array([comm.size if error is None else comm.rank], np.int64)
     comm.allreduce(flag, op="min", what=(op, "error agreement"))
     first = int(flag[0])
     if first == comm.size:
         return
     if comm.rank == first:
-        text = f"{type(error).__name__}\n{error}".encode()
+        # the nearest type of the catalogue (other ranks know those by name)
+        kind = next(c for c in type(error).__mro__ if getattr(_errors, c.__name__, None) is c)
+        text = f"{kind.__name__}\n{error}".encode()
         size = np.array([len(text)], np.int64)
     else:
         size = np.zeros(1, np.int64)
@@ -51,10 +57,7 @@ def agree(comm: Comm, error: BaseException | None, op: str) -> None:
     if comm.rank == first:
         raise error
     name, _, message = buf.tobytes().decode().partition("\n")
-    cls = getattr(_errors, name, None)
-    if not (isinstance(cls, type) and issubclass(cls, DTensorError)):
-        cls = CheckpointError
-    raise cls(f"{message} (raised on rank {first})")
+    raise getattr(_errors, name)(f"{message} (raised on rank {first})")
 
 
 def run_agreed(comm: Comm, op: str, fn: Callable[[], T]) -> T:

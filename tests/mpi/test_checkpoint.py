@@ -275,6 +275,9 @@ def test_state_that_does_not_match_the_checkpoint(folder):
     WORLD.Barrier()
     with pytest.raises(CheckpointError, match="is not a dtensor checkpoint"):
         dt.save({"b": np.zeros(2)}, os.path.join(folder, "file"))
+    # an OSError of rank 0 alone is a CheckpointError on every rank
+    with pytest.raises(CheckpointError, match="save: FileNotFoundError: .*No such file"):
+        dt.save({"b": np.zeros(2)}, os.path.join(folder, "no", "ck"))
 
 
 @pytest.mark.mpi(min_size=1)
@@ -348,6 +351,11 @@ def test_npy_errors(folder):
         dt.from_npy(short, mesh, [S(0)])
     with pytest.raises(DTypeError, match="to_npy: expected a DTensor"):
         dt.to_npy([1, 2], os.path.join(folder, "x.npy"))
+    if WORLD.size == 4:
+        tp = dt.init_device_mesh((2, 2), mesh_dim_names=("dp", "tp"))["tp"]
+        x = dt.DTensor.from_local(np.ones(2), tp, [S(0)], shape=(4,))
+        with pytest.raises(MeshError, match="to_npy: a DTensor on a mesh of shape"):
+            dt.to_npy(x, os.path.join(folder, "x.npy"))
 
 
 @pytest.mark.mpi(min_size=1)

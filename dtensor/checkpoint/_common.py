@@ -22,8 +22,9 @@ from ..distributed.dtensor import DTensor
 T = TypeVar("T")
 
 #: Errors a rank may meet alone (a file it alone reads, a check of its own data): the
-#: ranks agree on them before the next collective, so that every rank raises.
-LOCAL_ERRORS = (DTensorError, OSError, ValueError, TypeError, LookupError)
+#: ranks agree on them before the next collective, so that every rank raises instead of
+#: leaving the others waiting in it. Any exception: a bug met by one rank must not hang.
+LOCAL_ERRORS = (Exception,)
 
 
 def agree(comm: Comm, error: BaseException | None, op: str) -> None:

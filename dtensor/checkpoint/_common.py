@@ -98,6 +98,13 @@ def box(shape, mesh_shape, placements, coord) -> tuple[tuple[int, ...], tuple[in
     )
 
 
+def sibling(path: str, tag: str) -> str:
+    """``<parent>/.<name>.dtensor-<tag>``: the temporary (``tmp``) or previous (``old``)
+    version of checkpoint or file ``path``. **Local**."""
+    parent, name = os.path.split(path)
+    return os.path.join(parent, f".{name}.dtensor-{tag}")
+
+
 def fsync_path(path: str, directory: bool = False) -> None:
     """fsync a file, or a folder (its entries: renames and new files). **Local**."""
     fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))

@@ -65,6 +65,7 @@ from ._common import (
     fsync_path,
     reduce_partial,
     run_agreed,
+    sibling,
     writer_coords,
 )
 
@@ -82,13 +83,6 @@ ALIGN = 64
 _KILL_ENV = "_DTENSOR_CHECKPOINT_KILL_RANK"
 
 _last_stats: dict[str, Any] = {}
-
-
-def sibling(path: str, tag: str) -> str:
-    """``<parent>/.<name>.dtensor-<tag>``: the temporary (``tmp``) or previous (``old``)
-    folder of checkpoint ``path``. **Local**."""
-    parent, name = os.path.split(path)
-    return os.path.join(parent, f".{name}.dtensor-{tag}")
 
 
 def _placements_of(texts: Sequence[str]) -> tuple:

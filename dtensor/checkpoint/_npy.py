@@ -20,7 +20,7 @@ from ..distributed.dtensor import DTensor
 from ..distributed.mesh import DeviceMesh
 from ..local.factory import from_numpy
 from . import _state
-from ._common import box, fsync_path, reduce_partial, run_agreed, writer_coords
+from ._common import box, fsync_path, reduce_partial, run_agreed, sibling, writer_coords
 
 __all__ = ["from_npy", "to_npy"]
 
@@ -177,8 +177,7 @@ def to_npy(x: object, path: str | os.PathLike) -> None:
         data = np.empty(0, dtype)
     data = np.ascontiguousarray(data)
     header = _header(dtype, shape)
-    parent, name = os.path.split(path)
-    tmp = os.path.join(parent, f".{name}.dtensor-tmp")
+    tmp = sibling(path, "tmp")
 
     def start() -> None:
         if comm.rank == 0:
@@ -196,6 +195,6 @@ def to_npy(x: object, path: str | os.PathLike) -> None:
     def commit() -> None:
         if comm.rank == 0:
             os.replace(tmp, path)
-            fsync_path(parent, directory=True)
+            fsync_path(os.path.dirname(path), directory=True)
 
     run_agreed(comm, "to_npy", commit)

@@ -330,6 +330,7 @@ def test_npy_round_trips_every_placement(folder):
         np.testing.assert_array_equal(got, a, err_msg=k)
     dt.to_npy(np.arange(3), os.path.join(folder, "local.npy"))
     assert np.array_equal(np.load(os.path.join(folder, "local.npy")), np.arange(3))
+    assert not [f for f in os.listdir(folder) if f.startswith(".")]  # temporaries renamed
 
 
 @pytest.mark.mpi(min_size=1)

@@ -1,5 +1,5 @@
 """MPI communicators for dtensor: with :mod:`redistribute.fileio` (MPI-IO files), the only
-library module that imports mpi4py.
+library modules that import mpi4py.
 
 This module owns:
 

@@ -168,13 +168,14 @@ def _crcs(data: np.ndarray, chunk_bytes: int) -> list[int]:
     return [zlib.crc32(mv[i : i + chunk_bytes]) for i in range(0, len(mv), chunk_bytes)]
 
 
-def _write(fh: File, data: list[tuple[dict, np.ndarray]], kill: bool) -> None:
-    """Write this rank's blocks into its data file and sync it."""
+def _write(fh: File, data: list[tuple[dict, np.ndarray]], kill: bool, sync: bool) -> None:
+    """Write this rank's blocks into its data file and sync it (when ``sync``)."""
     for block, arr in data:
         fh.write_at(block["offset"], arr)
         if kill:  # the private test hook of a save killed mid-write
             os.kill(os.getpid(), signal.SIGKILL)
-    fh.sync()
+    if sync:
+        fh.sync()
 
 
 def _prepare_dir(path: str, tmp: str) -> None:
@@ -191,26 +192,31 @@ def _prepare_dir(path: str, tmp: str) -> None:
     os.mkdir(tmp)
 
 
-def _commit(path: str, tmp: str, meta: dict) -> None:
-    """Rank 0: write and sync the metadata, then swap the folders (see the module doc)."""
+def _commit(path: str, tmp: str, meta: dict, sync: bool) -> None:
+    """Rank 0: write (and sync) the metadata, then swap the folders (see the module doc)."""
     meta_path = os.path.join(tmp, META)
     with open(meta_path, "w") as fh:
         json.dump(meta, fh, indent=1)
-        fh.flush()
-        os.fsync(fh.fileno())
-    fsync_path(tmp, directory=True)
+        if sync:
+            fh.flush()
+            os.fsync(fh.fileno())
+    if sync:
+        fsync_path(tmp, directory=True)
     old = sibling(path, "old")
     if os.path.isdir(path):
         if os.path.lexists(old):
             shutil.rmtree(old)  # a swap that finished all but this removal: path is good
         os.rename(path, old)
     os.rename(tmp, path)
-    fsync_path(os.path.dirname(path), directory=True)
+    if sync:
+        fsync_path(os.path.dirname(path), directory=True)
     if os.path.lexists(old):
         shutil.rmtree(old)
 
 
-def save(state: Any, path: str | os.PathLike, *, chunk_bytes: int = CHUNK_BYTES) -> None:
+def save(
+    state: Any, path: str | os.PathLike, *, chunk_bytes: int = CHUNK_BYTES, sync: bool = True
+) -> None:
     """Save ``state`` as a checkpoint folder at ``path``. **Collective** over COMM_WORLD.
 
     Every rank passes the same structure (keys, tensor kinds, shapes, dtypes, meshes and
@@ -230,6 +236,12 @@ def save(state: Any, path: str | os.PathLike, *, chunk_bytes: int = CHUNK_BYTES)
     chunk_bytes : int
         Bytes per checksum chunk: a load that needs part of a block reads the chunks that
         hold that part.
+    sync : bool
+        Sync the data files, the metadata and the folders to storage before and after the
+        rename (``fsync``), so that the checkpoint survives a power loss or an OS crash.
+        With False a save killed at any point still leaves a loadable checkpoint (the
+        renames follow the writes), but a crash of the machine may not; the save is faster
+        by the time the storage takes to write the data (PyTorch's ``sync_files``).
 
     Raises
     ------
@@ -272,13 +284,13 @@ def save(state: Any, path: str | os.PathLike, *, chunk_bytes: int = CHUNK_BYTES)
             kill = os.environ.get(_KILL_ENV) == str(comm.rank)
             # the writes and the sync run beside the checksums (both release the GIL)
             with ThreadPoolExecutor(1) as pool:
-                done = pool.submit(_write, fh, data, kill) if threads_allowed() else None
+                done = pool.submit(_write, fh, data, kill, sync) if threads_allowed() else None
                 for block, arr in data:
                     first = first_chunk[id(block)]
                     n = _nchunks(block["nbytes"], chunk_bytes)
                     crcs[first : first + n] = _crcs(arr, chunk_bytes)
                 if done is None:
-                    _write(fh, data, kill)
+                    _write(fh, data, kill, sync)
                 else:
                     done.result()
     except LOCAL_ERRORS as e:
@@ -304,7 +316,7 @@ def save(state: Any, path: str | os.PathLike, *, chunk_bytes: int = CHUNK_BYTES)
             "chunk_bytes": chunk_bytes, "checksum": "crc32", "files": files,
             "structure": skeleton, "tensors": entries,
         }
-    run_agreed(comm, "save", lambda: comm.rank == 0 and _commit(path, tmp, meta))
+    run_agreed(comm, "save", lambda: comm.rank == 0 and _commit(path, tmp, meta, sync))
 
 
 def _resolve(path: str) -> str:

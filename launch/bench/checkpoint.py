@@ -6,7 +6,8 @@ Run as ``python -m launch -n 2 -m launch.bench.checkpoint [--mib 1024] [--tensor
 ``--mib`` MiB in all, row-sharded over a 1-D mesh of every rank. Each sample times, after a
 barrier, on every rank:
 
-- ``dt.save(state, DIR/ckpt)`` (MPI-IO, one CRC-32 per 4 MiB chunk, fsync, atomic rename);
+- ``dt.save(state, DIR/ckpt)`` (MPI-IO, one CRC-32 per 4 MiB chunk, fsync, atomic rename),
+  and the same with ``sync=False`` (no fsync);
 - ``np.save`` of this rank's shards into files of its own (the same bytes), and the same
   followed by ``os.fsync`` of each file (what dt.save's crash safety adds);
 - ``dt.load(state, DIR/ckpt)`` in place (every chunk read is verified);
@@ -92,6 +93,7 @@ def main(argv: list[str] | None = None) -> None:
 
     ops = {
         "dt.save": lambda: dt.save(state, ckpt),
+        "dt.save(sync=False)": lambda: dt.save(state, ckpt, sync=False),
         "np.save": lambda: np_save(False),
         "np.save+fsync": lambda: np_save(True),
         "dt.load": lambda: dt.load(state, ckpt),
@@ -120,6 +122,8 @@ def main(argv: list[str] | None = None) -> None:
                                       figures["np.save"]["median_s"]),
                 "save/np.save+fsync": ratio(figures["dt.save"]["median_s"],
                                             figures["np.save+fsync"]["median_s"]),
+                "save(sync=False)/np.save": ratio(figures["dt.save(sync=False)"]["median_s"],
+                                                  figures["np.save"]["median_s"]),
                 "load/np.load": ratio(figures["dt.load"]["median_s"],
                                       figures["np.load"]["median_s"]),
             },

@@ -369,3 +369,25 @@ def test_save_without_a_writer_thread(folder, monkeypatch):
     w = dt.distribute_tensor(np.zeros_like(a), mesh, [R])
     dt.load({"w": w}, path)
     np.testing.assert_array_equal(full(w), a)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_save_without_sync_calls_no_fsync(folder, monkeypatch):
+    from redistribute.fileio import File
+
+    def refuse(*_args, **_kwargs):
+        raise OSError("fsync called")
+
+    mesh = dt.init_device_mesh((WORLD.size,))
+    a = data((3 * WORLD.size, 2), np.float64, 3)
+    path = os.path.join(folder, "ck")
+    dt.save({"w": dt.distribute_tensor(a, mesh, [S(0)])}, path)
+    monkeypatch.setattr(os, "fsync", refuse)
+    monkeypatch.setattr(File, "sync", refuse)
+    with pytest.raises(CheckpointError, match="save: OSError: fsync called"):
+        dt.save({"w": dt.distribute_tensor(a + 1, mesh, [S(0)])}, path)
+    dt.save({"w": dt.distribute_tensor(a + 2, mesh, [S(0)])}, path, sync=False)
+    monkeypatch.undo()
+    w = dt.distribute_tensor(np.zeros_like(a), mesh, [R])
+    dt.load({"w": w}, path)
+    np.testing.assert_array_equal(full(w), a + 2)

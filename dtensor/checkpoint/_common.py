@@ -64,12 +64,12 @@ def agree(comm: Comm, error: BaseException | None, op: str) -> None:
 def run_agreed(comm: Comm, op: str, fn: Callable[[], T]) -> T:
     """``fn()`` on this rank, its errors agreed on by every rank (:func:`agree`).
     **Collective** over ``comm``."""
+    out, error = None, None
     try:
         out = fn()
     except LOCAL_ERRORS as e:
-        agree(comm, e, op)
-        raise  # unreachable: agree raises on the failing rank
-    agree(comm, None, op)
+        error = e
+    agree(comm, error, op)
     return out
 
 

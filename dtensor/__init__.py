@@ -8,7 +8,8 @@ The package is built in layers; imports point one way, down this list:
 - :mod:`dtensor.ops`: the op table, one record per op;
 - :mod:`dtensor.dispatch`: the dispatcher, the compiled front's glue and the installation
   of methods, operators and public functions from the table;
-- this module (the public API) and :mod:`dtensor.debug`.
+- this module (the public API), :mod:`dtensor.debug` and :mod:`dtensor.checkpoint`
+  (checkpoints, ``.npy`` files).
 """
 
 from placements import Partial, Placement, Replicate, Shard  # noqa: F401
@@ -67,6 +68,8 @@ from .dispatch.custom import register_op  # noqa: F401
 from .dispatch.dispatcher import clear_caches  # noqa: F401
 
 from . import debug  # noqa: F401  (the debug tools)
+from . import checkpoint  # noqa: F401  (checkpoints and parallel file IO)
+from .checkpoint import from_npy, load, save, to_npy  # noqa: F401
 
 globals().update(_FACTORIES)  # dt.zeros(...), also with device_mesh= and placements=
 _install.export(globals())

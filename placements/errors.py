@@ -35,13 +35,18 @@ Which type for which check:
 - :class:`ConfigError`: a bad setting (an environment variable such as
   ``DTENSOR_WATCHDOG`` or ``DTENSOR_PROP_CACHE_SIZE``, or a debug option);
   :class:`UnavailableError` (also a RuntimeError): a setting this build cannot honour
-  (``set_fastpath(True)`` without the compiled extension).
+  (``set_fastpath(True)`` without the compiled extension);
+- :class:`CheckpointError` (also an OSError): a checkpoint or ``.npy`` file that is missing,
+  unreadable, truncated or corrupt (a checksum that does not match), or a state that does
+  not match the checkpoint it is loaded from; the message names the op (``save``,
+  ``load``, ``from_npy``, ``to_npy``), the file and the tensor's key.
 """
 
 from __future__ import annotations
 
 __all__ = [
     "ArgumentError",
+    "CheckpointError",
     "CommError",
     "ConfigError",
     "DTensorError",
@@ -124,3 +129,8 @@ class ConfigError(DTensorError, ValueError):
 class UnavailableError(ConfigError, RuntimeError):
     """A setting that this build cannot honour (the compiled fast path without the
     extension): also a RuntimeError, so ``except RuntimeError`` keeps working."""
+
+
+class CheckpointError(DTensorError, OSError):
+    """A checkpoint or ``.npy`` file that is missing, unreadable or corrupt, or a state that
+    does not match the checkpoint: also an OSError, so ``except OSError`` keeps working."""

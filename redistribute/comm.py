@@ -1,4 +1,5 @@
-"""MPI communicators for dtensor: the only library module that imports mpi4py.
+"""MPI communicators for dtensor: with :mod:`redistribute.fileio` (MPI-IO files), the only
+library modules that import mpi4py.
 
 This module owns:
 

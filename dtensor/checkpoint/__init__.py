@@ -1,0 +1,17 @@
+"""Checkpoints and parallel file IO of DTensors.
+
+- :func:`save` / :func:`load`: checkpoint folders of nested states (DTensors, local
+  tensors, numpy arrays, python values), written once per distinct block with MPI-IO,
+  crash-safe, checksummed, resharded on load onto any mesh, placements and world size
+  (:mod:`dtensor.checkpoint._dcp` documents the format); :func:`last_load_stats`: the
+  bytes this rank read in its last load.
+- :func:`from_npy` / :func:`to_npy`: one standard ``.npy`` file read or written by every
+  rank's block with collective MPI-IO.
+
+HDF5 is not supported (h5py is not a dependency).
+"""
+
+from ._dcp import last_load_stats, load, save
+from ._npy import from_npy, to_npy
+
+__all__ = ["from_npy", "last_load_stats", "load", "save", "to_npy"]

@@ -1,0 +1,114 @@
+"""What the checkpoint and ``.npy`` code share: agreeing on errors across ranks, the writer
+ranks of a DTensor's distinct blocks, Partial reduction before a write, and durable
+renames (fsync of files and folders).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+import numpy as np
+
+import placements.errors as _errors
+from placements import Replicate
+from placements.errors import CheckpointError, DTensorError
+from placements.layout import local_offsets, local_shape
+from redistribute.comm import Comm
+
+from ..distributed.dtensor import DTensor
+
+T = TypeVar("T")
+
+#: Errors a rank may meet alone (a file it alone reads, a check of its own data): the
+#: ranks agree on them before the next collective, so that every rank raises instead of
+#: leaving the others waiting in it. Any exception: a bug met by one rank must not hang.
+LOCAL_ERRORS = (Exception,)
+
+
+def agree(comm: Comm, error: BaseException | None, op: str) -> None:
+    """Raise on every rank when ``error`` is set on any rank. **Collective** over ``comm``.
+
+    The lowest failing rank's error (an error of another type than dtensor's becomes a
+    CheckpointError naming ``op``) is sent to the others: each rank raises its type and
+    message, followed by the failing rank where it is another one.
+    """
+    if error is not None and not isinstance(error, DTensorError):
+        wrapped = CheckpointError(f"{op}: {type(error).__name__}: {error}")
+        wrapped.__cause__ = error
+        error = wrapped
+    flag = np.array([comm.size if error is None else comm.rank], np.int64)
+    comm.allreduce(flag, op="min", what=(op, "error agreement"))
+    first = int(flag[0])
+    if first == comm.size:
+        return
+    if comm.rank == first:
+        # the nearest type of the catalogue (other ranks know those by name)
+        kind = next(c for c in type(error).__mro__ if getattr(_errors, c.__name__, None) is c)
+        text = f"{kind.__name__}\n{error}".encode()
+        size = np.array([len(text)], np.int64)
+    else:
+        size = np.zeros(1, np.int64)
+    comm.bcast_array(size, root=first, what=(op, "error size"))
+    buf = np.frombuffer(text, np.uint8).copy() if comm.rank == first else np.empty(
+        int(size[0]), np.uint8
+    )
+    comm.bcast_array(buf, root=first, what=(op, "error text"))
+    if comm.rank == first:
+        raise error
+    name, _, message = buf.tobytes().decode().partition("\n")
+    raise getattr(_errors, name)(f"{message} (raised on rank {first})")
+
+
+def run_agreed(comm: Comm, op: str, fn: Callable[[], T]) -> T:
+    """``fn()`` on this rank, its errors agreed on by every rank (:func:`agree`).
+    **Collective** over ``comm``."""
+    out, error = None, None
+    try:
+        out = fn()
+    except LOCAL_ERRORS as e:
+        error = e
+    agree(comm, error, op)
+    return out
+
+
+def reduce_partial(x: DTensor) -> DTensor:
+    """``x`` with each Partial mesh dim reduced to Replicate (Shard dims kept).
+    **Collective** over ``x``'s mesh when a placement is Partial, else **Local**."""
+    if not any(p.is_partial() for p in x.placements):
+        return x
+    return x.redistribute(x.device_mesh, [Replicate() if p.is_partial() else p
+                                          for p in x.placements])
+
+
+def writer_coords(mesh_shape: tuple[int, ...], placements: tuple) -> Iterator[tuple[int, ...]]:
+    """The mesh coordinates that hold the distinct blocks of a tensor placed without
+    Partial: coordinate 0 on every mesh dim that does not shard. **Local**."""
+    for coord in np.ndindex(*mesh_shape):
+        if all(c == 0 or p.is_shard() for c, p in zip(coord, placements)):
+            yield tuple(int(c) for c in coord)
+
+
+def box(shape, mesh_shape, placements, coord) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(offsets, lengths) of the block ``coord`` holds (:mod:`placements.layout`). **Local**."""
+    return (
+        local_offsets(shape, mesh_shape, placements, coord),
+        local_shape(shape, mesh_shape, placements, coord),
+    )
+
+
+def sibling(path: str, tag: str) -> str:
+    """``<parent>/.<name>.dtensor-<tag>``: the temporary (``tmp``) or previous (``old``)
+    version of checkpoint or file ``path``. **Local**."""
+    parent, name = os.path.split(path)
+    return os.path.join(parent, f".{name}.dtensor-{tag}")
+
+
+def fsync_path(path: str, directory: bool = False) -> None:
+    """fsync a file, or a folder (its entries: renames and new files). **Local**."""
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

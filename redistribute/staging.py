@@ -243,6 +243,14 @@ class DeviceBackend:
 _IN, _OUT, _INOUT = 1, 2, 3  # what a collective does with a buffer: reads, writes, both
 
 
+def _host_reduction(send: Any, op: str) -> bool:
+    """Whether a reduction of ``send`` with ``op`` must see host buffers on every path:
+    floating max/min reduce with a user-defined MPI op (NaN-propagating, see
+    :mod:`redistribute.comm`) that runs numpy on the buffers MPI hands it, which a
+    CUDA-aware MPI would hand as device memory."""
+    return op in ("max", "min") and send.dtype.kind == "f"
+
+
 class DeviceComm:
     """A communicator whose collectives accept device buffers.
 
@@ -302,16 +310,21 @@ class DeviceComm:
     # -- the staging logic --------------------------------------------------------------
 
     def _run(
-        self, fn: Callable[..., Any], args: list, roles: dict[int, int], kw: dict[str, Any]
+        self,
+        fn: Callable[..., Any],
+        args: list,
+        roles: dict[int, int],
+        kw: dict[str, Any],
+        host: bool = False,
     ) -> Any:
         """Call ``fn(*args, **kw)`` with the device arrays among ``args[i]`` (role
-        ``roles[i]``) replaced per the path; returns ``fn``'s result (a host stand-in mapped
-        back)."""
+        ``roles[i]``) replaced per the path (``host``: staged on either path); returns
+        ``fn``'s result (a host stand-in mapped back)."""
         be = self.backend
         staged = [(i, role) for i, role in roles.items() if be.is_device(args[i])]
         if not staged:
             return fn(*args, **kw)
-        if self.path == "cuda-aware":
+        if self.path == "cuda-aware" and not host:
             be.synchronize()  # kernels that produce or still read the buffers are done
             return fn(*args, **kw)
         # one host buffer per distinct device array; roles of repeated arrays are merged
@@ -360,12 +373,14 @@ class DeviceComm:
     def allreduce(self, send, recv=None, op: str = "sum", *rest, **kw) -> None:
         """:meth:`Comm.allreduce` on device or host buffers. **Collective**."""
         roles = {0: _INOUT} if recv is None else {0: _IN, 1: _OUT}
-        return self._run(self._comm.allreduce, [send, recv, op, *rest], roles, kw)
+        host = _host_reduction(send, op)
+        return self._run(self._comm.allreduce, [send, recv, op, *rest], roles, kw, host)
 
     def reduce_scatter(self, send, recv, counts, op: str = "sum", *rest, **kw) -> None:
         """:meth:`Comm.reduce_scatter` on device or host buffers. **Collective**."""
         args = [send, recv, counts, op, *rest]
-        return self._run(self._comm.reduce_scatter, args, {0: _IN, 1: _OUT}, kw)
+        host = _host_reduction(send, op)
+        return self._run(self._comm.reduce_scatter, args, {0: _IN, 1: _OUT}, kw, host)
 
     def alltoallv(
         self, send, send_counts, send_displs, recv, recv_counts, recv_displs, *rest, **kw

@@ -371,6 +371,28 @@ def test_cuda_aware_path_passes_device_buffers_after_a_sync(log):
         DeviceComm(fake, standin_backend(log), "nccl")
 
 
+@pytest.mark.parametrize("call", ["allreduce", "reduce_scatter"])
+def test_cuda_aware_path_stages_nan_propagating_max_min(log, call):
+    # floating max/min run a user-defined MPI op whose numpy callback must read host memory:
+    # on the CUDA-aware path they are staged; sums (MPI's own ops) keep the device buffers
+    fake = FakeComm(log, staged=False)
+    comm = DeviceComm(fake, standin_backend(log), "cuda-aware")
+
+    def run(op, dtype):
+        log.clear()
+        x = dev(np.arange(4, dtype=dtype))
+        if call == "allreduce":
+            comm.allreduce(x, None, op)
+        else:
+            comm.reduce_scatter(x, dev(np.zeros(2, dtype)), [2, 2], op)
+        return [e[0] for e in log]
+
+    for op in ("max", "min"):
+        assert run(op, np.float32)[:2] == ["d2h", "sync"], op  # staged: copied to the host
+    for op, dtype in (("sum", np.float32), ("max", np.int64)):
+        assert run(op, dtype) == ["sync", "mpi"], (op, dtype)  # device buffers to MPI
+
+
 # -- rank to GPU binding ------------------------------------------------------------------
 
 

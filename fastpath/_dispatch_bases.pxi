@@ -5,17 +5,19 @@
 # references that never lead back to the object), which makes creating them cheaper.
 @cython.no_gc
 cdef class TensorBase:
-    """Compiled slots of the local Tensor: its ndarray, its cached layout flag, its Storage."""
+    """Compiled slots of the local Tensor: its ndarray, its cached layout flag, its Storage,
+    its autograd state (None for a tensor without one)."""
 
     cdef public object _arr
     cdef public object _std
     cdef public object _storage
+    cdef public object _ag
     cdef object __weakref__
 
 
 @cython.no_gc
 cdef class DTensorBase:
-    """Compiled slots of DTensor: its local Tensor and its spec.
+    """Compiled slots of DTensor: its local Tensor, its spec and its autograd state.
 
     Its arithmetic operators are C slots that run the ops registered by
     :func:`set_slot_ops` (``x + y`` then enters compiled code directly); a subclass that
@@ -25,6 +27,7 @@ cdef class DTensorBase:
     cdef object _loc        # the local Tensor, or None while only its array exists
     cdef object _larr       # the local ndarray of an output whose Tensor is not made yet
     cdef public object _spec
+    cdef public object _ag      # the autograd state (None for a DTensor without one)
     cdef object __weakref__
 
     @property

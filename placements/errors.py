@@ -35,13 +35,19 @@ Which type for which check:
 - :class:`ConfigError`: a bad setting (an environment variable such as
   ``DTENSOR_WATCHDOG`` or ``DTENSOR_PROP_CACHE_SIZE``, or a debug option);
   :class:`UnavailableError` (also a RuntimeError): a setting this build cannot honour
-  (``set_fastpath(True)`` without the compiled extension).
+  (``set_fastpath(True)`` without the compiled extension);
+- :class:`AutogradError` (also a RuntimeError, PyTorch's type for these): backward on a
+  non-scalar output without a gradient, the gradient of a tensor that does not require
+  grad, a second backward through freed nodes, an in-place op on a leaf that requires
+  grad, an in-place change to a tensor saved for backward, an op without a backward
+  formula, mismatched ``grad_placements``.
 """
 
 from __future__ import annotations
 
 __all__ = [
     "ArgumentError",
+    "AutogradError",
     "CommError",
     "ConfigError",
     "DTensorError",
@@ -124,3 +130,7 @@ class ConfigError(DTensorError, ValueError):
 class UnavailableError(ConfigError, RuntimeError):
     """A setting that this build cannot honour (the compiled fast path without the
     extension): also a RuntimeError, so ``except RuntimeError`` keeps working."""
+
+
+class AutogradError(DTensorError, RuntimeError):
+    """A backward that cannot run as asked (the messages are PyTorch's, naming the op)."""

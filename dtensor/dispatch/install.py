@@ -20,6 +20,12 @@ installed wrapped (:func:`dtensor.local.kernels.base.quiet_function`).
 
 The class docstrings of Tensor and DTensor end with the list of what was installed.
 Comparisons return tensors, so ``__hash__`` stays the identity hash (as in PyTorch).
+
+Autograd: once a tensor requires grad (:func:`dtensor.local.autograd.activate`), the
+methods and operators of both classes (``redistribute``, ``T`` and ``mT`` included) are
+installed again in their recording form (:func:`dtensor.dispatch.record.recording`;
+out-of-place ops marked not differentiable stay as they are), and the public functions pass
+:func:`dtensor.dispatch.record.call` (their hook): until then nothing of autograd runs.
 """
 
 from __future__ import annotations
@@ -31,9 +37,13 @@ import fastpath as _fp
 from placements.errors import UnavailableError
 
 from ..distributed.dtensor import DTensor
+from ..distributed.factory import FACTORIES
+from ..local import autograd as _ag
 from ..local.kernels.base import quiet_function
 from ..local.tensor import Tensor
-from ..ops import OPS, Operator, OpInfo
+from ..ops import NOT_DIFFERENTIABLE, OPS, Operator, OpInfo
+from ..ops import derivatives as _derivatives
+from . import record as _record
 from .dispatcher import dispatch
 from .front import PY_REDISTRIBUTE, fast_op, plug_fastpath
 
@@ -86,7 +96,14 @@ def _function(info: OpInfo) -> Callable:
         fn = _front.make_function(fast_op(info), local)
     else:
 
+        def plain(*args: object, **kwargs: object) -> object:
+            if has_dtensor(args, kwargs):
+                return dispatch(info, args, kwargs)
+            return local(*args, **kwargs)
+
         def fn(*args: object, **kwargs: object) -> object:
+            if _AUTOGRAD:
+                return _record.call(info, plain, args, kwargs)
             if has_dtensor(args, kwargs):
                 return dispatch(info, args, kwargs)
             return local(*args, **kwargs)
@@ -113,8 +130,20 @@ def _reorder(order: tuple[int, ...], args: tuple) -> tuple:
     return tuple(args[i] for i in order)
 
 
+def _records(info: OpInfo) -> bool:
+    """Whether the variants of ``info`` take their recording form now (autograd is active
+    and the op is differentiable or in-place)."""
+    return _AUTOGRAD and (info.inplace or info.backward is not NOT_DIFFERENTIABLE)
+
+
 def _method(info: OpInfo, name: str) -> Callable:
-    """The DTensor method ``name`` running ``info`` (``self`` first, or per method_args)."""
+    """The DTensor method ``name`` running ``info`` (``self`` first, or per method_args), in
+    its recording form when autograd is active."""
+    fn = _plain_method(info, name)
+    return _record.recording(info, fn, info.method_args) if _records(info) else fn
+
+
+def _plain_method(info: OpInfo, name: str) -> Callable:
     doc = _METHOD_DOC.format(info.name)
     order = info.method_args
     if order is not None:
@@ -134,14 +163,21 @@ def _method(info: OpInfo, name: str) -> Callable:
     return _name(method, name, doc)
 
 
+#: Where the op's arguments are in an operator's ``(self, other)``, by form (None: in order).
+_OPERATOR_ORDER = {"reflected": (1, 0)}
+
+
 def _operator(info: OpInfo, op: Operator) -> Callable:
-    """A DTensor operator: binary, reflected, compare, unary or method."""
+    """A DTensor operator: binary, reflected, compare, unary or method (in its recording
+    form when autograd is active)."""
     doc = _OPERATOR_DOC[op.form].format(d=op.dunder, op=info.name)
     if op.form == "method":
         return _name(_method(info, op.dunder), op.dunder, doc)
     if _FAST:
-        return _front.make_operator(fast_op(info), op.dunder, doc, op.form)
-    return _name(_PY_OPERATORS[op.form](info), op.dunder, doc)
+        fn = _front.make_operator(fast_op(info), op.dunder, doc, op.form)
+    else:
+        fn = _name(_PY_OPERATORS[op.form](info), op.dunder, doc)
+    return _record.recording(info, fn, _OPERATOR_ORDER.get(op.form)) if _records(info) else fn
 
 
 def _binary(info: OpInfo) -> Callable:
@@ -203,7 +239,7 @@ def _slot_ops() -> dict[str, object]:
             tag = op.dunder.strip("_")
             if tag in _front.SLOT_TAGS and op.form in ("binary", "unary"):
                 unary = op.form == "unary"
-                slots[tag] = fast_op(info) if _FAST else _python_slot(info, unary)
+                slots[tag] = _slot_op(info, unary)
                 served[op.dunder] = tag
                 if not unary:
                     served[f"__r{tag}__"] = tag
@@ -216,6 +252,19 @@ def _python_slot(info: OpInfo, unary: bool) -> Callable:
     if unary:
         return lambda a: dispatch(info, (a,), {})
     return lambda a, b: dispatch(info, (a, b), {})
+
+
+def _slot_op(info: OpInfo, unary: bool) -> object:
+    """What runs behind an operator slot: the FastOp (fast path) or the Python path; a
+    recording callable (operands in expression order) when the op records."""
+    if not _records(info):
+        return fast_op(info) if _FAST else _python_slot(info, unary)
+    if _FAST:
+        form = "unary" if unary else "binary"
+        fn = _front.make_operator(fast_op(info), info.name, info.name, form)
+    else:
+        fn = _python_slot(info, unary)
+    return _record.recording(info, fn)
 
 
 def _install_dtensor() -> list[str]:
@@ -234,7 +283,10 @@ def _install_dtensor() -> list[str]:
             names.append(op.dunder)
     DTensor.__hash__ = object.__hash__
     # a plan that is one all-gather runs from compiled code (see front.redistribute_form)
-    DTensor.redistribute = _front.redistribute if _FAST else PY_REDISTRIBUTE
+    redistribute = _front.redistribute if _FAST else PY_REDISTRIBUTE
+    if _AUTOGRAD:
+        redistribute = _record.recording_redistribute(redistribute)
+    DTensor.redistribute = redistribute
     DTensor.T = property(_T)
     DTensor.mT = property(_mT)
     return names
@@ -256,18 +308,31 @@ def _tensor_method(info: OpInfo) -> Callable:
 
 
 def _install_tensor() -> list[str]:
-    """Install Tensor's methods and operators from the table; returns their names."""
+    """Install Tensor's methods and operators from the table; returns their names. When
+    autograd is active, the recording forms (of the class's own methods too)."""
     names = []
     for info in OPS.values():
+        rec = _records(info)
         if info.method is not None:
             for name in (info.name, *info.aliases):
                 if name not in _OWN_TENSOR:
-                    setattr(Tensor, name, _tensor_method(info))
+                    fn = _tensor_method(info)
+                    setattr(Tensor, name, _record.recording(info, fn, info.method_args)
+                            if rec else fn)
                     names.append(name)
+                elif rec:
+                    setattr(Tensor, name, _record.recording(info, _OWN_TENSOR[name]))
         for op in info.operators:
             if op.dunder not in _OWN_TENSOR:
-                setattr(Tensor, op.dunder, _quiet(info, op.local))
+                fn = _quiet(info, op.local)
+                order = _OPERATOR_ORDER.get(op.form)
+                setattr(Tensor, op.dunder, _record.recording(info, fn, order) if rec else fn)
                 names.append(op.dunder)
+            elif rec:
+                setattr(Tensor, op.dunder, _record.recording(info, _OWN_TENSOR[op.dunder]))
+    if _AUTOGRAD:  # the views T and mT through the recorded permute and transpose
+        Tensor.T = property(_T, doc=_OWN_TENSOR["T"].__doc__)
+        Tensor.mT = property(_mT, doc=_OWN_TENSOR["mT"].__doc__)
     # ``==`` returns a Tensor, so hashing is by identity (as in PyTorch).
     Tensor.__hash__ = object.__hash__
     return names
@@ -315,11 +380,22 @@ def set_fastpath(enabled: bool) -> bool:
     _install_dtensor()
     old = _FUNCTIONS
     _FUNCTIONS = _public_functions()
+    _derivatives.use_functions(_FUNCTIONS)
     for namespace in _EXPORTED:
         for name, fn in _FUNCTIONS.items():
             if namespace.get(name) is old.get(name):
                 namespace[name] = fn
     return _FAST
+
+
+def _activate_autograd() -> None:
+    """Install the recording forms (called once, when the first tensor requires grad)."""
+    global _AUTOGRAD
+    _AUTOGRAD = True
+    _install_tensor()
+    _install_dtensor()
+    if _front is not None:
+        _front.set_call_hook(_record.call)
 
 
 def fastpath_active() -> bool:
@@ -347,7 +423,8 @@ def installed() -> dict[str, tuple[str, ...]]:
 
 _front = plug_fastpath()
 _FAST = _front is not None
-_OWN_TENSOR = frozenset(vars(Tensor))
+_AUTOGRAD = False
+_OWN_TENSOR = dict(vars(Tensor))
 _OWN_DTENSOR = frozenset(vars(DTensor))
 _TENSOR_DOC, _DTENSOR_DOC = Tensor.__doc__, DTensor.__doc__
 _TENSOR_NAMES = _install_tensor()
@@ -356,3 +433,6 @@ _document(Tensor, _TENSOR_DOC, _TENSOR_NAMES)
 _document(DTensor, _DTENSOR_DOC, _DTENSOR_NAMES)
 _FUNCTIONS = _public_functions()
 _EXPORTED: list[dict] = []
+_derivatives.use_functions(_FUNCTIONS)
+_derivatives.use_functions(FACTORIES)
+_ag.on_activate(_activate_autograd)

@@ -1,0 +1,232 @@
+"""Recording of table ops for autograd: the variants that record backward nodes.
+
+Every variant of an op (public function, Tensor and DTensor method, python operator, in
+both dispatch modes) passes :func:`call`: when grad mode is on and a tensor argument
+requires grad, :func:`record` runs the op with recording off and makes its node
+(:mod:`dtensor.local.autograd`) from the op record's formula
+(:class:`dtensor.ops.table.Backward`); otherwise the variant runs as it is.
+
+The no-grad path pays nothing until autograd is active (the first tensor that requires
+grad): :mod:`dtensor.dispatch.install` installs the recording variants only then
+(:func:`recording`), and the public functions ask :func:`call` only once it is set as
+their hook. In-place variants also bump the version counter of what they write, and refuse
+a leaf that requires grad.
+
+The compiled front is never asked to serve a call that records: the recording variant
+runs the op with grad mode off, and the front serves it then as any other call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from placements.errors import AutogradError
+
+from ..distributed.dtensor import DTensor, record_redistribute
+from ..local import autograd as _ag
+from ..local.tensor import Tensor, _wrap
+from ..ops import OPS, OpInfo
+from .dispatcher import binder_of
+
+__all__ = ["call", "record", "recording", "recording_redistribute", "sum_to"]
+
+_MODE = _ag.MODE
+
+
+def _wants_grad(args: Sequence[object], kwargs: Mapping[str, object] | None) -> bool:
+    """Whether a tensor among the arguments (also inside list/tuple arguments) requires
+    grad."""
+    for a in args:
+        t = type(a)
+        if t is Tensor or t is DTensor:
+            m = a._ag
+            if m is not None and m.requires_grad:
+                return True
+        elif t is list or t is tuple:
+            for e in a:
+                te = type(e)
+                if te is Tensor or te is DTensor:
+                    m = e._ag
+                    if m is not None and m.requires_grad:
+                        return True
+    if kwargs:
+        return _wants_grad(tuple(kwargs.values()), None)
+    return False
+
+
+def call(info: OpInfo, plain: Callable, args: tuple, kwargs: Mapping[str, object]) -> object:
+    """Run ``plain(*args, **kwargs)`` (a variant of ``info`` with the op's argument order),
+    recording it when it must (the public functions' hook once autograd is active)."""
+    if _MODE.enabled and _wants_grad(args, kwargs):
+        return record(info, plain, args, kwargs, None)
+    out = plain(*args, **kwargs)
+    if info.inplace:
+        _ag.bump_version(args[0])
+    return out
+
+
+def recording(info: OpInfo, plain: Callable, order: tuple[int, ...] | None = None) -> Callable:
+    """The recording form of a method or operator ``plain`` of ``info`` (its arguments are
+    the op's, reordered by ``order``: ``order[i]`` is where the op's argument ``i`` is)."""
+    mode = _MODE
+    if info.inplace:
+
+        def variant(*args, **kwargs):
+            if mode.enabled and _wants_grad(args, kwargs):
+                return record(info, plain, args, kwargs, order)
+            out = plain(*args, **kwargs)
+            _ag.bump_version(args[0])
+            return out
+
+    else:
+
+        def variant(*args, **kwargs):
+            if mode.enabled and _wants_grad(args, kwargs):
+                return record(info, plain, args, kwargs, order)
+            return plain(*args, **kwargs)
+
+    variant.__name__ = getattr(plain, "__name__", info.name)
+    variant.__qualname__ = getattr(plain, "__qualname__", info.name)
+    variant.__doc__ = getattr(plain, "__doc__", None)
+    return variant
+
+
+def recording_redistribute(plain: Callable) -> Callable:
+    """The recording form of ``DTensor.redistribute`` (its backward moves the gradient back
+    to the input's placements)."""
+    mode = _MODE
+
+    def redistribute(self, device_mesh=None, placements=None, *, async_op=False):
+        out = plain(self, device_mesh, placements, async_op=async_op)
+        if out is not self and mode.enabled:
+            m = self._ag
+            if m is not None and m.requires_grad:
+                record_redistribute(self, out)
+        return out
+
+    redistribute.__doc__ = plain.__doc__
+    return redistribute
+
+
+def _formula(info: OpInfo):
+    """The formula an in-place op records with: its own, else its out-of-place twin's."""
+    if info.backward is not None or not info.inplace:
+        return info.backward
+    twin = OPS.get(info.name[:-1])
+    return None if twin is None else twin.backward
+
+
+def _slots(binder, values: list) -> list:
+    out = []
+    vi = binder.variadic_idx
+    for pi in binder.tensor_idx:
+        if pi == vi:
+            out.extend(values[pi])
+        else:
+            out.append(values[pi])
+    return out
+
+
+def _is_tensor(v: object) -> bool:
+    t = type(v)
+    return t is Tensor or t is DTensor
+
+
+def _detached(t: object) -> object:
+    """A new handle on ``t``'s data without autograd state (what a node saves of its own
+    output: no reference cycle through the output's grad_fn)."""
+    if type(t) is DTensor:
+        return DTensor._make(t._local, t._spec)
+    return _wrap(t._arr, t._storage)
+
+
+def record(info: OpInfo, plain: Callable, args: tuple, kwargs: Mapping[str, object],
+           order: tuple[int, ...] | None) -> object:
+    """Run one call of ``info`` with recording off and make its backward node. **Collective**
+    when the op is (a DTensor op that redistributes)."""
+    name = info.name
+    op_args = args if order is None else tuple(args[i] for i in order)
+    binder = binder_of(info)
+    values = binder.bind(op_args, kwargs or {})
+    bw = _formula(info)
+    self = values[0] if info.inplace else None
+    if self is not None:
+        m = self._ag
+        if m is not None and m.requires_grad and m.grad_fn is None:
+            raise AutogradError(
+                f"{name}: a leaf Variable that requires grad is being used in an in-place "
+                "operation."
+            )
+    if bw is None:
+        raise AutogradError(
+            f"{name}: the derivative for '{name}' is not implemented (an input requires grad)"
+        )
+    if bw.fn is None:
+        if self is not None and self._ag is not None:
+            raise AutogradError(f"{name}: the in-place op is not differentiable")
+        with _ag.no_grad():
+            out = plain(*args, **kwargs)
+        if self is not None:
+            _ag.bump_version(self)
+        return out
+    slots = _slots(binder, values)
+    edges = tuple(_ag.edge_of(v) for v in slots)
+    if self is not None and "input" in bw.save:
+        with _ag.no_grad():
+            values[0] = _detached(self).clone()  # the formula reads the value before the op
+    saved = []
+    for pname in bw.save:
+        pi = binder.index[pname]
+        for v in (values[pi] if pi == binder.variadic_idx else (values[pi],)):
+            if _is_tensor(v):
+                saved.append(_ag.save(v, pname))
+    with _ag.no_grad():
+        out = plain(*args, **kwargs)
+    if self is not None:
+        _ag.bump_version(self)
+        outputs = (self,)
+    elif _is_tensor(out):
+        for v in slots:
+            if v is out:  # the op returned its input (contiguous() of a contiguous tensor)
+                return out
+        outputs = (out,)
+    else:
+        outputs = tuple(out)
+    saved_out = None
+    if bw.out:
+        saved_out = _detached(outputs[0])
+        saved.append(_ag.save(saved_out, "result"))
+    need = tuple(e is not None for e in edges)
+    _ag.record(name, _apply, edges, outputs, (bw, values, slots, need), saved_out, tuple(saved))
+    return out
+
+
+def _apply(node: _ag.Node, grads: list) -> list:
+    bw, values, slots, need = node.ctx
+    res = bw.fn(grads if bw.multi else grads[0], values, node.out, need)
+    out = []
+    for r, v, n in zip(res, slots, need):
+        if r is None or not n:
+            out.append(None)
+            continue
+        if tuple(r.shape) != tuple(v.shape):
+            r = sum_to(r, tuple(v.shape))
+        if r.dtype != v.dtype:
+            r = r.to(v.dtype)
+        out.append(r)
+    return out
+
+
+def sum_to(g: object, shape: tuple) -> object:
+    """``g`` summed down to ``shape`` (the reverse of broadcasting ``shape`` to g's shape).
+    **Collective** for a DTensor whose sum must communicate (it stays Partial: no)."""
+    gs = tuple(g.shape)
+    lead = len(gs) - len(shape)
+    dims = tuple(range(lead)) + tuple(
+        lead + i for i, s in enumerate(shape) if s == 1 and gs[lead + i] != 1
+    )
+    if dims:
+        g = g.sum(dim=dims, keepdim=True)
+    if lead or tuple(g.shape) != shape:
+        g = g.reshape(shape)
+    return g

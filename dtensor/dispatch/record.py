@@ -140,14 +140,23 @@ def _detached(t: object) -> object:
     return _wrap(t._arr, t._storage)
 
 
+def _unrecorded(plain: Callable, args: tuple, kwargs: Mapping[str, object]) -> object:
+    """``plain(*args, **kwargs)`` with grad mode off (it was on: the call records)."""
+    mode = _MODE
+    mode.enabled = False
+    try:
+        return plain(*args, **kwargs)
+    finally:
+        mode.enabled = True
+
+
 def record(info: OpInfo, plain: Callable, args: tuple, kwargs: Mapping[str, object],
            order: tuple[int, ...] | None) -> object:
     """Run one call of ``info`` with recording off and make its backward node. **Collective**
     when the op is (a DTensor op that redistributes)."""
     name = info.name
-    op_args = args if order is None else tuple(args[i] for i in order)
     binder = binder_of(info)
-    values = binder.bind(op_args, kwargs or {})
+    values = binder.bind(args if order is None else [args[i] for i in order], kwargs)
     bw = _formula(info)
     self = values[0] if info.inplace else None
     if self is not None:
@@ -164,24 +173,23 @@ def record(info: OpInfo, plain: Callable, args: tuple, kwargs: Mapping[str, obje
     if bw.fn is None:
         if self is not None and self._ag is not None:
             raise AutogradError(f"{name}: the in-place op is not differentiable")
-        with _ag.no_grad():
-            out = plain(*args, **kwargs)
+        out = _unrecorded(plain, args, kwargs)
         if self is not None:
             _ag.bump_version(self)
         return out
     slots = _slots(binder, values)
-    edges = tuple(_ag.edge_of(v) for v in slots)
-    if self is not None and "input" in bw.save:
-        with _ag.no_grad():
-            values[0] = _detached(self).clone()  # the formula reads the value before the op
+    edges = [_ag.edge_of(v) for v in slots]
     saved = []
-    for pname in bw.save:
-        pi = binder.index[pname]
-        for v in (values[pi] if pi == binder.variadic_idx else (values[pi],)):
-            if _is_tensor(v):
-                saved.append(_ag.save(v, pname))
-    with _ag.no_grad():
-        out = plain(*args, **kwargs)
+    if bw.save:
+        if self is not None and "input" in bw.save:
+            # the formula reads the value before the op
+            values[0] = _unrecorded(_detached(self).clone, (), {})
+        for pname in bw.save:
+            pi = binder.index[pname]
+            for v in (values[pi] if pi == binder.variadic_idx else (values[pi],)):
+                if _is_tensor(v):
+                    saved.append(_ag.save(v, pname))
+    out = _unrecorded(plain, args, kwargs)
     if self is not None:
         _ag.bump_version(self)
         outputs = (self,)
@@ -196,8 +204,8 @@ def record(info: OpInfo, plain: Callable, args: tuple, kwargs: Mapping[str, obje
     if bw.out:
         saved_out = _detached(outputs[0])
         saved.append(_ag.save(saved_out, "result"))
-    need = tuple(e is not None for e in edges)
-    _ag.record(name, _apply, edges, outputs, (bw, values, slots, need), saved_out, tuple(saved))
+    need = [e is not None for e in edges]
+    _ag.record(name, _apply, edges, outputs, (bw, values, slots, need), saved_out, saved)
     return out
 
 

@@ -37,6 +37,7 @@ __all__ = [
     "AutogradMeta",
     "Node",
     "activate",
+    "backward",
     "bump_version",
     "edge_of",
     "enable_grad",
@@ -229,7 +230,7 @@ def bump_version(t: object) -> None:
 class _Saved:
     """A saved tensor's version: the owner's key and the version at save time."""
 
-    __slots__ = ("key", "name", "owner", "shape", "version")
+    __slots__ = ("key", "name", "owner", "shape", "version")  # owner: keeps the key unique
 
     def __init__(self, t: object, name: str) -> None:
         owner = _owner(t)
@@ -244,13 +245,13 @@ class _Saved:
         self.name = name
         self.shape = tuple(t.shape)
 
-    def release(self) -> None:
+    def __del__(self) -> None:
+        # the saved reference goes (with its node): stop counting the owner's version
         e = _VERSIONS.get(self.key)
         if e is not None:
             e[1] -= 1
             if e[1] <= 0:
                 del _VERSIONS[self.key]
-        self.owner = None
 
     def check(self, node: Node) -> None:
         now = _VERSIONS[self.key][0]
@@ -283,8 +284,8 @@ class Node:
     __slots__ = ("__weakref__", "ctx", "edges", "formula", "n_outputs", "op", "out",
                  "released", "saved")
 
-    def __init__(self, op: str, formula: Callable, edges: tuple, ctx: object,
-                 out: object = None, n_outputs: int = 1, saved: tuple = ()) -> None:
+    def __init__(self, op: str, formula: Callable, edges: Sequence, ctx: object,
+                 out: object = None, n_outputs: int = 1, saved: Sequence = ()) -> None:
         self.op = op
         self.formula = formula
         self.edges = edges
@@ -306,8 +307,6 @@ class Node:
 
     def release(self) -> None:
         """Free what the formula reads (after a backward without ``retain_graph``)."""
-        for s in self.saved:
-            s.release()
         self.saved = ()
         self.ctx = self.out = None
         self.released = True
@@ -324,10 +323,6 @@ class Node:
         for s in self.saved:
             s.check(self)
         return self.formula(self, grads)
-
-    def __del__(self) -> None:
-        for s in self.saved:
-            s.release()
 
     def __repr__(self) -> str:
         return f"<{self.name()}>"
@@ -661,8 +656,8 @@ def edge_of(x: object) -> tuple | None:
     return (meta.grad_fn, meta.output_nr) if meta.grad_fn is not None else (meta, 0)
 
 
-def record(op: str, formula: Callable, edges: tuple, outputs: Sequence, ctx: object = None,
-           out: object = None, saved: tuple = ()) -> Node:
+def record(op: str, formula: Callable, edges: Sequence, outputs: Sequence, ctx: object = None,
+           out: object = None, saved: Sequence = ()) -> Node:
     """Make the node of one op call and attach it to its floating outputs (the others do
     not require grad). **Local**."""
     node = Node(op, formula, edges, ctx, out, len(outputs), saved)

@@ -191,14 +191,20 @@ def _where(g, v, o, need):
 
 
 def _clamp(g, v, o, need):
+    # clamp is min(max(x, lo), hi): the gradient goes to whichever value it returns
     x, lo, hi = v[0], v[1], v[2]
+    m = x if lo is None else x.clamp(lo, None)
     gi = g
     if lo is not None:
         gi = gi.where(x >= lo, 0.0)
     if hi is not None:
-        gi = gi.where(x <= hi, 0.0)
-    glo = g.where(x < lo, 0.0) if need[1] else None
-    ghi = g.where(x > hi, 0.0) if need[2] else None
+        gi = gi.where(m <= hi, 0.0)
+    glo = ghi = None
+    if need[1]:
+        glo = g.where(x < lo, 0.0)
+        glo = glo if hi is None else glo.where(m <= hi, 0.0)
+    if need[2]:
+        ghi = g.where(m > hi, 0.0)
     return (gi, glo, ghi)
 
 
@@ -408,11 +414,12 @@ def _linear(g, v, o, need):
 def _einsum(g, v, o, need):
     equation, operands = v[0], list(v[1])
     eq = equation.replace(" ", "")
-    if "->" not in eq or "." in eq:
+    if "." in eq:
         raise AutogradError(
-            "einsum: the derivative is implemented for explicit equations without '...' "
-            f"(got {equation!r})"
+            f"einsum: the derivative for an equation with '...' is not implemented ({equation!r})"
         )
+    if "->" not in eq:  # implicit output: the letters that occur once, sorted
+        eq += "->" + "".join(sorted(c for c in set(eq) if c.isalpha() and eq.count(c) == 1))
     lhs, rhs = eq.split("->")
     terms = lhs.split(",")
     out = []

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import dtensor as dt
+from dtensor.dispatch import record as _record
 from dtensor.errors import AutogradError, DTensorError
 from dtensor.ops import NOT_DIFFERENTIABLE, OPS
-from dtensor.dispatch import record as _record
 from dtensor.validate import sample_calls
 
 #: Differentiable ops without a backward formula yet (recording them raises).
@@ -242,7 +242,7 @@ def test_in_place_on_non_leaf_records():
 
 def test_multi_output_and_views():
     x = _leaf(4, 6)
-    a, b = x.split(3, dim=1)
+    a, _ = x.split(3, dim=1)
     (a * 2).sum().backward()
     want = np.zeros((4, 6))
     want[:, :3] = 2

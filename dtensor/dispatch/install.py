@@ -24,7 +24,8 @@ Comparisons return tensors, so ``__hash__`` stays the identity hash (as in PyTor
 Autograd: once a tensor requires grad (:func:`dtensor.local.autograd.activate`), the
 methods and operators of both classes (``redistribute``, ``T`` and ``mT`` included) are
 installed again in their recording form (:func:`dtensor.dispatch.record.recording`;
-out-of-place ops marked not differentiable stay as they are), and the public functions pass
+out-of-place ops marked not differentiable stay as they are; Tensor's ``__setitem__``
+too), and the public functions pass
 :func:`dtensor.dispatch.record.call` (their hook): until then nothing of autograd runs.
 """
 
@@ -333,6 +334,7 @@ def _install_tensor() -> list[str]:
     if _AUTOGRAD:  # the views T and mT through the recorded permute and transpose
         Tensor.T = property(_T, doc=_OWN_TENSOR["T"].__doc__)
         Tensor.mT = property(_mT, doc=_OWN_TENSOR["mT"].__doc__)
+        Tensor.__setitem__ = _record.recording_setitem(_OWN_TENSOR["__setitem__"])
     # ``==`` returns a Tensor, so hashing is by identity (as in PyTorch).
     Tensor.__hash__ = object.__hash__
     return names

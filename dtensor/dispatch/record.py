@@ -24,11 +24,19 @@ from placements.errors import AutogradError
 
 from ..distributed.dtensor import DTensor, record_redistribute
 from ..local import autograd as _ag
+from ..local.rng import get_rng_state
 from ..local.tensor import Tensor, _wrap
 from ..ops import OPS, OpInfo
 from .dispatcher import binder_of
 
-__all__ = ["call", "record", "recording", "recording_redistribute", "sum_to"]
+__all__ = [
+    "call",
+    "record",
+    "recording",
+    "recording_redistribute",
+    "recording_setitem",
+    "sum_to",
+]
 
 _MODE = _ag.MODE
 
@@ -106,6 +114,45 @@ def recording_redistribute(plain: Callable) -> Callable:
 
     redistribute.__doc__ = plain.__doc__
     return redistribute
+
+
+def recording_setitem(plain: Callable) -> Callable:
+    """The recording form of ``Tensor.__setitem__`` (``x[idx] = value``, an in-place write:
+    the gradient of the old ``x`` is zero at ``idx``, ``value``'s is the gradient there)."""
+    mode = _MODE
+
+    def __setitem__(self, idx, value) -> None:
+        if mode.enabled and _wants_grad((self, value), None):
+            m = self._ag
+            if m is not None and m.requires_grad and m.grad_fn is None:
+                raise AutogradError(
+                    "__setitem__: a leaf Variable that requires grad is being used in an "
+                    "in-place operation."
+                )
+            edges = [_ag.edge_of(self), _ag.edge_of(value)]
+            vmeta = (tuple(value.shape), value.dtype) if _is_tensor(value) else None
+            _unrecorded(plain, (self, idx, value), {})
+            _ag.bump_version(self)
+            _ag.record("setitem", _setitem_backward, edges, (self,), (idx, vmeta))
+            return
+        plain(self, idx, value)
+        _ag.bump_version(self)
+
+    __setitem__.__doc__ = plain.__doc__
+    return __setitem__
+
+
+def _setitem_backward(node: _ag.Node, grads: list) -> list:
+    idx, vmeta = node.ctx
+    g = grads[0]
+    rest = g.clone()
+    rest[idx] = 0
+    if vmeta is None:
+        return [rest, None]
+    gv = g[idx]
+    shape, dtype = vmeta
+    gv = sum_to(gv, shape) if tuple(gv.shape) != shape else gv
+    return [rest, gv if gv.dtype == dtype else gv.to(dtype)]
 
 
 def _formula(info: OpInfo):
@@ -189,6 +236,7 @@ def record(info: OpInfo, plain: Callable, args: tuple, kwargs: Mapping[str, obje
             for v in (values[pi] if pi == binder.variadic_idx else (values[pi],)):
                 if _is_tensor(v):
                     saved.append(_ag.save(v, pname))
+    state = get_rng_state() if bw.rng else None
     out = _unrecorded(plain, args, kwargs)
     if self is not None:
         _ag.bump_version(self)
@@ -200,7 +248,7 @@ def record(info: OpInfo, plain: Callable, args: tuple, kwargs: Mapping[str, obje
         outputs = (out,)
     else:
         outputs = tuple(out)
-    saved_out = None
+    saved_out = state
     if bw.out:
         saved_out = _detached(outputs[0])
         saved.append(_ag.save(saved_out, "result"))

@@ -21,6 +21,7 @@ from placements.errors import AutogradError
 from placements.meta import norm_dim, norm_dims
 
 from ..distributed.dtensor import DTensor
+from ..local.rng import get_rng_state, set_rng_state
 from ..local.tensor import Tensor
 from .table import NOT_DIFFERENTIABLE, Backward
 
@@ -40,8 +41,8 @@ def _is_tensor(v: object) -> bool:
     return isinstance(v, (Tensor, DTensor))
 
 
-def _bw(fn=None, save=(), out=False, multi=False) -> Backward:
-    return Backward(fn, tuple(save), out, multi)
+def _bw(fn=None, save=(), out=False, multi=False, rng=False) -> Backward:
+    return Backward(fn, tuple(save), out, multi, rng)
 
 
 # -- unary ----------------------------------------------------------------------------------------
@@ -341,6 +342,15 @@ def _norm(g, v, o, need):
     return ((gb * x.sign() * ax ** (p - 1) / ob ** (p - 1)).where(ob != 0, 0.0),)
 
 
+def _cumprod(g, v, o, need):
+    x, dim = v[0], v[1]
+    if not x.ndim:
+        return (g,)
+    d = norm_dim(dim, x.ndim, "cumprod")
+    # Note: divides by the input (inf/nan gradients where an input is 0), as prod
+    return ((g * o).flip(d).cumsum(d).flip(d) / x,)
+
+
 def _cumsum(g, v, o, need):
     x, dim = v[0], v[1]
     d = norm_dim(dim, x.ndim, "cumsum") if x.ndim else 0
@@ -362,6 +372,7 @@ REDUCTION = {
     "logsumexp": _bw(_logsumexp, ("input",), out=True),
     "norm": _bw(_norm, ("input",), out=True),
     "cumsum": _bw(_cumsum),
+    "cumprod": _bw(_cumprod, ("input",), out=True),
 }
 for _name in ("argmax", "argmin", "any", "all", "count_nonzero"):
     REDUCTION[_name] = NOT_DIFFERENTIABLE
@@ -760,6 +771,17 @@ def _mse(g, v, o, need):
     return (d if need[0] else None, -d if need[1] else None)
 
 
+def _dropout(g, v, state, need):
+    x, p, training = v[0], v[1], v[2]
+    now = get_rng_state()
+    set_rng_state(state)  # the same random numbers: the same mask
+    try:
+        mask = F["dropout"](F["ones_like"](x), p, training)
+    finally:
+        set_rng_state(now)
+    return (g * mask,)
+
+
 NN = {
     "softmax": _bw(_softmax, out=True),
     "log_softmax": _bw(_log_softmax, out=True),
@@ -767,4 +789,5 @@ NN = {
     "embedding": _bw(_embedding, ("input",)),
     "cross_entropy": _bw(_cross_entropy, ("input", "target", "weight")),
     "mse_loss": _bw(_mse, ("input", "target")),
+    "dropout": _bw(_dropout, rng=True),
 }

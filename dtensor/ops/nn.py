@@ -19,4 +19,5 @@ declare("cross_entropy", K.cross_entropy, ("input", "target", "weight"), method=
         samples="nn", backward=D["cross_entropy"])
 declare("mse_loss", K.mse_loss, ("input", "target"), local_fn=mse_local, method=False,
         samples="nn", backward=D["mse_loss"])
-declare("dropout", K.dropout, local_fn=dropout_local, method=False, samples="nn")
+declare("dropout", K.dropout, local_fn=dropout_local, method=False, samples="nn",
+        backward=D["dropout"])

@@ -24,4 +24,4 @@ for _name in ("argmax", "argmin", "var", "std", "any", "all", "logsumexp"):
     declare(_name, getattr(K, _name), samples="reduce", backward=D[_name])
 declare("count_nonzero", K.count_nonzero, samples="reduce", backward=D["count_nonzero"])
 for _name in ("cumsum", "cumprod"):
-    declare(_name, getattr(K, _name), samples="scan", backward=D.get(_name))
+    declare(_name, getattr(K, _name), samples="scan", backward=D[_name])

@@ -74,6 +74,8 @@ class Backward:
     place the gradients; the recorder reduces each gradient to its argument's shape
     (broadcasting) and casts it to its dtype. ``save`` names the tensor parameters whose
     values the formula reads: a backward after an in-place change to them raises.
+    ``rng``: the formula reads the random generator's state from before the call (given
+    as ``out``), to draw the op's random numbers again (dropout's mask).
     ``fn`` None: the op is not differentiable (:data:`NOT_DIFFERENTIABLE`).
     """
 
@@ -81,6 +83,7 @@ class Backward:
     save: tuple[str, ...] = ()
     out: bool = False
     multi: bool = False
+    rng: bool = False
 
 
 #: The ``backward`` of an op whose outputs never require grad (comparisons, integer ops,

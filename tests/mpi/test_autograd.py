@@ -230,3 +230,17 @@ def test_errors_name_the_op_on_dtensors():
     z.backward()
     with pytest.raises(AutogradError, match="second time"):
         z.backward()
+
+
+@pytest.mark.mpi(min_size=1)
+def test_dropout_gradient_matches_local():
+    value = np.random.default_rng(6).standard_normal((9, 4))
+    dt.manual_seed(3)
+    lx = dt.from_numpy(value.copy()).requires_grad_()
+    dt.dropout(lx, 0.4).sum().backward()
+    for mesh in meshes():
+        for pl in placement_choices(mesh, 2, partial=False)[:3]:
+            dt.manual_seed(3)
+            x = dt.distribute_tensor(value, mesh, pl).requires_grad_()
+            dt.dropout(x, 0.4).sum().backward()
+            np.testing.assert_allclose(x.grad.full_tensor().numpy(), lx.grad.numpy())

@@ -15,7 +15,7 @@ from dtensor.ops import NOT_DIFFERENTIABLE, OPS
 from dtensor.validate import sample_calls
 
 #: Differentiable ops without a backward formula yet (recording them raises).
-NO_FORMULA_YET = frozenset({"cumprod", "dropout"})
+NO_FORMULA_YET: frozenset[str] = frozenset()
 
 #: (op, float argument) pairs without a gradient (None): used for its shape or dtype only, or
 #: not differentiable in PyTorch either (cross_entropy's weight), or not computed yet (a
@@ -28,7 +28,7 @@ UNSUPPORTED = {"einsum": ("...", "ii->")}
 
 #: Ops whose float inputs are sampled positive (their domain, or away from a pole).
 POSITIVE = frozenset({"log", "log2", "log10", "log1p", "sqrt", "rsqrt", "reciprocal", "pow",
-                      "prod", "div", "remainder", "fmod", "addcdiv"})
+                      "prod", "cumprod", "div", "remainder", "fmod", "addcdiv"})
 
 
 def _formula_of(info):
@@ -98,6 +98,7 @@ def test_formula_against_finite_differences(name):
         values, leaves = _inputs(name, call.values, rng)
         if not leaves:
             continue
+        state = dt.get_rng_state()  # every evaluation draws the same random numbers
         with dt.no_grad():
             ref = _outputs(_run(info, values))
         if not ref or not all(np.isfinite(o.numpy()).all() for o in ref):
@@ -106,7 +107,8 @@ def test_formula_against_finite_differences(name):
             continue  # a cast to a lower precision: finite differences would measure it
         weights = [dt.from_numpy(rng.standard_normal(tuple(o.shape))) for o in ref]
 
-        def loss(vals, weights=weights):
+        def loss(vals, weights=weights, state=state):
+            dt.set_rng_state(state)
             total = 0.0
             for o, w in zip(_outputs(_run(info, vals)), weights):
                 total = (o * w).sum() + total
@@ -238,6 +240,32 @@ def test_in_place_on_non_leaf_records():
     assert y.grad_fn.name() == "AddBackward0"
     y.sum().backward()
     np.testing.assert_allclose(x.grad.numpy(), 2 * x.detach().numpy())
+
+
+def test_setitem_records_and_bumps_the_version():
+    x = _leaf(4)
+    v = _leaf(2, seed=5)
+    y = x * 2.0
+    y[1:3] = v * 3.0
+    assert y.grad_fn.name() == "SetitemBackward0"
+    y.sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), [2.0, 0.0, 0.0, 2.0])
+    np.testing.assert_allclose(v.grad.numpy(), 3.0)
+    with pytest.raises(AutogradError, match="__setitem__: a leaf Variable"):
+        x[0] = 1.0
+    w = dt.ones(3, dtype=dt.float64)
+    z = (x[:3] * w).sum()
+    w[0] = 5.0
+    with pytest.raises(AutogradError, match="mul: one of the variables"):
+        z.backward()
+
+
+def test_dropout_gradient_uses_the_forward_mask():
+    x = _leaf(40)
+    y = dt.dropout(x, 0.5)
+    y.sum().backward()
+    kept = y.detach().numpy() != 0
+    np.testing.assert_allclose(x.grad.numpy(), np.where(kept, 2.0, 0.0))
 
 
 def test_multi_output_and_views():

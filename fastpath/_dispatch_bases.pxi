@@ -1,5 +1,6 @@
 # The compiled bases of Tensor and DTensor and DTensor's operator slots: the table of
-# what runs behind each slot (set_slot_ops) and the slot function that calls it.
+# what runs behind each slot (set_slot_ops) and the slot function that calls it; dtensor's
+# grad mode and the autograd hook every compiled entry point asks (set_call_hook).
 
 # Note: the bases are not tracked by the cycle collector (they hold only a fixed set of
 # references that never lead back to the object), which makes creating them cheaper.
@@ -96,3 +97,28 @@ cdef inline object _slot2(int k, object a, object b):
     if op is None:
         return NotImplemented
     return op(a, b)
+
+
+cdef class GradMode:
+    """Whether ops record for autograd (dtensor's grad mode; compiled code reads it)."""
+
+    cdef public bint enabled
+
+    def __init__(self):
+        self.enabled = True
+
+
+# dtensor's autograd recorder ``hook(info, plain, args, kwargs)`` and grad mode, from the
+# first tensor that requires grad on (None before: the entry points never look further).
+cdef object _call_hook = None
+cdef GradMode _grad_mode = None
+
+
+def set_call_hook(hook, GradMode mode):
+    """Route calls through ``hook(info, plain, args, kwargs)`` (``plain`` runs the call as
+    without it): every public function made by :func:`make_function`, and every FastOp call
+    with a DTensor argument that has autograd state while ``mode.enabled`` (or of an
+    in-place op, whose writes the hook counts). **Local**."""
+    global _call_hook, _grad_mode
+    _call_hook = hook
+    _grad_mode = mode

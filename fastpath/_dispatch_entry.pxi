@@ -66,19 +66,6 @@ def make_operator(FastOp op, str name, str doc, str form):
     return fn
 
 
-# What every public function calls instead once set (dtensor's autograd recorder, from the
-# first tensor that requires grad): ``hook(info, plain, args, kwargs)``.
-cdef object _call_hook = None
-
-
-def set_call_hook(hook):
-    """Route every public function made by :func:`make_function` through
-    ``hook(info, plain, args, kwargs)`` (``plain`` runs the call as without it); None
-    removes it. **Local**."""
-    global _call_hook
-    _call_hook = hook
-
-
 def make_function(FastOp op, local):
     """A public function: ``op`` when a DTensor is among the arguments, else ``local``."""
     def plain(*args, **kwargs):

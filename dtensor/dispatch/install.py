@@ -21,12 +21,13 @@ installed wrapped (:func:`dtensor.local.kernels.base.quiet_function`).
 The class docstrings of Tensor and DTensor end with the list of what was installed.
 Comparisons return tensors, so ``__hash__`` stays the identity hash (as in PyTorch).
 
-Autograd: once a tensor requires grad (:func:`dtensor.local.autograd.activate`), the
-methods and operators of both classes (``redistribute``, ``T`` and ``mT`` included) are
-installed again in their recording form (:func:`dtensor.dispatch.record.recording`;
-out-of-place ops marked not differentiable stay as they are; Tensor's ``__setitem__``
-too), and the public functions pass
-:func:`dtensor.dispatch.record.call` (their hook): until then nothing of autograd runs.
+Autograd: once a tensor requires grad (:func:`dtensor.local.autograd.activate`), Tensor's
+methods and operators (``T``, ``mT`` and ``__setitem__`` included) and, on the Python
+path, DTensor's are installed again in their recording form
+(:func:`dtensor.dispatch.record.recording`; out-of-place ops marked not differentiable stay
+as they are), ``DTensor.redistribute`` records, and the compiled front (its FastOps and
+the public functions) asks :func:`dtensor.dispatch.record.call` (its hook) for the calls
+that may record: until then nothing of autograd runs.
 """
 
 from __future__ import annotations
@@ -132,16 +133,22 @@ def _reorder(order: tuple[int, ...], args: tuple) -> tuple:
 
 
 def _records(info: OpInfo) -> bool:
-    """Whether the variants of ``info`` take their recording form now (autograd is active
-    and the op is differentiable or in-place)."""
+    """Whether the Tensor variants of ``info`` take their recording form now (autograd is
+    active and the op is differentiable or in-place)."""
     return _AUTOGRAD and (info.inplace or info.backward is not NOT_DIFFERENTIABLE)
+
+
+def _records_dtensor(info: OpInfo) -> bool:
+    """Whether the DTensor variants of ``info`` take their recording form now: as Tensor's
+    on the Python path (on the fast path the compiled front asks the recorder itself)."""
+    return not _FAST and _records(info)
 
 
 def _method(info: OpInfo, name: str) -> Callable:
     """The DTensor method ``name`` running ``info`` (``self`` first, or per method_args), in
-    its recording form when autograd is active."""
+    its recording form when it records."""
     fn = _plain_method(info, name)
-    return _record.recording(info, fn, info.method_args) if _records(info) else fn
+    return _record.recording(info, fn, info.method_args) if _records_dtensor(info) else fn
 
 
 def _plain_method(info: OpInfo, name: str) -> Callable:
@@ -178,7 +185,9 @@ def _operator(info: OpInfo, op: Operator) -> Callable:
         fn = _front.make_operator(fast_op(info), op.dunder, doc, op.form)
     else:
         fn = _name(_PY_OPERATORS[op.form](info), op.dunder, doc)
-    return _record.recording(info, fn, _OPERATOR_ORDER.get(op.form)) if _records(info) else fn
+    if _records_dtensor(info):
+        return _record.recording(info, fn, _OPERATOR_ORDER.get(op.form))
+    return fn
 
 
 def _binary(info: OpInfo) -> Callable:
@@ -256,16 +265,12 @@ def _python_slot(info: OpInfo, unary: bool) -> Callable:
 
 
 def _slot_op(info: OpInfo, unary: bool) -> object:
-    """What runs behind an operator slot: the FastOp (fast path) or the Python path; a
-    recording callable (operands in expression order) when the op records."""
-    if not _records(info):
-        return fast_op(info) if _FAST else _python_slot(info, unary)
+    """What runs behind an operator slot: the FastOp (fast path) or the Python path (in its
+    recording form when it records; operands in expression order)."""
     if _FAST:
-        form = "unary" if unary else "binary"
-        fn = _front.make_operator(fast_op(info), info.name, info.name, form)
-    else:
-        fn = _python_slot(info, unary)
-    return _record.recording(info, fn)
+        return fast_op(info)
+    fn = _python_slot(info, unary)
+    return _record.recording(info, fn) if _records(info) else fn
 
 
 def _install_dtensor() -> list[str]:
@@ -308,6 +313,11 @@ def _tensor_method(info: OpInfo) -> Callable:
     return _quiet(info, method)
 
 
+def _tensor_mT(self: Tensor) -> Tensor:
+    # Tensor's own property raises PyTorch's error below 2-D
+    return self.transpose(-2, -1) if self.ndim >= 2 else _OWN_TENSOR["mT"].fget(self)
+
+
 def _install_tensor() -> list[str]:
     """Install Tensor's methods and operators from the table; returns their names. When
     autograd is active, the recording forms (of the class's own methods too)."""
@@ -332,8 +342,8 @@ def _install_tensor() -> list[str]:
             elif rec:
                 setattr(Tensor, op.dunder, _record.recording(info, _OWN_TENSOR[op.dunder]))
     if _AUTOGRAD:  # the views T and mT through the recorded permute and transpose
-        Tensor.T = property(_T, doc=_OWN_TENSOR["T"].__doc__)
-        Tensor.mT = property(_mT, doc=_OWN_TENSOR["mT"].__doc__)
+        Tensor.T = _record.recording_view_property(_OWN_TENSOR["T"], _T)
+        Tensor.mT = _record.recording_view_property(_OWN_TENSOR["mT"], _tensor_mT)
         Tensor.__setitem__ = _record.recording_setitem(_OWN_TENSOR["__setitem__"])
     # ``==`` returns a Tensor, so hashing is by identity (as in PyTorch).
     Tensor.__hash__ = object.__hash__
@@ -397,7 +407,7 @@ def _activate_autograd() -> None:
     _install_tensor()
     _install_dtensor()
     if _front is not None:
-        _front.set_call_hook(_record.call)
+        _front.set_call_hook(_record.call, _ag.MODE)
 
 
 def fastpath_active() -> bool:

@@ -26,7 +26,7 @@ from ..distributed.dtensor import DTensor, record_redistribute
 from ..local import autograd as _ag
 from ..local.rng import get_rng_state
 from ..local.tensor import Tensor, _wrap
-from ..ops import OPS, OpInfo
+from ..ops import OpInfo
 from .dispatcher import binder_of
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
     "recording",
     "recording_redistribute",
     "recording_setitem",
+    "recording_view_property",
     "sum_to",
 ]
 
@@ -116,6 +117,21 @@ def recording_redistribute(plain: Callable) -> Callable:
     return redistribute
 
 
+def recording_view_property(plain: property, recorded: Callable) -> property:
+    """The recording form of a view property of Tensor (``T``, ``mT``): ``recorded(x)``
+    (the same view through recorded ops) when it must record, else the property's own."""
+    mode = _MODE
+    get = plain.fget
+
+    def view(self):
+        m = self._ag
+        if m is not None and mode.enabled and m.requires_grad:
+            return recorded(self)
+        return get(self)
+
+    return property(view, doc=plain.__doc__)
+
+
 def recording_setitem(plain: Callable) -> Callable:
     """The recording form of ``Tensor.__setitem__`` (``x[idx] = value``, an in-place write:
     the gradient of the old ``x`` is zero at ``idx``, ``value``'s is the gradient there)."""
@@ -155,17 +171,11 @@ def _setitem_backward(node: _ag.Node, grads: list) -> list:
     return [rest, gv if gv.dtype == dtype else gv.to(dtype)]
 
 
-def _formula(info: OpInfo):
-    """The formula an in-place op records with: its own, else its out-of-place twin's."""
-    if info.backward is not None or not info.inplace:
-        return info.backward
-    twin = OPS.get(info.name[:-1])
-    return None if twin is None else twin.backward
-
-
 def _slots(binder, values: list) -> list:
-    out = []
     vi = binder.variadic_idx
+    if vi < 0:
+        return [values[pi] for pi in binder.tensor_idx]
+    out = []
     for pi in binder.tensor_idx:
         if pi == vi:
             out.extend(values[pi])
@@ -204,7 +214,7 @@ def record(info: OpInfo, plain: Callable, args: tuple, kwargs: Mapping[str, obje
     name = info.name
     binder = binder_of(info)
     values = binder.bind(args if order is None else [args[i] for i in order], kwargs)
-    bw = _formula(info)
+    bw = info.backward  # an in-place op's is its out-of-place op's (see ops.table.declare)
     self = values[0] if info.inplace else None
     if self is not None:
         m = self._ag
@@ -225,7 +235,11 @@ def record(info: OpInfo, plain: Callable, args: tuple, kwargs: Mapping[str, obje
             _ag.bump_version(self)
         return out
     slots = _slots(binder, values)
-    edges = [_ag.edge_of(v) for v in slots]
+    edges = []
+    for v in slots:
+        t = type(v)
+        m = v._ag if t is Tensor or t is DTensor else None
+        edges.append(m if m is not None and m.requires_grad else None)
     saved = []
     if bw.save:
         if self is not None and "input" in bw.save:

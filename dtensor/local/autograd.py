@@ -12,8 +12,8 @@ The graph, as in PyTorch: a tensor that requires grad holds an :class:`AutogradM
 leaf's accumulates ``.grad``, a non-leaf's points at the :class:`Node` that made it
 (``grad_fn``) and which of its outputs it is. A node holds its formula, what the formula
 needs (the op's bound arguments, its output when the formula reads it) and one edge per
-differentiable input: the input's node (with the output index) or the input's meta (a
-leaf). :func:`run_backward` counts the dependencies of every node reachable from the roots,
+input: the input's meta (which names the input's node and output index, or is a leaf's),
+None for an input that needs no gradient. :func:`run_backward` counts the dependencies of every node reachable from the roots,
 then runs each node once all gradients that reach it have been summed.
 
 Saved tensors are checked against version counters: every in-place op bumps the version of
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import fastpath as _fp
 from placements.errors import AutogradError
 
 from .tensor import Tensor
@@ -59,7 +60,8 @@ __all__ = [
 
 # -- grad mode ----------------------------------------------------------------------------------
 class _Mode:
-    """Whether ops record (``enabled``); read on every recorded variant's call."""
+    """Whether ops record (``enabled``); read on every recorded variant's call (the
+    compiled twin, ``fastpath.dispatch.GradMode``, is read by the compiled front too)."""
 
     __slots__ = ("enabled",)
 
@@ -67,7 +69,7 @@ class _Mode:
         self.enabled = True
 
 
-MODE = _Mode()
+MODE = _fp.dispatch.GradMode() if _fp.ENABLED else _Mode()
 
 
 def is_grad_enabled() -> bool:
@@ -274,8 +276,8 @@ class Node:
     """One backward node (``grad_fn``): the formula of one recorded op call.
 
     ``op`` the op's name; ``formula(node, grads)`` returns one gradient (or None) per
-    edge; ``edges`` one ``(target, output_nr)`` per differentiable input (target a Node or
-    the AutogradMeta of a leaf; None where the input needs no gradient); ``ctx`` what the
+    edge; ``edges`` one per input: its AutogradMeta (of a leaf, or naming the node and
+    output that made it), None where the input needs no gradient; ``ctx`` what the
     formula reads (the bound arguments, ...), ``out`` the saved output (when the formula
     reads it), ``n_outputs`` the number of outputs; ``saved`` the version records of what
     it saves.
@@ -303,7 +305,9 @@ class Node:
     def next_functions(self) -> tuple:
         """``((node or None, output_nr), ...)``, one per edge (a leaf's is its
         AccumulateGrad stand-in, the leaf's :class:`AutogradMeta`)."""
-        return tuple((None, 0) if e is None else e for e in self.edges)
+        return tuple((None, 0) if m is None else
+                     (m, 0) if m.grad_fn is None else (m.grad_fn, m.output_nr)
+                     for m in self.edges)
 
     def release(self) -> None:
         """Free what the formula reads (after a backward without ``retain_graph``)."""
@@ -424,8 +428,8 @@ def run_backward(tensors: Sequence, grad_tensors: Sequence, retain_graph: bool,
         while stack:
             n = stack.pop()
             for e in n.edges:
-                if e is not None and isinstance(e[0], Node):
-                    m = e[0]
+                m = None if e is None else e.grad_fn
+                if m is not None:
                     deps[m] = deps.get(m, 0) + 1
                     if m not in seen:
                         seen.add(m)
@@ -455,8 +459,9 @@ def run_backward(tensors: Sequence, grad_tensors: Sequence, retain_graph: bool,
             for e, g in zip(node.edges, in_grads):
                 if e is None:
                     continue
-                target, nr = e
-                if isinstance(target, Node):
+                target = e.grad_fn
+                if target is not None:
+                    nr = e.output_nr
                     if g is not None:
                         buf = buffers.setdefault(target, [None] * target.n_outputs)
                         buf[nr] = g if buf[nr] is None else buf[nr] + g
@@ -466,7 +471,7 @@ def run_backward(tensors: Sequence, grad_tensors: Sequence, retain_graph: bool,
                     if deps[target] == 0:
                         ready.append(target)
                 elif g is not None:
-                    to_leaf(target, g)
+                    to_leaf(e, g)
         if not retain_graph:
             for node in done:
                 node.release()
@@ -647,13 +652,11 @@ install_api(Tensor)
 
 
 # -- recording ------------------------------------------------------------------------------------
-def edge_of(x: object) -> tuple | None:
-    """The graph edge of an op input: ``(grad_fn, output_nr)``, ``(leaf meta, 0)``, or None
-    when ``x`` is not a tensor that requires grad. **Local**."""
+def edge_of(x: object) -> AutogradMeta | None:
+    """The graph edge of an op input: its AutogradMeta, or None when ``x`` is not a tensor
+    that requires grad. **Local**."""
     meta = getattr(x, "_ag", None)
-    if meta is None or not meta.requires_grad:
-        return None
-    return (meta.grad_fn, meta.output_nr) if meta.grad_fn is not None else (meta, 0)
+    return meta if meta is not None and meta.requires_grad else None
 
 
 def record(op: str, formula: Callable, edges: Sequence, outputs: Sequence, ctx: object = None,

@@ -148,7 +148,9 @@ def _method(info: OpInfo, name: str) -> Callable:
     """The DTensor method ``name`` running ``info`` (``self`` first, or per method_args), in
     its recording form when it records."""
     fn = _plain_method(info, name)
-    return _record.recording(info, fn, info.method_args) if _records_dtensor(info) else fn
+    if _records_dtensor(info):
+        return _record.recording(info, fn, info.method_args, compiled=False)
+    return fn
 
 
 def _plain_method(info: OpInfo, name: str) -> Callable:
@@ -186,7 +188,7 @@ def _operator(info: OpInfo, op: Operator) -> Callable:
     else:
         fn = _name(_PY_OPERATORS[op.form](info), op.dunder, doc)
     if _records_dtensor(info):
-        return _record.recording(info, fn, _OPERATOR_ORDER.get(op.form))
+        return _record.recording(info, fn, _OPERATOR_ORDER.get(op.form), compiled=False)
     return fn
 
 
@@ -270,7 +272,7 @@ def _slot_op(info: OpInfo, unary: bool) -> object:
     if _FAST:
         return fast_op(info)
     fn = _python_slot(info, unary)
-    return _record.recording(info, fn) if _records(info) else fn
+    return _record.recording(info, fn, compiled=False) if _records(info) else fn
 
 
 def _install_dtensor() -> list[str]:
@@ -404,10 +406,10 @@ def _activate_autograd() -> None:
     """Install the recording forms (called once, when the first tensor requires grad)."""
     global _AUTOGRAD
     _AUTOGRAD = True
+    if _front is not None:  # first: the compiled guards below read its grad mode
+        _front.set_call_hook(_record.call, _ag.MODE)
     _install_tensor()
     _install_dtensor()
-    if _front is not None:
-        _front.set_call_hook(_record.call, _ag.MODE)
 
 
 def fastpath_active() -> bool:

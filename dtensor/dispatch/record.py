@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
+import fastpath as _fp
 from placements.errors import AutogradError
 
 from ..distributed.dtensor import DTensor, record_redistribute
@@ -74,24 +75,33 @@ def call(info: OpInfo, plain: Callable, args: tuple, kwargs: Mapping[str, object
     return out
 
 
-def recording(info: OpInfo, plain: Callable, order: tuple[int, ...] | None = None) -> Callable:
-    """The recording form of a method or operator ``plain`` of ``info`` (its arguments are
-    the op's, reordered by ``order``: ``order[i]`` is where the op's argument ``i`` is)."""
-    mode = _MODE
+def _guarded(info: OpInfo, plain: Callable, args: tuple, kwargs: Mapping[str, object],
+             order: tuple[int, ...] | None) -> object:
+    """What a recording variant runs when its cheap check says it may record (or for an
+    in-place op): :func:`record`, or ``plain`` (counting an in-place write)."""
+    if _MODE.enabled and _wants_grad(args, kwargs):
+        return record(info, plain, args, kwargs, order)
+    out = plain(*args, **kwargs)
     if info.inplace:
+        _ag.bump_version(args[0])
+    return out
 
-        def variant(*args, **kwargs):
-            if mode.enabled and _wants_grad(args, kwargs):
-                return record(info, plain, args, kwargs, order)
-            out = plain(*args, **kwargs)
-            _ag.bump_version(args[0])
-            return out
 
+def recording(info: OpInfo, plain: Callable, order: tuple[int, ...] | None = None,
+              compiled: bool = True) -> Callable:
+    """The recording form of a method or operator ``plain`` of ``info`` (its arguments are
+    the op's, reordered by ``order``: ``order[i]`` is where the op's argument ``i`` is):
+    the compiled guard when the extension is used and ``compiled``, else its Python twin
+    (DTensor's Python path stays Python)."""
+    if compiled and _fp.ENABLED:
+        variant = _fp.dispatch.make_recording(info, plain, order, _guarded)
     else:
+        mode = _MODE
+        inplace = info.inplace
 
         def variant(*args, **kwargs):
-            if mode.enabled and _wants_grad(args, kwargs):
-                return record(info, plain, args, kwargs, order)
+            if inplace or (mode.enabled and _wants_grad(args, kwargs)):
+                return _guarded(info, plain, args, kwargs, order)
             return plain(*args, **kwargs)
 
     variant.__name__ = getattr(plain, "__name__", info.name)

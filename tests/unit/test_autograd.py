@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import dtensor as dt
+import fastpath
 from dtensor.dispatch import record as _record
 from dtensor.errors import AutogradError, DTensorError
 from dtensor.ops import NOT_DIFFERENTIABLE, OPS
@@ -344,3 +345,27 @@ def test_error_requires_grad_on_non_leaf():
     y = _leaf(2) * 2
     with pytest.raises(AutogradError, match="leaf variables"):
         y.requires_grad_(False)
+
+
+@pytest.mark.parametrize("fast", [
+    pytest.param(True, marks=pytest.mark.skipif(
+        not fastpath.ENABLED, reason="compiled fast path not enabled (not built or disabled)")),
+    False,
+])
+def test_dtensor_ops_record_on_both_paths(fast):
+    """Methods, operators (the compiled slots included) and functions of DTensors record on
+    the compiled front and on the Python path alike."""
+    mesh = dt.init_device_mesh((1,))
+    value = np.random.default_rng(1).standard_normal((4, 3))
+    dt.debug.set_fastpath(fast)
+    try:
+        x = dt.distribute_tensor(value, mesh, [dt.Shard(0)]).requires_grad_()
+        y = (x * x + 2.0 * x - x.exp() / 3.0) @ x.T
+        z = dt.relu(y).sum() + (-x).sum(dim=0).sum() + x.where(x > 0, 0.0).sum()
+        z.backward()
+    finally:
+        dt.debug.set_fastpath(fastpath.ENABLED)
+    lx = dt.from_numpy(value.copy()).requires_grad_()
+    ly = (lx * lx + 2.0 * lx - lx.exp() / 3.0) @ lx.T
+    (dt.relu(ly).sum() + (-lx).sum(dim=0).sum() + lx.where(lx > 0, 0.0).sum()).backward()
+    np.testing.assert_allclose(x.grad.full_tensor().numpy(), lx.grad.numpy(), atol=1e-12)

@@ -182,9 +182,8 @@ def _setitem_backward(node: _ag.Node, grads: list) -> list:
 
 
 def _slots(binder, values: list) -> list:
+    """The tensor-like arguments, a variadic parameter's one by one."""
     vi = binder.variadic_idx
-    if vi < 0:
-        return [values[pi] for pi in binder.tensor_idx]
     out = []
     for pi in binder.tensor_idx:
         if pi == vi:
@@ -244,7 +243,8 @@ def record(info: OpInfo, plain: Callable, args: tuple, kwargs: Mapping[str, obje
         if self is not None:
             _ag.bump_version(self)
         return out
-    slots = _slots(binder, values)
+    slots = ([values[pi] for pi in binder.tensor_idx] if binder.variadic_idx < 0
+             else _slots(binder, values))
     edges = []
     for v in slots:
         t = type(v)
@@ -261,7 +261,12 @@ def record(info: OpInfo, plain: Callable, args: tuple, kwargs: Mapping[str, obje
                 if _is_tensor(v):
                     saved.append(_ag.save(v, pname))
     state = get_rng_state() if bw.rng else None
-    out = _unrecorded(plain, args, kwargs)
+    mode = _MODE
+    mode.enabled = False  # (_unrecorded, inline: this is the recording hot path)
+    try:
+        out = plain(*args, **kwargs)
+    finally:
+        mode.enabled = True
     if self is not None:
         _ag.bump_version(self)
         outputs = (self,)
@@ -276,13 +281,13 @@ def record(info: OpInfo, plain: Callable, args: tuple, kwargs: Mapping[str, obje
     if bw.out:
         saved_out = _detached(outputs[0])
         saved.append(_ag.save(saved_out, "result"))
-    need = [e is not None for e in edges]
-    _ag.record(name, _apply, edges, outputs, (bw, values, slots, need), saved_out, saved)
+    _ag.record(name, _apply, edges, outputs, (bw, values, slots), saved_out, saved)
     return out
 
 
 def _apply(node: _ag.Node, grads: list) -> list:
-    bw, values, slots, need = node.ctx
+    bw, values, slots = node.ctx
+    need = [e is not None for e in node.edges]
     res = bw.fn(grads if bw.multi else grads[0], values, node.out, need)
     out = []
     for r, v, n in zip(res, slots, need):

@@ -355,6 +355,7 @@ def test_catalogue_types_subclass_the_builtins():
         (errors.ValueConversionError, RuntimeError),
         (errors.UnavailableError, errors.ConfigError),
         (errors.UnavailableError, RuntimeError),
+        (errors.AutogradError, RuntimeError),
     ]
     for sub, builtin in pairs:
         assert issubclass(sub, errors.DTensorError) and issubclass(sub, builtin)

@@ -363,6 +363,17 @@ def test_dtensor_ops_record_on_both_paths(fast):
         y = (x * x + 2.0 * x - x.exp() / 3.0) @ x.T
         z = dt.relu(y).sum() + (-x).sum(dim=0).sum() + x.where(x > 0, 0.0).sum()
         z.backward()
+        with dt.no_grad():
+            assert not (x * 2.0).requires_grad and not x.exp().requires_grad
+        h = x * 1.0
+        h.mul_(x)  # in place on a non-leaf: records
+        w = dt.distribute_tensor(np.ones((4, 3)), mesh, [dt.Shard(0)])
+        k = (h * w).sum()  # mul saves w
+        w.add_(1.0)  # in place without grad: counted all the same
+        with pytest.raises(AutogradError, match="mul: one of the variables"):
+            k.backward()
+        (gh,) = dt.autograd.grad((h * 1.0).sum(), x)
+        np.testing.assert_allclose(gh.full_tensor().numpy(), 2 * value)
     finally:
         dt.debug.set_fastpath(fastpath.ENABLED)
     lx = dt.from_numpy(value.copy()).requires_grad_()

@@ -44,7 +44,6 @@ __all__ = [
     "enable_grad",
     "grad",
     "install_api",
-    "is_active",
     "is_grad_enabled",
     "make_leaf",
     "no_grad",
@@ -143,11 +142,6 @@ class enable_grad(set_grad_enabled):
 # -- activation ---------------------------------------------------------------------------------
 _ACTIVE = False
 _ON_ACTIVATE: list[Callable[[], None]] = []
-
-
-def is_active() -> bool:
-    """Whether a tensor has required grad in this process (autograd then records). **Local**."""
-    return _ACTIVE
 
 
 def on_activate(fn: Callable[[], None]) -> None:

@@ -25,7 +25,22 @@ from ..local.rng import get_rng_state, set_rng_state
 from ..local.tensor import Tensor
 from .table import NOT_DIFFERENTIABLE, Backward
 
-__all__ = ["NOT_DIFFERENTIABLE", "UNARY", "F", "use_functions"]
+__all__ = [
+    "BINARY",
+    "GELU",
+    "JOIN",
+    "LEAKY_RELU",
+    "NN",
+    "NOT_DIFFERENTIABLE",
+    "PRODUCT",
+    "REDUCTION",
+    "SOFTPLUS",
+    "TERNARY",
+    "UNARY",
+    "VIEW",
+    "F",
+    "use_functions",
+]
 
 #: The public dispatching functions formulas call (``F["cat"]``...), set at import of
 #: :mod:`dtensor.dispatch.install`.

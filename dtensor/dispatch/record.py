@@ -1,19 +1,21 @@
 """Recording of table ops for autograd: the variants that record backward nodes.
 
-Every variant of an op (public function, Tensor and DTensor method, python operator, in
-both dispatch modes) passes :func:`call`: when grad mode is on and a tensor argument
-requires grad, :func:`record` runs the op with recording off and makes its node
+Once autograd is active (the first tensor that requires grad), every variant of an op
+reaches the recorder: the public functions and the compiled front's FastOps (DTensor
+methods, operators and slots on the fast path) through their hook, :func:`call`; Tensor's
+methods and operators, and DTensor's on the Python path, through their recording form,
+:func:`recording` (a compiled guard, or its Python twin). When grad mode is on and a tensor
+argument requires grad, :func:`record` runs the op with grad mode off and makes its node
 (:mod:`dtensor.local.autograd`) from the op record's formula
-(:class:`dtensor.ops.table.Backward`); otherwise the variant runs as it is.
+(:class:`dtensor.ops.table.Backward`); otherwise the variant runs as it is. In-place
+variants also bump the version counter of what they write, and refuse a leaf that requires
+grad.
 
-The no-grad path pays nothing until autograd is active (the first tensor that requires
-grad): :mod:`dtensor.dispatch.install` installs the recording variants only then
-(:func:`recording`), and the public functions ask :func:`call` only once it is set as
-their hook. In-place variants also bump the version counter of what they write, and refuse
-a leaf that requires grad.
-
-The compiled front is never asked to serve a call that records: the recording variant
-runs the op with grad mode off, and the front serves it then as any other call.
+Until autograd is active nothing here runs: :mod:`dtensor.dispatch.install` installs the
+recording forms and the hook only then. After, the no-grad path pays one check per call (a
+pointer test per argument in compiled code). A call that records falls back from the
+compiled front to this Python recorder, which runs the op through the front with grad mode
+off.
 """
 
 from __future__ import annotations

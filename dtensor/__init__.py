@@ -8,8 +8,8 @@ The package is built in layers; imports point one way, down this list:
 - :mod:`dtensor.ops`: the op table, one record per op;
 - :mod:`dtensor.dispatch`: the dispatcher, the compiled front's glue and the installation
   of methods, operators and public functions from the table;
-- this module (the public API), :mod:`dtensor.debug` and :mod:`dtensor.checkpoint`
-  (checkpoints, ``.npy`` files).
+- this module (the public API), :mod:`dtensor.autograd`, :mod:`dtensor.debug` and
+  :mod:`dtensor.checkpoint` (checkpoints, ``.npy`` files).
 """
 
 from placements import Partial, Placement, Replicate, Shard  # noqa: F401
@@ -67,7 +67,8 @@ from .dispatch import install as _install
 from .dispatch.custom import register_op  # noqa: F401
 from .dispatch.dispatcher import clear_caches  # noqa: F401
 
-from . import debug  # noqa: F401  (the debug tools)
+from . import autograd, debug  # noqa: F401  (autograd; the debug tools)
+from .autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled  # noqa: F401
 from . import checkpoint  # noqa: F401  (checkpoints and parallel file IO)
 from .checkpoint import from_npy, load, save, to_npy  # noqa: F401
 

@@ -75,15 +75,23 @@ if ENABLED:
     DTensorBase = dispatch.DTensorBase
 else:
 
+    def _unset_slot(self, name: str) -> None:
+        # Reached only when normal lookup fails: ``_ag`` is None until set, as the compiled
+        # bases' slot (so that no creation site has to set it).
+        if name != "_ag":
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     class TensorBase:
         """Slots of the local Tensor (pure-Python twin of the compiled base)."""
 
-        __slots__ = ("__weakref__", "_arr", "_std", "_storage")
+        __slots__ = ("__weakref__", "_ag", "_arr", "_std", "_storage")
+        __getattr__ = _unset_slot
 
     class DTensorBase:
         """Slots of DTensor (pure-Python twin of the compiled base)."""
 
-        __slots__ = ("__weakref__", "_local", "_spec")
+        __slots__ = ("__weakref__", "_ag", "_local", "_spec")
+        __getattr__ = _unset_slot
 
 
 __all__ = [

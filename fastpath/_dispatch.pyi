@@ -7,11 +7,13 @@ RAW_FORMS: dict[str, int]
 SLOT_TAGS: dict[str, int]
 
 class TensorBase:
+    _ag: Any
     _arr: Any
     _std: Any
     _storage: Any
 
 class DTensorBase:
+    _ag: Any
     _local: Any
     _spec: Any
     def __add__(self, other: Any) -> Any: ...
@@ -24,6 +26,7 @@ class DTensorBase:
 class FastOp:
     info: Any
     name: str
+    plain: Callable[..., Any]
     def __init__(self, info: Any, binder: Any) -> None: ...
 
 def install_tensor(tensor_cls: type) -> None: ...
@@ -47,3 +50,10 @@ def set_slot_ops(ops: dict[str, Any]) -> None: ...
 def make_method(op: FastOp, name: str, doc: str) -> Callable[..., Any]: ...
 def make_operator(op: FastOp, name: str, doc: str, form: str) -> Callable[..., Any]: ...
 def make_function(op: FastOp, local: Callable[..., Any]) -> Callable[..., Any]: ...
+def make_recording(
+    info: Any, plain: Callable[..., Any], order: Any, recorder: Callable[..., Any]
+) -> Callable[..., Any]: ...
+def set_call_hook(hook: Callable[..., Any] | None, mode: GradMode | None) -> None: ...
+
+class GradMode:
+    enabled: bool

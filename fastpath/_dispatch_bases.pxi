@@ -1,21 +1,24 @@
 # The compiled bases of Tensor and DTensor and DTensor's operator slots: the table of
-# what runs behind each slot (set_slot_ops) and the slot function that calls it.
+# what runs behind each slot (set_slot_ops) and the slot function that calls it; dtensor's
+# grad mode and the autograd hook every compiled entry point asks (set_call_hook).
 
 # Note: the bases are not tracked by the cycle collector (they hold only a fixed set of
 # references that never lead back to the object), which makes creating them cheaper.
 @cython.no_gc
 cdef class TensorBase:
-    """Compiled slots of the local Tensor: its ndarray, its cached layout flag, its Storage."""
+    """Compiled slots of the local Tensor: its ndarray, its cached layout flag, its Storage,
+    its autograd state (None for a tensor without one)."""
 
     cdef public object _arr
     cdef public object _std
     cdef public object _storage
+    cdef public object _ag
     cdef object __weakref__
 
 
 @cython.no_gc
 cdef class DTensorBase:
-    """Compiled slots of DTensor: its local Tensor and its spec.
+    """Compiled slots of DTensor: its local Tensor, its spec and its autograd state.
 
     Its arithmetic operators are C slots that run the ops registered by
     :func:`set_slot_ops` (``x + y`` then enters compiled code directly); a subclass that
@@ -25,6 +28,7 @@ cdef class DTensorBase:
     cdef object _loc        # the local Tensor, or None while only its array exists
     cdef object _larr       # the local ndarray of an output whose Tensor is not made yet
     cdef public object _spec
+    cdef public object _ag      # the autograd state (None for a DTensor without one)
     cdef object __weakref__
 
     @property
@@ -93,3 +97,28 @@ cdef inline object _slot2(int k, object a, object b):
     if op is None:
         return NotImplemented
     return op(a, b)
+
+
+cdef class GradMode:
+    """Whether ops record for autograd (dtensor's grad mode; compiled code reads it)."""
+
+    cdef public bint enabled
+
+    def __init__(self):
+        self.enabled = True
+
+
+# dtensor's autograd recorder ``hook(info, plain, args, kwargs)`` and grad mode, from the
+# first tensor that requires grad on (None before: the entry points never look further).
+cdef object _call_hook = None
+cdef GradMode _grad_mode = None
+
+
+def set_call_hook(hook, GradMode mode):
+    """Route calls through ``hook(info, plain, args, kwargs)`` (``plain`` runs the call as
+    without it): every public function made by :func:`make_function`, and every FastOp call
+    with a DTensor argument that has autograd state while ``mode.enabled`` (or of an
+    in-place op, whose writes the hook counts). **Local**."""
+    global _call_hook, _grad_mode
+    _call_hook = hook
+    _grad_mode = mode

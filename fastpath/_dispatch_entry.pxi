@@ -68,9 +68,56 @@ def make_operator(FastOp op, str name, str doc, str form):
 
 def make_function(FastOp op, local):
     """A public function: ``op`` when a DTensor is among the arguments, else ``local``."""
+    def plain(*args, **kwargs):
+        if _has_dtensor(args, kwargs):
+            return op.call(args, kwargs)
+        return local(*args, **kwargs)
+
     def fn(*args, **kwargs):
+        if _call_hook is not None:
+            return _call_hook(op.info, plain, args, kwargs)
         if _has_dtensor(args, kwargs):
             return op.call(args, kwargs)
         return local(*args, **kwargs)
 
     return fn
+
+
+cdef inline bint _tensor_ag(object a):
+    """Whether ``a`` is a Tensor or DTensor with autograd state."""
+    if isinstance(a, TensorBase):
+        return (<TensorBase>a)._ag is not None
+    if isinstance(a, DTensorBase):
+        return (<DTensorBase>a)._ag is not None
+    return False
+
+
+cdef bint _any_tensor_ag(tuple args, dict kwargs):
+    for a in args:
+        if _tensor_ag(a):
+            return True
+        t = type(a)
+        if t is list or t is tuple:
+            for e in a:
+                if _tensor_ag(e):
+                    return True
+    if kwargs:
+        for a in kwargs.values():
+            if _tensor_ag(a):
+                return True
+    return False
+
+
+def make_recording(info, plain, order, recorder):
+    """``plain`` (a method or operator of op ``info``) guarded for autograd: it calls
+    ``recorder(info, plain, args, kwargs, order)`` when grad mode is on and a Tensor or
+    DTensor argument has autograd state, or always for an in-place op (whose writes the
+    recorder counts); else ``plain`` itself. Needs :func:`set_call_hook`'s mode. **Local**."""
+    cdef bint inplace = bool(info.inplace)
+
+    def variant(*args, **kwargs):
+        if inplace or (_grad_mode.enabled and _any_tensor_ag(args, kwargs)):
+            return recorder(info, plain, args, kwargs, order)
+        return plain(*args, **kwargs)
+
+    return variant

@@ -8,6 +8,27 @@ cdef enum:
 cdef object _DECLINE = object()      # _serve's answer when the Python dispatcher must run
 
 
+cdef inline bint _has_ag(object a):
+    """Whether ``a`` is a DTensor with autograd state (the hook decides the rest)."""
+    return type(a) is _DTensor and (<DTensorBase>a)._ag is not None
+
+
+cdef bint _any_ag(tuple args, dict kwargs):
+    for a in args:
+        if _has_ag(a):
+            return True
+        t = type(a)
+        if t is list or t is tuple:
+            for e in a:
+                if _has_ag(e):
+                    return True
+    if kwargs:
+        for a in kwargs.values():
+            if _has_ag(a):
+                return True
+    return False
+
+
 cdef class FrontEntry:
     """One propagation-cache entry as the compiled path runs it."""
 
@@ -51,10 +72,14 @@ cdef class FastOp:
     cdef list table
     cdef FrontEntry last    # the entry of the previous hit or fill (checked first)
     cdef bint pair          # (a, b) calls key on two tensor-likes only: see call2
+    cdef bint inplace       # the op writes its first argument
+    cdef readonly object plain  # plain(*args, **kwargs): the call without the autograd hook
 
     def __init__(self, info, binder):
         self.info = info
         self.name = info.name
+        self.inplace = bool(info.inplace)
+        self.plain = _plain_of(self)
         self.nparams = binder.nparams
         self.pack_idx = binder.pack_idx
         self.fill = list(binder.fill)
@@ -141,6 +166,8 @@ cdef class FastOp:
 
     cdef object call1(self, object a):
         """``call((a,), None)`` without building the tuple on the common path."""
+        if _call_hook is not None and (self.inplace or (_grad_mode.enabled and _has_ag(a))):
+            return _call_hook(self.info, self.plain, (a,), {})
         cdef list values = self._bind_n(a, None, 1)
         if values is None:
             return self.call((a,), None)
@@ -157,6 +184,9 @@ cdef class FastOp:
         hold their defaults, which the raw form requires anyway)."""
         cdef FrontEntry fe
         cdef uintptr_t h
+        if _call_hook is not None and (self.inplace or (_grad_mode.enabled and (
+                _has_ag(a) or _has_ag(b)))):
+            return _call_hook(self.info, self.plain, (a, b), {})
         if self.pair:
             ma = _marker(a)
             mb = _marker(b)
@@ -189,6 +219,8 @@ cdef class FastOp:
         re-packing them."""
         if not sizes:
             return self.call((a,), None)
+        if _call_hook is not None and (self.inplace or (_grad_mode.enabled and _has_ag(a))):
+            return _call_hook(self.info, self.plain, (a,) + sizes, {})
         b = sizes[0] if len(sizes) == 1 and isinstance(sizes[0], (list, tuple)) else sizes
         cdef list values = self._bind_n(a, b, 2)
         if values is None:
@@ -199,7 +231,16 @@ cdef class FastOp:
         return out
 
     cdef object call(self, tuple args, dict kwargs):
-        """Run the op on ``args``/``kwargs`` (at least one DTensor among them)."""
+        """Run the op on ``args``/``kwargs`` (at least one DTensor among them); through the
+        autograd hook when a DTensor argument has autograd state and grad mode is on, or
+        the op is in-place."""
+        if _call_hook is not None and (self.inplace or (_grad_mode.enabled and _any_ag(
+                args, kwargs))):
+            return _call_hook(self.info, self.plain, args, kwargs or {})
+        return self.call_unhooked(args, kwargs)
+
+    cdef object call_unhooked(self, tuple args, dict kwargs):
+        """:meth:`call` without the autograd hook (what the hook's ``plain`` runs)."""
         cdef list values = self._bind(args, kwargs)
         if values is None:
             return _dispatch_py(self.info, args, kwargs or {})
@@ -297,3 +338,11 @@ cdef class FastOp:
         fe.pending = False
         _fills += 1
         return fe
+
+
+def _plain_of(FastOp op):
+    """The call of ``op`` without the autograd hook, as a Python callable."""
+    def plain(*args, **kwargs):
+        return op.call_unhooked(args, kwargs)
+
+    return plain

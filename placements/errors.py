@@ -40,12 +40,18 @@ Which type for which check:
   unreadable, truncated or corrupt (a checksum that does not match), or a state that does
   not match the checkpoint it is loaded from; the message names the op (``save``,
   ``load``, ``from_npy``, ``to_npy``), the file and the tensor's key.
+- :class:`AutogradError` (also a RuntimeError, PyTorch's type for these): backward on a
+  non-scalar output without a gradient, the gradient of a tensor that does not require
+  grad, a second backward through freed nodes, an in-place op on a leaf that requires
+  grad, an in-place change to a tensor saved for backward, an op without a backward
+  formula, mismatched ``grad_placements``.
 """
 
 from __future__ import annotations
 
 __all__ = [
     "ArgumentError",
+    "AutogradError",
     "CheckpointError",
     "CommError",
     "ConfigError",
@@ -134,3 +140,7 @@ class UnavailableError(ConfigError, RuntimeError):
 class CheckpointError(DTensorError, OSError):
     """A checkpoint or ``.npy`` file that is missing, unreadable or corrupt, or a state that
     does not match the checkpoint: also an OSError, so ``except OSError`` keeps working."""
+
+
+class AutogradError(DTensorError, RuntimeError):
+    """A backward that cannot run as asked (the messages are PyTorch's, naming the op)."""

@@ -22,6 +22,7 @@ skips to stderr.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -51,6 +52,10 @@ def _ext_missing_and_allowed() -> bool:
 
 def _fastpath_off() -> bool:
     return not fastpath.ENABLED
+
+
+def _no_torch() -> bool:
+    return importlib.util.find_spec("torch") is None
 
 
 @dataclass(frozen=True)
@@ -113,6 +118,7 @@ EXPECTED: tuple[Expected, ...] = (
         r"a watchdog or an observer is configured from outside",
         "a debug check configured by the environment",
     ),
+    Expected(r"torch is not installed", "no torch", _no_torch),
 )
 
 

@@ -20,6 +20,14 @@ installed wrapped (:func:`dtensor.local.kernels.base.quiet_function`).
 
 The class docstrings of Tensor and DTensor end with the list of what was installed.
 Comparisons return tensors, so ``__hash__`` stays the identity hash (as in PyTorch).
+
+Autograd: once a tensor requires grad (:func:`dtensor.local.autograd.activate`), Tensor's
+methods and operators (``T``, ``mT`` and ``__setitem__`` included) and, on the Python
+path, DTensor's are installed again in their recording form
+(:func:`dtensor.dispatch.record.recording`; out-of-place ops marked not differentiable stay
+as they are), ``DTensor.redistribute`` records, and the compiled front (its FastOps and
+the public functions) asks :func:`dtensor.dispatch.record.call` (its hook) for the calls
+that may record: until then nothing of autograd runs.
 """
 
 from __future__ import annotations
@@ -31,9 +39,13 @@ import fastpath as _fp
 from placements.errors import UnavailableError
 
 from ..distributed.dtensor import DTensor
+from ..distributed.factory import FACTORIES
+from ..local import autograd as _ag
 from ..local.kernels.base import quiet_function
 from ..local.tensor import Tensor
-from ..ops import OPS, Operator, OpInfo
+from ..ops import NOT_DIFFERENTIABLE, OPS, Operator, OpInfo
+from ..ops import derivatives as _derivatives
+from . import record as _record
 from .dispatcher import dispatch
 from .front import PY_REDISTRIBUTE, fast_op, plug_fastpath
 
@@ -86,7 +98,14 @@ def _function(info: OpInfo) -> Callable:
         fn = _front.make_function(fast_op(info), local)
     else:
 
+        def plain(*args: object, **kwargs: object) -> object:
+            if has_dtensor(args, kwargs):
+                return dispatch(info, args, kwargs)
+            return local(*args, **kwargs)
+
         def fn(*args: object, **kwargs: object) -> object:
+            if _AUTOGRAD:
+                return _record.call(info, plain, args, kwargs)
             if has_dtensor(args, kwargs):
                 return dispatch(info, args, kwargs)
             return local(*args, **kwargs)
@@ -113,8 +132,28 @@ def _reorder(order: tuple[int, ...], args: tuple) -> tuple:
     return tuple(args[i] for i in order)
 
 
+def _records(info: OpInfo) -> bool:
+    """Whether the Tensor variants of ``info`` take their recording form now (autograd is
+    active and the op is differentiable or in-place)."""
+    return _AUTOGRAD and (info.inplace or info.backward is not NOT_DIFFERENTIABLE)
+
+
+def _records_dtensor(info: OpInfo) -> bool:
+    """Whether the DTensor variants of ``info`` take their recording form now: as Tensor's
+    on the Python path (on the fast path the compiled front asks the recorder itself)."""
+    return not _FAST and _records(info)
+
+
 def _method(info: OpInfo, name: str) -> Callable:
-    """The DTensor method ``name`` running ``info`` (``self`` first, or per method_args)."""
+    """The DTensor method ``name`` running ``info`` (``self`` first, or per method_args), in
+    its recording form when it records."""
+    fn = _plain_method(info, name)
+    if _records_dtensor(info):
+        return _record.recording(info, fn, info.method_args, compiled=False)
+    return fn
+
+
+def _plain_method(info: OpInfo, name: str) -> Callable:
     doc = _METHOD_DOC.format(info.name)
     order = info.method_args
     if order is not None:
@@ -134,14 +173,23 @@ def _method(info: OpInfo, name: str) -> Callable:
     return _name(method, name, doc)
 
 
+#: Where the op's arguments are in an operator's ``(self, other)``, by form (None: in order).
+_OPERATOR_ORDER = {"reflected": (1, 0)}
+
+
 def _operator(info: OpInfo, op: Operator) -> Callable:
-    """A DTensor operator: binary, reflected, compare, unary or method."""
+    """A DTensor operator: binary, reflected, compare, unary or method (in its recording
+    form when autograd is active)."""
     doc = _OPERATOR_DOC[op.form].format(d=op.dunder, op=info.name)
     if op.form == "method":
         return _name(_method(info, op.dunder), op.dunder, doc)
     if _FAST:
-        return _front.make_operator(fast_op(info), op.dunder, doc, op.form)
-    return _name(_PY_OPERATORS[op.form](info), op.dunder, doc)
+        fn = _front.make_operator(fast_op(info), op.dunder, doc, op.form)
+    else:
+        fn = _name(_PY_OPERATORS[op.form](info), op.dunder, doc)
+    if _records_dtensor(info):
+        return _record.recording(info, fn, _OPERATOR_ORDER.get(op.form), compiled=False)
+    return fn
 
 
 def _binary(info: OpInfo) -> Callable:
@@ -203,7 +251,7 @@ def _slot_ops() -> dict[str, object]:
             tag = op.dunder.strip("_")
             if tag in _front.SLOT_TAGS and op.form in ("binary", "unary"):
                 unary = op.form == "unary"
-                slots[tag] = fast_op(info) if _FAST else _python_slot(info, unary)
+                slots[tag] = _slot_op(info, unary)
                 served[op.dunder] = tag
                 if not unary:
                     served[f"__r{tag}__"] = tag
@@ -216,6 +264,15 @@ def _python_slot(info: OpInfo, unary: bool) -> Callable:
     if unary:
         return lambda a: dispatch(info, (a,), {})
     return lambda a, b: dispatch(info, (a, b), {})
+
+
+def _slot_op(info: OpInfo, unary: bool) -> object:
+    """What runs behind an operator slot: the FastOp (fast path) or the Python path (in its
+    recording form when it records; operands in expression order)."""
+    if _FAST:
+        return fast_op(info)
+    fn = _python_slot(info, unary)
+    return _record.recording(info, fn, compiled=False) if _records(info) else fn
 
 
 def _install_dtensor() -> list[str]:
@@ -234,7 +291,10 @@ def _install_dtensor() -> list[str]:
             names.append(op.dunder)
     DTensor.__hash__ = object.__hash__
     # a plan that is one all-gather runs from compiled code (see front.redistribute_form)
-    DTensor.redistribute = _front.redistribute if _FAST else PY_REDISTRIBUTE
+    redistribute = _front.redistribute if _FAST else PY_REDISTRIBUTE
+    if _AUTOGRAD:
+        redistribute = _record.recording_redistribute(redistribute)
+    DTensor.redistribute = redistribute
     DTensor.T = property(_T)
     DTensor.mT = property(_mT)
     return names
@@ -255,19 +315,38 @@ def _tensor_method(info: OpInfo) -> Callable:
     return _quiet(info, method)
 
 
+def _tensor_mT(self: Tensor) -> Tensor:
+    # Tensor's own property raises PyTorch's error below 2-D
+    return self.transpose(-2, -1) if self.ndim >= 2 else _OWN_TENSOR["mT"].fget(self)
+
+
 def _install_tensor() -> list[str]:
-    """Install Tensor's methods and operators from the table; returns their names."""
+    """Install Tensor's methods and operators from the table; returns their names. When
+    autograd is active, the recording forms (of the class's own methods too)."""
     names = []
     for info in OPS.values():
+        rec = _records(info)
         if info.method is not None:
             for name in (info.name, *info.aliases):
                 if name not in _OWN_TENSOR:
-                    setattr(Tensor, name, _tensor_method(info))
+                    fn = _tensor_method(info)
+                    setattr(Tensor, name, _record.recording(info, fn, info.method_args)
+                            if rec else fn)
                     names.append(name)
+                elif rec:
+                    setattr(Tensor, name, _record.recording(info, _OWN_TENSOR[name]))
         for op in info.operators:
             if op.dunder not in _OWN_TENSOR:
-                setattr(Tensor, op.dunder, _quiet(info, op.local))
+                fn = _quiet(info, op.local)
+                order = _OPERATOR_ORDER.get(op.form)
+                setattr(Tensor, op.dunder, _record.recording(info, fn, order) if rec else fn)
                 names.append(op.dunder)
+            elif rec:
+                setattr(Tensor, op.dunder, _record.recording(info, _OWN_TENSOR[op.dunder]))
+    if _AUTOGRAD:  # the views T and mT through the recorded permute and transpose
+        Tensor.T = _record.recording_view_property(_OWN_TENSOR["T"], _T)
+        Tensor.mT = _record.recording_view_property(_OWN_TENSOR["mT"], _tensor_mT)
+        Tensor.__setitem__ = _record.recording_setitem(_OWN_TENSOR["__setitem__"])
     # ``==`` returns a Tensor, so hashing is by identity (as in PyTorch).
     Tensor.__hash__ = object.__hash__
     return names
@@ -315,11 +394,22 @@ def set_fastpath(enabled: bool) -> bool:
     _install_dtensor()
     old = _FUNCTIONS
     _FUNCTIONS = _public_functions()
+    _derivatives.use_functions(_FUNCTIONS)
     for namespace in _EXPORTED:
         for name, fn in _FUNCTIONS.items():
             if namespace.get(name) is old.get(name):
                 namespace[name] = fn
     return _FAST
+
+
+def _activate_autograd() -> None:
+    """Install the recording forms (called once, when the first tensor requires grad)."""
+    global _AUTOGRAD
+    _AUTOGRAD = True
+    if _front is not None:  # first: the compiled guards below read its grad mode
+        _front.set_call_hook(_record.call, _ag.MODE)
+    _install_tensor()
+    _install_dtensor()
 
 
 def fastpath_active() -> bool:
@@ -347,7 +437,8 @@ def installed() -> dict[str, tuple[str, ...]]:
 
 _front = plug_fastpath()
 _FAST = _front is not None
-_OWN_TENSOR = frozenset(vars(Tensor))
+_AUTOGRAD = False
+_OWN_TENSOR = dict(vars(Tensor))
 _OWN_DTENSOR = frozenset(vars(DTensor))
 _TENSOR_DOC, _DTENSOR_DOC = Tensor.__doc__, DTensor.__doc__
 _TENSOR_NAMES = _install_tensor()
@@ -356,3 +447,6 @@ _document(Tensor, _TENSOR_DOC, _TENSOR_NAMES)
 _document(DTensor, _DTENSOR_DOC, _DTENSOR_NAMES)
 _FUNCTIONS = _public_functions()
 _EXPORTED: list[dict] = []
+_derivatives.use_functions(_FUNCTIONS)
+_derivatives.use_functions(FACTORIES)
+_ag.on_activate(_activate_autograd)

@@ -13,9 +13,10 @@ from collections.abc import Sequence
 import numpy as np
 
 import fastpath as _fp
-from placements import Placement, Replicate, Shard
+from placements import Partial, Placement, Replicate, Shard
 from placements.cache import LRUCache
 from placements.errors import (
+    AutogradError,
     DTypeError,
     MeshError,
     PlacementError,
@@ -31,6 +32,7 @@ from redistribute.execute import scatter_from as _scatter_from
 from redistribute.plan import plan as _plan
 
 from ..local import allocator as _allocator
+from ..local import autograd as _ag
 from ..local.factory import as_tensor
 from ..local.strides import contiguous_strides
 from ..local.tensor import Tensor, _norm_dim, _wrap
@@ -215,9 +217,37 @@ class DTensor(_fp.DTensorBase):
         )
 
     # -- conversions -----------------------------------------------------------------------
-    def to_local(self) -> Tensor:
-        """This rank's shard (shares memory with the DTensor). **Local**."""
-        return self._local
+    def to_local(self, *, grad_placements: Sequence[Placement] | None = None) -> Tensor:
+        """This rank's shard (shares memory with the DTensor). **Local**.
+
+        Differentiable: the gradient of the local tensor becomes the DTensor's gradient laid
+        out as ``grad_placements`` (default: this tensor's placements), as PyTorch's.
+
+        Raises
+        ------
+        PlacementError
+            ``grad_placements`` not one placement per mesh dim.
+        AutogradError
+            ``grad_placements`` under which this rank's shard would not have the local
+            tensor's shape.
+        """
+        if self._ag is None or not _ag.MODE.enabled:
+            return self._local
+        spec = self._spec
+        mesh = spec.mesh
+        target = spec if grad_placements is None else spec.with_placements(
+            _normalize_placements(grad_placements, mesh, "to_local"))
+        local = self._local
+        if target.local_shape(mesh._coord) != tuple(local.shape):
+            raise AutogradError(
+                f"to_local: grad_placements {placement_list(target.placements)} do not match "
+                f"the local shard: shape {tuple(local.shape)} under "
+                f"{placement_list(spec.placements)}, {target.local_shape(mesh._coord)} under "
+                f"grad_placements (global shape {spec.shape})"
+            )
+        out = _wrap(local._arr, local._storage)
+        _ag.record("to_local", _to_local_backward, (_ag.edge_of(self),), (out,), target)
+        return out
 
     def redistribute(
         self,
@@ -267,8 +297,21 @@ class DTensor(_fp.DTensorBase):
         return DTensor._make(_wrap(out), dst)
 
     def full_tensor(self) -> Tensor:
-        """The whole global tensor, on every rank. **Collective** over the mesh."""
-        return self.redistribute(None, (Replicate(),) * self._spec.mesh.ndim)._local
+        """The whole global tensor, on every rank. **Collective** over the mesh.
+        Differentiable (a redistribute to Replicate, then ``to_local``)."""
+        return self.redistribute(None, (Replicate(),) * self._spec.mesh.ndim).to_local()
+
+    # -- autograd hooks (see dtensor.local.autograd.install_api) ------------------------------
+    def _autograd_ones(self) -> DTensor:
+        """Ones of this global shape, Replicate: the implicit gradient of a one-element
+        DTensor (whatever its placements, Partial included)."""
+        spec = self._spec
+        local = self._local._autograd_ones().expand(spec.shape).contiguous()
+        return DTensor._make(local, spec.with_placements((Replicate(),) * spec.mesh.ndim))
+
+    def _grad_layout(self) -> DTensorSpec:
+        """A DTensor leaf's gradient is laid out as the leaf (see :func:`_leaf_layout`)."""
+        return self._spec
 
     @staticmethod
     def from_local(
@@ -279,6 +322,7 @@ class DTensor(_fp.DTensorBase):
         shape: Sequence[int] | None = None,
         stride: Sequence[int] | None = None,
         run_check: bool = False,
+        grad_placements: Sequence[Placement] | None = None,
     ) -> DTensor:
         """Build a DTensor from each rank's local shard.
 
@@ -300,6 +344,11 @@ class DTensor(_fp.DTensorBase):
         shape, stride : sequence of int, optional
             The global shape (and strides). Give ``shape`` for exact uneven shards without
             communication.
+        grad_placements : sequence of Placement, optional
+            Differentiable when ``local_tensor`` requires grad: the DTensor's gradient is
+            redistributed to these placements (default: ``placements`` with Partial taken as
+            Replicate, since every contribution of a sum gets the sum's gradient) and this
+            rank's shard of it is the local tensor's gradient.
 
         Raises
         ------
@@ -338,8 +387,62 @@ class DTensor(_fp.DTensorBase):
                 )
         # after the collective checks, so that every rank took part in them
         check_partial_dtype("DTensor.from_local", spec.placements, spec.dtype)
-        return DTensor._make(local, spec)
+        if local._ag is None or not _ag.MODE.enabled:
+            return DTensor._make(local, spec)
+        back = (_grad_target(spec.placements) if grad_placements is None
+                else _normalize_placements(grad_placements, device_mesh, "DTensor.from_local"))
+        if spec.with_placements(back).local_shape(device_mesh._coord) != tuple(local.shape):
+            raise AutogradError(
+                f"DTensor.from_local: grad_placements {placement_list(back)} do not match the "
+                f"local tensor of shape {tuple(local.shape)} (global shape {spec.shape})"
+            )
+        out = DTensor._make(_wrap(local._arr, local._storage), spec)
+        _ag.record("from_local", _from_local_backward, (_ag.edge_of(local),), (out,), back)
+        return out
 
+
+# -- autograd of the conversions ---------------------------------------------------------------
+def _grad_target(placements: Sequence[Placement]) -> tuple[Placement, ...]:
+    """The placements a gradient goes back to for an input of ``placements``: the same,
+    except that the gradient of a Partial input is Replicate (each contribution to a sum
+    gets the sum's gradient)."""
+    return tuple(Replicate() if isinstance(p, Partial) else p for p in placements)
+
+
+def _to_local_backward(node: _ag.Node, grads: list) -> tuple:
+    spec = node.ctx
+    g = grads[0]
+    return (DTensor._make(g, spec),)
+
+
+def _from_local_backward(node: _ag.Node, grads: list) -> tuple:
+    g = grads[0]
+    return (g.redistribute(g.device_mesh, node.ctx).to_local(),)
+
+
+def _redistribute_backward(node: _ag.Node, grads: list) -> tuple:
+    g = grads[0]
+    return (g.redistribute(g.device_mesh, node.ctx),)
+
+
+def record_redistribute(x: DTensor, out: DTensor) -> None:
+    """Record ``out = x.redistribute(...)``: its backward redistributes the gradient back to
+    ``x``'s placements (Partial as Replicate). **Local**."""
+    _ag.record("redistribute", _redistribute_backward, (_ag.edge_of(x),), (out,),
+               _grad_target(x._spec.placements))
+
+
+def _leaf_layout(g: object, spec: DTensorSpec) -> object:
+    """A DTensor leaf's gradient in the leaf's placements (Partial as Replicate).
+    **Collective** when it must move."""
+    if not isinstance(g, DTensor):
+        return g
+    target = _grad_target(spec.placements)
+    return g if g._spec.placements == target else g.redistribute(spec.mesh, target)
+
+
+_ag.install_api(DTensor)
+_ag.set_leaf_layout(_leaf_layout)
 
 _MAX_NDIM = 32
 
@@ -447,6 +550,11 @@ def distribute_tensor(
     src_data_rank : int or None
         Rank (in ``device_mesh.mesh`` numbering) that holds the data.
 
+    Returns
+    -------
+    DTensor
+        A leaf that requires grad when ``tensor`` does (as PyTorch's).
+
     Raises
     ------
     DTypeError
@@ -464,7 +572,9 @@ def distribute_tensor(
         src_spec = spec.with_placements((Replicate(),) * mesh.ndim)
         steps = _plan(src_spec, placements)
         out = _execute(steps, data._arr, src_spec, mesh._coord, mesh._dim_comms, alloc)
-        return DTensor._make(_wrap(out) if out is not data._arr else data, spec)
+        same = data if data._ag is None else data.detach()
+        out = DTensor._make(_wrap(out) if out is not data._arr else same, spec)
+        return out.requires_grad_() if data.requires_grad else out
 
     hits = np.argwhere(mesh.mesh == src_data_rank)
     if hits.size == 0:
@@ -506,4 +616,6 @@ def distribute_tensor(
     out = _scatter_from(
         src, data.to(mesh.device_type)._arr if is_src else None, spec, mesh._coord, base, alloc
     )
-    return DTensor._make(_wrap(out), spec)
+    out = DTensor._make(_wrap(out), spec)
+    # the source's requires_grad decides (every rank must ask for the same)
+    return out.requires_grad_() if data is not None and data.requires_grad else out

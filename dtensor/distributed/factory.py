@@ -83,7 +83,7 @@ def _twin(name: str, request: Callable) -> Callable:
     like = name.endswith("_like")
 
     @functools.wraps(local)
-    def factory(*args, device_mesh=None, placements=None, **kwargs):
+    def factory(*args, device_mesh=None, placements=None, requires_grad=False, **kwargs):
         if like and device_mesh is None and isinstance(args[0] if args else None, DTensor):
             src = args[0]
             device_mesh = src.device_mesh
@@ -93,11 +93,12 @@ def _twin(name: str, request: Callable) -> Callable:
                 raise PlacementError(
                     f"{name}: placements={placements!r} given without device_mesh"
                 )
-            return local(*args, **kwargs)
-        return distributed_factory(request(*args, **kwargs), device_mesh, placements)
+            return local(*args, requires_grad=requires_grad, **kwargs)
+        out = distributed_factory(request(*args, **kwargs), device_mesh, placements)
+        return out.requires_grad_() if requires_grad else out
 
     factory.__doc__ = (local.__doc__ or "").rstrip() + _MESH_DOC + (_LIKE_DOC if like else "")
-    sig = inspect.signature(local)
+    sig = inspect.signature(local)  # requires_grad= included
     mesh_params = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None)
                    for n in ("device_mesh", "placements")]
     factory.__signature__ = sig.replace(parameters=[*sig.parameters.values(), *mesh_params],

@@ -38,6 +38,7 @@ from placements.errors import (
     ViewError,
 )
 
+from . import autograd as _autograd  # noqa: F401  (installs the autograd API on Tensor)
 from . import backend as B
 from . import dtypes as _dtypes
 from . import rng as _random
@@ -118,7 +119,7 @@ def from_numpy(a: np.ndarray) -> Tensor:
     return _from_array(a, "from_numpy")
 
 
-def tensor(data, dtype=None, device=None) -> Tensor:
+def tensor(data, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     """A new tensor holding a copy of ``data``.
 
     **Local.**
@@ -131,6 +132,8 @@ def tensor(data, dtype=None, device=None) -> Tensor:
         ints -> int64, floats -> the default float dtype.
     device : str or Device, optional
         Default: the device of a tensor or array, else the CPU.
+    requires_grad : bool
+        Make it a leaf that requires grad.
 
     Returns
     -------
@@ -149,7 +152,8 @@ def tensor(data, dtype=None, device=None) -> Tensor:
     dev = B.device_of(src) if device is None else B.as_device(device)
     out = _alloc(src.shape, _dtypes.to_dtype(dtype), dev)
     _copy_into(out, src)
-    return _wrap(out)
+    t = _wrap(out)
+    return t.requires_grad_() if requires_grad else t
 
 
 def as_tensor(data, dtype=None, device=None) -> Tensor:
@@ -461,10 +465,14 @@ def _local(request):
     """The local factory of a request function (same signature and documentation)."""
 
     @functools.wraps(request)
-    def factory(*args, **kwargs) -> Tensor:
-        return build(request(*args, **kwargs))
+    def factory(*args, requires_grad: bool = False, **kwargs) -> Tensor:
+        t = build(request(*args, **kwargs))
+        return t.requires_grad_() if requires_grad else t
 
-    factory.__signature__ = inspect.signature(request).replace(return_annotation=Tensor)
+    sig = inspect.signature(request)
+    grad = inspect.Parameter("requires_grad", inspect.Parameter.KEYWORD_ONLY, default=False)
+    factory.__signature__ = sig.replace(parameters=[*sig.parameters.values(), grad],
+                                        return_annotation=Tensor)
     return factory
 
 

@@ -1073,6 +1073,17 @@ class Tensor(_fp.TensorBase):
         except IndexError as exc:
             raise _index_error(exc, arr.shape, idx, "__setitem__") from None
 
+    # ------------------------------------------------------------------ autograd hooks
+
+    def _autograd_ones(self) -> Tensor:
+        """Ones of this shape and dtype: the implicit gradient of a one-element tensor."""
+        out = _alloc(self._arr.shape, self._arr.dtype, B.device_of(self._arr))
+        out.fill(1)
+        return _wrap(out)
+
+    def _grad_layout(self) -> None:
+        """The layout a leaf's gradient gets (none for a local tensor)."""
+
     # ------------------------------------------------------------------ copies
 
     def clone(self) -> Tensor:

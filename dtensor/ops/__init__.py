@@ -8,6 +8,24 @@ depends on the chosen strategy take their kernels from :mod:`.local_fns`.
 from __future__ import annotations
 
 from . import linalg, nn, pointwise, reduction, tensor, view  # noqa: F401  (declare the ops)
-from .table import OPS, Operator, OpInfo, declare, get_op, register_op
+from .table import (
+    NOT_DIFFERENTIABLE,
+    OPS,
+    Backward,
+    Operator,
+    OpInfo,
+    declare,
+    get_op,
+    register_op,
+)
 
-__all__ = ["OPS", "OpInfo", "Operator", "declare", "get_op", "register_op"]
+__all__ = [
+    "NOT_DIFFERENTIABLE",
+    "OPS",
+    "Backward",
+    "OpInfo",
+    "Operator",
+    "declare",
+    "get_op",
+    "register_op",
+]

@@ -15,6 +15,7 @@ from placements.rules.pointwise import unary_rule
 
 from ..local import kernels as K
 from ..local.kernels import pointwise as P
+from .derivatives import BINARY, GELU, LEAKY_RELU, SOFTPLUS, TERNARY, UNARY
 from .table import Operator, declare
 
 __all__ = ["unary"]
@@ -67,6 +68,7 @@ def unary(
     return declare(
         name, fn, rule=unary_rule(kind, partials), method=method, aliases=aliases,
         operators=ops, inplace=K.inplace_form(fn) if inplace else None, samples="unary",
+        backward=UNARY[name],
     )
 
 
@@ -106,16 +108,18 @@ unary("isfinite", np.isfinite, "bool", R)
 unary("bitwise_not", np.invert, "integral", I | B, "anti", operator="__invert__", inplace=True)
 
 declare("round", P.round, rule=unary_rule("round", "monotone"),
-        inplace=K.inplace_form(P.round), samples="unary")
+        inplace=K.inplace_form(P.round), samples="unary", backward=UNARY["round"])
 declare("square", P.square, rule=unary_rule("square", "none"),
-        inplace=K.inplace_form(P.square), samples="unary")
+        inplace=K.inplace_form(P.square), samples="unary", backward=UNARY["square"])
 declare("positive", P.positive, rule=unary_rule("same", "copy"),
-        operators=(Operator("__pos__", "unary", P.positive),), samples="unary")
-declare("gelu", P.gelu, rule=unary_rule("floatonly", "none"), method=False, samples="unary")
+        operators=(Operator("__pos__", "unary", P.positive),), samples="unary",
+        backward=UNARY["positive"])
+declare("gelu", P.gelu, rule=unary_rule("floatonly", "none"), method=False, samples="unary",
+        backward=GELU)
 declare("softplus", P.softplus, rule=unary_rule("floatonly", "monotone"), method=False,
-        samples="unary")
+        samples="unary", backward=SOFTPLUS)
 declare("leaky_relu", P.leaky_relu, rule=unary_rule("floatonly", "leaky_relu"),
-        static=("negative_slope",), method=False, samples="unary")
+        static=("negative_slope",), method=False, samples="unary", backward=LEAKY_RELU)
 
 
 # -- binary ----------------------------------------------------------------------------------
@@ -136,7 +140,7 @@ def binary(name: str, operator: str | None = None, inplace: bool = False,
             iops = (Operator(f"__i{operator}__", "binary", K.inplace_operator(fn, operator)),)
     declare(name, fn, ("input", "other"), operators=ops,
             inplace=K.inplace_form(fn) if inplace else None, inplace_operators=iops,
-            samples="binary")
+            samples="binary", backward=BINARY[name])
 
 
 binary("add", "add", inplace=True)
@@ -160,13 +164,13 @@ binary("bitwise_xor", "xor", inplace=True)
 
 # -- ternary ---------------------------------------------------------------------------------
 declare("where", P.where, ("condition", "input", "other"), method_args=(1, 0, 2),
-        samples="ternary")
+        samples="ternary", backward=TERNARY["where"])
 for _name in ("clamp", "clip"):
     declare(_name, P.clamp, ("input", "min", "max"), inplace=K.inplace_form(P.clamp),
-            samples="ternary")
+            samples="ternary", backward=TERNARY[_name])
 declare("lerp", P.lerp, ("input", "end", "weight"), inplace=K.inplace_form(P.lerp),
-        samples="ternary")
+        samples="ternary", backward=TERNARY["lerp"])
 for _name in ("addcmul", "addcdiv"):
     _fn = getattr(P, _name)
     declare(_name, _fn, ("input", "tensor1", "tensor2"), inplace=K.inplace_form(_fn),
-            samples="ternary")
+            samples="ternary", backward=TERNARY[_name])

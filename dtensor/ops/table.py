@@ -11,7 +11,7 @@ A record holds everything dtensor knows about an op, in one place:
   rule family or by the record itself) with the static parameters the rule reads, and, for
   ops whose local computation depends on the chosen strategy, its ``local_fn``;
 - the sample family the strategy validator draws its calls from;
-- room for its backward formula.
+- its backward formula (:class:`Backward`), or :data:`NOT_DIFFERENTIABLE`.
 
 The dispatcher (:mod:`dtensor.dispatch`) installs the methods, operators and functions of
 every record and builds the propagation-cache key from its static parameters; the
@@ -29,7 +29,17 @@ from placements.rules import register_rule, rule_statics
 
 from ..local.tensor import Tensor
 
-__all__ = ["OPS", "OpInfo", "Operator", "declare", "declare_method", "get_op", "register_op"]
+__all__ = [
+    "NOT_DIFFERENTIABLE",
+    "OPS",
+    "Backward",
+    "OpInfo",
+    "Operator",
+    "declare",
+    "declare_method",
+    "get_op",
+    "register_op",
+]
 
 _KIND = inspect.Parameter
 
@@ -49,6 +59,36 @@ class Operator:
     dunder: str
     form: str
     local: Callable
+
+
+@dataclass(frozen=True, slots=True)
+class Backward:
+    """An op's backward formula (autograd).
+
+    ``fn(g, v, out, need)`` returns one gradient (or None) per tensor argument, in the order
+    of the op's tensor parameters (a variadic parameter's elements one by one): ``g`` is
+    the output's gradient (with ``multi``: the list of every output's gradient, None for
+    those that got none), ``v`` the call's bound arguments in parameter order, ``out`` the
+    output (None unless ``out``), ``need`` which arguments need a gradient. The formula is
+    written with ordinary tensor ops (methods), so that on DTensors the sharding rules
+    place the gradients; the recorder reduces each gradient to its argument's shape
+    (broadcasting) and casts it to its dtype. ``save`` names the tensor parameters whose
+    values the formula reads: a backward after an in-place change to them raises.
+    ``rng``: the formula reads the random generator's state from before the call (given
+    as ``out``), to draw the op's random numbers again (dropout's mask).
+    ``fn`` None: the op is not differentiable (:data:`NOT_DIFFERENTIABLE`).
+    """
+
+    fn: Callable | None
+    save: tuple[str, ...] = ()
+    out: bool = False
+    multi: bool = False
+    rng: bool = False
+
+
+#: The ``backward`` of an op whose outputs never require grad (comparisons, integer ops,
+#: argmax...).
+NOT_DIFFERENTIABLE = Backward(None)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -99,8 +139,9 @@ class OpInfo:
     samples : str or None
         The strategy validator's sample family (``"unary"``, ``"reduce"``...); None: the
         validator has no samples for it.
-    backward : callable or None
-        The backward formula (autograd).
+    backward : Backward or None
+        The backward formula (autograd); :data:`NOT_DIFFERENTIABLE` for an op whose outputs
+        never require grad; None: no formula yet (recording it raises).
     """
 
     name: str
@@ -118,7 +159,7 @@ class OpInfo:
     aliases: tuple[str, ...] = ()
     operators: tuple[Operator, ...] = ()
     samples: str | None = None
-    backward: Callable | None = None
+    backward: Backward | None = None
 
     @property
     def rule(self) -> str:
@@ -215,7 +256,7 @@ def declare(
     inplace: Callable | None = None,
     inplace_operators: tuple[Operator, ...] = (),
     samples: str | None = None,
-    backward: Callable | None = None,
+    backward: Backward | None = None,
 ) -> OpInfo:
     """Declare op ``name`` (and its in-place form) in the table. **Local**.
 
@@ -252,7 +293,8 @@ def declare(
     writes : bool
         The op itself writes its first argument (``copy_``, ``fill_``).
     aliases, operators, samples, backward :
-        As in :class:`OpInfo`.
+        As in :class:`OpInfo`. The in-place form records with ``backward`` too (the
+        recorder keeps a copy of the input when the formula reads it).
     inplace : callable, optional
         The in-place kernel (``fn``'s signature, writes its first argument): declares the op
         ``name_`` as a method, with the same tensors, statics and samples.
@@ -300,7 +342,6 @@ def declare(
                 method_args=None,
                 aliases=(),
                 operators=tuple(inplace_operators),
-                backward=None,
             )
         )
     return info

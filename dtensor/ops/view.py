@@ -8,9 +8,8 @@ Ops whose output shape is a static argument receive the LOCAL output shape on a 
 
 from __future__ import annotations
 
-import functools
-
 from ..local.tensor import Tensor
+from .derivatives import VIEW as D
 from .local_fns import expand_as_local, shape_local, squeeze_local
 from .table import Operator, declare_method
 
@@ -18,7 +17,9 @@ __all__: list[str] = []
 
 
 # a view op: a method the Tensor class defines, with the validator's view samples
-view = functools.partial(declare_method, samples="view")
+def view(name: str, *args: object, **kw: object) -> None:
+    """Declare the view op ``name`` (its formula from the view family's)."""
+    declare_method(name, *args, samples=kw.pop("samples", "view"), backward=D[name], **kw)
 
 
 for _name in ("view", "reshape"):

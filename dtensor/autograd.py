@@ -1,0 +1,39 @@
+"""``dt.autograd``: reverse-mode automatic differentiation (PyTorch's names and semantics).
+
+The engine is :mod:`dtensor.local.autograd`; the backward formulas are in the op records
+(:mod:`dtensor.ops.derivatives`). Tensors and DTensors have ``requires_grad``,
+``requires_grad_()``, ``grad``, ``grad_fn``, ``is_leaf`` and ``backward()``; factories
+take ``requires_grad=``.
+
+Choices where PyTorch has no DTensor answer (or a different one):
+
+- a DTensor leaf's ``.grad`` is laid out like the leaf (the gradient is redistributed to
+  the leaf's placements; a Partial placement becomes Replicate), so that an update
+  ``p -= lr * p.grad`` needs no communication;
+- the gradient of ``redistribute`` goes back to the input's placements (Partial as
+  Replicate); ``to_local(grad_placements=)`` and ``from_local(..., grad_placements=)`` say
+  how a local gradient is laid out;
+- ``create_graph=True`` (higher-order gradients) is not supported;
+- a node keeps every argument of its op call until backward (PyTorch keeps only what
+  the formula reads).
+"""
+
+from __future__ import annotations
+
+from .local.autograd import (
+    backward,
+    enable_grad,
+    grad,
+    is_grad_enabled,
+    no_grad,
+    set_grad_enabled,
+)
+
+__all__ = [
+    "backward",
+    "enable_grad",
+    "grad",
+    "is_grad_enabled",
+    "no_grad",
+    "set_grad_enabled",
+]

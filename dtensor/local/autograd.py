@@ -1,0 +1,669 @@
+"""The autograd engine: per-tensor autograd state, grad mode, backward nodes, version
+counters and the reverse-mode walk.
+
+It knows no op and no mesh: it works on any tensor class whose instances have an ``_ag``
+slot (None for a tensor without autograd state: most tensors) and support ``+`` and
+``_autograd_ones()``. :mod:`dtensor.dispatch` records nodes for the ops of the table (the
+backward formulas are in the op records); :mod:`dtensor.distributed` records
+``redistribute``, ``from_local`` and ``to_local`` and plugs in how a DTensor leaf's
+gradient is laid out (:func:`set_leaf_layout`).
+
+The graph, as in PyTorch: a tensor that requires grad holds an :class:`AutogradMeta`; a
+leaf's accumulates ``.grad``, a non-leaf's points at the :class:`Node` that made it
+(``grad_fn``) and which of its outputs it is. A node holds its formula, what the formula
+needs (the op's bound arguments, its output when the formula reads it) and one edge per
+input: the input's meta (which names the input's node and output index, or is a leaf's),
+None for an input that needs no gradient. :func:`run_backward` counts the dependencies of every node reachable from the roots,
+then runs each node once all gradients that reach it have been summed.
+
+Saved tensors are checked against version counters: every in-place op bumps the version of
+the memory it writes (:func:`bump_version`, keyed by the array that owns the memory, so
+every view of it shares one counter); a node records the versions of what it saves and a
+backward through it after a change raises, as in PyTorch.
+
+Process-wide switch: autograd is *active* from the first time a tensor requires grad
+(:func:`activate`); until then the installed variants do not look at it at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import fastpath as _fp
+from placements.errors import AutogradError
+
+from .tensor import Tensor
+
+__all__ = [
+    "AutogradMeta",
+    "Node",
+    "activate",
+    "backward",
+    "bump_version",
+    "edge_of",
+    "enable_grad",
+    "grad",
+    "install_api",
+    "is_grad_enabled",
+    "make_leaf",
+    "no_grad",
+    "on_activate",
+    "record",
+    "run_backward",
+    "save",
+    "set_grad_enabled",
+    "set_leaf_layout",
+    "version_of",
+]
+
+
+# -- grad mode ----------------------------------------------------------------------------------
+class _Mode:
+    """Whether ops record (``enabled``); read on every recorded variant's call (the
+    compiled twin, ``fastpath.dispatch.GradMode``, is read by the compiled front too)."""
+
+    __slots__ = ("enabled",)
+
+    def __init__(self) -> None:
+        self.enabled = True
+
+
+MODE = _fp.dispatch.GradMode() if _fp.ENABLED else _Mode()
+
+
+def is_grad_enabled() -> bool:
+    """Whether ops record backward nodes now (PyTorch's ``torch.is_grad_enabled``). **Local**."""
+    return MODE.enabled
+
+
+class set_grad_enabled:
+    """Turn recording on or off: a function call, a context manager or a decorator
+    (``torch.set_grad_enabled``). **Local**. Grad mode is per process (not per thread)."""
+
+    def __init__(self, mode: bool = False) -> None:
+        self.prev = MODE.enabled
+        self.mode = bool(mode)
+        MODE.enabled = self.mode
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        MODE.enabled = self.prev
+
+    def __call__(self, fn: Callable) -> Callable:
+        mode = self.mode
+        MODE.enabled = self.prev  # used as a decorator: the mode applies inside fn only
+
+        def wrapped(*args, **kwargs):
+            prev = MODE.enabled
+            MODE.enabled = mode
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                MODE.enabled = prev
+
+        wrapped.__name__ = getattr(fn, "__name__", "wrapped")
+        wrapped.__doc__ = getattr(fn, "__doc__", None)
+        return wrapped
+
+
+class no_grad(set_grad_enabled):
+    """``with dt.no_grad():`` ops inside record nothing (also a decorator). **Local**."""
+
+    def __init__(self) -> None:
+        self.prev = MODE.enabled
+        self.mode = False
+
+    def __enter__(self) -> None:
+        self.prev = MODE.enabled
+        MODE.enabled = False
+
+    def __call__(self, fn: Callable) -> Callable:
+        return set_grad_enabled.__call__(self, fn)
+
+
+class enable_grad(set_grad_enabled):
+    """``with dt.enable_grad():`` recording on inside a ``no_grad`` block (also a
+    decorator). **Local**."""
+
+    def __init__(self) -> None:
+        self.prev = MODE.enabled
+        self.mode = True
+
+    def __enter__(self) -> None:
+        self.prev = MODE.enabled
+        MODE.enabled = True
+
+    def __call__(self, fn: Callable) -> Callable:
+        return set_grad_enabled.__call__(self, fn)
+
+
+# -- activation ---------------------------------------------------------------------------------
+_ACTIVE = False
+_ON_ACTIVATE: list[Callable[[], None]] = []
+
+
+def on_activate(fn: Callable[[], None]) -> None:
+    """Call ``fn()`` once when autograd becomes active (at once if it is). **Local**."""
+    _ON_ACTIVATE.append(fn)
+    if _ACTIVE:
+        fn()
+
+
+def activate() -> None:
+    """Make autograd active (the first time a tensor requires grad). **Local**."""
+    global _ACTIVE
+    if not _ACTIVE:
+        _ACTIVE = True
+        for fn in _ON_ACTIVATE:
+            fn()
+
+
+# -- per-tensor state -----------------------------------------------------------------------------
+class AutogradMeta:
+    """The autograd state of one tensor (its ``_ag`` slot).
+
+    ``requires_grad``; ``grad`` (a leaf's accumulated gradient); ``grad_fn`` (the node that
+    made a non-leaf, None for a leaf) and ``output_nr`` (which of its outputs);
+    ``layout`` (for a DTensor leaf: its spec, the layout its gradient gets; None
+    otherwise).
+    """
+
+    __slots__ = ("grad", "grad_fn", "layout", "output_nr", "requires_grad")
+
+    def __init__(self, requires_grad: bool = True, grad_fn: Node | None = None,
+                 output_nr: int = 0, layout: object = None) -> None:
+        self.requires_grad = requires_grad
+        self.grad = None
+        self.grad_fn = grad_fn
+        self.output_nr = output_nr
+        self.layout = layout
+
+
+def make_leaf(t: object, requires_grad: bool, layout: object = None) -> None:
+    """Set ``t.requires_grad`` (``requires_grad_``): a leaf's state, kept with its ``.grad``.
+    **Local**."""
+    meta = t._ag
+    if meta is None:
+        if requires_grad:
+            activate()
+            t._ag = AutogradMeta(True, None, 0, layout)
+        return
+    meta.requires_grad = bool(requires_grad)
+
+
+# -- version counters -------------------------------------------------------------------------------
+# Versions of the memory of saved tensors, keyed by id() of the array that owns the memory:
+# [version, number of saved references]. A saved reference keeps the array alive, so the id
+# is not reused while it is counted here.
+_VERSIONS: dict[int, list] = {}
+
+
+def _owner(t: object) -> object:
+    """The array owning ``t``'s memory (a Tensor or a DTensor's local tensor)."""
+    arr = t._arr if isinstance(t, Tensor) else t._local._arr
+    base = arr.base
+    return arr if base is None else base
+
+
+def version_of(t: object) -> int:
+    """The version counter of ``t``'s memory (0 until an in-place op writes it while a
+    saved tensor is counted). **Local**."""
+    e = _VERSIONS.get(id(_owner(t)))
+    return 0 if e is None else e[0]
+
+
+def bump_version(t: object) -> None:
+    """Count an in-place write to ``t``'s memory (called by every in-place op while autograd
+    is active). **Local**."""
+    if _VERSIONS:
+        e = _VERSIONS.get(id(_owner(t)))
+        if e is not None:
+            e[0] += 1
+
+
+class _Saved:
+    """A saved tensor's version: the owner's key and the version at save time."""
+
+    __slots__ = ("key", "name", "owner", "shape", "version")  # owner: keeps the key unique
+
+    def __init__(self, t: object, name: str) -> None:
+        owner = _owner(t)
+        key = id(owner)
+        e = _VERSIONS.get(key)
+        if e is None:
+            e = _VERSIONS[key] = [0, 0]
+        e[1] += 1
+        self.owner = owner
+        self.key = key
+        self.version = e[0]
+        self.name = name
+        self.shape = tuple(t.shape)
+
+    def __del__(self) -> None:
+        # the saved reference goes (with its node): stop counting the owner's version
+        e = _VERSIONS.get(self.key)
+        if e is not None:
+            e[1] -= 1
+            if e[1] <= 0:
+                del _VERSIONS[self.key]
+
+    def check(self, node: Node) -> None:
+        now = _VERSIONS[self.key][0]
+        if now != self.version:
+            raise AutogradError(
+                f"{node.op}: one of the variables needed for gradient computation has been "
+                f"modified by an inplace operation: the {self.name} of shape {self.shape}, "
+                f"saved by {node.name()}, is at version {now}; expected version "
+                f"{self.version} instead. Hint: clone() it before the in-place op, or do the "
+                "in-place op after backward."
+            )
+
+
+# -- nodes ------------------------------------------------------------------------------------------
+def _camel(op: str) -> str:
+    return "".join(p[:1].upper() + p[1:] for p in op.strip("_").split("_")) or "Op"
+
+
+class Node:
+    """One backward node (``grad_fn``): the formula of one recorded op call.
+
+    ``op`` the op's name; ``formula(node, grads)`` returns one gradient (or None) per
+    edge; ``edges`` one per input: its AutogradMeta (of a leaf, or naming the node and
+    output that made it), None where the input needs no gradient; ``ctx`` what the
+    formula reads (the bound arguments, ...), ``out`` the saved output (when the formula
+    reads it), ``n_outputs`` the number of outputs; ``saved`` the version records of what
+    it saves.
+    """
+
+    __slots__ = ("__weakref__", "ctx", "edges", "formula", "n_outputs", "op", "out",
+                 "released", "saved")
+
+    def __init__(self, op: str, formula: Callable, edges: Sequence, ctx: object,
+                 out: object = None, n_outputs: int = 1, saved: Sequence = ()) -> None:
+        self.op = op
+        self.formula = formula
+        self.edges = edges
+        self.ctx = ctx
+        self.out = out
+        self.n_outputs = n_outputs
+        self.saved = saved
+        self.released = False
+
+    def name(self) -> str:
+        """PyTorch's node name: ``AddBackward0``, ``MatmulBackward0``..."""
+        return f"{_camel(self.op)}Backward0"
+
+    @property
+    def next_functions(self) -> tuple:
+        """``((node or None, output_nr), ...)``, one per edge (a leaf's is its
+        AccumulateGrad stand-in, the leaf's :class:`AutogradMeta`)."""
+        return tuple((None, 0) if m is None else
+                     (m, 0) if m.grad_fn is None else (m.grad_fn, m.output_nr)
+                     for m in self.edges)
+
+    def release(self) -> None:
+        """Free what the formula reads (after a backward without ``retain_graph``)."""
+        self.saved = ()
+        self.ctx = self.out = None
+        self.released = True
+
+    def apply(self, grads: list) -> Sequence:
+        if self.released:
+            raise AutogradError(
+                f"{self.op}: Trying to backward through the graph a second time (or directly "
+                "access saved tensors after they have already been freed). Saved "
+                "intermediate values of the graph are freed when you call .backward() or "
+                "autograd.grad(). Specify retain_graph=True if you need to backward through "
+                f"the graph a second time (node {self.name()})."
+            )
+        for s in self.saved:
+            s.check(self)
+        return self.formula(self, grads)
+
+    def __repr__(self) -> str:
+        return f"<{self.name()}>"
+
+
+# -- leaf layout (DTensor leaves) -----------------------------------------------------------------
+_LEAF_LAYOUT: Callable | None = None
+
+
+def set_leaf_layout(fn: Callable[[object, object], object]) -> None:
+    """Plug in ``fn(grad, layout)``: a leaf's gradient laid out as its ``meta.layout`` says
+    (a DTensor's spec: the gradient is redistributed to the leaf's placements). **Local**."""
+    global _LEAF_LAYOUT
+    _LEAF_LAYOUT = fn
+
+
+def _for_leaf(g: object, meta: AutogradMeta) -> object:
+    if meta.layout is not None and _LEAF_LAYOUT is not None:
+        return _LEAF_LAYOUT(g, meta.layout)
+    return g
+
+
+def _accumulate(meta: AutogradMeta, g: object) -> None:
+    g = _for_leaf(g, meta)
+    if meta.grad is None:
+        # Note: a new tensor; the incoming gradient may be shared with other edges
+        meta.grad = g.clone() if hasattr(g, "clone") else g
+    else:
+        meta.grad = meta.grad + g
+
+
+# -- the walk ---------------------------------------------------------------------------------------
+def _root(t: object, i: int, op: str) -> tuple:
+    meta = t._ag
+    if meta is None or not meta.requires_grad:
+        raise AutogradError(
+            f"{op}: element {i} of tensors does not require grad and does not have a grad_fn"
+        )
+    return (meta.grad_fn, meta.output_nr) if meta.grad_fn is not None else (meta, 0)
+
+
+def _seed(t: object, g: object, i: int, op: str) -> object:
+    if g is None:
+        if t.numel() != 1:
+            raise AutogradError(
+                f"{op}: grad can be implicitly created only for scalar outputs (element {i} "
+                f"has shape {tuple(t.shape)}); pass gradient="
+            )
+        return t._autograd_ones()
+    if tuple(g.shape) != tuple(t.shape):
+        raise AutogradError(
+            f"{op}: Mismatch in shape: grad_output[{i}] has a shape of {tuple(g.shape)} and "
+            f"output[{i}] has a shape of {tuple(t.shape)}."
+        )
+    return g
+
+
+def run_backward(tensors: Sequence, grad_tensors: Sequence, retain_graph: bool,
+                 inputs: Sequence | None = None, op: str = "backward",
+                 allow_unused: bool = False) -> list | None:
+    """Backpropagate from ``tensors`` (seeded with ``grad_tensors``, None for 1 of a
+    one-element tensor). **Collective** when a DTensor's backward redistributes.
+
+    Without ``inputs``: accumulates into the leaves' ``.grad`` (and retained non-leaves').
+    With ``inputs``: returns their gradients (None where unused and ``allow_unused``)
+    and touches no ``.grad``.
+    """
+    with no_grad():
+        roots = []
+        for i, (t, g) in enumerate(zip(tensors, grad_tensors)):
+            target = _root(t, i, op)
+            roots.append((target, _seed(t, g, i, op)))
+        capture: dict = {}
+        if inputs is not None:
+            for j, x in enumerate(inputs):
+                meta = x._ag
+                if meta is None or not meta.requires_grad:
+                    raise AutogradError(
+                        f"{op}: element {j} of the inputs does not require grad"
+                    )
+                key = meta if meta.grad_fn is None else (meta.grad_fn, meta.output_nr)
+                capture.setdefault(id(key) if key is meta else (id(key[0]), key[1]), []).append(j)
+        results: list = [None] * (len(inputs) if inputs is not None else 0)
+
+        def to_leaf(meta: AutogradMeta, g: object) -> None:
+            js = capture.get(id(meta))
+            if js is not None:
+                for j in js:
+                    results[j] = g if results[j] is None else results[j] + g
+            elif inputs is None and meta.grad_fn is None:
+                _accumulate(meta, g)
+
+        # dependencies: how many edges reach each node from the roots
+        deps: dict = {}
+        seen = set()
+        stack = [t for (t, _), _ in roots if isinstance(t, Node)]
+        for n in stack:
+            seen.add(n)
+        while stack:
+            n = stack.pop()
+            for e in n.edges:
+                m = None if e is None else e.grad_fn
+                if m is not None:
+                    deps[m] = deps.get(m, 0) + 1
+                    if m not in seen:
+                        seen.add(m)
+                        stack.append(m)
+        buffers: dict = {}
+        for (target, nr), g in roots:
+            if isinstance(target, Node):
+                buf = buffers.setdefault(target, [None] * target.n_outputs)
+                buf[nr] = g if buf[nr] is None else buf[nr] + g
+            else:
+                to_leaf(target, g)
+        ready = [n for n in buffers if deps.get(n, 0) == 0]
+        done = []
+        while ready:
+            node = ready.pop()
+            grads = buffers.pop(node)
+            for nr, g in enumerate(grads):
+                js = capture.get((id(node), nr))
+                if js is not None and g is not None:
+                    for j in js:
+                        results[j] = g if results[j] is None else results[j] + g
+            if all(g is None for g in grads):
+                in_grads = (None,) * len(node.edges)
+            else:
+                in_grads = node.apply(grads)
+            done.append(node)
+            for e, g in zip(node.edges, in_grads):
+                if e is None:
+                    continue
+                target = e.grad_fn
+                if target is not None:
+                    nr = e.output_nr
+                    if g is not None:
+                        buf = buffers.setdefault(target, [None] * target.n_outputs)
+                        buf[nr] = g if buf[nr] is None else buf[nr] + g
+                    else:
+                        buffers.setdefault(target, [None] * target.n_outputs)
+                    deps[target] -= 1
+                    if deps[target] == 0:
+                        ready.append(target)
+                elif g is not None:
+                    to_leaf(e, g)
+        if not retain_graph:
+            for node in done:
+                node.release()
+    if inputs is None:
+        return None
+    for j, r in enumerate(results):
+        if r is None and not allow_unused:
+            raise AutogradError(
+                f"{op}: One of the differentiated Tensors (input {j}) appears to not have been "
+                "used in the graph. Set allow_unused=True if this is the desired behavior."
+            )
+    return results
+
+
+def _as_seq(x: object) -> tuple:
+    if isinstance(x, (list, tuple)):
+        return tuple(x)
+    return (x,)
+
+
+def grad(outputs: object, inputs: object, grad_outputs: object = None,
+         retain_graph: bool | None = None, create_graph: bool = False,
+         allow_unused: bool = False) -> tuple:
+    """Gradients of ``outputs`` with respect to ``inputs`` (``torch.autograd.grad``).
+
+    **Collective** when the backward of a DTensor op communicates; **Local** otherwise.
+    Leaves' ``.grad`` are left alone. ``create_graph=True`` (higher-order gradients) is not
+    supported.
+
+    Returns
+    -------
+    tuple
+        One gradient per input (None for an unused input when ``allow_unused``).
+
+    Raises
+    ------
+    AutogradError
+        An output or input that does not require grad, a non-scalar output without its
+        ``grad_outputs``, a second pass through freed nodes, an unused input.
+    """
+    if create_graph:
+        raise AutogradError("autograd.grad: create_graph=True is not supported")
+    outs = _as_seq(outputs)
+    ins = _as_seq(inputs)
+    gos = (None,) * len(outs) if grad_outputs is None else _as_seq(grad_outputs)
+    if len(gos) != len(outs):
+        raise AutogradError(
+            f"autograd.grad: grad_outputs has {len(gos)} entries for {len(outs)} outputs"
+        )
+    return tuple(run_backward(outs, gos, bool(retain_graph), ins, "autograd.grad",
+                              allow_unused))
+
+
+def backward(tensors: object, grad_tensors: object = None, retain_graph: bool | None = None,
+             inputs: object = None) -> None:
+    """Accumulate the gradients of ``tensors`` into the leaves (``torch.autograd.backward``).
+
+    **Collective** when the backward of a DTensor op communicates; **Local** otherwise.
+    ``inputs``: accumulate into these leaves only.
+    """
+    outs = _as_seq(tensors)
+    gos = (None,) * len(outs) if grad_tensors is None else _as_seq(grad_tensors)
+    if inputs is None:
+        run_backward(outs, gos, bool(retain_graph))
+        return
+    ins = _as_seq(inputs)
+    grads = run_backward(outs, gos, bool(retain_graph), ins, "backward", True)
+    for x, g in zip(ins, grads):
+        if g is not None:
+            _accumulate(x._ag, g)
+
+
+# -- the tensor API (installed on Tensor here and on DTensor by dtensor.distributed) -----------------
+def _requires_grad(self) -> bool:
+    """Whether gradients are computed for this tensor."""
+    meta = self._ag
+    return meta is not None and meta.requires_grad
+
+
+def _set_requires_grad(self, value: bool) -> None:
+    self.requires_grad_(value)
+
+
+def _requires_grad_(self, requires_grad: bool = True):
+    """Set ``requires_grad`` in place; returns self. **Local**.
+
+    Only floating and complex tensors can require grad; only a leaf's flag can change.
+    """
+    meta = self._ag
+    if meta is not None and meta.grad_fn is not None:
+        if not requires_grad:
+            raise AutogradError(
+                "requires_grad_: you can only change requires_grad flags of leaf variables. "
+                "If you want to use a computed variable in a subgraph that doesn't require "
+                "differentiation use var_no_grad = var.detach()."
+            )
+        return self
+    if requires_grad and self.dtype.kind not in "fc":
+        raise AutogradError(
+            "requires_grad_: only Tensors of floating point and complex dtype can require "
+            f"gradients (got {self.dtype})"
+        )
+    make_leaf(self, requires_grad, self._grad_layout())
+    return self
+
+
+def _grad(self):
+    """The accumulated gradient of a leaf (None until a backward reaches it); settable."""
+    meta = self._ag
+    return None if meta is None else meta.grad
+
+
+def _set_grad(self, value) -> None:
+    meta = self._ag
+    if meta is None:
+        if value is None:
+            return
+        meta = self._ag = AutogradMeta(False, None, 0, self._grad_layout())
+    if value is not None and tuple(value.shape) != tuple(self.shape):
+        raise AutogradError(
+            f"grad: assigned grad has shape {tuple(value.shape)} but the tensor has shape "
+            f"{tuple(self.shape)}"
+        )
+    meta.grad = value
+
+
+def _grad_fn(self):
+    """The node that made this tensor (None for a leaf or a tensor without grad)."""
+    meta = self._ag
+    return None if meta is None else meta.grad_fn
+
+
+def _is_leaf(self) -> bool:
+    """True unless the tensor was made by a recorded op (PyTorch's ``is_leaf``)."""
+    meta = self._ag
+    return meta is None or meta.grad_fn is None
+
+
+def _version(self) -> int:
+    """The version counter of the tensor's memory (bumped by in-place ops). **Local**."""
+    return version_of(self)
+
+
+def _backward(self, gradient=None, retain_graph: bool | None = None, create_graph: bool = False,
+              inputs=None) -> None:
+    """Accumulate the gradient of this tensor into the leaves' ``.grad``.
+
+    **Collective** for a DTensor whose backward communicates; **Local** otherwise.
+    ``gradient`` defaults to 1 for a one-element tensor. The graph is freed unless
+    ``retain_graph``. ``create_graph=True`` is not supported.
+
+    Raises
+    ------
+    AutogradError
+        A tensor that does not require grad, a non-scalar without ``gradient``, a second
+        backward through freed nodes, a saved tensor changed in place since.
+    """
+    if create_graph:
+        raise AutogradError("backward: create_graph=True is not supported")
+    backward((self,), (gradient,), retain_graph, inputs)
+
+
+def install_api(cls: type) -> None:
+    """Give ``cls`` (Tensor, DTensor) the autograd attributes: ``requires_grad``,
+    ``requires_grad_``, ``grad``, ``grad_fn``, ``is_leaf``, ``_version`` and ``backward``.
+    The class provides ``_grad_layout()`` (a leaf's gradient layout) and
+    ``_autograd_ones()`` (the implicit gradient of a one-element tensor). **Local**."""
+    cls.requires_grad = property(_requires_grad, _set_requires_grad, doc=_requires_grad.__doc__)
+    cls.requires_grad_ = _requires_grad_
+    cls.grad = property(_grad, _set_grad, doc=_grad.__doc__)
+    cls.grad_fn = property(_grad_fn, doc=_grad_fn.__doc__)
+    cls.is_leaf = property(_is_leaf, doc=_is_leaf.__doc__)
+    cls._version = property(_version, doc=_version.__doc__)
+    cls.backward = _backward
+
+
+install_api(Tensor)
+
+
+# -- recording ------------------------------------------------------------------------------------
+def edge_of(x: object) -> AutogradMeta | None:
+    """The graph edge of an op input: its AutogradMeta, or None when ``x`` is not a tensor
+    that requires grad. **Local**."""
+    meta = getattr(x, "_ag", None)
+    return meta if meta is not None and meta.requires_grad else None
+
+
+def record(op: str, formula: Callable, edges: Sequence, outputs: Sequence, ctx: object = None,
+           out: object = None, saved: Sequence = ()) -> Node:
+    """Make the node of one op call and attach it to its floating outputs (the others do
+    not require grad). **Local**."""
+    node = Node(op, formula, edges, ctx, out, len(outputs), saved)
+    for i, o in enumerate(outputs):
+        if o is not None and o.dtype.kind in "fc":
+            o._ag = AutogradMeta(True, node, i)
+    return node
+
+
+def save(t: object, name: str) -> _Saved:
+    """Record ``t``'s version for the checks of a node that reads it. **Local**."""
+    return _Saved(t, name)

@@ -1,0 +1,246 @@
+"""Autograd on DTensors: the gradients of DTensor programs equal those of the same program
+on local tensors of the global values, over sampled input placements (uneven and empty
+shards, Partial inputs with real per-rank contributions), redistribute chains,
+``from_local``/``to_local`` with ``grad_placements``, and the backward collectives that
+CommDebugMode sees."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import dtensor as dt
+from dtensor.debug import CommDebugMode
+from dtensor.errors import AutogradError, PlacementError
+from dtensor.testing import distribute_random
+
+WORLD = MPI.COMM_WORLD
+R, S, P = dt.Replicate(), dt.Shard, dt.Partial
+
+
+def meshes():
+    out = [dt.init_device_mesh((WORLD.size,))]
+    if WORLD.size == 4:
+        out.append(dt.init_device_mesh((2, 2)))
+    return out
+
+
+def placement_choices(mesh, ndim, partial=True):
+    """Every placement list of a tensor of ``ndim`` dims on ``mesh``."""
+    one = [R, *[S(d) for d in range(ndim)]] + ([P("sum")] if partial else [])
+    return list(itertools.product(one, repeat=mesh.ndim))
+
+
+def grad_placements(placements):
+    return tuple(R if isinstance(p, dt.Partial) else p for p in placements)
+
+
+# program name -> (function of tensors, shapes); the same code runs on Tensor and DTensor
+PROGRAMS = {
+    "mlp": (lambda x, w1, b1, w2: ((x @ w1 + b1).relu() @ w2).tanh().sum(),
+            ((5, 6), (6, 7), (7,), (7, 3))),
+    "pointwise": (lambda x, y: (x * y).exp().mean() + (x - y * 2.0).sigmoid().sum()
+                  + (x / (y * y + 1.0)).sum(), ((5, 6), (5, 6))),
+    "broadcast": (lambda x, b: ((x + b) * b).square().sum(), ((5, 6), (6,))),
+    "reductions": (lambda x: x.amax(dim=1).sum() + x.var(dim=0).sum() + x.logsumexp(1).sum()
+                   + x.norm() + x.mean(dim=0).pow(2.0).sum(), ((5, 6),)),
+    "nn": (lambda x, w, b: dt.layer_norm(x.softmax(-1) * 3.0, (6,), w, b).log_softmax(0).sum(),
+           ((5, 6), (6,), (6,))),
+    "views": (lambda x, y: (x.T @ y).sum() + dt.cat([x, y], 0).sum(0).square().sum()
+              + x.reshape(-1).cumsum(0).sum() + x[1:4].sum() + x.transpose(0, 1)[2].sum(),
+              ((5, 6), (5, 6))),
+}
+
+
+def _global(shapes, seed):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(s) for s in shapes]
+
+
+def _local_grads(fn, arrays):
+    leaves = [dt.from_numpy(a.copy()).requires_grad_() for a in arrays]
+    fn(*leaves).backward()
+    return [t.grad.numpy() for t in leaves]
+
+
+def _check_program(fn, arrays, mesh, placements, seed):
+    want = _local_grads(fn, arrays)
+    leaves = [distribute_random(a, mesh, pl, seed=seed + i).requires_grad_()
+              for i, (a, pl) in enumerate(zip(arrays, placements))]
+    loss = fn(*leaves)
+    loss.backward()
+    for a, d, pl, w in zip(arrays, leaves, placements, want):
+        assert d.grad is not None
+        assert tuple(d.grad.placements) == grad_placements(pl)
+        np.testing.assert_allclose(d.grad.full_tensor().numpy(), w, rtol=1e-9, atol=1e-9,
+                                   err_msg=f"placements {placements}")
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_program_gradients_match_local(name, rng):
+    fn, shapes = PROGRAMS[name]
+    arrays = _global(shapes, 3)
+    for mesh in meshes():
+        choices = [placement_choices(mesh, len(s)) for s in shapes]
+        for k in range(4 if mesh.ndim == 1 else 3):
+            placements = [c[rng.integers(len(c))] for c in choices]
+            _check_program(fn, arrays, mesh, placements, seed=10 * k)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_cross_entropy_and_embedding_gradients_match_local(rng):
+    rng_data = np.random.default_rng(5)
+    logits = rng_data.standard_normal((6, 5))
+    target = rng_data.integers(0, 5, (6,))
+    weight = rng_data.standard_normal((7, 5))
+    idx = rng_data.integers(0, 7, (6,))
+
+    def fn(x, w, t, i):
+        return dt.cross_entropy(x + dt.embedding(i, w), t)
+
+    lx, lw = (dt.from_numpy(a.copy()).requires_grad_() for a in (logits, weight))
+    fn(lx, lw, dt.from_numpy(target), dt.from_numpy(idx)).backward()
+    for mesh in meshes():
+        reps = [R] * mesh.ndim
+        for pl in ([S(0)] + [R] * (mesh.ndim - 1), reps):
+            x = distribute_random(logits, mesh, pl, seed=1).requires_grad_()
+            w = distribute_random(weight, mesh, reps, seed=2).requires_grad_()
+            t = dt.distribute_tensor(dt.from_numpy(target), mesh, pl, src_data_rank=None)
+            i = dt.distribute_tensor(dt.from_numpy(idx), mesh, pl, src_data_rank=None)
+            fn(x, w, t, i).backward()
+            np.testing.assert_allclose(x.grad.full_tensor().numpy(), lx.grad.numpy(),
+                                       atol=1e-12)
+            np.testing.assert_allclose(w.grad.full_tensor().numpy(), lw.grad.numpy(),
+                                       atol=1e-12)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_redistribute_chains(rng):
+    value = np.random.default_rng(9).standard_normal((5, 6))
+    want = 3 * value * value  # d/dx sum(x^3)
+    for mesh in meshes():
+        choices = placement_choices(mesh, 2)
+        for _ in range(5):
+            chain = [choices[rng.integers(len(choices))] for _ in range(4)]
+            x = distribute_random(value, mesh, chain[0], seed=4).requires_grad_()
+            y = x
+            for pl in chain[1:]:
+                y = y.redistribute(mesh, pl)
+            assert y.grad_fn is not None or tuple(y.placements) == tuple(chain[0])
+            (y * y * y).sum().backward()
+            assert tuple(x.grad.placements) == grad_placements(chain[0])
+            np.testing.assert_allclose(x.grad.full_tensor().numpy(), want, rtol=1e-12,
+                                       err_msg=f"chain {chain}")
+
+
+@pytest.mark.mpi(min_size=1)
+def test_redistribute_gradient_goes_back_to_input_placements():
+    mesh = dt.init_device_mesh((WORLD.size,))
+    value = np.arange(12.0).reshape(6, 2)
+    x = dt.distribute_tensor(value, mesh, [S(0)]).requires_grad_()
+    y = x.redistribute(mesh, [R])
+    assert y.grad_fn.name() == "RedistributeBackward0"
+    (g,) = dt.autograd.grad((y * 2.0).sum(), [x])
+    assert tuple(g.placements) == (S(0),)  # arrives Replicate, goes back as S(0)
+    np.testing.assert_allclose(g.full_tensor().numpy(), 2.0)
+    p = distribute_random(value, mesh, [P("sum")], seed=3).requires_grad_()
+    q = p.redistribute(mesh, [R])
+    (gp,) = dt.autograd.grad((q * q).sum(), [p])
+    assert tuple(gp.placements) == (R,)  # the gradient of a P(sum) input is Replicate
+    np.testing.assert_allclose(gp.full_tensor().numpy(), 2 * value)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_full_tensor_is_differentiable():
+    mesh = dt.init_device_mesh((WORLD.size,))
+    value = np.random.default_rng(2).standard_normal((7, 3))
+    x = dt.distribute_tensor(value, mesh, [S(0)]).requires_grad_()
+    full = x.full_tensor()
+    assert isinstance(full, dt.Tensor) and full.requires_grad
+    (full * full).sum().backward()
+    np.testing.assert_allclose(x.grad.full_tensor().numpy(), 2 * value)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_to_local_and_from_local_grad_placements():
+    mesh = dt.init_device_mesh((WORLD.size,))
+    value = np.random.default_rng(4).standard_normal((2 * WORLD.size + 1, 3))
+    x = dt.distribute_tensor(value, mesh, [S(0)]).requires_grad_()
+    local = x.to_local()
+    assert local.grad_fn.name() == "ToLocalBackward0"
+    (local * local).sum().backward()  # each rank's shard: gradient laid out S(0)
+    np.testing.assert_allclose(x.grad.full_tensor().numpy(), 2 * value)
+    # grad_placements=R: every rank's local gradient is the whole gradient
+    r = dt.distribute_tensor(value, mesh, [R]).requires_grad_()
+    (r.to_local(grad_placements=[R]) * 3.0).sum().backward()
+    np.testing.assert_allclose(r.grad.full_tensor().numpy(), 3.0)
+    # from_local: the DTensor's gradient comes back as this rank's shard
+    shard = x.detach().to_local().clone().requires_grad_()
+    d = dt.DTensor.from_local(shard, mesh, [S(0)], shape=value.shape)
+    assert d.grad_fn.name() == "FromLocalBackward0"
+    (d * d).sum().backward()
+    np.testing.assert_allclose(shard.grad.numpy(), 2 * shard.detach().numpy())
+    # from_local of a P(sum) contribution: every contribution gets the sum's gradient
+    part = dt.from_numpy(np.ones((2, 2))).requires_grad_()
+    s = dt.DTensor.from_local(part, mesh, [P("sum")])
+    (s.redistribute(mesh, [R]) * 5.0).sum().backward()
+    np.testing.assert_allclose(part.grad.numpy(), 5.0)
+    # mismatched grad_placements
+    with pytest.raises(PlacementError, match="to_local"):
+        x.to_local(grad_placements=[R, R])
+    if WORLD.size > 1:
+        with pytest.raises(AutogradError, match="to_local: grad_placements"):
+            dt.distribute_tensor(value, mesh, [R]).requires_grad_().to_local(
+                grad_placements=[S(0)])
+
+
+@pytest.mark.mpi(min_size=2)
+def test_comm_debug_mode_sees_backward_collectives():
+    mesh = dt.init_device_mesh((WORLD.size,))
+    x = dt.distribute_tensor(np.ones((8, 4)), mesh, [S(0)])
+    w = dt.distribute_tensor(np.ones((4, 3)), mesh, [R]).requires_grad_()
+    loss = (x @ w).sum()
+    with CommDebugMode() as forward:
+        pass
+    with CommDebugMode() as backward:
+        loss.backward()
+    # data parallel: the weight's gradient is a Partial sum, all-reduced into its layout
+    assert forward.get_total_counts() == 0
+    assert backward.get_comm_counts().get("all_reduce", 0) >= 1
+    np.testing.assert_allclose(w.grad.full_tensor().numpy(), 8.0)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_errors_name_the_op_on_dtensors():
+    mesh = dt.init_device_mesh((WORLD.size,))
+    x = dt.distribute_tensor(np.ones((4, 3)), mesh, [S(0)]).requires_grad_()
+    with pytest.raises(AutogradError, match="implicitly created only for scalar outputs"):
+        (x * 2).backward()
+    with pytest.raises(AutogradError, match="mul_: a leaf Variable"):
+        x.mul_(2.0)
+    y = x.exp()
+    y.add_(1.0)
+    with pytest.raises(AutogradError, match="exp: one of the variables needed"):
+        y.sum().backward()
+    z = (x * x).sum()
+    z.backward()
+    with pytest.raises(AutogradError, match="second time"):
+        z.backward()
+
+
+@pytest.mark.mpi(min_size=1)
+def test_dropout_gradient_matches_local():
+    value = np.random.default_rng(6).standard_normal((9, 4))
+    dt.manual_seed(3)
+    lx = dt.from_numpy(value.copy()).requires_grad_()
+    dt.dropout(lx, 0.4).sum().backward()
+    for mesh in meshes():
+        for pl in placement_choices(mesh, 2, partial=False)[:3]:
+            dt.manual_seed(3)
+            x = dt.distribute_tensor(value, mesh, pl).requires_grad_()
+            dt.dropout(x, 0.4).sum().backward()
+            np.testing.assert_allclose(x.grad.full_tensor().numpy(), lx.grad.numpy())

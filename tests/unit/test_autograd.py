@@ -1,0 +1,382 @@
+"""Autograd on local tensors: every backward formula of the op table against central finite
+differences in float64 (driven by the table and the validator's sample calls), the op
+table's coverage, the variants that record (functions, methods, operators, in place), grad
+mode, accumulation, ``autograd.grad`` and PyTorch's errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import dtensor as dt
+import fastpath
+from dtensor.dispatch import record as _record
+from dtensor.errors import AutogradError, DTensorError
+from dtensor.ops import NOT_DIFFERENTIABLE, OPS
+from dtensor.validate import sample_calls
+
+#: Differentiable ops without a backward formula yet (recording them raises).
+NO_FORMULA_YET: frozenset[str] = frozenset()
+
+#: (op, float argument) pairs without a gradient (None): used for its shape or dtype only, or
+#: not differentiable in PyTorch either (cross_entropy's weight), or not computed yet (a
+#: probability target).
+NO_GRAD_FOR = frozenset({("cross_entropy", "target"), ("cross_entropy", "weight"),
+                         ("expand_as", "other"), ("type_as", "other")})
+
+#: Sample calls whose derivative is not implemented (the error says so).
+UNSUPPORTED = {"einsum": ("...", "ii->")}
+
+#: Ops whose float inputs are sampled positive (their domain, or away from a pole).
+POSITIVE = frozenset({"log", "log2", "log10", "log1p", "sqrt", "rsqrt", "reciprocal", "pow",
+                      "prod", "cumprod", "div", "remainder", "fmod", "addcdiv"})
+
+
+def test_every_op_has_a_formula_or_is_marked():
+    """An op is either given a formula, marked not differentiable, or listed here (an
+    in-place op records with its out-of-place op's formula)."""
+    missing = sorted(n for n, i in OPS.items() if i.backward is None)
+    assert set(missing) == set(NO_FORMULA_YET), missing
+
+
+#: Casts to a lower precision (finite differences would measure the rounding): checked in
+#: test_accumulation_and_broadcasting.
+LOWER_PRECISION = frozenset({"float", "half"})
+
+
+def _differentiable():
+    return sorted(n for n, i in OPS.items()
+                  if not i.inplace and i.backward is not None and n not in LOWER_PRECISION
+                  and i.backward is not NOT_DIFFERENTIABLE)
+
+
+def _inputs(name, values, rng):
+    """The call's values as tensors: float arrays as float64 leaves that require grad."""
+    leaves = []
+
+    def conv(v, param):
+        if isinstance(v, list):
+            return [conv(e, param) for e in v]
+        if not isinstance(v, np.ndarray):
+            return v
+        if v.dtype.kind == "f":
+            a = v.astype(np.float64)
+            if name in POSITIVE:
+                a = np.abs(a) + 0.5
+            t = dt.from_numpy(a).requires_grad_()
+            leaves.append((param, t))
+            return t
+        return dt.from_numpy(v.copy())
+
+    return [conv(v, p) for v, p in zip(values, OPS[name].params)], leaves
+
+
+def _outputs(out):
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    return [o for o in outs if isinstance(o, dt.Tensor) and o.dtype.kind == "f"]
+
+
+def _run(info, values):
+    """The op through the recorder (every variant passes it)."""
+    return _record.call(info, info.kernel, values, {})
+
+
+@pytest.mark.parametrize("name", _differentiable())
+def test_formula_against_finite_differences(name):
+    info = OPS[name]
+    calls = sample_calls(info, seed=1)
+    rng = np.random.default_rng(7)
+    checked = 0
+    for call in calls:
+        if checked >= 4:
+            break
+        values, leaves = _inputs(name, call.values, rng)
+        if not leaves:
+            continue
+        state = dt.get_rng_state()  # every evaluation draws the same random numbers
+        with dt.no_grad():
+            ref = _outputs(_run(info, values))
+        if not ref or not all(np.isfinite(o.numpy()).all() for o in ref):
+            continue
+        if any(o.dtype != np.float64 for o in ref):
+            continue  # a cast to a lower precision: finite differences would measure it
+        weights = [dt.from_numpy(rng.standard_normal(tuple(o.shape))) for o in ref]
+
+        def loss(vals, weights=weights, state=state):
+            dt.set_rng_state(state)
+            total = 0.0
+            for o, w in zip(_outputs(_run(info, vals)), weights):
+                total = (o * w).sum() + total
+            return total
+
+        unsupported = UNSUPPORTED.get(name, ())
+        if any(u in call.label for u in unsupported):
+            with pytest.raises(AutogradError, match=name):
+                loss(values).backward()
+            continue
+        loss(values).backward()
+        checked += 1
+        for param, t in leaves:
+            if (name, param) in NO_GRAD_FOR:
+                continue
+            assert t.grad is not None, f"{name} {call.label}: no gradient for {param}"
+            got = t.grad.numpy()
+            base = t.detach().numpy()
+            flat = base.reshape(-1)
+            picks = rng.choice(flat.size, size=min(flat.size, 10), replace=False)
+            for k in picks:
+                old = flat[k]
+                with dt.no_grad():
+                    flat[k] = old + 1e-6
+                    up = float(loss(values))
+                    flat[k] = old - 1e-6
+                    down = float(loss(values))
+                flat[k] = old
+                want = (up - down) / 2e-6
+                g = got.reshape(-1)[k]
+                assert abs(g - want) <= 1e-4 * (1 + abs(want)), (
+                    f"{name} {call.label}: d/d{param}[{k}] = {g}, finite differences {want}"
+                )
+    assert checked, f"{name}: no sample call was checked"
+
+
+# -- the variants -------------------------------------------------------------------------------
+def _leaf(*shape, seed=0):
+    rng = np.random.default_rng(seed)
+    return dt.from_numpy(rng.standard_normal(shape)).requires_grad_()
+
+
+def test_variants_record_functions_methods_operators():
+    x = _leaf(3, 4)
+    y = _leaf(3, 4, seed=1)
+    outs = [dt.add(x, y), x.add(y), x + y, 2.0 * x, x.T.T, -x, x @ y.T, x[1:], x.exp()]
+    for o in outs:
+        assert o.requires_grad and o.grad_fn is not None and not o.is_leaf
+    assert (x + y).grad_fn.name() == "AddBackward0"
+    assert (x @ y.T).grad_fn.name() == "MatmulBackward0"
+    z = sum((o.sum() for o in outs[:4]), dt.zeros(()))
+    z.backward()
+    # d/dx of (x+y) + (x+y) + (x+y) + 2x
+    np.testing.assert_allclose(x.grad.numpy(), 5.0)
+    np.testing.assert_allclose(y.grad.numpy(), 3.0)
+
+
+def test_accumulation_and_broadcasting():
+    x = _leaf(4)
+    w = _leaf(3, 4, seed=2)
+    (x * w).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), w.detach().numpy().sum(0))
+    (x * w).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), 2 * w.detach().numpy().sum(0))
+    x.grad = None
+    assert x.grad is None
+    x32 = dt.ones(3, requires_grad=True)  # float32 leaf, float64 computation
+    (x32 * dt.ones(3, dtype=dt.float64)).sum().backward()
+    assert x32.grad.dtype == dt.float32
+    for cast in ("float", "half"):
+        x64 = _leaf(3)
+        (getattr(x64, cast)() * 3).sum().backward()
+        assert x64.grad.dtype == dt.float64 and np.all(x64.grad.numpy() == 3)
+
+
+def test_grad_mode_and_detach():
+    x = _leaf(3)
+    with dt.no_grad():
+        assert not dt.is_grad_enabled()
+        y = x * 2
+        with dt.enable_grad():
+            assert (x * 2).requires_grad
+    assert dt.is_grad_enabled()
+    assert not y.requires_grad and y.grad_fn is None
+    d = x.detach()
+    assert not d.requires_grad and np.shares_memory(d.numpy(), x.detach().numpy())
+    with dt.set_grad_enabled(False):
+        assert not (x + 1).requires_grad
+
+    @dt.no_grad()
+    def f(t):
+        return t * 3
+
+    assert not f(x).requires_grad and dt.is_grad_enabled()
+
+
+def test_factories_take_requires_grad():
+    for t in (dt.zeros(2, 3, requires_grad=True), dt.ones(2, requires_grad=True),
+              dt.full((2,), 1.5, requires_grad=True), dt.empty(2, requires_grad=True),
+              dt.rand(2, requires_grad=True), dt.randn(2, requires_grad=True),
+              dt.tensor([1.0, 2.0], requires_grad=True)):
+        assert t.requires_grad and t.is_leaf and t.grad is None and t.grad_fn is None
+    assert not dt.zeros(2).requires_grad
+    with pytest.raises(AutogradError, match="floating point"):
+        dt.zeros(2, dtype=dt.int64, requires_grad=True)
+
+
+def test_autograd_grad_leaves_grad_alone():
+    x = _leaf(3)
+    y = (x * x).sum()
+    (g,) = dt.autograd.grad(y, x, retain_graph=True)
+    np.testing.assert_allclose(g.numpy(), 2 * x.detach().numpy())
+    assert x.grad is None
+    h = x * 3
+    (gh,) = dt.autograd.grad((h * h).sum(), [h])  # a non-leaf input
+    np.testing.assert_allclose(gh.numpy(), 2 * h.detach().numpy())
+    u = _leaf(2, seed=3)
+    with pytest.raises(AutogradError, match="not have been used"):
+        dt.autograd.grad((x * 2).sum(), [x, u])
+    gx, gu = dt.autograd.grad((x * 2).sum(), [x, u], allow_unused=True)
+    assert gu is None and np.allclose(gx.numpy(), 2)
+
+
+def test_in_place_on_non_leaf_records():
+    x = _leaf(3)
+    y = x * 1.0
+    y.mul_(x)  # y = x * x
+    y.add_(1.0)
+    assert y.grad_fn.name() == "AddBackward0"
+    y.sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), 2 * x.detach().numpy())
+
+
+def test_setitem_records_and_bumps_the_version():
+    x = _leaf(4)
+    v = _leaf(2, seed=5)
+    y = x * 2.0
+    y[1:3] = v * 3.0
+    assert y.grad_fn.name() == "SetitemBackward0"
+    y.sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), [2.0, 0.0, 0.0, 2.0])
+    np.testing.assert_allclose(v.grad.numpy(), 3.0)
+    with pytest.raises(AutogradError, match="__setitem__: a leaf Variable"):
+        x[0] = 1.0
+    w = dt.ones(3, dtype=dt.float64)
+    z = (x[:3] * w).sum()
+    w[0] = 5.0
+    with pytest.raises(AutogradError, match="mul: one of the variables"):
+        z.backward()
+
+
+def test_dropout_gradient_uses_the_forward_mask():
+    x = _leaf(40)
+    y = dt.dropout(x, 0.5)
+    y.sum().backward()
+    kept = y.detach().numpy() != 0
+    np.testing.assert_allclose(x.grad.numpy(), np.where(kept, 2.0, 0.0))
+
+
+def test_multi_output_and_views():
+    x = _leaf(4, 6)
+    a, _ = x.split(3, dim=1)
+    (a * 2).sum().backward()
+    want = np.zeros((4, 6))
+    want[:, :3] = 2
+    np.testing.assert_allclose(x.grad.numpy(), want)
+    x.grad = None
+    vals = x.max(dim=1).values
+    vals.sum().backward()
+    assert x.grad.numpy().sum() == 4
+
+
+def test_sum_of_gradients_reaching_one_tensor():
+    x = _leaf(3)
+    h = x.exp()
+    (h * h + h).sum().backward()
+    e = np.exp(x.detach().numpy())
+    np.testing.assert_allclose(x.grad.numpy(), 2 * e * e + e)
+
+
+# -- PyTorch's errors ------------------------------------------------------------------------------
+def test_error_backward_of_non_scalar_without_gradient():
+    x = _leaf(3)
+    with pytest.raises(AutogradError, match="implicitly created only for scalar outputs"):
+        (x * 2).backward()
+    (x * 2).backward(dt.ones(3, dtype=dt.float64))
+    np.testing.assert_allclose(x.grad.numpy(), 2)
+
+
+def test_error_grad_of_tensor_that_does_not_require_grad():
+    with pytest.raises(AutogradError, match="does not require grad") as e:
+        dt.ones(3).sum().backward()
+    assert isinstance(e.value, RuntimeError) and isinstance(e.value, DTensorError)
+    with pytest.raises(AutogradError, match="does not require grad"):
+        dt.autograd.grad(_leaf(2).sum(), dt.ones(2))
+
+
+def test_error_second_backward_without_retain_graph():
+    x = _leaf(3)
+    y = (x.exp() * x).sum()
+    y.backward(retain_graph=True)
+    y.backward()
+    np.testing.assert_allclose(x.grad.numpy(), 2 * (np.exp(x.detach().numpy()) * (
+        1 + x.detach().numpy())))
+    with pytest.raises(AutogradError, match="backward through the graph a second time"):
+        y.backward()
+
+
+def test_error_in_place_on_leaf_that_requires_grad():
+    x = _leaf(3)
+    with pytest.raises(AutogradError, match="add_: a leaf Variable that requires grad"):
+        x.add_(1.0)
+    with pytest.raises(AutogradError, match="leaf Variable"):
+        x += 1.0
+    with dt.no_grad():
+        x.add_(1.0)  # allowed without recording, as in PyTorch
+
+
+def test_error_in_place_change_to_saved_tensor():
+    x = _leaf(3)
+    h = x * 1.0
+    y = h.exp()  # saves its output
+    y.mul_(2.0)
+    with pytest.raises(AutogradError, match="exp: one of the variables needed for gradient"):
+        y.sum().backward()
+    w = dt.ones(3, dtype=dt.float64)
+    view = w[:]  # another handle on w's memory
+    z = (x * w).sum()  # mul saves w
+    view.add_(1.0)
+    assert w._version == 1
+    with pytest.raises(AutogradError, match="mul: one of the variables.*is at version 1"):
+        z.backward()
+    k = (x + w).sum()  # add saves nothing: a later change is fine
+    w.add_(1.0)
+    k.backward()
+
+
+def test_error_requires_grad_on_non_leaf():
+    y = _leaf(2) * 2
+    with pytest.raises(AutogradError, match="leaf variables"):
+        y.requires_grad_(False)
+
+
+@pytest.mark.parametrize("fast", [
+    pytest.param(True, marks=pytest.mark.skipif(
+        not fastpath.ENABLED, reason="compiled fast path not enabled (not built or disabled)")),
+    False,
+])
+def test_dtensor_ops_record_on_both_paths(fast):
+    """Methods, operators (the compiled slots included) and functions of DTensors record on
+    the compiled front and on the Python path alike."""
+    mesh = dt.init_device_mesh((1,))
+    value = np.random.default_rng(1).standard_normal((4, 3))
+    dt.debug.set_fastpath(fast)
+    try:
+        x = dt.distribute_tensor(value, mesh, [dt.Shard(0)]).requires_grad_()
+        y = (x * x + 2.0 * x - x.exp() / 3.0) @ x.T
+        z = dt.relu(y).sum() + (-x).sum(dim=0).sum() + x.where(x > 0, 0.0).sum()
+        z.backward()
+        with dt.no_grad():
+            assert not (x * 2.0).requires_grad and not x.exp().requires_grad
+        h = x * 1.0
+        h.mul_(x)  # in place on a non-leaf: records
+        w = dt.distribute_tensor(np.ones((4, 3)), mesh, [dt.Shard(0)])
+        k = (h * w).sum()  # mul saves w
+        w.add_(1.0)  # in place without grad: counted all the same
+        with pytest.raises(AutogradError, match="mul: one of the variables"):
+            k.backward()
+        (gh,) = dt.autograd.grad((h * 1.0).sum(), x)
+        np.testing.assert_allclose(gh.full_tensor().numpy(), 2 * value)
+    finally:
+        dt.debug.set_fastpath(fastpath.ENABLED)
+    lx = dt.from_numpy(value.copy()).requires_grad_()
+    ly = (lx * lx + 2.0 * lx - lx.exp() / 3.0) @ lx.T
+    (dt.relu(ly).sum() + (-lx).sum(dim=0).sum() + lx.where(lx > 0, 0.0).sum()).backward()
+    np.testing.assert_allclose(x.grad.full_tensor().numpy(), lx.grad.numpy(), atol=1e-12)

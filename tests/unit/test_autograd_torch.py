@@ -1,0 +1,54 @@
+"""Autograd against ``torch.autograd`` (optional: where torch is installed): the same
+programs, written once against a namespace (``dtensor`` or ``torch``), give the same
+gradients in float64."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+import dtensor as dt
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
+                                reason="torch is not installed")
+
+# name -> (program of (namespace, class-index target, *inputs), input shapes)
+PROGRAMS = {
+    "mlp": (lambda F, t, x, w1, b1, w2: _nn(F).gelu(x @ w1 + b1, approximate="tanh")
+            .matmul(w2).tanh().sum(), ((5, 6), (6, 7), (7,), (7, 3))),
+    "attention": (lambda F, t, q, k, v: (F.softmax(q @ k.transpose(0, 1) / 2.0, -1) @ v)
+                  .pow(2).mean(), ((4, 3), (5, 3), (5, 2))),
+    "norms": (lambda F, t, x, w, b: _nn(F).layer_norm(x, (6,), w, b).logsumexp(1).sum()
+              + x.std(dim=0).sum() + x.var().sum() + x.norm(), ((5, 6), (6,), (6,))),
+    "losses": (lambda F, t, x, w: _nn(F).cross_entropy(x @ w, t, label_smoothing=0.1)
+               + _nn(F).mse_loss(x.sigmoid(), x.clamp(-0.5, 0.5)), ((6, 4), (4, 5))),
+    "views": (lambda F, t, x, y: F.cat([x, y], 1)[1:, ::2].flip(0).cumsum(1).exp().sum()
+              + F.einsum("ij,ik->jk", x, y).abs().sum() + F.stack([x, y], 0).amax(0).sum(),
+              ((5, 3), (5, 3))),
+    "pointwise": (lambda F, t, x, y: F.where(x > 0, x * y, x / (y * y + 1)).sum()
+                  + F.maximum(x, y).sum() + F.atan2(x, y).sum() + (x * 3).remainder(y).sum(),
+                  ((4, 5), (4, 5))),
+}
+
+
+def _nn(F):
+    """Where the functional nn ops live: ``dtensor`` itself, ``torch.nn.functional``."""
+    return F if F is dt else F.nn.functional
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_gradients_equal_torch(name):
+    import torch  # lazy: an optional dependency of the tests
+
+    fn, shapes = PROGRAMS[name]
+    rng = np.random.default_rng(11)
+    target = rng.integers(0, 5, (6,))
+    arrays = [rng.standard_normal(s) for s in shapes]
+    xs = [dt.from_numpy(a.copy()).requires_grad_() for a in arrays]
+    fn(dt, dt.from_numpy(target), *xs).backward()
+    ts = [torch.from_numpy(a.copy()).requires_grad_() for a in arrays]
+    fn(torch, torch.from_numpy(target), *ts).backward()
+    for x, t in zip(xs, ts):
+        np.testing.assert_allclose(x.grad.numpy(), t.grad.numpy(), rtol=1e-10, atol=1e-12)

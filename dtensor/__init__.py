@@ -67,6 +67,7 @@ from .dispatch.custom import register_op  # noqa: F401
 from .dispatch.dispatcher import clear_caches  # noqa: F401
 
 from . import autograd, debug  # noqa: F401  (autograd; the debug tools)
+from . import nn, optim  # noqa: F401  (optimizers, clip_grad_norm_)
 from .autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled  # noqa: F401
 
 globals().update(_FACTORIES)  # dt.zeros(...), also with device_mesh= and placements=

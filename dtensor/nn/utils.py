@@ -1,0 +1,90 @@
+"""``dt.nn.utils``: :func:`clip_grad_norm_` and :func:`get_total_norm` over the gradients of
+local and distributed parameters."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from placements.errors import ArgumentError
+
+from ..distributed.dtensor import DTensor
+from ..local.autograd import no_grad
+from ..local.factory import tensor as _tensor
+from ..local.tensor import Tensor
+
+__all__ = ["clip_grad_norm_", "get_total_norm"]
+
+
+def _norm_of(g: Any, norm_type: float) -> float:
+    """The ``norm_type``-norm of the whole (global) gradient ``g``, as a python float on
+    every rank (**Collective** for a DTensor over its mesh)."""
+    n = g.detach().abs().amax() if math.isinf(norm_type) else g.detach().norm(norm_type)
+    if isinstance(n, DTensor):
+        n = n.full_tensor()
+    return float(n.numpy())
+
+
+def get_total_norm(tensors: Iterable[Any] | Any, norm_type: float = 2.0,
+                   error_if_nonfinite: bool = False) -> Tensor:
+    """The ``norm_type``-norm of all ``tensors`` together (as if concatenated), as a 0-d
+    float32 local Tensor holding the same value on every rank.
+
+    **Collective** when a tensor is a DTensor: every rank of its mesh must call it (the
+    norm of each DTensor is reduced over its mesh; tensors on different meshes are
+    allowed). An empty list gives 0.
+
+    Raises
+    ------
+    ArgumentError
+        For a ``norm_type`` that is not a positive number or inf, or, with
+        ``error_if_nonfinite``, when the total is nan or inf.
+    """
+    if isinstance(tensors, (Tensor, DTensor)):
+        tensors = [tensors]
+    p = float(norm_type)
+    if not (p > 0 or math.isinf(p)) or math.isnan(p):
+        raise ArgumentError(f"get_total_norm: norm_type must be positive or inf, got {norm_type}")
+    norms = [_norm_of(t, p) for t in tensors]
+    if not norms:
+        total = 0.0
+    elif math.isinf(p):
+        total = max(norms)
+    else:
+        total = float(np.sum(np.float64(norms) ** p) ** (1.0 / p))
+    if error_if_nonfinite and not math.isfinite(total):
+        raise ArgumentError(
+            f"get_total_norm: the total norm of order {norm_type} of the gradients is "
+            f"{total}; the gradients can not be clipped (error_if_nonfinite=True)"
+        )
+    return _tensor(np.float32(total))
+
+
+def clip_grad_norm_(parameters: Iterable[Any] | Any, max_norm: float, norm_type: float = 2.0,
+                    error_if_nonfinite: bool = False, foreach: bool | None = None) -> Tensor:
+    """Scale the gradients of ``parameters`` in place so that their total norm (as if all
+    were one vector) is at most ``max_norm``, as PyTorch's ``torch.nn.utils.
+    clip_grad_norm_``: each gradient is multiplied by ``min(1, max_norm / (total + 1e-6))``.
+    Parameters without a gradient are skipped; ``foreach`` is accepted and ignored.
+
+    **Collective** when a gradient is a DTensor (see :func:`get_total_norm`); the scaling
+    itself moves no data.
+
+    Returns
+    -------
+    Tensor
+        The total norm before clipping, a 0-d float32 local Tensor, the same on every rank.
+    """
+    if isinstance(parameters, (Tensor, DTensor)):
+        parameters = [parameters]
+    grads = [p.grad for p in parameters if p.grad is not None]
+    total = get_total_norm(grads, norm_type, error_if_nonfinite)
+    coef = min(1.0, float(max_norm) / (float(total.numpy()) + 1e-6))
+    if coef < 1.0:
+        with no_grad():
+            for g in grads:
+                g.mul_(coef)
+    return total

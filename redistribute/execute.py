@@ -646,7 +646,13 @@ def _release(key: tuple, program: tuple) -> None:
 # execute): eviction is oldest compiled first.
 _programs = LRUCache("redistribute.programs", 512, on_evict=_release)
 _find_program = _programs.data.get
-atexit.register(_programs.clear)
+
+
+@atexit.register
+def _close() -> None:
+    """At exit: let the asynchronous jobs finish, then free the programs' datatypes."""
+    _worker.drain()
+    _programs.clear()
 
 
 def _program(steps: tuple, spec: Any, coord: tuple) -> tuple:

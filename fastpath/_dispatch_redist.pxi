@@ -2,8 +2,9 @@
 # shards (the common small S -> R) runs as that call on the local array, the output from
 # the allocator (with persistent all-gathers on, as the start of the communicator's
 # persistent request: the shard copied into its send buffer, its receive buffer copied into
-# the output, as the Python path's ``Comm.allgather_repeated``); every other plan, every call while a communication observer or check is
-# on, an asynchronous call and a pending DTensor (a subclass) go to the Python method.
+# the output, as the Python path's ``Comm.allgather_persistent``); every other plan, every
+# call while a communication observer or check is on, an asynchronous call and a pending
+# DTensor (a subclass) go to the Python method.
 
 cdef object _redist_form = None      # front.redistribute_form(dtensor, placements) -> tuple|None
 cdef object _redist_py = None        # DTensor's Python redistribute method

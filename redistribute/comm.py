@@ -994,18 +994,15 @@ class Comm:
         detail = f"{isz}-byte items, counts {counts}"
         _traced(self, "all_gather", nbytes, what, detail, call, send_spec, recv_spec)
 
-    def allgather_repeated(
+    def allgather_persistent(
         self, send: np.ndarray, recv: np.ndarray, counts: Sequence[int], what: object = None
     ) -> None:
-        """:meth:`allgatherv` at the default displacements, for counts that repeat: a
-        persistent all-gather from this communicator's pool (:meth:`persistent_gather`)
-        when they are on (:func:`persistent_enabled`), else :meth:`allgatherv`.
-        **Collective**. ``send`` and ``recv`` are C-contiguous; observers see an
-        ``all_gather`` as from :meth:`allgatherv`.
+        """:meth:`allgatherv` at the default displacements, for counts that repeat, through
+        the persistent all-gather of this communicator's pool (:meth:`persistent_gather`).
+        **Collective**; every rank of the communicator takes this form for the call (the
+        redistribute executor does while :func:`persistent_enabled`). ``send`` and ``recv``
+        are C-contiguous; observers see an ``all_gather`` as from :meth:`allgatherv`.
         """
-        if not _persistent:
-            self.allgatherv(send, recv, counts, what=what)
-            return
         isz = recv.itemsize
         gather = self.persistent_gather(tuple([int(c) * isz for c in counts]))
         if _observers or _checks:

@@ -246,8 +246,8 @@ class _Exchange:
         rbuf = out if self.stage_len is None else alloc((self.stage_len,), x.dtype)
         if self.gather_counts is not None:
             send = _contiguous(x, alloc)
-            if type(comm) is _comm.Comm:  # host buffers: a persistent request when on
-                comm.allgather_repeated(send, rbuf, self.gather_counts, self.what)
+            if _comm._persistent and type(comm) is _comm.Comm:  # host buffers
+                comm.allgather_persistent(send, rbuf, self.gather_counts, self.what)
             else:
                 comm.allgatherv(send, rbuf, self.gather_counts, what=self.what)
         else:
@@ -756,8 +756,25 @@ def execute(
     """
     if not steps:
         return local
-    program = _checked_program(steps, local, spec, coord)
-    return _run(program, local, comms, np.empty if alloc is None else alloc)
+    coord = tuple(coord)
+    program = _program(tuple(steps), spec, coord)
+    if local.shape != program[0].in_shape or local.dtype != spec.dtype:
+        raise _bad_local(program, local, spec, coord)
+    alloc = np.empty if alloc is None else alloc
+    # the loop of _run, inline: one call less per execute
+    x, owned = local, False
+    for runner in program:
+        x, owned = runner.run(x, owned, comms[runner.mesh_dim], alloc)
+    return x
+
+
+def _bad_local(program: tuple, local: np.ndarray, spec: Any, coord: tuple) -> Exception:
+    """The error for a ``local`` shard that does not fit ``program``'s input."""
+    err = DTypeError if local.shape == program[0].in_shape else ShardingError
+    return err(
+        f"redistribute: local shard {local.dtype} {local.shape} at mesh coordinate "
+        f"{coord} does not match {spec!r} (expected {spec.dtype} {program[0].in_shape})"
+    )
 
 
 def _run(program: tuple, local: np.ndarray, comms: Sequence[Any], alloc: Alloc) -> np.ndarray:
@@ -766,19 +783,6 @@ def _run(program: tuple, local: np.ndarray, comms: Sequence[Any], alloc: Alloc) 
     for runner in program:
         x, owned = runner.run(x, owned, comms[runner.mesh_dim], alloc)
     return x
-
-
-def _checked_program(steps: Sequence[Any], local: np.ndarray, spec: Any, coord: Sequence[int]):
-    """The program of ``steps`` for ``spec`` at ``coord``, after checking ``local``."""
-    coord = tuple(coord)
-    program = _program(tuple(steps), spec, coord)
-    if local.shape != program[0].in_shape or local.dtype != spec.dtype:
-        err = DTypeError if local.shape == program[0].in_shape else ShardingError
-        raise err(
-            f"redistribute: local shard {local.dtype} {local.shape} at mesh coordinate "
-            f"{coord} does not match {spec!r} (expected {spec.dtype} {program[0].in_shape})"
-        )
-    return program
 
 
 def execute_async(
@@ -809,7 +813,10 @@ def execute_async(
     """
     if not steps:
         return _worker.submit(lambda: local, inline=True)
-    program = _checked_program(steps, local, spec, coord)
+    coord = tuple(coord)
+    program = _program(tuple(steps), spec, coord)
+    if local.shape != program[0].in_shape or local.dtype != spec.dtype:
+        raise _bad_local(program, local, spec, coord)
     alloc = np.empty if alloc is None else alloc
     host = all(type(c) is _comm.Comm for c in comms)
     twins = [c.twin() for c in comms] if host else list(comms)
@@ -826,8 +833,8 @@ def gather_form(steps: Sequence[Any], spec: Any, coord: Sequence[int], comms: Se
     ``Allgather`` (equal blocks) or ``Allgatherv`` of this rank's C-contiguous shard
     straight into the output; a caller that runs it itself (the dispatcher's compiled
     front) skips the executor, running it as the executor would (a persistent request of
-    the communicator's pool, :meth:`Comm.allgather_repeated
-    <redistribute.comm.Comm.allgather_repeated>`, when they are on). Returns ``(comm,
+    the communicator's pool, :meth:`Comm.allgather_persistent
+    <redistribute.comm.Comm.allgather_persistent>`, when they are on). Returns ``(comm,
     out_shape, send_bytes, counts, displs)``: the :class:`~redistribute.comm.Comm`, the
     local output shape, this rank's byte count, and the byte counts and displacements per
     rank (None for ``Allgather``).

@@ -5,7 +5,7 @@ stated for 2 ranks on one node). It reports, in microseconds (the worst rank's m
 
 - ``persistent``: an 8x8 float32 ``S(0) -> R`` through ``x.redistribute`` with persistent
   all-gathers on and off (``redistribute.comm.set_persistent``, switched on every rank
-  together), against the raw blocking ``Allgather`` of the same bytes and a raw persistent
+  together before each batch), against the raw blocking ``Allgather`` of the same bytes and a raw persistent
   ``Allgather_init`` request (Start + Wait), variants interleaved batch by batch;
 - ``overlap``: a loop of ``h = a @ b`` (local matmul) -> ``x.redistribute(S(0) -> R)``
   -> ``h @ b`` with the redistribute blocking, or started asynchronously before the first
@@ -47,21 +47,31 @@ WORLD = MPI.COMM_WORLD
 S0, R = [dt.Shard(0)], [dt.Replicate()]
 
 
-def _interleaved(variants: dict, repeat: int, number: int) -> dict[str, float]:
+def _interleaved(
+    variants: dict, repeat: int, number: int, before: dict | None = None
+) -> dict[str, float]:
     """Median microseconds per call of each variant, batches of ``number`` calls
-    interleaved, ranks meeting at a barrier before each batch; the worst rank's."""
+    interleaved, ranks meeting at a barrier before each batch; the worst rank's.
+    ``before[name]()``, when given, runs (untimed, on every rank) before each batch."""
     samples: dict[str, list[float]] = {k: [] for k in variants}
-    for fn in variants.values():  # warm-up
+    before = before or {}
+    for name, fn in variants.items():  # warm-up
+        before.get(name, _nothing)()
         for _ in range(number):
             fn()
     for _ in range(repeat):
         for name, fn in variants.items():
+            before.get(name, _nothing)()
             WORLD.Barrier()
             start = time.perf_counter_ns()
             for _ in range(number):
                 fn()
             samples[name].append((time.perf_counter_ns() - start) / number / 1e3)
     return {k: round(worst_rank(statistics.median(v), WORLD), 3) for k, v in samples.items()}
+
+
+def _nothing() -> None:
+    pass
 
 
 def persistent_case(repeat: int, number: int) -> dict:
@@ -84,10 +94,10 @@ def persistent_case(repeat: int, number: int) -> dict:
     prev = rcomm.set_persistent(True)
     try:
         persistent = rcomm.persistent_enabled()
-        figures = _interleaved({"persistent": on, "raw": raw, "raw_persistent": raw_persistent},
-                               repeat, number)  # fmt: skip
-        rcomm.set_persistent(False)
-        figures.update(_interleaved({"blocking": on, "raw_again": raw}, repeat, number))
+        variants = {"persistent": on, "blocking": on, "raw": raw, "raw_persistent": raw_persistent}
+        switch = {"persistent": lambda: rcomm.set_persistent(True),
+                  "blocking": lambda: rcomm.set_persistent(False)}  # fmt: skip
+        figures = _interleaved(variants, repeat, number, switch)
     finally:
         rcomm.set_persistent(prev)
         raw_req.Free()
@@ -97,7 +107,6 @@ def persistent_case(repeat: int, number: int) -> dict:
         "dtensor_persistent_us": figures["persistent"],
         "dtensor_blocking_us": figures["blocking"],
         "raw_allgather_us": figures["raw"],
-        "raw_allgather_second_run_us": figures["raw_again"],
         "raw_persistent_us": figures["raw_persistent"],
         "gain_us": round(figures["blocking"] - figures["persistent"], 3),
         "over_raw_us": round(figures["persistent"] - figures["raw"], 3),

@@ -245,9 +245,8 @@ class DTensor(_fp.DTensorBase):
             (:func:`redistribute.execute.execute_async`), while this thread goes on. Any
             use of its data waits first (ops, ``to_local``, ``full_tensor``,
             ``redistribute``, repr: everything that reads its local shard); ``wait()``
-            waits explicitly. Its
-            metadata (placements, shape, dtype) is there at once. The input's data must not
-            be written until then.
+            waits explicitly. Its metadata (placements, shape, dtype) is there at once.
+            The input's data must not be written until then.
 
         Raises
         ------

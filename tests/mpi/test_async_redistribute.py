@@ -182,8 +182,7 @@ def test_persistent_gathers_give_fresh_outputs(shape):
     mesh = dt.init_device_mesh((WORLD.size,))
     prev = rcomm.set_persistent(True)
     try:
-        if not rcomm.persistent_enabled():
-            pytest.skip("this MPI has no persistent collectives")  # the same on every rank
+        on = rcomm.persistent_enabled()  # False where MPI has no persistent collectives
         a, data_a = _source(shape, [S(0)], mesh)
         b = dt.distribute_tensor(-data_a, mesh, [S(0)])
         first = a.redistribute(mesh, [R])
@@ -193,7 +192,8 @@ def test_persistent_gathers_give_fresh_outputs(shape):
         np.testing.assert_array_equal(first.to_local().numpy(), kept)  # not overwritten
         np.testing.assert_array_equal(second.to_local().numpy(), -data_a)
         np.testing.assert_array_equal(third.to_local().numpy(), data_a)
-        assert any(p.request is not None for p in mesh._dim_comms[0].pool.values())
+        live = [p for p in mesh._dim_comms[0].pool.values() if p.request is not None]
+        assert bool(live) == on  # persistent requests, or the blocking fallback
     finally:
         rcomm.set_persistent(prev)
 

@@ -38,6 +38,7 @@ from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.ref cimport Py_INCREF
 from cpython.tuple cimport PyTuple_GET_ITEM
 from cpython.object cimport PyObject
+from libc.string cimport memcpy
 from libc.stdint cimport uintptr_t
 cimport numpy as cnp
 from fastpath._kernels cimport Unary, copy_c_order

@@ -1,7 +1,10 @@
 # DTensor.redistribute from compiled code: a plan that is one MPI all-gather of whole
 # shards (the common small S -> R) runs as that call on the local array, the output from
-# the allocator; every other plan, and every call while a communication observer or check
-# is on, goes to the Python method.
+# the allocator (with persistent all-gathers on, as the start of the communicator's
+# persistent request: the shard copied into its send buffer, its receive buffer copied into
+# the output, as the Python path's ``Comm.allgather_persistent``); every other plan, every
+# call while a communication observer or check is on, an asynchronous call and a pending
+# DTensor (a subclass) go to the Python method.
 
 cdef object _redist_form = None      # front.redistribute_form(dtensor, placements) -> tuple|None
 cdef object _redist_py = None        # DTensor's Python redistribute method
@@ -40,6 +43,9 @@ cdef class RedistEntry:
     cdef Py_ssize_t mine
     cdef object counts               # byte counts per rank (Allgatherv) or None (Allgather)
     cdef object displs
+    cdef object comm                 # the redistribute.comm.Comm of the gather
+    cdef tuple key                   # byte counts per rank: the key of its persistent gather
+    cdef object pers                 # that PersistentGather, or None until first use
 
 
 cdef inline bint _same_targets(tuple targets, object placements):
@@ -71,7 +77,8 @@ cdef RedistEntry _redist_entry(object d, object spec, object placements):
         e.targets = tuple(placements)
     else:
         e.kind = REDIST_GATHER
-        e.targets, e.dst, e.mpi, e.make, e.shape, dtype, e.mine, e.counts, e.displs = form
+        (e.targets, e.dst, e.mpi, e.make, e.shape, dtype, e.mine, e.counts, e.displs,
+         e.comm, e.key) = form
         e.typenum = dtype.num
     if chain is None or (<RedistEntry>(<list>chain)[0]).spec is not spec:
         if len(_redist) >= REDIST_MAX:
@@ -90,7 +97,8 @@ def redistribute(self, device_mesh=None, placements=None, *, async_op=False):
     cdef DTensorBase d = <DTensorBase>self
     spec = d._spec
     if (type(placements) is not list and type(placements) is not tuple) or (
-            device_mesh is not None and device_mesh is not spec.mesh):
+            device_mesh is not None and device_mesh is not spec.mesh) or async_op or (
+            type(self) is not _DTensor):
         return _redist_py(self, device_mesh, placements, async_op=async_op)
     if _comm_mod._observers or _comm_mod._checks:
         return _redist_py(self, device_mesh, placements, async_op=async_op)
@@ -110,7 +118,19 @@ def redistribute(self, device_mesh=None, placements=None, *, async_op=False):
         out = e.make()
     global _redist_hits
     _redist_hits += 1
-    if e.counts is None:
+    if _comm_mod._persistent:
+        # the pool changes only when a gather is made, so skipping the lookup while the
+        # entry's gather is alive keeps it in step with the ranks that look it up
+        p = e.pers
+        if p is None or p.request is None:
+            p = e.pers = e.comm.persistent_gather(e.key)
+        req = p.request
+        memcpy(cnp.PyArray_DATA(<cnp.ndarray>p.send), cnp.PyArray_DATA(<cnp.ndarray>x), e.mine)
+        req.Start()
+        req.Wait()
+        recv = <cnp.ndarray>p.recv
+        memcpy(cnp.PyArray_DATA(<cnp.ndarray>out), cnp.PyArray_DATA(recv), cnp.PyArray_NBYTES(recv))
+    elif e.counts is None:
         e.mpi.Allgather([x, e.mine, _mpi_byte], [out, e.mine, _mpi_byte])
     else:
         e.mpi.Allgatherv([x, e.mine, _mpi_byte], [out, e.counts, e.displs, _mpi_byte])

@@ -18,6 +18,14 @@ This module owns:
   ranks agree on the grid, on those cache decisions and on the settings that decide which
   collectives run) and :func:`make_mesh_comms` (new communicators the caller owns);
 - the observer registry of the communication debug mode (:func:`add_observer`);
+- persistent all-gathers (MPI 4 ``Allgather_init``/``Allgatherv_init``,
+  :class:`PersistentGather`): each communicator keeps a pool of them keyed by the byte
+  counts per rank, made in the same order on every rank (their initialisation is a
+  collective), kept oldest-made-first-out, and freed when dropped, when the communicator
+  is freed and at exit (before MPI finalizes); ``DTENSOR_PERSISTENT=0`` or
+  :func:`set_persistent` turns them off;
+- the private duplicate of a communicator that asynchronous redistributes run on
+  (:meth:`Comm.twin`), so that their collectives never meet the caller's in matching;
 - two debug checks around every collective, both off by default (then their cost is one
   falsy check per collective):
 
@@ -79,6 +87,7 @@ __all__ = [
     "BYTES",
     "REDUCE_OPS",
     "Comm",
+    "PersistentGather",
     "add_observer",
     "block_type",
     "check_spmd_enabled",
@@ -88,11 +97,14 @@ __all__ = [
     "leave_check_block",
     "local_rank",
     "make_mesh_comms",
+    "persistent_enabled",
     "remove_observer",
     "set_check_spmd",
     "set_op_source",
+    "set_persistent",
     "set_watchdog",
     "shared_mesh_comms",
+    "thread_multiple",
     "world",
     "world_ranks",
 ]
@@ -208,7 +220,8 @@ def check_spmd_enabled() -> bool:
 
 
 def configure_from_env() -> None:
-    """Read ``DTENSOR_CHECK_SPMD``, ``DTENSOR_WATCHDOG``, ``DTENSOR_WATCHDOG_ABORT``. **Local**.
+    """Read ``DTENSOR_CHECK_SPMD``, ``DTENSOR_PERSISTENT``, ``DTENSOR_WATCHDOG``,
+    ``DTENSOR_WATCHDOG_ABORT``. **Local**.
 
     Called at import and at each mesh creation. ``DTENSOR_WATCHDOG`` is a timeout in
     seconds (unset, empty or 0: off); a forced SPMD setting (:func:`set_check_spmd`) wins
@@ -216,6 +229,7 @@ def configure_from_env() -> None:
     """
     global _spmd_env
     _spmd_env = env_flag("DTENSOR_CHECK_SPMD")
+    _update_persistent()
     seconds = env_seconds("DTENSOR_WATCHDOG") or 0.0
     abort = env_flag("DTENSOR_WATCHDOG_ABORT")
     current = _watchdog
@@ -698,6 +712,117 @@ def free_types(types: Sequence[Any]) -> None:
             t.Free()
 
 
+# -- persistent all-gathers ----------------------------------------------------------------
+
+# Persistent all-gathers kept per communicator; beyond this the oldest made is freed. The
+# pool changes only when a request is made (a lookup that finds one changes nothing), so it
+# evolves the same way on every rank of a communicator: all of them ask for the same counts
+# in the same order, since each request stands for one collective call they all make.
+_PERSISTENT_MAX = 64
+# Whether this MPI has persistent collectives (MPI 4; one library, so the same on every rank)
+_HAS_PERSISTENT = MPI.Get_version() >= (4, 0) and hasattr(MPI.Comm, "Allgather_init")
+_persistent_forced: bool | None = None  # set_persistent; None follows DTENSOR_PERSISTENT
+_persistent = _HAS_PERSISTENT
+# The pools that hold requests, freed at exit (registered after mpi4py's finalizer was, so
+# this runs first)
+_pools: list[dict] = []
+
+
+def _update_persistent() -> None:
+    global _persistent
+    on = env_flag("DTENSOR_PERSISTENT", True) if _persistent_forced is None else _persistent_forced
+    _persistent = _HAS_PERSISTENT and on
+
+
+def persistent_enabled() -> bool:
+    """Whether redistributes run their small all-gathers as persistent requests, after
+    reading ``DTENSOR_PERSISTENT`` again (a :func:`set_persistent` setting wins). **Local**.
+
+    Raises
+    ------
+    ConfigError
+        ``DTENSOR_PERSISTENT`` is not an on/off value.
+    """
+    _update_persistent()
+    return _persistent
+
+
+def set_persistent(on: bool | None) -> bool | None:
+    """Turn the persistent all-gathers of redistributes on or off for this process. **Local**.
+
+    MPI does not match a persistent collective with a blocking one, so call this at the
+    same point of the program on every rank (``DTENSOR_PERSISTENT`` is compared between
+    the ranks at mesh creation). Without MPI 4 persistent collectives they stay off.
+
+    Parameters
+    ----------
+    on : bool or None
+        True or False forces the setting; None follows ``DTENSOR_PERSISTENT`` (default on).
+
+    Returns
+    -------
+    bool or None
+        The previous forced setting (pass it back to restore).
+    """
+    global _persistent_forced
+    prev, _persistent_forced = _persistent_forced, None if on is None else bool(on)
+    _update_persistent()
+    return prev
+
+
+class PersistentGather:
+    """One persistent all-gather of fixed byte counts on one communicator, with its own
+    send and receive buffers (bytes). Made by :meth:`Comm.persistent_gather`.
+
+    Attributes
+    ----------
+    request : mpi4py.MPI.Prequest or None
+        The persistent request (None once freed).
+    send, recv : ndarray of uint8
+        The buffers the request is bound to: this rank's block, and every rank's blocks in
+        rank order.
+    """
+
+    __slots__ = ("recv", "request", "send")
+
+    def __init__(self, mpi_comm: Any, counts: tuple[int, ...], rank: int) -> None:
+        mine = counts[rank]
+        self.send = np.empty(mine, np.uint8)
+        self.recv = np.empty(sum(counts), np.uint8)
+        if counts.count(mine) == len(counts):
+            self.request = mpi_comm.Allgather_init([self.send, BYTES], [self.recv, BYTES])
+        else:
+            spec = [self.recv, list(counts), _displs(counts), BYTES]
+            self.request = mpi_comm.Allgatherv_init([self.send, BYTES], spec)
+
+    def run(self, send: np.ndarray, recv: np.ndarray) -> None:
+        """Gather the C-contiguous ``send`` of every rank into the C-contiguous ``recv``
+        through the request. **Collective**. ``recv`` is a copy of the request's buffer, so
+        an output handed out earlier is never written by a later start."""
+        np.copyto(self.send, send.reshape(-1).view(np.uint8))
+        self.request.Start()
+        self.request.Wait()
+        np.copyto(recv.reshape(-1).view(np.uint8), self.recv)
+
+    def free(self) -> None:
+        """Release the request (nothing once MPI is finalized). **Local**."""
+        if self.request is not None and not MPI.Is_finalized():
+            self.request.Free()
+        self.request = None
+
+
+def _free_pool(pool: dict) -> None:
+    for p in pool.values():
+        p.free()
+    pool.clear()
+
+
+@atexit.register
+def _free_pools() -> None:
+    for pool in _pools:
+        _free_pool(pool)
+
+
 # -- the communicator ---------------------------------------------------------------------
 
 
@@ -750,9 +875,15 @@ class Comm:
         This process's rank in the communicator and the communicator's size.
     mesh_dim : int or None
         The mesh dim this communicator spans, or None for a base communicator.
+    async_op : bool
+        Whether this is the private duplicate that asynchronous redistributes run on
+        (:meth:`twin`); observers see it on the communicator they are passed.
+    pool : dict
+        This communicator's persistent all-gathers by byte counts per rank
+        (:meth:`persistent_gather`).
     """
 
-    __slots__ = ("mesh_dim", "mpi", "rank", "shared", "size")
+    __slots__ = ("_twin", "async_op", "mesh_dim", "mpi", "pool", "rank", "shared", "size")
 
     # Every collective method takes ``what=``: a description of the caller's purpose (a
     # string, or a tuple of parts joined with spaces when needed) that the debug checks put
@@ -768,15 +899,54 @@ class Comm:
         # whether the ranks can read each other's shared segments (redistribute.shm.probe);
         # None until a caller has asked
         self.shared: bool | None = None
+        self.async_op = False
+        self.pool: dict[tuple[int, ...], PersistentGather] = {}
+        self._twin: Comm | None = None
 
     def __repr__(self) -> str:
         return f"Comm(rank={self.rank}, size={self.size}, mesh_dim={self.mesh_dim})"
 
     def free(self) -> None:
         """Release the underlying communicator (not COMM_WORLD/COMM_SELF). **Collective**."""
+        _free_pool(self.pool)
+        if self._twin is not None:
+            self._twin.free()
+            self._twin = None
         if self.mpi not in (MPI.COMM_WORLD, MPI.COMM_SELF) and not MPI.Is_finalized():
             _counters.pop(self.mpi.handle, None)  # a later communicator may reuse the handle
             self.mpi.Free()
+
+    def twin(self) -> Comm:
+        """The private duplicate of this communicator that asynchronous redistributes run
+        on (``async_op`` True, same ``mesh_dim``), made on first use and kept with this one.
+
+        **Collective** the first time (``MPI_Comm_dup``), Local afterwards. Collectives on
+        the twin never match the ones on this communicator, so work issued on it (in order,
+        by one thread) may overlap with this communicator's.
+        """
+        if self._twin is None:
+            twin = Comm(self.mpi.Dup(), self.mesh_dim)
+            twin.async_op = True
+            self._twin = twin
+        return self._twin
+
+    def persistent_gather(self, counts: tuple[int, ...]) -> PersistentGather:
+        """This communicator's persistent all-gather of ``counts`` bytes per rank.
+
+        **Collective** when it is made (the first time, or again after the pool dropped it:
+        every rank of the communicator asks for the same counts in the same order, so all
+        of them make it together), Local when the pool holds it.
+        """
+        pool = self.pool
+        found = pool.get(counts)
+        if found is None:
+            if not pool:
+                if not any(p is pool for p in _pools):
+                    _pools.append(pool)
+            elif len(pool) >= _PERSISTENT_MAX:
+                pool.pop(next(iter(pool))).free()
+            found = pool[counts] = PersistentGather(self.mpi, counts, self.rank)
+        return found
 
     def allgatherv(
         self,
@@ -823,6 +993,24 @@ class Comm:
         nbytes = max(send.nbytes, sum(counts) * isz)
         detail = f"{isz}-byte items, counts {counts}"
         _traced(self, "all_gather", nbytes, what, detail, call, send_spec, recv_spec)
+
+    def allgather_persistent(
+        self, send: np.ndarray, recv: np.ndarray, counts: Sequence[int], what: object = None
+    ) -> None:
+        """:meth:`allgatherv` at the default displacements, for counts that repeat, through
+        the persistent all-gather of this communicator's pool (:meth:`persistent_gather`).
+        **Collective**; every rank of the communicator takes this form for the call (the
+        redistribute executor does while :func:`persistent_enabled`). ``send`` and ``recv``
+        are C-contiguous; observers see an ``all_gather`` as from :meth:`allgatherv`.
+        """
+        isz = recv.itemsize
+        gather = self.persistent_gather(tuple([int(c) * isz for c in counts]))
+        if _observers or _checks:
+            nbytes = max(send.nbytes, recv.nbytes)
+            detail = f"{isz}-byte items, counts {list(counts)}, persistent"
+            _traced(self, "all_gather", nbytes, what, detail, gather.run, send, recv)
+        else:
+            gather.run(send, recv)
 
     def allreduce(
         self,
@@ -1049,6 +1237,12 @@ class Comm:
         else:
             self.mpi.Allreduce(MPI.IN_PLACE, spec, MPI.MIN)
         return bool(value[0])
+
+
+def thread_multiple() -> bool:
+    """Whether MPI was initialised with ``MPI_THREAD_MULTIPLE`` (any thread may call it at
+    any time). **Local**."""
+    return MPI.Query_thread() == MPI.THREAD_MULTIPLE
 
 
 def world() -> Comm:

@@ -58,9 +58,10 @@ from placements.types import short_placements
 
 from . import comm as _comm
 from . import shm as _shm
+from . import worker as _worker
 from .plan import AllGather, AllReduce, AllToAll, LocalChunk, PartitionPartial, ReduceScatter
 
-__all__ = ["execute", "gather_form", "scatter_from"]
+__all__ = ["execute", "execute_async", "gather_form", "scatter_from"]
 
 Alloc = Callable[[tuple, np.dtype], np.ndarray]
 
@@ -244,7 +245,11 @@ class _Exchange:
                 return out, True
         rbuf = out if self.stage_len is None else alloc((self.stage_len,), x.dtype)
         if self.gather_counts is not None:
-            comm.allgatherv(_contiguous(x, alloc), rbuf, self.gather_counts, what=self.what)
+            send = _contiguous(x, alloc)
+            if _comm._persistent and type(comm) is _comm.Comm:  # host buffers
+                comm.allgather_persistent(send, rbuf, self.gather_counts, self.what)
+            else:
+                comm.allgatherv(send, rbuf, self.gather_counts, what=self.what)
         else:
             _copy(out[self.self_recv], x[self.self_send])
             if self.peers:
@@ -641,7 +646,13 @@ def _release(key: tuple, program: tuple) -> None:
 # execute): eviction is oldest compiled first.
 _programs = LRUCache("redistribute.programs", 512, on_evict=_release)
 _find_program = _programs.data.get
-atexit.register(_programs.clear)
+
+
+@atexit.register
+def _close() -> None:
+    """At exit: let the asynchronous jobs finish, then free the programs' datatypes."""
+    _worker.drain()
+    _programs.clear()
 
 
 def _program(steps: tuple, spec: Any, coord: tuple) -> tuple:
@@ -748,16 +759,70 @@ def execute(
     coord = tuple(coord)
     program = _program(tuple(steps), spec, coord)
     if local.shape != program[0].in_shape or local.dtype != spec.dtype:
-        err = DTypeError if local.shape == program[0].in_shape else ShardingError
-        raise err(
-            f"redistribute: local shard {local.dtype} {local.shape} at mesh coordinate "
-            f"{coord} does not match {spec!r} (expected {spec.dtype} {program[0].in_shape})"
-        )
+        raise _bad_local(program, local, spec, coord)
     alloc = np.empty if alloc is None else alloc
+    # the loop of _run, inline: one call less per execute
     x, owned = local, False
     for runner in program:
         x, owned = runner.run(x, owned, comms[runner.mesh_dim], alloc)
     return x
+
+
+def _bad_local(program: tuple, local: np.ndarray, spec: Any, coord: tuple) -> Exception:
+    """The error for a ``local`` shard that does not fit ``program``'s input."""
+    err = DTypeError if local.shape == program[0].in_shape else ShardingError
+    return err(
+        f"redistribute: local shard {local.dtype} {local.shape} at mesh coordinate "
+        f"{coord} does not match {spec!r} (expected {spec.dtype} {program[0].in_shape})"
+    )
+
+
+def _run(program: tuple, local: np.ndarray, comms: Sequence[Any], alloc: Alloc) -> np.ndarray:
+    """Run the step runners of ``program`` on ``local``, each on its mesh dim's comm."""
+    x, owned = local, False
+    for runner in program:
+        x, owned = runner.run(x, owned, comms[runner.mesh_dim], alloc)
+    return x
+
+
+def execute_async(
+    steps: Sequence[Any],
+    local: np.ndarray,
+    spec: Any,
+    coord: Sequence[int],
+    comms: Sequence[_comm.Comm],
+    alloc: Alloc | None = None,
+) -> _worker.Pending:
+    """Start :func:`execute` of a plan; returns the handle of its output at once.
+
+    **Collective** over the same communicators as :func:`execute` (every rank of the mesh
+    starts the same plans in the same order). The plan is compiled and ``local`` checked
+    here (errors raise at once); the steps run on the worker thread of
+    :mod:`redistribute.worker`, on the private duplicates (:meth:`Comm.twin
+    <redistribute.comm.Comm.twin>`) of ``comms``, which are made here the first time (a
+    collective over each). ``local`` must not be written until the handle's ``wait``
+    returns. While an observer or a debug check of :mod:`redistribute.comm` is on, the steps
+    run in this thread before this returns (on the same duplicates, so ranks that differ in
+    that still match); so they do for communicators that are not host :class:`Comm` s
+    (device buffers). An empty plan gives a finished handle of ``local``.
+
+    Returns
+    -------
+    redistribute.worker.Pending
+        ``wait()`` gives what :func:`execute` returns (and raises what it raises).
+    """
+    if not steps:
+        return _worker.submit(lambda: local, inline=True)
+    coord = tuple(coord)
+    program = _program(tuple(steps), spec, coord)
+    if local.shape != program[0].in_shape or local.dtype != spec.dtype:
+        raise _bad_local(program, local, spec, coord)
+    alloc = np.empty if alloc is None else alloc
+    host = all(type(c) is _comm.Comm for c in comms)
+    twins = [c.twin() for c in comms] if host else list(comms)
+
+    inline = not host or bool(_comm._observers) or _comm._checks
+    return _worker.submit(lambda: _run(program, local, twins, alloc), inline)
 
 
 def gather_form(steps: Sequence[Any], spec: Any, coord: Sequence[int], comms: Sequence[Any]):
@@ -767,9 +832,12 @@ def gather_form(steps: Sequence[Any], spec: Any, coord: Sequence[int], comms: Se
     all-gather whose blocks land contiguously in the output, in rank order, is one
     ``Allgather`` (equal blocks) or ``Allgatherv`` of this rank's C-contiguous shard
     straight into the output; a caller that runs it itself (the dispatcher's compiled
-    front) skips the executor. Returns ``(mpi_comm, out_shape, send_bytes, counts,
-    displs)``: the mpi4py communicator, the local output shape, this rank's byte count,
-    and the byte counts and displacements per rank (None for ``Allgather``).
+    front) skips the executor, running it as the executor would (a persistent request of
+    the communicator's pool, :meth:`Comm.allgather_persistent
+    <redistribute.comm.Comm.allgather_persistent>`, when they are on). Returns ``(comm,
+    out_shape, send_bytes, counts, displs)``: the :class:`~redistribute.comm.Comm`, the
+    local output shape, this rank's byte count, and the byte counts and displacements per
+    rank (None for ``Allgather``).
     """
     if len(steps) != 1:
         return None
@@ -786,8 +854,8 @@ def gather_form(steps: Sequence[Any], spec: Any, coord: Sequence[int], comms: Se
     if mine != counts[comm.rank]:
         return None
     if counts.count(mine) == len(counts):
-        return comm.mpi, runner.out_shape, mine, None, None
-    return comm.mpi, runner.out_shape, mine, counts, _comm._displs(counts)
+        return comm, runner.out_shape, mine, None, None
+    return comm, runner.out_shape, mine, counts, _comm._displs(counts)
 
 
 def scatter_from(

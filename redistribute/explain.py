@@ -51,6 +51,7 @@ def explain_plan(
     src_spec: DTensorSpec,
     dst_placements: Sequence[Placement],
     cost_model: CostModel | None = None,
+    async_op: bool = False,
 ) -> str:
     """Render the plan from ``src_spec`` to ``dst_placements``, one line per step. **Local**.
 
@@ -71,6 +72,9 @@ def explain_plan(
         The target placements.
     cost_model : CostModel, optional
         Used both to choose and to price the plan; defaults to the process-wide model.
+    async_op : bool
+        The plan of ``redistribute(..., async_op=True)``: each collective's line ends in
+        ``, async``.
     """
     model = cost_model or default_cost_model()
     steps = plan(src_spec, dst_placements, model)
@@ -92,6 +96,8 @@ def explain_plan(
             if step.communicates
             else "no communication"
         )
+        if async_op and step.communicates:
+            cost += ", async"
         lines.append(
             f"{short_placements(step.before)} -> {short_placements(step.after)}: "
             f"{step.kind}({args}, {cost})"

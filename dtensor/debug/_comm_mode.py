@@ -5,6 +5,8 @@ and records its kind, the mesh dim of its communicator, the bytes this rank send
 receives, and the op that caused it: the dispatcher names the op whose inputs it is
 redistributing; collectives outside dispatched ops (``DTensor.redistribute``,
 ``full_tensor``, ``distribute_tensor``, ``from_local``) count under ``"redistribute"``.
+Collectives of an asynchronous redistribute (``redistribute(..., async_op=True)``, which
+runs on the private duplicate of a mesh communicator) are marked ``async_op``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class CommRecord(NamedTuple):
     kind: str
     mesh_dim: int | None
     nbytes: int
+    async_op: bool = False
 
 
 class CommDebugMode:
@@ -55,7 +58,8 @@ class CommDebugMode:
     def _observe(self, kind: str, nbytes: int, comm: object) -> None:
         op = _dispatch.current_op() or _OUTSIDE_OPS
         mesh_dim = getattr(comm, "mesh_dim", None)
-        self.records.append(CommRecord(op, str(kind), mesh_dim, int(nbytes)))
+        is_async = bool(getattr(comm, "async_op", False))
+        self.records.append(CommRecord(op, str(kind), mesh_dim, int(nbytes), is_async))
 
     def __enter__(self) -> Self:
         if self._active:
@@ -90,13 +94,19 @@ class CommDebugMode:
         """Bytes sent or received by this rank over all observed collectives. **Local**."""
         return sum(r.nbytes for r in self.records)
 
+    def get_async_counts(self) -> int:
+        """Number of observed collectives of asynchronous redistributes. **Local**."""
+        return sum(r.async_op for r in self.records)
+
     def _groups(self) -> list[dict[str, object]]:
-        """Records grouped by (op, kind, mesh dim), in order of first appearance."""
+        """Records grouped by (op, kind, mesh dim, async), in order of first appearance; the
+        kind of asynchronous ones reads ``"<kind> (async)"``."""
         groups: dict[tuple, dict[str, object]] = {}
         for r in self.records:
+            kind = f"{r.kind} (async)" if r.async_op else r.kind
             g = groups.setdefault(
-                (r.op, r.kind, r.mesh_dim),
-                {"op": r.op, "kind": r.kind, "mesh_dim": r.mesh_dim, "count": 0, "bytes": 0},
+                (r.op, kind, r.mesh_dim),
+                {"op": r.op, "kind": kind, "mesh_dim": r.mesh_dim, "count": 0, "bytes": 0},
             )
             g["count"] += 1
             g["bytes"] += r.nbytes
@@ -122,6 +132,7 @@ class CommDebugMode:
             {
                 "total_counts": self.get_total_counts(),
                 "total_bytes": self.get_total_bytes(),
+                "async_counts": self.get_async_counts(),
                 "by_kind": self.get_comm_counts(),
                 "by_op": self.get_comm_counts_by_op(),
                 "rows": self._groups(),

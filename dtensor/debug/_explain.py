@@ -315,7 +315,9 @@ def explain(op: object, *args: object, top: int = 6, **kwargs: object) -> Explan
 
     - ``explain(x, placements)`` with a DTensor ``x`` and a list of placements: the plan of
       ``x.redistribute(x.device_mesh, placements)``, one line per step with bytes and the
-      estimated time. **Local**, nothing runs.
+      estimated time. **Local**, nothing runs. ``explain(x, placements, async_op=True)``
+      marks the collectives ``async`` (``redistribute(..., async_op=True)`` runs them on a
+      worker thread).
     - ``explain(op, *args, **kwargs)`` where ``op`` is a table op: its name (``"matmul"``),
       its ``dt`` function (``dt.matmul``) or a bound DTensor method (``x.sum``). Runs the
       dispatcher's decision on metadata only, *before* (and without) running the op: the
@@ -346,14 +348,18 @@ def explain(op: object, *args: object, top: int = 6, **kwargs: object) -> Explan
         what it predicts, comparable with :class:`CommDebugMode`.
     """
     if isinstance(op, DTensor):
-        if len(args) != 1 or kwargs:
-            raise SignatureError("explain(x, placements): give exactly the target placements")
+        async_op = kwargs.get("async_op", False)
+        if len(args) != 1 or set(kwargs) - {"async_op"} or type(async_op) is not bool:
+            raise SignatureError(
+                "explain(x, placements, async_op=False): give exactly the target placements "
+                "(and async_op, a bool)"
+            )
         placements = tuple(args[0])
         if not all(isinstance(p, Placement) for p in placements):
             raise DTypeError(f"explain(x, placements): not a list of placements: {args[0]!r}")
         spec = op._spec
         steps = plan(spec, placements)
-        text = explain_plan(spec, placements)
+        text = explain_plan(spec, placements, async_op=async_op)
         describe = getattr(spec.mesh.get_group(0), "describe", None)  # device meshes
         if describe is not None and steps:
             text += f"\ndevice buffers: {describe()}"

@@ -287,8 +287,10 @@ def redistribute_form(d: DTensor, placements: object) -> tuple | None:
     A host DTensor whose plan to the target is one all-gather of whole shards
     (:func:`redistribute.execute.gather_form`) runs as that MPI call from the local array
     into a new output: numpy's below the allocator's pooling size, a pooled one from there
-    on, as the Python method's ``allocator_for``. Returns ``(targets, target spec,
-    mpi_comm, out callable or None, out shape, dtype, send bytes, counts, displs)``.
+    on, as the Python method's ``allocator_for`` (or through the communicator's persistent
+    all-gather of those byte counts, when persistent all-gathers are on). Returns
+    ``(targets, target spec, mpi_comm, out callable or None, out shape, dtype, send bytes,
+    counts, displs, Comm, byte counts per rank)``.
     Invalid placements raise here as in the Python method.
     """
     spec = d._spec
@@ -300,13 +302,15 @@ def redistribute_form(d: DTensor, placements: object) -> tuple | None:
     form = _gather_form(steps, spec, mesh._coord, mesh._dim_comms) if steps else None
     if form is None:
         return None
-    mpi, shape, mine, counts, displs = form
+    comm, shape, mine, counts, displs = form
     dtype = spec.dtype
     if len(shape) > 32:
         return None
     nbytes = math.prod(shape) * dtype.itemsize
     make = None if nbytes < _allocator.POOL_MIN_BYTES else _allocator.pooled_empty(shape, dtype)
-    return targets, dst, mpi, make, tuple(shape), dtype, mine, counts, displs
+    key = (mine,) * comm.size if counts is None else tuple(counts)
+    mpi = comm.mpi
+    return targets, dst, mpi, make, tuple(shape), dtype, mine, counts, displs, comm, key
 
 
 def _basic_index(idx: object) -> tuple | None:

@@ -28,6 +28,7 @@ from placements.layout import local_shape as _layout_local_shape
 from placements.spec import DTensorSpec, check_partial_dtype
 from placements.types import placement_list
 from redistribute.execute import execute as _execute
+from redistribute.execute import execute_async as _execute_async
 from redistribute.execute import scatter_from as _scatter_from
 from redistribute.plan import plan as _plan
 
@@ -269,7 +270,13 @@ class DTensor(_fp.DTensorBase):
         placements : sequence of Placement, optional
             Target placements; None means Replicate on every mesh dim.
         async_op : bool
-            Accepted for PyTorch compatibility; the call is always synchronous.
+            Return at once a DTensor whose local shard is still being computed: the plan
+            runs on a worker thread on private duplicates of the mesh communicators
+            (:func:`redistribute.execute.execute_async`), while this thread goes on. Any
+            use of its data waits first (ops, ``to_local``, ``full_tensor``,
+            ``redistribute``, repr: everything that reads its local shard); ``wait()``
+            waits explicitly. Its metadata (placements, shape, dtype) is there at once.
+            The input's data must not be written until then.
 
         Raises
         ------
@@ -286,7 +293,8 @@ class DTensor(_fp.DTensorBase):
         dst, steps = _target(spec, _normalize_placements(placements, mesh, "redistribute"))
         if dst.placements == spec.placements:
             return self
-        out = _execute(
+        run = _execute_async if async_op else _execute
+        out = run(
             steps,
             self._local._arr,
             spec,
@@ -294,7 +302,18 @@ class DTensor(_fp.DTensorBase):
             mesh._dim_comms,
             allocator_for(mesh.device_type),
         )
+        if async_op:
+            pending = _dnew(_PendingDTensor)
+            _BASE_LOCAL.__set__(pending, out)
+            pending._spec = dst
+            return pending
         return DTensor._make(_wrap(out), dst)
+
+    def wait(self) -> DTensor:
+        """This DTensor, once its data is there (see ``redistribute(async_op=True)``);
+        a DTensor that is not pending returns at once. **Local** (it waits for collectives
+        already issued on every rank)."""
+        return self
 
     def full_tensor(self) -> Tensor:
         """The whole global tensor, on every rank. **Collective** over the mesh.
@@ -443,6 +462,48 @@ def _leaf_layout(g: object, spec: DTensorSpec) -> object:
 
 _ag.install_api(DTensor)
 _ag.set_leaf_layout(_leaf_layout)
+
+
+# The base's slot of the local Tensor; a pending DTensor holds the handle of its output there
+_BASE_LOCAL = _fp.DTensorBase._local
+
+
+class _PendingDTensor(DTensor):
+    """A DTensor from ``redistribute(async_op=True)`` whose local shard is pending.
+
+    Its base slot holds the :class:`redistribute.worker.Pending` handle. It is not of type
+    DTensor, so the compiled front, whose type checks ask for exactly DTensor, sends it to
+    the Python dispatcher, which reads ``_local``: that waits, stores the Tensor and makes
+    the object a plain DTensor again.
+    """
+
+    __slots__ = ()
+
+    @property
+    def _local(self) -> Tensor:
+        return _settle(self)
+
+    def wait(self) -> DTensor:
+        """This DTensor once its data is there. **Local** (see :meth:`DTensor.wait`)."""
+        _settle(self)
+        return self
+
+    def redistribute(self, *args: object, **kwargs: object) -> DTensor:
+        _settle(self)
+        return self.redistribute(*args, **kwargs)
+
+    redistribute.__doc__ = DTensor.redistribute.__doc__
+
+
+def _settle(d: _PendingDTensor) -> Tensor:
+    """Wait for ``d``'s pending shard; ``d`` becomes a plain DTensor holding it."""
+    if type(d) is _PendingDTensor:
+        local = _wrap(_BASE_LOCAL.__get__(d).wait())
+        _BASE_LOCAL.__set__(d, local)
+        d.__class__ = DTensor
+        return local
+    return _BASE_LOCAL.__get__(d)
+
 
 _MAX_NDIM = 32
 

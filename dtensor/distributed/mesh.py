@@ -317,7 +317,9 @@ def _path_settings() -> tuple[list[tuple[str, int | None]], list[ConfigError]]:
     (``DTENSOR_COST_MODEL`` or ``set_default_cost_model``) picks the sharding strategy and
     so the redistributions; ``DTENSOR_SHM`` (the setting, not whether this process has
     turned shared segments off since) and ``DTENSOR_POOL_MIN_BYTES`` decide which buffers
-    can be exchanged through shared memory. (``DTENSOR_CHECK_SPMD`` joins them in
+    can be exchanged through shared memory; ``DTENSOR_PERSISTENT`` (or
+    ``redistribute.comm.set_persistent``) between persistent and blocking all-gathers,
+    which MPI never matches with each other. (``DTENSOR_CHECK_SPMD`` joins them in
     :func:`redistribute.comm.shared_mesh_comms`. ``DTENSOR_FASTPATH`` runs the same
     collectives on either path, and ``DTENSOR_GPU_COMM`` only how a rank stages its own
     buffers, so ranks may differ in those.)
@@ -341,6 +343,7 @@ def _path_settings() -> tuple[list[tuple[str, int | None]], list[ConfigError]]:
         ("DTENSOR_SHM_MIN_BYTES", _shm.MIN_BYTES),
         ("DTENSOR_POOL_MIN_BYTES", _allocator.POOL_MIN_BYTES),
         ("DTENSOR_COST_MODEL digest", read(lambda: _model_digest(default_cost_model()))),
+        ("DTENSOR_PERSISTENT", read(_comm.persistent_enabled)),
     ]
     return settings, errors
 

@@ -234,6 +234,23 @@ def test_redistribute_benchmark_compares_against_raw_collectives(tmp_path):
     assert all(r["dtensor_us"] > 0 and r["execute_us"] > 0 for r in cases.values())
 
 
+def test_overlap_benchmark_reports_every_case(tmp_path):
+    path = tmp_path / "overlap.json"
+    launch(2, "-m", "launch.bench.overlap", "--repeat", "1", "--number", "20", "--iters", "2",
+           "--matmul", "16", "--large", "64", "--delay-ms", "1", "--out", str(path))
+    doc = json.loads(path.read_text())
+    p = doc["persistent"]
+    assert p["dtensor_persistent_us"] > 0 and p["dtensor_blocking_us"] > 0
+    assert p["raw_allgather_us"] > 0 and p["raw_persistent_us"] > 0
+    assert [c["redistribute"] for c in doc["overlap"]] == [
+        "(8x8) float32 S(0)->R", "(64x64) float32 S(0)->R"]
+    for case in [*doc["overlap"], doc["slow_peer"]]:
+        assert case["blocking_us_per_iter"] > 0 and case["async_us_per_iter"] > 0
+    assert doc["slow_peer"]["late_rank_delay_ms"] == 1.0
+    assert all(doc["progress"][f"{k}_us"] > 0 for k in (
+        "compute_only", "blocking", "wait_at_end", "polled", "worker_thread"))
+
+
 def test_reductions_and_mesh_create_benchmarks_report_their_figures(tmp_path):
     path = tmp_path / "reductions.json"
     launch(2, "-m", "launch.bench.reductions", "--sizes", "8", "--repeat", "2", "--out",

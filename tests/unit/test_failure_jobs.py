@@ -89,6 +89,37 @@ def test_raising_rank_ends_the_job_with_its_traceback(tmp_path, runner):
     assert "in fail" in out.stderr
 
 
+RAISE_DURING_ASYNC = """\
+def fail():
+    raise ValueError("deliberate failure on rank 1")
+
+y = x.redistribute(mesh, [dt.Replicate()], async_op=True)  # both ranks: completes
+if me == 1:
+    fail()
+z = y.redistribute(mesh, [dt.Shard(1)], async_op=True)  # rank 1 never starts its side
+print(z.to_local().numpy().sum())  # rank 0 would wait here forever
+"""
+
+
+def test_raising_rank_during_an_async_redistribute_ends_the_job(tmp_path):
+    out = _job(tmp_path, RAISE_DURING_ASYNC, LAUNCH)
+    assert out.returncode != 0
+    assert "ValueError: deliberate failure on rank 1" in out.stderr
+
+
+def test_pending_redistributes_left_at_exit_end_cleanly(tmp_path):
+    body = """\
+    big = dt.distribute_tensor(np.ones((700, 500), np.float32), mesh, [dt.Shard(0)])
+    for _ in range(3):  # dropped, and never waited for: exit lets them finish
+        x.redistribute(mesh, [dt.Replicate()], async_op=True)
+        big.redistribute(mesh, [dt.Shard(1)], async_op=True)
+    print("done", flush=True)
+    """
+    out = _job(tmp_path, body, LAUNCH)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count("done") == 2
+
+
 DIVERGE_CAUGHT = """\
 try:
     if me == 0:

@@ -1,0 +1,241 @@
+"""Asynchronous redistribute against blocking, and persistent all-gathers.
+
+Run as ``python -m launch -n 2 -m launch.bench.overlap [--out FILE]`` (the figures are
+stated for 2 ranks on one node). It reports, in microseconds (the worst rank's median):
+
+- ``persistent``: an 8x8 float32 ``S(0) -> R`` through ``x.redistribute`` with persistent
+  all-gathers on and off (``redistribute.comm.set_persistent``, switched on every rank
+  together before each batch), against the raw blocking ``Allgather`` of the same bytes and a raw persistent
+  ``Allgather_init`` request (Start + Wait), variants interleaved batch by batch;
+- ``overlap``: a loop of ``h = a @ b`` (local matmul) -> ``x.redistribute(S(0) -> R)``
+  -> ``h @ b`` with the redistribute blocking, or started asynchronously before the first
+  matmul and waited for before the second (the matmul does not depend on it), per
+  iteration, for a small (latency-bound) and a large (bandwidth-bound) ``x``;
+- ``slow_peer``: the same loop where, each iteration, one rank (in turn) arrives late
+  (sleeps ``--delay-ms`` first): blocking makes every rank wait for the late one, the
+  asynchronous loop computes meanwhile;
+- ``progress``: how a nonblocking MPI all-gather (raw ``Iallgather`` of the large size)
+  progresses under MPICH while the caller computes: waited only at the end, polled with
+  ``Test`` between chunks of the computation, and the worker thread of the asynchronous
+  redistribute (which blocks in MPI and so progresses it itself). Run it again with
+  ``MPIR_CVAR_ASYNC_PROGRESS=1`` to time MPICH's progress thread (the JSON records it).
+
+The JSON document goes to stdout and, with ``--out FILE``, to a file.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# Run as a script, this file's folder is sys.path[0], which holds modules named like
+# packages of dtensor's (``redistribute``).
+if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+    del sys.path[0]
+
+import statistics
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import dtensor as dt
+from launch.bench._common import bench_args, emit, environment, worst_rank
+from redistribute import comm as rcomm
+
+WORLD = MPI.COMM_WORLD
+S0, R = [dt.Shard(0)], [dt.Replicate()]
+
+
+def _interleaved(
+    variants: dict, repeat: int, number: int, before: dict | None = None
+) -> dict[str, float]:
+    """Median microseconds per call of each variant, batches of ``number`` calls
+    interleaved, ranks meeting at a barrier before each batch; the worst rank's.
+    ``before[name]()``, when given, runs (untimed, on every rank) before each batch."""
+    samples: dict[str, list[float]] = {k: [] for k in variants}
+    before = before or {}
+    for name, fn in variants.items():  # warm-up
+        before.get(name, _nothing)()
+        for _ in range(number):
+            fn()
+    for _ in range(repeat):
+        for name, fn in variants.items():
+            before.get(name, _nothing)()
+            WORLD.Barrier()
+            start = time.perf_counter_ns()
+            for _ in range(number):
+                fn()
+            samples[name].append((time.perf_counter_ns() - start) / number / 1e3)
+    return {k: round(worst_rank(statistics.median(v), WORLD), 3) for k, v in samples.items()}
+
+
+def _nothing() -> None:
+    pass
+
+
+def persistent_case(repeat: int, number: int) -> dict:
+    mesh = dt.init_device_mesh((WORLD.size,))
+    x = dt.distribute_tensor(np.ones((8, 8), np.float32), mesh, S0)
+    nbytes = x.to_local().numpy().nbytes
+    send, recv = np.ones(nbytes, np.uint8), np.empty(nbytes * WORLD.size, np.uint8)
+    raw_req = WORLD.Allgather_init([send, MPI.BYTE], [recv, MPI.BYTE])
+
+    def on() -> None:
+        x.redistribute(mesh, R)
+
+    def raw() -> None:
+        WORLD.Allgather([send, MPI.BYTE], [recv, MPI.BYTE])
+
+    def raw_persistent() -> None:
+        raw_req.Start()
+        raw_req.Wait()
+
+    prev = rcomm.set_persistent(True)
+    try:
+        persistent = rcomm.persistent_enabled()
+        variants = {"persistent": on, "blocking": on, "raw": raw, "raw_persistent": raw_persistent}
+        switch = {"persistent": lambda: rcomm.set_persistent(True),
+                  "blocking": lambda: rcomm.set_persistent(False)}  # fmt: skip
+        figures = _interleaved(variants, repeat, number, switch)
+    finally:
+        rcomm.set_persistent(prev)
+        raw_req.Free()
+    return {
+        "case": "8x8 float32 S(0)->R",
+        "persistent_available": persistent,
+        "dtensor_persistent_us": figures["persistent"],
+        "dtensor_blocking_us": figures["blocking"],
+        "raw_allgather_us": figures["raw"],
+        "raw_persistent_us": figures["raw_persistent"],
+        "gain_us": round(figures["blocking"] - figures["persistent"], 3),
+        "over_raw_us": round(figures["persistent"] - figures["raw"], 3),
+    }
+
+
+def _loop(x, mesh, a, b, asynchronous: bool, iters: int, delay_s: float) -> float:
+    """Seconds per iteration of matmul -> redistribute -> matmul (worst rank)."""
+    WORLD.Barrier()
+    start = time.perf_counter()
+    for i in range(iters):
+        if delay_s and i % WORLD.size == WORLD.rank:
+            time.sleep(delay_s)  # this rank is late this iteration
+        if asynchronous:
+            y = x.redistribute(mesh, R, async_op=True)
+            h = a @ b
+            y.wait()
+        else:
+            h = a @ b
+            y = x.redistribute(mesh, R)
+        h = h @ b
+        del y, h
+    per = (time.perf_counter() - start) / iters
+    return worst_rank(per, WORLD)
+
+
+def overlap_case(n: int, rows: int, iters: int, repeat: int, delay_ms: float) -> dict:
+    mesh = dt.init_device_mesh((WORLD.size,))
+    rng = np.random.default_rng(0)
+    a, b = rng.random((n, n), np.float32), rng.random((n, n), np.float32)
+    x = dt.distribute_tensor(np.ones((rows, rows), np.float32), mesh, S0)
+    t0 = time.perf_counter()
+    for _ in range(3):
+        (a @ b) @ b
+    matmul_us = (time.perf_counter() - t0) / 3 * 1e6
+    timed = {"blocking": [], "async": []}
+    for _ in range(repeat):
+        for mode, samples in timed.items():
+            samples.append(_loop(x, mesh, a, b, mode == "async", iters, delay_ms / 1e3))
+    block, asyn = (statistics.median(timed[m]) * 1e6 for m in ("blocking", "async"))
+    return {
+        "matmul": f"2 x ({n}x{n}) @ ({n}x{n}) float32",
+        "redistribute": f"({rows}x{rows}) float32 S(0)->R",
+        "late_rank_delay_ms": delay_ms,
+        "matmuls_us": round(worst_rank(matmul_us, WORLD), 1),
+        "blocking_us_per_iter": round(block, 1),
+        "async_us_per_iter": round(asyn, 1),
+        "saved": round(1 - asyn / block, 3) if block else 0.0,
+    }
+
+
+def progress_case(rows: int, n: int, repeat: int) -> dict:
+    """A raw Iallgather of rows x rows float32 while computing ``n x n`` matmuls in 8
+    chunks: waited at the end only, polled between chunks, and the asynchronous
+    redistribute's worker thread."""
+    mesh = dt.init_device_mesh((WORLD.size,))
+    rng = np.random.default_rng(1)
+    a, b = rng.random((n, n), np.float32), rng.random((n, n), np.float32)
+    mine = rows * rows * 4 // WORLD.size
+    send, recv = np.ones(mine, np.uint8), np.empty(mine * WORLD.size, np.uint8)
+    x = dt.distribute_tensor(np.ones((rows, rows), np.float32), mesh, S0)
+
+    def compute(poll=None) -> None:
+        for _ in range(8):
+            a @ b
+            if poll is not None:
+                poll.Test()
+
+    def wait_at_end() -> None:
+        req = WORLD.Iallgather([send, MPI.BYTE], [recv, MPI.BYTE])
+        compute()
+        req.Wait()
+
+    def polled() -> None:
+        req = WORLD.Iallgather([send, MPI.BYTE], [recv, MPI.BYTE])
+        compute(req)
+        req.Wait()
+
+    def worker_thread() -> None:
+        y = x.redistribute(mesh, R, async_op=True)
+        compute()
+        y.wait()
+
+    def blocking() -> None:
+        WORLD.Allgather([send, MPI.BYTE], [recv, MPI.BYTE])
+        compute()
+
+    def compute_only() -> None:
+        compute()
+
+    variants = {"compute_only": compute_only, "blocking": blocking, "wait_at_end": wait_at_end,
+                "polled": polled, "worker_thread": worker_thread}  # fmt: skip
+    figures = _interleaved(variants, repeat, 1)
+    return {
+        "gather": f"({rows}x{rows}) float32 over {WORLD.size} ranks",
+        "compute": f"8 x ({n}x{n}) @ ({n}x{n}) float32",
+        "async_progress_thread": os.environ.get("MPIR_CVAR_ASYNC_PROGRESS", "0"),
+        **{f"{k}_us": v for k, v in figures.items()},
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = bench_args(
+        __doc__.splitlines()[0],
+        argv,
+        number={"type": int, "default": 2000, "help": "calls per batch (persistent case)"},
+        iters={"type": int, "default": 20, "help": "loop iterations per overlap sample"},
+        matmul={"type": int, "default": 256, "help": "matmul size n (n x n)"},
+        small={"type": int, "default": 8, "help": "rows of the latency-bound redistribute"},
+        large={"type": int, "default": 2048, "help": "rows of the bandwidth-bound one"},
+        delay_ms={"type": float, "default": 2.0, "help": "lateness of the slow peer"},
+    )
+    repeat = args.repeat
+    doc = {
+        "benchmark": "overlap",
+        "ranks": WORLD.size,
+        "env": environment(),
+        "persistent": persistent_case(repeat, args.number),
+        "overlap": [
+            overlap_case(args.matmul, rows, args.iters, repeat, 0.0)
+            for rows in (args.small, args.large)
+        ],
+        "slow_peer": overlap_case(args.matmul, args.small, args.iters, repeat, args.delay_ms),
+        "progress": progress_case(args.large, args.matmul, repeat),
+    }
+    if WORLD.rank == 0:
+        emit(doc, args.out)
+    return doc
+
+
+if __name__ == "__main__":
+    main()

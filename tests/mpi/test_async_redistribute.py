@@ -1,0 +1,220 @@
+"""``redistribute(..., async_op=True)`` and the persistent all-gathers of redistributes.
+
+- For every plan kind (all-gather, all-to-all, all-reduce, reduce-scatter, local chunk,
+  multi-step 2-D plans, shared-memory sizes of at least 1 MiB), on 1-D and 2-D meshes with
+  uneven shards, the asynchronous result equals the blocking one.
+- A pending DTensor waits on any use of its data (ops, ``to_local``, ``full_tensor``,
+  ``redistribute``, numpy, repr) and on ``wait()``; its metadata is there at once.
+- A pending DTensor dropped unused leaves no job and no buffer behind, and the next
+  collectives work.
+- CommDebugMode and ``explain`` mark asynchronous collectives.
+- Persistent all-gathers: repeated calls give fresh outputs (an earlier output never
+  changes), and a rank-local cache clear on one rank does not break matching.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import dtensor as dt
+from dtensor.debug import CommDebugMode, explain
+from redistribute import comm as rcomm
+from redistribute import worker
+
+WORLD = MPI.COMM_WORLD
+S, R, P = dt.Shard, dt.Replicate(), dt.Partial
+
+# (global shape, source placements, target placements): 1-D meshes
+CASES_1D = [
+    ((10, 6), [S(0)], [R]),  # all-gather (one MPI all-gather; uneven at 3 and 4 ranks)
+    ((7, 6), [S(1)], [R]),  # all-gather staged (blocks strided in the output)
+    ((9, 7), [S(0)], [S(1)]),  # all-to-all
+    ((6, 5), [P("sum")], [R]),  # all-reduce
+    ((7, 5), [P("sum")], [S(0)]),  # reduce-scatter
+    ((7, 5), [R], [S(1)]),  # local chunk
+    ((600, 500), [S(0)], [R]),  # 1.2 MB: shared-memory exchange
+    ((600, 500), [S(1)], [S(0)]),  # shared-memory all-to-all
+    ((600, 500), [P("sum")], [R]),  # shared-memory all-reduce
+]
+
+# 2-D meshes (2 x k): multi-step plans and nested shards
+CASES_2D = [
+    ((7, 5), [S(0), S(0)], [R, R]),
+    ((7, 9), [S(0), S(1)], [S(1), S(0)]),
+    ((6, 5), [P("sum"), S(0)], [R, R]),
+    ((7, 5), [R, S(1)], [S(0), R]),
+    ((700, 400), [S(0), S(1)], [R, R]),  # 1.1 MB: shared-memory exchanges
+    ((600, 500), [S(1), S(0)], [R, S(1)]),
+]
+
+
+def _source(shape, placements, mesh):
+    """A DTensor of the global ``data`` (Partial: each coordinate holds its contribution)."""
+    data = (np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape) % 97) * 0.5 - 3
+    coord = mesh.get_coordinate()
+    if any(p.is_partial() for p in placements):
+        # contributions (i + 1) * data / total over the partial mesh dims
+        k = 1
+        mine = 1
+        for m, p in enumerate(placements):
+            if p.is_partial():
+                n = mesh.size(m)
+                mine, k = mine * (coord[m] + 1), k * (n * (n + 1) // 2)
+        keep = [p if not p.is_partial() else R for p in placements]
+        full = dt.distribute_tensor(data, mesh, keep, src_data_rank=None).to_local().numpy()
+        local = full * np.float32(mine) / np.float32(k)
+        x = dt.DTensor.from_local(local, mesh, placements, shape=shape)
+        return x, data
+    return dt.distribute_tensor(data, mesh, placements), data
+
+
+def _same(a, b):
+    assert tuple(a.placements) == tuple(b.placements)
+    la, lb = a.to_local().numpy(), b.to_local().numpy()
+    assert la.shape == lb.shape and la.dtype == lb.dtype
+    np.testing.assert_allclose(la, lb, rtol=1e-6, atol=1e-5)
+
+
+def _check(mesh, shape, src, dst):
+    x, data = _source(shape, src, mesh)
+    blocking = x.redistribute(mesh, dst)
+    pending = x.redistribute(mesh, dst, async_op=True)
+    assert tuple(pending.placements) == tuple(dst) and pending.shape == shape
+    assert pending.wait() is pending and type(pending) is dt.DTensor
+    _same(pending, blocking)
+    np.testing.assert_allclose(pending.full_tensor().numpy(), data, rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("shape,src,dst", CASES_1D)
+def test_async_equals_blocking_1d(shape, src, dst):
+    _check(dt.init_device_mesh((WORLD.size,)), shape, src, dst)
+
+
+@pytest.mark.mpi(min_size=4)
+@pytest.mark.parametrize("shape,src,dst", CASES_2D)
+def test_async_equals_blocking_2d(shape, src, dst):
+    _check(dt.init_device_mesh((2, WORLD.size // 2)), shape, src, dst)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_async_calls_in_flight_together_keep_their_order():
+    mesh = dt.init_device_mesh((WORLD.size,))
+    xs = [_source((9 + i, 5), [S(0)], mesh)[0] for i in range(3)]
+    ys = [x.redistribute(mesh, [S(1)], async_op=True) for x in xs]
+    zs = [x.redistribute(mesh, [R], async_op=True) for x in xs]
+    blocking = [x.full_tensor() for x in xs]  # on the mesh's own communicators meanwhile
+    for x, y, z, b in zip(xs, ys, zs, blocking):
+        np.testing.assert_array_equal(z.to_local().numpy(), b.numpy())
+        np.testing.assert_array_equal(y.full_tensor().numpy(), b.numpy())
+
+
+USES = {
+    "op": lambda y: (y + 1).full_tensor().numpy() - 1,
+    "matmul": lambda y: (
+        (y @ dt.DTensor.from_local(np.eye(6, dtype=np.float32), y.device_mesh, [R]))
+        .full_tensor()
+        .numpy()
+    ),
+    "to_local": lambda y: y.to_local().numpy(),
+    "full_tensor": lambda y: y.full_tensor().numpy(),
+    "redistribute": lambda y: y.redistribute(y.device_mesh, [S(0)]).full_tensor().numpy(),
+    "numpy": lambda y: np.asarray(y.to_local()),
+    "repr": lambda y: (repr(y), y.to_local().numpy())[1],
+}
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("use", sorted(USES))
+def test_any_use_of_a_pending_dtensor_waits(use):
+    mesh = dt.init_device_mesh((WORLD.size,))
+    x, data = _source((10, 6), [S(0)], mesh)
+    y = x.redistribute(mesh, [R], async_op=True)
+    assert isinstance(y, dt.DTensor) and y.shape == (10, 6) and y.dtype == np.float32
+    got = USES[use](y)
+    np.testing.assert_allclose(got, data, rtol=1e-6, atol=1e-5)
+    assert type(y) is dt.DTensor  # settled: a plain DTensor again
+
+
+@pytest.mark.mpi(min_size=2)
+def test_dropped_pending_dtensor_leaves_nothing_behind():
+    mesh = dt.init_device_mesh((WORLD.size,))
+    x, data = _source((600, 500), [S(0)], mesh)  # pooled buffers
+    x.redistribute(mesh, [R]).to_local()  # warm the pools
+    worker.drain()
+    gc.collect()
+    before = dt.memory_stats()["allocated_bytes"]
+    for _ in range(3):
+        x.redistribute(mesh, [R], async_op=True)  # dropped at once
+        x.redistribute(mesh, [S(1)], async_op=True)
+    worker.drain()
+    assert worker.pending_count() == 0
+    gc.collect()
+    assert dt.memory_stats()["allocated_bytes"] == before
+    # the next collectives, blocking and asynchronous, still match
+    np.testing.assert_array_equal(x.full_tensor().numpy(), data)
+    np.testing.assert_array_equal(x.redistribute(mesh, [R], async_op=True).to_local().numpy(), data)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_comm_debug_mode_and_explain_mark_async_collectives():
+    mesh = dt.init_device_mesh((WORLD.size,))
+    x, _ = _source((10, 6), [S(0)], mesh)
+    with CommDebugMode() as mode:
+        x.redistribute(mesh, [R], async_op=True).wait()
+        x.redistribute(mesh, [R])
+    kinds = [(r.kind, r.async_op) for r in mode.records]
+    assert kinds == [("all_gather", True), ("all_gather", False)]
+    assert mode.get_async_counts() == 1
+    assert "all_gather (async)" in mode.table()
+    text = str(explain(x, [R], async_op=True))
+    assert "all_gather(" in text and ", async)" in text
+    assert ", async" not in str(explain(x, [R]))
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("shape", [(8, 8), (5, 3)])  # Allgather, Allgatherv
+def test_persistent_gathers_give_fresh_outputs(shape):
+    mesh = dt.init_device_mesh((WORLD.size,))
+    prev = rcomm.set_persistent(True)
+    try:
+        on = rcomm.persistent_enabled()  # False where MPI has no persistent collectives
+        a, data_a = _source(shape, [S(0)], mesh)
+        b = dt.distribute_tensor(-data_a, mesh, [S(0)])
+        first = a.redistribute(mesh, [R])
+        kept = first.to_local().numpy().copy()
+        second = b.redistribute(mesh, [R])
+        third = a.redistribute(mesh, [R])
+        np.testing.assert_array_equal(first.to_local().numpy(), kept)  # not overwritten
+        np.testing.assert_array_equal(second.to_local().numpy(), -data_a)
+        np.testing.assert_array_equal(third.to_local().numpy(), data_a)
+        live = [p for p in mesh._dim_comms[0].pool.values() if p.request is not None]
+        assert bool(live) == on  # persistent requests, or the blocking fallback
+    finally:
+        rcomm.set_persistent(prev)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_rank_local_cache_clear_keeps_persistent_gathers_matched():
+    mesh = dt.init_device_mesh((WORLD.size,))
+    x, data = _source((8, 8), [S(0)], mesh)
+    for i in range(4):
+        if WORLD.rank == 0 and i % 2:
+            dt.clear_caches()  # on one rank only
+        np.testing.assert_array_equal(x.redistribute(mesh, [R]).to_local().numpy(), data)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_persistent_and_blocking_agree_when_switched_together():
+    mesh = dt.init_device_mesh((WORLD.size,))
+    x, data = _source((5, 3), [S(0)], mesh)
+    prev = rcomm.set_persistent(False)
+    try:
+        np.testing.assert_array_equal(x.redistribute(mesh, [R]).to_local().numpy(), data)
+    finally:
+        rcomm.set_persistent(prev)
+    np.testing.assert_array_equal(x.redistribute(mesh, [R]).to_local().numpy(), data)

@@ -9,8 +9,9 @@ cdef object _DECLINE = object()      # _serve's answer when the Python dispatche
 
 
 cdef inline bint _has_ag(object a):
-    """Whether ``a`` is a DTensor with autograd state (the hook decides the rest)."""
-    return type(a) is _DTensor and (<DTensorBase>a)._ag is not None
+    """Whether ``a`` is a DTensor (a pending one of an async redistribute included) with
+    autograd state (the hook decides the rest)."""
+    return isinstance(a, DTensorBase) and (<DTensorBase>a)._ag is not None
 
 
 cdef bint _any_ag(tuple args, dict kwargs):

@@ -140,6 +140,23 @@ def test_any_use_of_a_pending_dtensor_waits(use):
     assert type(y) is dt.DTensor  # settled: a plain DTensor again
 
 
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("src,dst", [((S(0),), (R,)), ((S(1),), (S(0),)), ((P("sum"),), (R,))])
+def test_gradients_flow_through_an_async_redistribute(src, dst):
+    # a pending DTensor records like a plain one: its ops are differentiated, and the
+    # redistribute's backward takes the gradient back to the input's placements
+    mesh = dt.init_device_mesh((WORLD.size,))
+    a = np.arange(30.0).reshape(6, 5)
+    grads = []
+    for async_op in (False, True):
+        x = dt.distribute_tensor(a, mesh, list(src)).requires_grad_()
+        y = x.redistribute(mesh, list(dst), async_op=async_op)
+        ((y * y).sum() + y.exp().mean()).backward()
+        grads.append((tuple(x.grad.placements), x.grad.full_tensor().numpy()))
+    assert grads[0][0] == grads[1][0]
+    np.testing.assert_array_equal(grads[0][1], grads[1][1])
+
+
 @pytest.mark.mpi(min_size=2)
 def test_dropped_pending_dtensor_leaves_nothing_behind():
     mesh = dt.init_device_mesh((WORLD.size,))

@@ -86,6 +86,51 @@ def test_examples_run(name, n, expect):
     assert expect in out
 
 
+# Small sizes and few steps: each job trains the local reference and every strategy.
+_TRAIN_SIZES = {"train_mlp.py": ["--dim", "8", "--hidden", "16"],
+                "train_transformer.py": ["--dim", "8", "--heads", "2", "--seq", "4",
+                                         "--vocab", "16"]}
+
+
+@pytest.mark.parametrize(
+    ("name", "n", "strategies"),
+    [("train_mlp.py", 4, "dp,tp,2d"), ("train_mlp.py", 2, "dp,tp"),
+     ("train_transformer.py", 4, "dp,tp,2d")],
+)
+def test_training_examples_match_the_local_run(name, n, strategies):
+    out = launch(n, f"launch/examples/{name}", "--strategy", strategies, "--steps", "3",
+                 *_TRAIN_SIZES[name])
+    for s in strategies.split(","):
+        found = re.search(rf"^{s}: max relative loss difference against the local run: "
+                          r"(\S+): losses agree$", out, re.MULTILINE)
+        assert found and float(found.group(1)) <= 1e-4, out
+    assert ("strategy 2d on mesh (2, 2) ('dp', 'tp')" in out) is ("2d" in strategies)
+    assert re.search(r"^step   2: loss \S+ \(local \S+\)$", out, re.MULTILINE)
+
+
+def test_training_example_fails_on_a_loss_mismatch(monkeypatch, capsys):
+    """A distributed loss off by more than the tolerance at one step (a loss above 1, so
+    the difference is relative): exit status 1."""
+    from launch.examples import _training
+
+    real = _training.train
+
+    def off_at_step_1(model, strategy, mesh, steps, **kwargs):
+        losses = real(model, strategy, mesh, steps, **kwargs)
+        return losses if strategy == "local" else [v * (1 + (i == 1) * 1e-3) for i, v in
+                                                   enumerate(losses)]
+
+    monkeypatch.setattr(_training, "train", off_at_step_1)
+    args = _training.parser("t").parse_args(["--strategy", "local,dp", "--steps", "2"])
+    assert _training.main(_training.mlp_model(4, 4, 8), args) == 1
+    out = capsys.readouterr().out
+    assert "local: max relative loss difference against the local run: 0.00e+00" in out
+    assert "dp: max relative loss difference against the local run: 1.00e-03" in out
+    assert "MISMATCH" in out
+    with pytest.raises(SystemExit):
+        _training.parser("t").parse_args(["--strategy", "dp,fsdp"])
+
+
 def test_strategy_sweep_script_writes_json(tmp_path):
     path = tmp_path / "sweep.json"
     out = launch(

@@ -5,6 +5,11 @@ and records its kind, the mesh dim of its communicator, the bytes this rank send
 receives, and the op that caused it: the dispatcher names the op whose inputs it is
 redistributing; collectives outside dispatched ops (``DTensor.redistribute``,
 ``full_tensor``, ``distribute_tensor``, ``from_local``) count under ``"redistribute"``.
+
+Collectives of a backward pass are marked ``phase="backward"`` and attributed to the op
+whose backward node issued them (its formula's ops, and the move of the gradients it makes
+into the leaves' layouts: the all-reduce of a data-parallel weight gradient counts under
+``matmul``); by op they are listed as ``"matmul (backward)"``.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from redistribute import comm as _comm
 
 from ..dispatch import dispatcher as _dispatch
+from ..local import autograd as _ag
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -26,12 +32,20 @@ _OUTSIDE_OPS = "redistribute"
 
 
 class CommRecord(NamedTuple):
-    """One observed collective."""
+    """One observed collective: the op that caused it, its kind, mesh dim and bytes, and
+    the phase (``"forward"``, or ``"backward"``: ``op`` is then the op whose backward
+    issued it)."""
 
     op: str
     kind: str
     mesh_dim: int | None
     nbytes: int
+    phase: str = "forward"
+
+    @property
+    def label(self) -> str:
+        """The op, with `` (backward)`` for a collective of backward."""
+        return self.op if self.phase == "forward" else f"{self.op} (backward)"
 
 
 class CommDebugMode:
@@ -53,9 +67,14 @@ class CommDebugMode:
         self._active = False
 
     def _observe(self, kind: str, nbytes: int, comm: object) -> None:
-        op = _dispatch.current_op() or _OUTSIDE_OPS
+        phase = "forward"
+        op = None
+        if _ag.in_backward():
+            phase = "backward"
+            op = _ag.current_backward()
+        op = op or _dispatch.current_op() or _OUTSIDE_OPS
         mesh_dim = getattr(comm, "mesh_dim", None)
-        self.records.append(CommRecord(op, str(kind), mesh_dim, int(nbytes)))
+        self.records.append(CommRecord(op, str(kind), mesh_dim, int(nbytes), phase))
 
     def __enter__(self) -> Self:
         if self._active:
@@ -79,10 +98,19 @@ class CommDebugMode:
         return dict(Counter(r.kind for r in self.records))
 
     def get_comm_counts_by_op(self) -> dict[str, dict[str, int]]:
-        """Collectives by causing op, then by kind. **Local**."""
+        """Collectives by causing op (``"<op> (backward)"`` for those of its backward), then
+        by kind. **Local**."""
         out: dict[str, dict[str, int]] = {}
         for r in self.records:
-            per = out.setdefault(r.op, {})
+            per = out.setdefault(r.label, {})
+            per[r.kind] = per.get(r.kind, 0) + 1
+        return out
+
+    def get_comm_counts_by_phase(self) -> dict[str, dict[str, int]]:
+        """Collectives by phase (``"forward"``, ``"backward"``), then by kind. **Local**."""
+        out: dict[str, dict[str, int]] = {}
+        for r in self.records:
+            per = out.setdefault(r.phase, {})
             per[r.kind] = per.get(r.kind, 0) + 1
         return out
 
@@ -91,19 +119,21 @@ class CommDebugMode:
         return sum(r.nbytes for r in self.records)
 
     def _groups(self) -> list[dict[str, object]]:
-        """Records grouped by (op, kind, mesh dim), in order of first appearance."""
+        """Records grouped by (op label, kind, mesh dim), in order of first appearance."""
         groups: dict[tuple, dict[str, object]] = {}
         for r in self.records:
             g = groups.setdefault(
-                (r.op, r.kind, r.mesh_dim),
-                {"op": r.op, "kind": r.kind, "mesh_dim": r.mesh_dim, "count": 0, "bytes": 0},
+                (r.label, r.kind, r.mesh_dim),
+                {"op": r.label, "phase": r.phase, "kind": r.kind, "mesh_dim": r.mesh_dim,
+                 "count": 0, "bytes": 0},
             )
             g["count"] += 1
             g["bytes"] += r.nbytes
         return list(groups.values())
 
     def table(self) -> str:
-        """A readable table: one row per (op, collective kind, mesh dim). **Local**."""
+        """A readable table: one row per (op, collective kind, mesh dim); the op of a
+        backward collective reads ``"<op> (backward)"``. **Local**."""
         rows = [("op", "collective", "mesh dim", "count", "bytes")]
         for g in self._groups():
             md = "-" if g["mesh_dim"] is None else str(g["mesh_dim"])
@@ -117,13 +147,15 @@ class CommDebugMode:
         return "\n".join(lines)
 
     def to_json(self) -> str:
-        """The counts as a JSON document (totals, by kind, by op, grouped rows). **Local**."""
+        """The counts as a JSON document (totals, by kind, by op, by phase, grouped rows).
+        **Local**."""
         return json.dumps(
             {
                 "total_counts": self.get_total_counts(),
                 "total_bytes": self.get_total_bytes(),
                 "by_kind": self.get_comm_counts(),
                 "by_op": self.get_comm_counts_by_op(),
+                "by_phase": self.get_comm_counts_by_phase(),
                 "rows": self._groups(),
             }
         )

@@ -246,6 +246,26 @@ def test_size_sweep_times_every_op_size_placement_and_library(n, torch, sizes, t
         assert png.stat().st_size > 0
 
 
+def test_train_step_benchmark_compares_a_step_with_torch_dtensor(tmp_path):
+    path = tmp_path / "train_step.json"
+    out = launch(2, "launch/bench/train_step.py", "--sizes", "8", "--budget", "0.001",
+                 "--repeat", "2", "--out", str(path))
+    doc = json.loads(path.read_text())
+    assert doc["ranks"] == 2 and doc["torch"] is (importlib.util.find_spec("torch") is not None)
+    (row,) = doc["results"]
+    assert (row["n"], row["batch"]) == (8, 8)
+    for key in ("ours_step_us", "ours_forward_us", "ours_forward_grad_us"):
+        assert row[key] > 0, key
+    if doc["torch"]:
+        assert row["torch_step_us"] > 0 and row["torch_forward_us"] > 0
+        assert row["speedup"] == round(row["torch_step_us"] / row["ours_step_us"], 2)
+        assert doc["speedup_met"] is (row["speedup"] >= doc["target_speedup"])
+        assert abs(row["loss_ours"] - row["loss_torch"]) < 1e-5  # the same model and data
+    assert {"add", "relu", "mm_S0_R"} <= set(doc["small_ops"])
+    assert all(s["before_us"] > 0 and s["after_us"] > 0 for s in doc["small_ops"].values())
+    assert re.search(r"^\| 8 \| [\d.]+ \| ", out, re.MULTILINE)
+
+
 def test_size_sweep_command_line():
     args = size_sweep.parse_args(["--ops", "add,redistribute", "--placements", "R"])
     assert args.ops == ("add", "redistribute") and args.placements == ("R",)

@@ -108,6 +108,7 @@ def test_training_examples_match_the_local_run(name, n, strategies):
     assert re.search(r"^step   2: loss \S+ \(local \S+\)$", out, re.MULTILINE)
 
 
+@pytest.mark.mode_independent  # the check of the losses, not how they were computed
 def test_training_example_fails_on_a_loss_mismatch(monkeypatch, capsys):
     """A distributed loss off by more than the tolerance at one step (a loss above 1, so
     the difference is relative): exit status 1."""
@@ -246,6 +247,7 @@ def test_size_sweep_times_every_op_size_placement_and_library(n, torch, sizes, t
         assert png.stat().st_size > 0
 
 
+@pytest.mark.mode_independent  # the benchmark's report; either path serves its ops
 def test_train_step_benchmark_compares_a_step_with_torch_dtensor(tmp_path):
     path = tmp_path / "train_step.json"
     out = launch(2, "launch/bench/train_step.py", "--sizes", "8", "--budget", "0.001",

@@ -166,6 +166,8 @@ class Explanation:
             parts.append(
                 f"traced (the function ran once): {len(self.ops)} dispatched ops, "
                 f"{len(self.collectives())} collectives planned for their inputs"
+                + (f" ({sum(o.phase == 'backward' for o in self.ops)} ops and gradient moves "
+                   "of backward)" if any(o.phase == "backward" for o in self.ops) else "")
             )
         parts += [o.text() for o in self.ops]
         return "\n".join(parts)

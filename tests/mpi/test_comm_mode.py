@@ -198,6 +198,7 @@ def test_backward_collectives_are_attributed_to_the_op_whose_backward_issued_the
     assert [(o.op, o.backward_of) for o in moves] == [("redistribute", "matmul")]
     assert [c.kind for c in moves[0].collectives] == ["all_reduce"]
     assert "[backward of matmul]" in str(expl)
+    assert f"({len(backward)} ops and gradient moves of backward)" in str(expl)
     np.testing.assert_allclose(w.grad.full_tensor().numpy(), mode_free_grad(x, w), rtol=1e-5)
 
 

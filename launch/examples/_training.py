@@ -8,7 +8,8 @@ so that one function runs on local tensors and on DTensors. Strategies:
 - ``dp``: data parallel on a 1-D mesh of all ranks: the batch sharded, parameters
   replicated (the gradients of the replicated weights are all-reduced in backward);
 - ``tp``: tensor parallel on a 1-D mesh (Megatron): the first matmul of a pair
-  column-sharded, the second row-sharded, the batch replicated;
+  column-sharded, the second row-sharded, the batch replicated; the row-parallel output's
+  partial sum is all-reduced (:func:`reduced`);
 - ``2d``: DP x TP on a ``(n/2, 2)`` mesh (``(2, 2)`` on 4 ranks; ``(n, 1)`` for odd n).
 
 :func:`train` runs N steps (zero_grad, forward, backward, optimizer step) and returns the
@@ -38,6 +39,7 @@ __all__ = [
     "mesh_for",
     "mlp_model",
     "place",
+    "reduced",
     "train",
     "transformer_model",
 ]
@@ -89,6 +91,15 @@ class TrainModel:
 
 
 # -- the models ----------------------------------------------------------------------------------
+def reduced(t: Any) -> Any:
+    """A DTensor with a Partial placement reduced to Replicate there (Megatron's all-reduce
+    after a row-parallel matmul; its backward moves nothing: the gradient of a Partial
+    input is Replicate); anything else as it is. **Collective** for a Partial DTensor."""
+    if not isinstance(t, dt.DTensor) or not any(p.is_partial() for p in t.placements):
+        return t
+    return t.redistribute(t.device_mesh, [R if p.is_partial() else p for p in t.placements])
+
+
 def mlp_model(batch: int = 16, dim: int = 32, hidden: int = 64, seed: int = 0) -> TrainModel:
     """A two-layer MLP regressing a fixed random target: ``mean((relu(x @ w1 + b1) @ w2 + b2
     - y)^2)``; TP shards ``w1``/``b1`` by columns, ``w2`` by rows. **Local**."""
@@ -101,7 +112,7 @@ def mlp_model(batch: int = 16, dim: int = 32, hidden: int = 64, seed: int = 0) -
 
     def loss(p: Mapping[str, Any], b: Mapping[str, Any]) -> Any:
         h = (b["x"] @ p["w1"] + p["b1"]).relu()
-        return ((h @ p["w2"] + p["b2"]) - b["y"]).square().mean()
+        return ((reduced(h @ p["w2"]) + p["b2"]) - b["y"]).square().mean()
 
     tp = {"w1": S(1), "b1": S(0), "w2": S(0), "b2": R}
     return TrainModel("mlp", shapes, tp, make_batch, loss, seed)
@@ -134,9 +145,9 @@ def transformer_model(batch: int = 4, seq: int = 8, dim: int = 32, heads: int = 
         q, k, v = h @ p["wq"], h @ p["wk"], h @ p["wv"]  # (batch, heads, seq, dh)
         scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(dh)) + b["mask"]
         att = dt.softmax(scores, dim=-1) @ v
-        x = x + (att @ p["wo"]).sum(dim=1)  # the heads' projections summed
+        x = x + reduced((att @ p["wo"]).sum(dim=1))  # the heads' projections summed
         h = dt.layer_norm(x, (dim,), p["ln2.g"], p["ln2.b"])
-        x = x + dt.gelu(h @ p["w1"]) @ p["w2"]
+        x = x + reduced(dt.gelu(h @ p["w1"]) @ p["w2"])
         logits = dt.layer_norm(x, (dim,), p["lnf.g"], p["lnf.b"]) @ p["head"]
         return dt.cross_entropy(logits.reshape(-1, vocab), b["targets"])
 

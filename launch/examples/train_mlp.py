@@ -4,7 +4,7 @@ A two-layer MLP (``relu(x @ w1 + b1) @ w2 + b2``, mean squared error against a f
 random map) trained for ``--steps`` steps (50) with an optimizer of ``dt.optim``
 (``--optimizer``, Adam by default) under ``--strategy``: ``dp`` (batch sharded, weights
 replicated: the weight gradients are all-reduced in backward), ``tp`` (Megatron: ``w1``
-column-, ``w2`` row-sharded; one all-reduce in forward and one in backward), ``2d`` (DP x
+column-, ``w2`` row-sharded; one all-reduce in forward, none in backward), ``2d`` (DP x
 TP on a 2x2 mesh at 4 ranks) or ``local`` (plain tensors in one process). Every rank also
 trains the local model from the same seed; the script prints both losses and their largest
 difference and exits 1 when a step's loss differs by more than ``--rtol`` (float32).

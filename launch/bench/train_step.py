@@ -6,7 +6,8 @@ b2``, mean squared error) with ``dim = hidden = N`` for each ``N`` of ``--sizes`
 batch of ``--batch`` rows, laid out tensor-parallel on a 1-D mesh of all ranks (``w1``/``b1``
 column-, ``w2`` row-sharded, the batch replicated) and trained with SGD (momentum 0.9). The
 same model runs on PyTorch's DTensor over a gloo group in the same job, from the same
-initial values. Per size, worst-rank medians in microseconds:
+initial values; the samples of both are taken in turns. Per size, worst-rank medians in
+microseconds:
 
 - ``ours_step_us`` / ``torch_step_us``: one step (zero_grad, forward, backward, optimizer
   step) and their ratio ``speedup`` (target: at least 3);
@@ -39,6 +40,7 @@ from mpi4py import MPI
 
 import dtensor as dt
 from launch.bench._common import (
+    agreed_number,
     bench_args,
     emit,
     environment,
@@ -46,7 +48,6 @@ from launch.bench._common import (
     ratio,
     torch_process_group,
     worst_rank,
-    worst_rank_median_us,
 )
 from launch.bench.small_ops import _cases as small_op_cases
 from launch.examples._training import TrainModel, make_optimizer, mlp_model, place
@@ -106,6 +107,27 @@ def _torch(model: TrainModel, tmesh: Any) -> dict[str, Callable[[], Any]]:
     return {"step": step, "forward": forward}
 
 
+def _interleaved(fns: Mapping[str, Callable[[], Any]], comm: MPI.Comm,
+                 budget_s: float) -> dict[str, float]:
+    """Worst-rank median microseconds per call of each of ``fns``, their samples taken in
+    turns (one sample of each per round), so that a change of the machine's load falls on
+    all alike. The calls per sample are agreed across ranks per function; the rounds are
+    what fits in ``budget_s`` per function (3 to 15). **Collective**."""
+    plan = {}
+    for name, fn in fns.items():
+        fn()
+        comm.Barrier()
+        plan[name] = agreed_number(fn, comm, 0.002)
+    rounds = min(max(int(budget_s / max(s for _, s in plan.values())), 3), 15)
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            comm.Barrier()
+            samples[name] += per_call_us(fn, repeat=1, number=plan[name][0], warmup=0)
+    return {name: round(worst_rank(statistics.median(v), comm), 2)
+            for name, v in samples.items()}
+
+
 def _small_ops(mesh: dt.DeviceMesh, repeat: int, comm: MPI.Comm) -> dict[str, tuple]:
     """Worst-rank (median, fastest sample) microseconds of every small-op case (no tensor
     requires grad)."""
@@ -141,14 +163,11 @@ def run(args: Any) -> dict[str, Any]:
         theirs = _torch(model, tmesh) if tmesh is not None else None
         if theirs is not None:
             row["loss_torch"] = _loss(theirs["step"]())
-        for key, fn in (("step", ours["step"]), ("forward", ours["forward"]),
-                        ("forward_grad", ours["forward_grad"])):
-            row[f"ours_{key}_us"] = round(worst_rank_median_us(fn, comm,
-                                                               budget_s=args.budget)[0], 2)
+        fns = {f"ours_{k}_us": f for k, f in ours.items()}
         if theirs is not None:
-            for key in ("step", "forward"):
-                row[f"torch_{key}_us"] = round(
-                    worst_rank_median_us(theirs[key], comm, budget_s=args.budget)[0], 2)
+            fns.update({f"torch_{k}_us": f for k, f in theirs.items()})
+        row.update(_interleaved(fns, comm, args.budget))
+        if theirs is not None:
             row["speedup"] = ratio(row["torch_step_us"], row["ours_step_us"])
             row["forward_speedup"] = ratio(row["torch_forward_us"], row["ours_forward_us"])
         results.append(row)

@@ -124,5 +124,7 @@ def test_training_sweep_reports_phases_and_matches_local(tmp_path):
         tp = results["tp"]["comm"]
         assert tp["forward"] == {"all_reduce": {"count": 1, "bytes": 8 * 16 * 4}}
         assert tp["backward"] == {}
+        # clip_grad_norm_: one scalar (float64) reduction per sharded gradient, no gather
+        assert tp["optimizer"] == {"all_reduce": {"count": 3, "bytes": 3 * 8}}
     else:
         assert all(r["comm_count"] == {p: 0 for p in phases} for r in results.values())

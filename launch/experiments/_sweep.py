@@ -25,7 +25,9 @@ training models of :mod:`launch.examples._training` under their strategies (``lo
   optimizer phase includes ``clip_grad_norm_``'s all-reduce of the norm);
 - ``predicted_comm_us``: per phase, the cost model's prediction of the collectives that
   :func:`dtensor.debug.explain` traces for the forward and the backward (dispatched ops'
-  inputs and gradient moves); the optimizer's norm reduction is not modelled (None);
+  inputs and backward's gradient moves); explicit redistributes of the forward (TP's
+  all-reduce after the row-parallel matmul) are outside explain's trace and not priced,
+  nor is the optimizer phase's norm reduction (None);
 - ``peak_bytes``: peak allocated bytes per rank during one step (allocator stats);
 - ``loss_error``: the first step's loss against the same step on local tensors.
 """
@@ -453,7 +455,8 @@ def format_train_table(results: Sequence[Mapping[str, Any]]) -> str:
     lines.append(
         "us: median per step and per phase, slowest rank; collectives and bytes: this rank, "
         "per phase (opt: clip_grad_norm_ + the optimizer step); model us: the cost model's "
-        "prediction of the forward's and the backward's collectives; peak KiB: largest over "
+        "prediction of the collectives explain traces in forward and backward (dispatched "
+        "ops' inputs, gradient moves; not explicit redistributes); peak KiB: largest over "
         "ranks"
     )
     return "\n".join(lines)

@@ -7,6 +7,11 @@ redistributing; collectives outside dispatched ops (``DTensor.redistribute``,
 ``full_tensor``, ``distribute_tensor``, ``from_local``) count under ``"redistribute"``.
 Collectives of an asynchronous redistribute (``redistribute(..., async_op=True)``, which
 runs on the private duplicate of a mesh communicator) are marked ``async_op``.
+
+Collectives of a backward pass are marked ``phase="backward"`` and attributed to the op
+whose backward node issued them (its formula's ops, and the move of the gradients it makes
+into the leaves' layouts: the all-reduce of a data-parallel weight gradient counts under
+``matmul``); by op they are listed as ``"matmul (backward)"``.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from redistribute import comm as _comm
 
 from ..dispatch import dispatcher as _dispatch
+from ..local import autograd as _ag
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -28,13 +34,21 @@ _OUTSIDE_OPS = "redistribute"
 
 
 class CommRecord(NamedTuple):
-    """One observed collective."""
+    """One observed collective: the op that caused it, its kind, mesh dim and bytes, and
+    the phase (``"forward"``, or ``"backward"``: ``op`` is then the op whose backward
+    issued it)."""
 
     op: str
     kind: str
     mesh_dim: int | None
     nbytes: int
     async_op: bool = False
+    phase: str = "forward"
+
+    @property
+    def label(self) -> str:
+        """The op, with `` (backward)`` for a collective of backward."""
+        return self.op if self.phase == "forward" else f"{self.op} (backward)"
 
 
 class CommDebugMode:
@@ -56,10 +70,15 @@ class CommDebugMode:
         self._active = False
 
     def _observe(self, kind: str, nbytes: int, comm: object) -> None:
-        op = _dispatch.current_op() or _OUTSIDE_OPS
+        phase = "forward"
+        op = None
+        if _ag.in_backward():
+            phase = "backward"
+            op = _ag.current_backward()
+        op = op or _dispatch.current_op() or _OUTSIDE_OPS
         mesh_dim = getattr(comm, "mesh_dim", None)
         is_async = bool(getattr(comm, "async_op", False))
-        self.records.append(CommRecord(op, str(kind), mesh_dim, int(nbytes), is_async))
+        self.records.append(CommRecord(op, str(kind), mesh_dim, int(nbytes), is_async, phase))
 
     def __enter__(self) -> Self:
         if self._active:
@@ -83,10 +102,19 @@ class CommDebugMode:
         return dict(Counter(r.kind for r in self.records))
 
     def get_comm_counts_by_op(self) -> dict[str, dict[str, int]]:
-        """Collectives by causing op, then by kind. **Local**."""
+        """Collectives by causing op (``"<op> (backward)"`` for those of its backward), then
+        by kind. **Local**."""
         out: dict[str, dict[str, int]] = {}
         for r in self.records:
-            per = out.setdefault(r.op, {})
+            per = out.setdefault(r.label, {})
+            per[r.kind] = per.get(r.kind, 0) + 1
+        return out
+
+    def get_comm_counts_by_phase(self) -> dict[str, dict[str, int]]:
+        """Collectives by phase (``"forward"``, ``"backward"``), then by kind. **Local**."""
+        out: dict[str, dict[str, int]] = {}
+        for r in self.records:
+            per = out.setdefault(r.phase, {})
             per[r.kind] = per.get(r.kind, 0) + 1
         return out
 
@@ -99,21 +127,23 @@ class CommDebugMode:
         return sum(r.async_op for r in self.records)
 
     def _groups(self) -> list[dict[str, object]]:
-        """Records grouped by (op, kind, mesh dim, async), in order of first appearance; the
-        kind of asynchronous ones reads ``"<kind> (async)"``."""
+        """Records grouped by (op label, kind, mesh dim, async), in order of first
+        appearance; the kind of asynchronous ones reads ``"<kind> (async)"``."""
         groups: dict[tuple, dict[str, object]] = {}
         for r in self.records:
             kind = f"{r.kind} (async)" if r.async_op else r.kind
             g = groups.setdefault(
-                (r.op, kind, r.mesh_dim),
-                {"op": r.op, "kind": kind, "mesh_dim": r.mesh_dim, "count": 0, "bytes": 0},
+                (r.label, kind, r.mesh_dim),
+                {"op": r.label, "phase": r.phase, "kind": kind, "mesh_dim": r.mesh_dim,
+                 "count": 0, "bytes": 0},
             )
             g["count"] += 1
             g["bytes"] += r.nbytes
         return list(groups.values())
 
     def table(self) -> str:
-        """A readable table: one row per (op, collective kind, mesh dim). **Local**."""
+        """A readable table: one row per (op, collective kind, mesh dim); the op of a
+        backward collective reads ``"<op> (backward)"``. **Local**."""
         rows = [("op", "collective", "mesh dim", "count", "bytes")]
         for g in self._groups():
             md = "-" if g["mesh_dim"] is None else str(g["mesh_dim"])
@@ -127,7 +157,8 @@ class CommDebugMode:
         return "\n".join(lines)
 
     def to_json(self) -> str:
-        """The counts as a JSON document (totals, by kind, by op, grouped rows). **Local**."""
+        """The counts as a JSON document (totals, by kind, by op, by phase, grouped rows).
+        **Local**."""
         return json.dumps(
             {
                 "total_counts": self.get_total_counts(),
@@ -135,6 +166,7 @@ class CommDebugMode:
                 "async_counts": self.get_async_counts(),
                 "by_kind": self.get_comm_counts(),
                 "by_op": self.get_comm_counts_by_op(),
+                "by_phase": self.get_comm_counts_by_phase(),
                 "rows": self._groups(),
             }
         )

@@ -4,7 +4,10 @@ This module owns :func:`explain` and its result types. For one table op it runs 
 dispatcher's own decision (sharding rule -> cost model -> cheapest strategy -> stored
 redistribute plans) on metadata only, without running the op; it also prices every valid
 candidate strategy so the choice can be checked. For a function of DTensors it runs the
-function once while recording each dispatched op's decision. For ``explain(x,
+function once while recording each dispatched op's decision; when the function runs a
+backward pass, the ops its formulas dispatch and the moves of gradients back to the
+inputs' and leaves' placements are recorded too, marked as backward of the op whose node
+ran them. For ``explain(x,
 placements)`` it renders the redistribute plan (:func:`redistribute.explain.explain_plan`).
 """
 
@@ -14,7 +17,7 @@ import difflib
 import itertools
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from placements.errors import DTypeError, NoRuleError, SignatureError
 from placements.rules import OpSchema, nd_valid
@@ -26,7 +29,8 @@ from redistribute.explain import explain_plan, format_seconds
 from redistribute.plan import plan, redistribute_cost
 
 from ..dispatch import dispatcher as _dispatch
-from ..distributed.dtensor import DTensor
+from ..distributed.dtensor import DTensor, add_grad_move_listener, remove_grad_move_listener
+from ..local import autograd as _ag
 from ..ops.table import OPS, OpInfo
 
 __all__ = ["Collective", "Explanation", "OpExplanation", "explain"]
@@ -56,7 +60,11 @@ class Collective:
 
 @dataclass(frozen=True)
 class OpExplanation:
-    """The decision for one op call: inputs, chosen strategy, candidates, collectives."""
+    """The decision for one op call: inputs, chosen strategy, candidates, collectives.
+
+    ``phase`` is ``"backward"`` for an op dispatched (or a gradient moved, op
+    ``"redistribute"``) by a backward pass; ``backward_of`` then names the op whose
+    backward node ran it (None for the roots' own gradients)."""
 
     op: str
     inputs: tuple[str, ...]
@@ -68,12 +76,16 @@ class OpExplanation:
     plans: tuple[str, ...]
     collectives: tuple[Collective, ...]
     cache: str | None = None
+    phase: str = "forward"
+    backward_of: str | None = None
 
     def text(self) -> str:
         """The decision as indented lines. **Local**."""
         head = f"{self.op}({', '.join(self.inputs)})"
         if self.cache is not None:
             head += f"  [propagation cache {self.cache}]"
+        if self.phase == "backward":
+            head += f"  [backward of {self.backward_of or 'the roots'}]"
         ins = ", ".join("-" if p is None else p for p in self.input_placements)
         lines = [
             head,
@@ -154,6 +166,8 @@ class Explanation:
             parts.append(
                 f"traced (the function ran once): {len(self.ops)} dispatched ops, "
                 f"{len(self.collectives())} collectives planned for their inputs"
+                + (f" ({sum(o.phase == 'backward' for o in self.ops)} ops and gradient moves "
+                   "of backward)" if any(o.phase == "backward" for o in self.ops) else "")
             )
         parts += [o.text() for o in self.ops]
         return "\n".join(parts)
@@ -292,17 +306,45 @@ def _explain_op(info: OpInfo, args: tuple, kwargs: dict, top: int) -> Explanatio
     return Explanation(ops=[_explain_entry(info, entry, values, mesh, None, top)])
 
 
+def _phase(e: OpExplanation) -> OpExplanation:
+    """``e`` marked as backward when a backward pass runs now."""
+    if not _ag.in_backward():
+        return e
+    return replace(e, phase="backward", backward_of=_ag.current_backward())
+
+
+def _grad_move(g: DTensor, target: tuple) -> OpExplanation:
+    """A gradient's move in backward, as an op entry ``redistribute``."""
+    spec = g._spec
+    steps = plan(spec, target)
+    text = explain_plan(spec, target)
+    collectives = tuple(_plan_steps("redistribute", 0, spec, steps))
+    src, dst = placement_list(spec.placements), placement_list(target)
+    return OpExplanation(
+        op="redistribute", inputs=(_describe(g),), input_placements=(src,),
+        output_placements=(dst,), cost_s=float(sum(c.seconds for c in collectives)),
+        candidates=(), candidates_total=0, plans=(text,) if steps else (),
+        collectives=collectives,
+    )
+
+
 def _trace(fn: Callable, args: tuple, kwargs: dict, top: int) -> Explanation:
     ops: list[OpExplanation] = []
 
     def record(entry: _dispatch.CacheEntry, miss: bool, values: list, mesh: object) -> None:
         info = OPS[entry.name]
-        ops.append(_explain_entry(info, entry, values, mesh, "miss" if miss else "hit", top))
+        e = _explain_entry(info, entry, values, mesh, "miss" if miss else "hit", top)
+        ops.append(_phase(e))
+
+    def moved(g: DTensor, target: tuple) -> None:
+        ops.append(_phase(_grad_move(g, target)))
 
     _dispatch.add_listener(record)
+    add_grad_move_listener(moved)
     try:
         result = fn(*args, **kwargs)
     finally:
+        remove_grad_move_listener(moved)
         _dispatch.remove_listener(record)
     return Explanation(ops=ops, traced=True, result=result)
 
@@ -327,8 +369,12 @@ def explain(op: object, *args: object, top: int = 6, **kwargs: object) -> Explan
     - ``explain(fn, *args, **kwargs)`` for any other callable (a function of DTensors):
       *runs* ``fn(*args, **kwargs)`` once and records each dispatched op's decision as
       above, marking propagation-cache hits and misses; the return value is in
-      ``.result``. **Collective** (it runs the function). Collectives that are not inputs
-      of a dispatched op (an explicit ``redistribute``, ``full_tensor``) are not listed;
+      ``.result``. **Collective** (it runs the function). A backward pass inside the
+      function is traced too: the ops its formulas dispatch and the moves of gradients
+      back to inputs' and leaves' placements (op ``redistribute``), each marked
+      ``phase="backward"`` with the op whose backward ran it (``backward_of``). Other
+      collectives that are not inputs of a dispatched op (an explicit ``redistribute``,
+      ``full_tensor``) are not listed;
       ops served by the compiled fast path without entering the Python dispatcher are not
       seen (set ``DTENSOR_FASTPATH=0`` to see every op).
 

@@ -8,7 +8,7 @@ the mesh's communicators); ops on DTensors are served by the dispatcher.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -17,6 +17,7 @@ from placements import Partial, Placement, Replicate, Shard
 from placements.cache import LRUCache
 from placements.errors import (
     AutogradError,
+    ConfigError,
     DTypeError,
     MeshError,
     PlacementError,
@@ -39,7 +40,13 @@ from ..local.strides import contiguous_strides
 from ..local.tensor import Tensor, _norm_dim, _wrap
 from .mesh import DeviceMesh, init_device_mesh
 
-__all__ = ["DTensor", "allocator_for", "distribute_tensor"]
+__all__ = [
+    "DTensor",
+    "add_grad_move_listener",
+    "allocator_for",
+    "distribute_tensor",
+    "remove_grad_move_listener",
+]
 
 
 def allocator_for(device: str):
@@ -434,14 +441,39 @@ def _to_local_backward(node: _ag.Node, grads: list) -> tuple:
     return (DTensor._make(g, spec),)
 
 
+# Listeners of the gradient moves of backward (dtensor.debug.explain's trace), called as
+# fn(gradient, target placements) before a move that changes the placements.
+_grad_move_listeners: list = []
+
+
+def add_grad_move_listener(fn: Callable[[DTensor, tuple], None]) -> None:
+    """Call ``fn(gradient, placements)`` before backward redistributes a gradient (back to
+    an input's placements: redistribute's, from_local's and a leaf's layout). **Local**."""
+    _grad_move_listeners.append(fn)
+
+
+def remove_grad_move_listener(fn: Callable[[DTensor, tuple], None]) -> None:
+    """Stop calling ``fn`` (added with :func:`add_grad_move_listener`). **Local**."""
+    try:
+        _grad_move_listeners.remove(fn)
+    except ValueError:
+        raise ConfigError(f"remove_grad_move_listener: {fn!r} is not registered") from None
+
+
+def _move_grad(g: DTensor, target: tuple) -> DTensor:
+    """``g`` redistributed to ``target`` in backward. **Collective** when it moves."""
+    if _grad_move_listeners and g._spec.placements != target:
+        for fn in tuple(_grad_move_listeners):
+            fn(g, target)
+    return g.redistribute(g.device_mesh, target)
+
+
 def _from_local_backward(node: _ag.Node, grads: list) -> tuple:
-    g = grads[0]
-    return (g.redistribute(g.device_mesh, node.ctx).to_local(),)
+    return (_move_grad(grads[0], node.ctx).to_local(),)
 
 
 def _redistribute_backward(node: _ag.Node, grads: list) -> tuple:
-    g = grads[0]
-    return (g.redistribute(g.device_mesh, node.ctx),)
+    return (_move_grad(grads[0], node.ctx),)
 
 
 def record_redistribute(x: DTensor, out: DTensor) -> None:
@@ -457,7 +489,7 @@ def _leaf_layout(g: object, spec: DTensorSpec) -> object:
     if not isinstance(g, DTensor):
         return g
     target = _grad_target(spec.placements)
-    return g if g._spec.placements == target else g.redistribute(spec.mesh, target)
+    return g if g._spec.placements == target else _move_grad(g, target)
 
 
 _ag.install_api(DTensor)

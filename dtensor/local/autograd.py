@@ -21,6 +21,11 @@ the memory it writes (:func:`bump_version`, keyed by the array that owns the mem
 every view of it shares one counter); a node records the versions of what it saves and a
 backward through it after a change raises, as in PyTorch.
 
+While :func:`run_backward` walks the graph, :func:`in_backward` is true and
+:func:`current_backward` names the op whose node runs (its formula, the summing of the
+gradients it produces and their accumulation into leaves): the debug tools attribute the
+collectives of backward to that op.
+
 Process-wide switch: autograd is *active* from the first time a tensor requires grad
 (:func:`activate`); until then the installed variants do not look at it at all.
 """
@@ -40,9 +45,11 @@ __all__ = [
     "activate",
     "backward",
     "bump_version",
+    "current_backward",
     "edge_of",
     "enable_grad",
     "grad",
+    "in_backward",
     "install_api",
     "is_grad_enabled",
     "make_leaf",
@@ -353,6 +360,32 @@ def _accumulate(meta: AutogradMeta, g: object) -> None:
 
 
 # -- the walk ---------------------------------------------------------------------------------------
+class _Walk:
+    """Where a backward pass is: ``active`` while one runs, ``op`` the op whose node runs
+    (None between nodes)."""
+
+    __slots__ = ("active", "op")
+
+    def __init__(self) -> None:
+        self.active = False
+        self.op: str | None = None
+
+
+_WALK = _Walk()
+
+
+def in_backward() -> bool:
+    """Whether a backward pass is running now. **Local**."""
+    return _WALK.active
+
+
+def current_backward() -> str | None:
+    """The op whose backward node runs now (its formula, the summing of its gradients and
+    their accumulation into leaves), or None (outside backward, or between nodes: the
+    accumulation of the roots' own gradients). **Local**."""
+    return _WALK.op
+
+
 def _root(t: object, i: int, op: str) -> tuple:
     meta = t._ag
     if meta is None or not meta.requires_grad:
@@ -388,6 +421,28 @@ def run_backward(tensors: Sequence, grad_tensors: Sequence, retain_graph: bool,
     With ``inputs``: returns their gradients (None where unused and ``allow_unused``)
     and touches no ``.grad``.
     """
+    walk = _WALK
+    prev = walk.active, walk.op
+    walk.active, walk.op = True, None
+    try:
+        results = _walk(tensors, grad_tensors, retain_graph, inputs, op)
+    finally:
+        walk.active, walk.op = prev
+    if inputs is None:
+        return None
+    for j, r in enumerate(results):
+        if r is None and not allow_unused:
+            raise AutogradError(
+                f"{op}: One of the differentiated Tensors (input {j}) appears to not have been "
+                "used in the graph. Set allow_unused=True if this is the desired behavior."
+            )
+    return results
+
+
+def _walk(tensors: Sequence, grad_tensors: Sequence, retain_graph: bool,
+          inputs: Sequence | None, op: str) -> list:
+    """:func:`run_backward`'s walk; the gradients of ``inputs`` (empty without)."""
+    walk = _WALK
     with no_grad():
         roots = []
         for i, (t, g) in enumerate(zip(tensors, grad_tensors)):
@@ -440,6 +495,7 @@ def run_backward(tensors: Sequence, grad_tensors: Sequence, retain_graph: bool,
         while ready:
             node = ready.pop()
             grads = buffers.pop(node)
+            walk.op = node.op
             for nr, g in enumerate(grads):
                 js = capture.get((id(node), nr))
                 if js is not None and g is not None:
@@ -466,17 +522,10 @@ def run_backward(tensors: Sequence, grad_tensors: Sequence, retain_graph: bool,
                         ready.append(target)
                 elif g is not None:
                     to_leaf(e, g)
+            walk.op = None
         if not retain_graph:
             for node in done:
                 node.release()
-    if inputs is None:
-        return None
-    for j, r in enumerate(results):
-        if r is None and not allow_unused:
-            raise AutogradError(
-                f"{op}: One of the differentiated Tensors (input {j}) appears to not have been "
-                "used in the graph. Set allow_unused=True if this is the desired behavior."
-            )
     return results
 
 

@@ -21,11 +21,19 @@ __all__ = ["clip_grad_norm_", "get_total_norm"]
 
 def _norm_of(g: Any, norm_type: float) -> float:
     """The ``norm_type``-norm of the whole (global) gradient ``g``, as a python float on
-    every rank (**Collective** for a DTensor over its mesh)."""
-    n = g.detach().abs().amax() if math.isinf(norm_type) else g.detach().norm(norm_type)
-    if isinstance(n, DTensor):
-        n = n.full_tensor()
-    return float(n.numpy())
+    every rank (**Collective** for a DTensor over its mesh).
+
+    A DTensor's norm is reduced from its shards' (the sum of ``|g|^p`` or the largest
+    ``|g|``: one reduction of a scalar, whatever the placements; a norm of the sharded
+    tensor would gather it)."""
+    a = g.detach().abs()
+    if not isinstance(g, DTensor):
+        n = a.amax() if math.isinf(norm_type) else g.detach().norm(norm_type)
+        return float(n.numpy())
+    if math.isinf(norm_type):
+        return float(a.amax().full_tensor().numpy())
+    s = (a * a if norm_type == 2 else a ** norm_type).sum(dtype=np.float64)
+    return float(s.full_tensor().numpy()) ** (1.0 / norm_type)
 
 
 def get_total_norm(tensors: Iterable[Any] | Any, norm_type: float = 2.0,

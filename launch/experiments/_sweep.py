@@ -14,6 +14,22 @@ runs every strategy on the real job and reports per strategy:
   put beside the measurement;
 - ``peak_bytes``: peak allocated bytes per rank during one forward (allocator stats);
 - ``max_error``: the largest absolute difference from numpy on the same global data.
+
+:func:`run_train_sweep` measures training steps (forward + backward + optimizer) of the
+training models of :mod:`launch.examples._training` under their strategies (``local``,
+``dp``, ``tp``, ``2d``) and reports per strategy:
+
+- ``step_us`` and ``phase_us`` (forward, backward, optimizer): medians on the slowest rank
+  (each sample starts after a barrier);
+- ``comm``: per phase, collectives and bytes by kind (CommDebugMode, this rank; the
+  optimizer phase includes ``clip_grad_norm_``'s all-reduce of the norm);
+- ``predicted_comm_us``: per phase, the cost model's prediction of the collectives that
+  :func:`dtensor.debug.explain` traces for the forward and the backward (dispatched ops'
+  inputs and backward's gradient moves); explicit redistributes of the forward (TP's
+  all-reduce after the row-parallel matmul) are outside explain's trace and not priced,
+  nor is the optimizer phase's norm reduction (None);
+- ``peak_bytes``: peak allocated bytes per rank during one step (allocator stats);
+- ``loss_error``: the first step's loss against the same step on local tensors.
 """
 
 from __future__ import annotations
@@ -31,14 +47,17 @@ from mpi4py import MPI
 
 import dtensor as dt
 from dtensor.debug import explain
+from launch.examples._training import TrainModel, make_optimizer, mesh_for, place
 
 __all__ = [
     "Model",
     "all_strategies",
     "attention_block",
     "format_table",
+    "format_train_table",
     "mlp_block",
     "run_sweep",
+    "run_train_sweep",
     "save_png",
     "standard_strategies",
 ]
@@ -307,3 +326,137 @@ def save_png(results: Sequence[Mapping[str, Any]], path: str) -> bool:
     fig.savefig(path, bbox_inches="tight")
     plt.close(fig)
     return True
+
+
+# -- training steps -------------------------------------------------------------------------------
+PHASES = ("forward", "backward", "optimizer")
+
+
+class _Step:
+    """One training step of a model under a strategy, split into its phases."""
+
+    def __init__(self, model: TrainModel, strategy: str, mesh: dt.DeviceMesh | None,
+                 optimizer: str, clip: float) -> None:
+        self.model = model
+        self.params = place(model, strategy, mesh, model.init())
+        self.batch = place(model, strategy, mesh, model.batch(0), batch=True)
+        self.opt = make_optimizer(optimizer, list(self.params.values()), 1e-3)
+        self.clip = clip
+        self.loss: Any = None
+
+    def forward(self) -> None:
+        self.opt.zero_grad()
+        self.loss = self.model.loss(self.params, self.batch)
+
+    def backward(self) -> None:
+        self.loss.backward()
+
+    def optimizer(self) -> None:
+        dt.nn.utils.clip_grad_norm_(list(self.params.values()), self.clip)
+        self.opt.step()
+
+    def run(self) -> None:
+        self.forward()
+        self.backward()
+        self.optimizer()
+
+
+def _loss_of(loss: Any) -> float:
+    return float(loss.full_tensor().item()) if isinstance(loss, dt.DTensor) else loss.item()
+
+
+def _predicted_step_us(step: _Step) -> dict[str, float | None]:
+    """Cost-model microseconds per phase of the collectives explain traces for one step."""
+    traced = explain(lambda: (step.forward(), step.backward()))
+    out: dict[str, float | None] = {"forward": 0.0, "backward": 0.0, "optimizer": None}
+    for o in traced.ops:
+        out[o.phase] += sum(c.seconds for c in o.collectives if c.communicates) * 1e6
+    step.optimizer()
+    return out
+
+
+def run_train_one(model: TrainModel, strategy: str, *, optimizer: str = "sgd",
+                  clip: float = 1.0, repeat: int = 5) -> dict[str, Any]:
+    """Measure training steps of ``model`` under ``strategy`` (see the module docstring for
+    the fields). **Collective**."""
+    comm = MPI.COMM_WORLD
+    mesh = mesh_for(strategy)
+    step = _Step(model, strategy, mesh, optimizer, clip)
+    step.forward()
+    reference = _Step(model, "local", None, optimizer, clip)
+    reference.forward()
+    loss_error = abs(_loss_of(step.loss) - reference.loss.item())
+    step.backward()
+    step.optimizer()
+    step.run()  # warm the caches
+    comm_by_phase = {}
+    for phase in PHASES:
+        with dt.debug.CommDebugMode() as mode:
+            getattr(step, phase)()
+        comm_by_phase[phase] = _comm_summary(mode)
+    dt.reset_peak_memory_stats()
+    base = dt.memory_stats()["allocated_bytes"]
+    step.run()
+    peak = dt.memory_stats()["peak_allocated_bytes"] - base
+    samples: dict[str, list[float]] = {p: [] for p in ("step", *PHASES)}
+    for _ in range(repeat):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        step.forward()
+        t1 = time.perf_counter()
+        step.backward()
+        t2 = time.perf_counter()
+        step.optimizer()
+        t3 = time.perf_counter()
+        for name, dt_s in zip(samples, (t3 - t0, t1 - t0, t2 - t1, t3 - t2)):
+            samples[name].append(dt_s * 1e6)
+    medians = {k: comm.allreduce(statistics.median(v), op=MPI.MAX) for k, v in samples.items()}
+    return {
+        "name": strategy,
+        "mesh": None if mesh is None else list(mesh.shape),
+        "step_us": medians["step"],
+        "phase_us": {p: medians[p] for p in PHASES},
+        "predicted_comm_us": _predicted_step_us(step),
+        "comm": comm_by_phase,
+        "comm_count": {p: sum(v["count"] for v in c.values()) for p, c in comm_by_phase.items()},
+        "comm_bytes": {p: sum(v["bytes"] for v in c.values()) for p, c in comm_by_phase.items()},
+        "peak_bytes": comm.allgather(int(peak)),
+        "loss_error": comm.allreduce(loss_error, op=MPI.MAX),
+    }
+
+
+def run_train_sweep(model: TrainModel, strategies: Sequence[str], **kwargs: Any
+                    ) -> list[dict[str, Any]]:
+    """:func:`run_train_one` for every strategy, in order. **Collective**."""
+    return [run_train_one(model, s, **kwargs) for s in strategies]
+
+
+def format_train_table(results: Sequence[Mapping[str, Any]]) -> str:
+    """The training results as an aligned text table, in run order. **Local**."""
+    head = ("strategy", "step us", "fwd us", "bwd us", "opt us", "collectives fwd/bwd/opt",
+            "bytes fwd/bwd/opt", "model us fwd/bwd", "peak KiB", "loss err")
+    rows = [head]
+    for r in results:
+        kinds = " / ".join(
+            ", ".join(f"{v['count']} {k}" for k, v in r["comm"][p].items()) or "none"
+            for p in PHASES
+        )
+        pred = r["predicted_comm_us"]
+        rows.append((
+            r["name"], f"{r['step_us']:.0f}",
+            *(f"{r['phase_us'][p]:.0f}" for p in PHASES), kinds,
+            "/".join(str(r["comm_bytes"][p]) for p in PHASES),
+            f"{pred['forward']:.1f}/{pred['backward']:.1f}",
+            f"{max(r['peak_bytes']) / 1024:.1f}", f"{r['loss_error']:.1e}",
+        ))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines.append(
+        "us: median per step and per phase, slowest rank; collectives and bytes: this rank, "
+        "per phase (opt: clip_grad_norm_ + the optimizer step); model us: the cost model's "
+        "prediction of the collectives explain traces in forward and backward (dispatched "
+        "ops' inputs, gradient moves; not explicit redistributes); peak KiB: largest over "
+        "ranks"
+    )
+    return "\n".join(lines)

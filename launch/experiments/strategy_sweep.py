@@ -7,6 +7,13 @@ under the standard layouts (replicated, data-parallel, tensor-parallel, and on 4
 model's prediction of its collectives, collectives by kind, bytes, peak memory and the error
 against numpy. ``--out FILE`` writes the JSON, ``--png FILE`` a chart (needs matplotlib).
 Sizes: ``--size tiny|small|medium``.
+
+``--train`` measures training steps instead (forward + backward + ``clip_grad_norm_`` and
+an optimizer step) of the MLP (``--model mlp``) or the transformer block (``--model
+transformer``) of the training examples, under ``local``, ``dp``, ``tp`` and, on an even
+number of ranks from 4, ``2d``: per strategy the step time and the time of each phase,
+collectives and bytes per phase, the cost model's prediction of the forward's and the
+backward's collectives, peak memory and the first loss against the local run.
 """
 
 from __future__ import annotations
@@ -19,30 +26,72 @@ from pathlib import Path
 from mpi4py import MPI
 
 import dtensor as dt
+from launch.examples._training import OPTIMIZERS, mlp_model, transformer_model
 from launch.experiments._sweep import (
     all_strategies,
     attention_block,
     format_table,
+    format_train_table,
     mlp_block,
     run_sweep,
+    run_train_sweep,
     save_png,
     standard_strategies,
 )
 
 SIZES = {"tiny": (8, 16, 32), "small": (64, 128, 512), "medium": (256, 512, 2048)}
+# --train --model transformer: batch, seq, dim, heads, vocab
+TRANSFORMER_SIZES = {"tiny": (2, 4, 16, 2, 32), "small": (4, 16, 64, 4, 256),
+                     "medium": (8, 64, 128, 8, 1024)}
+
+
+def train(args: argparse.Namespace) -> int:
+    """The ``--train`` sweep; report on rank 0. **Collective**."""
+    comm = MPI.COMM_WORLD
+    if args.model == "transformer":
+        model = transformer_model(*TRANSFORMER_SIZES[args.size])
+    else:
+        model = mlp_model(*SIZES[args.size])
+    strategies = ["local", "dp", "tp"]
+    if comm.size >= 4 and comm.size % 2 == 0:
+        strategies.append("2d")
+    results = run_train_sweep(model, strategies, optimizer=args.optimizer, clip=args.clip,
+                              repeat=args.repeat)
+    if comm.rank == 0:
+        sizes = ", ".join(f"{n} {s}" for n, s in model.shapes.items())
+        print(f"training step of {model.name} on {comm.size} ranks, {args.optimizer}, "
+              f"clip_grad_norm_ {args.clip} ({sizes})")
+        print(format_train_table(results))
+        if args.out:
+            doc = {"mode": "train", "model": model.name, "ranks": comm.size,
+                   "optimizer": args.optimizer, "shapes": model.shapes, "results": results}
+            Path(args.out).write_text(json.dumps(doc, indent=2))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the sweep and report on rank 0. **Collective**."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", choices=("mlp", "attention"), default="mlp")
+    p.add_argument("--model", choices=("mlp", "attention", "transformer"), default="mlp",
+                   help="attention: forward only; transformer: --train only")
     p.add_argument("--size", choices=tuple(SIZES), default="small")
     p.add_argument("--all", action="store_true", help="every legal R/S(d) combination")
     p.add_argument("--limit", type=int, default=64, help="most combinations with --all")
     p.add_argument("--repeat", type=int, default=5, help="timing samples per strategy")
     p.add_argument("--out", help="write the results as JSON to this file")
     p.add_argument("--png", help="draw a chart into this PNG file (needs matplotlib)")
+    p.add_argument("--train", action="store_true",
+                   help="measure training steps (forward + backward + optimizer)")
+    p.add_argument("--optimizer", choices=tuple(OPTIMIZERS), default="sgd",
+                   help="with --train")
+    p.add_argument("--clip", type=float, default=1.0, help="with --train: clip_grad_norm_")
     args = p.parse_args(argv)
+    if args.train and args.model == "attention":
+        p.error("--model attention is forward only (no --train)")
+    if not args.train and args.model == "transformer":
+        p.error("--model transformer needs --train")
+    if args.train:
+        return train(args)
     comm = MPI.COMM_WORLD
     shape = (2, 2) if comm.size == 4 else (comm.size,)
     mesh = dt.init_device_mesh(shape)

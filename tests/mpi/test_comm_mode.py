@@ -156,3 +156,53 @@ def test_indexing_and_fill_keep_a_partial_tensor_partial(kind):
     assert mode.get_total_counts() == 0, mode.table()
     assert x.placements == (P(kind),)
     np.testing.assert_array_equal(x.full_tensor().numpy(), np.full((4, 6), 3.0, np.float32))
+
+
+@pytest.mark.mpi(min_size=2)
+def test_backward_collectives_are_attributed_to_the_op_whose_backward_issued_them():
+    """A data-parallel step: the weight gradient's all-reduce counts under matmul's
+    backward, marked backward, in CommDebugMode and in explain's trace; the forward's
+    collective (the loss's reduction) is not."""
+    mesh = dt.init_device_mesh((WORLD.size,))
+    x = dt.distribute_tensor(data((8, 4)), mesh, [S(0)])
+    w = dt.distribute_tensor(data((4, 3), 1), mesh, [R]).requires_grad_()
+
+    def step():
+        loss = (x @ w).tanh().sum()
+        value = loss.full_tensor()  # forward: all-reduce of the P(sum) loss
+        loss.backward()
+        return value
+
+    with dt.debug.CommDebugMode() as mode:
+        step()
+    assert mode.get_comm_counts() == {"all_reduce": 2}, mode.table()  # compatible totals
+    assert mode.get_comm_counts_by_phase() == {"forward": {"all_reduce": 1},
+                                               "backward": {"all_reduce": 1}}
+    assert mode.get_comm_counts_by_op() == {"redistribute": {"all_reduce": 1},
+                                            "matmul (backward)": {"all_reduce": 1}}
+    fwd, bwd = mode.records
+    assert (fwd.op, fwd.phase) == ("redistribute", "forward")
+    assert (bwd.op, bwd.phase, bwd.nbytes) == ("matmul", "backward", 4 * 3 * 4)
+    assert "matmul (backward)  all_reduce" in mode.table()
+    doc = json.loads(mode.to_json())
+    assert doc["by_phase"] == mode.get_comm_counts_by_phase()
+    assert [r["phase"] for r in doc["rows"]] == ["forward", "backward"]
+    # explain traces the backward too: the gradient's move is matmul's backward
+    w.grad = None
+    expl = dt.debug.explain(step)
+    backward = [o for o in expl.ops if o.phase == "backward"]
+    assert {o.backward_of for o in backward} >= {"matmul", "tanh", "sum"}
+    assert all(o.phase == "forward" and o.backward_of is None
+               for o in expl.ops[: expl.ops.index(backward[0])])
+    moves = [o for o in backward if any(c.communicates for c in o.collectives)]
+    assert [(o.op, o.backward_of) for o in moves] == [("redistribute", "matmul")]
+    assert [c.kind for c in moves[0].collectives] == ["all_reduce"]
+    assert "[backward of matmul]" in str(expl)
+    assert f"({len(backward)} ops and gradient moves of backward)" in str(expl)
+    np.testing.assert_allclose(w.grad.full_tensor().numpy(), mode_free_grad(x, w), rtol=1e-5)
+
+
+def mode_free_grad(x, w):
+    """The weight gradient of ``tanh(x @ w).sum()`` in numpy."""
+    xa, wa = x.full_tensor().numpy(), w.detach().full_tensor().numpy()
+    return xa.T @ (1 - np.tanh(xa @ wa) ** 2)

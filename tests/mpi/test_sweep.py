@@ -8,7 +8,9 @@ Run: ``mpiexec -n 4 python -m pytest tests/mpi/test_sweep.py --with-mpi`` (1-3 r
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import numpy as np
 import pytest
 from mpi4py import MPI
 
@@ -84,3 +86,45 @@ def test_every_combination_for_a_small_case():
     for r in results:
         assert "error" not in r, r
         assert r["max_error"] < 1e-4, r["name"]
+
+
+@pytest.mark.mpi(min_size=1)
+def test_training_sweep_reports_phases_and_matches_local(tmp_path):
+    """``strategy_sweep.py --train`` at a tiny size: every strategy's first loss equals the
+    local run's; data parallelism communicates in backward only (one all-reduce per weight
+    gradient, of its whole size), with a cost-model prediction beside it; the JSON holds
+    every field."""
+    from launch.experiments import strategy_sweep
+
+    path = WORLD.bcast(str(tmp_path / "train.json"))
+    assert strategy_sweep.main(["--train", "--size", "tiny", "--repeat", "1",
+                                "--out", path]) == 0
+    doc = json.loads(Path(path).read_text()) if WORLD.rank == 0 else None
+    doc = WORLD.bcast(doc)
+    assert doc["mode"] == "train" and doc["model"] == "mlp" and doc["ranks"] == WORLD.size
+    results = by_name(doc["results"])
+    four = WORLD.size >= 4 and WORLD.size % 2 == 0
+    assert list(results) == ["local", "dp", "tp", *(["2d"] if four else [])]
+    phases = ["forward", "backward", "optimizer"]
+    for name, r in results.items():
+        assert r["loss_error"] < 1e-5, name
+        assert r["step_us"] > 0 and all(r["phase_us"][p] > 0 for p in phases), name
+        assert list(r["comm"]) == phases and len(r["peak_bytes"]) == WORLD.size
+        assert r["predicted_comm_us"]["optimizer"] is None
+        for p in phases:
+            assert r["comm_count"][p] == sum(v["count"] for v in r["comm"][p].values())
+    assert results["local"]["comm_count"] == {p: 0 for p in phases}
+    dp = results["dp"]
+    n_params = sum(np.prod(s) for s in doc["shapes"].values())
+    if WORLD.size > 1:
+        assert dp["comm"]["forward"] == {} and dp["comm"]["optimizer"] == {}
+        assert dp["comm"]["backward"] == {"all_reduce": {"count": 4, "bytes": 4 * n_params}}
+        assert dp["predicted_comm_us"]["backward"] > 0 == dp["predicted_comm_us"]["forward"]
+        # Megatron: the row-parallel output's all-reduce; its backward moves nothing
+        tp = results["tp"]["comm"]
+        assert tp["forward"] == {"all_reduce": {"count": 1, "bytes": 8 * 16 * 4}}
+        assert tp["backward"] == {}
+        # clip_grad_norm_: one scalar (float64) reduction per sharded gradient, no gather
+        assert tp["optimizer"] == {"all_reduce": {"count": 3, "bytes": 3 * 8}}
+    else:
+        assert all(r["comm_count"] == {p: 0 for p in phases} for r in results.values())

@@ -86,6 +86,52 @@ def test_examples_run(name, n, expect):
     assert expect in out
 
 
+# Small sizes and few steps: each job trains the local reference and every strategy.
+_TRAIN_SIZES = {"train_mlp.py": ["--dim", "8", "--hidden", "16"],
+                "train_transformer.py": ["--dim", "8", "--heads", "2", "--seq", "4",
+                                         "--vocab", "16"]}
+
+
+@pytest.mark.parametrize(
+    ("name", "n", "strategies"),
+    [("train_mlp.py", 4, "dp,tp,2d"), ("train_mlp.py", 2, "dp,tp"),
+     ("train_transformer.py", 4, "dp,tp,2d")],
+)
+def test_training_examples_match_the_local_run(name, n, strategies):
+    out = launch(n, f"launch/examples/{name}", "--strategy", strategies, "--steps", "3",
+                 *_TRAIN_SIZES[name])
+    for s in strategies.split(","):
+        found = re.search(rf"^{s}: max relative loss difference against the local run: "
+                          r"(\S+): losses agree$", out, re.MULTILINE)
+        assert found and float(found.group(1)) <= 1e-4, out
+    assert ("strategy 2d on mesh (2, 2) ('dp', 'tp')" in out) is ("2d" in strategies)
+    assert re.search(r"^step   2: loss \S+ \(local \S+\)$", out, re.MULTILINE)
+
+
+@pytest.mark.mode_independent  # the check of the losses, not how they were computed
+def test_training_example_fails_on_a_loss_mismatch(monkeypatch, capsys):
+    """A distributed loss off by more than the tolerance at one step (a loss above 1, so
+    the difference is relative): exit status 1."""
+    from launch.examples import _training
+
+    real = _training.train
+
+    def off_at_step_1(model, strategy, mesh, steps, **kwargs):
+        losses = real(model, strategy, mesh, steps, **kwargs)
+        return losses if strategy == "local" else [v * (1 + (i == 1) * 1e-3) for i, v in
+                                                   enumerate(losses)]
+
+    monkeypatch.setattr(_training, "train", off_at_step_1)
+    args = _training.parser("t").parse_args(["--strategy", "local,dp", "--steps", "2"])
+    assert _training.main(_training.mlp_model(4, 4, 8), args) == 1
+    out = capsys.readouterr().out
+    assert "local: max relative loss difference against the local run: 0.00e+00" in out
+    assert "dp: max relative loss difference against the local run: 1.00e-03" in out
+    assert "MISMATCH" in out
+    with pytest.raises(SystemExit):
+        _training.parser("t").parse_args(["--strategy", "dp,fsdp"])
+
+
 def test_strategy_sweep_script_writes_json(tmp_path):
     path = tmp_path / "sweep.json"
     out = launch(
@@ -204,6 +250,28 @@ def test_size_sweep_times_every_op_size_placement_and_library(n, torch, sizes, t
         assert "matplotlib is not installed" in out
     else:
         assert png.stat().st_size > 0
+
+
+@pytest.mark.mode_independent  # the benchmark's report; either path serves its ops
+def test_train_step_benchmark_compares_a_step_with_torch_dtensor(tmp_path):
+    path = tmp_path / "train_step.json"
+    out = launch(2, "launch/bench/train_step.py", "--sizes", "8", "--budget", "0.001",
+                 "--repeat", "2", "--out", str(path))
+    doc = json.loads(path.read_text())
+    assert doc["ranks"] == 2 and doc["torch"] is (importlib.util.find_spec("torch") is not None)
+    (row,) = doc["results"]
+    assert (row["n"], row["batch"]) == (8, 8)
+    for key in ("ours_step_us", "ours_forward_us", "ours_forward_grad_us"):
+        assert row[key] > 0, key
+    if doc["torch"]:
+        assert row["torch_step_us"] > 0 and row["torch_forward_us"] > 0
+        assert row["speedup"] == round(row["torch_step_us"] / row["ours_step_us"], 2)
+        assert doc["speedup_met"] is (row["speedup"] >= doc["target_speedup"])
+        assert abs(row["loss_ours"] - row["loss_torch"]) < 1e-5  # the same model and data
+    assert {"add", "relu", "mm_S0_R"} <= set(doc["small_ops"])
+    assert all(s[k] > 0 for s in doc["small_ops"].values()
+               for k in ("before_us", "after_us", "before_min_us", "after_min_us"))
+    assert re.search(r"^\| 8 \| [\d.]+ \| ", out, re.MULTILINE)
 
 
 def test_size_sweep_command_line():

@@ -216,6 +216,16 @@ def _nonscalar_dim(dim, ndim: int, op: str) -> int:
     return _norm_dim(dim, ndim, op) if ndim else nonscalar_dim(dim, ndim, op)
 
 
+def check_one_element(numel: int, op: str) -> None:
+    """Raise PyTorch's error when a tensor of ``numel`` elements cannot become one python
+    value: ``op`` is ``"bool"`` (truth value) or ``"item"`` (``item()``, ``float()``,
+    ``int()``...). **Local**; DTensors check their global element count with it."""
+    if numel != 1:
+        if op == "bool":
+            raise ValueConversionError(f"Boolean value of Tensor with {numel} values is ambiguous")
+        raise ValueConversionError(f"a Tensor with {numel} elements cannot be converted to Scalar")
+
+
 def _is_advanced(item) -> bool:
     """Whether an index entry asks for advanced indexing: a tensor, an array, a list or a
     bool."""
@@ -492,10 +502,7 @@ class Tensor(_fp.TensorBase):
     def item(self):
         """The value of a one-element tensor as a python scalar. **Local.**"""
         arr = self._arr
-        if arr.size != 1:
-            raise ValueConversionError(
-                f"a Tensor with {arr.size} elements cannot be converted to Scalar"
-            )
+        check_one_element(arr.size, "item")
         return arr.item()
 
     def tolist(self):
@@ -503,10 +510,7 @@ class Tensor(_fp.TensorBase):
         return B.to_host(self._arr).tolist()
 
     def __bool__(self) -> bool:
-        if self._arr.size != 1:
-            raise ValueConversionError(
-                f"Boolean value of Tensor with {self._arr.size} values is ambiguous"
-            )
+        check_one_element(self._arr.size, "bool")
         return bool(self.item())
 
     def __int__(self) -> int:

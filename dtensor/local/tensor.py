@@ -294,17 +294,20 @@ def _non_overlapping_and_dense(shape: tuple, strides: tuple) -> bool:
 
 
 def _empty_like_arr(arr, dtype, device):
-    """Uninitialised array like ``arr`` with PyTorch's ``preserve_format``.
+    """Uninitialised array like ``arr`` with PyTorch's ``preserve_format`` (``empty_like``).
 
-    A non-overlapping and dense ``arr`` keeps its strides exactly; anything else
-    (overlapping, with holes, negative strides) gets contiguous strides.
+    A non-overlapping and dense ``arr`` keeps its strides exactly, size-1 dims included,
+    and so does a tensor without elements (PyTorch calls it contiguous); anything else
+    (overlapping, with holes, negative strides) gets row-major strides.
     """
+    # Note: PyTorch gives an input with holes or overlaps dense strides in the order of its
+    # own (infer_dense_strides); dtensor gives it row-major ones.
     shape = arr.shape
-    if arr.flags.c_contiguous:
+    if arr.flags.c_contiguous and arr.size and 1 not in shape:  # row-major strides
         return _alloc(shape, dtype, device)
     isz = arr.itemsize
     strides = tuple(s // isz for s in arr.strides)
-    if not _non_overlapping_and_dense(shape, strides):
+    if arr.size and not _non_overlapping_and_dense(shape, strides):
         return _alloc(shape, dtype, device)
     extent = 1 + sum((n - 1) * s for n, s in zip(shape, strides)) if arr.size else 0
     flat = _alloc((extent,), dtype, device)
@@ -1018,8 +1021,9 @@ class Tensor(_fp.TensorBase):
 
         PyTorch unsqueezes for each ``None`` in turn, so the new dim's stride is
         size * stride of the source dim it lands before (1 past the last dim), where
-        numpy uses 0; and for an empty result PyTorch still moves the storage offset by
-        every slice's start * stride, which numpy skips.
+        numpy uses 0; for an empty result PyTorch still moves the storage offset by
+        every slice's start * stride, which numpy skips, and a slice's stride is its step
+        times the source stride even when it selects nothing.
         """
         arr = self._arr
         shape, strides = arr.shape, self.stride()
@@ -1036,7 +1040,9 @@ class Tensor(_fp.TensorBase):
                 src += span
                 dst += span
             elif isinstance(i, slice):
-                delta += i.indices(shape[src])[0] * strides[src]
+                start, _, step = i.indices(shape[src])
+                delta += start * strides[src]
+                new_strides[dst] = step * strides[src]  # numpy's stride of an empty slice differs
                 src += 1
                 dst += 1
             else:

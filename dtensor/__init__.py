@@ -65,6 +65,7 @@ from .distributed.mesh import DeviceMesh, init_device_mesh  # noqa: F401
 from .dispatch import install as _install
 from .dispatch.custom import register_op  # noqa: F401
 from .dispatch.dispatcher import clear_caches  # noqa: F401
+from .dispatch.escape import implicit_replication, local_map  # noqa: F401
 
 from . import debug  # noqa: F401  (the debug tools)
 

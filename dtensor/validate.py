@@ -383,6 +383,63 @@ def _expand_as_cases(g: _Gen, shapes, name: str) -> Iterator[Case]:
     yield Case({"input": g.arr((7,), _F32), "other": g.arr((3, 7), _F32)}, "(7,)->(3,7)")
 
 
+def _index_cases(g: _Gen, shapes, name: str) -> Iterator[Case]:
+    """Indexing ops: indices in range (int64, and int32 for index_select), empty indices,
+    sharded and broadcast dims, python-scalar and 0-d values."""
+    ints = g.rng.integers
+    for shape in shapes:
+        r, c = shape
+        x = g.arr(shape, _F32)
+        if name == "index_select":
+            for dim, n in ((0, r), (1, c)):
+                yield Case({"input": x, "dim": dim, "index": ints(0, n, (4,))}, f"{shape}d{dim}")
+            yield Case({"input": g.arr(shape, _I64), "dim": 1,
+                        "index": ints(0, c, (2,)).astype(np.int32)}, f"{shape}int32")
+            yield Case({"input": x, "dim": 0, "index": np.zeros((0,), np.int64)}, f"{shape}empty")
+        elif name == "gather":
+            yield Case({"input": x, "dim": 0, "index": ints(0, r, shape)}, f"{shape}d0")
+            yield Case({"input": x, "dim": 1, "index": ints(0, c, (r, 3))}, f"{shape}d1")
+            yield Case({"input": x, "dim": 1, "index": ints(0, c, (max(r - 1, 1), c))},
+                       f"{shape}d1-short")
+        elif name == "take_along_dim":
+            yield Case({"input": x, "indices": ints(0, c, (r, 3)), "dim": 1}, f"{shape}d1")
+            yield Case({"input": x, "indices": ints(0, r, (2, c)), "dim": 0}, f"{shape}d0")
+            yield Case({"input": x, "indices": ints(0, c, (1, 3)), "dim": 1}, f"{shape}bcast")
+            yield Case({"input": x, "indices": ints(0, r * c, (4,)), "dim": None}, f"{shape}flat")
+        elif name in ("scatter", "scatter_add"):
+            yield Case({"input": x, "dim": 0, "index": ints(0, r, shape),
+                        "src": g.arr(shape, _F32)}, f"{shape}d0")
+            yield Case({"input": x, "dim": 1, "index": ints(0, c, (r, 2)),
+                        "src": g.arr((r, 3), _F32)}, f"{shape}d1")
+            yield Case({"input": g.arr(shape, _I64), "dim": 1, "index": ints(0, c, (1, c)),
+                        "src": g.arr((2, c), _I64)}, f"{shape}int-short")
+            if name == "scatter":
+                yield Case({"input": x, "dim": 0, "index": ints(0, r, (2, c)), "src": 1.5},
+                           f"{shape}scalar")
+        elif name == "masked_fill":
+            yield Case({"input": x, "mask": g.arr(shape, _BOOL), "value": 0.5}, f"{shape}")
+            yield Case({"input": g.arr(shape, _I64), "mask": g.arr((c,), _BOOL), "value": -1},
+                       f"{shape}bcast")
+            yield Case({"input": x, "mask": g.arr((r, 1), _BOOL),
+                        "value": np.array(2.0, np.float32)}, f"{shape}0-d")
+        elif name in ("sort", "argsort"):
+            for dt in _dtypes("f", "i"):
+                for dim, desc in ((0, False), (-1, True)):
+                    yield Case({"input": g.arr(shape, dt), "dim": dim, "descending": desc},
+                               f"{dt.name}{shape}d{dim}{'desc' if desc else ''}")
+        elif name == "topk":
+            for dt in _dtypes("f", "i"):
+                yield Case({"input": g.arr(shape, dt), "k": min(2, c), "dim": -1},
+                           f"{dt.name}{shape}")
+                yield Case({"input": g.arr(shape, dt), "k": r - 1, "dim": 0, "largest": False},
+                           f"{dt.name}{shape}smallest")
+        elif name == "kthvalue":
+            for dt in _dtypes("f", "i"):
+                yield Case({"input": g.arr(shape, dt), "k": 2, "dim": 1}, f"{dt.name}{shape}")
+                yield Case({"input": g.arr(shape, dt), "k": r, "dim": 0, "keepdim": True},
+                           f"{dt.name}{shape}keepdim")
+
+
 #: The sample generators, by the ``samples`` family an op record names; each is called with
 #: the out-of-place op's name (an in-place op uses its out-of-place one's samples).
 _FAMILIES: dict[str, Callable[[_Gen, tuple, str], Iterator[Case]]] = {
@@ -398,6 +455,7 @@ _FAMILIES: dict[str, Callable[[_Gen, tuple, str], Iterator[Case]]] = {
     "view": _view_cases,
     "expand_as": _expand_as_cases,
     "write": _write_cases,
+    "index": _index_cases,
 }
 
 

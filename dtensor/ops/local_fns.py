@@ -14,7 +14,9 @@ from ``strategy.output_specs[0].mesh``):
 - ``embedding`` with a row-sharded weight: indices outside the local rows are masked to
   zero and the others shifted (PyTorch's MaskPartial), giving a ``P(sum)`` output;
 - ``dropout`` on a sharded input: the mask is drawn for the global tensor's counters at
-  the shard's global offsets, so the result equals the single-device one.
+  the shard's global offsets, so the result equals the single-device one;
+- ``gather``/``scatter``/``scatter_add``/``take_along_dim`` with the data sharded on a dim
+  the op does not index: the (replicated) index is cut to this shard's rows of that dim.
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+from placements import Replicate
 from placements.errors import ArgumentError
-from placements.layout import local_offsets, local_shape
+from placements.layout import local_offsets, local_shape, local_slices
 from placements.meta import norm_dim, norm_dims, squeeze_dims
 from placements.rules import OpSchema, OpStrategy
 
@@ -36,11 +39,14 @@ from ..local.kernels import nn as _math_nn
 from ..local.tensor import Tensor, _wrap
 from .table import OPS
 
+R = Replicate()
+
 __all__ = [
     "dropout_local",
     "embedding_local",
     "expand_as_local",
     "extreme_local",
+    "index_local",
     "mean_local",
     "mse_local",
     "shape_local",
@@ -225,3 +231,23 @@ def dropout_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
     return local
 
 
+
+
+def index_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
+    """An index argument (replicated) cut to this shard's block on the dims where the
+    output is sharded: the candidates shard the output only where it has the index's and the
+    input's size."""
+    kernel = OPS[schema.op].kernel
+    spec = strategy.output_specs[0]
+    if not spec.is_sharded():
+        return kernel
+    plain = tuple(R if p.is_partial() else p for p in spec.placements)
+    block = local_slices(spec.shape, spec.mesh.shape, plain, _coord(strategy))
+    pos = OPS[schema.op].params.index("indices" if schema.op == "take_along_dim" else "index")
+
+    def local(*values):
+        values = list(values)
+        values[pos] = values[pos][block]
+        return kernel(*values)
+
+    return local

@@ -1,0 +1,202 @@
+"""Metadata of the indexing ops: output shapes and the checks of their arguments.
+
+``index_select``, ``gather``, ``scatter``/``scatter_add``, ``take_along_dim``,
+``masked_fill``, ``sort``/``argsort``, ``topk`` and ``kthvalue`` are checked here once, from
+shapes and dtypes only: the local kernels and the sharding rules call the same functions,
+so a local Tensor and a DTensor raise the same typed errors, and a DTensor raises them on
+every rank before any communication (the rules see global shapes). Index VALUES are checked
+by :func:`check_index_values`, which the local kernels call on an index that every rank
+holds whole (the rules keep index arguments replicated), so every rank raises alike.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import DimError, DTypeError, ShardingError
+from .meta import broadcast_shapes, norm_dim
+
+__all__ = [
+    "check_index_dtype",
+    "check_index_values",
+    "gather_shape",
+    "index_select_shape",
+    "kthvalue_shape",
+    "masked_fill_check",
+    "scatter_check",
+    "sort_dim",
+    "take_along_dim_shape",
+    "topk_shape",
+]
+
+
+def check_index_dtype(op: str, dtype: np.dtype, what: str = "index") -> None:
+    """Raise DTypeError unless ``dtype`` is an integer dtype (bool and float refused)."""
+    if np.dtype(dtype).kind not in "iu":
+        raise DTypeError(
+            f"{op}(): Expected dtype int64 (or another integer dtype) for {what}, got "
+            f"{np.dtype(dtype).name}"
+        )
+
+
+def check_index_values(op: str, lo: int, hi: int, dim: int, size: int) -> None:
+    """Raise DimError naming ``op``, the index and the size unless the smallest (``lo``)
+    and largest (``hi``) index lie in ``[0, size)``. **Local**."""
+    if lo < 0 or hi >= size:
+        raise DimError(
+            f"{op}: index {lo if lo < 0 else hi} is out of bounds for dimension {dim} with "
+            f"size {size}"
+        )
+
+
+def sort_dim(op: str, shape: tuple[int, ...], dim: object) -> int:
+    """The normalised dim of a sort-like op (a 0-d tensor accepts 0 and -1)."""
+    return norm_dim(dim, max(len(shape), 1), op) if shape else 0
+
+
+def index_select_shape(
+    shape: tuple[int, ...], dim: object, index_shape: tuple[int, ...], index_dtype: np.dtype
+) -> tuple[tuple[int, ...], int]:
+    """``(output shape, dim)`` of ``index_select``."""
+    op = "index_select"
+    d = sort_dim(op, shape, dim)
+    check_index_dtype(op, index_dtype)
+    if len(index_shape) > 1:
+        raise ShardingError(f"{op}(): Index is supposed to be a vector, got shape {index_shape}")
+    n = int(np.prod(index_shape))
+    if not shape:
+        return (), d
+    return shape[:d] + (n,) + shape[d + 1 :], d
+
+
+def _check_not_larger(op: str, small: tuple, big: tuple, skip: int | None, what: str) -> None:
+    for k, (a, b) in enumerate(zip(small, big)):
+        if k != skip and a > b:
+            apart = "" if skip is None else f" apart from dimension {skip}"
+            raise ShardingError(
+                f"{op}(): Size does not match at dimension {k} expected index {list(small)} "
+                f"to be no larger than {what} {list(big)}{apart}"
+            )
+
+
+def gather_shape(
+    shape: tuple[int, ...], dim: object, index_shape: tuple[int, ...], index_dtype: np.dtype
+) -> tuple[tuple[int, ...], int]:
+    """``(output shape, dim)`` of ``gather`` (the index's shape)."""
+    op = "gather"
+    d = sort_dim(op, shape, dim)
+    check_index_dtype(op, index_dtype)
+    if len(index_shape) != len(shape):
+        raise ShardingError(
+            f"{op}(): Index tensor must have the same number of dimensions as input tensor "
+            f"(index {index_shape}, input {shape})"
+        )
+    _check_not_larger(op, index_shape, shape, d, "self")
+    return tuple(index_shape), d
+
+
+def scatter_check(
+    op: str,
+    shape: tuple[int, ...],
+    dtype: np.dtype,
+    dim: object,
+    index_shape: tuple[int, ...],
+    index_dtype: np.dtype,
+    src_shape: tuple[int, ...] | None,
+    src_dtype: np.dtype | None,
+) -> int:
+    """Check a ``scatter``/``scatter_add`` call (``src_shape`` None: a python scalar
+    source); returns the normalised dim."""
+    d = sort_dim(op, shape, dim)
+    check_index_dtype(op, index_dtype)
+    if len(index_shape) != len(shape):
+        raise ShardingError(
+            f"{op}(): Index tensor must have the same number of dimensions as self tensor "
+            f"(index {index_shape}, self {shape})"
+        )
+    _check_not_larger(op, index_shape, shape, d, "self")
+    if src_shape is not None:
+        if len(src_shape) != len(shape):
+            raise ShardingError(
+                f"{op}(): Index tensor must have the same number of dimensions as src tensor "
+                f"(index {index_shape}, src {src_shape})"
+            )
+        _check_not_larger(op, index_shape, src_shape, None, "src")
+        if src_dtype != dtype:
+            raise DTypeError(
+                f"{op}(): Expected self.dtype to be equal to src.dtype (self {dtype}, src "
+                f"{src_dtype})"
+            )
+    return d
+
+
+def take_along_dim_shape(
+    shape: tuple[int, ...], index_shape: tuple[int, ...], index_dtype: np.dtype, dim: object
+) -> tuple[tuple[int, ...], int | None]:
+    """``(output shape, dim)`` of ``take_along_dim`` (dim None: over the flattened input)."""
+    op = "take_along_dim"
+    check_index_dtype(op, index_dtype, "indices")
+    if dim is None:
+        return (int(np.prod(index_shape)),), None
+    d = sort_dim(op, shape, dim)
+    if len(index_shape) != len(shape):
+        raise ShardingError(
+            f"{op}(): input and indices should have the same number of dimensions, but got "
+            f"{len(shape)} dimensions for input, and {len(index_shape)} dimensions for indices"
+        )
+    rest = broadcast_shapes(
+        op, [shape[:d] + (1,) + shape[d + 1 :], index_shape[:d] + (1,) + index_shape[d + 1 :]]
+    )
+    return rest[:d] + (index_shape[d],) + rest[d + 1 :], d
+
+
+def masked_fill_check(
+    shape: tuple[int, ...],
+    mask_shape: tuple[int, ...],
+    mask_dtype: np.dtype,
+    value_shape: tuple[int, ...],
+) -> None:
+    """Check ``masked_fill``: a bool mask that broadcasts to the input's shape, a 0-d value."""
+    op = "masked_fill"
+    if np.dtype(mask_dtype) != np.bool_:
+        raise DTypeError(
+            f"{op}: only supports boolean masks, but got mask with dtype "
+            f"{np.dtype(mask_dtype).name}"
+        )
+    if broadcast_shapes(op, [shape, mask_shape]) != tuple(shape):
+        raise ShardingError(
+            f"{op}: the mask of shape {mask_shape} does not broadcast to the input's shape "
+            f"{shape}"
+        )
+    if value_shape:
+        raise ShardingError(
+            f"{op}: only supports a 0-dimensional value tensor, but got a tensor with "
+            f"{len(value_shape)} dimension(s)"
+        )
+
+
+def topk_shape(shape: tuple[int, ...], k: object, dim: object) -> tuple[tuple[int, ...], int]:
+    """``(output shape, dim)`` of ``topk``."""
+    op = "topk"
+    d = sort_dim(op, shape, dim)
+    n = shape[d] if shape else 1
+    if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or not 0 <= k <= n:
+        raise DimError(f"{op}: selected index k={k!r} out of range for dimension {d} of size {n}")
+    return (shape[:d] + (int(k),) + shape[d + 1 :]) if shape else (), d
+
+
+def kthvalue_shape(
+    shape: tuple[int, ...], k: object, dim: object, keepdim: bool
+) -> tuple[tuple[int, ...], int]:
+    """``(output shape, dim)`` of ``kthvalue``."""
+    op = "kthvalue"
+    d = sort_dim(op, shape, dim)
+    n = shape[d] if shape else 1
+    if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or not 1 <= k <= n:
+        raise DimError(
+            f"{op}(): selected number k={k!r} out of range for dimension {d} of size {n}"
+        )
+    if not shape:
+        return (), d
+    return (shape[:d] + (1,) + shape[d + 1 :]) if keepdim else shape[:d] + shape[d + 1 :], d
+

@@ -1,0 +1,149 @@
+"""Indexing ops on DTensors against numpy on the global data, at 1-4 ranks: uneven and
+empty shards (5 rows over 2-4 ranks), Shard/Replicate/Partial inputs, and typed errors
+raised on every rank."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import dtensor as dt
+from dtensor.errors import DimError, DTypeError, ShardingError
+from dtensor.testing import distribute_random
+
+WORLD = MPI.COMM_WORLD
+R, S, P = dt.Replicate(), dt.Shard, dt.Partial
+SHAPE = (5, 7)
+
+
+def _mesh():
+    return dt.init_device_mesh((WORLD.size,))
+
+
+def _layouts():
+    return ([S(0)], [S(1)], [R], [P("sum")], [P("max")])
+
+
+def _x(mesh, pl, seed=0):
+    a = np.random.default_rng(seed).standard_normal(SHAPE).astype(np.float32)
+    return a, distribute_random(a, mesh, pl, seed=seed + 1)
+
+
+def _idx(mesh, arr, pl=(R,)):
+    return dt.distribute_tensor(arr, mesh, list(pl))
+
+
+def _check(got, want):
+    np.testing.assert_allclose(got.full_tensor().numpy(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_selections_match_numpy():
+    mesh = _mesh()
+    rng = np.random.default_rng(5)
+    for pl in _layouts():
+        a, x = _x(mesh, pl)
+        for dim in (0, 1):
+            n = SHAPE[dim]
+            sel = rng.integers(0, n, (6,))
+            _check(dt.index_select(x, dim, _idx(mesh, sel, [S(0)])), np.take(a, sel, axis=dim))
+            g = rng.integers(0, n, SHAPE)
+            _check(x.gather(dim, _idx(mesh, g)), np.take_along_axis(a, g, axis=dim))
+            t = rng.integers(0, n, (1, 3) if dim == 1 else (3, 1))
+            _check(dt.take_along_dim(x, _idx(mesh, t), dim), np.take_along_axis(a, t, dim))
+        m = rng.random(SHAPE) < 0.4
+        _check(x.masked_fill(_idx(mesh, m, pl[:1] if pl[0].is_shard() else [R]), -2.0),
+               np.where(m, np.float32(-2.0), a))
+        _check(dt.where(_idx(mesh, m), x, 0.0), np.where(m, a, 0))
+
+
+@pytest.mark.mpi(min_size=1)
+def test_scatters_match_numpy():
+    mesh = _mesh()
+    rng = np.random.default_rng(6)
+    for pl in _layouts():
+        a, x = _x(mesh, pl)
+        src = rng.standard_normal(SHAPE).astype(np.float32)
+        s = distribute_random(src, mesh, pl, seed=9)
+        for dim in (0, 1):
+            index = np.argsort(rng.random(SHAPE), axis=dim)  # distinct targets per line
+            want = a.copy()
+            np.put_along_axis(want, index, src, axis=dim)
+            _check(dt.scatter(x, dim, _idx(mesh, index), s), want)
+            if pl[0] != P("max"):
+                dup = rng.integers(0, SHAPE[dim], SHAPE)
+                want = a.copy()
+                grid = list(np.indices(SHAPE))
+                grid[dim] = dup
+                np.add.at(want, tuple(grid), src)
+                _check(x.scatter_add(dim, _idx(mesh, dup), s), want)
+        y = x.redistribute(mesh, [S(1)]) if not pl[0].is_partial() else x
+        before = y.full_tensor().numpy()
+        index = np.argsort(rng.random((2, 7)), axis=0)
+        y.scatter_(0, _idx(mesh, index), 4.0)
+        want = before.copy()
+        np.put_along_axis(want, index, np.float32(4.0), axis=0)
+        _check(y, want)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_sorts_match_numpy():
+    mesh = _mesh()
+    rng = np.random.default_rng(7)
+    a = rng.integers(0, 4, SHAPE).astype(np.float32)  # ties: stable order
+    for pl in ([S(0)], [S(1)], [R]):
+        x = dt.distribute_tensor(a, mesh, pl)
+        for dim in (0, 1):
+            v, i = x.sort(dim)
+            order = np.argsort(a, axis=dim, kind="stable")
+            _check(v, np.take_along_axis(a, order, dim))
+            _check(i, order)
+            _check(dt.argsort(x, dim, descending=True),
+                   np.flip(a.shape[dim] - 1 - np.argsort(np.flip(a, dim), dim, kind="stable"),
+                           dim))
+            top, where = x.topk(2, dim)
+            _check(top, -np.sort(-a, axis=dim, kind="stable").take(range(2), axis=dim))
+            np.testing.assert_array_equal(
+                np.take_along_axis(a, where.full_tensor().numpy(), dim), top.full_tensor().numpy()
+            )
+            kv, _ = x.kthvalue(2, dim)
+            _check(kv, np.sort(a, axis=dim).take(1, axis=dim))
+
+
+@pytest.mark.mpi(min_size=1)
+def test_local_along_unsharded_dims():
+    mesh = _mesh()
+    a, x = _x(mesh, [S(0)])
+    idx = _idx(mesh, np.array([6, 0, 3]))
+    g = _idx(mesh, np.zeros(SHAPE, np.int64))
+    with dt.debug.CommDebugMode() as mode:
+        y = dt.index_select(x, 1, idx)
+        z = x.gather(1, g)
+        v, _ = x.sort(1)
+        w = x.masked_fill(x > 0, 0.0)
+    assert mode.get_total_counts() == 0
+    assert y.placements == z.placements == v.placements == w.placements == (S(0),)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_bad_indices_raise_on_every_rank():
+    mesh = _mesh()
+    _, x = _x(mesh, [S(0)])
+    cases = [
+        (lambda: x.gather(0, _idx(mesh, np.full(SHAPE, 5))), DimError,
+         "gather: index 5 is out of bounds for dimension 0 with size 5"),
+        (lambda: dt.index_select(x, 1, _idx(mesh, np.array([-1]))), DimError,
+         "index -1 is out of bounds for dimension 1 with size 7"),
+        (lambda: dt.index_select(x, 0, _idx(mesh, np.array([0.5]))), DTypeError, "float64"),
+        (lambda: x.masked_fill(_idx(mesh, np.ones((2, 7), bool)), 0.0), ShardingError,
+         "masked_fill"),
+        (lambda: x.masked_fill(_idx(mesh, np.ones(SHAPE)), 0.0), DTypeError, "boolean"),
+        (lambda: x.scatter(0, _idx(mesh, np.zeros(SHAPE, np.int64)), _idx(mesh, np.ones((2, 7),
+                                                                                      np.float32))),
+         ShardingError, "scatter"),
+        (lambda: x.topk(8, 1), DimError, "topk"),
+    ]
+    for fn, kind, text in cases:
+        with pytest.raises(kind, match=text.replace("(", r"\(").replace(")", r"\)")):
+            fn()

@@ -11,16 +11,20 @@ holds whole (the rules keep index arguments replicated), so every rank raises al
 
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 
-from .errors import DimError, DTypeError, ShardingError
-from .meta import broadcast_shapes, norm_dim
+from .errors import ArgumentError, DimError, DTypeError, ShardingError
+from .meta import _full_slice, broadcast_shapes, norm_dim
 
 __all__ = [
+    "advanced_index_shape",
     "check_index_dtype",
     "check_index_values",
     "gather_shape",
     "index_select_shape",
+    "is_advanced_entry",
     "kthvalue_shape",
     "masked_fill_check",
     "scatter_check",
@@ -200,3 +204,136 @@ def kthvalue_shape(
         return (), d
     return (shape[:d] + (1,) + shape[d + 1 :]) if keepdim else shape[:d] + shape[d + 1 :], d
 
+
+def is_advanced_entry(item: object) -> bool:
+    """Whether an index entry asks for advanced indexing: a list, a bool, or an array or
+    tensor (anything with a ``shape`` and a ``dtype``) of one dim or more."""
+    return isinstance(item, (bool, np.bool_, list)) or (
+        hasattr(item, "dtype") and len(getattr(item, "shape", ())) > 0
+    )
+
+
+def advanced_index_shape(
+    shape: tuple[int, ...], index: object, op: str = "__getitem__"
+) -> tuple[tuple[int, ...], dict[int, int]]:
+    """numpy's (and PyTorch's) advanced indexing ``x[index]`` on metadata: the output shape
+    and the input dims kept whole ``{input dim: output dim}`` (under ``...`` or a slice of
+    the whole dim). Index arrays (integer or bool; lists, ndarrays, tensors) are read: a
+    bool mask's shape and number of True entries, an integer index's shape and range.
+
+    The advanced entries (with the ints among them) broadcast together; their dims stand
+    where the first of them stands when they are adjacent in ``index``, first otherwise.
+
+    Raises
+    ------
+    DTypeError
+        An index array that is not of an integer or bool dtype.
+    DimError
+        An integer index out of range, a mask whose shape differs from the dims it covers,
+        too many indices, two ellipses, an entry that is not an index; each message names
+        ``op``, the index and the global shape.
+    ArgumentError
+        A slice step that is not positive.
+    ShardingError
+        Index arrays whose shapes do not broadcast.
+    """
+    items = index if isinstance(index, tuple) else (index,)
+    where = f"(index {index!r} of a tensor of global shape {tuple(shape)})"
+    entries: list[tuple[str, object]] = []
+    consumed = ellipses = 0
+    for it in items:
+        if it is None or it is Ellipsis:
+            ellipses += it is Ellipsis
+            entries.append(("none" if it is None else "...", it))
+        elif isinstance(it, slice):
+            if it.step is not None and it.step <= 0:
+                raise ArgumentError(f"{op}: step must be greater than zero (got {it.step})")
+            entries.append(("slice", it))
+            consumed += 1
+        elif is_advanced_entry(it) or (hasattr(it, "dtype") and not isinstance(it, np.generic)):
+            arr = np.asarray(it)
+            if arr.dtype.kind not in "iub":
+                raise DTypeError(
+                    f"{op}: tensors used as indices must be long, int, byte or bool tensors, "
+                    f"got {arr.dtype} {where}"
+                )
+            if arr.dtype.kind == "b":
+                entries.append(("mask", arr))
+                consumed += arr.ndim
+            else:
+                entries.append(("array", arr))
+                consumed += 1
+        else:
+            try:
+                entries.append(("int", operator.index(it)))
+            except TypeError:
+                raise DimError(
+                    f"{op}: only integers, slices, None, ..., and integer or boolean tensors "
+                    f"are valid indices (got {type(it).__name__}) {where}"
+                ) from None
+            consumed += 1
+    ndim = len(shape)
+    if consumed > ndim:
+        raise DimError(f"{op}: too many indices for tensor of dimension {ndim} {where}")
+    if ellipses > 1:
+        raise DimError(f"{op}: an index can only have a single ellipsis ('...') {where}")
+    if not ellipses:
+        entries.append(("...", Ellipsis))
+    # one pass over the input dims: each entry's dims, the advanced group's pieces
+    groups: list[tuple[int, ...]] = []
+    adv_pos: list[int] = []  # positions in ``plan``
+    adv_entries: list[int] = []  # positions in ``entries`` (a ``...`` separates, as in numpy)
+    plan: list[tuple[str, object, int]] = []  # (kind, value, first input dim)
+    src = 0
+    for pos, (kind, v) in enumerate(entries):
+        if kind == "...":
+            for _ in range(ndim - consumed):
+                plan.append(("slice", slice(None), src))
+                src += 1
+            continue
+        plan.append((kind, v, src))
+        if kind == "none":
+            continue
+        if kind == "slice":
+            src += 1
+            continue
+        adv_pos.append(len(plan) - 1)
+        adv_entries.append(pos)
+        if kind == "mask":
+            covered = shape[src : src + v.ndim]  # type: ignore[union-attr]
+            if tuple(v.shape) != tuple(covered):  # type: ignore[union-attr]
+                raise DimError(
+                    f"{op}: the shape of the mask {tuple(v.shape)} at index {src} does not "  # type: ignore[union-attr]
+                    f"match the shape of the indexed tensor {tuple(covered)} {where}"
+                )
+            groups.append((int(np.count_nonzero(v)),))
+            src += v.ndim  # type: ignore[union-attr]
+        else:
+            n = shape[src]
+            vals = np.asarray(v)
+            if vals.size and (int(vals.min()) < -n or int(vals.max()) >= n):
+                bad = int(vals.min()) if int(vals.min()) < -n else int(vals.max())
+                raise DimError(
+                    f"{op}: index {bad} is out of bounds for dimension {src} with size {n} "
+                    f"{where}"
+                )
+            groups.append(tuple(vals.shape))
+            src += 1
+    arrays = [p for p in adv_pos if plan[p][0] in ("mask", "array")]
+    if not arrays:
+        raise DimError(f"{op}: no advanced index in {where}")  # basic indexing: meta.index_shape
+    bshape = broadcast_shapes(op, groups)
+    adjacent = adv_entries[-1] - adv_entries[0] + 1 == len(adv_entries)
+    out: list[int] = [] if adjacent else list(bshape)
+    kept: dict[int, int] = {}
+    for pos, (kind, v, d) in enumerate(plan):
+        if kind == "none":
+            out.append(1)
+        elif kind == "slice":
+            n = shape[d]
+            if _full_slice(v, n):  # type: ignore[arg-type]
+                kept[d] = len(out)
+            out.append(len(range(*v.indices(n))))  # type: ignore[union-attr]
+        elif adjacent and pos == adv_pos[0]:
+            out.extend(bshape)
+    return tuple(out), kept

@@ -513,6 +513,8 @@ def lookup(
         for si in binder.static_idx:
             s = values[si]
             key.append(_freeze(s) if type(s) in _COMPOUND else s)
+        if name in _INDEXING:  # a list index is not the tuple of its entries
+            key.append(tuple([type(values[si]) is list for si in binder.static_idx]))
         key = tuple(key)
         entry = cache.data.get(key)
     except _Uncacheable:
@@ -544,6 +546,11 @@ def _heard(entry: CacheEntry, mesh: object, miss: bool) -> tuple:
 
 class _Uncacheable(Exception):
     """A static argument whose value cannot be part of a cache key."""
+
+
+#: Ops whose static list and tuple of the same entries mean different things (``x[[0, 2]]``
+#: is advanced indexing, ``x[0, 2]`` an element): their cache keys tell them apart.
+_INDEXING = frozenset(("getitem",))
 
 
 def _freeze(v: object) -> object:

@@ -35,6 +35,7 @@ def _idx(mesh, arr, pl=(R,)):
 
 
 def _check(got, want):
+    assert tuple(got.shape) == np.shape(want)
     np.testing.assert_allclose(got.full_tensor().numpy(), want, rtol=1e-5, atol=1e-5)
 
 
@@ -114,7 +115,7 @@ def test_sorts_match_numpy():
 @pytest.mark.mpi(min_size=1)
 def test_local_along_unsharded_dims():
     mesh = _mesh()
-    a, x = _x(mesh, [S(0)])
+    _, x = _x(mesh, [S(0)])
     idx = _idx(mesh, np.array([6, 0, 3]))
     g = _idx(mesh, np.zeros(SHAPE, np.int64))
     with dt.debug.CommDebugMode() as mode:
@@ -147,3 +148,67 @@ def test_bad_indices_raise_on_every_rank():
     for fn, kind, text in cases:
         with pytest.raises(kind, match=text.replace("(", r"\(").replace(")", r"\)")):
             fn()
+
+
+def _keys(rng):
+    mask0 = rng.random(SHAPE[0]) < 0.5
+    return [
+        np.array([4, 0, 2]),
+        [1, 1, 3],
+        dt.tensor([0, 2]),
+        (slice(None), [6, 0, 3]),
+        (slice(None), dt.tensor(np.array([5, 1]))),
+        mask0,
+        (slice(None), rng.random(SHAPE[1]) < 0.5),
+        rng.random(SHAPE) < 0.3,
+        (np.array([[0, 1], [4, 4]]), np.array([6, 0])),
+        (np.array([0, 3]), slice(1, None)),
+        (Ellipsis, [2]),
+        ([0, 2], None),
+    ]
+
+
+def _np_key(key):
+    if isinstance(key, tuple):
+        return tuple(_np_key(k) for k in key)
+    return key.numpy() if isinstance(key, dt.Tensor) else key
+
+
+@pytest.mark.mpi(min_size=1)
+def test_advanced_getitem_matches_numpy():
+    mesh = _mesh()
+    for pl in _layouts():
+        a, x = _x(mesh, pl)
+        for key in _keys(np.random.default_rng(3)):
+            y = x[key]
+            want = a[_np_key(key)]
+            assert y.shape == want.shape, key
+            _check(y, want)
+            if pl[0].is_partial():
+                assert y.placements == tuple(pl)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_list_and_tuple_indices_are_cached_apart():
+    mesh = _mesh()
+    a, x = _x(mesh, [S(1)])
+    for _ in range(3):  # hits of the propagation cache and the compiled front alike
+        _check(x[0, 2], a[0, 2])
+        _check(x[[0, 2]], a[[0, 2]])
+        _check(x[[0, 2], 1], a[[0, 2], 1])
+
+
+@pytest.mark.mpi(min_size=1)
+def test_bad_advanced_indices_raise_on_every_rank():
+    mesh = _mesh()
+    _, x = _x(mesh, [S(0)])
+    with pytest.raises(DimError, match=r"index 5 is out of bounds for dimension 0 with size 5"):
+        x[[0, 5]]
+    with pytest.raises(DimError, match=r"global shape \(5, 7\)"):
+        x[:, np.array([-8])]
+    with pytest.raises(DTypeError, match="float32"):
+        x[np.array([1.0], np.float32)]
+    with pytest.raises(DimError, match=r"shape of the mask \(4,\)"):
+        x[np.ones(4, bool)]
+    with pytest.raises(DTypeError, match="full_tensor"):
+        x[_idx(mesh, np.array([0, 1]))]

@@ -440,6 +440,22 @@ def _index_cases(g: _Gen, shapes, name: str) -> Iterator[Case]:
                            f"{dt.name}{shape}")
                 yield Case({"input": g.arr(shape, dt), "k": r - 1, "dim": 0, "largest": False},
                            f"{dt.name}{shape}smallest")
+        elif name == "setitem":
+            ceil = (c + 1) // 2
+            for idx, value in (
+                (slice(1, None, 2), 0.5),
+                ((slice(None), c - 1), g.arr((r,), _F32)),
+                ((slice(1, 4), slice(None)), g.arr((c,), _F32)),
+                ((slice(None), slice(0, c, 2)), g.arr((r, ceil), _F32)),
+                ((Ellipsis, slice(1, None)), g.arr((r, 1), _F32)),
+                (min(1, r - 1), g.arr((c,), _F32)),
+                (g.arr(shape, _BOOL), -1.0),
+                ([0, r - 1], g.arr((2, c), _F32)),
+                ((slice(None), np.array([c - 1, 0])), 2.0),
+                ((slice(None), np.array([c - 1, 0])), g.arr((r, 2), _F32)),
+            ):
+                yield Case({"input": g.arr(shape, _F32), "idx": idx, "value": value},
+                           f"{shape}[{idx!r}]")
         elif name == "kthvalue":
             for dt in _dtypes("f", "i"):
                 yield Case({"input": g.arr(shape, dt), "k": 2, "dim": 1}, f"{dt.name}{shape}")

@@ -23,6 +23,7 @@ __all__ = [
     "check_index_dtype",
     "check_index_values",
     "gather_shape",
+    "index_plan",
     "index_select_shape",
     "is_advanced_entry",
     "kthvalue_shape",
@@ -218,20 +219,40 @@ def advanced_index_shape(
 ) -> tuple[tuple[int, ...], dict[int, int]]:
     """numpy's (and PyTorch's) advanced indexing ``x[index]`` on metadata: the output shape
     and the input dims kept whole ``{input dim: output dim}`` (under ``...`` or a slice of
-    the whole dim). Index arrays (integer or bool; lists, ndarrays, tensors) are read: a
-    bool mask's shape and number of True entries, an integer index's shape and range.
+    the whole dim); see :func:`index_plan`."""
+    out, kept, _ = index_plan(shape, index, op)
+    return out, kept
 
-    The advanced entries (with the ints among them) broadcast together; their dims stand
-    where the first of them stands when they are adjacent in ``index``, first otherwise.
+
+def index_plan(
+    shape: tuple[int, ...], index: object, op: str = "__getitem__"
+) -> tuple[tuple[int, ...], dict[int, int], list[tuple[str, object, int, int | None]]]:
+    """How ``x[index]`` indexes a tensor of ``shape`` (basic or advanced), on metadata.
+
+    Index arrays (integer or bool; lists, ndarrays, tensors) are read: a bool mask's shape
+    and number of True entries, an integer index's shape and range. With an index array
+    present, the advanced entries (ints among them) broadcast together; their dims stand
+    where the first of them stands when they are adjacent in ``index`` (a ``...`` separates),
+    first otherwise.
+
+    Returns
+    -------
+    (out_shape, kept, plan)
+        The result's shape; the input dims kept whole ``{input dim: output dim}`` (under
+        ``...`` or a slice of the whole dim); one entry per index entry (``...`` expanded
+        to whole slices): ``(kind, value, first input dim, output dim)`` with kind
+        ``"slice"``, ``"int"`` (value normalised to ``[0, size)``), ``"none"``,
+        ``"array"`` or ``"mask"`` (ndarrays); the output dim of an advanced entry is where
+        the broadcast index dims start, None for an int of basic indexing.
 
     Raises
     ------
     DTypeError
         An index array that is not of an integer or bool dtype.
     DimError
-        An integer index out of range, a mask whose shape differs from the dims it covers,
-        too many indices, two ellipses, an entry that is not an index; each message names
-        ``op``, the index and the global shape.
+        An index out of range, a mask whose shape differs from the dims it covers, too many
+        indices, two ellipses, an entry that is not an index; each message names ``op``,
+        the index and the global shape.
     ArgumentError
         A slice step that is not positive.
     ShardingError
@@ -279,26 +300,22 @@ def advanced_index_shape(
         raise DimError(f"{op}: an index can only have a single ellipsis ('...') {where}")
     if not ellipses:
         entries.append(("...", Ellipsis))
-    # one pass over the input dims: each entry's dims, the advanced group's pieces
+    has_arrays = any(k in ("mask", "array") for k, _ in entries)
     groups: list[tuple[int, ...]] = []
-    adv_pos: list[int] = []  # positions in ``plan``
     adv_entries: list[int] = []  # positions in ``entries`` (a ``...`` separates, as in numpy)
-    plan: list[tuple[str, object, int]] = []  # (kind, value, first input dim)
+    plan: list[list] = []  # [kind, value, first input dim, output dim]
     src = 0
     for pos, (kind, v) in enumerate(entries):
         if kind == "...":
             for _ in range(ndim - consumed):
-                plan.append(("slice", slice(None), src))
+                plan.append(["slice", slice(None), src, None])
                 src += 1
             continue
-        plan.append((kind, v, src))
-        if kind == "none":
+        plan.append([kind, v, src, None])
+        if kind in ("none", "slice"):
+            src += kind == "slice"
             continue
-        if kind == "slice":
-            src += 1
-            continue
-        adv_pos.append(len(plan) - 1)
-        adv_entries.append(pos)
+        n = shape[src] if src < ndim else 0
         if kind == "mask":
             covered = shape[src : src + v.ndim]  # type: ignore[union-attr]
             if tuple(v.shape) != tuple(covered):  # type: ignore[union-attr]
@@ -309,7 +326,6 @@ def advanced_index_shape(
             groups.append((int(np.count_nonzero(v)),))
             src += v.ndim  # type: ignore[union-attr]
         else:
-            n = shape[src]
             vals = np.asarray(v)
             if vals.size and (int(vals.min()) < -n or int(vals.max()) >= n):
                 bad = int(vals.min()) if int(vals.min()) < -n else int(vals.max())
@@ -317,23 +333,31 @@ def advanced_index_shape(
                     f"{op}: index {bad} is out of bounds for dimension {src} with size {n} "
                     f"{where}"
                 )
+            if kind == "int":
+                plan[-1][1] = v % n  # type: ignore[operator]
             groups.append(tuple(vals.shape))
             src += 1
-    arrays = [p for p in adv_pos if plan[p][0] in ("mask", "array")]
-    if not arrays:
-        raise DimError(f"{op}: no advanced index in {where}")  # basic indexing: meta.index_shape
-    bshape = broadcast_shapes(op, groups)
-    adjacent = adv_entries[-1] - adv_entries[0] + 1 == len(adv_entries)
+        if kind != "int" or has_arrays:
+            adv_entries.append(pos)
+    bshape = broadcast_shapes(op, groups) if has_arrays else ()
+    adjacent = not adv_entries or adv_entries[-1] - adv_entries[0] + 1 == len(adv_entries)
     out: list[int] = [] if adjacent else list(bshape)
     kept: dict[int, int] = {}
-    for pos, (kind, v, d) in enumerate(plan):
+    group_at = None if adjacent else 0
+    for step in plan:
+        kind, v, d, _ = step
         if kind == "none":
+            step[3] = len(out)
             out.append(1)
         elif kind == "slice":
             n = shape[d]
             if _full_slice(v, n):  # type: ignore[arg-type]
                 kept[d] = len(out)
+            step[3] = len(out)
             out.append(len(range(*v.indices(n))))  # type: ignore[union-attr]
-        elif adjacent and pos == adv_pos[0]:
-            out.extend(bshape)
-    return tuple(out), kept
+        elif kind != "int" or has_arrays:
+            if group_at is None:
+                group_at = len(out)
+                out.extend(bshape)
+            step[3] = group_at
+    return tuple(out), kept, [tuple(p) for p in plan]  # type: ignore[misc]

@@ -550,7 +550,7 @@ class _Uncacheable(Exception):
 
 #: Ops whose static list and tuple of the same entries mean different things (``x[[0, 2]]``
 #: is advanced indexing, ``x[0, 2]`` an element): their cache keys tell them apart.
-_INDEXING = frozenset(("getitem",))
+_INDEXING = frozenset(("getitem", "setitem"))
 
 
 def _freeze(v: object) -> object:

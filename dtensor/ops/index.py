@@ -1,15 +1,16 @@
 """Records of the indexing ops: ``index_select``, ``gather``, ``scatter``,
 ``scatter_add``, ``take_along_dim``, ``masked_fill``, ``sort``, ``argsort``, ``topk`` and
 ``kthvalue`` (functions and methods; ``masked_fill_``, ``scatter_`` and ``scatter_add_``
-in place). Their rules are :mod:`placements.rules.index`; the ops that take an index with
+in place), and ``x[idx] = value`` (``setitem``). Their rules are :mod:`placements.rules.index`; the ops that take an index with
 the data sharded on another dim cut the index to the shard (:func:`.local_fns.index_local`).
 """
 
 from __future__ import annotations
 
 from ..local.kernels import index as K
-from .local_fns import index_local
-from .table import declare
+from ..local.tensor import Tensor
+from .local_fns import index_local, setitem_local
+from .table import Operator, declare, declare_method
 
 __all__: list[str] = []
 
@@ -41,3 +42,16 @@ declare("masked_fill", K.masked_fill, ("input", "mask", "value"),
         inplace=_inplace(K.masked_fill), samples="index")
 for _name in ("sort", "argsort", "topk", "kthvalue"):
     declare(_name, getattr(K, _name), samples="index")
+
+
+
+def _setitem(input: Tensor, idx: object, value: object) -> Tensor:
+    """``input[idx] = value``, returning ``input`` (the op table's kernel form). **Local**."""
+    input[idx] = value
+    return input
+
+
+# x[idx] = value: the index is static (every rank holds it whole, as for x[idx])
+declare_method("setitem", ("input", "idx", "value"), ("input", "value"), kernel=_setitem,
+               writes=True, local_fn=setitem_local, samples="index",
+               operators=(Operator("__setitem__", "method", Tensor.__setitem__),))

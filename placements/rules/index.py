@@ -17,6 +17,13 @@ sharded on a dim the op does not index, each rank uses the index's rows of its o
   (split like a scalar operand), ``P(avg/max/min)`` everywhere.
 - ``sort``/``argsort``/``topk``/``kthvalue``: the sorted dim unsharded, other dims keep
   their Shard; no Partial.
+- ``setitem`` (``x[idx] = value``, in place): a dim kept whole keeps its Shard, with the
+  value sharded alike where it has that dim at full size; a dim indexed by ints or slices
+  stays sharded too, the value replicated: each rank writes its own block's part
+  (:func:`dtensor.ops.local_fns.setitem_local` translates the index); a dim indexed by
+  the index's only mask or integer array stays sharded (each rank keeps its block's entries
+  of it and of the value); ``P(sum)`` takes the value once, ``P(avg/max/min)``
+  everywhere.
 
 Shapes and argument checks come from :mod:`placements.index_meta`, as in the local kernels.
 """
@@ -25,8 +32,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import ShardingError
 from ..index_meta import (
     gather_shape,
+    index_plan,
     index_select_shape,
     kthvalue_shape,
     masked_fill_check,
@@ -35,10 +44,11 @@ from ..index_meta import (
     take_along_dim_shape,
     topk_shape,
 )
+from ..meta import broadcast_shapes
 from ._core import Candidate, OpSchema, P, R, RuleResult, S, pointwise_candidates, register_rule
 from .pointwise import inplace_result
 
-__all__ = ["masked_fill_rule", "scatter_rule", "select_rule", "sort_rule"]
+__all__ = ["masked_fill_rule", "scatter_rule", "select_rule", "setitem_rule", "sort_rule"]
 
 _KINDS = ("sum", "avg", "max", "min")
 _INT64 = np.dtype(np.int64)
@@ -141,3 +151,47 @@ def sort_rule(schema: OpSchema) -> RuleResult:
     cands.extend(Candidate((S(o),) * n_out + (S(k),)) for k, o in sorted(dim_map.items()))
     dtypes = (_INT64,) if op == "argsort" else (a.dtype, _INT64)  # type: ignore[union-attr]
     return RuleResult((out,) * n_out, dtypes, tuple(cands))
+
+
+def setitem_sharded_dims(shape: tuple[int, ...], plan: list) -> set[int]:
+    """The dims that ``x[idx] = value`` may keep sharded, from
+    :func:`placements.index_meta.index_plan`'s plan: every dim, except those of index
+    arrays when the index has more than one advanced entry (ints included)."""
+    arrays = [p for p in plan if p[0] in ("mask", "array")]
+    if len(arrays) == 1 and not any(p[0] == "int" for p in plan):
+        return set(range(len(shape)))
+    adv: set[int] = set()
+    for kind, v, d, _ in arrays:
+        adv.update(range(d, d + (v.ndim if kind == "mask" else 1)))
+    return {d for d in range(len(shape)) if d not in adv}
+
+
+@register_rule("setitem", static=("idx",))
+def setitem_rule(schema: OpSchema) -> RuleResult:
+    """Rule of ``x[idx] = value`` (args: input, value), in place. **Local**."""
+    a, value = schema.args[0], schema.args[1]
+    shape = a.shape  # type: ignore[union-attr]
+    idx = schema.get("idx")
+    region, kept, plan = index_plan(shape, idx, "__setitem__")
+    vshape = value.shape  # type: ignore[union-attr]
+    try:
+        fits = broadcast_shapes("__setitem__", [region, vshape]) == region
+    except ShardingError:
+        fits = False
+    if not fits:
+        raise ShardingError(
+            f"__setitem__: shape mismatch: value tensor of shape {vshape} cannot be broadcast "
+            f"to indexing result of shape {region} (index {idx!r}, global shape {shape})"
+        )
+    lead = len(region) - len(vshape)
+    cands = [Candidate((R, R, R))]
+    for d in sorted(setitem_sharded_dims(shape, plan)):
+        vp = R
+        if d in kept:
+            o = kept[d] - lead
+            vp = S(o) if o >= 0 and vshape[o] == region[kept[d]] else R
+        cands.append(Candidate((S(d), S(d), vp)))
+    cands.append(Candidate((P("sum"), P("sum"), P("sum"))))
+    cands.extend(Candidate((P(k), P(k), R)) for k in _KINDS[1:])
+    result = RuleResult((shape,), (a.dtype,), tuple(cands))  # type: ignore[union-attr]
+    return inplace_result(schema, result)

@@ -212,3 +212,66 @@ def test_bad_advanced_indices_raise_on_every_rank():
         x[np.ones(4, bool)]
     with pytest.raises(DTypeError, match="full_tensor"):
         x[_idx(mesh, np.array([0, 1]))]
+
+
+def _set_cases(rng):
+    r, c = SHAPE
+    return [
+        (slice(1, None, 2), 0.5),
+        ((slice(None), 2), rng.standard_normal(r).astype(np.float32)),
+        ((slice(1, 4), slice(None)), rng.standard_normal(c).astype(np.float32)),
+        ((slice(None), slice(0, c, 3)), rng.standard_normal((r, 3)).astype(np.float32)),
+        (3, -1.0),
+        (-1, rng.standard_normal(c).astype(np.float32)),
+        (rng.random(SHAPE) < 0.4, 7.0),
+        ([0, 4], rng.standard_normal((2, c)).astype(np.float32)),
+        ((slice(None), np.array([6, 0])), 2.0),
+        (np.array([4, 1]), 3.0),
+        ((Ellipsis, [1, 2]), rng.standard_normal((r, 2)).astype(np.float32)),
+        (np.arange(r * c).reshape(SHAPE) % 3 == 0, np.arange(12, dtype=np.float32)),
+        (np.array([[4, 0], [2, 2]]), rng.standard_normal((2, 2, c)).astype(np.float32)),
+    ]
+
+
+@pytest.mark.mpi(min_size=1)
+def test_setitem_writes_each_ranks_part():
+    mesh = _mesh()
+    for pl in _layouts():
+        for key, value in _set_cases(np.random.default_rng(4)):
+            a, x = _x(mesh, pl)
+            v = value if isinstance(value, float) else _idx(mesh, value)
+            x[key] = v
+            want = a.copy()
+            want[key] = value
+            assert x.placements == tuple(pl)
+            _check(x, want)
+    # a scalar written into shards, and a value laid out like the kept dims: no communication
+    a, x = _x(mesh, [S(0)])
+    v = dt.distribute_tensor(np.ones((5, 2), np.float32), mesh, [S(0)])
+    with dt.debug.CommDebugMode() as mode:
+        x[1:4] = 0.0
+        x[np.array([0, 4])] = 1.0
+        x[:, 5:] = v
+    assert mode.get_total_counts() == 0
+    want = a.copy()
+    want[1:4] = 0
+    want[[0, 4]] = 1
+    want[:, 5:] = 1
+    _check(x, want)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_setitem_errors_on_every_rank():
+    mesh = _mesh()
+    _, x = _x(mesh, [S(0)])
+    with pytest.raises(ShardingError, match=r"shape mismatch: value tensor of shape \(3,\)"):
+        x[:, 1:3] = _idx(mesh, np.ones(3, np.float32))
+    with pytest.raises(DimError, match="index 9 is out of bounds for dimension 1 with size 7"):
+        x[:, [9]] = 0.0
+    with pytest.raises(DimError, match=r"shape of the mask \(5, 6\)"):
+        x[np.ones((5, 6), bool)] = 0.0
+    with pytest.raises(DTypeError, match="float64"):
+        x[np.array([0.0])] = 1.0
+    if WORLD.size > 1:  # two index arrays, one on the sharded dim: no strategy keeps S(0)
+        with pytest.raises(ShardingError, match="in-place"):
+            x[[0, 1], [2, 3]] = 1.0

@@ -66,6 +66,7 @@ from .dispatch import install as _install
 from .dispatch.custom import register_op  # noqa: F401
 from .dispatch.dispatcher import clear_caches  # noqa: F401
 from .dispatch.escape import implicit_replication, local_map  # noqa: F401
+from .dispatch.gathering import masked_select, nonzero  # noqa: F401
 
 from . import debug  # noqa: F401  (the debug tools)
 

@@ -275,3 +275,27 @@ def test_setitem_errors_on_every_rank():
     if WORLD.size > 1:  # two index arrays, one on the sharded dim: no strategy keeps S(0)
         with pytest.raises(ShardingError, match="in-place"):
             x[[0, 1], [2, 3]] = 1.0
+
+
+@pytest.mark.mpi(min_size=1)
+def test_nonzero_and_masked_select_gather_to_replicate():
+    mesh = _mesh()
+    rng = np.random.default_rng(8)
+    a = (rng.random(SHAPE) < 0.3) * rng.standard_normal(SHAPE).astype(np.float32)
+    m = rng.random(SHAPE) < 0.5
+    for pl in ([S(0)], [S(1)], [R], [P("max")]):  # (a P(sum)'s zeros may round)
+        x = distribute_random(a, mesh, pl, seed=2)
+        nz = x.nonzero()
+        assert nz.placements == (R,) and nz.dtype == np.int64
+        np.testing.assert_array_equal(nz.to_local().numpy(), np.argwhere(a))
+        rows, cols = dt.nonzero(x, as_tuple=True)
+        np.testing.assert_array_equal(rows.to_local().numpy(), np.nonzero(a)[0])
+        np.testing.assert_array_equal(cols.to_local().numpy(), np.nonzero(a)[1])
+        for mask in (_idx(mesh, m, [S(0)]), dt.tensor(m[0])):
+            sel = dt.masked_select(x, mask)
+            want = np.broadcast_to(a, SHAPE)[np.broadcast_to(mask.full_tensor().numpy()
+                                                             if isinstance(mask, dt.DTensor)
+                                                             else mask.numpy(), SHAPE)]
+            assert sel.placements == (R,)
+            np.testing.assert_allclose(sel.to_local().numpy(), want, rtol=1e-5, atol=1e-6)
+    assert np.array_equal(dt.nonzero(dt.tensor(a)).numpy(), np.argwhere(a))

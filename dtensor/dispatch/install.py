@@ -355,9 +355,9 @@ _OWN_DTENSOR = frozenset(vars(DTensor))
 _TENSOR_DOC, _DTENSOR_DOC = Tensor.__doc__, DTensor.__doc__
 _TENSOR_NAMES = _install_tensor()
 _DTENSOR_NAMES = _install_dtensor()
-for _name, _fn in GATHERING.items():  # data-dependent shapes, outside the table
-    setattr(Tensor, _name, _fn)
-    setattr(DTensor, _name, _fn)
+for _gname, _gfn in GATHERING.items():  # data-dependent shapes, outside the table
+    setattr(Tensor, _gname, _gfn)
+    setattr(DTensor, _gname, _gfn)
 _TENSOR_NAMES += list(GATHERING)
 _DTENSOR_NAMES += list(GATHERING)
 _document(Tensor, _TENSOR_DOC, _TENSOR_NAMES)

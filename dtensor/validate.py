@@ -273,7 +273,14 @@ _VIEW_CASES: dict[str, tuple] = {
     "getitem": (((8, 12), {"idx": 1}), ((5, 7), {"idx": (slice(None), 2)}),
                 ((5, 7), {"idx": slice(1, 4)}), ((5, 7), {"idx": (None, Ellipsis, 0)}),
                 ((8, 12), {"idx": (slice(None, None, 2), slice(None))}),
-                ((2, 3, 4), {"idx": (Ellipsis, slice(0, 10))})),
+                ((2, 3, 4), {"idx": (Ellipsis, slice(0, 10))}),
+                # advanced: lists, integer arrays (adjacent or not), bool masks
+                ((5, 7), {"idx": [0, 2, 4]}),
+                ((5, 7), {"idx": (slice(None), np.array([6, 0, 3]))}),
+                ((5, 7), {"idx": np.array([True, False, True, True, False])}),
+                ((2, 3, 4), {"idx": (slice(None), np.array([[0, 2], [1, 1]]), slice(None))}),
+                ((2, 3, 4), {"idx": (0, slice(None), np.array([3, 1]))}),
+                ((3, 2), {"idx": np.array([[True, False], [False, True], [True, True]])})),
     "split": (((8, 12), {"split_size_or_sections": 3, "dim": 0}),
               ((5, 7), {"split_size_or_sections": (2, 5), "dim": 1})),
     "chunk": (((8, 12), {"chunks": 3, "dim": 1}), ((5, 7), {"chunks": 2, "dim": 0}),
@@ -383,6 +390,79 @@ def _expand_as_cases(g: _Gen, shapes, name: str) -> Iterator[Case]:
     yield Case({"input": g.arr((7,), _F32), "other": g.arr((3, 7), _F32)}, "(7,)->(3,7)")
 
 
+def _index_cases(g: _Gen, shapes, name: str) -> Iterator[Case]:
+    """Indexing ops: indices in range (int64, and int32 for index_select), empty indices,
+    sharded and broadcast dims, python-scalar and 0-d values."""
+    ints = g.rng.integers
+    for shape in shapes:
+        r, c = shape
+        x = g.arr(shape, _F32)
+        if name == "index_select":
+            for dim, n in ((0, r), (1, c)):
+                yield Case({"input": x, "dim": dim, "index": ints(0, n, (4,))}, f"{shape}d{dim}")
+            yield Case({"input": g.arr(shape, _I64), "dim": 1,
+                        "index": ints(0, c, (2,)).astype(np.int32)}, f"{shape}int32")
+            yield Case({"input": x, "dim": 0, "index": np.zeros((0,), np.int64)}, f"{shape}empty")
+        elif name == "gather":
+            yield Case({"input": x, "dim": 0, "index": ints(0, r, shape)}, f"{shape}d0")
+            yield Case({"input": x, "dim": 1, "index": ints(0, c, (r, 3))}, f"{shape}d1")
+            yield Case({"input": x, "dim": 1, "index": ints(0, c, (max(r - 1, 1), c))},
+                       f"{shape}d1-short")
+        elif name == "take_along_dim":
+            yield Case({"input": x, "indices": ints(0, c, (r, 3)), "dim": 1}, f"{shape}d1")
+            yield Case({"input": x, "indices": ints(0, r, (2, c)), "dim": 0}, f"{shape}d0")
+            yield Case({"input": x, "indices": ints(0, c, (1, 3)), "dim": 1}, f"{shape}bcast")
+            yield Case({"input": x, "indices": ints(0, r * c, (4,)), "dim": None}, f"{shape}flat")
+        elif name in ("scatter", "scatter_add"):
+            yield Case({"input": x, "dim": 0, "index": ints(0, r, shape),
+                        "src": g.arr(shape, _F32)}, f"{shape}d0")
+            yield Case({"input": x, "dim": 1, "index": ints(0, c, (r, 2)),
+                        "src": g.arr((r, 3), _F32)}, f"{shape}d1")
+            yield Case({"input": g.arr(shape, _I64), "dim": 1, "index": ints(0, c, (1, c)),
+                        "src": g.arr((2, c), _I64)}, f"{shape}int-short")
+            if name == "scatter":
+                yield Case({"input": x, "dim": 0, "index": ints(0, r, (2, c)), "src": 1.5},
+                           f"{shape}scalar")
+        elif name == "masked_fill":
+            yield Case({"input": x, "mask": g.arr(shape, _BOOL), "value": 0.5}, f"{shape}")
+            yield Case({"input": g.arr(shape, _I64), "mask": g.arr((c,), _BOOL), "value": -1},
+                       f"{shape}bcast")
+            yield Case({"input": x, "mask": g.arr((r, 1), _BOOL),
+                        "value": np.array(2.0, np.float32)}, f"{shape}0-d")
+        elif name in ("sort", "argsort"):
+            for dt in _dtypes("f", "i"):
+                for dim, desc in ((0, False), (-1, True)):
+                    yield Case({"input": g.arr(shape, dt), "dim": dim, "descending": desc},
+                               f"{dt.name}{shape}d{dim}{'desc' if desc else ''}")
+        elif name == "topk":
+            for dt in _dtypes("f", "i"):
+                yield Case({"input": g.arr(shape, dt), "k": min(2, c), "dim": -1},
+                           f"{dt.name}{shape}")
+                yield Case({"input": g.arr(shape, dt), "k": r - 1, "dim": 0, "largest": False},
+                           f"{dt.name}{shape}smallest")
+        elif name == "setitem":
+            ceil = (c + 1) // 2
+            for idx, value in (
+                (slice(1, None, 2), 0.5),
+                ((slice(None), c - 1), g.arr((r,), _F32)),
+                ((slice(1, 4), slice(None)), g.arr((c,), _F32)),
+                ((slice(None), slice(0, c, 2)), g.arr((r, ceil), _F32)),
+                ((Ellipsis, slice(1, None)), g.arr((r, 1), _F32)),
+                (min(1, r - 1), g.arr((c,), _F32)),
+                (g.arr(shape, _BOOL), -1.0),
+                ([0, r - 1], g.arr((2, c), _F32)),
+                ((slice(None), np.array([c - 1, 0])), 2.0),
+                ((slice(None), np.array([c - 1, 0])), g.arr((r, 2), _F32)),
+            ):
+                yield Case({"input": g.arr(shape, _F32), "idx": idx, "value": value},
+                           f"{shape}[{idx!r}]")
+        elif name == "kthvalue":
+            for dt in _dtypes("f", "i"):
+                yield Case({"input": g.arr(shape, dt), "k": 2, "dim": 1}, f"{dt.name}{shape}")
+                yield Case({"input": g.arr(shape, dt), "k": r, "dim": 0, "keepdim": True},
+                           f"{dt.name}{shape}keepdim")
+
+
 #: The sample generators, by the ``samples`` family an op record names; each is called with
 #: the out-of-place op's name (an in-place op uses its out-of-place one's samples).
 _FAMILIES: dict[str, Callable[[_Gen, tuple, str], Iterator[Case]]] = {
@@ -398,6 +478,7 @@ _FAMILIES: dict[str, Callable[[_Gen, tuple, str], Iterator[Case]]] = {
     "view": _view_cases,
     "expand_as": _expand_as_cases,
     "write": _write_cases,
+    "index": _index_cases,
 }
 
 

@@ -57,32 +57,58 @@ cdef uintptr_t _shash(object v) except? 0:
     return _hash(v)
 
 
+class _FrozenList(tuple):
+    """A static list as the front stores it: a tuple that remembers it was a list."""
+
+    __slots__ = ()
+
+
 cdef object _frozen(object v):
-    """A static value as the front stores it: lists become tuples (a caller may mutate a
-    list after the call; the stored value must not change with it)."""
+    """A static value as the front stores it: lists and tuples become tuples (a caller may
+    mutate a list after the call; the stored value must not change with it), a top-level
+    list a _FrozenList (``x[[0, 2]]`` indexes differently from ``x[0, 2]``)."""
+    t = type(v)
+    if t is list:
+        return _FrozenList([_frozen_inner(e) for e in v])
+    return _frozen_inner(v)
+
+
+cdef object _frozen_inner(object v):
     t = type(v)
     if t is tuple or t is list:
-        return tuple([_frozen(e) for e in v])
+        return tuple([_frozen_inner(e) for e in v])
     return v
 
 
 cdef bint _same(object v, object stored) except -1:
-    """Whether a static value equals a stored (frozen) one: a list matches the tuple it
-    freezes to, otherwise the types must agree all the way down and the values be equal."""
+    """Whether a static value equals a stored (frozen) one: a top-level list matches only a
+    stored list and a tuple only a tuple; inside them a list matches the tuple it freezes
+    to; otherwise the types must agree all the way down and the values be equal."""
+    if v is stored:
+        return True
+    t = type(v)
+    if t is list and type(stored) is not _FrozenList:
+        return False
+    if t is tuple and type(stored) is not tuple:
+        return False
+    return _same_inner(v, stored)
+
+
+cdef bint _same_inner(object v, object stored) except -1:
     if v is stored:
         return True
     t = type(v)
     ts = type(stored)
     if t is list or t is tuple:
-        if ts is not tuple or len(v) != len(<tuple>stored):
+        if not isinstance(stored, tuple) or len(v) != len(<tuple>stored):
             return False
         for x, y in zip(v, <tuple>stored):
-            if not _same(x, y):
+            if not _same_inner(x, y):
                 return False
         return True
     if t is not ts:
         return False
     if t is slice:
-        return (_same(v.start, stored.start) and _same(v.stop, stored.stop)
-                and _same(v.step, stored.step))
+        return (_same_inner(v.start, stored.start) and _same_inner(v.stop, stored.stop)
+                and _same_inner(v.step, stored.step))
     return bool(v == stored)

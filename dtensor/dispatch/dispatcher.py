@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 import fastpath as _fp
-from placements import Placement
+from placements import Placement, Replicate
 from placements.cache import LRUCache, all_stats, clear_all
 from placements.env import env_int
 from placements.errors import (
@@ -497,6 +497,8 @@ def lookup(
                     mesh = _same_mesh(name, mesh, m)
             key.append(m)
     except _LocalOperand as e:
+        if _implicit_replication and _replicate_locals(binder, values):
+            return lookup(info, values, args, kwargs)
         raise _mixed_error(name, e.args[0], args or values, kwargs or {}) from None
     if mesh is None:
         params = ", ".join(binder.params[i] for i in binder.tensor_idx)
@@ -511,6 +513,8 @@ def lookup(
         for si in binder.static_idx:
             s = values[si]
             key.append(_freeze(s) if type(s) in _COMPOUND else s)
+        if name in _INDEXING:  # a list index is not the tuple of its entries
+            key.append(tuple([type(values[si]) is list for si in binder.static_idx]))
         key = tuple(key)
         entry = cache.data.get(key)
     except _Uncacheable:
@@ -542,6 +546,11 @@ def _heard(entry: CacheEntry, mesh: object, miss: bool) -> tuple:
 
 class _Uncacheable(Exception):
     """A static argument whose value cannot be part of a cache key."""
+
+
+#: Ops whose static list and tuple of the same entries mean different things (``x[[0, 2]]``
+#: is advanced indexing, ``x[0, 2]`` an element): their cache keys tell them apart.
+_INDEXING = frozenset(("getitem", "setitem"))
 
 
 def _freeze(v: object) -> object:
@@ -591,6 +600,32 @@ def _marker(op: str, v: object, holder: list, i: int) -> object:
             return v.dtype
         raise _LocalOperand(v)
     raise DTypeError(f"{op}: unsupported argument of type {t.__name__}: {v!r}")
+
+
+#: Depth of :func:`dtensor.implicit_replication` contexts: while positive, a local tensor
+#: among a DTensor op's arguments takes part as a Replicate DTensor.
+_implicit_replication = 0
+
+
+def _replicate_locals(binder: _Binder, values: list) -> bool:
+    """Under ``implicit_replication()``: replace every local (non 0-d) tensor argument in
+    ``values`` by a Replicate DTensor on the mesh of the first DTensor argument (no copy, no
+    communication). Returns whether one was replaced. **Local**."""
+    slots = [(values, pi) for pi in binder.tensor_idx if pi != binder.variadic_idx]
+    if binder.variadic_idx >= 0:
+        v = values[binder.variadic_idx] = list(values[binder.variadic_idx])
+        slots.extend((v, i) for i in range(len(v)))
+    mesh = next((h[i]._spec.mesh for h, i in slots if isinstance(h[i], DTensor)), None)
+    replaced = False
+    for holder, i in slots:
+        v = holder[i]
+        if isinstance(v, np.ndarray):
+            v = _wrap(v)
+        if isinstance(v, Tensor) and v.ndim and mesh is not None:
+            spec = DTensorSpec(mesh, (Replicate(),) * mesh.ndim, tuple(v.shape), v.dtype)
+            holder[i] = DTensor._make(v, spec)
+            replaced = True
+    return replaced
 
 
 def _mixed_error(op: str, local: Tensor, args: Sequence[object], kwargs: Mapping) -> ShardingError:

@@ -9,6 +9,8 @@ At import this module (the one place that adds methods to :class:`Tensor` and
   operators (``+``, ``-``, comparisons, reflected and in-place forms, ``~``, ``@``);
 - on DTensor, a dispatching method of the same name and the dispatching operators
   (``x[...]`` included) and the ``T``/``mT`` properties;
+- ``nonzero`` and ``masked_select`` (:mod:`dtensor.dispatch.gathering`: data-dependent
+  shapes, no rule) on both classes;
 - for every record with a public function, a dispatching twin of it (``dt.add``,
   ``dt.sum``...): with no DTensor among its arguments it calls the local function unchanged;
   otherwise it dispatches (:func:`dtensor.dispatch.dispatcher.dispatch`). ``dtensor``
@@ -48,6 +50,7 @@ from ..ops import derivatives as _derivatives
 from . import record as _record
 from .dispatcher import dispatch
 from .front import PY_REDISTRIBUTE, fast_op, plug_fastpath
+from .gathering import GATHERING
 
 __all__ = ["export", "fastpath_active", "has_dtensor", "installed", "set_fastpath"]
 
@@ -443,6 +446,11 @@ _OWN_DTENSOR = frozenset(vars(DTensor))
 _TENSOR_DOC, _DTENSOR_DOC = Tensor.__doc__, DTensor.__doc__
 _TENSOR_NAMES = _install_tensor()
 _DTENSOR_NAMES = _install_dtensor()
+for _gname, _gfn in GATHERING.items():  # data-dependent shapes, outside the table
+    setattr(Tensor, _gname, _gfn)
+    setattr(DTensor, _gname, _gfn)
+_TENSOR_NAMES += list(GATHERING)
+_DTENSOR_NAMES += list(GATHERING)
 _document(Tensor, _TENSOR_DOC, _TENSOR_NAMES)
 _document(DTensor, _DTENSOR_DOC, _DTENSOR_NAMES)
 _FUNCTIONS = _public_functions()

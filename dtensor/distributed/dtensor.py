@@ -37,7 +37,7 @@ from ..local import allocator as _allocator
 from ..local import autograd as _ag
 from ..local.factory import as_tensor
 from ..local.strides import contiguous_strides
-from ..local.tensor import Tensor, _norm_dim, _wrap
+from ..local.tensor import Tensor, _norm_dim, _wrap, check_one_element
 from .mesh import DeviceMesh, init_device_mesh
 
 __all__ = [
@@ -123,6 +123,29 @@ def _as_local_tensor(data: object, op: str) -> Tensor:
         raise DTypeError(f"{op}: expected a local tensor or array, got a DTensor {data!r}")
     return as_tensor(data)
 
+
+# numpy ufuncs of python's binary operators -> (DTensor operator, reflected operator): numpy
+# calls them for ``ndarray <op> DTensor`` (DTensor.__array_ufunc__).
+_UFUNC_OPERATORS = {
+    "add": ("__add__", "__radd__"),
+    "subtract": ("__sub__", "__rsub__"),
+    "multiply": ("__mul__", "__rmul__"),
+    "true_divide": ("__truediv__", "__rtruediv__"),
+    "divide": ("__truediv__", "__rtruediv__"),
+    "floor_divide": ("__floordiv__", "__rfloordiv__"),
+    "remainder": ("__mod__", "__rmod__"),
+    "power": ("__pow__", "__rpow__"),
+    "matmul": ("__matmul__", "__rmatmul__"),
+    "bitwise_and": ("__and__", "__rand__"),
+    "bitwise_or": ("__or__", "__ror__"),
+    "bitwise_xor": ("__xor__", "__rxor__"),
+    "less": ("__lt__", "__gt__"),
+    "less_equal": ("__le__", "__ge__"),
+    "greater": ("__gt__", "__lt__"),
+    "greater_equal": ("__ge__", "__le__"),
+    "equal": ("__eq__", "__eq__"),
+    "not_equal": ("__ne__", "__ne__"),
+}
 
 _dnew = _fp.DTensorBase.__new__
 
@@ -223,6 +246,153 @@ class DTensor(_fp.DTensorBase):
             f"DTensor(local_tensor={self._local!r}, device_mesh={self._spec.mesh!r}, "
             f"placements={self._spec.placements!r}, shape={self._spec.shape})"
         )
+
+    # -- python and numpy protocols (SPMD-safe) ---------------------------------------------
+    # What may run on one rank only (repr, len, shapes, iteration over an unsharded dim)
+    # never communicates. What needs the global values (truth value, item, float, int,
+    # tolist, ``in``) is Collective and says so: every rank must call it, and every rank
+    # gets the same value. Checks on the global metadata (one element?) raise on every
+    # rank before any communication. numpy's protocols never gather implicitly: they raise
+    # (a numpy call made on one rank would otherwise hang the job in a collective).
+    # Note: DTensor has no ``__index__``: it would make every API that accepts an int
+    # (slicing, ``range``, shapes) a hidden collective; use ``int(x)``.
+
+    def item(self) -> bool | int | float | complex:
+        """The value of a one-element DTensor as a python scalar, on every rank.
+
+        **Collective** over the mesh (the value is gathered, or its Partial reduced; no
+        communication when it is replicated already): call it on every rank.
+
+        Raises
+        ------
+        ValueConversionError
+            The global tensor has other than one element (on every rank, before any
+            communication).
+        """
+        check_one_element(self._spec.numel(), "item")
+        return self.full_tensor().item()
+
+    def __bool__(self) -> bool:
+        """Truth value of a one-element DTensor, the same on every rank. **Collective**
+        (as :meth:`item`); a tensor of other than one element raises PyTorch's
+        ValueConversionError on every rank without communicating."""
+        check_one_element(self._spec.numel(), "bool")
+        return bool(self.full_tensor().item())
+
+    def __float__(self) -> float:
+        """``float(x)`` of a one-element DTensor. **Collective** (as :meth:`item`)."""
+        return float(self.item())
+
+    def __int__(self) -> int:
+        """``int(x)`` of a one-element DTensor. **Collective** (as :meth:`item`)."""
+        return int(self.item())
+
+    def __complex__(self) -> complex:
+        """``complex(x)`` of a one-element DTensor. **Collective** (as :meth:`item`)."""
+        return complex(self.item())
+
+    def tolist(self) -> object:
+        """The global values as nested python lists (a scalar for a 0-d tensor), on every
+        rank. **Collective** over the mesh (``full_tensor().tolist()``)."""
+        return self.full_tensor().tolist()
+
+    def __contains__(self, element: object) -> bool:
+        """``element in x``: whether any element equals ``element``, on every rank.
+        **Collective** (``(x == element).any()``, then its value)."""
+        return bool((self == element).any())
+
+    def __iter__(self):
+        """Iterate over dim 0: DTensors of the rows (``unbind(0)``), as PyTorch does.
+
+        **Local**: dim 0 must not be sharded (rows of a sharded dim live on other ranks,
+        so iterating would be a hidden collective).
+
+        Raises
+        ------
+        DTypeError
+            A 0-d DTensor, or one whose dim 0 is sharded (on every rank: the check reads
+            the placements only). Redistribute dim 0 to Replicate first, or iterate
+            ``x.full_tensor()`` (collective) or ``x.to_local()`` (this rank's shard).
+        """
+        spec = self._spec
+        if not spec.shape:
+            raise DTypeError("iteration over a 0-d DTensor")
+        if any(p.is_shard(0) for p in spec.placements):
+            raise DTypeError(
+                f"iteration over a DTensor whose dim 0 is sharded ({placement_list(spec.placements)}, "
+                f"shape {spec.shape}) would communicate: redistribute dim 0 to Replicate "
+                "first, or iterate x.full_tensor() (collective) or x.to_local() (this rank's "
+                "shard)"
+            )
+        return iter(self.unbind(0))
+
+    def _host_error(self, what: str) -> DTypeError:
+        return DTypeError(
+            f"{what} of a DTensor ({placement_list(self._spec.placements)}, shape "
+            f"{self._spec.shape}, {self._spec.dtype}) is not supported: it would gather the "
+            "tensor implicitly (a collective that hangs when one rank calls it). Convert "
+            "explicitly: x.full_tensor() (collective: the global tensor on every rank) or "
+            "x.to_local() (this rank's shard), then use numpy on that"
+        )
+
+    def __array__(self, dtype: object = None, copy: object = None) -> np.ndarray:
+        """Refused: numpy conversion never gathers implicitly. **Local** (raises
+        DTypeError naming ``full_tensor()`` and ``to_local()``, on any rank, at once)."""
+        raise self._host_error("numpy conversion (np.asarray, np.array)")
+
+    def __array_function__(self, func, types, args, kwargs):
+        """Refused: numpy functions on DTensors raise DTypeError naming ``full_tensor()``
+        and ``to_local()`` (use the ``dt.*`` functions). **Local**."""
+        raise self._host_error(f"numpy.{getattr(func, '__name__', func)}")
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        """A numpy ufunc on a DTensor. **Local** unless it is a python operator.
+
+        ``ndarray <op> DTensor`` (and ``np.add(a, x)``...: the ufuncs of python's binary
+        operators, called plainly) runs the DTensor's operator (``x.__radd__(a)``), as
+        ``__array_priority__`` makes numpy defer; that dispatches like ``a + x``. Every
+        other ufunc call (``np.exp(x)``, ``np.add.reduce(x)``, ``out=``) raises DTypeError
+        naming ``full_tensor()`` and ``to_local()``.
+        """
+        names = _UFUNC_OPERATORS.get(ufunc.__name__)
+        if names is not None and method == "__call__" and not kwargs and len(inputs) == 2:
+            # an ndarray operand takes part as a local Tensor (0-d: a scalar operand)
+            a, b = (as_tensor(v) if isinstance(v, np.ndarray) else v for v in inputs)
+            out = NotImplemented
+            if a is self:
+                out = getattr(self, names[0])(b)
+            elif b is self:
+                out = getattr(self, names[1])(a)
+            if out is not NotImplemented:
+                return out
+        call = "" if method == "__call__" else f".{method}"
+        raise self._host_error(f"numpy.{ufunc.__name__}{call}")
+
+    def __reduce_ex__(self, protocol: object) -> object:
+        """Refused: pickling a DTensor raises DTypeError. **Local**.
+
+        A DTensor's spec holds its mesh, whose communicators belong to this job. Pickle
+        ``x.to_local()`` with ``x.placements`` and ``x.shape`` (rebuild with
+        ``DTensor.from_local(t, mesh, placements, shape=shape)``), or ``x.full_tensor()``
+        (collective).
+        """
+        raise DTypeError(
+            f"pickling a DTensor ({placement_list(self._spec.placements)}, shape "
+            f"{self._spec.shape}) is not supported: its mesh holds this job's communicators. "
+            "Pickle x.to_local() with x.placements and x.shape (rebuild with "
+            "DTensor.from_local(t, mesh, placements, shape=shape)), or x.full_tensor() "
+            "(collective)"
+        )
+
+    def __copy__(self) -> DTensor:
+        """A new DTensor handle on the same local tensor and spec. **Local**."""
+        return DTensor._make(self._local, self._spec)
+
+    def __deepcopy__(self, memo: dict) -> DTensor:
+        """A DTensor with a copy of the local shard and the same spec (the mesh is
+        shared, not copied). **Local**."""
+        out = memo[id(self)] = DTensor._make(self._local.clone(), self._spec)
+        return out
 
     # -- conversions -----------------------------------------------------------------------
     def to_local(self, *, grad_placements: Sequence[Placement] | None = None) -> Tensor:

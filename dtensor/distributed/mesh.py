@@ -260,6 +260,48 @@ class DeviceMesh:
             return self
         return DeviceMesh._submesh(self, dims, self._group_comm(dims))
 
+    def _flatten(self, mesh_dim_name: str | None = None) -> DeviceMesh:
+        """A 1-D mesh over all of this mesh's ranks, in row-major order of its grid (the
+        dims merged into one, as PyTorch's ``mesh["dp", "tp"]._flatten()``).
+
+        **Collective** over this mesh the first time its dims are merged (the communicator
+        is created then; it comes from the shared cache of mesh communicators, so every
+        mesh that groups the same ranks in the same order shares it); **Local** after that.
+        A 1-D mesh returns itself (renamed when ``mesh_dim_name`` is given).
+
+        Parameters
+        ----------
+        mesh_dim_name : str, optional
+            The name of the flattened dim; default the dim names joined by ``"_"``
+            (``"dp_tp"``), or no name when the mesh has none.
+        """
+        name = mesh_dim_name
+        if name is None and self._names is not None:
+            name = "_".join(self._names)
+        if name is not None and not isinstance(name, str):
+            raise MeshError(f"DeviceMesh._flatten: mesh_dim_name must be a str, got {name!r}")
+        names = None if name is None else (name,)
+        if self.ndim == 1 and names == self._names:
+            return self
+        comm = self._group_comm(tuple(range(self.ndim)))
+        flat = DeviceMesh.__new__(DeviceMesh)
+        coord = (int(np.ravel_multi_index(self._coord, self.shape)),)
+        dim_comms = self._dim_comms if self.ndim == 1 else (comm,)
+        # the grid numbers the ranks of the new base: the merged communicator's ranks are
+        # the row-major positions in this grid
+        grid = self._grid.reshape(-1) if self.ndim == 1 else np.arange(self._grid.size)
+        flat._init(
+            self.device_type,
+            grid.astype(np.int64),
+            self._root_grid.reshape(-1),
+            self._world.reshape(-1),
+            names,
+            self._base if self.ndim == 1 else comm,
+            coord,
+            dim_comms,
+        )
+        return flat
+
     def _group_comm(self, dims: tuple[int, ...]) -> _comm.Comm:
         """Communicator over the ranks that share this rank's coordinates outside ``dims``.
 

@@ -216,6 +216,16 @@ def _nonscalar_dim(dim, ndim: int, op: str) -> int:
     return _norm_dim(dim, ndim, op) if ndim else nonscalar_dim(dim, ndim, op)
 
 
+def check_one_element(numel: int, op: str) -> None:
+    """Raise PyTorch's error when a tensor of ``numel`` elements cannot become one python
+    value: ``op`` is ``"bool"`` (truth value) or ``"item"`` (``item()``, ``float()``,
+    ``int()``...). **Local**; DTensors check their global element count with it."""
+    if numel != 1:
+        if op == "bool":
+            raise ValueConversionError(f"Boolean value of Tensor with {numel} values is ambiguous")
+        raise ValueConversionError(f"a Tensor with {numel} elements cannot be converted to Scalar")
+
+
 def _is_advanced(item) -> bool:
     """Whether an index entry asks for advanced indexing: a tensor, an array, a list or a
     bool."""
@@ -284,17 +294,20 @@ def _non_overlapping_and_dense(shape: tuple, strides: tuple) -> bool:
 
 
 def _empty_like_arr(arr, dtype, device):
-    """Uninitialised array like ``arr`` with PyTorch's ``preserve_format``.
+    """Uninitialised array like ``arr`` with PyTorch's ``preserve_format`` (``empty_like``).
 
-    A non-overlapping and dense ``arr`` keeps its strides exactly; anything else
-    (overlapping, with holes, negative strides) gets contiguous strides.
+    A non-overlapping and dense ``arr`` keeps its strides exactly, size-1 dims included,
+    and so does a tensor without elements (PyTorch calls it contiguous); anything else
+    (overlapping, with holes, negative strides) gets row-major strides.
     """
+    # Note: PyTorch gives an input with holes or overlaps dense strides in the order of its
+    # own (infer_dense_strides); dtensor gives it row-major ones.
     shape = arr.shape
-    if arr.flags.c_contiguous:
+    if arr.flags.c_contiguous and arr.size and 1 not in shape:  # row-major strides
         return _alloc(shape, dtype, device)
     isz = arr.itemsize
     strides = tuple(s // isz for s in arr.strides)
-    if not _non_overlapping_and_dense(shape, strides):
+    if arr.size and not _non_overlapping_and_dense(shape, strides):
         return _alloc(shape, dtype, device)
     extent = 1 + sum((n - 1) * s for n, s in zip(shape, strides)) if arr.size else 0
     flat = _alloc((extent,), dtype, device)
@@ -492,10 +505,7 @@ class Tensor(_fp.TensorBase):
     def item(self):
         """The value of a one-element tensor as a python scalar. **Local.**"""
         arr = self._arr
-        if arr.size != 1:
-            raise ValueConversionError(
-                f"a Tensor with {arr.size} elements cannot be converted to Scalar"
-            )
+        check_one_element(arr.size, "item")
         return arr.item()
 
     def tolist(self):
@@ -503,10 +513,7 @@ class Tensor(_fp.TensorBase):
         return B.to_host(self._arr).tolist()
 
     def __bool__(self) -> bool:
-        if self._arr.size != 1:
-            raise ValueConversionError(
-                f"Boolean value of Tensor with {self._arr.size} values is ambiguous"
-            )
+        check_one_element(self._arr.size, "bool")
         return bool(self.item())
 
     def __int__(self) -> int:
@@ -1014,8 +1021,9 @@ class Tensor(_fp.TensorBase):
 
         PyTorch unsqueezes for each ``None`` in turn, so the new dim's stride is
         size * stride of the source dim it lands before (1 past the last dim), where
-        numpy uses 0; and for an empty result PyTorch still moves the storage offset by
-        every slice's start * stride, which numpy skips.
+        numpy uses 0; for an empty result PyTorch still moves the storage offset by
+        every slice's start * stride, which numpy skips, and a slice's stride is its step
+        times the source stride even when it selects nothing.
         """
         arr = self._arr
         shape, strides = arr.shape, self.stride()
@@ -1032,7 +1040,9 @@ class Tensor(_fp.TensorBase):
                 src += span
                 dst += span
             elif isinstance(i, slice):
-                delta += i.indices(shape[src])[0] * strides[src]
+                start, _, step = i.indices(shape[src])
+                delta += start * strides[src]
+                new_strides[dst] = step * strides[src]  # numpy's stride of an empty slice differs
                 src += 1
                 dst += 1
             else:

@@ -1,13 +1,13 @@
 """The op table: one record per op (:mod:`.table`), declared by family.
 
 Importing this package declares every built-in op (:mod:`.pointwise`, :mod:`.reduction`,
-:mod:`.linalg`, :mod:`.nn`, :mod:`.tensor`, :mod:`.view`); ops whose local computation
+:mod:`.linalg`, :mod:`.nn`, :mod:`.tensor`, :mod:`.view`, :mod:`.index`); ops whose local computation
 depends on the chosen strategy take their kernels from :mod:`.local_fns`.
 """
 
 from __future__ import annotations
 
-from . import linalg, nn, pointwise, reduction, tensor, view  # noqa: F401  (declare the ops)
+from . import index, linalg, nn, pointwise, reduction, tensor, view  # noqa: F401  (declare the ops)
 from .table import (
     NOT_DIFFERENTIABLE,
     OPS,

@@ -14,7 +14,12 @@ from ``strategy.output_specs[0].mesh``):
 - ``embedding`` with a row-sharded weight: indices outside the local rows are masked to
   zero and the others shifted (PyTorch's MaskPartial), giving a ``P(sum)`` output;
 - ``dropout`` on a sharded input: the mask is drawn for the global tensor's counters at
-  the shard's global offsets, so the result equals the single-device one.
+  the shard's global offsets, so the result equals the single-device one;
+- ``gather``/``scatter``/``scatter_add``/``take_along_dim`` with the data sharded on a dim
+  the op does not index: the (replicated) index is cut to this shard's rows of that dim;
+- ``x[idx] = value`` on a sharded dim: the global index becomes this shard's (ints and
+  slices translated, a mask cut to the block, an integer array's entries in the block
+  kept), and the value is cut to the part that lands here.
 """
 
 from __future__ import annotations
@@ -24,8 +29,10 @@ from collections.abc import Callable
 
 import numpy as np
 
+from placements import Replicate
 from placements.errors import ArgumentError
-from placements.layout import local_offsets, local_shape
+from placements.index_meta import index_plan
+from placements.layout import local_offsets, local_shape, local_slices
 from placements.meta import norm_dim, norm_dims, squeeze_dims
 from placements.rules import OpSchema, OpStrategy
 
@@ -36,13 +43,17 @@ from ..local.kernels import nn as _math_nn
 from ..local.tensor import Tensor, _wrap
 from .table import OPS
 
+R = Replicate()
+
 __all__ = [
     "dropout_local",
     "embedding_local",
     "expand_as_local",
     "extreme_local",
+    "index_local",
     "mean_local",
     "mse_local",
+    "setitem_local",
     "shape_local",
     "squeeze_local",
 ]
@@ -225,3 +236,97 @@ def dropout_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
     return local
 
 
+
+
+def index_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
+    """An index argument (replicated) cut to this shard's block on the dims where the
+    output is sharded: the candidates shard the output only where it has the index's and the
+    input's size."""
+    kernel = OPS[schema.op].kernel
+    spec = strategy.output_specs[0]
+    if not spec.is_sharded():
+        return kernel
+    plain = tuple(R if p.is_partial() else p for p in spec.placements)
+    block = local_slices(spec.shape, spec.mesh.shape, plain, _coord(strategy))
+    pos = OPS[schema.op].params.index("indices" if schema.op == "take_along_dim" else "index")
+
+    def local(*values):
+        values = list(values)
+        values[pos] = values[pos][block]
+        return kernel(*values)
+
+    return local
+
+
+def _local_slice(s: slice, size: int, lo: int, hi: int) -> tuple[slice, slice]:
+    """The part of slice ``s`` (of a dim of ``size``) that falls in ``[lo, hi)``: ``(slice
+    of the block, slice of the selected positions)``."""
+    start, stop, step = s.indices(size)
+    n = len(range(start, stop, step))
+    k0 = min(n, max(0, -(-(lo - start) // step)))
+    k1 = max(k0, min(n, len(range(start, min(stop, hi), step))))
+    if k1 == k0:
+        return slice(0, 0), slice(0, 0)
+    first, last = start + k0 * step, start + (k1 - 1) * step
+    return slice(first - lo, last - lo + 1, step), slice(k0, k1)
+
+
+def setitem_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
+    """``x[idx] = value`` with ``x`` sharded: write this block's part (see the rule,
+    :func:`placements.rules.index.setitem_rule`)."""
+    kernel = OPS[schema.op].kernel
+    spec = strategy.output_specs[0]
+    if not spec.is_sharded():
+        return kernel
+    coord = _coord(strategy)
+    shape = spec.shape
+    offs, lens = spec.local_offsets(coord), spec.local_shape(coord)
+    region, kept, plan = index_plan(shape, schema.get("idx"), "__setitem__")
+    key: list = []
+    vkey: list = [slice(None)] * len(region)  # the value's part written here
+    target = list(region)  # the value's local shape before vkey (kept dims are local)
+    for d, o in kept.items():
+        target[o] = lens[d]
+    for kind, v, d, o in plan:
+        lo = offs[d] if d < len(shape) else 0
+        hi = lo + lens[d] if d < len(shape) else 0
+        if kind == "none":
+            key.append(None)
+        elif kind == "slice":
+            if lens[d] == shape[d] or d in kept:  # the value is laid out like a kept dim
+                key.append(v if lens[d] == shape[d] else slice(None))
+            else:
+                key.append(_local_slice(v, shape[d], lo, hi)[0])
+                vkey[o] = _local_slice(v, shape[d], lo, hi)[1]
+        elif kind == "int":
+            if lens[d] != shape[d] and not lo <= v < hi:
+                return lambda input, idx, value: input  # nothing of it lands here
+            key.append(v - lo)
+        else:
+            dims = range(d, d + (v.ndim if kind == "mask" else 1))
+            if all(lens[k] == shape[k] for k in dims):
+                key.append(v)
+                continue
+            if kind == "mask":
+                key.append(v[tuple(slice(offs[k], offs[k] + lens[k]) for k in dims)])
+                hits = np.nonzero(v)
+                inside = np.ones(len(hits[0]), bool)
+                for k, h in zip(dims, hits):
+                    inside &= (h >= offs[k]) & (h < offs[k] + lens[k])
+            else:
+                arr = v % shape[d]
+                inside = (arr >= lo) & (arr < hi)
+                key.append(arr[inside] - lo)
+            # the index dims of the value (one boolean array consumes them all)
+            vkey[o : o + inside.ndim] = [inside]
+    key = tuple(key)
+    vkey = tuple(vkey)
+    cut = any(not (isinstance(k, slice) and k == slice(None)) for k in vkey)
+
+    def local(input, idx, value):
+        if cut and isinstance(value, Tensor):
+            arr = value._arr
+            value = _wrap(array_module_of(arr).broadcast_to(arr, target)[vkey])
+        return kernel(input, key, value)
+
+    return local

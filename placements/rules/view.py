@@ -37,10 +37,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-import numpy as np
-
 from ..cache import memoize
-from ..errors import NoRuleError
+from ..index_meta import advanced_index_shape, is_advanced_entry
 from ..layout import shard_range
 from ..meta import (
     as_dims,
@@ -254,19 +252,17 @@ def squeeze_rule(schema: OpSchema) -> RuleResult:
     return _map_result(schema, (out,), _keep_except(ndim, removed))
 
 
-def _advanced(item: object) -> bool:
-    """Whether an index entry asks for advanced indexing (a bool, a list, an array)."""
-    return isinstance(item, (bool, np.bool_, list)) or getattr(item, "ndim", 0) > 0
-
-
 @register_rule(
     static={"narrow": ("dim", "start", "length"), "select": ("dim", "index"), "getitem": ("idx",)}
 )
 def slice_rule(schema: OpSchema) -> RuleResult:
-    """Rule of ``narrow``, ``select`` and basic indexing: a sliced or indexed dim is
-    unsharded, a dim kept whole keeps its Shard. **Local**.
+    """Rule of ``narrow``, ``select`` and indexing: a sliced or indexed dim is unsharded, a
+    dim kept whole keeps its Shard; every Partial kind passes (indexing selects). **Local**.
 
-    Raises NoRuleError for advanced indexing (tensors, lists, bool masks).
+    Advanced indexing (integer or bool tensors, ndarrays, lists, on any dims) reads the
+    index, which every rank holds whole (a local value), so each rank indexes its block of
+    the dims kept whole with the global indices (:func:`placements.index_meta.
+    advanced_index_shape`); a DTensor inside an index is refused by its ``__array__``.
     """
     op, get = schema.op, schema.get
     shape = schema.args[0].shape  # type: ignore[union-attr]
@@ -279,13 +275,10 @@ def slice_rule(schema: OpSchema) -> RuleResult:
         d, _ = select_args(shape, get("dim"), get("index", 0))
         return _map_result(schema, (shape[:d] + shape[d + 1 :],), _keep_except(ndim, [d]))
     key = get("idx")
-    if any(_advanced(it) for it in (key if isinstance(key, tuple) else (key,))):
-        raise NoRuleError(
-            "__getitem__: advanced indexing (tensors, lists, bool masks) of a DTensor has "
-            f"no sharding rule (index {key!r}); use basic indexing (ints, slices, None, "
-            "...) or index the full_tensor()"
-        )
-    out, dim_map = index_shape(shape, key)
+    if any(is_advanced_entry(it) for it in (key if isinstance(key, tuple) else (key,))):
+        out, dim_map = advanced_index_shape(shape, key)
+    else:
+        out, dim_map = index_shape(shape, key)
     return _map_result(schema, (out,), dim_map)
 
 

@@ -445,9 +445,10 @@ def test_view_bad_size(mesh):
 
 
 @pytest.mark.mpi(min_size=1)
-def test_advanced_indexing_has_no_rule(mesh):
+def test_advanced_indexing_with_a_dtensor_index(mesh):
     x = x_of(mesh)
-    expect(lambda: x[[0, 1]], errors.NoRuleError, "advanced indexing", "full_tensor()")
+    i = dt.distribute_tensor(np.array([0, 1]), mesh, [dt.Replicate()] * mesh.ndim)
+    expect_no_comm(lambda: x[i], errors.DTypeError, "full_tensor()", "to_local()")
 
 
 @pytest.mark.mpi(min_size=1)

@@ -146,6 +146,12 @@ def _split(local: Callable, values: list) -> tuple[list, dict]:
     return args, kwargs
 
 
+def _set_and_return(x: object, idx: object, value: object) -> object:
+    """``x[idx] = value``, then ``x`` (what the in-place op returns)."""
+    x[idx] = value  # type: ignore[index]
+    return x
+
+
 def _forms(call: SampleCall, values: list) -> list[tuple[str, Callable[[], object]]]:
     """The public DTensor forms that can run ``call`` on ``values`` (one per parameter,
     DTensors in the tensor slots): the function, the method, the python operators; each as
@@ -167,6 +173,9 @@ def _forms(call: SampleCall, values: list) -> list[tuple[str, Callable[[], objec
             method = getattr(margs[0], info.name)
             forms.append((f"x.{info.name}", functools.partial(method, *margs[1:], **mkwargs)))
     for op in info.operators:
+        if op.dunder == "__setitem__":  # x[idx] = value: a statement; its result is x
+            forms.append((op.dunder, functools.partial(_set_and_return, *values)))
+            continue
         if op.form == "method":  # x[idx]
             forms.append((op.dunder, functools.partial(getattr(operator, op.dunder), *values)))
             continue

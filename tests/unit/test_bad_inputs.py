@@ -263,9 +263,9 @@ def test_dtensor_bitwise_on_float():
     expect(lambda: dt.bitwise_and(d(), d()), errors.DTypeError, "bitwise_and", "Float")
 
 
-def test_no_rule_advanced_indexing():
+def test_advanced_indexing_out_of_range():
     x = d()
-    expect(lambda: x[[0, 1]], errors.NoRuleError, "__getitem__", "advanced indexing", "[0, 1]")
+    expect(lambda: x[[0, 99]], errors.DimError, "__getitem__", "index 99", "out of bounds")
 
 
 def test_no_rule_max_of_two_dtensors_with_hint():

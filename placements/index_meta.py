@@ -1,0 +1,363 @@
+"""Metadata of the indexing ops: output shapes and the checks of their arguments.
+
+``index_select``, ``gather``, ``scatter``/``scatter_add``, ``take_along_dim``,
+``masked_fill``, ``sort``/``argsort``, ``topk`` and ``kthvalue`` are checked here once, from
+shapes and dtypes only: the local kernels and the sharding rules call the same functions,
+so a local Tensor and a DTensor raise the same typed errors, and a DTensor raises them on
+every rank before any communication (the rules see global shapes). Index VALUES are checked
+by :func:`check_index_values`, which the local kernels call on an index that every rank
+holds whole (the rules keep index arguments replicated), so every rank raises alike.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+
+from .errors import ArgumentError, DimError, DTypeError, ShardingError
+from .meta import _full_slice, broadcast_shapes, norm_dim
+
+__all__ = [
+    "advanced_index_shape",
+    "check_index_dtype",
+    "check_index_values",
+    "gather_shape",
+    "index_plan",
+    "index_select_shape",
+    "is_advanced_entry",
+    "kthvalue_shape",
+    "masked_fill_check",
+    "scatter_check",
+    "sort_dim",
+    "take_along_dim_shape",
+    "topk_shape",
+]
+
+
+def check_index_dtype(op: str, dtype: np.dtype, what: str = "index") -> None:
+    """Raise DTypeError unless ``dtype`` is an integer dtype (bool and float refused)."""
+    if np.dtype(dtype).kind not in "iu":
+        raise DTypeError(
+            f"{op}(): Expected dtype int64 (or another integer dtype) for {what}, got "
+            f"{np.dtype(dtype).name}"
+        )
+
+
+def check_index_values(op: str, lo: int, hi: int, dim: int, size: int) -> None:
+    """Raise DimError naming ``op``, the index and the size unless the smallest (``lo``)
+    and largest (``hi``) index lie in ``[0, size)``. **Local**."""
+    if lo < 0 or hi >= size:
+        raise DimError(
+            f"{op}: index {lo if lo < 0 else hi} is out of bounds for dimension {dim} with "
+            f"size {size}"
+        )
+
+
+def sort_dim(op: str, shape: tuple[int, ...], dim: object) -> int:
+    """The normalised dim of a sort-like op (a 0-d tensor accepts 0 and -1)."""
+    return norm_dim(dim, max(len(shape), 1), op) if shape else 0
+
+
+def index_select_shape(
+    shape: tuple[int, ...], dim: object, index_shape: tuple[int, ...], index_dtype: np.dtype
+) -> tuple[tuple[int, ...], int]:
+    """``(output shape, dim)`` of ``index_select``."""
+    op = "index_select"
+    d = sort_dim(op, shape, dim)
+    check_index_dtype(op, index_dtype)
+    if len(index_shape) > 1:
+        raise ShardingError(f"{op}(): Index is supposed to be a vector, got shape {index_shape}")
+    n = int(np.prod(index_shape))
+    if not shape:
+        return (), d
+    return shape[:d] + (n,) + shape[d + 1 :], d
+
+
+def _check_not_larger(op: str, small: tuple, big: tuple, skip: int | None, what: str) -> None:
+    for k, (a, b) in enumerate(zip(small, big)):
+        if k != skip and a > b:
+            apart = "" if skip is None else f" apart from dimension {skip}"
+            raise ShardingError(
+                f"{op}(): Size does not match at dimension {k} expected index {list(small)} "
+                f"to be no larger than {what} {list(big)}{apart}"
+            )
+
+
+def gather_shape(
+    shape: tuple[int, ...], dim: object, index_shape: tuple[int, ...], index_dtype: np.dtype
+) -> tuple[tuple[int, ...], int]:
+    """``(output shape, dim)`` of ``gather`` (the index's shape)."""
+    op = "gather"
+    d = sort_dim(op, shape, dim)
+    check_index_dtype(op, index_dtype)
+    if len(index_shape) != len(shape):
+        raise ShardingError(
+            f"{op}(): Index tensor must have the same number of dimensions as input tensor "
+            f"(index {index_shape}, input {shape})"
+        )
+    _check_not_larger(op, index_shape, shape, d, "self")
+    return tuple(index_shape), d
+
+
+def scatter_check(
+    op: str,
+    shape: tuple[int, ...],
+    dtype: np.dtype,
+    dim: object,
+    index_shape: tuple[int, ...],
+    index_dtype: np.dtype,
+    src_shape: tuple[int, ...] | None,
+    src_dtype: np.dtype | None,
+) -> int:
+    """Check a ``scatter``/``scatter_add`` call (``src_shape`` None: a python scalar
+    source); returns the normalised dim."""
+    d = sort_dim(op, shape, dim)
+    check_index_dtype(op, index_dtype)
+    if len(index_shape) != len(shape):
+        raise ShardingError(
+            f"{op}(): Index tensor must have the same number of dimensions as self tensor "
+            f"(index {index_shape}, self {shape})"
+        )
+    _check_not_larger(op, index_shape, shape, d, "self")
+    if src_shape is not None:
+        if len(src_shape) != len(shape):
+            raise ShardingError(
+                f"{op}(): Index tensor must have the same number of dimensions as src tensor "
+                f"(index {index_shape}, src {src_shape})"
+            )
+        _check_not_larger(op, index_shape, src_shape, None, "src")
+        if src_dtype != dtype:
+            raise DTypeError(
+                f"{op}(): Expected self.dtype to be equal to src.dtype (self {dtype}, src "
+                f"{src_dtype})"
+            )
+    return d
+
+
+def take_along_dim_shape(
+    shape: tuple[int, ...], index_shape: tuple[int, ...], index_dtype: np.dtype, dim: object
+) -> tuple[tuple[int, ...], int | None]:
+    """``(output shape, dim)`` of ``take_along_dim`` (dim None: over the flattened input)."""
+    op = "take_along_dim"
+    check_index_dtype(op, index_dtype, "indices")
+    if dim is None:
+        return (int(np.prod(index_shape)),), None
+    d = sort_dim(op, shape, dim)
+    if len(index_shape) != len(shape):
+        raise ShardingError(
+            f"{op}(): input and indices should have the same number of dimensions, but got "
+            f"{len(shape)} dimensions for input, and {len(index_shape)} dimensions for indices"
+        )
+    rest = broadcast_shapes(
+        op, [shape[:d] + (1,) + shape[d + 1 :], index_shape[:d] + (1,) + index_shape[d + 1 :]]
+    )
+    return rest[:d] + (index_shape[d],) + rest[d + 1 :], d
+
+
+def masked_fill_check(
+    shape: tuple[int, ...],
+    mask_shape: tuple[int, ...],
+    mask_dtype: np.dtype,
+    value_shape: tuple[int, ...],
+) -> None:
+    """Check ``masked_fill``: a bool mask that broadcasts to the input's shape, a 0-d value."""
+    op = "masked_fill"
+    if np.dtype(mask_dtype) != np.bool_:
+        raise DTypeError(
+            f"{op}: only supports boolean masks, but got mask with dtype "
+            f"{np.dtype(mask_dtype).name}"
+        )
+    if broadcast_shapes(op, [shape, mask_shape]) != tuple(shape):
+        raise ShardingError(
+            f"{op}: the mask of shape {mask_shape} does not broadcast to the input's shape "
+            f"{shape}"
+        )
+    if value_shape:
+        raise ShardingError(
+            f"{op}: only supports a 0-dimensional value tensor, but got a tensor with "
+            f"{len(value_shape)} dimension(s)"
+        )
+
+
+def topk_shape(shape: tuple[int, ...], k: object, dim: object) -> tuple[tuple[int, ...], int]:
+    """``(output shape, dim)`` of ``topk``."""
+    op = "topk"
+    d = sort_dim(op, shape, dim)
+    n = shape[d] if shape else 1
+    if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or not 0 <= k <= n:
+        raise DimError(f"{op}: selected index k={k!r} out of range for dimension {d} of size {n}")
+    return (shape[:d] + (int(k),) + shape[d + 1 :]) if shape else (), d
+
+
+def kthvalue_shape(
+    shape: tuple[int, ...], k: object, dim: object, keepdim: bool
+) -> tuple[tuple[int, ...], int]:
+    """``(output shape, dim)`` of ``kthvalue``."""
+    op = "kthvalue"
+    d = sort_dim(op, shape, dim)
+    n = shape[d] if shape else 1
+    if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or not 1 <= k <= n:
+        raise DimError(
+            f"{op}(): selected number k={k!r} out of range for dimension {d} of size {n}"
+        )
+    if not shape:
+        return (), d
+    return (shape[:d] + (1,) + shape[d + 1 :]) if keepdim else shape[:d] + shape[d + 1 :], d
+
+
+def is_advanced_entry(item: object) -> bool:
+    """Whether an index entry asks for advanced indexing: a list, a bool, or an array or
+    tensor (anything with a ``shape`` and a ``dtype``) of one dim or more."""
+    return isinstance(item, (bool, np.bool_, list)) or (
+        hasattr(item, "dtype") and len(getattr(item, "shape", ())) > 0
+    )
+
+
+def advanced_index_shape(
+    shape: tuple[int, ...], index: object, op: str = "__getitem__"
+) -> tuple[tuple[int, ...], dict[int, int]]:
+    """numpy's (and PyTorch's) advanced indexing ``x[index]`` on metadata: the output shape
+    and the input dims kept whole ``{input dim: output dim}`` (under ``...`` or a slice of
+    the whole dim); see :func:`index_plan`."""
+    out, kept, _ = index_plan(shape, index, op)
+    return out, kept
+
+
+def index_plan(
+    shape: tuple[int, ...], index: object, op: str = "__getitem__"
+) -> tuple[tuple[int, ...], dict[int, int], list[tuple[str, object, int, int | None]]]:
+    """How ``x[index]`` indexes a tensor of ``shape`` (basic or advanced), on metadata.
+
+    Index arrays (integer or bool; lists, ndarrays, tensors) are read: a bool mask's shape
+    and number of True entries, an integer index's shape and range. With an index array
+    present, the advanced entries (ints among them) broadcast together; their dims stand
+    where the first of them stands when they are adjacent in ``index`` (a ``...`` separates),
+    first otherwise.
+
+    Returns
+    -------
+    (out_shape, kept, plan)
+        The result's shape; the input dims kept whole ``{input dim: output dim}`` (under
+        ``...`` or a slice of the whole dim); one entry per index entry (``...`` expanded
+        to whole slices): ``(kind, value, first input dim, output dim)`` with kind
+        ``"slice"``, ``"int"`` (value normalised to ``[0, size)``), ``"none"``,
+        ``"array"`` or ``"mask"`` (ndarrays); the output dim of an advanced entry is where
+        the broadcast index dims start, None for an int of basic indexing.
+
+    Raises
+    ------
+    DTypeError
+        An index array that is not of an integer or bool dtype.
+    DimError
+        An index out of range, a mask whose shape differs from the dims it covers, too many
+        indices, two ellipses, an entry that is not an index; each message names ``op``,
+        the index and the global shape.
+    ArgumentError
+        A slice step that is not positive.
+    ShardingError
+        Index arrays whose shapes do not broadcast.
+    """
+    items = index if isinstance(index, tuple) else (index,)
+    where = f"(index {index!r} of a tensor of global shape {tuple(shape)})"
+    entries: list[tuple[str, object]] = []
+    consumed = ellipses = 0
+    for it in items:
+        if it is None or it is Ellipsis:
+            ellipses += it is Ellipsis
+            entries.append(("none" if it is None else "...", it))
+        elif isinstance(it, slice):
+            if it.step is not None and it.step <= 0:
+                raise ArgumentError(f"{op}: step must be greater than zero (got {it.step})")
+            entries.append(("slice", it))
+            consumed += 1
+        elif is_advanced_entry(it) or (hasattr(it, "dtype") and not isinstance(it, np.generic)):
+            arr = np.asarray(it)
+            if arr.dtype.kind not in "iub":
+                raise DTypeError(
+                    f"{op}: tensors used as indices must be long, int, byte or bool tensors, "
+                    f"got {arr.dtype} {where}"
+                )
+            if arr.dtype.kind == "b":
+                entries.append(("mask", arr))
+                consumed += arr.ndim
+            else:
+                entries.append(("array", arr))
+                consumed += 1
+        else:
+            try:
+                entries.append(("int", operator.index(it)))
+            except TypeError:
+                raise DimError(
+                    f"{op}: only integers, slices, None, ..., and integer or boolean tensors "
+                    f"are valid indices (got {type(it).__name__}) {where}"
+                ) from None
+            consumed += 1
+    ndim = len(shape)
+    if consumed > ndim:
+        raise DimError(f"{op}: too many indices for tensor of dimension {ndim} {where}")
+    if ellipses > 1:
+        raise DimError(f"{op}: an index can only have a single ellipsis ('...') {where}")
+    if not ellipses:
+        entries.append(("...", Ellipsis))
+    has_arrays = any(k in ("mask", "array") for k, _ in entries)
+    groups: list[tuple[int, ...]] = []
+    adv_entries: list[int] = []  # positions in ``entries`` (a ``...`` separates, as in numpy)
+    plan: list[list] = []  # [kind, value, first input dim, output dim]
+    src = 0
+    for pos, (kind, v) in enumerate(entries):
+        if kind == "...":
+            for _ in range(ndim - consumed):
+                plan.append(["slice", slice(None), src, None])
+                src += 1
+            continue
+        plan.append([kind, v, src, None])
+        if kind in ("none", "slice"):
+            src += kind == "slice"
+            continue
+        n = shape[src] if src < ndim else 0
+        if kind == "mask":
+            covered = shape[src : src + v.ndim]  # type: ignore[union-attr]
+            if tuple(v.shape) != tuple(covered):  # type: ignore[union-attr]
+                raise DimError(
+                    f"{op}: the shape of the mask {tuple(v.shape)} at index {src} does not "  # type: ignore[union-attr]
+                    f"match the shape of the indexed tensor {tuple(covered)} {where}"
+                )
+            groups.append((int(np.count_nonzero(v)),))
+            src += v.ndim  # type: ignore[union-attr]
+        else:
+            vals = np.asarray(v)
+            if vals.size and (int(vals.min()) < -n or int(vals.max()) >= n):
+                bad = int(vals.min()) if int(vals.min()) < -n else int(vals.max())
+                raise DimError(
+                    f"{op}: index {bad} is out of bounds for dimension {src} with size {n} "
+                    f"{where}"
+                )
+            if kind == "int":
+                plan[-1][1] = v % n  # type: ignore[operator]
+            groups.append(tuple(vals.shape))
+            src += 1
+        if kind != "int" or has_arrays:
+            adv_entries.append(pos)
+    bshape = broadcast_shapes(op, groups) if has_arrays else ()
+    adjacent = not adv_entries or adv_entries[-1] - adv_entries[0] + 1 == len(adv_entries)
+    out: list[int] = [] if adjacent else list(bshape)
+    kept: dict[int, int] = {}
+    group_at = None if adjacent else 0
+    for step in plan:
+        kind, v, d, _ = step
+        if kind == "none":
+            step[3] = len(out)
+            out.append(1)
+        elif kind == "slice":
+            n = shape[d]
+            if _full_slice(v, n):  # type: ignore[arg-type]
+                kept[d] = len(out)
+            step[3] = len(out)
+            out.append(len(range(*v.indices(n))))  # type: ignore[union-attr]
+        elif kind != "int" or has_arrays:
+            if group_at is None:
+                group_at = len(out)
+                out.extend(bshape)
+            step[3] = group_at
+    return tuple(out), kept, [tuple(p) for p in plan]  # type: ignore[misc]

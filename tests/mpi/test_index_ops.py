@@ -1,0 +1,301 @@
+"""Indexing ops on DTensors against numpy on the global data, at 1-4 ranks: uneven and
+empty shards (5 rows over 2-4 ranks), Shard/Replicate/Partial inputs, and typed errors
+raised on every rank."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import dtensor as dt
+from dtensor.errors import DimError, DTypeError, ShardingError
+from dtensor.testing import distribute_random
+
+WORLD = MPI.COMM_WORLD
+R, S, P = dt.Replicate(), dt.Shard, dt.Partial
+SHAPE = (5, 7)
+
+
+def _mesh():
+    return dt.init_device_mesh((WORLD.size,))
+
+
+def _layouts():
+    return ([S(0)], [S(1)], [R], [P("sum")], [P("max")])
+
+
+def _x(mesh, pl, seed=0):
+    a = np.random.default_rng(seed).standard_normal(SHAPE).astype(np.float32)
+    return a, distribute_random(a, mesh, pl, seed=seed + 1)
+
+
+def _idx(mesh, arr, pl=(R,)):
+    return dt.distribute_tensor(arr, mesh, list(pl))
+
+
+def _check(got, want):
+    assert tuple(got.shape) == np.shape(want)
+    np.testing.assert_allclose(got.full_tensor().numpy(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_selections_match_numpy():
+    mesh = _mesh()
+    rng = np.random.default_rng(5)
+    for pl in _layouts():
+        a, x = _x(mesh, pl)
+        for dim in (0, 1):
+            n = SHAPE[dim]
+            sel = rng.integers(0, n, (6,))
+            _check(dt.index_select(x, dim, _idx(mesh, sel, [S(0)])), np.take(a, sel, axis=dim))
+            g = rng.integers(0, n, SHAPE)
+            _check(x.gather(dim, _idx(mesh, g)), np.take_along_axis(a, g, axis=dim))
+            t = rng.integers(0, n, (1, 3) if dim == 1 else (3, 1))
+            _check(dt.take_along_dim(x, _idx(mesh, t), dim), np.take_along_axis(a, t, dim))
+        m = rng.random(SHAPE) < 0.4
+        _check(x.masked_fill(_idx(mesh, m, pl[:1] if pl[0].is_shard() else [R]), -2.0),
+               np.where(m, np.float32(-2.0), a))
+        _check(dt.where(_idx(mesh, m), x, 0.0), np.where(m, a, 0))
+
+
+@pytest.mark.mpi(min_size=1)
+def test_scatters_match_numpy():
+    mesh = _mesh()
+    rng = np.random.default_rng(6)
+    for pl in _layouts():
+        a, x = _x(mesh, pl)
+        src = rng.standard_normal(SHAPE).astype(np.float32)
+        s = distribute_random(src, mesh, pl, seed=9)
+        for dim in (0, 1):
+            index = np.argsort(rng.random(SHAPE), axis=dim)  # distinct targets per line
+            want = a.copy()
+            np.put_along_axis(want, index, src, axis=dim)
+            _check(dt.scatter(x, dim, _idx(mesh, index), s), want)
+            if pl[0] != P("max"):
+                dup = rng.integers(0, SHAPE[dim], SHAPE)
+                want = a.copy()
+                grid = list(np.indices(SHAPE))
+                grid[dim] = dup
+                np.add.at(want, tuple(grid), src)
+                _check(x.scatter_add(dim, _idx(mesh, dup), s), want)
+        y = x.redistribute(mesh, [S(1)]) if not pl[0].is_partial() else x
+        before = y.full_tensor().numpy()
+        index = np.argsort(rng.random((2, 7)), axis=0)
+        y.scatter_(0, _idx(mesh, index), 4.0)
+        want = before.copy()
+        np.put_along_axis(want, index, np.float32(4.0), axis=0)
+        _check(y, want)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_sorts_match_numpy():
+    mesh = _mesh()
+    rng = np.random.default_rng(7)
+    a = rng.integers(0, 4, SHAPE).astype(np.float32)  # ties: stable order
+    for pl in ([S(0)], [S(1)], [R]):
+        x = dt.distribute_tensor(a, mesh, pl)
+        for dim in (0, 1):
+            v, i = x.sort(dim)
+            order = np.argsort(a, axis=dim, kind="stable")
+            _check(v, np.take_along_axis(a, order, dim))
+            _check(i, order)
+            _check(dt.argsort(x, dim, descending=True),
+                   np.flip(a.shape[dim] - 1 - np.argsort(np.flip(a, dim), dim, kind="stable"),
+                           dim))
+            top, where = x.topk(2, dim)
+            _check(top, -np.sort(-a, axis=dim, kind="stable").take(range(2), axis=dim))
+            np.testing.assert_array_equal(
+                np.take_along_axis(a, where.full_tensor().numpy(), dim), top.full_tensor().numpy()
+            )
+            kv, _ = x.kthvalue(2, dim)
+            _check(kv, np.sort(a, axis=dim).take(1, axis=dim))
+
+
+@pytest.mark.mpi(min_size=1)
+def test_local_along_unsharded_dims():
+    mesh = _mesh()
+    _, x = _x(mesh, [S(0)])
+    idx = _idx(mesh, np.array([6, 0, 3]))
+    g = _idx(mesh, np.zeros(SHAPE, np.int64))
+    with dt.debug.CommDebugMode() as mode:
+        y = dt.index_select(x, 1, idx)
+        z = x.gather(1, g)
+        v, _ = x.sort(1)
+        w = x.masked_fill(x > 0, 0.0)
+    assert mode.get_total_counts() == 0
+    assert y.placements == z.placements == v.placements == w.placements == (S(0),)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_bad_indices_raise_on_every_rank():
+    mesh = _mesh()
+    _, x = _x(mesh, [S(0)])
+    cases = [
+        (lambda: x.gather(0, _idx(mesh, np.full(SHAPE, 5))), DimError,
+         "gather: index 5 is out of bounds for dimension 0 with size 5"),
+        (lambda: dt.index_select(x, 1, _idx(mesh, np.array([-1]))), DimError,
+         "index -1 is out of bounds for dimension 1 with size 7"),
+        (lambda: dt.index_select(x, 0, _idx(mesh, np.array([0.5]))), DTypeError, "float64"),
+        (lambda: x.masked_fill(_idx(mesh, np.ones((2, 7), bool)), 0.0), ShardingError,
+         "masked_fill"),
+        (lambda: x.masked_fill(_idx(mesh, np.ones(SHAPE)), 0.0), DTypeError, "boolean"),
+        (lambda: x.scatter(0, _idx(mesh, np.zeros(SHAPE, np.int64)), _idx(mesh, np.ones((2, 7),
+                                                                                      np.float32))),
+         ShardingError, "scatter"),
+        (lambda: x.topk(8, 1), DimError, "topk"),
+    ]
+    for fn, kind, text in cases:
+        with pytest.raises(kind, match=text.replace("(", r"\(").replace(")", r"\)")):
+            fn()
+
+
+def _keys(rng):
+    mask0 = rng.random(SHAPE[0]) < 0.5
+    return [
+        np.array([4, 0, 2]),
+        [1, 1, 3],
+        dt.tensor([0, 2]),
+        (slice(None), [6, 0, 3]),
+        (slice(None), dt.tensor(np.array([5, 1]))),
+        mask0,
+        (slice(None), rng.random(SHAPE[1]) < 0.5),
+        rng.random(SHAPE) < 0.3,
+        (np.array([[0, 1], [4, 4]]), np.array([6, 0])),
+        (np.array([0, 3]), slice(1, None)),
+        (Ellipsis, [2]),
+        ([0, 2], None),
+    ]
+
+
+def _np_key(key):
+    if isinstance(key, tuple):
+        return tuple(_np_key(k) for k in key)
+    return key.numpy() if isinstance(key, dt.Tensor) else key
+
+
+@pytest.mark.mpi(min_size=1)
+def test_advanced_getitem_matches_numpy():
+    mesh = _mesh()
+    for pl in _layouts():
+        a, x = _x(mesh, pl)
+        for key in _keys(np.random.default_rng(3)):
+            y = x[key]
+            want = a[_np_key(key)]
+            assert y.shape == want.shape, key
+            _check(y, want)
+            if pl[0].is_partial():
+                assert y.placements == tuple(pl)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_list_and_tuple_indices_are_cached_apart():
+    mesh = _mesh()
+    a, x = _x(mesh, [S(1)])
+    for _ in range(3):  # hits of the propagation cache and the compiled front alike
+        _check(x[0, 2], a[0, 2])
+        _check(x[[0, 2]], a[[0, 2]])
+        _check(x[[0, 2], 1], a[[0, 2], 1])
+
+
+@pytest.mark.mpi(min_size=1)
+def test_bad_advanced_indices_raise_on_every_rank():
+    mesh = _mesh()
+    _, x = _x(mesh, [S(0)])
+    with pytest.raises(DimError, match=r"index 5 is out of bounds for dimension 0 with size 5"):
+        x[[0, 5]]
+    with pytest.raises(DimError, match=r"global shape \(5, 7\)"):
+        x[:, np.array([-8])]
+    with pytest.raises(DTypeError, match="float32"):
+        x[np.array([1.0], np.float32)]
+    with pytest.raises(DimError, match=r"shape of the mask \(4,\)"):
+        x[np.ones(4, bool)]
+    with pytest.raises(DTypeError, match="full_tensor"):
+        x[_idx(mesh, np.array([0, 1]))]
+
+
+def _set_cases(rng):
+    r, c = SHAPE
+    return [
+        (slice(1, None, 2), 0.5),
+        ((slice(None), 2), rng.standard_normal(r).astype(np.float32)),
+        ((slice(1, 4), slice(None)), rng.standard_normal(c).astype(np.float32)),
+        ((slice(None), slice(0, c, 3)), rng.standard_normal((r, 3)).astype(np.float32)),
+        (3, -1.0),
+        (-1, rng.standard_normal(c).astype(np.float32)),
+        (rng.random(SHAPE) < 0.4, 7.0),
+        ([0, 4], rng.standard_normal((2, c)).astype(np.float32)),
+        ((slice(None), np.array([6, 0])), 2.0),
+        (np.array([4, 1]), 3.0),
+        ((Ellipsis, [1, 2]), rng.standard_normal((r, 2)).astype(np.float32)),
+        (np.arange(r * c).reshape(SHAPE) % 3 == 0, np.arange(12, dtype=np.float32)),
+        (np.array([[4, 0], [2, 2]]), rng.standard_normal((2, 2, c)).astype(np.float32)),
+    ]
+
+
+@pytest.mark.mpi(min_size=1)
+def test_setitem_writes_each_ranks_part():
+    mesh = _mesh()
+    for pl in _layouts():
+        for key, value in _set_cases(np.random.default_rng(4)):
+            a, x = _x(mesh, pl)
+            v = value if isinstance(value, float) else _idx(mesh, value)
+            x[key] = v
+            want = a.copy()
+            want[key] = value
+            assert x.placements == tuple(pl)
+            _check(x, want)
+    # a scalar written into shards, and a value laid out like the kept dims: no communication
+    a, x = _x(mesh, [S(0)])
+    v = dt.distribute_tensor(np.ones((5, 2), np.float32), mesh, [S(0)])
+    with dt.debug.CommDebugMode() as mode:
+        x[1:4] = 0.0
+        x[np.array([0, 4])] = 1.0
+        x[:, 5:] = v
+    assert mode.get_total_counts() == 0
+    want = a.copy()
+    want[1:4] = 0
+    want[[0, 4]] = 1
+    want[:, 5:] = 1
+    _check(x, want)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_setitem_errors_on_every_rank():
+    mesh = _mesh()
+    _, x = _x(mesh, [S(0)])
+    with pytest.raises(ShardingError, match=r"shape mismatch: value tensor of shape \(3,\)"):
+        x[:, 1:3] = _idx(mesh, np.ones(3, np.float32))
+    with pytest.raises(DimError, match="index 9 is out of bounds for dimension 1 with size 7"):
+        x[:, [9]] = 0.0
+    with pytest.raises(DimError, match=r"shape of the mask \(5, 6\)"):
+        x[np.ones((5, 6), bool)] = 0.0
+    with pytest.raises(DTypeError, match="float64"):
+        x[np.array([0.0])] = 1.0
+    if WORLD.size > 1:  # two index arrays, one on the sharded dim: no strategy keeps S(0)
+        with pytest.raises(ShardingError, match="in-place"):
+            x[[0, 1], [2, 3]] = 1.0
+
+
+@pytest.mark.mpi(min_size=1)
+def test_nonzero_and_masked_select_gather_to_replicate():
+    mesh = _mesh()
+    rng = np.random.default_rng(8)
+    a = (rng.random(SHAPE) < 0.3) * rng.standard_normal(SHAPE).astype(np.float32)
+    m = rng.random(SHAPE) < 0.5
+    for pl in ([S(0)], [S(1)], [R], [P("max")]):  # (a P(sum)'s zeros may round)
+        x = distribute_random(a, mesh, pl, seed=2)
+        nz = x.nonzero()
+        assert nz.placements == (R,) and nz.dtype == np.int64
+        np.testing.assert_array_equal(nz.to_local().numpy(), np.argwhere(a))
+        rows, cols = dt.nonzero(x, as_tuple=True)
+        np.testing.assert_array_equal(rows.to_local().numpy(), np.nonzero(a)[0])
+        np.testing.assert_array_equal(cols.to_local().numpy(), np.nonzero(a)[1])
+        for mask in (_idx(mesh, m, [S(0)]), dt.tensor(m[0])):
+            sel = dt.masked_select(x, mask)
+            want = np.broadcast_to(a, SHAPE)[np.broadcast_to(mask.full_tensor().numpy()
+                                                             if isinstance(mask, dt.DTensor)
+                                                             else mask.numpy(), SHAPE)]
+            assert sel.placements == (R,)
+            np.testing.assert_allclose(sel.to_local().numpy(), want, rtol=1e-5, atol=1e-6)
+    assert np.array_equal(dt.nonzero(dt.tensor(a)).numpy(), np.argwhere(a))

@@ -20,7 +20,8 @@ from placements import Replicate
 from placements.errors import AutogradError
 from placements.meta import norm_dim, norm_dims
 
-from ..distributed.dtensor import DTensor
+from ..distributed.dtensor import DTensor, distribute_tensor
+from ..local.factory import from_numpy
 from ..local.rng import get_rng_state, set_rng_state
 from ..local.tensor import Tensor
 from .table import NOT_DIFFERENTIABLE, Backward
@@ -28,6 +29,7 @@ from .table import NOT_DIFFERENTIABLE, Backward
 __all__ = [
     "BINARY",
     "GELU",
+    "INDEX",
     "JOIN",
     "LEAKY_RELU",
     "NN",
@@ -576,9 +578,14 @@ def _getitem_dtensor(g, x, idx):
     for s in steps:
         if s[0] == "int":
             g = g.unsqueeze(s[1])
-    for s in steps:
-        if s[0] in ("int", "slice"):
-            g = _embed(g, x, s[1], s[3])
+    # embed the last indexed dim first, each into the part of x the earlier indexed dims
+    # select (so that the zero pieces have the gradient's extent in those dims)
+    picked = [(s[1], s[3], 1 if s[0] == "int" else s[4]) for s in steps if s[0] != "new"]
+    for j in reversed(range(len(picked))):
+        ref = x
+        for d, start, n in picked[:j]:
+            ref = ref.narrow(d, start, n)
+        g = _embed(g, ref, picked[j][0], picked[j][1])
     return g
 
 
@@ -805,4 +812,136 @@ NN = {
     "cross_entropy": _bw(_cross_entropy, ("input", "target", "weight")),
     "mse_loss": _bw(_mse, ("input", "target")),
     "dropout": _bw(_dropout, rng=True),
+}
+
+
+# -- indexing ---------------------------------------------------------------------------------
+def _spread(x, dim, index, g):
+    """The gradient of a gather of ``x`` along ``dim`` at ``index`` (of ``g``'s shape): ``g``
+    added back at the gathered positions, zeros elsewhere."""
+    return F["zeros_like"](x).scatter_add(dim, index, g)
+
+
+def _along(index, dim, shape):
+    """A 1-D ``index`` along ``dim`` as a full index of ``shape`` (``index_select``'s)."""
+    view = [1] * len(shape)
+    view[dim] = -1
+    return index.reshape(view).expand(shape)
+
+
+def _index_select(g, v, o, need):
+    x, dim, index = v
+    d = norm_dim(dim, x.ndim) if x.ndim else 0
+    return (_spread(x, d, _along(index, d, g.shape), g) if x.ndim else g, None)
+
+
+def _take_along_dim(g, v, o, need):
+    x, index, dim = v
+    if dim is None:  # along the flattened input
+        flat = _spread(x.reshape(-1), 0, index.reshape(-1), g.reshape(-1))
+        return (flat.reshape(x.shape), None)
+    d = norm_dim(dim, x.ndim)
+    shape = list(g.shape)
+    return (_spread(x, d, index.expand(shape), g), None)
+
+
+def _winners(x, dim, index):
+    """Where several entries of ``index`` name one position, the entry whose value a
+    scatter into ``x`` keeps (the kernel's last write): a bool tensor of ``index``'s shape,
+    True for the entries whose value survives. Every rank builds the same entry numbers,
+    so a DTensor index takes its layout of them without communicating."""
+    ids = np.arange(math.prod(index.shape), dtype=np.int64).reshape(tuple(index.shape))
+    if isinstance(index, DTensor):
+        ids = distribute_tensor(ids, index.device_mesh, index.placements, src_data_rank=None)
+    else:
+        ids = from_numpy(ids)
+    written = F["zeros_like"](x, dtype=np.int64).scatter(dim, index, ids)
+    return written.gather(dim, index) == ids
+
+
+def _scattered(g, dim, index, src, x=None):
+    """The gradient of a scatter's ``src``: ``g`` gathered at ``index`` (for a scatter that
+    overwrites, ``x`` given: only at the entries whose value was kept), in the leading block
+    of ``src``'s shape that the index covers (zeros in the rest)."""
+    taken = g.gather(dim, index)
+    if x is not None:
+        taken = taken.where(_winners(x, dim, index), 0.0)
+    if tuple(index.shape) == tuple(src.shape):
+        return taken
+    z = F["zeros_like"](src)
+    z[tuple(slice(0, n) for n in index.shape)] = taken
+    return z
+
+
+def _scatter(g, v, o, need):
+    dim, index, src = v[1], v[2], v[3]
+    gx = g.scatter(dim, index, 0.0) if need[0] else None  # overwritten: no gradient
+    gs = None
+    if len(need) > 2 and need[2] and _is_tensor(src):
+        gs = _scattered(g, dim, index, src, v[0])
+    return (gx, None, gs)
+
+
+def _scatter_add(g, v, o, need):
+    dim, index = v[1], v[2]
+    return (g, None, _scattered(g, dim, index, v[3]) if need[2] else None)
+
+
+def _masked_fill(g, v, o, need):
+    mask = v[1]
+    gv = g.where(mask, 0.0).sum() if len(need) > 2 and need[2] else None
+    return (g.masked_fill(mask, 0.0), None, gv)
+
+
+def _sort(g, v, o, need):
+    """sort(input, dim, descending, stable): the values' gradient back where the sort
+    took them from (the indices, computed again from the saved input)."""
+    x, dim = v[0], v[1]
+    if g[0] is None or not x.ndim:
+        return (g[0],)
+    return (_spread(x, norm_dim(dim, x.ndim), x.sort(dim, v[2], v[3])[1], g[0]),)
+
+
+def _topk(g, v, o, need):
+    """topk(input, k, dim, largest, sorted): as :func:`_sort`."""
+    x, dim = v[0], v[2]
+    if g[0] is None or not x.ndim:
+        return (g[0],)
+    return (_spread(x, norm_dim(dim, x.ndim), x.topk(v[1], dim, v[3], v[4])[1], g[0]),)
+
+
+def _kthvalue(g, v, o, need):
+    """kthvalue(input, k, dim, keepdim): as :func:`_sort`, the reduced dim put back."""
+    x, dim = v[0], v[2]
+    if g[0] is None or not x.ndim:
+        return (g[0],)
+    d = norm_dim(dim, x.ndim)
+    gv = g[0] if v[3] else g[0].unsqueeze(d)
+    return (_spread(x, d, x.kthvalue(v[1], dim, True)[1], gv),)
+
+
+def _setitem(g, v, o, need):
+    idx = v[1]
+    gx = None
+    if need[0]:
+        gx = g.clone()
+        gx[idx] = 0.0  # overwritten: no gradient
+    gv = g[idx] if len(need) > 1 and need[1] else None
+    return (gx, gv)
+
+
+#: The formulas of the indexing ops (:mod:`dtensor.ops.index`), by name.
+INDEX = {
+    "index_select": _bw(_index_select),
+    "gather": _bw(lambda g, v, o, n: (_spread(v[0], norm_dim(v[1], v[0].ndim), v[2], g)
+                                      if v[0].ndim else g, None)),
+    "take_along_dim": _bw(_take_along_dim),
+    "scatter": _bw(_scatter),
+    "scatter_add": _bw(_scatter_add),
+    "masked_fill": _bw(_masked_fill),
+    "sort": _bw(_sort, ("input",), multi=True),
+    "argsort": NOT_DIFFERENTIABLE,
+    "topk": _bw(_topk, ("input",), multi=True),
+    "kthvalue": _bw(_kthvalue, ("input",), multi=True),
+    "setitem": _bw(_setitem),
 }

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ..local.kernels import index as K
 from ..local.tensor import Tensor
+from .derivatives import INDEX as D
 from .local_fns import index_local, setitem_local
 from .table import Operator, declare, declare_method
 
@@ -27,21 +28,24 @@ def _inplace(fn):
     return method
 
 
-declare("index_select", K.index_select, ("input", "index"), samples="index")
-declare("gather", K.gather, ("input", "index"), local_fn=index_local, samples="index")
+declare("index_select", K.index_select, ("input", "index"), samples="index",
+        backward=D["index_select"])
+declare("gather", K.gather, ("input", "index"), local_fn=index_local, samples="index",
+        backward=D["gather"])
 declare("take_along_dim", K.take_along_dim, ("input", "indices"), local_fn=index_local,
-        samples="index")
+        samples="index", backward=D["take_along_dim"])
 for _name in ("scatter", "scatter_add"):
     _fn = getattr(K, _name)
-    declare(_name, _fn, ("input", "index", "src"), local_fn=index_local, samples="index")
+    declare(_name, _fn, ("input", "index", "src"), local_fn=index_local, samples="index",
+            backward=D[_name])
     # the in-place form cuts the index to the shard too (a record of its own for that)
     declare(_name + "_", _inplace(_fn), ("input", "index", "src"), local_fn=index_local,
             params=("input", "dim", "index", "src"), function=False, writes=True,
-            samples="index")
+            samples="index", backward=D[_name])
 declare("masked_fill", K.masked_fill, ("input", "mask", "value"),
-        inplace=_inplace(K.masked_fill), samples="index")
+        inplace=_inplace(K.masked_fill), samples="index", backward=D["masked_fill"])
 for _name in ("sort", "argsort", "topk", "kthvalue"):
-    declare(_name, getattr(K, _name), samples="index")
+    declare(_name, getattr(K, _name), samples="index", backward=D[_name])
 
 
 
@@ -53,5 +57,5 @@ def _setitem(input: Tensor, idx: object, value: object) -> Tensor:
 
 # x[idx] = value: the index is static (every rank holds it whole, as for x[idx])
 declare_method("setitem", ("input", "idx", "value"), ("input", "value"), kernel=_setitem,
-               writes=True, local_fn=setitem_local, samples="index",
+               writes=True, local_fn=setitem_local, samples="index", backward=D["setitem"],
                operators=(Operator("__setitem__", "method", Tensor.__setitem__),))

@@ -118,6 +118,42 @@ def test_cross_entropy_and_embedding_gradients_match_local(rng):
                                        atol=1e-12)
 
 
+_IDX = np.array([[0, 2, 1], [4, 0, 0], [1, 1, 3], [2, 5, 0], [3, 3, 3]])
+
+
+def _index_program(x, src, mk):
+    """Indexing ops (gather, sort, topk, kthvalue, masked_fill, index_select, scatter,
+    scatter_add, x[idx] = v) of ``x`` (5, 6) and ``src`` (5, 3); ``mk`` makes an index
+    tensor of the program's kind from an array."""
+    i = mk(_IDX)
+    y = x * 1.0
+    y[1:3, 2] = src[0, 0] * 2.0 + src[1:3, 1:].sum()  # two ints: a DTensor getitem backward
+    return (x.gather(1, i).square().sum() + x.sort(1)[0][:, :2].sum() * 2.0
+            + x.topk(2, 0)[0].exp().sum() + x.kthvalue(2, 1)[0].sum()
+            + x.masked_fill(x > 0.5, 0.0).square().sum()
+            + x.index_select(0, mk(np.array([4, 1, 1]))).sum() * 3.0
+            + x.scatter(1, i, src).square().sum() + x.scatter_add(1, i, src * src).sum()
+            + y.tanh().sum())
+
+
+@pytest.mark.mpi(min_size=1)
+def test_index_op_gradients_match_local(rng):
+    a, s = rng.standard_normal((5, 6)), rng.standard_normal((5, 3))
+    leaves = [dt.from_numpy(a.copy()).requires_grad_(), dt.from_numpy(s.copy()).requires_grad_()]
+    _index_program(*leaves, dt.from_numpy).backward()
+    want = [t.grad.numpy() for t in leaves]
+    for mesh in meshes():
+        choices = placement_choices(mesh, 2)
+        for k, pl in enumerate(choices[:: 3 if mesh.ndim > 1 else 1]):
+            x = distribute_random(a, mesh, pl, seed=k).requires_grad_()
+            src = distribute_random(s, mesh, [R] * mesh.ndim, seed=k).requires_grad_()
+            index = lambda n, mesh=mesh: dt.distribute_tensor(n, mesh, [R] * mesh.ndim)
+            _index_program(x, src, index).backward()
+            for d, w in zip((x, src), want):
+                np.testing.assert_allclose(d.grad.full_tensor().numpy(), w, rtol=1e-9,
+                                           atol=1e-9, err_msg=f"placements {pl}")
+
+
 @pytest.mark.mpi(min_size=1)
 def test_redistribute_chains(rng):
     value = np.random.default_rng(9).standard_normal((5, 6))

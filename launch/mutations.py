@@ -57,7 +57,7 @@ __all__ = [
 ]
 
 #: Rule families (modules of placements/rules/) and the planner.
-FAMILIES = ("pointwise", "reduction", "matmul", "view", "tensor", "nn", "plan")
+FAMILIES = ("pointwise", "reduction", "matmul", "view", "tensor", "nn", "index", "plan")
 #: Kind -> what a mutation of that kind does. The first four change rules, ``step`` plans.
 KINDS = {
     "drop": "a candidate strategy dropped",
@@ -518,6 +518,18 @@ MUTATIONS: tuple[Mutation, ...] = (
           "embedding's Shard outputs are off by one", values("embedding", "embedding")),
     _rule("nn", "shard", "softmax", ["softmax", "log_softmax"], remap(out_shard, shift_shard),
           "softmax's Shard output moves onto the softmax dim", values("softmax", "softmax")),
+    # -- index --------------------------------------------------------------------------------
+    _rule("index", "drop", "gather_shard", ["gather"], drop(out_shard),
+          "gather loses its Shard candidates (kept dims)",
+          (*choices("gather", "gather"), Run(("mpi/test_index_ops.py",), ranks=2))),
+    _rule("index", "minmax", "index_select", ["index_select"],
+          remap(exactly(PMAX, PMAX, R), swap_minmax),
+          "index_select of a P(max) input claims P(min)", values("index_select", "index_select")),
+    _rule("index", "sum", "masked_fill", ["masked_fill"], add(PSUM, PSUM, R, R),
+          "masked_fill of a P(sum) input takes the fill value on every rank",
+          values("masked_fill", "masked_fill")),
+    _rule("index", "shard", "index_select", ["index_select"], remap(out_shard, shift_shard),
+          "index_select's Shard output is off by one", values("index_select", "index_select")),
     # -- plan ---------------------------------------------------------------------------------
     _plan("all_reduce", without("all_reduce"), "plans lose their AllReduce steps"),
     _plan("all_gather", without("all_gather"), "plans lose their AllGather steps"),

@@ -66,6 +66,7 @@ from __future__ import annotations
 import math
 import operator
 import os
+import sys
 import threading
 from bisect import bisect_left, insort
 from functools import partial
@@ -207,6 +208,10 @@ class _Pool:
             del self.sizes[bisect_left(self.sizes, span.size)]
 
 
+#: ``sys.is_finalizing``, bound at import (``sys`` may be torn down before a last Block dies).
+_finalizing = sys.is_finalizing
+
+
 class Block:
     """One live allocation: the memory owner at the end of a pooled array's base chain.
 
@@ -242,6 +247,8 @@ class Block:
         }
 
     def __del__(self) -> None:
+        if _finalizing():  # interpreter shutdown: the module's helpers may be gone, and the
+            return  # process's memory goes with it
         self.allocator._release(self._span)
 
     def __repr__(self) -> str:

@@ -333,7 +333,7 @@ def test_sampled_pairs_3d(shape, meshes, seed):
     # 4 and 8 ranks run two and four ranks per core here: a sample of the pairs (the seed
     # changes from run to run; tests/unit/test_plan.py simulates every 2x2x2 pair)
     for mesh_shape in MESHES_3D:
-        count = 100 if WORLD < 8 else 50
+        count = 100 if WORLD < 8 else 20
         run_sampled_pairs(mesh_shape, shape, np.float64, meshes, seed, count=count)
 
 

@@ -94,8 +94,9 @@ _TRAIN_SIZES = {"train_mlp.py": ["--dim", "8", "--hidden", "16"],
 
 @pytest.mark.parametrize(
     ("name", "n", "strategies"),
+    # the MLP in both modes' stages; the transformer (the longer job) in the first one
     [("train_mlp.py", 4, "dp,tp,2d"), ("train_mlp.py", 2, "dp,tp"),
-     ("train_transformer.py", 4, "dp,tp,2d")],
+     pytest.param("train_transformer.py", 4, "dp,tp,2d", marks=pytest.mark.mode_independent)],
 )
 def test_training_examples_match_the_local_run(name, n, strategies):
     out = launch(n, f"launch/examples/{name}", "--strategy", strategies, "--steps", "3",
@@ -374,6 +375,7 @@ _CASES = [
 
 
 @pytest.mark.skipif(not fastpath.AVAILABLE, reason="compiled extension not built")
+@pytest.mark.mode_independent  # each job sets DTENSOR_FASTPATH=1 itself
 @pytest.mark.parametrize(
     ("folder", "script"), _CASES, ids=[f"{f.parent.name}:{s}" for f, s in _CASES]
 )

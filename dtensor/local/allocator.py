@@ -208,10 +208,6 @@ class _Pool:
             del self.sizes[bisect_left(self.sizes, span.size)]
 
 
-#: ``sys.is_finalizing``, bound at import (``sys`` may be torn down before a last Block dies).
-_finalizing = sys.is_finalizing
-
-
 class Block:
     """One live allocation: the memory owner at the end of a pooled array's base chain.
 
@@ -246,7 +242,8 @@ class Block:
             "version": 3,
         }
 
-    def __del__(self) -> None:
+    def __del__(self, _finalizing=sys.is_finalizing) -> None:
+        # (a default argument: module globals are None by the time the last Blocks die)
         if _finalizing():  # interpreter shutdown: the module's helpers may be gone, and the
             return  # process's memory goes with it
         self.allocator._release(self._span)

@@ -11,12 +11,10 @@ holds whole (the rules keep index arguments replicated), so every rank raises al
 
 from __future__ import annotations
 
-import operator
-
 import numpy as np
 
-from .errors import ArgumentError, DimError, DTypeError, ShardingError
-from .meta import _full_slice, broadcast_shapes, norm_dim
+from .errors import DimError, DTypeError, ShardingError
+from .meta import _full_slice, broadcast_shapes, is_advanced_entry, norm_dim, parse_index
 
 __all__ = [
     "advanced_index_shape",
@@ -206,14 +204,6 @@ def kthvalue_shape(
     return (shape[:d] + (1,) + shape[d + 1 :]) if keepdim else shape[:d] + shape[d + 1 :], d
 
 
-def is_advanced_entry(item: object) -> bool:
-    """Whether an index entry asks for advanced indexing: a list, a bool, or an array or
-    tensor (anything with a ``shape`` and a ``dtype``) of one dim or more."""
-    return isinstance(item, (bool, np.bool_, list)) or (
-        hasattr(item, "dtype") and len(getattr(item, "shape", ())) > 0
-    )
-
-
 def advanced_index_shape(
     shape: tuple[int, ...], index: object, op: str = "__getitem__"
 ) -> tuple[tuple[int, ...], dict[int, int]]:
@@ -258,48 +248,9 @@ def index_plan(
     ShardingError
         Index arrays whose shapes do not broadcast.
     """
-    items = index if isinstance(index, tuple) else (index,)
     where = f"(index {index!r} of a tensor of global shape {tuple(shape)})"
-    entries: list[tuple[str, object]] = []
-    consumed = ellipses = 0
-    for it in items:
-        if it is None or it is Ellipsis:
-            ellipses += it is Ellipsis
-            entries.append(("none" if it is None else "...", it))
-        elif isinstance(it, slice):
-            if it.step is not None and it.step <= 0:
-                raise ArgumentError(f"{op}: step must be greater than zero (got {it.step})")
-            entries.append(("slice", it))
-            consumed += 1
-        elif is_advanced_entry(it) or (hasattr(it, "dtype") and not isinstance(it, np.generic)):
-            arr = np.asarray(it)
-            if arr.dtype.kind not in "iub":
-                raise DTypeError(
-                    f"{op}: tensors used as indices must be long, int, byte or bool tensors, "
-                    f"got {arr.dtype} {where}"
-                )
-            if arr.dtype.kind == "b":
-                entries.append(("mask", arr))
-                consumed += arr.ndim
-            else:
-                entries.append(("array", arr))
-                consumed += 1
-        else:
-            try:
-                entries.append(("int", operator.index(it)))
-            except TypeError:
-                raise DimError(
-                    f"{op}: only integers, slices, None, ..., and integer or boolean tensors "
-                    f"are valid indices (got {type(it).__name__}) {where}"
-                ) from None
-            consumed += 1
+    entries, consumed = parse_index(index, len(shape), op, where, arrays=True)
     ndim = len(shape)
-    if consumed > ndim:
-        raise DimError(f"{op}: too many indices for tensor of dimension {ndim} {where}")
-    if ellipses > 1:
-        raise DimError(f"{op}: an index can only have a single ellipsis ('...') {where}")
-    if not ellipses:
-        entries.append(("...", Ellipsis))
     has_arrays = any(k in ("mask", "array") for k, _ in entries)
     groups: list[tuple[int, ...]] = []
     adv_entries: list[int] = []  # positions in ``entries`` (a ``...`` separates, as in numpy)

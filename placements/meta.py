@@ -56,11 +56,13 @@ __all__ = [
     "float_dtype",
     "index_shape",
     "infer_size",
+    "is_advanced_entry",
     "movedim_dims",
     "narrow_args",
     "nonscalar_dim",
     "norm_dim",
     "norm_dims",
+    "parse_index",
     "permute_dims",
     "promote_types",
     "real_dtype",
@@ -723,6 +725,82 @@ def _full_slice(s: slice, n: int) -> bool:
     return s.start in (None, 0) and (s.stop is None or s.stop >= n) and s.step in (None, 1)
 
 
+def is_advanced_entry(item: object) -> bool:
+    """Whether an index entry asks for advanced indexing: a list, a bool, or an array or
+    tensor (anything with a ``shape`` and a ``dtype``) of one dim or more."""
+    return isinstance(item, (bool, np.bool_, list)) or (
+        hasattr(item, "dtype") and len(getattr(item, "shape", ())) > 0
+    )
+
+
+def parse_index(
+    index: object, ndim: int, op: str, where: str = "", arrays: bool = False
+) -> tuple[list[tuple[str, object]], int]:
+    """The entries of ``x[index]`` on a tensor of ``ndim`` dims, checked, and how many dims
+    they consume: ``(kind, value)`` with kind ``"none"``, ``"..."`` (one is appended when
+    none is written), ``"slice"``, ``"int"`` (the value as an int) and, with ``arrays``,
+    ``"mask"`` and ``"array"`` (the value as an ndarray). The one index parser of
+    :func:`index_shape` (basic indexing) and :func:`placements.index_meta.index_plan`.
+    ``where`` ends each message (the index and the shape). **Local**.
+
+    Raises
+    ------
+    ArgumentError
+        A slice step that is not positive.
+    DimError
+        More indices than dims, two ellipses, an entry that is not an index (without
+        ``arrays``: anything but ints, slices, None and ``...``).
+    DTypeError
+        An index array that is not of an integer or bool dtype.
+    """
+    tail = f" {where}" if where else ""
+    items = index if isinstance(index, tuple) else (index,)
+    entries: list[tuple[str, object]] = []
+    consumed = ellipses = 0
+    for it in items:
+        if it is None or it is Ellipsis:
+            ellipses += it is Ellipsis
+            entries.append(("none" if it is None else "...", it))
+            continue
+        if isinstance(it, slice):
+            if it.step is not None and it.step <= 0:
+                raise ArgumentError(f"{op}: step must be greater than zero (got {it.step})")
+            entries.append(("slice", it))
+            consumed += 1
+            continue
+        if arrays and (is_advanced_entry(it) or (hasattr(it, "dtype")
+                                                 and not isinstance(it, np.generic))):
+            arr = np.asarray(it)
+            if arr.dtype.kind not in "iub":
+                raise DTypeError(
+                    f"{op}: tensors used as indices must be long, int, byte or bool tensors, "
+                    f"got {arr.dtype}{tail}"
+                )
+            entries.append(("mask" if arr.dtype.kind == "b" else "array", arr))
+            consumed += arr.ndim if arr.dtype.kind == "b" else 1
+            continue
+        value = None
+        if not isinstance(it, (bool, np.bool_)):  # a bool is a mask, not the int 0 or 1
+            try:
+                value = operator.index(it)
+            except TypeError:
+                pass
+        if value is None:
+            raise DimError(
+                f"{op}: only integers, slices, None, ..., and integer or boolean tensors "
+                f"are valid indices (got {type(it).__name__}){tail}"
+            )
+        entries.append(("int", value))
+        consumed += 1
+    if consumed > ndim:
+        raise DimError(f"{op}: too many indices for tensor of dimension {ndim}{tail}")
+    if ellipses > 1:
+        raise DimError(f"{op}: an index can only have a single ellipsis ('...'){tail}")
+    if not ellipses:
+        entries.append(("...", Ellipsis))
+    return entries, consumed
+
+
 def index_shape(
     shape: Sequence[int], index: object, op: str = "__getitem__"
 ) -> tuple[tuple[int, ...], dict[int, int]]:
@@ -740,48 +818,27 @@ def index_shape(
         ellipses, an int out of range (``index 10 is out of bounds for dimension 0 with
         size 4``) or an entry that is not an index, each after ``op: ``.
     """
-    items = index if isinstance(index, tuple) else (index,)
-    consumed = ellipses = 0
-    for it in items:
-        if isinstance(it, slice):
-            if it.step is not None and it.step <= 0:
-                raise ArgumentError(f"{op}: step must be greater than zero (got {it.step})")
-            consumed += 1
-        elif it is Ellipsis:
-            ellipses += 1
-        elif it is not None:
-            if isinstance(it, (bool, np.bool_)) or not hasattr(it, "__index__"):
-                raise DimError(
-                    f"{op}: only integers, slices, None, ..., and integer or boolean tensors "
-                    f"are valid indices (got {type(it).__name__})"
-                )
-            consumed += 1
+    entries, consumed = parse_index(index, len(shape), op)
     ndim = len(shape)
-    if consumed > ndim:
-        raise DimError(f"{op}: too many indices for tensor of dimension {ndim}")
-    if ellipses > 1:
-        raise DimError(f"{op}: an index can only have a single ellipsis ('...')")
-    if not ellipses:
-        items = (*items, Ellipsis)
     out: list[int] = []
     kept: dict[int, int] = {}
     src = 0
-    for it in items:
-        if it is None:
+    for kind, it in entries:
+        if kind == "none":
             out.append(1)
-        elif it is Ellipsis:
+        elif kind == "...":
             for _ in range(ndim - consumed):
                 kept[src] = len(out)
                 out.append(shape[src])
                 src += 1
-        elif isinstance(it, slice):
+        elif kind == "slice":
             n = shape[src]
             if _full_slice(it, n):
                 kept[src] = len(out)
             out.append(len(range(*it.indices(n))))
             src += 1
         else:
-            i, n = operator.index(it), shape[src]
+            i, n = it, shape[src]
             if not -n <= i < n:
                 raise DimError(
                     f"{op}: index {i} is out of bounds for dimension {src} with size {n}"

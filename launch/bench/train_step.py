@@ -61,6 +61,14 @@ def _ours(model: TrainModel, mesh: dt.DeviceMesh) -> dict[str, Callable[[], Any]
     params = place(model, "tp", mesh, model.init())
     batch = place(model, "tp", mesh, model.batch(0), batch=True)
     opt = make_optimizer("sgd", list(params.values()), LR)
+    fns = _step_and_forward(model, params, batch, opt, dt.no_grad)
+    return {**fns, "forward_grad": lambda: model.loss(params, batch)}
+
+
+def _step_and_forward(model: TrainModel, params: dict, batch: dict, opt: Any,
+                      no_grad: Callable[[], Any]) -> dict[str, Callable[[], Any]]:
+    """One training step (zero_grad, loss, backward, optimizer step) and the forward
+    under ``no_grad``, written once for both libraries."""
 
     def step() -> Any:
         opt.zero_grad()
@@ -70,10 +78,10 @@ def _ours(model: TrainModel, mesh: dt.DeviceMesh) -> dict[str, Callable[[], Any]
         return loss
 
     def forward() -> Any:
-        with dt.no_grad():
+        with no_grad():
             return model.loss(params, batch)
 
-    return {"step": step, "forward": forward, "forward_grad": lambda: model.loss(params, batch)}
+    return {"step": step, "forward": forward}
 
 
 def _torch(model: TrainModel, tmesh: Any) -> dict[str, Callable[[], Any]]:
@@ -92,19 +100,7 @@ def _torch(model: TrainModel, tmesh: Any) -> dict[str, Callable[[], Any]]:
               for n, a in model.init().items()}
     batch = {n: dist(a, [Replicate()]) for n, a in model.batch(0).items()}
     opt = torch.optim.SGD(list(params.values()), lr=LR, momentum=0.9)
-
-    def step() -> Any:
-        opt.zero_grad()
-        loss = model.loss(params, batch)
-        loss.backward()
-        opt.step()
-        return loss
-
-    def forward() -> Any:
-        with torch.no_grad():
-            return model.loss(params, batch)
-
-    return {"step": step, "forward": forward}
+    return _step_and_forward(model, params, batch, opt, torch.no_grad)
 
 
 def _interleaved(fns: Mapping[str, Callable[[], Any]], comm: MPI.Comm,

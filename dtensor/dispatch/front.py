@@ -63,8 +63,9 @@ def raw_form(info: OpInfo, entry: CacheEntry, values: list) -> RawForm | None:
     the kernel takes as is, not 0-d) computes exactly ``ufunc(a, b)``, ``ufunc(a, scalar)``
     or ``kernel(a, out)`` on the local arrays; ``view``/``reshape`` of a standard (row-major)
     local tensor is numpy's reshape to the local output shape (``Tensor.view``'s own short
-    path), and ``t`` of a 2-D tensor is the transposed array; ``sum``, ``amax``/``amin`` and
-    ``matmul``/``mm`` of host arrays are the numpy calls their kernels make; ``clone`` of a
+    path), and ``t`` of a 2-D tensor is the transposed array; ``sum``, ``amax``/``amin``,
+    ``softmax``/``log_softmax`` (over the last dim) and ``matmul``/``mm`` of host arrays are
+    the calls their kernels make (the compiled loops where the kernels use them); ``clone`` of a
     C-contiguous and ``contiguous`` of a non-C-contiguous host array are a C-order copy
     (checked per call: the layout is not in the spec). Everything here is fixed by the
     entry's specs and the key, so it is decided once. Returns a :class:`RawForm`: ``arg`` is

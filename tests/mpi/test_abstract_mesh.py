@@ -1,7 +1,8 @@
 """The abstract mesh is honest: a training step traced on an ``AbstractMesh`` predicts, one
 collective at a time, the op, kind, mesh dim and bytes that ``CommDebugMode`` records on a
 real run of the same step on a mesh of the same shape (the MLP and the transformer of
-``launch/examples/_training.py``, two strategies each on a 2x2 mesh), and ``explain``'s
+``launch/examples/_training.py``, two strategies each on a 2x2 mesh; with uneven shards the
+bytes are those of coordinate 0, rank 0's), and ``explain``'s
 trace on the abstract mesh predicts the same bytes for the collectives it lists.
 
 Run: ``python -m launch -n 4 -m pytest tests/mpi/test_abstract_mesh.py --with-mpi``.
@@ -52,9 +53,10 @@ def records(mode):
 
 @pytest.mark.mpi(min_size=4)  # the suite's largest run: a 2x2 mesh of exactly 4 ranks
 @pytest.mark.parametrize("strategy", ["dp-tp", "tp-dp"])
-@pytest.mark.parametrize("which", ["mlp", "transformer"])
+@pytest.mark.parametrize("which", ["mlp", "transformer", "uneven mlp"])
 def test_abstract_step_predicts_every_collective(which, strategy):
-    model = T.mlp_model() if which == "mlp" else T.transformer_model()
+    model = {"mlp": T.mlp_model, "transformer": T.transformer_model,
+             "uneven mlp": lambda: T.mlp_model(batch=5, dim=9, hidden=13)}[which]()
     mesh = dt.init_device_mesh((2, 2), ("dp", "tp"))
     init, batch = model.init(), model.batch(0)
     with dt.debug.CommDebugMode() as real:
@@ -65,9 +67,16 @@ def test_abstract_step_predicts_every_collective(which, strategy):
         loss = step(model, place(model, strategy, abstract, init, True),
                     place(model, strategy, abstract, batch, False))
     assert isinstance(loss, dt.AbstractDTensor)
-    got, want = records(predicted), records(real)
-    assert got == want, f"rank {WORLD.rank}:\npredicted\n{predicted.table()}\nreal\n{real.table()}"
+    want = records(real)
+    # uneven shards: the bytes predicted are coordinate 0's, rank 0's; others' may differ
+    exact = WORLD.rank == 0 or which != "uneven mlp"
+    keep = (lambda r: r) if exact else (lambda r: r[:3] + r[4:])
+    got = records(predicted)
+    assert [keep(r) for r in got] == [keep(r) for r in want], (
+        f"rank {WORLD.rank}:\npredicted\n{predicted.table()}\nreal\n{real.table()}")
     assert real.get_total_counts() > 0
+    if not exact:
+        return
     # explain's trace on the abstract mesh: the bytes of every collective it lists
     trace = dt.debug.explain(step, model, place(model, strategy, abstract, init, True),
                              place(model, strategy, abstract, batch, False))

@@ -55,7 +55,7 @@ from ..local import dtypes as _dtypes
 from ..local.kernels.index import KthvalueResult, SortResult, TopkResult
 from ..local.kernels.reduce import MaxResult, MinResult
 from ..local.tensor import Tensor
-from .dtensor import DTensor, _normalize_placements
+from .dtensor import DTensor, _as_local_tensor, _normalize_placements
 from .mesh import DeviceMesh
 
 __all__ = [
@@ -231,6 +231,36 @@ class AbstractMesh:
     def _distribute(self, tensor: object, placements: Sequence[Placement] | None) -> AbstractDTensor:
         """``distribute_tensor(tensor, self, placements)``: :func:`abstract_like`. **Local**."""
         return abstract_like(tensor, self, placements)
+
+    def _from_local(
+        self, local: object, placements: Sequence[Placement] | None, shape: Sequence[int] | None
+    ) -> AbstractDTensor:
+        """``DTensor.from_local(local, self, placements, shape=shape)``: an AbstractDTensor
+        of ``shape`` (``local``'s when no placement is a Shard) and ``local``'s dtype.
+        **Local**.
+
+        Raises
+        ------
+        MetadataOnlyError
+            Without ``shape`` when a placement is a Shard (the global shape would be
+            gathered from ranks that do not exist), or for a ``local`` that requires grad.
+        """
+        placements = _normalize_placements(placements, self, "DTensor.from_local")
+        local = _as_local_tensor(local, "DTensor.from_local")
+        if local.requires_grad:
+            raise MetadataOnlyError(
+                "DTensor.from_local: a local tensor that requires grad cannot make a DTensor "
+                f"on an abstract mesh ({self!r}): no gradient could flow back to it"
+            )
+        if shape is None:
+            if any(p.is_shard() for p in placements):
+                raise MetadataOnlyError(
+                    f"DTensor.from_local: give shape= on an abstract mesh ({self!r}) for "
+                    f"placements {placement_list(placements)}: the global shape cannot be "
+                    "gathered from ranks that do not exist"
+                )
+            shape = local.shape
+        return abstract_tensor(shape, self, placements, dtype=local.dtype)
 
     # -- identity ------------------------------------------------------------------------------
     def __hash__(self) -> int:

@@ -551,6 +551,10 @@ class DTensor(_fp.DTensorBase):
             Replicate, since every contribution of a sum gets the sum's gradient) and this
             rank's shard of it is the local tensor's gradient.
 
+        On an ``AbstractMesh`` the result is a metadata-only DTensor of ``shape`` (required
+        when a placement is a Shard) and the local tensor's dtype (**Local**; a local tensor
+        that requires grad is refused: the abstract DTensor has no data to flow back).
+
         Raises
         ------
         DTypeError
@@ -559,6 +563,8 @@ class DTensor(_fp.DTensorBase):
         """
         if device_mesh is None:
             device_mesh = init_device_mesh()
+        elif type(device_mesh) is not DeviceMesh and getattr(device_mesh, "_abstract", False):
+            return device_mesh._from_local(local_tensor, placements, shape)
         try:
             local = _as_local_tensor(local_tensor, "DTensor.from_local")
         except DTypeError as e:
@@ -833,7 +839,7 @@ def distribute_tensor(
     if device_mesh is None:
         device_mesh = init_device_mesh()
     mesh = device_mesh
-    if getattr(mesh, "_abstract", False):  # an AbstractMesh: a metadata-only DTensor
+    if type(mesh) is not DeviceMesh and getattr(mesh, "_abstract", False):  # an AbstractMesh
         return mesh._distribute(tensor, placements)
     placements = _normalize_placements(placements, mesh, "distribute_tensor")
     alloc = allocator_for(mesh.device_type)

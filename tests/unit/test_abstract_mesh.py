@@ -138,6 +138,14 @@ def test_values_are_refused_naming_the_op():
     assert type(copy.deepcopy(x)) is dt.AbstractDTensor and type(copy.copy(x)) is dt.AbstractDTensor
     with pytest.raises(MeshError):
         dt.abstract_tensor((2,), dt.init_device_mesh((1,)))
+    local = dt.ones(2, 6)
+    made = dt.DTensor.from_local(local, mesh, [S(0), R], shape=(8, 6))
+    assert type(made) is dt.AbstractDTensor and made.placements == (S(0), R)
+    assert dt.DTensor.from_local(local, mesh).shape == (2, 6)
+    with pytest.raises(MetadataOnlyError, match="give shape="):
+        dt.DTensor.from_local(local, mesh, [S(0), R])
+    with pytest.raises(MetadataOnlyError, match="requires grad"):
+        dt.DTensor.from_local(local.requires_grad_(), mesh, shape=(2, 6))
 
 
 # -- redistribute, autograd, memory -------------------------------------------------------------------

@@ -58,6 +58,14 @@ from .local.rng import get_rng_state, initial_seed, manual_seed, set_rng_state  
 from .local.tensor import Size, Storage, Tensor, is_tensor  # noqa: F401
 
 # --- distributed
+from .distributed.abstract import (  # noqa: F401
+    AbstractDTensor,
+    AbstractMesh,
+    abstract_like,
+    abstract_memory_stats,
+    abstract_tensor,
+    reset_abstract_peak,
+)
 from .distributed.dtensor import DTensor, distribute_tensor  # noqa: F401
 from .distributed.factory import FACTORIES as _FACTORIES
 from .distributed.mesh import DeviceMesh, init_device_mesh  # noqa: F401

@@ -45,6 +45,9 @@ Which type for which check:
   grad, a second backward through freed nodes, an in-place op on a leaf that requires
   grad, an in-place change to a tensor saved for backward, an op without a backward
   formula, mismatched ``grad_placements``.
+- :class:`MetadataOnlyError` (also a RuntimeError): a value asked of a DTensor on an
+  abstract mesh (``dt.AbstractMesh``: metadata only, no data): ``to_local``,
+  ``full_tensor``, ``item``, ``bool``, numpy conversion; the message names the op.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ __all__ = [
     "DTypeError",
     "DimError",
     "MeshError",
+    "MetadataOnlyError",
     "NoRuleError",
     "PlacementError",
     "ShardDimError",
@@ -144,3 +148,7 @@ class CheckpointError(DTensorError, OSError):
 
 class AutogradError(DTensorError, RuntimeError):
     """A backward that cannot run as asked (the messages are PyTorch's, naming the op)."""
+
+
+class MetadataOnlyError(DTensorError, RuntimeError):
+    """A value asked of a DTensor that has metadata only (on a ``dt.AbstractMesh``)."""

@@ -12,6 +12,10 @@ Collectives of a backward pass are marked ``phase="backward"`` and attributed to
 whose backward node issued them (its formula's ops, and the move of the gradients it makes
 into the leaves' layouts: the all-reduce of a data-parallel weight gradient counts under
 ``matmul``); by op they are listed as ``"matmul (backward)"``.
+
+On an abstract mesh (``dt.AbstractMesh``) nothing communicates: the mode records the
+collectives a real run on a mesh of that shape would issue, as the abstract DTensors' ops
+and redistributions report them (kind, mesh dim, op, phase, and rank 0's bytes).
 """
 
 from __future__ import annotations

@@ -53,11 +53,12 @@ from redistribute.execute import execute as _execute
 from redistribute.plan import plan as _plan
 from redistribute.plan import redistribute_cost
 
+from ..distributed.abstract import AbstractMesh, EntryRunner
 from ..distributed.dtensor import DTensor, allocator_for
 from ..local import dtypes as _dtypes
 from ..local.kernels.base import quiet_call
 from ..local.tensor import Tensor, _wrap
-from ..ops.table import OpInfo
+from ..ops.table import _MOVES_ONLY, OpInfo
 
 __all__ = [
     "CacheEntry",
@@ -282,9 +283,13 @@ class CacheEntry:
         The chosen strategy (for debugging tools).
     schema : OpSchema
         What the rule saw (for debugging tools).
+    abstract : EntryRunner or None
+        On an abstract mesh: how the entry runs without data
+        (:class:`dtensor.distributed.abstract.EntryRunner`); ``direct`` is then None.
     """
 
     __slots__ = (
+        "abstract",
         "comm",
         "direct",
         "inplace",
@@ -322,6 +327,7 @@ class CacheEntry:
         self.strategy = strategy
         plain = not inplace and all(m is None for m in moves) and all(e < 0 for _, e in slots)
         self.direct = tuple(p for p, _ in slots) if plain else None
+        self.abstract = None
 
     def arguments(self, values: list) -> list:
         """The tensor-like arguments of a bound call, one per slot (what the rule saw)."""
@@ -699,10 +705,14 @@ def _build_entry(info: OpInfo, binder: _Binder, values: list, mesh: object) -> C
     if info.inplace:
         _check_inplace(info.name, args, moves, out_specs)
     kernel = info.local_fn(schema, strategy) if info.local_fn is not None else info.kernel
-    return CacheEntry(
+    entry = CacheEntry(
         info.name, kernel, slots, tuple(moves), out_specs, info.inplace, strategy, schema,
         info.quiet,
     )
+    if type(mesh) is AbstractMesh:  # metadata only: run_entry hands it to the runner
+        entry.abstract = EntryRunner(info.name, info.samples in _MOVES_ONLY)
+        entry.direct = None
+    return entry
 
 
 def decide(info: OpInfo, args: Sequence[object], kwargs: Mapping[str, object]) -> tuple:
@@ -792,6 +802,8 @@ def run_entry(entry: CacheEntry, values: list, mesh: object) -> object:
             return d
         return wrap_outputs(out, entry.out_specs)
     global _current_op
+    if entry.abstract is not None:
+        return _run_abstract(entry, values)
     target = _slot_value(values, entry.slots[0]) if entry.inplace else None
     if entry.comm:
         prev = _current_op
@@ -806,6 +818,17 @@ def run_entry(entry: CacheEntry, values: list, mesh: object) -> object:
     if target is not None:
         return target
     return wrap_outputs(out, entry.out_specs)
+
+
+def _run_abstract(entry: CacheEntry, values: list) -> object:
+    """Run an entry of an abstract mesh (no kernel, no collective) while naming its op."""
+    global _current_op
+    prev = _current_op
+    _current_op = entry.name
+    try:
+        return entry.abstract(entry, entry.arguments(values))
+    finally:
+        _current_op = prev
 
 
 def _notify(entry: CacheEntry, values: list, mesh: object) -> None:

@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 import fastpath as _fp
 from placements.errors import AutogradError
 
+from ..distributed.abstract import AbstractDTensor
 from ..distributed.dtensor import DTensor, _PendingDTensor, record_redistribute
 from ..local import autograd as _ag
 from ..local.rng import get_rng_state
@@ -50,14 +51,14 @@ def _wants_grad(args: Sequence[object], kwargs: Mapping[str, object] | None) -> 
     grad."""
     for a in args:
         t = type(a)
-        if t is Tensor or t is DTensor or t is _PendingDTensor:
+        if t is Tensor or t is DTensor or t is _PendingDTensor or t is AbstractDTensor:
             m = a._ag
             if m is not None and m.requires_grad:
                 return True
         elif t is list or t is tuple:
             for e in a:
                 te = type(e)
-                if te is Tensor or te is DTensor or te is _PendingDTensor:
+                if te is Tensor or te is DTensor or te is _PendingDTensor or te is AbstractDTensor:
                     m = e._ag
                     if m is not None and m.requires_grad:
                         return True
@@ -197,14 +198,14 @@ def _slots(binder, values: list) -> list:
 
 def _is_tensor(v: object) -> bool:
     t = type(v)
-    return t is Tensor or t is DTensor or t is _PendingDTensor
+    return t is Tensor or t is DTensor or t is _PendingDTensor or t is AbstractDTensor
 
 
 def _detached(t: object) -> object:
     """A new handle on ``t``'s data without autograd state (what a node saves of its own
     output: no reference cycle through the output's grad_fn)."""
     if isinstance(t, DTensor):  # a pending one (async redistribute) waits here
-        return DTensor._make(t._local, t._spec)
+        return t.__copy__()
     return _wrap(t._arr, t._storage)
 
 
@@ -249,8 +250,7 @@ def record(info: OpInfo, plain: Callable, args: tuple, kwargs: Mapping[str, obje
              else _slots(binder, values))
     edges = []
     for v in slots:
-        t = type(v)
-        m = v._ag if t is Tensor or t is DTensor or t is _PendingDTensor else None
+        m = v._ag if _is_tensor(v) else None
         edges.append(m if m is not None and m.requires_grad else None)
     saved = []
     if bw.save:

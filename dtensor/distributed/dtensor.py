@@ -162,6 +162,9 @@ class DTensor(_fp.DTensorBase):
 
     # Lets numpy defer to our reflected operators (ndarray + DTensor -> DTensor.__radd__).
     __array_priority__ = 1000
+    # True for the metadata-only DTensors of an abstract mesh (dtensor.distributed.abstract),
+    # which redistribute through their own _planned.
+    _abstract = False
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         raise SignatureError(
@@ -470,6 +473,8 @@ class DTensor(_fp.DTensorBase):
         dst, steps = _target(spec, _normalize_placements(placements, mesh, "redistribute"))
         if dst.placements == spec.placements:
             return self
+        if self._abstract:
+            return self._planned(dst, steps)
         run = _execute_async if async_op else _execute
         out = run(
             steps,
@@ -546,6 +551,10 @@ class DTensor(_fp.DTensorBase):
             Replicate, since every contribution of a sum gets the sum's gradient) and this
             rank's shard of it is the local tensor's gradient.
 
+        On an ``AbstractMesh`` the result is a metadata-only DTensor of ``shape`` (required
+        when a placement is a Shard) and the local tensor's dtype (**Local**; a local tensor
+        that requires grad is refused: the abstract DTensor has no data to flow back).
+
         Raises
         ------
         DTypeError
@@ -554,6 +563,8 @@ class DTensor(_fp.DTensorBase):
         """
         if device_mesh is None:
             device_mesh = init_device_mesh()
+        elif type(device_mesh) is not DeviceMesh and getattr(device_mesh, "_abstract", False):
+            return device_mesh._from_local(local_tensor, placements, shape)
         try:
             local = _as_local_tensor(local_tensor, "DTensor.from_local")
         except DTypeError as e:
@@ -805,8 +816,10 @@ def distribute_tensor(
         rank's shard once and scatters it, so no other rank builds the global tensor. With
         ``src_data_rank=None`` every rank passes the same global data and keeps a view of its
         own shard (no communication, no copy).
-    device_mesh : DeviceMesh, optional
-        Default: a 1-D mesh over COMM_WORLD.
+    device_mesh : DeviceMesh or AbstractMesh, optional
+        Default: a 1-D mesh over COMM_WORLD. On an ``AbstractMesh`` the result is a
+        metadata-only DTensor of ``tensor``'s shape and dtype (**Local**; see
+        :func:`dtensor.distributed.abstract.abstract_like`).
     placements : sequence of Placement, optional
         Default: Replicate on every mesh dim. ``Partial("sum")`` places the value on mesh
         coordinate 0 of that dim and zeros elsewhere; other Partial kinds place it everywhere.
@@ -826,6 +839,8 @@ def distribute_tensor(
     if device_mesh is None:
         device_mesh = init_device_mesh()
     mesh = device_mesh
+    if type(mesh) is not DeviceMesh and getattr(mesh, "_abstract", False):  # an AbstractMesh
+        return mesh._distribute(tensor, placements)
     placements = _normalize_placements(placements, mesh, "distribute_tensor")
     alloc = allocator_for(mesh.device_type)
     if src_data_rank is None:

@@ -28,6 +28,7 @@ from placements.spec import DTensorSpec, check_partial_dtype
 from ..local import allocator as _allocator
 from ..local import factory as _local
 from ..local.tensor import _wrap
+from .abstract import AbstractMesh, abstract_tensor
 from .dtensor import DTensor, _normalize_placements
 
 __all__ = ["FACTORIES", "distributed_factory"]
@@ -48,9 +49,14 @@ def distributed_factory(
         The resolved factory call (its ``size`` is the global shape; its device is ignored:
         the mesh's device type decides where the shard lives).
     device_mesh, placements
-        The mesh and the placements (default Replicate on every mesh dim).
+        The mesh and the placements (default Replicate on every mesh dim). On an
+        ``AbstractMesh`` the result is a metadata-only DTensor
+        (:func:`dtensor.distributed.abstract.abstract_tensor`).
     """
     mesh = device_mesh
+    if type(mesh) is AbstractMesh:  # metadata only (the generator advances as on a mesh)
+        _local.reserve(req)
+        return abstract_tensor(req.size, mesh, placements, dtype=req.dtype)
     placements = _normalize_placements(placements, mesh, f"dt.{req.name}")
     spec = DTensorSpec(mesh, placements, req.size, req.dtype)
     check_partial_dtype(f"dt.{req.name}", spec.placements, spec.dtype)

@@ -357,6 +357,7 @@ def test_catalogue_types_subclass_the_builtins():
         (errors.UnavailableError, RuntimeError),
         (errors.CheckpointError, OSError),
         (errors.AutogradError, RuntimeError),
+        (errors.MetadataOnlyError, RuntimeError),
     ]
     for sub, builtin in pairs:
         assert issubclass(sub, errors.DTensorError) and issubclass(sub, builtin)

@@ -1,0 +1,98 @@
+"""Predicting a training step on an abstract mesh: the seconds to trace it, in one process.
+
+Run as ``python -m launch.bench.abstract_plan [--repeat N] [--out FILE]`` (one process, no
+``mpiexec``). For the MLP and the transformer of ``launch/examples/_training.py`` (the
+examples' sizes, and a transformer of GPT-2-medium width: batch 512, seq 128, dim 1024,
+16 heads, vocab 32000), laid out as the examples' ``2d`` strategy (batch over ``dp``,
+Megatron over ``tp``) on ``dt.AbstractMesh`` meshes up to (64, 8) (512 ranks), it times one
+training step (forward and backward, parameters and batch made metadata-only) and its
+trace by ``dt.debug.explain``, and reports what they predict: collectives and their bytes
+on the worst rank (``CommDebugMode``), and the per-rank peak memory
+(``dt.abstract_memory_stats()``).
+
+Output: JSON on stdout (``--out FILE`` too): per model and mesh, the median seconds of the
+step and of the traced step, the collectives, their bytes and the peak bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+
+# Run as a script, this file's folder is sys.path[0], where the sibling benchmark
+# ``redistribute.py`` would shadow the ``redistribute`` package.
+if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+    del sys.path[0]
+
+import dtensor as dt
+from launch.bench._common import bench_args, emit, environment
+from launch.examples import _training as T
+
+MODELS = {
+    "mlp": lambda: T.mlp_model(),
+    "transformer": lambda: T.transformer_model(),
+    "transformer-1024": lambda: T.transformer_model(batch=512, seq=128, dim=1024, heads=16,
+                                                    vocab=32000),
+}
+MESHES = ((2, 2), (8, 8), (64, 8))
+
+
+def _inputs(model: T.TrainModel, mesh: dt.AbstractMesh) -> tuple[dict, dict]:
+    """Metadata-only parameters (leaves) and batch of the ``2d`` layout on ``mesh``."""
+    params = {n: dt.abstract_tensor(s, mesh, T.layout(model, "2d", n), requires_grad=True)
+              for n, s in model.shapes.items()}
+    batch = {n: dt.abstract_like(a, mesh, [dt.Replicate()] * 2 if n == "mask"
+                                 else T.layout(model, "2d", "batch"))
+             for n, a in model.batch(0).items()}
+    return params, batch
+
+
+def _step(model: T.TrainModel, params: dict, batch: dict) -> object:
+    loss = model.loss(params, batch)
+    loss.backward()
+    return loss
+
+
+def _figures(model: T.TrainModel, mesh: dt.AbstractMesh, repeat: int) -> dict:
+    steps, traces = [], []
+    for _ in range(repeat):
+        params, batch = _inputs(model, mesh)
+        dt.reset_abstract_peak()
+        with dt.debug.CommDebugMode() as mode:
+            start = time.perf_counter()
+            _step(model, params, batch)
+            steps.append(time.perf_counter() - start)
+        peak = dt.abstract_memory_stats()["peak_bytes"]
+        del params, batch
+        start = time.perf_counter()
+        trace = dt.debug.explain(_step, model, *_inputs(model, mesh))
+        traces.append(time.perf_counter() - start)
+    return {
+        "step_s": round(statistics.median(steps), 4),
+        "explain_s": round(statistics.median(traces), 4),
+        "first_step_s": round(steps[0], 4),
+        "ops_traced": len(trace.ops),
+        "collectives": mode.get_total_counts(),
+        "collective_bytes": mode.get_total_bytes(),
+        "peak_bytes": peak,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Time the traces and print the JSON. **Local**."""
+    args = bench_args(__doc__.splitlines()[0], argv)
+    dt.debug.clear_caches()
+    results = {}
+    for name, make in MODELS.items():
+        model = make()
+        for shape in MESHES:
+            mesh = dt.AbstractMesh(shape, ("dp", "tp"))
+            results[f"{name} {shape[0]}x{shape[1]}"] = _figures(model, mesh, args.repeat)
+    emit({"benchmark": "abstract_plan", "environment": environment(), "results": results},
+         args.out)
+
+
+if __name__ == "__main__":
+    main()

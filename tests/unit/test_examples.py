@@ -18,8 +18,8 @@ import pytest
 from _jobs import PKG_ROOT, child_env, run_group
 
 import fastpath
+from dtensor.autoshard._calibrate import fit
 from launch.bench import size_sweep
-from launch.bench.calibrate import fit
 
 ROOT = Path(__file__).resolve().parents[2]
 LIMIT_S = 120

@@ -7,7 +7,8 @@ it returns a :class:`ShardingPlan`. :func:`calibrate` measures this machine's co
 and kernels and stores them for reuse (:mod:`._calibrate`).
 """
 
-from ._calibrate import Calibration, calibrate, default_path, load_calibration
+from ._calibrate import Calibration, default_path, load_calibration
+from ._measure import calibrate
 from ._plan import Candidate, ShardingPlan
 from ._predict import Prediction, candidate_placements, predict_step
 from ._search import auto_shard

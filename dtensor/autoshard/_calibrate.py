@@ -2,10 +2,11 @@
 on this machine.
 
 This module owns :class:`Calibration` (the redistribute cost model's constants per mesh dim
-and the kernel throughput per op class), :func:`calibrate` (measures both on a mesh),
-:func:`load_calibration` / :meth:`Calibration.save` (the JSON file, reused between runs),
-:func:`fit` (the least-squares ``seconds = alpha + work / rate`` used for both) and the
-pricing of one traced op's local compute (:func:`op_class`, :meth:`Calibration.kernel_seconds`).
+and the kernel throughput per op class), :func:`load_calibration` /
+:meth:`Calibration.save` (the JSON file, reused between runs), :func:`fit` (the
+least-squares ``seconds = alpha + work / rate`` used for both) and the pricing of one traced
+op's local compute (:func:`op_class`, :meth:`Calibration.kernel_seconds`). The measuring is
+:mod:`dtensor.autoshard._measure`'s.
 
 Op classes and their work measure:
 
@@ -19,11 +20,13 @@ view       view (reshape, transpose, unsqueeze, ...)          none (a fixed cost
 =========  ===============================================  ============================
 
 A kernel's time is ``alpha_s + work / rate`` of its class; ``alpha_s`` includes the
-dispatch of one op on DTensors (what dominates small ops). The JSON file::
+dispatch of one op on DTensors (what dominates small ops). Each traced entry of a training
+step also costs ``entry_s`` (autograd and the Python around the ops), measured on a small
+training step, and each collective in it ``sync_s`` (ranks waiting for each other). The JSON file::
 
     {"version": 1, "ranks": 2, "mesh_shape": [2],
      "cost_model": {...the redistribute.cost.CostModel format...},
-     "kernels": {"matmul": {"alpha_s": 2e-05, "rate": 2e10}, ...},
+     "kernels": {"matmul": {"alpha_s": 2e-05, "rate": 2e10}, ...}, "entry_s": 2e-05, "sync_s": 1e-4,
      "points": {...the measured points...}}
 
 The default file is ``$DTENSOR_CALIBRATION`` when set, else
@@ -35,9 +38,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import statistics
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,18 +46,13 @@ from typing import Any
 import numpy as np
 
 from placements.errors import ConfigError
-from placements.types import Partial, Replicate, Shard
-from redistribute.cost import CostModel, set_default_cost_model, step_bytes
-from redistribute.plan import plan
+from redistribute.cost import CostModel, set_default_cost_model
 
-from ..distributed.dtensor import DTensor, distribute_tensor
-from ..local.factory import from_numpy
 from ..ops.table import OPS
 
 __all__ = [
     "CLASSES",
     "Calibration",
-    "calibrate",
     "default_path",
     "fit",
     "load_calibration",
@@ -79,14 +75,8 @@ DEFAULT_KERNELS: dict[str, dict[str, float]] = {
     "view": {"alpha_s": 5e-6, "rate": math.inf},
 }
 
-#: kind -> (source placement, target placement) on one mesh dim
-_COLLECTIVE_CASES = {
-    "all_gather": (Shard(0), Replicate()),
-    "reduce_scatter": (Partial("sum"), Shard(0)),
-    "all_reduce": (Partial("sum"), Replicate()),
-    "all_to_all": (Shard(0), Shard(1)),
-}
-
+#: Fixed cost of one traced entry when no calibration is given.
+DEFAULT_ENTRY_S = 2e-5
 
 def op_class(name: str) -> str:
     """The class (:data:`CLASSES`) whose throughput prices op ``name``. **Local**.
@@ -137,6 +127,14 @@ class Calibration:
     points : dict
         The measured points the constants were fitted to: ``{"collectives": {mesh dim:
         {kind: [(bytes, seconds), ...]}}, "kernels": {class: [(work, seconds), ...]}}``.
+    entry_s : float
+        The fixed cost of one traced entry of a training step beyond its kernel (autograd's
+        recording, the backward walk, the Python around the ops): measured on a small
+        training step as its time minus its kernels' predictions, per entry.
+    sync_s : float
+        The fixed cost of one collective inside a training step beyond the cost model's
+        price (ranks reach it at different times and wait): measured on the same step,
+        data-parallel.
     """
 
     cost_model: dict[str, Any] = field(default_factory=dict)
@@ -144,6 +142,8 @@ class Calibration:
     ranks: int = 1
     mesh_shape: tuple[int, ...] = ()
     points: dict[str, Any] = field(default_factory=dict)
+    entry_s: float = DEFAULT_ENTRY_S
+    sync_s: float = 0.0
 
     def model(self) -> CostModel:
         """The collective cost model. **Local**."""
@@ -156,7 +156,8 @@ class Calibration:
         set_default_cost_model(self.model())
 
     def kernel_seconds(self, name: str, local_inputs: tuple, local_outputs: tuple) -> float:
-        """Predicted seconds of one call of op ``name`` on these local blocks. **Local**."""
+        """Predicted seconds of one call of op ``name`` on these local blocks (its class's
+        ``alpha_s + work / rate``, without :attr:`entry_s`). **Local**."""
         k = self.kernels.get(op_class(name)) or DEFAULT_KERNELS[op_class(name)]
         work = op_work(name, local_inputs, local_outputs)
         rate = float(k.get("rate", math.inf))
@@ -168,7 +169,8 @@ class Calibration:
             for c, v in self.kernels.items()
         }
         return {"version": VERSION, "ranks": self.ranks, "mesh_shape": list(self.mesh_shape),
-                "cost_model": self.cost_model, "kernels": kernels, "points": self.points}
+                "cost_model": self.cost_model, "kernels": kernels, "entry_s": self.entry_s,
+                "sync_s": self.sync_s, "points": self.points}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Calibration:
@@ -183,7 +185,8 @@ class Calibration:
                           "rate": math.inf if rate is None else float(rate)}
         out = cls(dict(data.get("cost_model", {})), {**DEFAULT_KERNELS, **kernels},
                   int(data.get("ranks", 1)), tuple(data.get("mesh_shape", ())),
-                  dict(data.get("points", {})))
+                  dict(data.get("points", {})), float(data.get("entry_s", DEFAULT_ENTRY_S)),
+                  float(data.get("sync_s", 0.0)))
         out.model()  # validates the cost model
         return out
 
@@ -246,135 +249,3 @@ def fit(points: list[tuple[float, float]]) -> tuple[float, float]:
     rise = slope * (x.max() - x.min())
     rate = 1.0 / slope if rise > 1e-9 * np.abs(y).max() else 1e12
     return max(float(intercept), 0.0), float(rate)
-
-
-def _seconds(mesh: Any, call: Callable[[], object], repeat: int, number: int) -> float:
-    """Median seconds per call on the slowest rank (each sample starts after a barrier).
-    **Collective**."""
-    base = mesh.get_group(None)
-    call()
-    samples = []
-    for _ in range(repeat):
-        base.barrier()
-        start = time.perf_counter()
-        for _ in range(number):
-            call()
-        samples.append((time.perf_counter() - start) / number)
-    value = np.array([statistics.median(samples)])
-    base.allreduce(value, op="max")
-    return float(value[0])
-
-
-def measure_collectives(mesh: Any, sizes: list[int], repeat: int = 7
-                        ) -> dict[int, dict[str, list[tuple[int, float]]]]:
-    """``{mesh dim: {kind: [(bytes per rank, seconds), ...]}}``: ``DTensor.redistribute``
-    of float32 NxN tensors for each collective kind of the cost model, on each mesh dim of
-    size > 1 (Replicate on the others). **Collective**."""
-    out: dict[int, dict[str, list]] = {}
-    for m in range(mesh.ndim):
-        if mesh.shape[m] == 1:
-            continue
-        for kind, (src_p, dst_p) in _COLLECTIVE_CASES.items():
-            src = [Replicate()] * mesh.ndim
-            dst = list(src)
-            src[m], dst[m] = src_p, dst_p
-            for n in sizes:
-                a = np.ones((n, n), np.float32)
-                if src_p.is_partial():
-                    x = DTensor.from_local(from_numpy(a), mesh, src)
-                else:
-                    x = distribute_tensor(a, mesh, src, src_data_rank=None)
-                nbytes = sum(step_bytes(s, x._spec) for s in plan(x._spec, tuple(dst))
-                             if s.communicates)
-                seconds = _seconds(mesh, lambda x=x, dst=dst: x.redistribute(mesh, dst),
-                                   repeat, 3)
-                out.setdefault(m, {}).setdefault(kind, []).append((nbytes, seconds))
-    return out
-
-
-def _kernel_cases(sizes: list[int]) -> dict[str, list[tuple[float, Callable, int]]]:
-    """Per op class: (work, op on DTensors, N of its N x N float32 operands) samples."""
-    out: dict[str, list] = {c: [] for c in CLASSES}
-    for n in sizes:
-        nbytes = 4 * n * n
-        out["matmul"].append((2.0 * n ** 3, lambda a, b: a @ b, n))
-        out["pointwise"].append((3.0 * nbytes, lambda a, b: a + b, n))
-        out["nn"].append((2.0 * nbytes, lambda a, b: a.softmax(-1), n))
-        out["view"].append((0.0, lambda a, b: a.transpose(0, 1), n))
-    return out
-
-
-def measure_kernels(mesh: Any, sizes: list[int], repeat: int = 7
-                    ) -> dict[str, list[tuple[float, float]]]:
-    """``{class: [(work, seconds), ...]}``: one op per class on replicated DTensors that
-    require grad, as in a training step's forward (the dispatch and autograd's recording
-    included, no communication). **Collective** (timing barriers)."""
-    rep = [Replicate()] * mesh.ndim
-    out: dict[str, list] = {}
-    for cls, cases in _kernel_cases(sizes).items():
-        for work, fn, n in cases:
-            a = distribute_tensor(np.ones((n, n), np.float32), mesh, rep, src_data_rank=None)
-            a.requires_grad_()
-            seconds = _seconds(mesh, lambda fn=fn, a=a: fn(a, a), repeat, 5)
-            out.setdefault(cls, []).append((work, seconds))
-    return out
-
-
-def calibrate(mesh: Any, path: str | os.PathLike[str] | None = None, *,
-              sizes: tuple[int, ...] = (32, 128, 384), repeat: int = 7,
-              save: bool = True) -> Calibration:
-    """Measure this machine on ``mesh`` and store the result. **Collective**.
-
-    Times every collective kind of the cost model on each mesh dim (``DTensor.redistribute``
-    of float32 ``N x N`` tensors for N in ``sizes``; the slowest rank's median) and fits
-    ``alpha_s`` and ``beta_bytes_per_s`` per kind and mesh dim; times one op per class of
-    :data:`CLASSES` on replicated DTensors (dispatch included) and fits ``alpha_s`` and
-    ``rate`` per class.
-
-    Parameters
-    ----------
-    mesh : DeviceMesh
-    path : path, optional
-        Where to write the JSON (rank 0 writes); default :func:`default_path`.
-    sizes : tuple of int
-        The N of the measured tensors.
-    repeat : int
-        Timing samples per point.
-    save : bool
-        Write the file (rank 0). The result is returned either way.
-
-    Returns
-    -------
-    Calibration
-        Use it with ``auto_shard(..., calibration=...)``; ``.install()`` makes its cost
-        model the dispatcher's.
-    """
-    sizes_l = [int(s) for s in sizes]
-    per_dim: dict[str, dict[str, dict[str, float]]] = {}
-    points: dict[str, Any] = {"collectives": {}, "kernels": {}}
-    for m, kinds in measure_collectives(mesh, sizes_l, repeat).items():
-        points["collectives"][str(m)] = kinds
-        per_dim[str(m)] = {}
-        for kind, pts in kinds.items():
-            alpha, beta = fit(pts)
-            per_dim[str(m)][kind] = {"alpha_s": alpha, "beta_bytes_per_s": beta}
-    cost_model: dict[str, Any] = {}
-    if per_dim:
-        fits = [v for entries in per_dim.values() for v in entries.values()]
-        cost_model = {
-            "alpha_s": statistics.median(v["alpha_s"] for v in fits),
-            "beta_bytes_per_s": statistics.median(v["beta_bytes_per_s"] for v in fits),
-            "per_kind": next(iter(per_dim.values())),  # the first mesh dim's, for other meshes
-            "per_mesh_dim": per_dim,
-        }
-    kernels = {}
-    for cls, pts in measure_kernels(mesh, sizes_l, repeat).items():
-        points["kernels"][cls] = pts
-        alpha, rate = fit(pts) if cls != "view" else (
-            statistics.median(s for _, s in pts), math.inf)
-        kernels[cls] = {"alpha_s": alpha, "rate": rate}
-    result = Calibration(cost_model, kernels, mesh.size(), tuple(mesh.shape), points)
-    result.model()  # validates what is stored
-    if save and mesh.get_rank() == 0:
-        result.save(path)
-    return result

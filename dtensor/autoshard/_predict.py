@@ -9,9 +9,10 @@ global arrays), :func:`trace_step` (one training step run under
 :func:`build_tensors` and :func:`trace_step` without touching the pricing or the search.
 
 Time model: the sum over the traced entries (forward, backward and optimizer ops,
-explicit redistributes, gradient moves) of the entry's local compute
-(:meth:`Calibration.kernel_seconds` of its op class on the local blocks its kernel sees,
-the largest over ranks) and of its collectives' cost-model seconds (the dispatcher's own
+explicit redistributes, gradient moves) of the entry's local compute (for an op:
+``Calibration.entry_s`` plus :meth:`Calibration.kernel_seconds` of its op class on the
+local blocks its kernel sees, the largest over ranks) and of its collectives' cost-model
+seconds plus ``Calibration.sync_s`` each (the dispatcher's own
 model, :func:`redistribute.cost.default_cost_model`, so the prices are those of the plans
 it runs).
 
@@ -169,10 +170,10 @@ def predict(trace: Trace, calibration: Calibration, params: Mapping[str, Any],
     phases = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
     saved = transient = collectives = 0
     for i, o in enumerate(ops):
-        kernel = 0.0 if o.op == "redistribute" else calibration.kernel_seconds(
-            o.op, o.local_inputs, o.local_outputs)
+        kernel = 0.0 if o.op == "redistribute" else calibration.entry_s + (
+            calibration.kernel_seconds(o.op, o.local_inputs, o.local_outputs))
         moved = [c for c in o.collectives if c.communicates]
-        seconds = sum(c.seconds for c in moved)
+        seconds = sum(c.seconds for c in moved) + calibration.sync_s * len(moved)
         collectives += len(moved)
         compute += kernel
         comm += seconds

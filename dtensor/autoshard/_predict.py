@@ -88,11 +88,11 @@ def as_array(v: Any) -> np.ndarray:
 def build_tensors(arrays: Mapping[str, np.ndarray], mesh: Any, layouts: Mapping[str, Layout],
                   requires_grad: bool) -> dict[str, Any]:
     """The DTensors of one assignment: each global array distributed with its layout (each
-    rank takes its own block; nothing is sent), leaves that require grad when asked.
-    **Local**."""
+    rank takes its own block of a copy, so that a traced optimizer step leaves the arrays
+    as they are; nothing is sent), leaves that require grad when asked. **Local**."""
     out = {}
     for name, a in arrays.items():
-        t = distribute_tensor(a, mesh, list(layouts[name]), src_data_rank=None)
+        t = distribute_tensor(np.array(a), mesh, list(layouts[name]), src_data_rank=None)
         out[name] = t.requires_grad_() if requires_grad else t
     return out
 

@@ -593,11 +593,12 @@ def _spread(candidates: Sequence[Any], count: int) -> list[Any]:
 def run_auto_sweep(model: TrainModel, mesh: dt.DeviceMesh, *, optimizer: str = "sgd",
                    clip: float = 1.0, repeat: int = 7, count: int = 14,
                    budget_quantile: float = 0.25,
-                   calibration: dt.autoshard.Calibration | None = None) -> dict[str, Any]:
+                   calibration: dt.autoshard.Calibration | None = None,
+                   solver: str = "auto") -> dict[str, Any]:
     """Predicted against measured step times (see the module docstring). **Collective**.
 
     ``budget_quantile`` picks the memory budget of the second search: that quantile of the
-    predicted peaks of the first search's table."""
+    predicted peaks of the first search's table; ``solver`` is :func:`dtensor.auto_shard`'s."""
     params, batch = model.init(), model.batch(0)
 
     def make_opt(ps: list) -> _ClipStep:
@@ -605,7 +606,7 @@ def run_auto_sweep(model: TrainModel, mesh: dt.DeviceMesh, *, optimizer: str = "
 
     start = time.perf_counter()
     plan = dt.auto_shard(model.loss, params, batch, mesh, optimizer=make_opt,
-                         calibration=calibration)
+                         calibration=calibration, solver=solver)
     search_s = time.perf_counter() - start
     chosen = {**plan.placements, **plan.input_placements}
     layouts: dict[str, dict[str, tuple]] = {"auto": chosen}
@@ -650,7 +651,7 @@ def run_auto_sweep(model: TrainModel, mesh: dt.DeviceMesh, *, optimizer: str = "
     peaks = sorted(c.prediction.peak_bytes for c in plan.candidates)
     budget = int(peaks[int(budget_quantile * (len(peaks) - 1))])
     budget_plan = dt.auto_shard(model.loss, params, batch, mesh, budget, optimizer=make_opt,
-                                calibration=calibration)
+                                calibration=calibration, solver=solver)
     blay = {**budget_plan.placements, **budget_plan.input_placements}
     bstep, bgot = _placed_step(model, mesh, blay, optimizer, clip, ref_loss)
     bgot["step_us"] = _time_interleaved([bstep], repeat)[0]

@@ -67,7 +67,8 @@ def auto(args: argparse.Namespace, model) -> int:
     shape = tuple(int(s) for s in args.mesh.split(",")) if args.mesh else (comm.size,)
     mesh = dt.init_device_mesh(shape)
     doc = run_auto_sweep(model, mesh, optimizer=args.optimizer, clip=args.clip,
-                         repeat=args.repeat, count=args.count, calibration=cal)
+                         repeat=args.repeat, count=args.count, calibration=cal,
+                         solver=args.solver)
     if comm.rank == 0:
         sizes = ", ".join(f"{n} {s}" for n, s in model.shapes.items())
         print(f"predicted against measured: {model.name} training step on mesh {shape}, "
@@ -128,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--count", type=int, default=14, help="with --auto: strategies measured")
     p.add_argument("--mesh", help="with --auto: mesh shape, e.g. 2,2 (default: 1-D)")
     p.add_argument("--calibration", help="with --auto: calibration JSON to use")
+    p.add_argument("--solver", choices=("auto", "milp", "bnb"), default="auto",
+                   help="with --auto: auto_shard's solver")
     args = p.parse_args(argv)
     if args.train and args.model == "attention":
         p.error("--model attention is forward only (no --train)")

@@ -39,7 +39,7 @@ __all__ = ["auto_shard"]
 def _global(v: Any) -> Any:
     """The global array of a parameter or input. **Collective** for a DTensor."""
     if isinstance(v, DTensor):
-        return v.full_tensor().numpy()
+        return v.detach().full_tensor().numpy()
     return as_array(v)
 
 

@@ -163,6 +163,12 @@ def test_auto_shard_plan_object_on_one_rank():
     placed = plan.apply(params)
     assert all(isinstance(v, dt.DTensor) for v in placed.values())
     np.testing.assert_array_equal(placed["w1"].full_tensor().numpy(), params["w1"])
+    # DTensor parameters (leaves that require grad) are searched from their placements
+    given = {n: dt.distribute_tensor(a, mesh, [S(1)]).requires_grad_() for n, a in params.items()}
+    again = dt.auto_shard(_mlp_step, given, inputs, mesh, calibration=Calibration(), rounds=1)
+    (start,) = [c for c in again.candidates if "start" in c.sources]
+    assert dict(start.placements) == {"w1": (S(1),), "w2": (S(1),), "x": (R,)}
+    np.testing.assert_array_equal(given["w1"].detach().full_tensor().numpy(), params["w1"])
 
 
 def test_auto_shard_budget_no_plan_meets_names_the_smallest_peak():

@@ -22,11 +22,13 @@ view       view (reshape, transpose, unsqueeze, ...)          none (a fixed cost
 A kernel's time is ``alpha_s + work / rate`` of its class; ``alpha_s`` includes the
 dispatch of one op on DTensors (what dominates small ops). Each traced entry of a training
 step also costs ``entry_s`` (autograd and the Python around the ops), measured on a small
-training step, and each collective in it ``sync_s`` (ranks waiting for each other). The JSON file::
+training step, and each collective in it ``sync_s`` (ranks waiting for each other). The
+JSON file::
 
     {"version": 1, "ranks": 2, "mesh_shape": [2],
      "cost_model": {...the redistribute.cost.CostModel format...},
-     "kernels": {"matmul": {"alpha_s": 2e-05, "rate": 2e10}, ...}, "entry_s": 2e-05, "sync_s": 1e-4,
+     "kernels": {"matmul": {"alpha_s": 2e-05, "rate": 2e10}, ...},
+     "entry_s": 2e-05, "sync_s": 1e-4,
      "points": {...the measured points...}}
 
 The default file is ``$DTENSOR_CALIBRATION`` when set, else

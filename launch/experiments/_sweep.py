@@ -691,8 +691,9 @@ def format_auto_table(doc: Mapping[str, Any]) -> str:
         f"over {len(doc['results'])} strategies"),
         f"chosen plan measured / best measured: {doc['chosen_over_best']:.3f}",
         (f"memory budget {b['bytes'] / 1024:.1f} KiB: plan {b['plan']}, predicted peak "
-        f"{b['predicted_peak_bytes'] / 1024:.1f} KiB, measured {b['measured_peak_bytes'] / 1024:.1f}"
-        f" KiB: {'respected' if b['respected'] else 'EXCEEDED'}"),
+        f"{b['predicted_peak_bytes'] / 1024:.1f} KiB, measured "
+        f"{b['measured_peak_bytes'] / 1024:.1f} KiB: "
+        f"{'respected' if b['respected'] else 'EXCEEDED'}"),
         ("measured us: median training step (forward, backward, clip_grad_norm_, optimizer), "
         "slowest rank; peak KiB: step peak above the memory in use before the parameters, "
         "largest rank"),

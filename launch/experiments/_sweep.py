@@ -586,6 +586,8 @@ def _spread(candidates: Sequence[Any], count: int) -> list[Any]:
     """``count`` candidates evenly spaced over the list (its first and last included)."""
     if len(candidates) <= count:
         return list(candidates)
+    if count < 2:
+        return list(candidates[:count])
     idx = sorted({round(i * (len(candidates) - 1) / (count - 1)) for i in range(count)})
     return [candidates[i] for i in idx]
 

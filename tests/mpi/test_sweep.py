@@ -141,12 +141,12 @@ def test_auto_sweep_sets_predictions_beside_measurements(tmp_path):
     path = WORLD.bcast(str(tmp_path / "auto.json"))
     png = WORLD.bcast(str(tmp_path / "auto.png"))
     assert strategy_sweep.main(["--train", "--auto", "--size", "tiny", "--repeat", "1",
-                                "--count", "6", "--solver", "bnb", "--out", path, "--png", png,
+                                "--count", "4", "--solver", "bnb", "--out", path, "--png", png,
                                 "--calibration", str(_calibration(tmp_path))]) == 0
     doc = WORLD.bcast(json.loads(Path(path).read_text()) if WORLD.rank == 0 else None)
     assert doc["mode"] == "auto" and doc["mesh"] == [WORLD.size]
     rows = doc["results"]
-    assert len(rows) >= 6 and rows[0]["name"] == "auto"
+    assert len(rows) >= 4 and rows[0]["name"] == "auto"
     assert len({json.dumps(r["placements"], sort_keys=True) for r in rows}) == len(rows)
     for r in rows:
         assert r["loss_error"] < 1e-5 and r["step_us"] > 0 and r["predicted_us"] > 0, r

@@ -80,6 +80,9 @@ DEFAULT_KERNELS: dict[str, dict[str, float]] = {
 #: Fixed cost of one traced entry when no calibration is given.
 DEFAULT_ENTRY_S = 2e-5
 
+#: Fixed cost of one collective inside a training step when no calibration is given.
+DEFAULT_SYNC_S = 2e-5
+
 def op_class(name: str) -> str:
     """The class (:data:`CLASSES`) whose throughput prices op ``name``. **Local**.
 
@@ -145,7 +148,7 @@ class Calibration:
     mesh_shape: tuple[int, ...] = ()
     points: dict[str, Any] = field(default_factory=dict)
     entry_s: float = DEFAULT_ENTRY_S
-    sync_s: float = 0.0
+    sync_s: float = DEFAULT_SYNC_S
 
     def model(self) -> CostModel:
         """The collective cost model. **Local**."""
@@ -188,7 +191,7 @@ class Calibration:
         out = cls(dict(data.get("cost_model", {})), {**DEFAULT_KERNELS, **kernels},
                   int(data.get("ranks", 1)), tuple(data.get("mesh_shape", ())),
                   dict(data.get("points", {})), float(data.get("entry_s", DEFAULT_ENTRY_S)),
-                  float(data.get("sync_s", 0.0)))
+                  float(data.get("sync_s", DEFAULT_SYNC_S)))
         out.model()  # validates the cost model
         return out
 

@@ -23,9 +23,10 @@ __all__ = ["Candidate", "ShardingPlan"]
 class Candidate:
     """One assignment the search traced and priced.
 
-    ``sources`` says why it was traced: ``start`` (the given placements), ``single`` (one
-    tensor moved from the round's base), ``pair`` (two moved), ``solver`` (a solution of
-    the cost table), ``min-memory`` (the solver's smallest plan)."""
+    ``sources`` says why it was traced: ``start`` (the given placements), ``base`` (a
+    round's base), ``single`` (one tensor moved from the round's base), ``pair`` (two
+    moved), ``solver`` (a solution of the cost table), ``min-memory`` (the solver's smallest
+    plan, traced when nothing else fits the budget)."""
 
     placements: Mapping[str, tuple[Placement, ...]]
     prediction: Prediction

@@ -8,8 +8,8 @@ The package is built in layers; imports point one way, down this list:
 - :mod:`dtensor.ops`: the op table, one record per op;
 - :mod:`dtensor.dispatch`: the dispatcher, the compiled front's glue and the installation
   of methods, operators and public functions from the table;
-- this module (the public API), :mod:`dtensor.autograd`, :mod:`dtensor.debug` and
-  :mod:`dtensor.checkpoint` (checkpoints, ``.npy`` files).
+- this module (the public API), :mod:`dtensor.autograd`, :mod:`dtensor.debug`,
+  :mod:`dtensor.checkpoint` (checkpoints, ``.npy`` files) and :mod:`dtensor.autoshard`.
 """
 
 from placements import Partial, Placement, Replicate, Shard  # noqa: F401
@@ -82,6 +82,8 @@ from . import nn, optim  # noqa: F401  (optimizers, clip_grad_norm_)
 from .autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled  # noqa: F401
 from . import checkpoint  # noqa: F401  (checkpoints and parallel file IO)
 from .checkpoint import from_npy, load, save, to_npy  # noqa: F401
+from . import autoshard  # noqa: F401  (whole-model sharding search)
+from .autoshard import auto_shard  # noqa: F401
 
 globals().update(_FACTORIES)  # dt.zeros(...), also with device_mesh= and placements=
 _install.export(globals())

@@ -4,11 +4,13 @@ This module owns :func:`explain` and its result types. For one table op it runs 
 dispatcher's own decision (sharding rule -> cost model -> cheapest strategy -> stored
 redistribute plans) on metadata only, without running the op; it also prices every valid
 candidate strategy so the choice can be checked. For a function of DTensors it runs the
-function once while recording each dispatched op's decision; when the function runs a
-backward pass, the ops its formulas dispatch and the moves of gradients back to the
-inputs' and leaves' placements are recorded too, marked as backward of the op whose node
-ran them. For ``explain(x,
-placements)`` it renders the redistribute plan (:func:`redistribute.explain.explain_plan`).
+function once while recording each dispatched op's decision (with the local shapes and
+dtypes its kernel sees, enough to price its compute) and every redistribute that changes
+placements (explicit calls, ``full_tensor``); when the function runs a backward pass, the
+ops its formulas dispatch and the moves of gradients back to the inputs' and leaves'
+placements are recorded too, marked as backward of the op whose node ran them. For
+``explain(x, placements)`` it renders the redistribute plan
+(:func:`redistribute.explain.explain_plan`).
 """
 
 from __future__ import annotations
@@ -20,16 +22,22 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
 from placements.errors import DTypeError, NoRuleError, SignatureError
+from placements.layout import max_local_shape
 from placements.rules import OpSchema, nd_valid
 from placements.rules._core import _rule_result
 from placements.spec import DTensorSpec
 from placements.types import Placement, placement_list
+from redistribute import comm as _comm
 from redistribute.cost import buffer_bytes, default_cost_model, step_cost
 from redistribute.explain import explain_plan, format_seconds
 from redistribute.plan import plan, redistribute_cost
 
 from ..dispatch import dispatcher as _dispatch
-from ..distributed.dtensor import DTensor, add_grad_move_listener, remove_grad_move_listener
+from ..distributed.dtensor import (
+    DTensor,
+    add_redistribute_listener,
+    remove_redistribute_listener,
+)
 from ..local import autograd as _ag
 from ..ops.table import OPS, OpInfo
 
@@ -37,6 +45,9 @@ __all__ = ["Collective", "Explanation", "OpExplanation", "explain"]
 
 #: N-D combinations of candidates looked at per op at most.
 MAX_CANDIDATES = 4096
+
+#: Collective kinds a trace counts as issued (the kinds of redistribute plans).
+_COUNTED = frozenset(("all_gather", "reduce_scatter", "all_reduce", "all_to_all"))
 
 
 @dataclass(frozen=True)
@@ -64,7 +75,12 @@ class OpExplanation:
 
     ``phase`` is ``"backward"`` for an op dispatched (or a gradient moved, op
     ``"redistribute"``) by a backward pass; ``backward_of`` then names the op whose
-    backward node ran it (None for the roots' own gradients)."""
+    backward node ran it (None for the roots' own gradients).
+
+    ``local_inputs`` holds, per argument, ``(shape, dtype)`` of the local block the kernel
+    gets (after the input's redistribution; the largest over ranks) or None for a
+    non-tensor argument; ``local_outputs`` the same per output. A ``redistribute`` entry
+    holds its input block and its output block."""
 
     op: str
     inputs: tuple[str, ...]
@@ -78,6 +94,8 @@ class OpExplanation:
     cache: str | None = None
     phase: str = "forward"
     backward_of: str | None = None
+    local_inputs: tuple[tuple[tuple[int, ...], str] | None, ...] = ()
+    local_outputs: tuple[tuple[tuple[int, ...], str], ...] = ()
 
     def text(self) -> str:
         """The decision as indented lines. **Local**."""
@@ -128,6 +146,9 @@ class Explanation:
         Whether the function was run to produce this.
     result : object
         The traced function's return value (None otherwise).
+    issued : dict of str to int
+        For a traced function: the collectives that actually ran while it ran, by kind
+        (every rank's own; compare with :meth:`comm_counts`).
     """
 
     ops: list[OpExplanation] = field(default_factory=list)
@@ -135,6 +156,7 @@ class Explanation:
     steps: tuple[Collective, ...] = ()
     traced: bool = False
     result: object = None
+    issued: dict[str, int] = field(default_factory=dict)
 
     def collectives(self) -> list[Collective]:
         """Every communicating step, in the order they will be (or were) issued. **Local**."""
@@ -173,9 +195,20 @@ class Explanation:
         return "\n".join(parts)
 
 
+_DTYPE_NAMES: dict = {}
+
+
+def _dtype_name(dtype: object) -> str:
+    """``str(dtype)``, cached (numpy computes it in Python on every call)."""
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype)
+    return name
+
+
 def _describe(v: object) -> str:
     if isinstance(v, DTensor):
-        return f"{v.dtype}{list(v.shape)}{placement_list(v.placements)}"
+        return f"{_dtype_name(v.dtype)}{list(v.shape)}{placement_list(v.placements)}"
     return _dispatch.describe(v)
 
 
@@ -243,6 +276,25 @@ def _candidates(
     return [(desc, cost) for cost, _, desc in priced], len(priced)
 
 
+def _local_block(spec: DTensorSpec, placements: tuple) -> tuple[tuple[int, ...], str]:
+    """``(shape, dtype)`` of the largest local block of ``spec``'s tensor under
+    ``placements``."""
+    return max_local_shape(spec.shape, spec.mesh_shape, placements), _dtype_name(spec.dtype)
+
+
+def _local_inputs(args: Sequence[object], targets: Sequence) -> tuple:
+    """Per argument, the local block its kernel gets (see :class:`OpExplanation`)."""
+    out = []
+    for v, target in zip(args, targets):
+        if isinstance(v, DTensor):
+            out.append(_local_block(v._spec, v.placements if target is None else tuple(target)))
+        elif hasattr(v, "shape") and hasattr(v, "dtype"):  # a local tensor
+            out.append((tuple(v.shape), _dtype_name(v.dtype)))
+        else:
+            out.append(None)
+    return tuple(out)
+
+
 def _explain_entry(
     info: OpInfo,
     entry: _dispatch.CacheEntry,
@@ -253,7 +305,7 @@ def _explain_entry(
 ) -> OpExplanation:
     """Describe a decision of the dispatcher (``entry``) for the bound call ``values``."""
     args = entry.arguments(values)
-    candidates, total = _candidates(entry.schema, args, len(mesh.shape))
+    candidates, total = _candidates(entry.schema, args, len(mesh.shape)) if top else ([], 0)
     strategy = entry.strategy
     plans = []
     steps: list[Collective] = []
@@ -278,6 +330,8 @@ def _explain_entry(
         plans=tuple(plans),
         collectives=tuple(steps),
         cache=cache,
+        local_inputs=_local_inputs(args, strategy.input_placements),
+        local_outputs=tuple(_local_block(s, s.placements) for s in strategy.output_specs),
     )
 
 
@@ -313,8 +367,9 @@ def _phase(e: OpExplanation) -> OpExplanation:
     return replace(e, phase="backward", backward_of=_ag.current_backward())
 
 
-def _grad_move(g: DTensor, target: tuple) -> OpExplanation:
-    """A gradient's move in backward, as an op entry ``redistribute``."""
+def _move(g: DTensor, target: tuple) -> OpExplanation:
+    """A redistribute (explicit, ``full_tensor``'s, or a gradient's move in backward), as an
+    op entry ``redistribute``."""
     spec = g._spec
     steps = plan(spec, target)
     text = explain_plan(spec, target)
@@ -324,7 +379,8 @@ def _grad_move(g: DTensor, target: tuple) -> OpExplanation:
         op="redistribute", inputs=(_describe(g),), input_placements=(src,),
         output_placements=(dst,), cost_s=float(sum(c.seconds for c in collectives)),
         candidates=(), candidates_total=0, plans=(text,) if steps else (),
-        collectives=collectives,
+        collectives=collectives, local_inputs=(_local_block(spec, spec.placements),),
+        local_outputs=(_local_block(spec, target),),
     )
 
 
@@ -337,16 +393,26 @@ def _trace(fn: Callable, args: tuple, kwargs: dict, top: int) -> Explanation:
         ops.append(_phase(e))
 
     def moved(g: DTensor, target: tuple) -> None:
-        ops.append(_phase(_grad_move(g, target)))
+        ops.append(_phase(_move(g, target)))
 
+    issued: dict[str, int] = {}
+
+    def ran(kind: str, nbytes: int, comm: object) -> None:
+        if kind in _COUNTED:
+            issued[kind] = issued.get(kind, 0) + 1
+
+    # The observer also makes the compiled redistribute defer to the Python method, whose
+    # listeners see every move.
     _dispatch.add_listener(record)
-    add_grad_move_listener(moved)
+    add_redistribute_listener(moved)
+    _comm.add_observer(ran)
     try:
         result = fn(*args, **kwargs)
     finally:
-        remove_grad_move_listener(moved)
+        _comm.remove_observer(ran)
+        remove_redistribute_listener(moved)
         _dispatch.remove_listener(record)
-    return Explanation(ops=ops, traced=True, result=result)
+    return Explanation(ops=ops, traced=True, result=result, issued=issued)
 
 
 def explain(op: object, *args: object, top: int = 6, **kwargs: object) -> Explanation:
@@ -372,11 +438,12 @@ def explain(op: object, *args: object, top: int = 6, **kwargs: object) -> Explan
       ``.result``. **Collective** (it runs the function). A backward pass inside the
       function is traced too: the ops its formulas dispatch and the moves of gradients
       back to inputs' and leaves' placements (op ``redistribute``), each marked
-      ``phase="backward"`` with the op whose backward ran it (``backward_of``). Other
-      collectives that are not inputs of a dispatched op (an explicit ``redistribute``,
-      ``full_tensor``) are not listed;
-      ops served by the compiled fast path without entering the Python dispatcher are not
-      seen (set ``DTENSOR_FASTPATH=0`` to see every op).
+      ``phase="backward"`` with the op whose backward ran it (``backward_of``). Explicit
+      redistributes that change placements (``x.redistribute``, ``full_tensor``) are
+      entries ``redistribute`` too, in the phase they run in. Every entry holds the local
+      blocks (shape, dtype) its kernel reads and writes (``local_inputs``,
+      ``local_outputs``). ``.issued`` counts the collectives that really ran. With
+      ``top=0`` the candidate strategies are not priced (a faster trace).
 
     Parameters
     ----------

@@ -42,10 +42,10 @@ from .mesh import DeviceMesh, init_device_mesh
 
 __all__ = [
     "DTensor",
-    "add_grad_move_listener",
+    "add_redistribute_listener",
     "allocator_for",
     "distribute_tensor",
-    "remove_grad_move_listener",
+    "remove_redistribute_listener",
 ]
 
 
@@ -473,6 +473,9 @@ class DTensor(_fp.DTensorBase):
         dst, steps = _target(spec, _normalize_placements(placements, mesh, "redistribute"))
         if dst.placements == spec.placements:
             return self
+        if _move_listeners:
+            for fn in tuple(_move_listeners):
+                fn(self, dst.placements)
         if self._abstract:
             return self._planned(dst, steps)
         run = _execute_async if async_op else _execute
@@ -622,30 +625,34 @@ def _to_local_backward(node: _ag.Node, grads: list) -> tuple:
     return (DTensor._make(g, spec),)
 
 
-# Listeners of the gradient moves of backward (dtensor.debug.explain's trace), called as
-# fn(gradient, target placements) before a move that changes the placements.
-_grad_move_listeners: list = []
+# Listeners of redistributes (dtensor.debug.explain's trace), called as fn(tensor, target
+# placements) before a redistribute that changes the placements: an explicit one, full_tensor's
+# and backward's moves of gradients alike.
+_move_listeners: list = []
 
 
-def add_grad_move_listener(fn: Callable[[DTensor, tuple], None]) -> None:
-    """Call ``fn(gradient, placements)`` before backward redistributes a gradient (back to
-    an input's placements: redistribute's, from_local's and a leaf's layout). **Local**."""
-    _grad_move_listeners.append(fn)
+def add_redistribute_listener(fn: Callable[[DTensor, tuple], None]) -> None:
+    """Call ``fn(x, placements)`` before every ``x.redistribute`` (run by the Python method)
+    that changes ``x``'s placements: explicit calls, ``full_tensor`` and backward's moves of
+    gradients back to an input's placements (redistribute's, from_local's and a leaf's
+    layout). **Local**.
+
+    The compiled ``redistribute`` defers to the Python method while a communication
+    observer (:func:`redistribute.comm.add_observer`) is registered; a listener that must
+    see every move registers one too."""
+    _move_listeners.append(fn)
 
 
-def remove_grad_move_listener(fn: Callable[[DTensor, tuple], None]) -> None:
-    """Stop calling ``fn`` (added with :func:`add_grad_move_listener`). **Local**."""
+def remove_redistribute_listener(fn: Callable[[DTensor, tuple], None]) -> None:
+    """Stop calling ``fn`` (added with :func:`add_redistribute_listener`). **Local**."""
     try:
-        _grad_move_listeners.remove(fn)
+        _move_listeners.remove(fn)
     except ValueError:
-        raise ConfigError(f"remove_grad_move_listener: {fn!r} is not registered") from None
+        raise ConfigError(f"remove_redistribute_listener: {fn!r} is not registered") from None
 
 
 def _move_grad(g: DTensor, target: tuple) -> DTensor:
     """``g`` redistributed to ``target`` in backward. **Collective** when it moves."""
-    if _grad_move_listeners and g._spec.placements != target:
-        for fn in tuple(_grad_move_listeners):
-            fn(g, target)
     return g.redistribute(g.device_mesh, target)
 
 

@@ -25,11 +25,20 @@ training models of :mod:`launch.examples._training` under their strategies (``lo
   optimizer phase includes ``clip_grad_norm_``'s all-reduce of the norm);
 - ``predicted_comm_us``: per phase, the cost model's prediction of the collectives that
   :func:`dtensor.debug.explain` traces for the forward and the backward (dispatched ops'
-  inputs and backward's gradient moves); explicit redistributes of the forward (TP's
-  all-reduce after the row-parallel matmul) are outside explain's trace and not priced,
-  nor is the optimizer phase's norm reduction (None);
+  inputs, explicit redistributes such as TP's all-reduce after the row-parallel matmul,
+  and backward's gradient moves); the optimizer phase is not traced (None);
 - ``peak_bytes``: peak allocated bytes per rank during one step (allocator stats);
 - ``loss_error``: the first step's loss against the same step on local tensors.
+
+:func:`run_auto_sweep` sets predicted against measured step time: it runs
+:func:`dtensor.auto_shard` on a training model, then measures the plan it chose, the named
+layouts (replicated, dp, tp) and assignments spread over the range of the search's table
+(at least ``count`` in all), each with :func:`dtensor.autoshard.predict_step`'s prediction
+beside its measurement (``step_us``, ``peak_bytes``: the step's peak allocated bytes above
+what was allocated before its parameters were made, slowest rank; ``loss_error``). It
+reports the Spearman rank correlation of predicted and measured times, how far the chosen
+plan is from the best measured one, and a plan searched under a memory budget with its
+measured peak. :func:`save_prediction_png` draws the predicted/measured scatter.
 """
 
 from __future__ import annotations
@@ -47,18 +56,22 @@ from mpi4py import MPI
 
 import dtensor as dt
 from dtensor.debug import explain
-from launch.examples._training import TrainModel, make_optimizer, mesh_for, place
+from launch.examples._training import TrainModel, layout, make_optimizer, mesh_for, place
 
 __all__ = [
     "Model",
     "all_strategies",
     "attention_block",
+    "format_auto_table",
     "format_table",
     "format_train_table",
     "mlp_block",
+    "run_auto_sweep",
     "run_sweep",
     "run_train_sweep",
     "save_png",
+    "save_prediction_png",
+    "spearman",
     "standard_strategies",
 ]
 
@@ -333,16 +346,24 @@ PHASES = ("forward", "backward", "optimizer")
 
 
 class _Step:
-    """One training step of a model under a strategy, split into its phases."""
+    """One training step of a model on placed parameters and batch, split into its
+    phases."""
 
-    def __init__(self, model: TrainModel, strategy: str, mesh: dt.DeviceMesh | None,
+    def __init__(self, model: TrainModel, params: dict[str, Any], batch: dict[str, Any],
                  optimizer: str, clip: float) -> None:
         self.model = model
-        self.params = place(model, strategy, mesh, model.init())
-        self.batch = place(model, strategy, mesh, model.batch(0), batch=True)
+        self.params = params
+        self.batch = batch
         self.opt = make_optimizer(optimizer, list(self.params.values()), 1e-3)
         self.clip = clip
         self.loss: Any = None
+
+    @classmethod
+    def named(cls, model: TrainModel, strategy: str, mesh: dt.DeviceMesh | None,
+              optimizer: str, clip: float) -> _Step:
+        """The step of a named strategy of :mod:`launch.examples._training`."""
+        return cls(model, place(model, strategy, mesh, model.init()),
+                   place(model, strategy, mesh, model.batch(0), batch=True), optimizer, clip)
 
     def forward(self) -> None:
         self.opt.zero_grad()
@@ -375,15 +396,34 @@ def _predicted_step_us(step: _Step) -> dict[str, float | None]:
     return out
 
 
+def _time_step(step: _Step, repeat: int) -> dict[str, float]:
+    """Median microseconds of the whole step and of each phase, slowest rank (each sample
+    starts after a barrier). **Collective**."""
+    comm = MPI.COMM_WORLD
+    samples: dict[str, list[float]] = {p: [] for p in ("step", *PHASES)}
+    for _ in range(repeat):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        step.forward()
+        t1 = time.perf_counter()
+        step.backward()
+        t2 = time.perf_counter()
+        step.optimizer()
+        t3 = time.perf_counter()
+        for name, dt_s in zip(samples, (t3 - t0, t1 - t0, t2 - t1, t3 - t2)):
+            samples[name].append(dt_s * 1e6)
+    return {k: comm.allreduce(statistics.median(v), op=MPI.MAX) for k, v in samples.items()}
+
+
 def run_train_one(model: TrainModel, strategy: str, *, optimizer: str = "sgd",
                   clip: float = 1.0, repeat: int = 5) -> dict[str, Any]:
     """Measure training steps of ``model`` under ``strategy`` (see the module docstring for
     the fields). **Collective**."""
     comm = MPI.COMM_WORLD
     mesh = mesh_for(strategy)
-    step = _Step(model, strategy, mesh, optimizer, clip)
+    step = _Step.named(model, strategy, mesh, optimizer, clip)
     step.forward()
-    reference = _Step(model, "local", None, optimizer, clip)
+    reference = _Step.named(model, "local", None, optimizer, clip)
     reference.forward()
     loss_error = abs(_loss_of(step.loss) - reference.loss.item())
     step.backward()
@@ -398,19 +438,7 @@ def run_train_one(model: TrainModel, strategy: str, *, optimizer: str = "sgd",
     base = dt.memory_stats()["allocated_bytes"]
     step.run()
     peak = dt.memory_stats()["peak_allocated_bytes"] - base
-    samples: dict[str, list[float]] = {p: [] for p in ("step", *PHASES)}
-    for _ in range(repeat):
-        comm.Barrier()
-        t0 = time.perf_counter()
-        step.forward()
-        t1 = time.perf_counter()
-        step.backward()
-        t2 = time.perf_counter()
-        step.optimizer()
-        t3 = time.perf_counter()
-        for name, dt_s in zip(samples, (t3 - t0, t1 - t0, t2 - t1, t3 - t2)):
-            samples[name].append(dt_s * 1e6)
-    medians = {k: comm.allreduce(statistics.median(v), op=MPI.MAX) for k, v in samples.items()}
+    medians = _time_step(step, repeat)
     return {
         "name": strategy,
         "mesh": None if mesh is None else list(mesh.shape),
@@ -460,3 +488,249 @@ def format_train_table(results: Sequence[Mapping[str, Any]]) -> str:
         "ranks"
     )
     return "\n".join(lines)
+
+
+# -- predicted against measured (auto_shard) --------------------------------------------------
+class _ClipStep:
+    """The optimizer phase of :class:`_Step` as one object: ``clip_grad_norm_`` then the
+    optimizer's step (what ``auto_shard`` traces as the step's optimizer)."""
+
+    def __init__(self, params: list, optimizer: str, clip: float) -> None:
+        self.params, self.clip = params, clip
+        self.opt = make_optimizer(optimizer, params, 1e-3)
+        self.state = self.opt.state
+
+    def step(self) -> None:
+        dt.nn.utils.clip_grad_norm_(self.params, self.clip)
+        self.opt.step()
+
+
+def spearman(a: Sequence[float], b: Sequence[float]) -> float:
+    """Spearman rank correlation of two sequences (ties get their average rank). **Local**."""
+
+    def ranks(x: Sequence[float]) -> np.ndarray:
+        x = np.asarray(x, float)
+        order = np.argsort(x, kind="stable")
+        r = np.empty(len(x))
+        r[order] = np.arange(len(x), dtype=float)
+        for v in np.unique(x):
+            tie = x == v
+            r[tie] = r[tie].mean()
+        return r
+
+    ra, rb = ranks(a), ranks(b)
+    if ra.std() == 0 or rb.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def _label(layouts: Mapping[str, Sequence[dt.Placement]]) -> str:
+    parts = [f"{n}={','.join(p.short() for p in pl)}" for n, pl in layouts.items()
+             if any(not p.is_replicate() for p in pl)]
+    return " ".join(parts) or "all replicated"
+
+
+def _named_layouts(model: TrainModel, mesh: dt.DeviceMesh) -> dict[str, dict[str, tuple]]:
+    """replicated, dp and tp (1-D mesh) or 2d (2-D mesh) as placements per tensor."""
+    names = [*model.shapes, *model.batch(0)]
+    rep = (R,) * mesh.ndim
+    out = {"replicated": {n: rep for n in names}}
+    for strategy in ("dp", "tp") if mesh.ndim == 1 else ("2d",):
+        lay = {n: tuple(layout(model, strategy, n)) for n in model.shapes}
+        for n in model.batch(0):
+            lay[n] = rep if n == "mask" else tuple(layout(model, strategy, "batch"))
+        out[strategy] = lay
+    return out
+
+
+def _placed_step(model: TrainModel, mesh: dt.DeviceMesh, layouts: Mapping[str, tuple],
+                 optimizer: str, clip: float, reference: float) -> tuple[_Step, dict]:
+    """``model``'s step in ``layouts``, warmed, with its peak bytes and first-loss error.
+    **Collective**."""
+    comm = MPI.COMM_WORLD
+    dt.empty_cache()
+    base = dt.memory_stats()["allocated_bytes"]
+    params = {n: dt.distribute_tensor(a, mesh, list(layouts[n]), src_data_rank=None)
+              .requires_grad_() for n, a in model.init().items()}
+    batch = {n: dt.distribute_tensor(a, mesh, list(layouts[n]), src_data_rank=None)
+             for n, a in model.batch(0).items()}
+    step = _Step(model, params, batch, optimizer, clip)
+    step.forward()
+    loss_error = abs(_loss_of(step.loss) - reference)
+    step.backward()
+    step.optimizer()
+    step.run()
+    dt.reset_peak_memory_stats()
+    step.run()
+    peak = dt.memory_stats()["peak_allocated_bytes"] - base
+    return step, {"peak_bytes": comm.allreduce(int(peak), op=MPI.MAX),
+                  "loss_error": comm.allreduce(loss_error, op=MPI.MAX)}
+
+
+def _time_interleaved(steps: Sequence[_Step], repeat: int) -> list[float]:
+    """Median microseconds of a whole step of each, slowest rank; the steps take turns
+    (one sample of each per pass, each after a barrier), so a machine whose load changes
+    slows them alike. **Collective**."""
+    comm = MPI.COMM_WORLD
+    samples: list[list[float]] = [[] for _ in steps]
+    for _ in range(repeat):
+        for i, step in enumerate(steps):
+            comm.Barrier()
+            t0 = time.perf_counter()
+            step.run()
+            samples[i].append((time.perf_counter() - t0) * 1e6)
+    return [comm.allreduce(statistics.median(v), op=MPI.MAX) for v in samples]
+
+
+def _spread(candidates: Sequence[Any], count: int) -> list[Any]:
+    """``count`` candidates evenly spaced over the list (its first and last included)."""
+    if len(candidates) <= count:
+        return list(candidates)
+    if count < 2:
+        return list(candidates[:count])
+    idx = sorted({round(i * (len(candidates) - 1) / (count - 1)) for i in range(count)})
+    return [candidates[i] for i in idx]
+
+
+def run_auto_sweep(model: TrainModel, mesh: dt.DeviceMesh, *, optimizer: str = "sgd",
+                   clip: float = 1.0, repeat: int = 7, count: int = 14,
+                   budget_quantile: float = 0.25,
+                   calibration: dt.autoshard.Calibration | None = None,
+                   solver: str = "auto") -> dict[str, Any]:
+    """Predicted against measured step times (see the module docstring). **Collective**.
+
+    ``budget_quantile`` picks the memory budget of the second search: that quantile of the
+    predicted peaks of the first search's table; ``solver`` is :func:`dtensor.auto_shard`'s."""
+    params, batch = model.init(), model.batch(0)
+
+    def make_opt(ps: list) -> _ClipStep:
+        return _ClipStep(ps, optimizer, clip)
+
+    start = time.perf_counter()
+    plan = dt.auto_shard(model.loss, params, batch, mesh, optimizer=make_opt,
+                         calibration=calibration, solver=solver)
+    search_s = time.perf_counter() - start
+    chosen = {**plan.placements, **plan.input_placements}
+    layouts: dict[str, dict[str, tuple]] = {"auto": chosen}
+    for name, lay in _named_layouts(model, mesh).items():
+        if lay not in layouts.values():
+            layouts[name] = lay
+    rest = [c for c in plan.candidates if dict(c.placements) not in layouts.values()]
+    for c in _spread(rest, max(count - len(layouts), 0)):
+        layouts[_label(c.placements)] = dict(c.placements)
+    rng = np.random.default_rng(0)
+    options = {n: dt.autoshard.candidate_placements(s, mesh.shape)
+               for n, s in model.shapes.items()}
+    options.update({n: dt.autoshard.candidate_placements(a.shape, mesh.shape, dims=(0,))
+                    for n, a in batch.items()})
+    for _ in range(100 * count):  # random assignments when the table is short
+        if len(layouts) >= count:
+            break
+        lay = {n: o[rng.integers(len(o))] for n, o in options.items()}
+        if lay not in layouts.values():
+            layouts[_label(lay)] = lay
+    reference = _Step.named(model, "local", None, optimizer, clip)
+    reference.forward()
+    ref_loss = reference.loss.item()
+    del reference
+    rows, steps = [], []
+    for name, lay in layouts.items():
+        pred = dt.autoshard.predict_step(model.loss, params, batch, mesh, lay,
+                                         optimizer=make_opt, calibration=calibration)
+        step, got = _placed_step(model, mesh, lay, optimizer, clip, ref_loss)
+        steps.append(step)
+        rows.append({"name": name, "placements": {n: [p.short() for p in pl]
+                                                  for n, pl in lay.items()},
+                     "predicted_us": pred.time_s * 1e6,
+                     "predicted_phase_us": {k: v * 1e6 for k, v in pred.phases.items()},
+                     "predicted_comm_us": pred.comm_s * 1e6,
+                     "predicted_peak_bytes": pred.peak_bytes, **got})
+    for r, us in zip(rows, _time_interleaved(steps, repeat)):
+        r["step_us"] = us
+    del steps
+    measured = [r["step_us"] for r in rows]
+    best = min(measured)
+    peaks = sorted(c.prediction.peak_bytes for c in plan.candidates)
+    budget = int(peaks[int(budget_quantile * (len(peaks) - 1))])
+    budget_plan = dt.auto_shard(model.loss, params, batch, mesh, budget, optimizer=make_opt,
+                                calibration=calibration, solver=solver)
+    blay = {**budget_plan.placements, **budget_plan.input_placements}
+    bstep, bgot = _placed_step(model, mesh, blay, optimizer, clip, ref_loss)
+    bgot["step_us"] = _time_interleaved([bstep], repeat)[0]
+    return {
+        "model": model.name, "mesh": list(mesh.shape), "shapes": dict(model.shapes),
+        "search_s": search_s, "traced": len(plan.candidates), "solver": plan.solver,
+        "chosen": _label(chosen), "results": rows,
+        "spearman": spearman([r["predicted_us"] for r in rows], measured),
+        "chosen_over_best": rows[0]["step_us"] / best,
+        "budget": {"bytes": budget, "plan": _label(blay),
+                   "predicted_peak_bytes": budget_plan.predicted_peak_bytes,
+                   "measured_peak_bytes": bgot["peak_bytes"], "step_us": bgot["step_us"],
+                   "loss_error": bgot["loss_error"],
+                   "respected": bgot["peak_bytes"] <= budget},
+        "table": plan.table(),
+    }
+
+
+def format_auto_table(doc: Mapping[str, Any]) -> str:
+    """:func:`run_auto_sweep`'s report as text: one row per strategy, fastest measured
+    first, then the summary. **Local**."""
+    head = ("strategy", "measured us", "predicted us", "pred comm us", "peak KiB",
+            "pred peak KiB", "loss err")
+    rows = [head]
+    for r in sorted(doc["results"], key=lambda r: r["step_us"]):
+        rows.append((r["name"][:70], f"{r['step_us']:.0f}", f"{r['predicted_us']:.0f}",
+                     f"{r['predicted_comm_us']:.0f}", f"{r['peak_bytes'] / 1024:.1f}",
+                     f"{r['predicted_peak_bytes'] / 1024:.1f}", f"{r['loss_error']:.1e}"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    b = doc["budget"]
+    lines += [
+        (f"auto_shard chose: {doc['chosen']} (search {doc['search_s']:.1f} s, "
+        f"{doc['traced']} assignments traced, solver {doc['solver']})"),
+        (f"Spearman rank correlation predicted/measured: {doc['spearman']:.3f} "
+        f"over {len(doc['results'])} strategies"),
+        f"chosen plan measured / best measured: {doc['chosen_over_best']:.3f}",
+        (f"memory budget {b['bytes'] / 1024:.1f} KiB: plan {b['plan']}, predicted peak "
+        f"{b['predicted_peak_bytes'] / 1024:.1f} KiB, measured "
+        f"{b['measured_peak_bytes'] / 1024:.1f} KiB: "
+        f"{'respected' if b['respected'] else 'EXCEEDED'}"),
+        ("measured us: median training step (forward, backward, clip_grad_norm_, optimizer), "
+        "slowest rank; peak KiB: step peak above the memory in use before the parameters, "
+        "largest rank"),
+    ]
+    return "\n".join(lines)
+
+
+def save_prediction_png(docs: Sequence[Mapping[str, Any]], path: str) -> bool:
+    """Scatter of predicted against measured step time, one panel per report of
+    :func:`run_auto_sweep`, the chosen plan and the named layouts labelled. **Local**.
+
+    Returns False (and writes nothing) when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, axes = plt.subplots(1, len(docs), figsize=(6 * len(docs), 5), squeeze=False)
+    for ax, doc in zip(axes[0], docs):
+        rows = doc["results"]
+        x = [r["predicted_us"] / 1e3 for r in rows]
+        y = [r["step_us"] / 1e3 for r in rows]
+        ax.scatter(x, y, s=18)
+        for r, xi, yi in zip(rows, x, y):
+            if r["name"] in ("auto", "replicated", "dp", "tp", "2d"):
+                ax.annotate(r["name"], (xi, yi), textcoords="offset points", xytext=(4, 4))
+        lo, hi = min(x + y), max(x + y)
+        ax.plot([lo, hi], [lo, hi], "k--", lw=0.8, label="measured = predicted")
+        ax.set_xlabel("predicted step (ms)")
+        ax.set_ylabel("measured step (ms)")
+        ax.set_title(f"{doc['model']} on mesh {tuple(doc['mesh'])}: Spearman "
+                     f"{doc['spearman']:.2f}")
+        ax.legend(loc="upper left")
+    fig.savefig(path, bbox_inches="tight")
+    plt.close(fig)
+    return True

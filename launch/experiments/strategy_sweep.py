@@ -14,6 +14,16 @@ transformer``) of the training examples, under ``local``, ``dp``, ``tp`` and, on
 number of ranks from 4, ``2d``: per strategy the step time and the time of each phase,
 collectives and bytes per phase, the cost model's prediction of the forward's and the
 backward's collectives, peak memory and the first loss against the local run.
+
+``--train --auto`` sets predictions against measurements: :func:`dtensor.auto_shard`
+searches the model's placements on a 1-D mesh of all ranks (``--mesh 2,2`` for another
+shape), then the chosen plan, the named layouts and assignments spread over the search's
+table (``--count`` in all) are each predicted and measured; it prints the table, the
+Spearman rank correlation, the chosen plan against the best measured one and a plan
+searched under a memory budget with its measured peak. ``--png`` draws predicted against
+measured; ``--calibration FILE`` reads the kernel and collective constants
+(``launch/bench/calibrate.py``; default: the stored calibration of this many ranks, if
+any) and installs its cost model for the dispatcher.
 """
 
 from __future__ import annotations
@@ -30,12 +40,15 @@ from launch.examples._training import OPTIMIZERS, mlp_model, transformer_model
 from launch.experiments._sweep import (
     all_strategies,
     attention_block,
+    format_auto_table,
     format_table,
     format_train_table,
     mlp_block,
+    run_auto_sweep,
     run_sweep,
     run_train_sweep,
     save_png,
+    save_prediction_png,
     standard_strategies,
 )
 
@@ -45,6 +58,30 @@ TRANSFORMER_SIZES = {"tiny": (2, 4, 16, 2, 32), "small": (4, 16, 64, 4, 256),
                      "medium": (8, 64, 128, 8, 1024)}
 
 
+def auto(args: argparse.Namespace, model) -> int:
+    """The ``--train --auto`` sweep; report on rank 0. **Collective**."""
+    comm = MPI.COMM_WORLD
+    cal = dt.autoshard.load_calibration(args.calibration, ranks=comm.size)
+    if cal is not None:
+        cal.install()
+    shape = tuple(int(s) for s in args.mesh.split(",")) if args.mesh else (comm.size,)
+    mesh = dt.init_device_mesh(shape)
+    doc = run_auto_sweep(model, mesh, optimizer=args.optimizer, clip=args.clip,
+                         repeat=args.repeat, count=args.count, calibration=cal,
+                         solver=args.solver)
+    if comm.rank == 0:
+        sizes = ", ".join(f"{n} {s}" for n, s in model.shapes.items())
+        print(f"predicted against measured: {model.name} training step on mesh {shape}, "
+              f"{args.optimizer}, clip_grad_norm_ {args.clip} ({sizes}); calibration: "
+              f"{'stored' if cal is not None else 'built-in constants'}")
+        print(format_auto_table(doc))
+        if args.out:
+            Path(args.out).write_text(json.dumps({"mode": "auto", **doc}, indent=2))
+        if args.png and not save_prediction_png([doc], args.png):
+            print("--png: matplotlib is not installed; no chart written")
+    return 0
+
+
 def train(args: argparse.Namespace) -> int:
     """The ``--train`` sweep; report on rank 0. **Collective**."""
     comm = MPI.COMM_WORLD
@@ -52,6 +89,8 @@ def train(args: argparse.Namespace) -> int:
         model = transformer_model(*TRANSFORMER_SIZES[args.size])
     else:
         model = mlp_model(*SIZES[args.size])
+    if args.auto:
+        return auto(args, model)
     strategies = ["local", "dp", "tp"]
     if comm.size >= 4 and comm.size % 2 == 0:
         strategies.append("2d")
@@ -85,6 +124,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--optimizer", choices=tuple(OPTIMIZERS), default="sgd",
                    help="with --train")
     p.add_argument("--clip", type=float, default=1.0, help="with --train: clip_grad_norm_")
+    p.add_argument("--auto", action="store_true",
+                   help="with --train: auto_shard, predicted against measured")
+    p.add_argument("--count", type=int, default=14, help="with --auto: strategies measured")
+    p.add_argument("--mesh", help="with --auto: mesh shape, e.g. 2,2 (default: 1-D)")
+    p.add_argument("--calibration", help="with --auto: calibration JSON to use")
+    p.add_argument("--solver", choices=("auto", "milp", "bnb"), default="auto",
+                   help="with --auto: auto_shard's solver")
     args = p.parse_args(argv)
     if args.train and args.model == "attention":
         p.error("--model attention is forward only (no --train)")

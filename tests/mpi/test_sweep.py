@@ -128,3 +128,45 @@ def test_training_sweep_reports_phases_and_matches_local(tmp_path):
         assert tp["optimizer"] == {"all_reduce": {"count": 3, "bytes": 3 * 8}}
     else:
         assert all(r["comm_count"] == {p: 0 for p in phases} for r in results.values())
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.mode_independent
+def test_auto_sweep_sets_predictions_beside_measurements(tmp_path):
+    """``strategy_sweep.py --train --auto``: at least ``--count`` strategies, each with a
+    prediction, a measurement and the local run's loss; the chosen plan is measured first;
+    the budget plan's predicted peak is within its budget; a Spearman figure and a chart."""
+    from launch.experiments import strategy_sweep
+
+    path = WORLD.bcast(str(tmp_path / "auto.json"))
+    png = WORLD.bcast(str(tmp_path / "auto.png"))
+    assert strategy_sweep.main(["--train", "--auto", "--size", "tiny", "--repeat", "1",
+                                "--count", "4", "--solver", "bnb", "--out", path, "--png", png,
+                                "--calibration", str(_calibration(tmp_path))]) == 0
+    doc = WORLD.bcast(json.loads(Path(path).read_text()) if WORLD.rank == 0 else None)
+    assert doc["mode"] == "auto" and doc["mesh"] == [WORLD.size]
+    rows = doc["results"]
+    assert len(rows) >= 4 and rows[0]["name"] == "auto"
+    assert len({json.dumps(r["placements"], sort_keys=True) for r in rows}) == len(rows)
+    for r in rows:
+        assert r["loss_error"] < 1e-5 and r["step_us"] > 0 and r["predicted_us"] > 0, r
+        assert r["predicted_peak_bytes"] > 0 and r["peak_bytes"] >= 0
+    assert -1 <= doc["spearman"] <= 1 and doc["chosen_over_best"] >= 1
+    b = doc["budget"]
+    assert b["predicted_peak_bytes"] <= b["bytes"] and b["loss_error"] < 1e-5
+    assert b["respected"] == (b["measured_peak_bytes"] <= b["bytes"])
+    if WORLD.rank == 0:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            return
+        assert Path(png).stat().st_size > 0
+
+
+def _calibration(tmp_path):
+    """A calibration file with the built-in constants (nothing measured: fast)."""
+    path = Path(WORLD.bcast(str(tmp_path / "cal.json")))
+    if WORLD.rank == 0:
+        dt.autoshard.Calibration(ranks=WORLD.size).save(path)
+    WORLD.Barrier()
+    return path

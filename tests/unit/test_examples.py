@@ -18,8 +18,10 @@ import pytest
 from _jobs import PKG_ROOT, child_env, run_group
 
 import fastpath
+from dtensor.autoshard import load_calibration
+from dtensor.autoshard._calibrate import fit
 from launch.bench import size_sweep
-from launch.bench.calibrate import fit
+from redistribute.cost import CostModel
 
 ROOT = Path(__file__).resolve().parents[2]
 LIMIT_S = 120
@@ -165,9 +167,15 @@ def test_strategy_sweep_script_writes_json(tmp_path):
 
 
 def test_calibrate_writes_a_usable_cost_model(tmp_path):
-    path = tmp_path / "costs.json"
-    launch(2, "launch/bench/calibrate.py", "--sizes", "8,64", "--repeat", "3", "--out", str(path))
+    path, stored = tmp_path / "costs.json", tmp_path / "calibration.json"
+    launch(2, "launch/bench/calibrate.py", "--sizes", "8,64", "--repeat", "3", "--out", str(path),
+           "--calibration", str(stored))
     doc = json.loads(path.read_text())
+    # the whole calibration (what auto_shard reads): kernels per op class, fixed costs
+    cal = load_calibration(stored)
+    assert cal.ranks == 2 and cal.mesh_shape == (2,) and cal.model() == CostModel.from_dict(doc)
+    assert set(cal.points["kernels"]) == {"matmul", "nn", "pointwise", "view"}
+    assert cal.entry_s >= 0 and cal.sync_s >= 0
     assert set(doc["per_kind"]) == {"all_gather", "reduce_scatter", "all_reduce", "all_to_all"}
     points = json.loads(Path(str(path) + ".points.json").read_text())["points"]
     assert all(len(v) == 2 and v[1][0] > v[0][0] for v in points.values())  # bytes grow

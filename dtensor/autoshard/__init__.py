@@ -1,0 +1,31 @@
+"""Whole-model sharding search: predict, rank and choose placements before running them.
+
+:func:`auto_shard` (``dt.auto_shard``) traces training steps of candidate placement
+assignments, prices them (compute per op class and collectives: :mod:`._predict`) and
+solves for the fastest assignment within a memory budget (:mod:`._search`, :mod:`._solve`);
+it returns a :class:`ShardingPlan`. :func:`calibrate` measures this machine's collectives
+and kernels and stores them for reuse (:mod:`._calibrate`).
+"""
+
+from ._calibrate import Calibration, default_path, load_calibration
+from ._measure import calibrate
+from ._plan import Candidate, ShardingPlan
+from ._predict import Prediction, candidate_placements, predict_step
+from ._search import auto_shard
+from ._solve import Problem, Solution, solve
+
+__all__ = [
+    "Calibration",
+    "Candidate",
+    "Prediction",
+    "Problem",
+    "ShardingPlan",
+    "Solution",
+    "auto_shard",
+    "calibrate",
+    "candidate_placements",
+    "default_path",
+    "load_calibration",
+    "predict_step",
+    "solve",
+]

@@ -1,0 +1,256 @@
+"""Calibration of :func:`dtensor.auto_shard`'s predictions: collectives and kernels measured
+on this machine.
+
+This module owns :class:`Calibration` (the redistribute cost model's constants per mesh dim
+and the kernel throughput per op class), :func:`load_calibration` /
+:meth:`Calibration.save` (the JSON file, reused between runs), :func:`fit` (the
+least-squares ``seconds = alpha + work / rate`` used for both) and the pricing of one traced
+op's local compute (:func:`op_class`, :meth:`Calibration.kernel_seconds`). The measuring is
+:mod:`dtensor.autoshard._measure`'s.
+
+Op classes and their work measure:
+
+=========  ===============================================  ============================
+class      ops (the op table's sample families)              work
+=========  ===============================================  ============================
+matmul     product (matmul, mm, bmm, linear, einsum, ...)     flops: ``2 * out * K``
+nn         nn, reduce, scan (softmax, layer_norm, ...)        bytes read + written
+pointwise  every other op that computes                       bytes read + written
+view       view (reshape, transpose, unsqueeze, ...)          none (a fixed cost)
+=========  ===============================================  ============================
+
+A kernel's time is ``alpha_s + work / rate`` of its class; ``alpha_s`` includes the
+dispatch of one op on DTensors (what dominates small ops). Each traced entry of a training
+step also costs ``entry_s`` (autograd and the Python around the ops), measured on a small
+training step, and each collective in it ``sync_s`` (ranks waiting for each other). The
+JSON file::
+
+    {"version": 1, "ranks": 2, "mesh_shape": [2],
+     "cost_model": {...the redistribute.cost.CostModel format...},
+     "kernels": {"matmul": {"alpha_s": 2e-05, "rate": 2e10}, ...},
+     "entry_s": 2e-05, "sync_s": 1e-4,
+     "points": {...the measured points...}}
+
+The default file is ``$DTENSOR_CALIBRATION`` when set, else
+``$XDG_CACHE_HOME/dtensor/calibration-<ranks>.json`` (``~/.cache`` without XDG_CACHE_HOME).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from placements.errors import ConfigError
+from redistribute.cost import CostModel, set_default_cost_model
+
+from ..ops.table import OPS
+
+__all__ = [
+    "CLASSES",
+    "Calibration",
+    "default_path",
+    "fit",
+    "load_calibration",
+    "op_class",
+]
+
+ENV_VAR = "DTENSOR_CALIBRATION"
+VERSION = 1
+
+#: Op classes priced by their own throughput.
+CLASSES = ("matmul", "nn", "pointwise", "view")
+
+_CLASS_OF_FAMILY = {"product": "matmul", "nn": "nn", "reduce": "nn", "scan": "nn", "view": "view"}
+
+#: Kernel constants used when no calibration is given (rough figures of one CPU core).
+DEFAULT_KERNELS: dict[str, dict[str, float]] = {
+    "matmul": {"alpha_s": 2e-5, "rate": 2e10},
+    "nn": {"alpha_s": 3e-5, "rate": 2e9},
+    "pointwise": {"alpha_s": 1e-5, "rate": 4e9},
+    "view": {"alpha_s": 5e-6, "rate": math.inf},
+}
+
+#: Fixed cost of one traced entry when no calibration is given.
+DEFAULT_ENTRY_S = 2e-5
+
+#: Fixed cost of one collective inside a training step when no calibration is given.
+DEFAULT_SYNC_S = 2e-5
+
+def op_class(name: str) -> str:
+    """The class (:data:`CLASSES`) whose throughput prices op ``name``. **Local**.
+
+    ``redistribute`` (a traced move) and unknown names are ``view`` (no local compute
+    beyond the move, which the cost model prices)."""
+    info = OPS.get(name)
+    if info is None:
+        return "view"
+    return _CLASS_OF_FAMILY.get(info.samples, "pointwise")
+
+
+def _bytes(block: Any) -> int:
+    if block is None:
+        return 0
+    shape, dtype = block
+    return math.prod(shape) * np.dtype(dtype).itemsize
+
+
+def op_work(name: str, local_inputs: tuple, local_outputs: tuple) -> float:
+    """The work of one op call on its local blocks (see the module docstring). **Local**."""
+    cls = op_class(name)
+    if cls == "view":
+        return 0.0
+    if cls == "matmul":
+        first = 1 if name == "addmm" else 0
+        blocks = [b for b in local_inputs if b is not None]
+        a = local_inputs[first] if len(local_inputs) > first else None
+        k = a[0][-1] if a is not None and a[0] else (blocks[0][0][-1] if blocks else 1)
+        out = sum(math.prod(s) for s, _ in local_outputs)
+        return 2.0 * out * k
+    return float(sum(_bytes(b) for b in local_inputs) + sum(_bytes(b) for b in local_outputs))
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Measured constants of one machine and mesh shape.
+
+    Attributes
+    ----------
+    cost_model : dict
+        The redistribute cost model (:class:`redistribute.cost.CostModel`'s JSON format),
+        per collective kind and mesh dim.
+    kernels : dict
+        ``{class: {"alpha_s": seconds, "rate": work per second}}`` per op class.
+    ranks : int
+    mesh_shape : tuple of int
+    points : dict
+        The measured points the constants were fitted to: ``{"collectives": {mesh dim:
+        {kind: [(bytes, seconds), ...]}}, "kernels": {class: [(work, seconds), ...]}}``.
+    entry_s : float
+        The fixed cost of one traced entry of a training step beyond its kernel (autograd's
+        recording, the backward walk, the Python around the ops): measured on a small
+        training step as its time minus its kernels' predictions, per entry.
+    sync_s : float
+        The fixed cost of one collective inside a training step beyond the cost model's
+        price (ranks reach it at different times and wait): measured on the same step,
+        data-parallel.
+    """
+
+    cost_model: dict[str, Any] = field(default_factory=dict)
+    kernels: dict[str, dict[str, float]] = field(default_factory=lambda: dict(DEFAULT_KERNELS))
+    ranks: int = 1
+    mesh_shape: tuple[int, ...] = ()
+    points: dict[str, Any] = field(default_factory=dict)
+    entry_s: float = DEFAULT_ENTRY_S
+    sync_s: float = DEFAULT_SYNC_S
+
+    def model(self) -> CostModel:
+        """The collective cost model. **Local**."""
+        return CostModel.from_dict(self.cost_model)
+
+    def install(self) -> None:
+        """Make :meth:`model` the process-wide cost model that the dispatcher decides with
+        (:func:`redistribute.cost.set_default_cost_model`). **Local**; every rank must
+        install the same calibration."""
+        set_default_cost_model(self.model())
+
+    def kernel_seconds(self, name: str, local_inputs: tuple, local_outputs: tuple) -> float:
+        """Predicted seconds of one call of op ``name`` on these local blocks (its class's
+        ``alpha_s + work / rate``, without :attr:`entry_s`). **Local**."""
+        k = self.kernels.get(op_class(name)) or DEFAULT_KERNELS[op_class(name)]
+        work = op_work(name, local_inputs, local_outputs)
+        rate = float(k.get("rate", math.inf))
+        return float(k["alpha_s"]) + (work / rate if work and math.isfinite(rate) else 0.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        kernels = {
+            c: {"alpha_s": v["alpha_s"], "rate": v["rate"] if math.isfinite(v["rate"]) else None}
+            for c, v in self.kernels.items()
+        }
+        return {"version": VERSION, "ranks": self.ranks, "mesh_shape": list(self.mesh_shape),
+                "cost_model": self.cost_model, "kernels": kernels, "entry_s": self.entry_s,
+                "sync_s": self.sync_s, "points": self.points}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Calibration:
+        if not isinstance(data, Mapping) or data.get("version") != VERSION:
+            raise ConfigError(f"calibration: not a version-{VERSION} calibration: {data!r:.200}")
+        kernels = {}
+        for c, v in dict(data.get("kernels", {})).items():
+            if c not in CLASSES:
+                raise ConfigError(f"calibration: unknown op class {c!r}; known: {CLASSES}")
+            rate = v.get("rate")
+            kernels[c] = {"alpha_s": float(v["alpha_s"]),
+                          "rate": math.inf if rate is None else float(rate)}
+        out = cls(dict(data.get("cost_model", {})), {**DEFAULT_KERNELS, **kernels},
+                  int(data.get("ranks", 1)), tuple(data.get("mesh_shape", ())),
+                  dict(data.get("points", {})), float(data.get("entry_s", DEFAULT_ENTRY_S)),
+                  float(data.get("sync_s", DEFAULT_SYNC_S)))
+        out.model()  # validates the cost model
+        return out
+
+    def save(self, path: str | os.PathLike[str] | None = None) -> Path:
+        """Write the calibration as JSON (default: :func:`default_path`); returns the path.
+        **Local** (call it on one rank)."""
+        target = Path(path) if path is not None else default_path(self.ranks)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_suffix(target.suffix + f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
+        os.replace(tmp, target)
+        return target
+
+
+def default_path(ranks: int) -> Path:
+    """Where calibrations of ``ranks`` ranks are stored and looked up (see the module
+    docstring). **Local**."""
+    env = os.environ.get(ENV_VAR, "").strip()
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "dtensor" / f"calibration-{ranks}.json"
+
+
+def load_calibration(path: str | os.PathLike[str] | None = None,
+                     ranks: int | None = None) -> Calibration | None:
+    """The stored calibration at ``path`` (default: :func:`default_path` of ``ranks``), or
+    None when there is none. **Local**.
+
+    Raises
+    ------
+    ConfigError
+        A file that is there but not a calibration.
+    """
+    target = Path(path) if path is not None else default_path(ranks or 1)
+    if not target.exists():
+        if path is not None:
+            raise ConfigError(f"calibration: no file {os.fspath(target)!r}")
+        return None
+    try:
+        data = json.loads(target.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"calibration: cannot read {os.fspath(target)!r}: {e}") from e
+    return Calibration.from_dict(data)
+
+
+def fit(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least-squares ``(alpha, rate)`` of ``seconds = alpha + work / rate``, on relative
+    residuals (small sizes, which show alpha, weigh as much as large ones). **Local**.
+
+    Alpha is clipped at 0; a slope that does not lift the fitted time measurably across the
+    work range (time not growing with work, as on tiny sizes only; the fit of flat data
+    leaves a slope of rounding noise, of either sign) gives an infinite-like rate of 1e12.
+    """
+    x = np.array([b for b, _ in points], dtype=float)
+    y = np.array([s for _, s in points], dtype=float)
+    # weighted by 1/y: relative residuals, so small sizes (alpha) count as much as large ones
+    w = 1.0 / np.maximum(y, 1e-12)
+    slope, intercept = np.polyfit(x, y, 1, w=w) if len(set(x)) > 1 else (0.0, float(y.mean()))
+    rise = slope * (x.max() - x.min())
+    rate = 1.0 / slope if rise > 1e-9 * np.abs(y).max() else 1e12
+    return max(float(intercept), 0.0), float(rate)

@@ -1,0 +1,228 @@
+"""Measuring this machine for :func:`dtensor.auto_shard`: :func:`calibrate`.
+
+This module owns the measurements behind a :class:`~dtensor.autoshard._calibrate.Calibration`:
+collectives per kind and mesh dim, one op per class, and the fixed cost per traced entry of
+a small training step (see :mod:`dtensor.autoshard._calibrate` for the model and the file).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from placements.types import Partial, Replicate, Shard
+from redistribute.cost import step_bytes
+from redistribute.plan import plan
+
+from ..distributed.dtensor import DTensor, distribute_tensor
+from ..local.factory import from_numpy
+from ..optim import SGD
+from ._calibrate import CLASSES, Calibration, fit
+from ._predict import predict, trace_step
+
+__all__ = ["calibrate", "measure_collectives", "measure_entry_overhead", "measure_kernels"]
+
+#: kind -> (source placement, target placement) on one mesh dim
+_COLLECTIVE_CASES = {
+    "all_gather": (Shard(0), Replicate()),
+    "reduce_scatter": (Partial("sum"), Shard(0)),
+    "all_reduce": (Partial("sum"), Replicate()),
+    "all_to_all": (Shard(0), Shard(1)),
+}
+
+
+
+def _seconds(mesh: Any, call: Callable[[], object], repeat: int, number: int) -> float:
+    """Median seconds per call on the slowest rank (each sample starts after a barrier).
+    **Collective**."""
+    base = mesh.get_group(None)
+    call()
+    samples = []
+    for _ in range(repeat):
+        base.barrier()
+        start = time.perf_counter()
+        for _ in range(number):
+            call()
+        samples.append((time.perf_counter() - start) / number)
+    value = np.array([statistics.median(samples)])
+    base.allreduce(value, op="max")
+    return float(value[0])
+
+
+def measure_collectives(mesh: Any, sizes: list[int], repeat: int = 7
+                        ) -> dict[int, dict[str, list[tuple[int, float]]]]:
+    """``{mesh dim: {kind: [(bytes per rank, seconds), ...]}}``: ``DTensor.redistribute``
+    of float32 NxN tensors for each collective kind of the cost model, on each mesh dim of
+    size > 1 (Replicate on the others). **Collective**."""
+    out: dict[int, dict[str, list]] = {}
+    for m in range(mesh.ndim):
+        if mesh.shape[m] == 1:
+            continue
+        for kind, (src_p, dst_p) in _COLLECTIVE_CASES.items():
+            src = [Replicate()] * mesh.ndim
+            dst = list(src)
+            src[m], dst[m] = src_p, dst_p
+            for n in sizes:
+                a = np.ones((n, n), np.float32)
+                if src_p.is_partial():
+                    x = DTensor.from_local(from_numpy(a), mesh, src)
+                else:
+                    x = distribute_tensor(a, mesh, src, src_data_rank=None)
+                nbytes = sum(step_bytes(s, x._spec) for s in plan(x._spec, tuple(dst))
+                             if s.communicates)
+                seconds = _seconds(mesh, lambda x=x, dst=dst: x.redistribute(mesh, dst),
+                                   repeat, 3)
+                out.setdefault(m, {}).setdefault(kind, []).append((nbytes, seconds))
+    return out
+
+
+def _kernel_cases(sizes: list[int]) -> dict[str, list[tuple[float, Callable, int]]]:
+    """Per op class: (work, op on DTensors, N of its N x N float32 operands) samples."""
+    out: dict[str, list] = {c: [] for c in CLASSES}
+    for n in sizes:
+        nbytes = 4 * n * n
+        out["matmul"].append((2.0 * n ** 3, lambda a, b: a @ b, n))
+        out["pointwise"].append((3.0 * nbytes, lambda a, b: a + b, n))
+        out["nn"].append((2.0 * nbytes, lambda a, b: a.softmax(-1), n))
+        out["view"].append((0.0, lambda a, b: a.transpose(0, 1), n))
+    return out
+
+
+def measure_kernels(mesh: Any, sizes: list[int], repeat: int = 7
+                    ) -> dict[str, list[tuple[float, float]]]:
+    """``{class: [(work, seconds), ...]}``: one op per class on replicated DTensors that
+    require grad, as in a training step's forward (the dispatch and autograd's recording
+    included, no communication). **Collective** (timing barriers)."""
+    rep = [Replicate()] * mesh.ndim
+    out: dict[str, list] = {}
+    for cls, cases in _kernel_cases(sizes).items():
+        for work, fn, n in cases:
+            a = distribute_tensor(np.ones((n, n), np.float32), mesh, rep, src_data_rank=None)
+            a.requires_grad_()
+            seconds = _seconds(mesh, lambda fn=fn, a=a: fn(a, a), repeat, 5)
+            out.setdefault(cls, []).append((work, seconds))
+    return out
+
+
+def _small_step_seconds(mesh: Any, calibration: Calibration, x_layout: list,
+                        repeat: int) -> tuple[float, float, int, int]:
+    """A two-layer MLP training step with SGD on 16 x 32 tensors, the batch in
+    ``x_layout``, weights replicated: its measured seconds, its predicted seconds without
+    the fixed costs (:attr:`Calibration.entry_s`, :attr:`Calibration.sync_s`), its op
+    entries and its collectives. **Collective**."""
+    rng = np.random.default_rng(0)
+    rep = [Replicate()] * mesh.ndim
+    x = distribute_tensor(rng.standard_normal((16, 32)).astype(np.float32), mesh, x_layout,
+                          src_data_rank=None)
+    params = {n: distribute_tensor(rng.standard_normal(shape).astype(np.float32), mesh, rep,
+                                   src_data_rank=None).requires_grad_()
+              for n, shape in (("w1", (32, 32)), ("w2", (32, 8)))}
+    inputs = {"x": x}
+
+    def loss_of(p: dict, b: dict) -> Any:
+        return ((b["x"] @ p["w1"]).relu() @ p["w2"]).tanh().square().mean()
+
+    opt = SGD(list(params.values()), lr=1e-3, momentum=0.9)
+
+    def step() -> None:
+        opt.zero_grad()
+        loss_of(params, inputs).backward()
+        opt.step()
+
+    seconds = _seconds(mesh, step, repeat, 5)
+    trace = trace_step(loss_of, params, inputs, lambda ps: SGD(ps, lr=1e-3, momentum=0.9))
+    flat = Calibration(calibration.cost_model, calibration.kernels, entry_s=0.0, sync_s=0.0)
+    p = predict(trace, flat, params, inputs)
+    entries = sum(o.op != "redistribute" for o in trace.explanation.ops)
+    return seconds, p.time_s, entries, p.collectives
+
+
+def measure_entry_overhead(mesh: Any, calibration: Calibration, repeat: int = 7
+                           ) -> tuple[float, float]:
+    """``(entry_s, sync_s)``: the fixed costs per op entry and per collective of a training
+    step that the kernels and the cost model do not explain. **Collective**.
+
+    ``entry_s``: (measured - predicted) / entries of a small replicated MLP step (no
+    communication); ``sync_s``: the same step data-parallel (the batch sharded over every
+    mesh dim; its gradients are all-reduced), its unexplained time beyond the entries'
+    per collective (ranks that reach a collective at different times wait for each other).
+    Both at least 0."""
+    rep = [Replicate()] * mesh.ndim
+    seconds, predicted, entries, _ = _small_step_seconds(mesh, calibration, rep, repeat)
+    entry_s = max(seconds - predicted, 0.0) / max(entries, 1)
+    if mesh.size() == 1:
+        return entry_s, 0.0
+    seconds, predicted, entries, colls = _small_step_seconds(
+        mesh, calibration, [Shard(0)] * mesh.ndim, repeat)
+    sync_s = max(seconds - predicted - entries * entry_s, 0.0) / max(colls, 1)
+    return entry_s, sync_s
+
+
+def calibrate(mesh: Any, path: str | os.PathLike[str] | None = None, *,
+              sizes: tuple[int, ...] = (32, 128, 384), repeat: int = 7,
+              save: bool = True) -> Calibration:
+    """Measure this machine on ``mesh`` and store the result. **Collective**.
+
+    Times every collective kind of the cost model on each mesh dim (``DTensor.redistribute``
+    of float32 ``N x N`` tensors for N in ``sizes``; the slowest rank's median) and fits
+    ``alpha_s`` and ``beta_bytes_per_s`` per kind and mesh dim; times one op per class of
+    :data:`CLASSES` on replicated DTensors (dispatch included) and fits ``alpha_s`` and
+    ``rate`` per class; times a small training step and takes what its kernels do not
+    explain, per traced entry and per collective (:func:`measure_entry_overhead`).
+
+    Parameters
+    ----------
+    mesh : DeviceMesh
+    path : path, optional
+        Where to write the JSON (rank 0 writes); default :func:`default_path`.
+    sizes : tuple of int
+        The N of the measured tensors.
+    repeat : int
+        Timing samples per point.
+    save : bool
+        Write the file (rank 0). The result is returned either way.
+
+    Returns
+    -------
+    Calibration
+        Use it with ``auto_shard(..., calibration=...)``; ``.install()`` makes its cost
+        model the dispatcher's.
+    """
+    sizes_l = [int(s) for s in sizes]
+    per_dim: dict[str, dict[str, dict[str, float]]] = {}
+    points: dict[str, Any] = {"collectives": {}, "kernels": {}}
+    for m, kinds in measure_collectives(mesh, sizes_l, repeat).items():
+        points["collectives"][str(m)] = kinds
+        per_dim[str(m)] = {}
+        for kind, pts in kinds.items():
+            alpha, beta = fit(pts)
+            per_dim[str(m)][kind] = {"alpha_s": alpha, "beta_bytes_per_s": beta}
+    cost_model: dict[str, Any] = {}
+    if per_dim:
+        fits = [v for entries in per_dim.values() for v in entries.values()]
+        cost_model = {
+            "alpha_s": statistics.median(v["alpha_s"] for v in fits),
+            "beta_bytes_per_s": statistics.median(v["beta_bytes_per_s"] for v in fits),
+            "per_kind": next(iter(per_dim.values())),  # the first mesh dim's, for other meshes
+            "per_mesh_dim": per_dim,
+        }
+    kernels = {}
+    for cls, pts in measure_kernels(mesh, sizes_l, repeat).items():
+        points["kernels"][cls] = pts
+        alpha, rate = fit(pts) if cls != "view" else (
+            statistics.median(s for _, s in pts), math.inf)
+        kernels[cls] = {"alpha_s": alpha, "rate": rate}
+    result = Calibration(cost_model, kernels, mesh.size(), tuple(mesh.shape), points)
+    entry_s, sync_s = measure_entry_overhead(mesh, result, repeat)
+    result = Calibration(cost_model, kernels, mesh.size(), tuple(mesh.shape), points, entry_s,
+                         sync_s)
+    result.model()  # validates what is stored
+    if save and mesh.get_rank() == 0:
+        result.save(path)
+    return result

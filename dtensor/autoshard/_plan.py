@@ -1,0 +1,141 @@
+"""The result of :func:`dtensor.auto_shard`: :class:`ShardingPlan`.
+
+This module owns the plan object (the chosen placements, their prediction, the table of
+the assignments weighed) and :meth:`ShardingPlan.apply`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from placements.errors import ArgumentError
+from placements.types import Placement, placement_list
+
+from ..distributed.dtensor import DTensor, distribute_tensor
+from ._predict import Prediction, as_array
+
+__all__ = ["Candidate", "ShardingPlan"]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One assignment the search traced and priced.
+
+    ``sources`` says why it was traced: ``start`` (the given placements), ``base`` (a
+    round's base), ``single`` (one tensor moved from the round's base), ``pair`` (two
+    moved), ``solver`` (a solution of the cost table), ``min-memory`` (the solver's smallest
+    plan, traced when nothing else fits the budget)."""
+
+    placements: Mapping[str, tuple[Placement, ...]]
+    prediction: Prediction
+    sources: tuple[str, ...]
+    fits: bool
+
+    def label(self) -> str:
+        """``name=S(0),R ...`` of the tensors not replicated everywhere."""
+        parts = [f"{n}={','.join(p.short() for p in pl)}" for n, pl in self.placements.items()
+                 if any(not p.is_replicate() for p in pl)]
+        return " ".join(parts) or "all replicated"
+
+
+@dataclass
+class ShardingPlan:
+    """What :func:`dtensor.auto_shard` chose.
+
+    Attributes
+    ----------
+    placements : dict of str to tuple of Placement
+        Per parameter, its placements.
+    input_placements : dict of str to tuple of Placement
+        Per input the search placed, its placements (see :meth:`apply_inputs`).
+    predicted_time : float
+        Seconds of one training step of this plan (a trace of what the dispatcher runs,
+        priced; see :mod:`dtensor.autoshard._predict`).
+    predicted_peak_bytes : int
+        Per-rank peak memory of that step (the largest rank).
+    prediction : Prediction
+        The whole prediction (compute, communication, phases, memory terms).
+    candidates : list of Candidate
+        Every assignment traced, cheapest first.
+    memory_budget : int or None
+    solver : str
+        The backend that solved the cost tables (``milp`` or ``bnb``).
+    mesh : DeviceMesh
+        The mesh the plan is for.
+    """
+
+    placements: dict[str, tuple[Placement, ...]]
+    input_placements: dict[str, tuple[Placement, ...]]
+    prediction: Prediction
+    candidates: list[Candidate] = field(default_factory=list)
+    memory_budget: int | None = None
+    solver: str = ""
+    mesh: Any = None
+
+    @property
+    def predicted_time(self) -> float:
+        return self.prediction.time_s
+
+    @property
+    def predicted_peak_bytes(self) -> int:
+        return self.prediction.peak_bytes
+
+    def table(self, limit: int | None = None) -> str:
+        """The candidates weighed, cheapest first, as an aligned text table: predicted
+        step time (compute + communication), collectives, peak memory, whether it fits the
+        budget and why it was traced; the chosen one marked ``*``. **Local**."""
+        head = ("", "predicted us", "compute us", "comm us", "colls", "peak KiB", "fits",
+                "traced as", "placements")
+        rows = [head]
+        chosen = {**self.placements, **self.input_placements}
+        for c in self.candidates[:limit]:
+            p = c.prediction
+            rows.append(("*" if dict(c.placements) == chosen else "",
+                         f"{p.time_s * 1e6:.1f}", f"{p.compute_s * 1e6:.1f}",
+                         f"{p.comm_s * 1e6:.1f}", str(p.collectives),
+                         f"{p.peak_bytes / 1024:.1f}", "yes" if c.fits else "no",
+                         ",".join(c.sources), c.label()))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+        lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        budget = "none" if self.memory_budget is None else f"{self.memory_budget / 1024:.1f} KiB"
+        lines.append(f"{len(self.candidates)} assignments traced; solver {self.solver}; "
+                     f"memory budget {budget}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        body = ", ".join(f"{n}: {placement_list(p)}" for n, p in
+                         {**self.placements, **self.input_placements}.items())
+        return (f"ShardingPlan(~{self.predicted_time * 1e6:.1f} us/step, peak "
+                f"{self.predicted_peak_bytes / 1024:.1f} KiB; {body})")
+
+    def _place(self, values: Mapping[str, Any], layouts: Mapping[str, Sequence[Placement]],
+               what: str) -> dict[str, Any]:
+        missing = set(layouts) - set(values)
+        if missing:
+            raise ArgumentError(f"ShardingPlan.{what}: no value for {sorted(missing)}")
+        out = dict(values)
+        for name, pl in layouts.items():
+            v = values[name]
+            if isinstance(v, DTensor):
+                grad = v.requires_grad
+                moved = v.detach().redistribute(v.device_mesh, list(pl))
+                out[name] = moved.requires_grad_() if grad else moved
+            else:
+                out[name] = distribute_tensor(as_array(v), self.mesh, list(pl),
+                                              src_data_rank=None)
+        return out
+
+    def apply(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """``params`` with each parameter of the plan in its placements: a DTensor is
+        redistributed (a new leaf that requires grad when the given one did); an array
+        (numpy or a local tensor holding the global values, the same on every rank) is
+        distributed. Other entries are passed through. **Collective**."""
+        return self._place(params, self.placements, "apply")
+
+    def apply_inputs(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        """``inputs`` with each input the search placed in its placements, as
+        :meth:`apply`. **Collective**."""
+        return self._place(inputs, self.input_placements, "apply_inputs")

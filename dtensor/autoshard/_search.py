@@ -1,0 +1,263 @@
+"""The whole-model search of :func:`auto_shard`.
+
+This module owns :func:`auto_shard`. The cost of a placement assignment is known only by
+tracing a step (activations follow the dispatcher's per-op choices, which depend on every
+parameter upstream), so the search works in rounds around a base assignment (first the
+given placements):
+
+1. trace the base, and each assignment that moves one tensor (parameter or input) to one
+   of its other candidates: the single moves' time and memory deltas;
+2. trace pairs of the most improving single moves: their interaction (the joint delta
+   minus the two single ones);
+3. solve the resulting pairwise cost table (:mod:`dtensor.autoshard._solve`, an ILP or
+   branch and bound) for its ``top_k`` best assignments within the memory budget, and
+   trace each of them;
+4. the best traced assignment that fits the budget becomes the next base; stop when it
+   does not change.
+
+Every reported prediction is that of a trace, so the chosen plan's predicted time is that
+of the ops the dispatcher runs for it, never the cost table's estimate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from placements.errors import ArgumentError, DTypeError
+from placements.types import Placement, Replicate, placement_list
+
+from ..distributed.dtensor import DTensor
+from ._calibrate import Calibration, load_calibration
+from ._plan import Candidate, ShardingPlan
+from ._predict import Layout, Prediction, as_array, candidate_placements, predict_step
+from ._solve import Problem, has_milp, solve
+
+__all__ = ["auto_shard"]
+
+
+def _global(v: Any) -> Any:
+    """The global array of a parameter or input. **Collective** for a DTensor."""
+    if isinstance(v, DTensor):
+        return v.detach().full_tensor().numpy()
+    return as_array(v)
+
+
+class _Search:
+    """The variables (tensors with their candidate layouts) and a cache of traced
+    assignments (one trace per distinct assignment)."""
+
+    def __init__(self, step_fn: Callable, params: Mapping[str, Any], inputs: Mapping[str, Any],
+                 mesh: Any, calibration: Calibration, optimizer: Callable | None,
+                 choices: Mapping[str, Sequence[Layout]], fixed_inputs: Mapping[str, Any],
+                 budget: float | None) -> None:
+        self.step_fn, self.mesh, self.cal, self.optimizer = step_fn, mesh, calibration, optimizer
+        self.params, self.inputs, self.fixed = params, inputs, fixed_inputs
+        self.names = list(choices)
+        self.choices = [list(choices[n]) for n in self.names]
+        self.budget = budget
+        self.seen: dict[tuple[int, ...], Prediction] = {}
+        self.sources: dict[tuple[int, ...], list[str]] = {}
+
+    def layouts(self, choice: Sequence[int]) -> dict[str, Layout]:
+        return {n: self.choices[v][c] for v, (n, c) in enumerate(zip(self.names, choice))}
+
+    def fits(self, p: Prediction) -> bool:
+        return self.budget is None or p.peak_bytes <= self.budget
+
+    def evaluate(self, choice: Sequence[int], source: str) -> Prediction:
+        """The prediction of one assignment (traced once). **Collective**."""
+        key = tuple(choice)
+        found = self.seen.get(key)
+        if found is None:
+            found = self.seen[key] = predict_step(
+                self.step_fn, self.params, {**self.inputs, **self.fixed}, self.mesh,
+                self.layouts(key), optimizer=self.optimizer, calibration=self.cal)
+        tags = self.sources.setdefault(key, [])
+        if source not in tags:
+            tags.append(source)
+        return found
+
+    def best(self) -> tuple[int, ...] | None:
+        fitting = [k for k, p in self.seen.items() if self.fits(p)]
+        return min(fitting, key=lambda k: (self.seen[k].time_s, k)) if fitting else None
+
+    def table(self, base: tuple[int, ...], pairs: int) -> Problem:
+        """The pairwise cost table around ``base``. **Collective** (it traces)."""
+        b = self.evaluate(base, "base")
+        cost = [[0.0] * len(ch) for ch in self.choices]
+        memory = [[0.0] * len(ch) for ch in self.choices]
+        moves = []
+        for v, ch in enumerate(self.choices):
+            for c in range(len(ch)):
+                if c == base[v]:
+                    continue
+                choice = list(base)
+                choice[v] = c
+                p = self.evaluate(choice, "single")
+                cost[v][c] = p.time_s - b.time_s
+                memory[v][c] = p.peak_bytes - b.peak_bytes
+                moves.append((cost[v][c], v, c))
+        moves.sort()
+        top = [(v, c) for d, v, c in moves if d < 0][:pairs]
+        pair_cost, pair_memory = {}, {}
+        for i, (v, c) in enumerate(top):
+            for w, d in top[i + 1:]:
+                if v == w:
+                    continue
+                (a, ca), (bb, cb) = sorted(((v, c), (w, d)))
+                choice = list(base)
+                choice[a], choice[bb] = ca, cb
+                p = self.evaluate(choice, "pair")
+                pair_cost[a, ca, bb, cb] = p.time_s - b.time_s - cost[a][ca] - cost[bb][cb]
+                pair_memory[a, ca, bb, cb] = (p.peak_bytes - b.peak_bytes - memory[a][ca]
+                                              - memory[bb][cb])
+        return Problem(cost, pair_cost, memory, pair_memory, self.budget, b.peak_bytes)
+
+
+def _layout(value: Any, name: str, mesh: Any) -> Layout:
+    pl = tuple(value)
+    if len(pl) != mesh.ndim or not all(isinstance(p, Placement) for p in pl):
+        raise DTypeError(f"auto_shard: candidates[{name!r}] holds {value!r}, not "
+                         f"{mesh.ndim} placements")
+    return pl
+
+
+def auto_shard(step_fn: Callable, params: Mapping[str, Any], inputs: Mapping[str, Any],
+               mesh: Any, memory_budget: int | None = None, *,
+               optimizer: Callable | None = None, calibration: Calibration | None = None,
+               candidates: Mapping[str, Sequence[Sequence[Placement]]] | None = None,
+               search_inputs: bool = True, top_k: int = 4, pairs: int = 8, rounds: int = 3,
+               solver: str = "auto") -> ShardingPlan:
+    """Search the placements of a model's parameters (and inputs) for the fastest
+    training step that fits a memory budget. **Collective** over ``mesh`` (it runs traced
+    steps; every rank must call it with the same arguments).
+
+    The search traces steps of candidate assignments with :func:`dtensor.debug.explain`,
+    prices each trace (compute per op class from the calibration, collectives from the
+    dispatcher's cost model; per-rank peak memory) and solves pairwise cost tables for the
+    best assignment (see :mod:`dtensor.autoshard`). Activations are placed by the
+    dispatcher's own choices.
+
+    Parameters
+    ----------
+    step_fn : callable
+        ``step_fn(params, inputs) -> loss`` (a scalar tensor); the search runs its
+        ``backward()`` (and the optimizer step) after it.
+    params : dict of str to DTensor or array
+        The parameters: DTensors (their placements are the first base) or arrays of the
+        global values (the same on every rank; first base: replicated).
+    inputs : dict of str to object
+        One step's inputs. Arrays (numpy or local tensors) are placed by the search when
+        ``search_inputs`` (candidates ``Replicate`` / ``Shard(0)`` per mesh dim, first base
+        replicated), else replicated; DTensors and other values are passed as they are.
+    mesh : DeviceMesh
+    memory_budget : int, optional
+        Per-rank peak bytes the plan's predicted step may use.
+    optimizer : callable, optional
+        ``optimizer(list_of_params)`` makes an optimizer (e.g. ``lambda ps:
+        dt.optim.Adam(ps, lr=1e-3)``) whose ``step()`` is part of the traced step (its
+        time, and its state in the memory).
+    calibration : Calibration, optional
+        Kernel throughputs; default: :func:`load_calibration` of this mesh's size, or
+        built-in constants.
+    candidates : dict of str to list of placements, optional
+        Candidate placements for some tensors (default: every legal Replicate / Shard(d)
+        per mesh dim, :func:`candidate_placements`).
+    search_inputs : bool
+    top_k : int
+        Solutions of each round's cost table that are traced.
+    pairs : int
+        Most improving single moves whose pairwise interactions are traced per round.
+    rounds : int
+        Rounds at most.
+    solver : {"auto", "milp", "bnb"}
+
+    Returns
+    -------
+    ShardingPlan
+
+    Raises
+    ------
+    ArgumentError
+        When no plan's predicted peak fits ``memory_budget`` (the message names the
+        smallest predicted peak and its placements), or for bad options.
+    """
+    if top_k < 1 or rounds < 1 or pairs < 0:
+        raise ArgumentError(f"auto_shard: top_k={top_k}, rounds={rounds} must be >= 1 and "
+                            f"pairs={pairs} >= 0")
+    if memory_budget is not None and memory_budget <= 0:
+        raise ArgumentError(f"auto_shard: memory_budget={memory_budget} must be > 0")
+    backend = ("milp" if has_milp() else "bnb") if solver == "auto" else solver
+    if backend not in ("milp", "bnb"):
+        raise ArgumentError(f"auto_shard: unknown solver {solver!r}; use auto, milp or bnb")
+    cal = calibration or load_calibration(ranks=mesh.size()) or Calibration()
+    given = dict(candidates or {})
+    replicated = (Replicate(),) * mesh.ndim
+    arrays = {n: _global(v) for n, v in params.items()}
+    choices: dict[str, list[Layout]] = {}
+    start: list[int] = []
+    for name, a in arrays.items():
+        first = tuple(params[name].placements) if isinstance(params[name], DTensor) else (
+            replicated)
+        options = [_layout(c, name, mesh) for c in given[name]] if name in given else (
+            candidate_placements(a.shape, mesh.shape))
+        if first not in options:
+            options.insert(0, first)
+        choices[name] = options
+        start.append(options.index(first))
+    searched, fixed = {}, {}
+    for name, v in inputs.items():
+        if isinstance(v, DTensor) or not hasattr(v, "shape"):
+            fixed[name] = v
+            continue
+        a = as_array(v)
+        searched[name] = a
+        if name in given:
+            options = [_layout(c, name, mesh) for c in given[name]]
+        elif search_inputs and a.ndim:
+            options = candidate_placements(a.shape, mesh.shape, dims=(0,))
+        else:
+            options = [replicated]
+        if replicated not in options:
+            options.insert(0, replicated)
+        choices[name] = options
+        start.append(options.index(replicated))
+    search = _Search(step_fn, arrays, searched, mesh, cal, optimizer, choices, fixed,
+                     memory_budget)
+    base = tuple(start)
+    search.evaluate(base, "start")
+    problem = None
+    for _ in range(rounds):
+        problem = search.table(base, pairs)
+        for s in solve(problem, top_k, backend):
+            search.evaluate(s.choice, "solver")
+        best = search.best()
+        if best is None or best == base:
+            break
+        base = best
+    best = search.best()
+    if best is None:
+        smallest = solve(Problem(problem.memory, problem.pair_memory, problem.memory,
+                                 problem.pair_memory, None, problem.base_memory), 1, backend)
+        if smallest:
+            search.evaluate(smallest[0].choice, "min-memory")
+        best = search.best()
+        if best is None:
+            low = min(search.seen, key=lambda k: search.seen[k].peak_bytes)
+            where = ", ".join(f"{n}: {placement_list(p)}" for n, p in search.layouts(low).items()
+                              if p != replicated) or "all replicated"
+            raise ArgumentError(
+                f"auto_shard: no plan fits memory_budget={memory_budget} bytes per rank; the "
+                f"smallest plan found has a predicted peak of {search.seen[low].peak_bytes} "
+                f"bytes ({where}) on mesh {tuple(mesh.shape)}")
+    table = sorted(
+        (Candidate(search.layouts(k), p, tuple(search.sources[k]), search.fits(p))
+         for k, p in search.seen.items()),
+        key=lambda c: c.prediction.time_s)
+    layouts = search.layouts(best)
+    return ShardingPlan(
+        placements={n: layouts[n] for n in arrays},
+        input_placements={n: layouts[n] for n in searched},
+        prediction=search.seen[best], candidates=table, memory_budget=memory_budget,
+        solver=backend, mesh=mesh)

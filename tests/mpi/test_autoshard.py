@@ -1,0 +1,111 @@
+"""``dt.auto_shard`` under MPI: the chosen plan runs and its loss and update equal the local
+run's; its prediction is that of a trace of what runs; ``apply`` places DTensors and
+arrays; explain's trace of a tensor-parallel step prices the explicit all-reduce and
+predicts the collectives that run; a memory budget is met (1-D mesh, and 2x2 at 4 ranks).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import dtensor as dt
+from dtensor.autoshard import Calibration, predict_step
+from dtensor.autoshard._predict import build_tensors, trace_step
+from launch.examples._training import mlp_model
+
+WORLD = MPI.COMM_WORLD
+R, S = dt.Replicate(), dt.Shard
+pytestmark = pytest.mark.mode_independent
+
+
+def _mesh():
+    return dt.init_device_mesh((2, 2) if WORLD.size == 4 else (WORLD.size,))
+
+
+def _sgd(ps):
+    return dt.optim.SGD(ps, lr=0.05, momentum=0.9)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_chosen_plan_runs_like_the_local_step_is_predicted_honestly_and_meets_budgets():
+    mesh = _mesh()
+    model = mlp_model(batch=8, dim=8, hidden=16)
+    params, batch = model.init(), model.batch(0)
+    cal = Calibration()
+    plan = dt.auto_shard(model.loss, params, batch, mesh, optimizer=_sgd, calibration=cal,
+                         rounds=1, pairs=2, top_k=2)
+    if mesh.ndim == 2:  # candidates on both mesh dims were weighed
+        assert any(p[0] != R and p[1] != R for c in plan.candidates
+                   for p in c.placements.values())
+    # the prediction is that of the chosen placements, traced again from scratch
+    layouts = {**plan.placements, **plan.input_placements}
+    again = predict_step(model.loss, params, batch, mesh, layouts, optimizer=_sgd,
+                         calibration=cal)
+    assert again.time_s == pytest.approx(plan.predicted_time, rel=1e-12)
+    assert again.peak_bytes == plan.predicted_peak_bytes
+    # the chosen plan, and the fastest candidate that shards something, run as locally
+    sharded = next(c.placements for c in plan.candidates
+                   if any(p != (R,) * mesh.ndim for p in c.placements.values()))
+    for layouts in (plan, dt.autoshard.ShardingPlan(
+            {n: sharded[n] for n in params}, {n: sharded[n] for n in batch}, plan.prediction,
+            mesh=mesh)):
+        _check_runs_like_local(model, layouts, mesh)
+    # a budget of the smallest predicted peak weighed is met
+    budget = min(c.prediction.peak_bytes for c in plan.candidates)
+    small = dt.auto_shard(model.loss, params, batch, mesh, budget, optimizer=_sgd,
+                          calibration=cal, rounds=1, pairs=0, top_k=1)
+    assert small.predicted_peak_bytes <= budget
+    assert all(c.fits == (c.prediction.peak_bytes <= budget) for c in small.candidates)
+
+
+def _check_runs_like_local(model, plan, mesh):
+    """One SGD step in ``plan``'s placements: the loss and the updated parameters equal
+    the local step's. ``apply`` takes DTensor parameters (leaves that require grad) and
+    array inputs."""
+    params, batch = model.init(), model.batch(0)
+    start = {n: dt.distribute_tensor(a, mesh, [R] * mesh.ndim).requires_grad_()
+             for n, a in params.items()}
+    placed = plan.apply(start)
+    ins = plan.apply_inputs(batch)
+    for n, t in placed.items():
+        assert t.placements == plan.placements[n] and t.is_leaf and t.requires_grad
+    assert all(ins[n].placements == pl for n, pl in plan.input_placements.items())
+    opt = _sgd(list(placed.values()))
+    loss = model.loss(placed, ins)
+    loss.backward()
+    opt.step()
+    local = {n: dt.from_numpy(a.copy()).requires_grad_() for n, a in params.items()}
+    local_opt = _sgd(list(local.values()))
+    want = model.loss(local, {n: dt.from_numpy(a) for n, a in batch.items()})
+    want.backward()
+    local_opt.step()
+    got = loss.full_tensor().item() if isinstance(loss, dt.DTensor) else loss.item()
+    assert got == pytest.approx(want.item(), rel=1e-5), str(plan)
+    for n, t in placed.items():
+        np.testing.assert_allclose(t.detach().full_tensor().numpy(),
+                                   local[n].detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_trace_prices_explicit_redistributes_and_predicts_what_runs():
+    mesh = dt.init_device_mesh((WORLD.size,))
+    model = mlp_model(batch=8, dim=8, hidden=16)
+    params, batch = model.init(), model.batch(0)
+    tp = {n: (model.tp[n],) for n in params}
+    tp.update({n: (R,) for n in batch})
+    built = build_tensors(params, mesh, tp, True)
+    ins = build_tensors(batch, mesh, tp, False)
+    trace = trace_step(model.loss, built, ins, _sgd)
+    expl = trace.explanation
+    # the row-parallel output's all-reduce (an explicit redistribute) is in the forward
+    forward = [o for o in expl.ops if o.phase == "forward" and o.op == "redistribute"]
+    assert any(c.kind == "all_reduce" for o in forward for c in o.collectives)
+    assert forward[0].local_inputs[0] == ((8, 8), "float32")
+    # every collective that ran was predicted, and no other
+    assert expl.comm_counts() == expl.issued
+    mm = next(o for o in expl.ops if o.op == "matmul")
+    assert mm.local_inputs[1] == ((8, 16 // WORLD.size + (16 % WORLD.size > 0)), "float32")
+    pred = predict_step(model.loss, params, batch, mesh, tp, optimizer=_sgd)
+    assert pred.comm_s > 0 and pred.collectives == sum(expl.comm_counts().values())

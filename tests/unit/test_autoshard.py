@@ -1,0 +1,191 @@
+"""``dt.auto_shard`` in one process: the solver against brute force (both backends), the
+candidates, the calibration file, the plan object and the memory-budget error."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+
+import numpy as np
+import pytest
+
+import dtensor as dt
+from dtensor.autoshard import Calibration, Problem, candidate_placements, load_calibration, solve
+from dtensor.autoshard._calibrate import op_class, op_work
+from placements.errors import ArgumentError, ConfigError
+
+R, S = dt.Replicate(), dt.Shard
+pytestmark = pytest.mark.mode_independent
+
+
+def brute_force(problem: Problem, k: int) -> list[tuple[float, float, tuple]]:
+    """Every assignment, evaluated: the k cheapest that fit, as (cost, memory, choice)."""
+    out = []
+    for choice in itertools.product(*(range(len(c)) for c in problem.cost)):
+        cost, mem = problem.evaluate(choice)
+        if problem.fits(mem):
+            out.append((cost, mem, choice))
+    return sorted(out)[:k]
+
+
+def random_problem(rng: np.random.Generator, budget: bool) -> Problem:
+    nv = int(rng.integers(2, 6))
+    sizes = [int(rng.integers(1, 5)) for _ in range(nv)]
+    cost = [list(rng.normal(0, 1, n)) for n in sizes]
+    memory = [list(rng.uniform(0, 10, n)) for n in sizes]
+    pair_cost, pair_memory = {}, {}
+    for a, b in itertools.combinations(range(nv), 2):
+        for ca, cb in itertools.product(range(sizes[a]), range(sizes[b])):
+            if rng.random() < 0.3:
+                pair_cost[a, ca, b, cb] = float(rng.normal(0, 1))
+            if rng.random() < 0.2:
+                pair_memory[a, ca, b, cb] = float(rng.uniform(-3, 3))
+    limit = None
+    if budget:
+        probe = Problem(cost, pair_cost, memory, pair_memory)
+        mems = sorted(probe.evaluate(c)[1]
+                      for c in itertools.product(*(range(n) for n in sizes)))
+        limit = mems[len(mems) // 3]
+    return Problem(cost, pair_cost, memory, pair_memory, limit, 0.0)
+
+
+@pytest.mark.parametrize("backend", ["bnb", "milp"])
+def test_solver_matches_brute_force_on_random_tables(backend):
+    rng = np.random.default_rng(7)
+    for trial in range(12):
+        problem = random_problem(rng, budget=trial % 2 == 1)
+        k = 1 + trial % 3
+        want = brute_force(problem, k)
+        got = solve(problem, k, backend)
+        assert [round(s.cost, 9) for s in got] == [round(c, 9) for c, _, _ in want], trial
+        for s in got:  # each reported solution is what its choice evaluates to, and fits
+            assert problem.evaluate(s.choice) == pytest.approx((s.cost, s.memory))
+            assert problem.fits(s.memory)
+        assert len({s.choice for s in got}) == len(got)
+
+
+@pytest.mark.parametrize("backend", ["bnb", "milp"])
+def test_solver_reports_no_solution_when_nothing_fits(backend):
+    problem = Problem([[1.0, 2.0], [0.0, 1.0]], memory=[[5.0, 3.0], [4.0, 5.0]], budget=6.0)
+    assert solve(problem, 2, backend) == []
+    fits = Problem([[1.0, 2.0], [0.0, 1.0]], memory=[[5.0, 3.0], [4.0, 5.0]], budget=7.0)
+    (only,) = solve(fits, 3, backend)
+    assert only.choice == (1, 0) and only.cost == 2.0 and only.memory == 7.0
+
+
+def test_solver_rejects_bad_tables():
+    with pytest.raises(ArgumentError, match="without choices"):
+        Problem([[1.0], []])
+    with pytest.raises(ArgumentError, match="outside the table"):
+        Problem([[1.0], [2.0]], {(0, 0, 1, 3): 1.0})
+    with pytest.raises(ArgumentError, match="unknown backend"):
+        solve(Problem([[1.0]]), 1, "greedy")
+
+
+def test_candidate_placements_are_legal_and_start_replicated():
+    got = candidate_placements((4, 1), (2,))
+    assert got == [(R,), (S(0),)]  # dim 1 (size 1) cannot be split over 2 ranks
+    two = candidate_placements((4, 6), (2, 2))
+    assert two[0] == (R, R) and (S(0), S(0)) in two and (S(1), S(0)) in two
+    assert len(two) == 9
+    assert (S(0), S(0)) not in candidate_placements((3, 6), (2, 2))  # 3 rows over 4 ranks
+    assert candidate_placements((8, 8), (2,), dims=(0,)) == [(R,), (S(0),)]
+
+
+def test_op_classes_and_work():
+    assert [op_class(n) for n in ("matmul", "softmax", "add", "view", "redistribute")] == [
+        "matmul", "nn", "pointwise", "view", "view"]
+    blocks = (((4, 8), "float32"), ((8, 3), "float32"))
+    assert op_work("matmul", blocks, (((4, 3), "float32"),)) == 2 * 4 * 3 * 8
+    assert op_work("add", blocks[:1] * 2, blocks[:1]) == 3 * 4 * 8 * 4
+    assert op_work("transpose", blocks[:1], blocks[:1]) == 0
+
+
+def test_calibration_file_round_trip(tmp_path, monkeypatch):
+    path = tmp_path / "cal.json"
+    cal = Calibration({"alpha_s": 1e-5, "beta_bytes_per_s": 1e9},
+                      {"matmul": {"alpha_s": 1e-6, "rate": 1e9},
+                       "view": {"alpha_s": 2e-6, "rate": math.inf}},
+                      ranks=2, mesh_shape=(2,), entry_s=3e-6, sync_s=4e-6)
+    assert cal.save(path) == path
+    back = load_calibration(path)
+    assert back.kernels["matmul"] == {"alpha_s": 1e-6, "rate": 1e9}
+    assert back.kernels["view"]["rate"] == math.inf  # stored as null
+    assert (back.entry_s, back.sync_s, back.mesh_shape) == (3e-6, 4e-6, (2,))
+    assert back.model().alpha_s == 1e-5
+    blocks = (((4, 8), "float32"), ((8, 3), "float32"))
+    assert back.kernel_seconds("matmul", blocks, (((4, 3), "float32"),)) == pytest.approx(
+        1e-6 + 192 / 1e9)
+    # the default path follows DTENSOR_CALIBRATION; a missing default file is no calibration
+    monkeypatch.setenv("DTENSOR_CALIBRATION", str(tmp_path / "none.json"))
+    assert load_calibration(ranks=2) is None
+    with pytest.raises(ConfigError, match="no file"):
+        load_calibration(tmp_path / "none.json")
+    path.write_text(json.dumps({"version": 1, "kernels": {"gemm": {"alpha_s": 1}}}))
+    with pytest.raises(ConfigError, match="unknown op class 'gemm'"):
+        load_calibration(path)
+
+
+def _mlp_step(p, b):
+    return ((b["x"] @ p["w1"]).relu() @ p["w2"]).square().mean()
+
+
+def _mlp_arrays():
+    rng = np.random.default_rng(0)
+    params = {"w1": rng.standard_normal((8, 16)).astype(np.float32),
+              "w2": rng.standard_normal((16, 4)).astype(np.float32)}
+    return params, {"x": rng.standard_normal((6, 8)).astype(np.float32)}
+
+
+def test_auto_shard_plan_object_on_one_rank():
+    mesh = dt.init_device_mesh((1,))
+    params, inputs = _mlp_arrays()
+    plan = dt.auto_shard(_mlp_step, params, inputs, mesh, calibration=Calibration(),
+                         optimizer=lambda ps: dt.optim.SGD(ps, lr=0.1, momentum=0.9),
+                         solver="bnb")
+    assert set(plan.placements) == {"w1", "w2"} and set(plan.input_placements) == {"x"}
+    assert plan.predicted_time == plan.prediction.time_s > 0
+    p = plan.prediction
+    assert p.time_s == pytest.approx(p.compute_s + p.comm_s)
+    assert p.time_s == pytest.approx(sum(p.phases.values()))
+    assert p.phases["optimizer"] > 0 and p.phases["backward"] > 0
+    # memory: parameters and gradients, momentum buffers, the input, activations
+    assert p.persistent_bytes == (2 * (8 * 16 + 16 * 4) + (8 * 16 + 16 * 4) + 6 * 8) * 4
+    assert plan.predicted_peak_bytes == p.persistent_bytes + p.activation_bytes
+    table = plan.table()
+    assert table.splitlines()[0].split()[:2] == ["predicted", "us"]
+    assert "solver bnb" in table and "memory budget none" in table
+    assert sum(line.startswith("*") for line in table.splitlines()) == 1
+    times = [c.prediction.time_s for c in plan.candidates]
+    assert times == sorted(times) and plan.candidates[0].sources
+    assert "ShardingPlan(" in str(plan)
+    placed = plan.apply(params)
+    assert all(isinstance(v, dt.DTensor) for v in placed.values())
+    np.testing.assert_array_equal(placed["w1"].full_tensor().numpy(), params["w1"])
+    # DTensor parameters (leaves that require grad) are searched from their placements
+    given = {n: dt.distribute_tensor(a, mesh, [S(1)]).requires_grad_() for n, a in params.items()}
+    again = dt.auto_shard(_mlp_step, given, inputs, mesh, calibration=Calibration(), rounds=1)
+    (start,) = [c for c in again.candidates if "start" in c.sources]
+    assert dict(start.placements) == {"w1": (S(1),), "w2": (S(1),), "x": (R,)}
+    np.testing.assert_array_equal(given["w1"].detach().full_tensor().numpy(), params["w1"])
+
+
+def test_auto_shard_budget_no_plan_meets_names_the_smallest_peak():
+    mesh = dt.init_device_mesh((1,))
+    params, inputs = _mlp_arrays()
+    with pytest.raises(ArgumentError) as err:
+        dt.auto_shard(_mlp_step, params, inputs, mesh, memory_budget=100,
+                      calibration=Calibration(), rounds=1)
+    msg = str(err.value)
+    assert "no plan fits memory_budget=100 bytes per rank" in msg
+    smallest = int(msg.split("predicted peak of ")[1].split()[0])
+    assert smallest > 100
+    # a budget of exactly that peak is met
+    plan = dt.auto_shard(_mlp_step, params, inputs, mesh, memory_budget=smallest,
+                         calibration=Calibration(), rounds=1)
+    assert plan.predicted_peak_bytes <= smallest
+    with pytest.raises(ArgumentError, match="must be > 0"):
+        dt.auto_shard(_mlp_step, params, inputs, mesh, memory_budget=0)
+    with pytest.raises(ArgumentError, match="unknown solver"):
+        dt.auto_shard(_mlp_step, params, inputs, mesh, solver="greedy")

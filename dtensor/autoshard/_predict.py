@@ -41,6 +41,7 @@ from placements.layout import max_local_shape
 from placements.types import Placement, Replicate, Shard
 
 from ..debug._explain import Explanation, explain
+from ..distributed.abstract import AbstractDTensor, AbstractMesh, abstract_like
 from ..distributed.dtensor import DTensor, distribute_tensor
 from ._calibrate import Calibration, op_class
 
@@ -81,7 +82,11 @@ def _legal(layout: Layout, shape: Sequence[int], mesh_shape: Sequence[int]) -> b
 
 
 def as_array(v: Any) -> np.ndarray:
-    """A global value given as a numpy array or a local tensor, as a numpy array."""
+    """A global value given as a numpy array or a local tensor, as a numpy array; a
+    metadata-only DTensor as a read-only array of its global shape and dtype that holds no
+    data (one element broadcast)."""
+    if isinstance(v, AbstractDTensor):
+        return np.broadcast_to(np.zeros((), v.dtype), tuple(v.shape))
     return v.numpy() if hasattr(v, "numpy") and not isinstance(v, np.ndarray) else np.asarray(v)
 
 
@@ -89,9 +94,14 @@ def build_tensors(arrays: Mapping[str, np.ndarray], mesh: Any, layouts: Mapping[
                   requires_grad: bool) -> dict[str, Any]:
     """The DTensors of one assignment: each global array distributed with its layout (each
     rank takes its own block of a copy, so that a traced optimizer step leaves the arrays
-    as they are; nothing is sent), leaves that require grad when asked. **Local**."""
+    as they are; nothing is sent), leaves that require grad when asked. On an
+    :class:`~dtensor.AbstractMesh` they are metadata-only DTensors of the arrays' shapes and
+    dtypes (no data). **Local**."""
     out = {}
     for name, a in arrays.items():
+        if isinstance(mesh, AbstractMesh):
+            out[name] = abstract_like(a, mesh, layouts[name], requires_grad=requires_grad)
+            continue
         t = distribute_tensor(np.array(a), mesh, list(layouts[name]), src_data_rank=None)
         out[name] = t.requires_grad_() if requires_grad else t
     return out

@@ -27,6 +27,7 @@ from typing import Any
 from placements.errors import ArgumentError, DTypeError
 from placements.types import Placement, Replicate, placement_list
 
+from ..distributed.abstract import AbstractDTensor
 from ..distributed.dtensor import DTensor
 from ._calibrate import Calibration, load_calibration
 from ._plan import Candidate, ShardingPlan
@@ -37,8 +38,9 @@ __all__ = ["auto_shard"]
 
 
 def _global(v: Any) -> Any:
-    """The global array of a parameter or input. **Collective** for a DTensor."""
-    if isinstance(v, DTensor):
+    """The global array of a parameter or input. **Collective** for a DTensor (Local for a
+    metadata-only one: an array of its shape that holds no data)."""
+    if isinstance(v, DTensor) and not isinstance(v, AbstractDTensor):
         return v.detach().full_tensor().numpy()
     return as_array(v)
 
@@ -151,7 +153,12 @@ def auto_shard(step_fn: Callable, params: Mapping[str, Any], inputs: Mapping[str
         One step's inputs. Arrays (numpy or local tensors) are placed by the search when
         ``search_inputs`` (candidates ``Replicate`` / ``Shard(0)`` per mesh dim, first base
         replicated), else replicated; DTensors and other values are passed as they are.
-    mesh : DeviceMesh
+    mesh : DeviceMesh or AbstractMesh
+        On an :class:`~dtensor.AbstractMesh` the search is **Local** and needs no data:
+        every step it traces runs on metadata-only DTensors (parameters and inputs may be
+        :func:`~dtensor.abstract_like` / :func:`~dtensor.abstract_tensor` tensors or
+        arrays), so a layout for a mesh far larger than this machine can be planned in one
+        process.
     memory_budget : int, optional
         Per-rank peak bytes the plan's predicted step may use.
     optimizer : callable, optional
@@ -208,7 +215,8 @@ def auto_shard(step_fn: Callable, params: Mapping[str, Any], inputs: Mapping[str
         start.append(options.index(first))
     searched, fixed = {}, {}
     for name, v in inputs.items():
-        if isinstance(v, DTensor) or not hasattr(v, "shape"):
+        if (isinstance(v, DTensor) and not isinstance(v, AbstractDTensor)) or not hasattr(
+                v, "shape"):
             fixed[name] = v
             continue
         a = as_array(v)

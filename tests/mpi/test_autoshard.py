@@ -109,3 +109,31 @@ def test_trace_prices_explicit_redistributes_and_predicts_what_runs():
     assert mm.local_inputs[1] == ((8, 16 // WORLD.size + (16 % WORLD.size > 0)), "float32")
     pred = predict_step(model.loss, params, batch, mesh, tp, optimizer=_sgd)
     assert pred.comm_s > 0 and pred.collectives == sum(expl.comm_counts().values())
+
+
+@pytest.mark.mpi(min_size=2)
+def test_search_on_the_abstract_mesh_predicts_what_the_real_mesh_search_traces():
+    """The same search on ``AbstractMesh.from_mesh(mesh)`` (metadata only, no data, one
+    process could run it) weighs the same candidates with the same predictions as on the
+    real mesh, and picks the same plan."""
+    mesh = _mesh()
+    model = mlp_model(batch=8, dim=8, hidden=16)
+    params, batch = model.init(), model.batch(0)
+    cal = Calibration()
+    kwargs = {"optimizer": _sgd, "calibration": cal, "rounds": 1, "pairs": 2, "top_k": 2}
+    real = dt.auto_shard(model.loss, params, batch, mesh, **kwargs)
+    amesh = dt.AbstractMesh.from_mesh(mesh)
+    abstract_params = {n: dt.abstract_like(a, amesh) for n, a in params.items()}
+    abstract = dt.auto_shard(model.loss, abstract_params, batch, amesh, **kwargs)
+
+    def table(plan):
+        return sorted((tuple(sorted(c.placements.items())), c.prediction.time_s,
+                       c.prediction.peak_bytes, c.prediction.collectives)
+                      for c in plan.candidates)
+
+    assert table(abstract) == table(real)
+    assert abstract.placements == real.placements
+    assert abstract.predicted_time == real.predicted_time
+    placed = abstract.apply(abstract_params)
+    assert all(isinstance(t, dt.AbstractDTensor) and t.placements == abstract.placements[n]
+               for n, t in placed.items())

@@ -245,3 +245,28 @@ def test_nothing_is_allocated():
     assert all(type(z) is dt.AbstractDTensor for z in zeros)
     assert dt.abstract_memory_stats()["peak_bytes"] > 1 << 30
 
+
+
+@pytest.mark.mode_independent  # metadata-only tensors never take the compiled front
+def test_auto_shard_plans_a_512_rank_layout_from_metadata():
+    """``dt.auto_shard`` on an abstract (64, 8) mesh: a 4096-wide MLP's training step
+    searched in one process without allocating its data; the plan shards the weights
+    (replicated, they alone would take 512 MiB per rank) and ``apply`` places abstract
+    parameters."""
+    mesh = dt.AbstractMesh((64, 8), ("dp", "tp"))
+    model = T.mlp_model(batch=4096, dim=4096, hidden=4 * 4096)
+    params = {n: dt.abstract_tensor(s, mesh, [R, R]) for n, s in model.shapes.items()}
+    batch = {n: dt.abstract_tensor((4096, 4096), mesh, [R, R]) for n in ("x", "y")}
+    dt.reset_peak_memory_stats()
+    allocated = dt.memory_stats()["allocated_bytes"]
+    plan = dt.auto_shard(model.loss, params, batch, mesh, rounds=1, pairs=2, top_k=1,
+                         optimizer=lambda ps: dt.optim.SGD(ps, lr=0.1))
+    assert dt.memory_stats()["peak_allocated_bytes"] - allocated < 1 << 20
+    replicated = next(c for c in plan.candidates
+                      if all(p == (R, R) for p in c.placements.values()))
+    assert plan.predicted_peak_bytes < replicated.prediction.peak_bytes
+    assert plan.predicted_time < replicated.prediction.time_s
+    assert any(p != (R, R) for n, p in plan.placements.items() if n in ("w1", "w2"))
+    placed = plan.apply(params)
+    assert all(type(t) is dt.AbstractDTensor and t.placements == plan.placements[n]
+               for n, t in placed.items())

@@ -10,6 +10,11 @@ trace by ``dt.debug.explain``, and reports what they predict: collectives and th
 on the worst rank (``CommDebugMode``), and the per-rank peak memory
 (``dt.abstract_memory_stats()``).
 
+With ``--auto`` it also times ``dt.auto_shard`` searching each model's layout on the
+(64, 8) mesh (Adam, from the ``2d`` layout; inputs searched from replicated) and reports the
+plan: candidates traced, predicted step time and peak, and the placements. ``--models``
+picks models (comma-separated names of :data:`MODELS`).
+
 Output: JSON on stdout (``--out FILE`` too): per model and mesh, the median seconds of the
 step and of the traced step, the collectives, their bytes and the peak bytes.
 """
@@ -29,6 +34,7 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
 import dtensor as dt
 from launch.bench._common import bench_args, emit, environment
 from launch.examples import _training as T
+from placements.types import placement_list
 
 MODELS = {
     "mlp": lambda: T.mlp_model(),
@@ -80,18 +86,49 @@ def _figures(model: T.TrainModel, mesh: dt.AbstractMesh, repeat: int) -> dict:
     }
 
 
+def _search(model: T.TrainModel) -> dict:
+    """Time ``dt.auto_shard`` of ``model``'s training step on the abstract (64, 8) mesh."""
+    mesh = dt.AbstractMesh((64, 8), ("dp", "tp"))
+    params, batch = _inputs(model, mesh)
+    batch = {n: dt.abstract_like(b, mesh, [dt.Replicate()] * 2) for n, b in batch.items()}
+    start = time.perf_counter()
+    plan = dt.auto_shard(model.loss, params, batch, mesh,
+                         optimizer=lambda ps: dt.optim.Adam(ps, lr=1e-3))
+    seconds = time.perf_counter() - start
+    return {
+        "auto_shard_s": round(seconds, 2),
+        "candidates_traced": len(plan.candidates),
+        "predicted_step_s": plan.predicted_time,
+        "predicted_peak_bytes": plan.predicted_peak_bytes,
+        "placements": {n: placement_list(p)
+                       for n, p in {**plan.placements, **plan.input_placements}.items()},
+    }
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Time the traces and print the JSON. **Local**."""
-    args = bench_args(__doc__.splitlines()[0], argv)
+    """Time the traces (and with ``--auto`` the searches) and print the JSON. **Local**."""
+    args = bench_args(
+        __doc__.splitlines()[0], argv,
+        auto={"action": "store_true", "help": "also time auto_shard on the (64, 8) mesh"},
+        models={"default": ",".join(MODELS), "help": "comma-separated model names"},
+    )
+    names = args.models.split(",")
+    unknown = sorted(set(names) - set(MODELS))
+    if unknown:
+        raise SystemExit(f"abstract_plan: unknown models {unknown}; choose from {list(MODELS)}")
     dt.debug.clear_caches()
-    results = {}
-    for name, make in MODELS.items():
-        model = make()
+    results, searches = {}, {}
+    for name in names:
+        model = MODELS[name]()
         for shape in MESHES:
             mesh = dt.AbstractMesh(shape, ("dp", "tp"))
             results[f"{name} {shape[0]}x{shape[1]}"] = _figures(model, mesh, args.repeat)
-    emit({"benchmark": "abstract_plan", "environment": environment(), "results": results},
-         args.out)
+        if args.auto:
+            searches[f"{name} 64x8"] = _search(model)
+    doc = {"benchmark": "abstract_plan", "environment": environment(), "results": results}
+    if args.auto:
+        doc["auto_shard"] = searches
+    emit(doc, args.out)
 
 
 if __name__ == "__main__":

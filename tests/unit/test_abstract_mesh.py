@@ -7,6 +7,7 @@ checks the predicted collectives against a real run."""
 from __future__ import annotations
 
 import copy
+import json
 import pickle
 from collections import Counter
 
@@ -270,3 +271,20 @@ def test_auto_shard_plans_a_512_rank_layout_from_metadata():
     placed = plan.apply(params)
     assert all(type(t) is dt.AbstractDTensor and t.placements == plan.placements[n]
                for n, t in placed.items())
+
+
+@pytest.mark.mode_independent  # metadata-only tensors never take the compiled front
+def test_abstract_plan_benchmark_reports_traces_and_a_search(tmp_path):
+    from launch.bench import abstract_plan
+
+    out = tmp_path / "plan.json"
+    abstract_plan.main(["--repeat", "1", "--models", "mlp", "--auto", "--out", str(out)])
+    doc = json.loads(out.read_text())
+    assert set(doc["results"]) == {"mlp 2x2", "mlp 8x8", "mlp 64x8"}
+    for row in doc["results"].values():
+        assert row["step_s"] > 0 and row["collectives"] > 0 and row["peak_bytes"] > 0
+    (search,) = doc["auto_shard"].values()
+    assert search["candidates_traced"] > 1 and search["predicted_step_s"] > 0
+    assert set(search["placements"]) == {"w1", "b1", "w2", "b2", "x", "y"}
+    with pytest.raises(SystemExit, match="unknown models"):
+        abstract_plan.main(["--models", "nope"])

@@ -15,10 +15,14 @@ barrier, on every rank:
 
 Before each sample every rank flushes the file system's dirty data (``os.sync``, not
 timed), so that no sample pays for the write-back of an earlier one. Files are read back
-from the page cache (just written). Figures: per operation the median
-seconds on each rank, then the worst rank; GB/s of the whole state; the ratios of dt's
-figures to numpy's. Everything under ``DIR`` that the run wrote is removed at the end
-(``--dir`` defaults to the temporary directory; the run needs about twice ``--mib`` free).
+from the page cache (just written). The operations take turns within each round, so that a
+change of the machine's load touches them alike. Figures: per operation the median seconds
+on each rank, then the worst rank; GB/s of the whole state; the ratios of dt's figures to
+numpy's: per round the worst rank's seconds of each, the median over the rounds (and the
+worst round). The date (UTC) and the load averages before and after the run come with them
+(the disk and the cores may be shared). Everything under ``DIR`` that the run wrote is
+removed at the end (``--dir`` defaults to the temporary directory; the run needs about
+twice ``--mib`` free).
 
 Output: JSON on stdout (``--out FILE`` too), from rank 0.
 """
@@ -30,6 +34,7 @@ import shutil
 import statistics
 import sys
 import time
+from datetime import datetime, timezone
 
 # Run as a script, this file's folder is sys.path[0], where the sibling benchmark
 # ``redistribute.py`` would shadow the ``redistribute`` package.
@@ -43,6 +48,14 @@ from mpi4py import MPI
 
 import dtensor as dt
 from launch.bench._common import bench_args, emit, environment, ratio, worst_rank
+
+#: (ratio name, numerator, denominator)
+RATIOS = (
+    ("save/np.save", "dt.save", "np.save"),
+    ("save/np.save+fsync", "dt.save", "np.save+fsync"),
+    ("save(sync=False)/np.save", "dt.save(sync=False)", "np.save"),
+    ("load/np.load", "dt.load", "np.load"),
+)
 
 
 def _timed(fn, world) -> float:
@@ -100,6 +113,7 @@ def main(argv: list[str] | None = None) -> None:
         "np.load": np_load,
     }
     samples: dict[str, list[float]] = {k: [] for k in ops}
+    started, load_before = datetime.now(timezone.utc), os.getloadavg()
     try:
         for _ in range(args.repeat):
             for name, fn in ops.items():
@@ -113,20 +127,19 @@ def main(argv: list[str] | None = None) -> None:
         seconds = worst_rank(statistics.median(values), world)
         figures[name] = {"median_s": round(seconds, 4),
                          "GB_per_s": round(total / seconds / 1e9, 3)}
+    # per round, the worst rank's seconds of each operation
+    rounds = {k: [worst_rank(v, world) for v in values] for k, values in samples.items()}
+    per_round = {name: [ratio(a, b) for a, b in zip(rounds[num], rounds[den])]
+                 for name, num, den in RATIOS}
     if rank == 0:
         emit({
             "ranks": n, "bytes": total, "tensors": args.tensors, "repeat": args.repeat,
+            "date": started.strftime("%Y-%m-%d %H:%M UTC"),
+            "load_average": {"before": [round(x, 2) for x in load_before],
+                             "after": [round(x, 2) for x in os.getloadavg()]},
             "environment": environment(), "figures": figures,
-            "ratios": {
-                "save/np.save": ratio(figures["dt.save"]["median_s"],
-                                      figures["np.save"]["median_s"]),
-                "save/np.save+fsync": ratio(figures["dt.save"]["median_s"],
-                                            figures["np.save+fsync"]["median_s"]),
-                "save(sync=False)/np.save": ratio(figures["dt.save(sync=False)"]["median_s"],
-                                                  figures["np.save"]["median_s"]),
-                "load/np.load": ratio(figures["dt.load"]["median_s"],
-                                      figures["np.load"]["median_s"]),
-            },
+            "ratios": {name: statistics.median(r) for name, r in per_round.items()},
+            "worst_round_ratios": {name: max(r) for name, r in per_round.items()},
         }, args.out)
 
 

@@ -391,3 +391,37 @@ def test_save_without_sync_calls_no_fsync(folder, monkeypatch):
     w = dt.distribute_tensor(np.zeros_like(a), mesh, [R])
     dt.load({"w": w}, path)
     np.testing.assert_array_equal(full(w), a + 2)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.mode_independent  # file IO, below the dispatch
+def test_save_uncaches_and_removes_its_share_of_the_previous_checkpoint(folder, monkeypatch):
+    mesh = dt.init_device_mesh((WORLD.size,))
+    a = data((3 * WORLD.size, 2), np.float64, 4)
+    path = os.path.join(folder, "ck")
+    dt.save({"w": dt.distribute_tensor(a, mesh, [S(0)])}, path)
+    mine = os.path.join(path, f"data-{WORLD.rank:05d}.bin")
+    assert os.path.isfile(mine)
+    advised, removed = [], []
+    fadvise, unlink = os.posix_fadvise, os.unlink
+
+    def record_fadvise(fd, offset, length, advice):
+        advised.append((os.readlink(f"/proc/self/fd/{fd}"), advice))
+        fadvise(fd, offset, length, advice)
+
+    def record_unlink(name, *args, **kwargs):
+        removed.append(os.fspath(name))
+        unlink(name, *args, **kwargs)
+
+    monkeypatch.setattr(os, "posix_fadvise", record_fadvise)
+    monkeypatch.setattr(os, "unlink", record_unlink)
+    dt.save({"w": dt.distribute_tensor(a + 1, mesh, [S(0)])}, path)
+    monkeypatch.undo()
+    # before writing: the replaced data file's pages dropped; after the swap: the file removed
+    assert advised == [(mine, os.POSIX_FADV_DONTNEED)]
+    assert [r for r in removed if r.endswith(".bin")] == [
+        os.path.join(folder, ".ck.dtensor-old", os.path.basename(mine))]
+    assert not os.path.exists(os.path.join(folder, ".ck.dtensor-old"))
+    w = dt.distribute_tensor(np.zeros_like(a), mesh, [R])
+    dt.load({"w": w}, path)
+    np.testing.assert_array_equal(full(w), a + 1)

@@ -337,6 +337,13 @@ def test_npy_round_trips_every_placement(folder):
         np.testing.assert_array_equal(got, a, err_msg=k)
     dt.to_npy(np.arange(3), os.path.join(folder, "local.npy"))
     assert np.array_equal(np.load(os.path.join(folder, "local.npy")), np.arange(3))
+    big_endian = os.path.join(folder, "be.npy")
+    if WORLD.rank == 0:
+        np.save(big_endian, np.arange(6.0).astype(">f8"))
+    WORLD.Barrier()
+    x = dt.from_npy(big_endian, meshes()[0], [P("sum")])
+    assert x.to_local().numpy().dtype.isbuiltin  # native, and the type MPI reductions take
+    np.testing.assert_array_equal(full(x), np.arange(6.0))
     assert not [f for f in os.listdir(folder) if f.startswith(".")]  # temporaries renamed
 
 

@@ -16,14 +16,15 @@ A checkpoint is a folder of two files:
   one file (a shared file's buffered writes serialise on its inode lock).
 
 Each rank writes and syncs its data file in a worker thread while it computes the checksums
-(MPI-IO and zlib release the GIL), where the MPI library allows calls from a thread.
+(MPI-IO and zlib release the GIL), where the MPI library allows calls from a thread. Before
+writing, each rank drops the cached pages of its share of the checkpoint being replaced
+(``posix_fadvise``), so that the new files reuse that memory.
 
 Crash safety: a save writes into ``.<name>.dtensor-tmp`` beside the target, syncs the data
 (MPI_File_sync), the metadata and the folder, and only after every rank has finished
 renames it into place: the previous checkpoint is first renamed to ``.<name>.dtensor-old``,
 the new one to ``<name>``, and the old one is removed (each rank removes a share of its data
-files). A save killed at any point leaves a
-loadable checkpoint: :func:`load` reads ``<name>``, or ``.<name>.dtensor-old`` where a crash
+files). A save killed at any point leaves a loadable checkpoint: :func:`load` reads ``<name>``, or ``.<name>.dtensor-old`` where a crash
 came between the two renames; a leftover temporary folder is never read and the next save
 replaces it.
 
@@ -237,8 +238,9 @@ def _uncache(files: list[str]) -> None:
     """Drop the cached pages of ``files`` (the checkpoint a save replaces: they are about to
     be removed), so that the new data files take their memory instead of evicting other
     cached data or asking the OS for memory it must first clear (on a virtual machine, host
-    memory). Dirty pages are only queued for writing. Advisory: a file that cannot be opened
-    is skipped."""
+    memory). Dirty pages (a checkpoint saved with ``sync=False`` less than the kernel's
+    write-back delay ago) are not dropped but queued for writing. Advisory: a file that
+    cannot be opened is skipped."""
     for name in files:
         try:
             fd = os.open(name, os.O_RDONLY)

@@ -108,7 +108,8 @@ def from_h5(
     """A DTensor of the HDF5 dataset ``dataset`` of file ``path``, placed on ``mesh``.
 
     **Collective** over COMM_WORLD: every rank opens the file read-only and reads its own
-    hyperslab into its shard (h5py's ``read_direct``); nothing else of the dataset is read.
+    hyperslab into its shard (h5py's ``read_direct``); nothing else of the dataset is read
+    (of a chunked dataset: the chunks that hold the hyperslab).
     Datasets of another byte order come back native. A Partial placement puts the value on
     the holding coordinates and the reduction's identity elsewhere, as
     ``distribute_tensor``. Needs h5py.

@@ -24,9 +24,9 @@ Crash safety: a save writes into ``.<name>.dtensor-tmp`` beside the target, sync
 (MPI_File_sync), the metadata and the folder, and only after every rank has finished
 renames it into place: the previous checkpoint is first renamed to ``.<name>.dtensor-old``,
 the new one to ``<name>``, and the old one is removed (each rank removes a share of its data
-files). A save killed at any point leaves a loadable checkpoint: :func:`load` reads ``<name>``, or ``.<name>.dtensor-old`` where a crash
-came between the two renames; a leftover temporary folder is never read and the next save
-replaces it.
+files). A save killed at any point leaves a loadable checkpoint: :func:`load` reads
+``<name>``, or ``.<name>.dtensor-old`` where a crash came between the two renames; a
+leftover temporary folder is never read and the next save replaces it.
 
 Loading plans, per rank, which parts of which saved blocks its target shard needs
 (:mod:`placements.layout`) and reads only the chunks that hold them, each verified against
@@ -240,7 +240,9 @@ def _uncache(files: list[str]) -> None:
     cached data or asking the OS for memory it must first clear (on a virtual machine, host
     memory). Dirty pages (a checkpoint saved with ``sync=False`` less than the kernel's
     write-back delay ago) are not dropped but queued for writing. Advisory: a file that
-    cannot be opened is skipped."""
+    cannot be opened is skipped, and nothing is done where the OS has no ``posix_fadvise``."""
+    if not hasattr(os, "posix_fadvise"):
+        return
     for name in files:
         try:
             fd = os.open(name, os.O_RDONLY)

@@ -81,7 +81,7 @@ from . import autograd, debug  # noqa: F401  (autograd; the debug tools)
 from . import nn, optim  # noqa: F401  (optimizers, clip_grad_norm_)
 from .autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled  # noqa: F401
 from . import checkpoint  # noqa: F401  (checkpoints and parallel file IO)
-from .checkpoint import from_npy, load, save, to_npy  # noqa: F401
+from .checkpoint import from_h5, from_npy, load, save, to_h5, to_npy  # noqa: F401
 from . import autoshard  # noqa: F401  (whole-model sharding search)
 from .autoshard import auto_shard  # noqa: F401
 

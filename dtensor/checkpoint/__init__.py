@@ -7,11 +7,13 @@
   bytes this rank read in its last load.
 - :func:`from_npy` / :func:`to_npy`: one standard ``.npy`` file read or written by every
   rank's block with collective MPI-IO.
-
-HDF5 is not supported (h5py is not a dependency).
+- :func:`from_h5` / :func:`to_h5`: one dataset of an HDF5 file, each rank reading its
+  hyperslab, the writers taking turns on a temporary copy (h5py, optional: the ``hdf5``
+  extra).
 """
 
 from ._dcp import last_load_stats, load, save
+from ._h5 import from_h5, to_h5
 from ._npy import from_npy, to_npy
 
-__all__ = ["from_npy", "last_load_stats", "load", "save", "to_npy"]
+__all__ = ["from_h5", "from_npy", "last_load_stats", "load", "save", "to_h5", "to_npy"]

@@ -1,6 +1,6 @@
-"""What the checkpoint and ``.npy`` code share: agreeing on errors across ranks, the writer
-ranks of a DTensor's distinct blocks, Partial reduction before a write, and durable
-renames (fsync of files and folders).
+"""What the checkpoint, ``.npy`` and HDF5 code share: agreeing on errors across ranks, the
+writer ranks of a DTensor's distinct blocks, Partial reduction before a write, native dtypes,
+and durable renames (fsync of files and folders).
 """
 
 from __future__ import annotations
@@ -96,6 +96,12 @@ def box(shape, mesh_shape, placements, coord) -> tuple[tuple[int, ...], tuple[in
         local_offsets(shape, mesh_shape, placements, coord),
         local_shape(shape, mesh_shape, placements, coord),
     )
+
+
+def native(dtype: np.dtype) -> np.dtype:
+    """``dtype`` in this machine's byte order, as numpy's builtin type of its kind (the one
+    MPI reductions know: ``newbyteorder("=")`` gives an equal but not builtin type). **Local**."""
+    return np.dtype(dtype.char)
 
 
 def sibling(path: str, tag: str) -> str:

@@ -16,15 +16,17 @@ A checkpoint is a folder of two files:
   one file (a shared file's buffered writes serialise on its inode lock).
 
 Each rank writes and syncs its data file in a worker thread while it computes the checksums
-(MPI-IO and zlib release the GIL), where the MPI library allows calls from a thread.
+(MPI-IO and zlib release the GIL), where the MPI library allows calls from a thread. Before
+writing, each rank drops the cached pages of its share of the checkpoint being replaced
+(``posix_fadvise``), so that the new files reuse that memory.
 
 Crash safety: a save writes into ``.<name>.dtensor-tmp`` beside the target, syncs the data
 (MPI_File_sync), the metadata and the folder, and only after every rank has finished
 renames it into place: the previous checkpoint is first renamed to ``.<name>.dtensor-old``,
-the new one to ``<name>``, and the old one is removed. A save killed at any point leaves a
-loadable checkpoint: :func:`load` reads ``<name>``, or ``.<name>.dtensor-old`` where a crash
-came between the two renames; a leftover temporary folder is never read and the next save
-replaces it.
+the new one to ``<name>``, and the old one is removed (each rank removes a share of its data
+files). A save killed at any point leaves a loadable checkpoint: :func:`load` reads
+``<name>``, or ``.<name>.dtensor-old`` where a crash came between the two renames; a
+leftover temporary folder is never read and the next save replaces it.
 
 Loading plans, per rank, which parts of which saved blocks its target shard needs
 (:mod:`placements.layout`) and reads only the chunks that hold them, each verified against
@@ -39,6 +41,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import zlib
@@ -193,7 +196,8 @@ def _prepare_dir(path: str, tmp: str) -> None:
 
 
 def _commit(path: str, tmp: str, meta: dict, sync: bool) -> None:
-    """Rank 0: write (and sync) the metadata, then swap the folders (see the module doc)."""
+    """Rank 0: write (and sync) the metadata, then swap the folders (see the module doc);
+    the previous checkpoint is left at ``.<name>.dtensor-old``, for the ranks to remove."""
     meta_path = os.path.join(tmp, META)
     with open(meta_path, "w") as fh:
         json.dump(meta, fh, indent=1)
@@ -210,8 +214,44 @@ def _commit(path: str, tmp: str, meta: dict, sync: bool) -> None:
     os.rename(tmp, path)
     if sync:
         fsync_path(os.path.dirname(path), directory=True)
-    if os.path.lexists(old):
-        shutil.rmtree(old)
+
+
+def _share(folder: str, rank: int, size: int) -> list[str]:
+    """This rank's share of the data files of checkpoint ``folder`` (none where it does not
+    exist): those of writer ranks ``rank``, ``rank + size``, ..."""
+    if not os.path.isdir(folder):
+        return []
+    out = []
+    for name in os.listdir(folder):
+        writer = re.fullmatch(r"data-(\d+)\.bin", name)
+        if writer and int(writer[1]) % size == rank:
+            out.append(os.path.join(folder, name))
+    return out
+
+
+def _remove(files: list[str]) -> None:
+    for name in files:
+        os.unlink(name)
+
+
+def _uncache(files: list[str]) -> None:
+    """Drop the cached pages of ``files`` (the checkpoint a save replaces: they are about to
+    be removed), so that the new data files take their memory instead of evicting other
+    cached data or asking the OS for memory it must first clear (on a virtual machine, host
+    memory). Dirty pages (a checkpoint saved with ``sync=False`` less than the kernel's
+    write-back delay ago) are not dropped but queued for writing. Advisory: a file that
+    cannot be opened is skipped, and nothing is done where the OS has no ``posix_fadvise``."""
+    if not hasattr(os, "posix_fadvise"):
+        return
+    for name in files:
+        try:
+            fd = os.open(name, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
 
 
 def save(
@@ -278,6 +318,7 @@ def save(
     crcs = np.zeros(chunks, np.int64)  # each chunk's is set by its writer, then summed
     error, fh = None, None
     try:
+        _uncache(_share(path, comm.rank, comm.size))
         if writes:
             fh = File(None, os.path.join(tmp, DATA.format(comm.rank)), "w", "save")
             data = [(block, _host(leaf)) for block, leaf in writes]
@@ -317,6 +358,11 @@ def save(
             "structure": skeleton, "tensors": entries,
         }
     run_agreed(comm, "save", lambda: comm.rank == 0 and _commit(path, tmp, meta, sync))
+    old = sibling(path, "old")
+    # freeing a file's blocks takes time in proportion to its size: the ranks share it
+    run_agreed(comm, "save", lambda: _remove(_share(old, comm.rank, comm.size)))
+    run_agreed(comm, "save", lambda: comm.rank == 0 and os.path.lexists(old)
+               and shutil.rmtree(old))
 
 
 def _resolve(path: str) -> str:

@@ -20,7 +20,15 @@ from ..distributed.dtensor import DTensor
 from ..distributed.mesh import DeviceMesh
 from ..local.factory import from_numpy
 from . import _state
-from ._common import box, fsync_path, reduce_partial, run_agreed, sibling, writer_coords
+from ._common import (
+    box,
+    fsync_path,
+    native,
+    reduce_partial,
+    run_agreed,
+    sibling,
+    writer_coords,
+)
 
 __all__ = ["from_npy", "to_npy"]
 
@@ -112,7 +120,7 @@ def from_npy(
         fh.close()
     arr = np.ascontiguousarray(buf.T) if fortran else buf
     if not dtype.isnative:
-        arr = arr.astype(dtype.newbyteorder("="))
+        arr = arr.astype(native(dtype))
     fill = partial_fill(placements, coord)
     if fill is not None:
         arr[...] = fill

@@ -11,14 +11,19 @@ barrier, on every rank:
 - ``np.save`` of this rank's shards into files of its own (the same bytes), and the same
   followed by ``os.fsync`` of each file (what dt.save's crash safety adds);
 - ``dt.load(state, DIR/ckpt)`` in place (every chunk read is verified);
-- ``np.load`` of those files.
+- ``np.load`` of those files (into new arrays), and the same bytes read into the existing
+  shards (``readinto`` after the ``.npy`` header: what ``dt.load`` does, less its checks).
 
 Before each sample every rank flushes the file system's dirty data (``os.sync``, not
 timed), so that no sample pays for the write-back of an earlier one. Files are read back
-from the page cache (just written). Figures: per operation the median
-seconds on each rank, then the worst rank; GB/s of the whole state; the ratios of dt's
-figures to numpy's. Everything under ``DIR`` that the run wrote is removed at the end
-(``--dir`` defaults to the temporary directory; the run needs about twice ``--mib`` free).
+from the page cache (just written). The operations take turns within each round, so that a
+change of the machine's load touches them alike. Figures: per operation the median seconds
+on each rank, then the worst rank; GB/s of the whole state; the ratios of dt's figures to
+numpy's: per round the worst rank's seconds of each, the median over the rounds (and the
+worst round). The date (UTC) and the load averages before and after the run come with them
+(the disk and the cores may be shared). Everything under ``DIR`` that the run wrote is
+removed at the end (``--dir`` defaults to the temporary directory; the run needs about
+twice ``--mib`` free).
 
 Output: JSON on stdout (``--out FILE`` too), from rank 0.
 """
@@ -30,6 +35,7 @@ import shutil
 import statistics
 import sys
 import time
+from datetime import datetime, timezone
 
 # Run as a script, this file's folder is sys.path[0], where the sibling benchmark
 # ``redistribute.py`` would shadow the ``redistribute`` package.
@@ -43,6 +49,15 @@ from mpi4py import MPI
 
 import dtensor as dt
 from launch.bench._common import bench_args, emit, environment, ratio, worst_rank
+
+#: (ratio name, numerator, denominator)
+RATIOS = (
+    ("save/np.save", "dt.save", "np.save"),
+    ("save/np.save+fsync", "dt.save", "np.save+fsync"),
+    ("save(sync=False)/np.save", "dt.save(sync=False)", "np.save"),
+    ("load/np.load", "dt.load", "np.load"),
+    ("load/np.load into", "dt.load", "np.load into"),
+)
 
 
 def _timed(fn, world) -> float:
@@ -91,6 +106,14 @@ def main(argv: list[str] | None = None) -> None:
         for name in mine:
             np.load(name)
 
+    def np_load_into() -> None:
+        for name, x in zip(mine, state.values()):
+            with open(name, "rb") as fh:
+                version = np.lib.format.read_magic(fh)
+                (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                 else np.lib.format.read_array_header_2_0)(fh)
+                fh.readinto(x.to_local().numpy().reshape(-1).view(np.uint8))
+
     ops = {
         "dt.save": lambda: dt.save(state, ckpt),
         "dt.save(sync=False)": lambda: dt.save(state, ckpt, sync=False),
@@ -98,8 +121,10 @@ def main(argv: list[str] | None = None) -> None:
         "np.save+fsync": lambda: np_save(True),
         "dt.load": lambda: dt.load(state, ckpt),
         "np.load": np_load,
+        "np.load into": np_load_into,
     }
     samples: dict[str, list[float]] = {k: [] for k in ops}
+    started, load_before = datetime.now(timezone.utc), os.getloadavg()
     try:
         for _ in range(args.repeat):
             for name, fn in ops.items():
@@ -113,20 +138,19 @@ def main(argv: list[str] | None = None) -> None:
         seconds = worst_rank(statistics.median(values), world)
         figures[name] = {"median_s": round(seconds, 4),
                          "GB_per_s": round(total / seconds / 1e9, 3)}
+    # per round, the worst rank's seconds of each operation
+    rounds = {k: [worst_rank(v, world) for v in values] for k, values in samples.items()}
+    per_round = {name: [ratio(a, b) for a, b in zip(rounds[num], rounds[den])]
+                 for name, num, den in RATIOS}
     if rank == 0:
         emit({
             "ranks": n, "bytes": total, "tensors": args.tensors, "repeat": args.repeat,
+            "date": started.strftime("%Y-%m-%d %H:%M UTC"),
+            "load_average": {"before": [round(x, 2) for x in load_before],
+                             "after": [round(x, 2) for x in os.getloadavg()]},
             "environment": environment(), "figures": figures,
-            "ratios": {
-                "save/np.save": ratio(figures["dt.save"]["median_s"],
-                                      figures["np.save"]["median_s"]),
-                "save/np.save+fsync": ratio(figures["dt.save"]["median_s"],
-                                            figures["np.save+fsync"]["median_s"]),
-                "save(sync=False)/np.save": ratio(figures["dt.save(sync=False)"]["median_s"],
-                                                  figures["np.save"]["median_s"]),
-                "load/np.load": ratio(figures["dt.load"]["median_s"],
-                                      figures["np.load"]["median_s"]),
-            },
+            "ratios": {name: statistics.median(r) for name, r in per_round.items()},
+            "worst_round_ratios": {name: max(r) for name, r in per_round.items()},
         }, args.out)
 
 

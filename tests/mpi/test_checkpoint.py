@@ -1,9 +1,9 @@
-"""Checkpoints and ``.npy`` IO over MPI: ``dt.save``/``dt.load`` round trips of every
+"""Checkpoints, ``.npy`` and HDF5 IO over MPI: ``dt.save``/``dt.load`` round trips of every
 placement combination (1-D meshes, and 2x2 at 4 ranks), uneven and empty shards, several
 dtypes and 0-d tensors; in-place loads onto other placements; the bytes each rank reads on
 a resharding load; typed errors on corrupt, missing and mismatching files; leftovers of a
-killed save; ``dt.from_npy``/``dt.to_npy``. Each test saves once and loads a few times:
-one state holds every combination."""
+killed save; ``dt.from_npy``/``dt.to_npy``; ``dt.from_h5``/``dt.to_h5`` (h5py). Each test
+saves once and loads a few times: one state holds every combination."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import itertools
 import json
 import os
 import shutil
+import sys
 import tempfile
 
 import numpy as np
@@ -18,7 +19,13 @@ import pytest
 from mpi4py import MPI
 
 import dtensor as dt
-from dtensor.errors import CheckpointError, DTypeError, MeshError, ShardingError
+from dtensor.errors import (
+    CheckpointError,
+    DTypeError,
+    MeshError,
+    ShardingError,
+    UnavailableError,
+)
 
 WORLD = MPI.COMM_WORLD
 R, S, P = dt.Replicate(), dt.Shard, dt.Partial
@@ -330,6 +337,13 @@ def test_npy_round_trips_every_placement(folder):
         np.testing.assert_array_equal(got, a, err_msg=k)
     dt.to_npy(np.arange(3), os.path.join(folder, "local.npy"))
     assert np.array_equal(np.load(os.path.join(folder, "local.npy")), np.arange(3))
+    big_endian = os.path.join(folder, "be.npy")
+    if WORLD.rank == 0:
+        np.save(big_endian, np.arange(6.0).astype(">f8"))
+    WORLD.Barrier()
+    x = dt.from_npy(big_endian, meshes()[0], [P("sum")])
+    assert x.to_local().numpy().dtype.isbuiltin  # native, and the type MPI reductions take
+    np.testing.assert_array_equal(full(x), np.arange(6.0))
     assert not [f for f in os.listdir(folder) if f.startswith(".")]  # temporaries renamed
 
 
@@ -391,3 +405,130 @@ def test_save_without_sync_calls_no_fsync(folder, monkeypatch):
     w = dt.distribute_tensor(np.zeros_like(a), mesh, [R])
     dt.load({"w": w}, path)
     np.testing.assert_array_equal(full(w), a + 2)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.mode_independent  # file IO, below the dispatch
+def test_save_uncaches_and_removes_its_share_of_the_previous_checkpoint(folder, monkeypatch):
+    mesh = dt.init_device_mesh((WORLD.size,))
+    a = data((3 * WORLD.size, 2), np.float64, 4)
+    path = os.path.join(folder, "ck")
+    dt.save({"w": dt.distribute_tensor(a, mesh, [S(0)])}, path)
+    mine = os.path.join(path, f"data-{WORLD.rank:05d}.bin")
+    assert os.path.isfile(mine)
+    advised, removed = [], []
+    fadvise, unlink = os.posix_fadvise, os.unlink
+
+    def record_fadvise(fd, offset, length, advice):
+        advised.append((os.readlink(f"/proc/self/fd/{fd}"), advice))
+        fadvise(fd, offset, length, advice)
+
+    def record_unlink(name, *args, **kwargs):
+        removed.append(os.fspath(name))
+        unlink(name, *args, **kwargs)
+
+    monkeypatch.setattr(os, "posix_fadvise", record_fadvise)
+    monkeypatch.setattr(os, "unlink", record_unlink)
+    dt.save({"w": dt.distribute_tensor(a + 1, mesh, [S(0)])}, path)
+    monkeypatch.undo()
+    # before writing: the replaced data file's pages dropped; after the swap: the file removed
+    assert advised == [(mine, os.POSIX_FADV_DONTNEED)]
+    assert [r for r in removed if r.endswith(".bin")] == [
+        os.path.join(folder, ".ck.dtensor-old", os.path.basename(mine))]
+    assert not os.path.exists(os.path.join(folder, ".ck.dtensor-old"))
+    w = dt.distribute_tensor(np.zeros_like(a), mesh, [R])
+    dt.load({"w": w}, path)
+    np.testing.assert_array_equal(full(w), a + 1)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.mode_independent  # file IO, below the dispatch
+def test_h5_round_trips_every_placement(folder):
+    h5py = pytest.importorskip("h5py")
+    # a sample: each mesh, shape (uneven, empty, 0-d), dtype and placement kind
+    cs = [c for i, c in enumerate(cases()) if i % 9 == 1 or (c[1].ndim == 1 and i % 4 == 0)]
+    src, out = os.path.join(folder, "in.h5"), os.path.join(folder, "out.h5")
+    if WORLD.rank == 0:
+        with h5py.File(src, "w") as f:
+            for i, (_, _, _, a) in enumerate(cs):  # every fourth big-endian
+                f.create_dataset(f"g/{i}", data=a.astype(a.dtype.newbyteorder(">"))
+                                 if i % 4 == 1 else a)
+    WORLD.Barrier()
+    for i, (k, mesh, pl, a) in enumerate(cs):
+        x = dt.from_h5(src, f"g/{i}", mesh, pl)
+        assert x.placements == tuple(pl) and x.dtype == a.dtype
+        np.testing.assert_array_equal(full(x), a, err_msg=k)
+        dt.to_h5(x, out, f"d/{i}")  # into one file: the earlier datasets stay
+    dt.to_h5(np.arange(3.0), out, "local")
+    y = dt.distribute_tensor(cs[0][3] + 1, cs[0][1], [R] * cs[0][1].ndim)
+    dt.to_h5(y, out, "d/0")  # an existing dataset is overwritten
+    if WORLD.rank == 0:  # h5py reads the file on its own
+        with h5py.File(out, "r") as f:
+            assert sorted(f["d"], key=int) == [str(i) for i in range(len(cs))]
+            for i, (k, _, _, a) in enumerate(cs):
+                got = f[f"d/{i}"][()]
+                assert got.dtype == a.dtype, k
+                np.testing.assert_array_equal(got, a + 1 if i == 0 else a, err_msg=k)
+            np.testing.assert_array_equal(f["local"][()], np.arange(3.0))
+    assert not [f for f in os.listdir(folder) if f.startswith(".")]  # temporaries renamed
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.mode_independent  # file IO, below the dispatch
+def test_h5_errors_leave_the_file_as_it_was(folder, monkeypatch):
+    h5py = pytest.importorskip("h5py")
+    import dtensor.checkpoint._h5 as h5
+
+    mesh = dt.init_device_mesh((WORLD.size,))
+    src, bad = os.path.join(folder, "a.h5"), os.path.join(folder, "bad.h5")
+    a = data((6, 4), np.float32, 5)
+    if WORLD.rank == 0:
+        with h5py.File(src, "w") as f:
+            f["x"] = a
+            f["g/y"] = a
+            f["s"] = "text"
+        with open(bad, "wb") as fh:
+            fh.write(b"not hdf5")
+    WORLD.Barrier()
+    with pytest.raises(CheckpointError, match=r"from_h5: cannot open .*missing\.h5"):
+        dt.from_h5(os.path.join(folder, "missing.h5"), "x", mesh, [S(0)])
+    with pytest.raises(CheckpointError, match=r"from_h5: cannot open .*bad\.h5"):
+        dt.from_h5(bad, "x", mesh, [S(0)])
+    with pytest.raises(CheckpointError, match=r"has no dataset 'nope' \(its top level holds "
+                                              r"\['g', 's', 'x'\]\)"):
+        dt.from_h5(src, "nope", mesh, [S(0)])
+    with pytest.raises(CheckpointError, match="'g' in .* is a Group, not a dataset"):
+        dt.from_h5(src, "g", mesh, [S(0)])
+    with pytest.raises(DTypeError, match="from_h5: dataset 's' of .* has dtype object"):
+        dt.from_h5(src, "s", mesh, [R])
+    x = dt.distribute_tensor(a, mesh, [S(0)])
+    with pytest.raises(ShardingError, match=r"to_h5: dataset 'x' of .* has shape \(6, 4\)"):
+        dt.to_h5(dt.distribute_tensor(np.zeros((5, 4), np.float32), mesh, [S(0)]), src, "x")
+    with pytest.raises(DTypeError, match="to_h5: dataset 'x' of .* has dtype float32"):
+        dt.to_h5(dt.distribute_tensor(a.astype(np.float64), mesh, [S(0)]), src, "x")
+    with pytest.raises(CheckpointError, match="bad.h5' exists and is not an HDF5 file"):
+        dt.to_h5(x, bad, "x")
+    with pytest.raises(DTypeError, match="to_h5: expected a DTensor"):
+        dt.to_h5([1.0], src, "x")
+    # the last writer fails: every rank raises, the file is left as it was
+    last = WORLD.allreduce(WORLD.rank if x.to_local().numpy().size else -1, op=MPI.MAX)
+
+    def fail(*args):
+        raise OSError("disk full")
+
+    if WORLD.rank == last:
+        monkeypatch.setattr(h5, "_write_block", fail)
+    with pytest.raises(CheckpointError, match="to_h5: OSError: disk full"):
+        dt.to_h5(x + 1, src, "x")
+    monkeypatch.undo()
+    monkeypatch.setitem(sys.modules, "h5py", None)  # h5py not installed
+    with pytest.raises(UnavailableError, match="from_h5: HDF5 files need h5py"):
+        dt.from_h5(src, "x", mesh, [S(0)])
+    with pytest.raises(UnavailableError, match="to_h5: HDF5 files need h5py"):
+        dt.to_h5(x, src, "x")
+    monkeypatch.undo()
+    np.testing.assert_array_equal(full(dt.from_h5(src, "x", mesh, [S(1)])), a)
+    if WORLD.rank == 0:
+        with open(bad, "rb") as fh:
+            assert fh.read() == b"not hdf5"
+    assert sorted(os.listdir(folder)) == ["a.h5", "bad.h5"]  # no temporary left

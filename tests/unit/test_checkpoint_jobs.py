@@ -151,8 +151,10 @@ def test_checkpoint_benchmark_at_a_tiny_size(tmp_path):
     doc = json.loads(out.read_text())
     assert doc["ranks"] == 2 and doc["bytes"] >= 2**20 - 4096 * 4
     assert set(doc["figures"]) == {"dt.save", "dt.save(sync=False)", "np.save", "np.save+fsync",
-                                   "dt.load", "np.load"}
+                                   "dt.load", "np.load", "np.load into"}
     assert all(f["median_s"] > 0 for f in doc["figures"].values())
     assert set(doc["ratios"]) == {"save/np.save", "save/np.save+fsync", "save(sync=False)/np.save",
-                                  "load/np.load"}
+                                  "load/np.load", "load/np.load into"}
+    assert set(doc["worst_round_ratios"]) == set(doc["ratios"])
+    assert doc["date"].endswith("UTC") and len(doc["load_average"]["before"]) == 3
     assert os.listdir(work) == []  # the run removed what it wrote

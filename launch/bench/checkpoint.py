@@ -6,7 +6,7 @@ Run as ``python -m launch -n 2 -m launch.bench.checkpoint [--mib 1024] [--tensor
 ``--mib`` MiB in all, row-sharded over a 1-D mesh of every rank. Each sample times, after a
 barrier, on every rank:
 
-- ``dt.save(state, DIR/ckpt)`` (MPI-IO, one CRC-32 per 4 MiB chunk, fsync, atomic rename),
+- ``dt.save(state, DIR/ckpt)`` (MPI-IO, one XXH3-64 checksum per 4 MiB chunk, fsync, atomic rename),
   and the same with ``sync=False`` (no fsync);
 - ``np.save`` of this rank's shards into files of its own (the same bytes), and the same
   followed by ``os.fsync`` of each file (what dt.save's crash safety adds);

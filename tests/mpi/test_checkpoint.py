@@ -13,6 +13,7 @@ import os
 import shutil
 import sys
 import tempfile
+import zlib
 
 import numpy as np
 import pytest
@@ -219,6 +220,47 @@ def test_flipped_byte_raises_checkpoint_error_naming_file_and_tensor(folder):
     b = np.zeros(4)
     dt.load({"b": b}, path)
     assert np.array_equal(b, np.arange(4.0))
+
+
+@pytest.mark.mpi(min_size=1)
+def test_checkpoints_name_their_checksum_and_crc32_ones_still_load(folder):
+    """A save records XXH3-64 digests; a checkpoint whose metadata names CRC-32 (and holds
+    CRC-32 digests) loads and is verified; an unknown algorithm is refused by name."""
+    path, mesh, a = _save_small(folder)
+    meta = read_meta(path)
+    assert meta["checksum"] == "xxh3_64"
+    chunk = meta["chunk_bytes"]
+    if WORLD.rank == 0:
+        for t in meta["tensors"]:
+            for block in t["blocks"]:
+                with open(os.path.join(path, block["file"]), "rb") as fh:
+                    fh.seek(block["offset"])
+                    raw = fh.read(block["nbytes"])
+                del block["xxh3_64"]
+                block["crc32"] = [zlib.crc32(raw[i : i + chunk])
+                                  for i in range(0, len(raw), chunk)]
+        meta["checksum"] = "crc32"
+        with open(os.path.join(path, "metadata.json"), "w") as fh:
+            json.dump(meta, fh)
+    WORLD.Barrier()
+    w = dt.distribute_tensor(np.zeros_like(a), mesh, [dt.Replicate()])
+    dt.load({"w": w}, path)
+    np.testing.assert_array_equal(w.full_tensor().numpy(), a)
+    if WORLD.rank == 0:  # a wrong CRC-32 is caught too
+        meta["tensors"][0]["blocks"][0]["crc32"][0] ^= 1
+        with open(os.path.join(path, "metadata.json"), "w") as fh:
+            json.dump(meta, fh)
+    WORLD.Barrier()
+    with pytest.raises(CheckpointError, match="checksum mismatch.*stored crc32"):
+        dt.load(path)
+    WORLD.Barrier()
+    if WORLD.rank == 0:
+        meta["checksum"] = "md5"
+        with open(os.path.join(path, "metadata.json"), "w") as fh:
+            json.dump(meta, fh)
+    WORLD.Barrier()
+    with pytest.raises(CheckpointError, match="names checksum 'md5'.*'crc32', 'xxh3_64'"):
+        dt.load(path)
 
 
 @pytest.mark.mpi(min_size=1)

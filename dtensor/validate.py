@@ -280,7 +280,8 @@ _VIEW_CASES: dict[str, tuple] = {
                 ((5, 7), {"idx": np.array([True, False, True, True, False])}),
                 ((2, 3, 4), {"idx": (slice(None), np.array([[0, 2], [1, 1]]), slice(None))}),
                 ((2, 3, 4), {"idx": (0, slice(None), np.array([3, 1]))}),
-                ((3, 2), {"idx": np.array([[True, False], [False, True], [True, True]])})),
+                ((3, 2), {"idx": np.array([[True, False], [False, True], [True, True]])}),
+                ((5, 7), {"idx": (slice(1, None), np.array([[-1, 2], [0, 0]]))})),
     "split": (((8, 12), {"split_size_or_sections": 3, "dim": 0}),
               ((5, 7), {"split_size_or_sections": (2, 5), "dim": 1})),
     "chunk": (((8, 12), {"chunks": 3, "dim": 1}), ((5, 7), {"chunks": 2, "dim": 0}),
@@ -453,9 +454,31 @@ def _index_cases(g: _Gen, shapes, name: str) -> Iterator[Case]:
                 ([0, r - 1], g.arr((2, c), _F32)),
                 ((slice(None), np.array([c - 1, 0])), 2.0),
                 ((slice(None), np.array([c - 1, 0])), g.arr((r, 2), _F32)),
+                (([0, r - 1, 0], [c - 1, 0, 1]), g.arr((3,), _F32)),
+                ((np.array([[r - 1], [0]]), np.array([0, c - 1])), 3.0),
             ):
                 yield Case({"input": g.arr(shape, _F32), "idx": idx, "value": value},
                            f"{shape}[{idx!r}]")
+        elif name == "index_add":
+            for dim, n in ((0, r), (1, c)):
+                src = g.arr((4, c) if dim == 0 else (r, 4), _F32)
+                yield Case({"input": x, "dim": dim, "index": ints(0, n, (4,)), "source": src},
+                           f"{shape}d{dim}")
+            yield Case({"input": x, "dim": 0, "index": ints(0, r, (2,)),
+                        "source": g.arr((2, c), _F32), "alpha": 2.0}, f"{shape}alpha")
+            yield Case({"input": g.arr(shape, _I64), "dim": 1, "index": np.zeros((0,), np.int64),
+                        "source": g.arr((r, 0), _I64)}, f"{shape}empty")
+        elif name == "index_put":
+            for indices, value, acc in (
+                ((ints(0, r, (3,)),), g.arr((3, c), _F32), True),
+                ((ints(0, r, (4,)), ints(0, c, (4,))), g.arr((4,), _F32), True),
+                ((None, np.array([c - 1, 0, c - 1])), g.arr((r, 3), _F32), True),
+                ((None, np.array([c - 1, 0])), g.arr((r, 1), _F32), False),
+                ((g.arr(shape, _BOOL),), 1.5, True),
+                ((np.array([[r - 1], [0]]), np.array([0, c - 1])), g.arr((2, 2), _F32), False),
+            ):
+                yield Case({"input": g.arr(shape, _F32), "indices": indices, "values": value,
+                            "accumulate": acc}, f"{shape}[{len(indices)}]acc={acc}")
         elif name == "kthvalue":
             for dt in _dtypes("f", "i"):
                 yield Case({"input": g.arr(shape, dt), "k": 2, "dim": 1}, f"{dt.name}{shape}")

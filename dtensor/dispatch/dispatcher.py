@@ -679,7 +679,7 @@ def _build_entry(info: OpInfo, binder: _Binder, values: list, mesh: object) -> C
     )
     specs = {id(m): v._spec for m, v in zip(metas, args) if isinstance(v, DTensor)}
     try:
-        strategy = propagate(schema, mesh, _cost_fn(specs))
+        strategy = propagate(schema, mesh, _cost_fn(specs, mesh))
     except (NoRuleError, ShardingError, DimError, DTypeError) as e:
         inputs = ", ".join(describe(v) for v in args)
         raise type(e)(f"{e} [op {info.name}; inputs: {inputs}; mesh {mesh.shape}]") from e
@@ -751,8 +751,12 @@ def _check_inplace(op: str, args: list, moves: list, out_specs: tuple) -> None:
         )
 
 
-def _cost_fn(specs: dict[int, DTensorSpec]) -> Callable[[ArgMeta, tuple], float]:
-    """The cost function ``propagate`` asks: the planned redistribution cost of one input.
+def _cost_fn(
+    specs: dict[int, DTensorSpec], mesh: object
+) -> Callable[[ArgMeta, tuple], float]:
+    """The cost function ``propagate`` asks: the planned redistribution cost of one input
+    (0 for a local argument), or of metadata that is no argument (an all-reduce a
+    candidate implies, placed on ``mesh``).
 
     Costs come from the redistribute planner (cached with its plans) under the process-wide
     cost model; after replacing that model (``redistribute.set_default_cost_model``) call
@@ -763,7 +767,9 @@ def _cost_fn(specs: dict[int, DTensorSpec]) -> Callable[[ArgMeta, tuple], float]
     def cost(meta: ArgMeta, target: tuple[Placement, ...]) -> float:
         spec = specs.get(id(meta))
         if spec is None:
-            return 0.0
+            if meta.placements is None:
+                return 0.0
+            spec = DTensorSpec._trusted(mesh, meta.placements, meta.shape, meta.dtype)
         return redistribute_cost(spec, target, model)
 
     return cost

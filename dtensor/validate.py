@@ -13,7 +13,10 @@ scalars; broadcasting), on meshes (2,), (3,), (4,) and (2, 2), in ONE process:
    kept by the holder, 0 elsewhere), the op's local kernel (through its ``local_fn``, if
    any) runs per coordinate, and the outputs are combined per the output placements
    (Partial contributions reduced, shards stitched, replicas compared bit for bit; every
-   local output must have the shape and dtype its spec promises);
+   local output must have the shape and dtype its spec promises); the kernels of a
+   strategy whose candidates communicate (:attr:`placements.rules.Candidate.collective`)
+   run one thread per coordinate, their all-reduces over simulated communicators of the
+   mesh dims;
 3. the combined result is compared with the local kernel applied to the global inputs
    (``allclose`` for floats, exact for ints and bools), as are the rule's shapes and dtypes.
 
@@ -30,6 +33,7 @@ import argparse
 import itertools
 import math
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -57,13 +61,17 @@ _BOOL = np.dtype(np.bool_)
 
 
 class _CoordMesh:
-    """A mesh of a given shape seen from one coordinate (what a ``local_fn`` may read)."""
+    """A mesh of a given shape seen from one coordinate (what a ``local_fn`` may read), with
+    simulated communicators of its mesh dims (``comms``) for kernels that communicate."""
 
-    __slots__ = ("coord", "shape")
+    __slots__ = ("comms", "coord", "shape")
 
-    def __init__(self, shape: tuple[int, ...], coord: tuple[int, ...]) -> None:
+    def __init__(
+        self, shape: tuple[int, ...], coord: tuple[int, ...], comms: tuple = ()
+    ) -> None:
         self.shape = shape
         self.coord = coord
+        self.comms = comms
 
     @property
     def ndim(self) -> int:
@@ -72,6 +80,9 @@ class _CoordMesh:
     def get_coordinate(self) -> tuple[int, ...]:
         return self.coord
 
+    def get_group(self, mesh_dim: int) -> _SimComm:
+        return self.comms[mesh_dim]
+
     def __hash__(self) -> int:
         return hash((self.shape, self.coord))
 
@@ -79,6 +90,76 @@ class _CoordMesh:
         return isinstance(other, _CoordMesh) and (self.shape, self.coord) == (
             other.shape, other.coord
         )
+
+
+class _SimGroup:
+    """The coordinates of one mesh-dim communicator, run as threads: a barrier and one slot
+    per member."""
+
+    def __init__(self, size: int) -> None:
+        self.barrier = threading.Barrier(size, timeout=60)
+        self.slots: list = [None] * size
+
+
+class _SimComm:
+    """One coordinate's view of a :class:`_SimGroup`: the all-reduce kernels call."""
+
+    _OPS = {"sum": np.sum, "max": np.max, "min": np.min}
+
+    def __init__(self, group: _SimGroup, rank: int) -> None:
+        self.group, self.rank = group, rank
+
+    def allreduce(self, send: np.ndarray, recv: np.ndarray | None = None, op: str = "sum",
+                  what: object = None) -> None:
+        g = self.group
+        g.slots[self.rank] = send.copy()
+        g.barrier.wait()
+        total = self._OPS[op](np.stack(g.slots), axis=0)  # one order: equal on every member
+        g.barrier.wait()
+        (send if recv is None else recv)[...] = total
+
+
+def _sim_comms(mesh_shape: tuple[int, ...]) -> dict[tuple[int, ...], tuple[_SimComm, ...]]:
+    """Per coordinate, one simulated communicator per mesh dim (the coordinates that differ
+    on that dim only form its group)."""
+    groups: dict[tuple, _SimGroup] = {}
+    out = {}
+    for coord in np.ndindex(*mesh_shape):
+        comms = []
+        for m, n in enumerate(mesh_shape):
+            key = (m, coord[:m] + coord[m + 1 :])
+            comms.append(_SimComm(groups.setdefault(key, _SimGroup(n)), coord[m]))
+        out[coord] = tuple(comms)
+    return out
+
+
+def _per_coordinate(run: Callable, mesh_shape: tuple[int, ...], threads: bool) -> None:
+    """``run(coord, comms)`` for every coordinate: in turn, or (``threads``) at once, one
+    thread each, with simulated communicators; the first exception is raised again (a
+    failing member aborts the barriers, so that the others do not wait for it)."""
+    if not threads:
+        for coord in np.ndindex(*mesh_shape):
+            run(coord, ())
+        return
+    comms = _sim_comms(mesh_shape)
+    errors: list[BaseException] = []
+
+    def body(coord: tuple[int, ...]) -> None:
+        try:
+            run(coord, comms[coord])
+        except BaseException as exc:  # noqa: BLE001 - raised again by the caller
+            errors.append(exc)
+            for cs in comms.values():  # release the members waiting for this one
+                for c in cs:
+                    c.group.barrier.abort()
+
+    workers = [threading.Thread(target=body, args=(c,)) for c in np.ndindex(*mesh_shape)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    if errors:
+        raise errors[0]  # the first: those after it were released by its abort
 
 
 # -- sample calls ------------------------------------------------------------------------------
@@ -803,8 +884,9 @@ def _run_strategy(
         v = call.arg(slot)
         layouts.append(_layout(v, target, mesh_shape, rng) if isinstance(v, np.ndarray) else None)
     locs: list[dict] = [{} for _ in range(n_out)]
-    for coord in np.ndindex(*mesh_shape):
-        mesh = _CoordMesh(mesh_shape, coord)
+
+    def run(coord: tuple[int, ...], comms: tuple) -> None:
+        mesh = _CoordMesh(mesh_shape, coord, comms)
         strategy: OpStrategy = _strategy(schema, mesh, result, combo, 0.0, ())
         values = list(call.values)
         if info.variadic is not None:
@@ -837,6 +919,8 @@ def _run_strategy(
                     f"{spec.dtype}{want_shape} ({spec})"
                 )
             locs[k][coord] = o
+
+    _per_coordinate(run, mesh_shape, any(c.collective for c in combo))
     for k in range(n_out):
         out_pl = tuple(c.placements[k] for c in combo)
         got = _combine(locs[k], out_pl, result.out_shapes[k], mesh_shape)

@@ -13,6 +13,10 @@ from ``strategy.output_specs[0].mesh``):
   kernel receives the LOCAL output shape (or explicit squeeze dims);
 - ``embedding`` with a row-sharded weight: indices outside the local rows are masked to
   zero and the others shifted (PyTorch's MaskPartial), giving a ``P(sum)`` output;
+- ``softmax``/``log_softmax`` along a sharded dim and ``cross_entropy`` on logits sharded
+  on the class dim (the vocab-parallel loss): the kernel all-reduces the per-row maximum
+  and sums over the mesh dims that shard that dim (it communicates: its candidate says
+  so, :attr:`placements.rules.Candidate.collective`);
 - ``dropout`` on a sharded input: the mask is drawn for the global tensor's counters at
   the shard's global offsets, so the result equals the single-device one;
 - ``gather``/``scatter``/``scatter_add``/``take_along_dim`` with the data sharded on a dim
@@ -54,6 +58,7 @@ R = Replicate()
 
 __all__ = [
     "dropout_local",
+    "class_sharded_local",
     "embedding_local",
     "expand_as_local",
     "extreme_local",
@@ -218,6 +223,45 @@ def embedding_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
         out = _math.embedding(_wrap(shifted), weight)._arr
         out[outside] = 0
         return _wrap(out)
+
+    return local
+
+
+def class_sharded_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
+    """``softmax``/``log_softmax`` along a sharded dim, ``cross_entropy`` with the class dim
+    sharded: the block's result, the per-row maximum and sums all-reduced over the mesh
+    dims that shard that dim (:class:`dtensor.local.kernels.nn.ClassShard`)."""
+    kernel = OPS[schema.op].kernel
+    shape = schema.args[0].shape
+    if schema.op == "cross_entropy":
+        d = 1 if len(shape) >= 2 else 0
+    else:
+        d = norm_dim(schema.get("dim"), len(shape), schema.op) if shape else 0
+    pl = strategy.input_placements[0]
+    dims = [m for m, p in enumerate(pl) if p.is_shard(d)]
+    if not dims:
+        return kernel
+    mesh = strategy.output_specs[0].mesh
+    comms = [mesh.get_group(m) for m in dims]
+    start = local_offsets(shape, schema.mesh_shape, pl, _coord(strategy))[d]
+
+    def reduce(arr, op):
+        for comm in comms:
+            comm.allreduce(arr, op=op, what=(schema.op, "class shards"))
+        return arr
+
+    shard = _math_nn.ClassShard(start, shape[d], reduce)
+    if schema.op == "cross_entropy":
+
+        def loss(input, target, weight, ignore_index, reduction, label_smoothing):
+            return _math_nn.sharded_cross_entropy(input, target, weight, ignore_index,
+                                                  reduction, label_smoothing, shard)
+
+        return loss
+    take_log = schema.op == "log_softmax"
+
+    def local(input, dim, dtype):
+        return _math_nn.sharded_softmax(input, dim, dtype, take_log, shard)
 
     return local
 

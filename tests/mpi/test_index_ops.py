@@ -373,17 +373,17 @@ def test_getitem_on_a_sharded_dim_chosen_by_cost():
     (a P(sum) result, nothing moved); many rows out of a small one: the indexed dim is
     gathered rather than a large result reduced."""
     mesh = _mesh()
-    tall = np.random.default_rng(11).standard_normal((64, 8)).astype(np.float32)
+    tall = np.random.default_rng(11).standard_normal((256, 16)).astype(np.float32)
     x = dt.distribute_tensor(tall, mesh, [S(0)])
-    for key in ([3, 40, -1], (np.array([60, 0]), slice(None, None, 2)),
-                np.arange(64) % 9 == 0):
+    for key in ([3, 140, -1], (np.array([250, 0]), slice(None, None, 2)),
+                np.arange(256) % 97 == 0):
         with dt.debug.CommDebugMode() as mode:
             y = x[key]
         assert mode.get_total_counts() == 0
         if WORLD.size > 1:
             assert y.placements == (P("sum"),), key
         _check(y, tall[key])
-    small = tall[:8, :4].copy()
+    small = tall[:8, :4].copy()  # 32 elements
     x = dt.distribute_tensor(small, mesh, [S(0)])
     many = np.random.default_rng(12).integers(0, 8, (512,))
     with dt.debug.CommDebugMode() as mode:

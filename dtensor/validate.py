@@ -101,10 +101,11 @@ class _SimGroup:
         self.slots: list = [None] * size
 
 
+_SIM_REDUCE = {"sum": np.sum, "max": np.max, "min": np.min}
+
+
 class _SimComm:
     """One coordinate's view of a :class:`_SimGroup`: the all-reduce kernels call."""
-
-    _OPS = {"sum": np.sum, "max": np.max, "min": np.min}
 
     def __init__(self, group: _SimGroup, rank: int) -> None:
         self.group, self.rank = group, rank
@@ -114,7 +115,7 @@ class _SimComm:
         g = self.group
         g.slots[self.rank] = send.copy()
         g.barrier.wait()
-        total = self._OPS[op](np.stack(g.slots), axis=0)  # one order: equal on every member
+        total = _SIM_REDUCE[op](np.stack(g.slots), axis=0)  # one order: equal on every member
         g.barrier.wait()
         (send if recv is None else recv)[...] = total
 

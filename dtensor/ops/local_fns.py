@@ -57,8 +57,8 @@ from .table import OPS
 R = Replicate()
 
 __all__ = [
-    "dropout_local",
     "class_sharded_local",
+    "dropout_local",
     "embedding_local",
     "expand_as_local",
     "extreme_local",

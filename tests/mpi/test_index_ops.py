@@ -340,6 +340,21 @@ def test_index_add_and_index_put_match_numpy():
             want[4] += 2
             assert y.placements == tuple(pl)
             _check(y, want)
+    # the indexed dims sharded, source and value replicated: each shard writes its block's
+    # entries, nothing moves
+    a, x = _x(mesh, [S(0)])
+    idx, src = _idx(mesh, np.array([4, 0, 4])), _idx(mesh, np.ones((3, 7), np.float32))
+    with dt.debug.CommDebugMode() as mode:
+        y = dt.index_add(x, 0, idx, src)
+        x.index_put_((dt.tensor([1, 3, 1]), dt.tensor([0, 6, 0])), 5.0, accumulate=True)
+    assert mode.get_total_counts() == 0 and y.placements == x.placements == (S(0),)
+    want = a.copy()
+    want[[0, 4]] += [[1], [2]]
+    _check(y, want)
+    want = a.copy()
+    want[1, 0] += 10
+    want[3, 6] += 5
+    _check(x, want)
 
 
 @pytest.mark.mpi(min_size=1)

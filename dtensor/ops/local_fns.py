@@ -65,6 +65,7 @@ __all__ = [
     "getitem_local",
     "index_add_local",
     "index_local",
+    "kernel_op",
     "mean_local",
     "mse_local",
     "shape_local",
@@ -227,6 +228,17 @@ def embedding_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
     return local
 
 
+#: The op whose kernel runs a collective of its own right now (the all-reduces of a
+#: vocab-parallel loss), or None; the dispatcher reports it as the current op
+#: (:func:`dtensor.dispatch.dispatcher.current_op`) so that CommDebugMode names it.
+_kernel_op: str | None = None
+
+
+def kernel_op() -> str | None:
+    """The op whose kernel is running one of its own collectives, or None. **Local**."""
+    return _kernel_op
+
+
 def class_sharded_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
     """``softmax``/``log_softmax`` along a sharded dim, ``cross_entropy`` with the class dim
     sharded: the block's result, the per-row maximum and sums all-reduced over the mesh
@@ -242,12 +254,17 @@ def class_sharded_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
     if not dims:
         return kernel
     mesh = strategy.output_specs[0].mesh
-    comms = [mesh.get_group(m) for m in dims]
+    comms = [mesh.get_group(m) for m in dims if schema.mesh_shape[m] > 1]
     start = local_offsets(shape, schema.mesh_shape, pl, _coord(strategy))[d]
 
     def reduce(arr, op):
-        for comm in comms:
-            comm.allreduce(arr, op=op, what=(schema.op, "class shards"))
+        global _kernel_op
+        prev, _kernel_op = _kernel_op, schema.op
+        try:
+            for comm in comms:
+                comm.allreduce(arr, op=op, what=(schema.op, "class shards"))
+        finally:
+            _kernel_op = prev
         return arr
 
     shard = _math_nn.ClassShard(start, shape[d], reduce)

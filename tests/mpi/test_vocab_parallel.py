@@ -87,9 +87,9 @@ def test_class_sharded_loss_matches_numpy():
                     with dt.debug.CommDebugMode() as mode:
                         got = dt.cross_entropy(xd, _r(mesh, t), reduction=reduction, **args)
                     assert got.placements == (R,)
-                    counts = mode.get_comm_counts()
-                    assert "all_gather" not in counts and "all_to_all" not in counts
-                    assert counts.get("all_reduce", 0) == (2 if WORLD.size > 1 else 0)
+                    # two all-reduces of per-sample vectors, named after the op; no gather
+                    want_comm = {"cross_entropy": {"all_reduce": 2}} if WORLD.size > 1 else {}
+                    assert mode.get_comm_counts_by_op() == want_comm, mode.table()
                     want = _np_ce(x, t, kw.get("weight"), reduction=reduction,
                                   smoothing=kw.get("label_smoothing", 0.0))
                     np.testing.assert_allclose(got.to_local().numpy(), want, rtol=1e-5,

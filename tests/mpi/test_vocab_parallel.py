@@ -84,8 +84,9 @@ def test_class_sharded_loss_matches_numpy():
             for reduction in ("none", "sum", "mean"):
                 for kw in ({}, {"weight": w}, {"label_smoothing": 0.1}):
                     args = {k: _r(mesh, v) if k == "weight" else v for k, v in kw.items()}
+                    td = _r(mesh, t)
                     with dt.debug.CommDebugMode() as mode:
-                        got = dt.cross_entropy(xd, _r(mesh, t), reduction=reduction, **args)
+                        got = dt.cross_entropy(xd, td, reduction=reduction, **args)
                     assert got.placements == (R,)
                     # two all-reduces of per-sample vectors, named after the op; no gather
                     want_comm = {"cross_entropy": {"all_reduce": 2}} if WORLD.size > 1 else {}

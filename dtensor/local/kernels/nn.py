@@ -373,7 +373,7 @@ def sharded_cross_entropy(
     x = _float_input("cross_entropy", input)
     t = as_array("cross_entropy", target)
     cdim = 1 if x.ndim >= 2 else 0
-    lo, n_local = (0, x.shape[cdim]) if shard is None else (shard.start, x.shape[cdim])
+    lo, n_local = 0 if shard is None else shard.start, x.shape[cdim]
     n_classes = n_local if shard is None else shard.total
     xp = xp_of(x)
     w = None if weight is None else as_array("cross_entropy", weight)

@@ -13,7 +13,10 @@ scalars; broadcasting), on meshes (2,), (3,), (4,) and (2, 2), in ONE process:
    kept by the holder, 0 elsewhere), the op's local kernel (through its ``local_fn``, if
    any) runs per coordinate, and the outputs are combined per the output placements
    (Partial contributions reduced, shards stitched, replicas compared bit for bit; every
-   local output must have the shape and dtype its spec promises);
+   local output must have the shape and dtype its spec promises); the kernels of a
+   strategy whose candidates communicate (:attr:`placements.rules.Candidate.collective`)
+   run one thread per coordinate, their all-reduces over simulated communicators of the
+   mesh dims;
 3. the combined result is compared with the local kernel applied to the global inputs
    (``allclose`` for floats, exact for ints and bools), as are the rule's shapes and dtypes.
 
@@ -30,6 +33,7 @@ import argparse
 import itertools
 import math
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -57,13 +61,17 @@ _BOOL = np.dtype(np.bool_)
 
 
 class _CoordMesh:
-    """A mesh of a given shape seen from one coordinate (what a ``local_fn`` may read)."""
+    """A mesh of a given shape seen from one coordinate (what a ``local_fn`` may read), with
+    simulated communicators of its mesh dims (``comms``) for kernels that communicate."""
 
-    __slots__ = ("coord", "shape")
+    __slots__ = ("comms", "coord", "shape")
 
-    def __init__(self, shape: tuple[int, ...], coord: tuple[int, ...]) -> None:
+    def __init__(
+        self, shape: tuple[int, ...], coord: tuple[int, ...], comms: tuple = ()
+    ) -> None:
         self.shape = shape
         self.coord = coord
+        self.comms = comms
 
     @property
     def ndim(self) -> int:
@@ -72,6 +80,9 @@ class _CoordMesh:
     def get_coordinate(self) -> tuple[int, ...]:
         return self.coord
 
+    def get_group(self, mesh_dim: int) -> _SimComm:
+        return self.comms[mesh_dim]
+
     def __hash__(self) -> int:
         return hash((self.shape, self.coord))
 
@@ -79,6 +90,77 @@ class _CoordMesh:
         return isinstance(other, _CoordMesh) and (self.shape, self.coord) == (
             other.shape, other.coord
         )
+
+
+class _SimGroup:
+    """The coordinates of one mesh-dim communicator, run as threads: a barrier and one slot
+    per member."""
+
+    def __init__(self, size: int) -> None:
+        self.barrier = threading.Barrier(size, timeout=60)
+        self.slots: list = [None] * size
+
+
+_SIM_REDUCE = {"sum": np.sum, "max": np.max, "min": np.min}
+
+
+class _SimComm:
+    """One coordinate's view of a :class:`_SimGroup`: the all-reduce kernels call."""
+
+    def __init__(self, group: _SimGroup, rank: int) -> None:
+        self.group, self.rank = group, rank
+
+    def allreduce(self, send: np.ndarray, recv: np.ndarray | None = None, op: str = "sum",
+                  what: object = None) -> None:
+        g = self.group
+        g.slots[self.rank] = send.copy()
+        g.barrier.wait()
+        total = _SIM_REDUCE[op](np.stack(g.slots), axis=0)  # one order: equal on every member
+        g.barrier.wait()
+        (send if recv is None else recv)[...] = total
+
+
+def _sim_comms(mesh_shape: tuple[int, ...]) -> dict[tuple[int, ...], tuple[_SimComm, ...]]:
+    """Per coordinate, one simulated communicator per mesh dim (the coordinates that differ
+    on that dim only form its group)."""
+    groups: dict[tuple, _SimGroup] = {}
+    out = {}
+    for coord in np.ndindex(*mesh_shape):
+        comms = []
+        for m, n in enumerate(mesh_shape):
+            key = (m, coord[:m] + coord[m + 1 :])
+            comms.append(_SimComm(groups.setdefault(key, _SimGroup(n)), coord[m]))
+        out[coord] = tuple(comms)
+    return out
+
+
+def _per_coordinate(run: Callable, mesh_shape: tuple[int, ...], threads: bool) -> None:
+    """``run(coord, comms)`` for every coordinate: in turn, or (``threads``) at once, one
+    thread each, with simulated communicators; the first exception is raised again (a
+    failing member aborts the barriers, so that the others do not wait for it)."""
+    if not threads:
+        for coord in np.ndindex(*mesh_shape):
+            run(coord, ())
+        return
+    comms = _sim_comms(mesh_shape)
+    errors: list[BaseException] = []
+
+    def body(coord: tuple[int, ...]) -> None:
+        try:
+            run(coord, comms[coord])
+        except BaseException as exc:  # noqa: BLE001 - raised again by the caller
+            errors.append(exc)
+            for cs in comms.values():  # release the members waiting for this one
+                for c in cs:
+                    c.group.barrier.abort()
+
+    workers = [threading.Thread(target=body, args=(c,)) for c in np.ndindex(*mesh_shape)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    if errors:
+        raise errors[0]  # the first: those after it were released by its abort
 
 
 # -- sample calls ------------------------------------------------------------------------------
@@ -280,7 +362,8 @@ _VIEW_CASES: dict[str, tuple] = {
                 ((5, 7), {"idx": np.array([True, False, True, True, False])}),
                 ((2, 3, 4), {"idx": (slice(None), np.array([[0, 2], [1, 1]]), slice(None))}),
                 ((2, 3, 4), {"idx": (0, slice(None), np.array([3, 1]))}),
-                ((3, 2), {"idx": np.array([[True, False], [False, True], [True, True]])})),
+                ((3, 2), {"idx": np.array([[True, False], [False, True], [True, True]])}),
+                ((5, 7), {"idx": (slice(1, None), np.array([[-1, 2], [0, 0]]))})),
     "split": (((8, 12), {"split_size_or_sections": 3, "dim": 0}),
               ((5, 7), {"split_size_or_sections": (2, 5), "dim": 1})),
     "chunk": (((8, 12), {"chunks": 3, "dim": 1}), ((5, 7), {"chunks": 2, "dim": 0}),
@@ -453,9 +536,31 @@ def _index_cases(g: _Gen, shapes, name: str) -> Iterator[Case]:
                 ([0, r - 1], g.arr((2, c), _F32)),
                 ((slice(None), np.array([c - 1, 0])), 2.0),
                 ((slice(None), np.array([c - 1, 0])), g.arr((r, 2), _F32)),
+                (([0, r - 1, 0], [c - 1, 0, 1]), g.arr((3,), _F32)),
+                ((np.array([[r - 1], [0]]), np.array([0, c - 1])), 3.0),
             ):
                 yield Case({"input": g.arr(shape, _F32), "idx": idx, "value": value},
                            f"{shape}[{idx!r}]")
+        elif name == "index_add":
+            for dim, n in ((0, r), (1, c)):
+                src = g.arr((4, c) if dim == 0 else (r, 4), _F32)
+                yield Case({"input": x, "dim": dim, "index": ints(0, n, (4,)), "source": src},
+                           f"{shape}d{dim}")
+            yield Case({"input": x, "dim": 0, "index": ints(0, r, (2,)),
+                        "source": g.arr((2, c), _F32), "alpha": 2.0}, f"{shape}alpha")
+            yield Case({"input": g.arr(shape, _I64), "dim": 1, "index": np.zeros((0,), np.int64),
+                        "source": g.arr((r, 0), _I64)}, f"{shape}empty")
+        elif name == "index_put":
+            for indices, value, acc in (
+                ((ints(0, r, (3,)),), g.arr((3, c), _F32), True),
+                ((ints(0, r, (4,)), ints(0, c, (4,))), g.arr((4,), _F32), True),
+                ((None, np.array([c - 1, 0, c - 1])), g.arr((r, 3), _F32), True),
+                ((None, np.array([c - 1, 0])), g.arr((r, 1), _F32), False),
+                ((g.arr(shape, _BOOL),), 1.5, True),
+                ((np.array([[r - 1], [0]]), np.array([0, c - 1])), g.arr((2, 2), _F32), False),
+            ):
+                yield Case({"input": g.arr(shape, _F32), "indices": indices, "values": value,
+                            "accumulate": acc}, f"{shape}[{len(indices)}]acc={acc}")
         elif name == "kthvalue":
             for dt in _dtypes("f", "i"):
                 yield Case({"input": g.arr(shape, dt), "k": 2, "dim": 1}, f"{dt.name}{shape}")
@@ -780,8 +885,9 @@ def _run_strategy(
         v = call.arg(slot)
         layouts.append(_layout(v, target, mesh_shape, rng) if isinstance(v, np.ndarray) else None)
     locs: list[dict] = [{} for _ in range(n_out)]
-    for coord in np.ndindex(*mesh_shape):
-        mesh = _CoordMesh(mesh_shape, coord)
+
+    def run(coord: tuple[int, ...], comms: tuple) -> None:
+        mesh = _CoordMesh(mesh_shape, coord, comms)
         strategy: OpStrategy = _strategy(schema, mesh, result, combo, 0.0, ())
         values = list(call.values)
         if info.variadic is not None:
@@ -814,6 +920,8 @@ def _run_strategy(
                     f"{spec.dtype}{want_shape} ({spec})"
                 )
             locs[k][coord] = o
+
+    _per_coordinate(run, mesh_shape, any(c.collective for c in combo))
     for k in range(n_out):
         out_pl = tuple(c.placements[k] for c in combo)
         got = _combine(locs[k], out_pl, result.out_shapes[k], mesh_shape)

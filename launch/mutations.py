@@ -230,7 +230,7 @@ def remap(pred: Pred, fn: OutMap) -> Transform:
             if pred(pl):
                 outs = tuple(fn(p, s) for p, s in zip(pl[:n_out], result.out_shapes))
                 if outs != pl[:n_out]:
-                    c = Candidate(outs + pl[n_out:])
+                    c = replace(c, placements=outs + pl[n_out:])
             cands.append(c)
         if all(a is b for a, b in zip(cands, result.candidates)):
             return result
@@ -245,7 +245,7 @@ def put(pred: Pred, i: int, p: Placement) -> Transform:
 
     def transform(schema: OpSchema, result: RuleResult) -> RuleResult:
         cands = [
-            Candidate(c.placements[:i] + (p,) + c.placements[i + 1 :])
+            replace(c, placements=c.placements[:i] + (p,) + c.placements[i + 1 :])
             if pred(c.placements) and c.placements[i] != p else c
             for c in result.candidates
         ]
@@ -290,6 +290,16 @@ def out_shard(c: Placements) -> bool:
 def reduced_to(p: Placement) -> Pred:
     """The output is ``p`` and the input a Shard (a reduced dim)."""
     return lambda c: c[0] == p and c[1] is not None and c[1].kind == "S"
+
+
+def masked(c: Placements) -> bool:
+    """A ``P(sum)`` output of a sharded input: local indexing with masking (getitem)."""
+    return c[0] == PSUM and c[1] is not None and c[1].kind == "S"
+
+
+def vocab(c: Placements) -> bool:
+    """A Replicate output of logits sharded on the class dim (vocab-parallel loss)."""
+    return c[0] == R and c[1] == S1
 
 
 def to(p: Placement) -> OutMap:
@@ -464,6 +474,9 @@ MUTATIONS: tuple[Mutation, ...] = (
           "transpose loses its first Shard candidate", choices("transpose", "transpose")),
     _rule("view", "drop", "getitem_partial", ["getitem"], drop(exactly(PSUM, PSUM)),
           "basic indexing loses [P(sum), P(sum)]", choices("getitem", "getitem")),
+    _rule("view", "drop", "getitem_masked", ["getitem"], drop(masked),
+          "advanced getitem loses local indexing with masking (P(sum)) on the indexed dim",
+          (Run(("mpi/test_index_ops.py",), "cost", ranks=2), *choices("getitem", "getitem"))),
     _rule("view", "minmax", "permute", ["permute"], remap(exactly(PMAX, PMAX), swap_minmax),
           "permute maps P(max) to P(min)", values("permute", "permute")),
     _rule("view", "minmax", "reshape", ["reshape"], remap(exactly(PMIN, PMIN), swap_minmax),
@@ -505,6 +518,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     _rule("nn", "drop", "cross_entropy_sum", ["cross_entropy"], drop(out_is(PSUM)),
           "cross_entropy(reduction='sum') loses [P(sum), S(0), S(0)]",
           choices("cross_entropy", "cross_entropy")),
+    _rule("nn", "drop", "cross_entropy_vocab", ["cross_entropy"], drop(vocab),
+          "cross_entropy loses the vocab-parallel candidate (the logits are gathered)",
+          (Run(("mpi/test_vocab_parallel.py",), ranks=2),
+           *choices("cross_entropy", "cross_entropy"))),
+    _rule("nn", "sum", "cross_entropy_vocab", ["cross_entropy"], remap(vocab, to(PSUM)),
+          "the vocab-parallel loss claims P(sum) (every shard holds the whole loss)",
+          (Run(("mpi/test_vocab_parallel.py",), ranks=2),
+           *values("cross_entropy", "cross_entropy"))),
     _rule("nn", "minmax", "dropout", ["dropout"], remap(exactly(PMAX, PMAX), swap_minmax),
           "dropout maps P(max) to P(min)", values("dropout", "dropout")),
     _rule("nn", "minmax", "embedding", ["embedding"], remap(exactly(PMAX, R, PMAX), swap_minmax),
@@ -530,6 +551,18 @@ MUTATIONS: tuple[Mutation, ...] = (
           values("masked_fill", "masked_fill")),
     _rule("index", "shard", "index_select", ["index_select"], remap(out_shard, shift_shard),
           "index_select's Shard output is off by one", values("index_select", "index_select")),
+    _rule("index", "drop", "index_add_masked", ["index_add"], drop(exactly(S0, S0, R, R)),
+          "index_add loses the sharded indexed dim (each shard adds its block's rows)",
+          (Run(("mpi/test_index_ops.py",), "index_add", ranks=2),
+           *choices("index_add", "index_add"))),
+    _rule("index", "sum", "index_add", ["index_add"], add(PSUM, PSUM, R, R),
+          "index_add of a P(sum) input and a replicated source claims P(sum)",
+          values("index_add", "index_add")),
+    _rule("index", "minmax", "index_put", ["index_put"],
+          remap(exactly(PMAX, PMAX, R), swap_minmax),
+          "index_put of a P(max) input claims P(min)", values("index_put", "index_put")),
+    _rule("index", "shard", "index_add", ["index_add"], remap(out_shard, shift_shard),
+          "index_add's Shard output is off by one", values("index_add", "index_add")),
     # -- plan ---------------------------------------------------------------------------------
     _plan("all_reduce", without("all_reduce"), "plans lose their AllReduce steps"),
     _plan("all_gather", without("all_gather"), "plans lose their AllGather steps"),

@@ -1,7 +1,8 @@
 """Metadata of the indexing ops: output shapes and the checks of their arguments.
 
 ``index_select``, ``gather``, ``scatter``/``scatter_add``, ``take_along_dim``,
-``masked_fill``, ``sort``/``argsort``, ``topk`` and ``kthvalue`` are checked here once, from
+``masked_fill``, ``sort``/``argsort``, ``topk``, ``kthvalue``, ``index_add`` and the
+writes through an index (``x[idx] = value``, ``index_put``) are checked here once, from
 shapes and dtypes only: the local kernels and the sharding rules call the same functions,
 so a local Tensor and a DTensor raise the same typed errors, and a DTensor raises them on
 every rank before any communication (the rules see global shapes). Index VALUES are checked
@@ -13,23 +14,27 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import DimError, DTypeError, ShardingError
+from .errors import ArgumentError, DimError, DTypeError, ShardingError
 from .meta import _full_slice, broadcast_shapes, is_advanced_entry, norm_dim, parse_index
 
 __all__ = [
-    "advanced_index_shape",
     "check_index_dtype",
     "check_index_values",
     "gather_shape",
+    "index_add_check",
     "index_plan",
+    "index_put_check",
+    "index_put_index",
     "index_select_shape",
     "is_advanced_entry",
     "kthvalue_shape",
     "masked_fill_check",
+    "masked_index_dim",
     "scatter_check",
     "sort_dim",
     "take_along_dim_shape",
     "topk_shape",
+    "write_check",
 ]
 
 
@@ -204,16 +209,6 @@ def kthvalue_shape(
     return (shape[:d] + (1,) + shape[d + 1 :]) if keepdim else shape[:d] + shape[d + 1 :], d
 
 
-def advanced_index_shape(
-    shape: tuple[int, ...], index: object, op: str = "__getitem__"
-) -> tuple[tuple[int, ...], dict[int, int]]:
-    """numpy's (and PyTorch's) advanced indexing ``x[index]`` on metadata: the output shape
-    and the input dims kept whole ``{input dim: output dim}`` (under ``...`` or a slice of
-    the whole dim); see :func:`index_plan`."""
-    out, kept, _ = index_plan(shape, index, op)
-    return out, kept
-
-
 def index_plan(
     shape: tuple[int, ...], index: object, op: str = "__getitem__"
 ) -> tuple[tuple[int, ...], dict[int, int], list[tuple[str, object, int, int | None]]]:
@@ -312,3 +307,113 @@ def index_plan(
                 out.extend(bshape)
             step[3] = group_at
     return tuple(out), kept, [tuple(p) for p in plan]  # type: ignore[misc]
+
+
+def masked_index_dim(plan: list[tuple[str, object, int, int | None]]) -> int | None:
+    """The input dim that an index of :func:`index_plan`'s ``plan`` indexes with its only
+    advanced entry, an integer array or a 1-D mask, the other entries being slices and
+    None; None for any other index. Such a dim may stay sharded under indexing: each shard
+    picks the entries in its block and zeros the others (local indexing with masking),
+    giving a ``P(sum)`` result."""
+    adv = [p for p in plan if p[0] not in ("slice", "none")]
+    if len(adv) != 1:
+        return None
+    kind, v, d, _ = adv[0]
+    ok = kind == "array" or (kind == "mask" and v.ndim == 1)  # type: ignore[union-attr]
+    return d if ok else None
+
+
+def index_add_check(
+    shape: tuple[int, ...],
+    dtype: np.dtype,
+    dim: object,
+    index_shape: tuple[int, ...],
+    index_dtype: np.dtype,
+    source_shape: tuple[int, ...],
+    source_dtype: np.dtype,
+) -> int:
+    """Check an ``index_add(input, dim, index, source)`` call: an integer index vector, a
+    source of the input's shape except ``len(index)`` along ``dim``, of the input's dtype;
+    returns the normalised dim."""
+    op = "index_add"
+    d = sort_dim(op, shape, dim)
+    check_index_dtype(op, index_dtype)
+    if len(index_shape) > 1:
+        raise ShardingError(f"{op}(): Index is supposed to be a vector, got shape {index_shape}")
+    n = int(np.prod(index_shape))
+    want = shape[:d] + (n,) + shape[d + 1 :] if shape else (n,)
+    if tuple(source_shape) != want and not (not shape and n == 1 and not source_shape):
+        raise ShardingError(
+            f"{op}(): source of shape {tuple(source_shape)} does not match the input of shape "
+            f"{tuple(shape)} with an index of {n} entries along dimension {d} (expected "
+            f"source shape {want})"
+        )
+    if np.dtype(source_dtype) != np.dtype(dtype):
+        raise DTypeError(
+            f"{op}(): self ({np.dtype(dtype).name}) and source ({np.dtype(source_dtype).name}) "
+            "must have the same dtype"
+        )
+    return d
+
+
+def index_put_index(indices: object) -> tuple:
+    """The index ``x[index]`` that ``index_put``'s ``indices`` (a tuple or list of index
+    tensors, None for a whole dim) stand for.
+
+    Raises
+    ------
+    ArgumentError
+        ``indices`` is not a tuple or list.
+    """
+    if not isinstance(indices, (tuple, list)):
+        raise ArgumentError(
+            f"index_put(): indices must be a tuple of tensors, got {type(indices).__name__}"
+        )
+    return tuple(slice(None) if i is None else i for i in indices)
+
+
+def index_put_check(
+    shape: tuple[int, ...],
+    dtype: np.dtype,
+    indices: object,
+    value_shape: tuple[int, ...],
+    value_dtype: np.dtype | None,
+) -> tuple[tuple, tuple[int, ...], dict[int, int], list]:
+    """Check an ``index_put(input, indices, values)`` call (``value_dtype`` None: a python
+    scalar value): :func:`write_check`, and a tensor value of the input's dtype. Returns
+    ``(index, region, kept, plan)``."""
+    index = index_put_index(indices)
+    region, kept, plan = write_check("index_put", shape, index, value_shape)
+    if value_dtype is not None and np.dtype(value_dtype) != np.dtype(dtype):
+        raise DTypeError(
+            f"index_put(): Index put requires the source and destination dtypes match, got "
+            f"{np.dtype(dtype).name} for the destination and {np.dtype(value_dtype).name} for "
+            "the source"
+        )
+    return index, region, kept, plan
+
+
+def write_check(
+    op: str, shape: tuple[int, ...], index: object, value_shape: tuple[int, ...]
+) -> tuple[tuple[int, ...], dict[int, int], list]:
+    """Check a write of a value of ``value_shape`` through ``x[index]`` (``x[index] =
+    value``, ``index_put``): :func:`index_plan`'s checks, and the value broadcasting to the
+    indexed region. Returns :func:`index_plan`'s ``(region, kept, plan)``.
+
+    Raises
+    ------
+    ShardingError
+        The value does not broadcast to the region (and the errors of :func:`index_plan`).
+    """
+    region, kept, plan = index_plan(shape, index, op)
+    try:
+        fits = broadcast_shapes(op, [region, value_shape]) == region
+    except ShardingError:
+        fits = False
+    if not fits:
+        raise ShardingError(
+            f"{op}: shape mismatch: value tensor of shape {tuple(value_shape)} cannot be "
+            f"broadcast to indexing result of shape {region} (index {index!r}, global shape "
+            f"{tuple(shape)})"
+        )
+    return region, kept, plan

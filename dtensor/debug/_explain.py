@@ -23,10 +23,10 @@ from dataclasses import asdict, dataclass, field, replace
 
 from placements.errors import DTypeError, NoRuleError, SignatureError
 from placements.layout import max_local_shape
-from placements.rules import OpSchema, nd_valid
-from placements.rules._core import _rule_result
+from placements.rules import OpSchema, OpStrategy, nd_valid
+from placements.rules._core import _reduce_cost, _rule_result
 from placements.spec import DTensorSpec
-from placements.types import Placement, placement_list
+from placements.types import Partial, Placement, Replicate, placement_list
 from redistribute import comm as _comm
 from redistribute.cost import buffer_bytes, default_cost_model, step_cost
 from redistribute.explain import explain_plan, format_seconds
@@ -229,17 +229,41 @@ def _plan_steps(op: str, arg: int, spec: DTensorSpec, steps: Sequence) -> list[C
     ]
 
 
+def _kernel_steps(op: str, strategy: OpStrategy, mesh: object) -> list[Collective]:
+    """The all-reduces the kernel of the chosen strategy runs itself (its candidates that
+    say :attr:`placements.rules.Candidate.collective`), after the inputs' moves."""
+    if not strategy.candidates_considered:
+        return []
+    combo = strategy.candidates_considered[-1][0]  # the chosen one: the last best found
+    model = default_cost_model()
+    out = []
+    nm = len(mesh.shape)
+    for m, c in enumerate(combo):
+        if not c.collective or mesh.shape[m] == 1:
+            continue
+        for n in c.reduces:
+            pl = tuple(Partial("sum") if k == m else Replicate() for k in range(nm))
+            spec = DTensorSpec._trusted(mesh, pl, (n,), strategy.output_specs[0].dtype)
+            out.append(Collective(op, 0, "all_reduce", m, True, n * spec.dtype.itemsize,
+                                  redistribute_cost(spec, (Replicate(),) * nm, model)))
+    return out
+
+
 def _is_partial(v: object, m: int) -> bool:
     return isinstance(v, DTensor) and v.placements[m].kind == "P"
 
 
 def _candidates(
-    schema: OpSchema, args: Sequence[object], mesh_ndim: int
+    schema: OpSchema, args: Sequence[object], mesh: object
 ) -> tuple[list[tuple[str, float]], int]:
-    """Every valid N-D candidate of the op's rule with its redistribution cost, cheapest first
-    (ties in candidate-list order); at most :data:`MAX_CANDIDATES` are priced."""
+    """Every valid N-D candidate of the op's rule with its cost (the redistribution of its
+    inputs and the all-reduces it implies), cheapest first (ties in candidate-list order);
+    at most :data:`MAX_CANDIDATES` are priced."""
+    mesh_ndim = len(mesh.shape)
     result = _rule_result(schema)
     n_out = len(result.out_shapes)
+    cost_fn = _dispatch._cost_fn({}, mesh)
+    dtype = result.out_dtypes[0]
     # As the dispatcher does: never turn an input into a Partial kind no input holds there.
     held = [
         {v.placements[m].reduce_op for v in args if _is_partial(v, m)} for m in range(mesh_ndim)
@@ -251,7 +275,8 @@ def _candidates(
     for order, combo in enumerate(combos):
         if not nd_valid(result, combo):
             continue
-        cost = 0.0
+        cost = sum(_reduce_cost(cost_fn, m, mesh_ndim, n, dtype)
+                   for m, c in enumerate(combo) for n in c.reduces)
         ins = []
         for i, v in enumerate(args):
             j = n_out + i
@@ -305,7 +330,7 @@ def _explain_entry(
 ) -> OpExplanation:
     """Describe a decision of the dispatcher (``entry``) for the bound call ``values``."""
     args = entry.arguments(values)
-    candidates, total = _candidates(entry.schema, args, len(mesh.shape)) if top else ([], 0)
+    candidates, total = _candidates(entry.schema, args, mesh) if top else ([], 0)
     strategy = entry.strategy
     plans = []
     steps: list[Collective] = []
@@ -314,6 +339,7 @@ def _explain_entry(
             text = explain_plan(move.src, move.dst.placements)
             plans.append(f"arg {i}: " + text.replace("\n", f"\narg {i}: "))
             steps += _plan_steps(info.name, i, move.src, move.steps)
+    steps += _kernel_steps(info.name, strategy, mesh)
     return OpExplanation(
         op=info.name,
         inputs=tuple(_describe(v) for v in args),

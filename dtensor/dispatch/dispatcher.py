@@ -58,6 +58,7 @@ from ..distributed.dtensor import DTensor, allocator_for
 from ..local import dtypes as _dtypes
 from ..local.kernels.base import quiet_call
 from ..local.tensor import Tensor, _wrap
+from ..ops.local_fns import kernel_op
 from ..ops.table import _MOVES_ONLY, OpInfo
 
 __all__ = [
@@ -98,8 +99,9 @@ _current_op: str | None = None
 
 
 def current_op() -> str | None:
-    """The op whose inputs are being redistributed right now, or None. **Local**."""
-    return _current_op
+    """The op whose inputs are being redistributed right now, or whose kernel runs a
+    collective of its own (:func:`dtensor.ops.local_fns.kernel_op`), or None. **Local**."""
+    return _current_op or kernel_op()
 
 
 # -- listeners (the debug tools' way in) --------------------------------------------------------
@@ -685,7 +687,7 @@ def _build_entry(info: OpInfo, binder: _Binder, values: list, mesh: object) -> C
     )
     specs = {id(m): v._spec for m, v in zip(metas, args) if isinstance(v, DTensor)}
     try:
-        strategy = propagate(schema, mesh, _cost_fn(specs))
+        strategy = propagate(schema, mesh, _cost_fn(specs, mesh))
     except (NoRuleError, ShardingError, DimError, DTypeError) as e:
         inputs = ", ".join(describe(v) for v in args)
         raise type(e)(f"{e} [op {info.name}; inputs: {inputs}; mesh {mesh.shape}]") from e
@@ -761,8 +763,12 @@ def _check_inplace(op: str, args: list, moves: list, out_specs: tuple) -> None:
         )
 
 
-def _cost_fn(specs: dict[int, DTensorSpec]) -> Callable[[ArgMeta, tuple], float]:
-    """The cost function ``propagate`` asks: the planned redistribution cost of one input.
+def _cost_fn(
+    specs: dict[int, DTensorSpec], mesh: object
+) -> Callable[[ArgMeta, tuple], float]:
+    """The cost function ``propagate`` asks: the planned redistribution cost of one input
+    (0 for a local argument), or of metadata that is no argument (an all-reduce a
+    candidate implies, placed on ``mesh``).
 
     Costs come from the redistribute planner (cached with its plans) under the process-wide
     cost model; after replacing that model (``redistribute.set_default_cost_model``) call
@@ -773,7 +779,9 @@ def _cost_fn(specs: dict[int, DTensorSpec]) -> Callable[[ArgMeta, tuple], float]
     def cost(meta: ArgMeta, target: tuple[Placement, ...]) -> float:
         spec = specs.get(id(meta))
         if spec is None:
-            return 0.0
+            if meta.placements is None:
+                return 0.0
+            spec = DTensorSpec._trusted(mesh, meta.placements, meta.shape, meta.dtype)
         return redistribute_cost(spec, target, model)
 
     return cost

@@ -18,6 +18,7 @@ import numpy as np
 
 from placements import Replicate
 from placements.errors import AutogradError
+from placements.index_meta import index_put_index
 from placements.meta import norm_dim, norm_dims
 
 from ..distributed.dtensor import DTensor, distribute_tensor
@@ -930,6 +931,29 @@ def _setitem(g, v, o, need):
     return (gx, gv)
 
 
+def _index_add(g, v, o, need):
+    """index_add(input, dim, index, source, alpha): the source's rows of the gradient are
+    the ones its index added them to."""
+    x, dim, index, alpha = v[0], v[1], v[2], v[4]
+    gs = None
+    if len(need) > 2 and need[2]:
+        gs = g.index_select(norm_dim(dim, x.ndim), index) if x.ndim else g
+        if alpha != 1:
+            gs = gs * alpha
+    return (g, None, gs)
+
+
+def _index_put(g, v, o, need):
+    """index_put(input, indices, values, accumulate): as ``x[indices] = values`` (as
+    :func:`_setitem`), the input's gradient kept where the values were added."""
+    indices, accumulate = v[1], v[3]
+    gx = None
+    if need[0]:
+        gx = g if accumulate else g.index_put(indices, 0.0)  # overwritten: no gradient
+    gv = g[index_put_index(indices)] if len(need) > 1 and need[1] else None
+    return (gx, gv)
+
+
 #: The formulas of the indexing ops (:mod:`dtensor.ops.index`), by name.
 INDEX = {
     "index_select": _bw(_index_select),
@@ -944,4 +968,6 @@ INDEX = {
     "topk": _bw(_topk, ("input",), multi=True),
     "kthvalue": _bw(_kthvalue, ("input",), multi=True),
     "setitem": _bw(_setitem),
+    "index_add": _bw(_index_add),
+    "index_put": _bw(_index_put),
 }

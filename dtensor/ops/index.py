@@ -1,8 +1,12 @@
 """Records of the indexing ops: ``index_select``, ``gather``, ``scatter``,
-``scatter_add``, ``take_along_dim``, ``masked_fill``, ``sort``, ``argsort``, ``topk`` and
-``kthvalue`` (functions and methods; ``masked_fill_``, ``scatter_`` and ``scatter_add_``
-in place), and ``x[idx] = value`` (``setitem``). Their rules are :mod:`placements.rules.index`; the ops that take an index with
-the data sharded on another dim cut the index to the shard (:func:`.local_fns.index_local`).
+``scatter_add``, ``take_along_dim``, ``masked_fill``, ``sort``, ``argsort``, ``topk``,
+``kthvalue``, ``index_add`` and ``index_put`` (functions and methods; ``masked_fill_``,
+``scatter_``, ``scatter_add_``, ``index_add_`` and ``index_put_`` in place), and
+``x[idx] = value`` (``setitem``). Their rules are :mod:`placements.rules.index`; the ops
+that take an index with the data sharded on another dim cut the index to the shard
+(:func:`.local_fns.index_local`), the writes through an index and ``index_add`` on a
+sharded indexed dim keep the entries that land in the shard
+(:func:`.local_fns.write_index_local`, :func:`.local_fns.index_add_local`).
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from __future__ import annotations
 from ..local.kernels import index as K
 from ..local.tensor import Tensor
 from .derivatives import INDEX as D
-from .local_fns import index_local, setitem_local
+from .local_fns import index_add_local, index_local, write_index_local
 from .table import Operator, declare, declare_method
 
 __all__: list[str] = []
@@ -48,6 +52,20 @@ for _name in ("sort", "argsort", "topk", "kthvalue"):
     declare(_name, getattr(K, _name), samples="index", backward=D[_name])
 
 
+def _index_add_(input: Tensor, dim: int, index: Tensor, source: Tensor, alpha=1) -> Tensor:
+    """In-place :func:`index_add` (writes into ``input``). **Local**."""
+    return input.copy_(K.index_add(input, dim, index, source, alpha=alpha))
+
+
+declare("index_add", K.index_add, ("input", "index", "source"), local_fn=index_add_local,
+        samples="index", backward=D["index_add"])
+declare("index_add_", _index_add_, ("input", "index", "source"), local_fn=index_add_local,
+        function=False, writes=True, samples="index", backward=D["index_add"])
+# the indices are static (every rank holds them whole, as for x[idx] = value)
+declare("index_put", K.index_put, ("input", "values"), local_fn=write_index_local,
+        samples="index", backward=D["index_put"])
+declare("index_put_", K.index_put_, ("input", "values"), local_fn=write_index_local,
+        function=False, writes=True, samples="index", backward=D["index_put"])
 
 def _setitem(input: Tensor, idx: object, value: object) -> Tensor:
     """``input[idx] = value``, returning ``input`` (the op table's kernel form). **Local**."""
@@ -57,5 +75,5 @@ def _setitem(input: Tensor, idx: object, value: object) -> Tensor:
 
 # x[idx] = value: the index is static (every rank holds it whole, as for x[idx])
 declare_method("setitem", ("input", "idx", "value"), ("input", "value"), kernel=_setitem,
-               writes=True, local_fn=setitem_local, samples="index", backward=D["setitem"],
+               writes=True, local_fn=write_index_local, samples="index", backward=D["setitem"],
                operators=(Operator("__setitem__", "method", Tensor.__setitem__),))

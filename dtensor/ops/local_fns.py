@@ -13,13 +13,19 @@ from ``strategy.output_specs[0].mesh``):
   kernel receives the LOCAL output shape (or explicit squeeze dims);
 - ``embedding`` with a row-sharded weight: indices outside the local rows are masked to
   zero and the others shifted (PyTorch's MaskPartial), giving a ``P(sum)`` output;
+- ``softmax``/``log_softmax`` along a sharded dim and ``cross_entropy`` on logits sharded
+  on the class dim (the vocab-parallel loss): the kernel all-reduces the per-row maximum
+  and sums over the mesh dims that shard that dim (it communicates: its candidate says
+  so, :attr:`placements.rules.Candidate.collective`);
 - ``dropout`` on a sharded input: the mask is drawn for the global tensor's counters at
   the shard's global offsets, so the result equals the single-device one;
 - ``gather``/``scatter``/``scatter_add``/``take_along_dim`` with the data sharded on a dim
   the op does not index: the (replicated) index is cut to this shard's rows of that dim;
+- ``x[idx]`` with the dim of its only integer array (or 1-D mask) sharded: the entries in
+  this shard's block are picked and the others zeroed (``P(sum)`` output);
 - ``x[idx] = value`` on a sharded dim: the global index becomes this shard's (ints and
-  slices translated, a mask cut to the block, an integer array's entries in the block
-  kept), and the value is cut to the part that lands here.
+  slices translated, a mask cut to the block, the entries of the index arrays that land
+  in the block kept), and the value is cut to the part that lands here.
 """
 
 from __future__ import annotations
@@ -31,7 +37,12 @@ import numpy as np
 
 from placements import Replicate
 from placements.errors import ArgumentError
-from placements.index_meta import index_plan
+from placements.index_meta import (
+    check_index_values,
+    index_plan,
+    index_put_index,
+    masked_index_dim,
+)
 from placements.layout import local_offsets, local_shape, local_slices
 from placements.meta import norm_dim, norm_dims, squeeze_dims
 from placements.rules import OpSchema, OpStrategy
@@ -46,16 +57,20 @@ from .table import OPS
 R = Replicate()
 
 __all__ = [
+    "class_sharded_local",
     "dropout_local",
     "embedding_local",
     "expand_as_local",
     "extreme_local",
+    "getitem_local",
+    "index_add_local",
     "index_local",
+    "kernel_op",
     "mean_local",
     "mse_local",
-    "setitem_local",
     "shape_local",
     "squeeze_local",
+    "write_index_local",
 ]
 
 
@@ -213,6 +228,61 @@ def embedding_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
     return local
 
 
+#: The op whose kernel runs a collective of its own right now (the all-reduces of a
+#: vocab-parallel loss), or None; the dispatcher reports it as the current op
+#: (:func:`dtensor.dispatch.dispatcher.current_op`) so that CommDebugMode names it.
+_kernel_op: str | None = None
+
+
+def kernel_op() -> str | None:
+    """The op whose kernel is running one of its own collectives, or None. **Local**."""
+    return _kernel_op
+
+
+def class_sharded_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
+    """``softmax``/``log_softmax`` along a sharded dim, ``cross_entropy`` with the class dim
+    sharded: the block's result, the per-row maximum and sums all-reduced over the mesh
+    dims that shard that dim (:class:`dtensor.local.kernels.nn.ClassShard`)."""
+    kernel = OPS[schema.op].kernel
+    shape = schema.args[0].shape
+    if schema.op == "cross_entropy":
+        d = 1 if len(shape) >= 2 else 0
+    else:
+        d = norm_dim(schema.get("dim"), len(shape), schema.op) if shape else 0
+    pl = strategy.input_placements[0]
+    dims = [m for m, p in enumerate(pl) if p.is_shard(d)]
+    if not dims:
+        return kernel
+    mesh = strategy.output_specs[0].mesh
+    comms = [mesh.get_group(m) for m in dims if schema.mesh_shape[m] > 1]
+    start = local_offsets(shape, schema.mesh_shape, pl, _coord(strategy))[d]
+
+    def reduce(arr, op):
+        global _kernel_op
+        prev, _kernel_op = _kernel_op, schema.op
+        try:
+            for comm in comms:
+                comm.allreduce(arr, op=op, what=(schema.op, "class shards"))
+        finally:
+            _kernel_op = prev
+        return arr
+
+    shard = _math_nn.ClassShard(start, shape[d], reduce)
+    if schema.op == "cross_entropy":
+
+        def loss(input, target, weight, ignore_index, reduction, label_smoothing):
+            return _math_nn.sharded_cross_entropy(input, target, weight, ignore_index,
+                                                  reduction, label_smoothing, shard)
+
+        return loss
+    take_log = schema.op == "log_softmax"
+
+    def local(input, dim, dtype):
+        return _math_nn.sharded_softmax(input, dim, dtype, take_log, shard)
+
+    return local
+
+
 def dropout_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
     """Sharded dropout: the mask of the global counters at this shard's global offsets."""
     spec = strategy.output_specs[0]
@@ -258,6 +328,53 @@ def index_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
     return local
 
 
+def _in_block(arr: np.ndarray, size: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+    """The entries of a global index array (into a dim of ``size``; negative ones count
+    from the end) that land in the block ``[lo, hi)``: ``(inside, positions in the block,
+    0 outside)``."""
+    arr = arr % size if size else arr
+    inside = (arr >= lo) & (arr < hi)
+    return inside, np.where(inside, arr - lo, 0)
+
+
+def getitem_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
+    """``x[idx]`` with the dim of the index's only integer array (or 1-D mask) sharded
+    (:func:`placements.index_meta.masked_index_dim`): this block's entries picked, the
+    others zero, so that the ``P(sum)`` over the shards is the result."""
+    kernel = OPS[schema.op].kernel
+    shape = schema.args[0].shape
+    pl = strategy.input_placements[0]
+    if not any(p.is_shard() for p in pl):
+        return kernel
+    _, _, plan = index_plan(shape, schema.get("idx"))
+    d = masked_index_dim(plan)
+    if d is None or not any(p.is_shard(d) for p in pl):
+        return kernel
+    coord = _coord(strategy)
+    lo = local_offsets(shape, schema.mesh_shape, pl, coord)[d]
+    n = local_shape(shape, schema.mesh_shape, pl, coord)[d]
+    out_shape = _local_out_shape(strategy)
+    if n == 0:
+        return lambda input, idx: _filled(input, out_shape, 0, input.dtype)
+    key: list = []
+    for kind, v, _, o in plan:
+        if kind in ("none", "slice"):
+            key.append(v)
+            continue
+        inside, pos = _in_block(np.nonzero(v)[0] if kind == "mask" else v, shape[d], lo, lo + n)
+        key.append(pos)
+        at = o
+    mask = inside.reshape((1,) * at + inside.shape + (1,) * (len(out_shape) - at - inside.ndim))
+    key = tuple(key)
+
+    def local(input, idx):
+        out = kernel(input, key)._arr
+        xp = array_module_of(out)
+        return _wrap(xp.where(xp.asarray(mask), out, xp.zeros((), out.dtype)))
+
+    return local
+
+
 def _local_slice(s: slice, size: int, lo: int, hi: int) -> tuple[slice, slice]:
     """The part of slice ``s`` (of a dim of ``size``) that falls in ``[lo, hi)``: ``(slice
     of the block, slice of the selected positions)``."""
@@ -271,22 +388,54 @@ def _local_slice(s: slice, size: int, lo: int, hi: int) -> tuple[slice, slice]:
     return slice(first - lo, last - lo + 1, step), slice(k0, k1)
 
 
-def setitem_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
-    """``x[idx] = value`` with ``x`` sharded: write this block's part (see the rule,
-    :func:`placements.rules.index.setitem_rule`)."""
-    kernel = OPS[schema.op].kernel
+def _write_index(schema: OpSchema) -> tuple[str, object]:
+    """``(op, index)`` of a write through an index: ``x[idx] = value`` or ``index_put``."""
+    if schema.op == "setitem":
+        return "__setitem__", schema.get("idx")
+    return "index_put", index_put_index(schema.get("indices"))
+
+
+def write_index_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
+    """``x[idx] = value`` and ``index_put(x, indices, values, accumulate)`` (and
+    ``index_put_``) with ``x`` sharded: write this block's part (see the rule,
+    :func:`placements.rules.index.write_rule`).
+
+    Ints and slices are translated to the block. When a dim of the advanced entries (index
+    arrays, masks, and ints among them) is sharded, the entries broadcast together and
+    those whose positions land in this block on every sharded dim are kept, as one vector
+    per indexed dim (in the order, and so at the place, of the global index); the value's
+    broadcast index dims are cut to the same entries.
+    """
+    info = OPS[schema.op]
+    kernel = info.kernel
     spec = strategy.output_specs[0]
     if not spec.is_sharded():
         return kernel
     coord = _coord(strategy)
     shape = spec.shape
     offs, lens = spec.local_offsets(coord), spec.local_shape(coord)
-    region, kept, plan = index_plan(shape, schema.get("idx"), "__setitem__")
+    op, index = _write_index(schema)
+    region, kept, plan = index_plan(shape, index, op)
     key: list = []
     vkey: list = [slice(None)] * len(region)  # the value's part written here
     target = list(region)  # the value's local shape before vkey (kept dims are local)
     for d, o in kept.items():
         target[o] = lens[d]
+    adv = [p for p in plan if p[0] in ("mask", "array") or (p[0] == "int" and p[3] is not None)]
+    dims = [k for kind, v, d, _ in adv for k in range(d, d + (v.ndim if kind == "mask" else 1))]
+    if any(lens[k] != shape[k] for k in dims):
+        flat = np.broadcast_arrays(*[
+            a for kind, v, d, _ in adv
+            for a in (np.nonzero(v) if kind == "mask" else (np.asarray(v) % shape[d],))
+        ])
+        inside = np.ones(flat[0].shape, bool)
+        for k, a in zip(dims, flat):
+            inside &= (a >= offs[k]) & (a < offs[k] + lens[k])
+        local_arrays = iter([a[inside] - offs[k] for k, a in zip(dims, flat)])
+        o = adv[0][3]
+        vkey[o : o + inside.ndim] = [inside]  # the index dims of the value, as one
+    else:
+        local_arrays = None
     for kind, v, d, o in plan:
         lo = offs[d] if d < len(shape) else 0
         hi = lo + lens[d] if d < len(shape) else 0
@@ -298,35 +447,48 @@ def setitem_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
             else:
                 key.append(_local_slice(v, shape[d], lo, hi)[0])
                 vkey[o] = _local_slice(v, shape[d], lo, hi)[1]
-        elif kind == "int":
+        elif kind == "int" and o is None:
             if lens[d] != shape[d] and not lo <= v < hi:
-                return lambda input, idx, value: input  # nothing of it lands here
+                # nothing of it lands here
+                return lambda input, *rest: input if info.inplace else input.clone()
             key.append(v - lo)
+        elif local_arrays is None:
+            key.append(v)
         else:
-            dims = range(d, d + (v.ndim if kind == "mask" else 1))
-            if all(lens[k] == shape[k] for k in dims):
-                key.append(v)
-                continue
-            if kind == "mask":
-                key.append(v[tuple(slice(offs[k], offs[k] + lens[k]) for k in dims)])
-                hits = np.nonzero(v)
-                inside = np.ones(len(hits[0]), bool)
-                for k, h in zip(dims, hits):
-                    inside &= (h >= offs[k]) & (h < offs[k] + lens[k])
-            else:
-                arr = v % shape[d]
-                inside = (arr >= lo) & (arr < hi)
-                key.append(arr[inside] - lo)
-            # the index dims of the value (one boolean array consumes them all)
-            vkey[o : o + inside.ndim] = [inside]
+            key.extend(next(local_arrays) for _ in range(v.ndim if kind == "mask" else 1))
     key = tuple(key)
     vkey = tuple(vkey)
     cut = any(not (isinstance(k, slice) and k == slice(None)) for k in vkey)
 
-    def local(input, idx, value):
+    def local(input, idx, value, *rest):
         if cut and isinstance(value, Tensor):
             arr = value._arr
             value = _wrap(array_module_of(arr).broadcast_to(arr, target)[vkey])
-        return kernel(input, key, value)
+        return kernel(input, key, value, *rest)
+
+    return local
+
+
+def index_add_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
+    """``index_add(input, dim, index, source)`` with the indexed dim sharded: the source
+    rows whose index lands in this block, added at their places in it."""
+    kernel = OPS[schema.op].kernel
+    shape = schema.args[0].shape
+    pl = strategy.input_placements[0]
+    d = norm_dim(schema.get("dim"), len(shape)) if shape else 0
+    if not shape or not any(p.is_shard(d) for p in pl):
+        return kernel
+    coord = _coord(strategy)
+    lo = local_offsets(shape, schema.mesh_shape, pl, coord)[d]
+    n = local_shape(shape, schema.mesh_shape, pl, coord)[d]
+
+    def local(input, dim, index, source, alpha):
+        idx = index._arr.reshape(-1)
+        xp = array_module_of(idx)
+        if idx.size:  # against the global size, before the index is cut
+            check_index_values("index_add", int(xp.min(idx)), int(xp.max(idx)), d, shape[d])
+        inside = (idx >= lo) & (idx < lo + n)
+        rows = _wrap(xp.compress(inside, source._arr, axis=d))
+        return kernel(input, dim, _wrap(idx[inside] - lo), rows, alpha)
 
     return local

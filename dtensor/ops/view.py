@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..local.tensor import Tensor
 from .derivatives import VIEW as D
-from .local_fns import expand_as_local, shape_local, squeeze_local
+from .local_fns import expand_as_local, getitem_local, shape_local, squeeze_local
 from .table import Operator, declare_method
 
 __all__: list[str] = []
@@ -43,7 +43,7 @@ view("narrow", ("input", "dim", "start", "length"))
 # redistribution); one cache entry per index value
 view("select", ("input", "dim", "index"))
 view("getitem", ("input", "idx"), kernel=Tensor.__getitem__, method=False,
-     operators=(Operator("__getitem__", "method", Tensor.__getitem__),))
+     local_fn=getitem_local, operators=(Operator("__getitem__", "method", Tensor.__getitem__),))
 view("split", ("input", "split_size_or_sections", "dim"),
      defaults={"dim": 0})
 view("chunk", ("input", "chunks", "dim"), defaults={"dim": 0})

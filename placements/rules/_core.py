@@ -124,9 +124,19 @@ class OpSchema:
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
-    """One 1-D strategy: ``placements = (*outputs, *args)``; ``None`` for non-tensor args."""
+    """One 1-D strategy: ``placements = (*outputs, *args)``; ``None`` for non-tensor args.
+
+    ``reduces`` lists the all-reduces over this mesh dim that the strategy implies beyond
+    moving its inputs, by element count: those its local kernel runs (``collective``: the
+    kernel then communicates over this mesh dim, e.g. a vocab-parallel loss), or the one
+    a consumer will run on a Partial output the strategy creates from unreduced inputs
+    (local indexing with masking). The expander adds their cost to the candidate's, so
+    such a candidate wins only where it is cheaper than redistributing the inputs.
+    """
 
     placements: tuple[Placement | None, ...]
+    reduces: tuple[int, ...] = ()
+    collective: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -464,7 +474,8 @@ def _mesh_dim_candidates(
     argument holds on mesh dim ``m`` (that never saves communication; it only defers it),
     or, for an in-place op, when it does not keep the first argument's placement (output
     and input). The rank of a kept one is ``(estimate, list index)``: the estimate sums,
-    over the tensor arguments it moves, their element counts plus one.
+    over the tensor arguments it moves and the all-reduces it implies
+    (:attr:`Candidate.reduces`), their element counts plus one.
 
     Raises ShardingError (in-place op) when no candidate is left.
     """
@@ -480,7 +491,7 @@ def _mesh_dim_candidates(
         pl = c.placements
         if inplace and (pl[0] != first or pl[n_out] != first):
             continue
-        est = 0
+        est = sum(c.reduces) + len(c.reduces)
         for j, _, cur, size in tensors:
             t = pl[j]
             if t is None or t == cur[m]:
@@ -521,7 +532,9 @@ def _cheapest_combo(
 
     Combinations are visited in rank order; each is costed argument by argument with
     ``cost_fn`` (memoised per argument and target placements) and abandoned as soon as it
-    exceeds the best cost found. Returns the cheapest valid combination (ties: the smaller
+    exceeds the best cost found; the all-reduces a candidate implies
+    (:attr:`Candidate.reduces`) count as the move of a ``P(sum)`` vector of their size to
+    Replicate on their mesh dim. Returns the cheapest valid combination (ties: the smaller
     tuple of list indices, mesh dim 0 first; None if nd_check rejects all), its cost and
     the successive best combinations with their costs.
     """
@@ -536,12 +549,20 @@ def _cheapest_combo(
         for j, _, cur, _ in tensors
     ]
     memos: list[dict] = [{} for _ in tensors]
+    reduce_memo: dict[tuple[int, int], float] = {}
+    dtype = result.out_dtypes[0] if result.out_dtypes else _FLOAT32
     best = None
     best_cost = math.inf
     best_idx: tuple[int, ...] = ()
     considered = []
     for combo, *tgts in zip(combos, *targets):
         cost = 0.0
+        for m, e in enumerate(combo):
+            for n in e[2].reduces:
+                c_red = reduce_memo.get((m, n))
+                if c_red is None:
+                    c_red = reduce_memo[m, n] = _reduce_cost(cost_fn, m, nm, n, dtype)
+                cost += c_red
         for (_, a, cur, _), target, memo in zip(tensors, tgts, memos):
             if target == cur:
                 continue
@@ -561,6 +582,19 @@ def _cheapest_combo(
     return best, best_cost, considered
 
 
+def _reduce_cost(
+    cost_fn: Callable[[ArgMeta, tuple[Placement, ...]], float],
+    m: int,
+    nm: int,
+    n: int,
+    dtype: np.dtype,
+) -> float:
+    """What ``cost_fn`` says an all-reduce of ``n`` elements over mesh dim ``m`` costs: the
+    move of a ``P(sum)`` vector (an argument the call does not hold) to Replicate."""
+    pl = tuple(P("sum") if k == m else R for k in range(nm))
+    return float(cost_fn(ArgMeta((n,), dtype, pl), (R,) * nm))
+
+
 def propagate(
     schema: OpSchema,
     mesh: object,
@@ -569,7 +603,9 @@ def propagate(
     """Choose the cheapest N-D strategy for ``schema`` on ``mesh``. **Local** and pure.
 
     ``cost_fn(arg_meta, target_placements)`` is the redistribution cost of one argument
-    (the dispatcher passes one backed by the redistribute cost model).
+    (the dispatcher passes one backed by the redistribute cost model); it is also asked
+    about metadata of no argument of the call (the all-reduces of
+    :attr:`Candidate.reduces`).
 
     The search: per mesh dim, the rule's admissible candidates (:func:`_mesh_dim_candidates`).
     If a combination needs no redistribution at all it is taken (the first in

@@ -1,5 +1,6 @@
 """Sharding rules of the indexing ops: index_select, gather, scatter, scatter_add,
-take_along_dim, masked_fill, sort, argsort, topk, kthvalue.
+take_along_dim, masked_fill, sort, argsort, topk, kthvalue, index_add, index_put, and
+``x[idx] = value``.
 
 Index arguments stay replicated in every candidate: every rank then holds the whole index,
 checks its values against the global size and raises alike (an out-of-range index seen
@@ -17,13 +18,19 @@ sharded on a dim the op does not index, each rank uses the index's rows of its o
   (split like a scalar operand), ``P(avg/max/min)`` everywhere.
 - ``sort``/``argsort``/``topk``/``kthvalue``: the sorted dim unsharded, other dims keep
   their Shard; no Partial.
-- ``setitem`` (``x[idx] = value``, in place): a dim kept whole keeps its Shard, with the
-  value sharded alike where it has that dim at full size; a dim indexed by ints or slices
-  stays sharded too, the value replicated: each rank writes its own block's part
-  (:func:`dtensor.ops.local_fns.setitem_local` translates the index); a dim indexed by
-  the index's only mask or integer array stays sharded (each rank keeps its block's entries
-  of it and of the value); ``P(sum)`` takes the value once, ``P(avg/max/min)``
-  everywhere.
+- ``setitem`` (``x[idx] = value``, in place) and ``index_put``/``index_put_`` (the same
+  write, ``accumulate=True`` adding instead): every dim may stay sharded. A dim kept whole
+  keeps its Shard, with the value sharded alike where it has that dim at full size; a dim
+  indexed by ints, slices or index arrays (one or several, masks included) stays sharded
+  with the value replicated: each rank writes its own block's part, the entries of the
+  broadcast index arrays that land in its block and the matching part of the value
+  (:func:`dtensor.ops.local_fns.write_index_local`); ``P(sum)`` takes the value once, as
+  a write or an accumulation of ``P(sum)`` parts, ``P(avg/max/min)`` everywhere (adding
+  one value to every part commutes with those reductions).
+- ``index_add``/``index_add_``: another dim than the indexed one keeps a Shard shared by
+  input, source and output; the indexed dim may stay sharded with the source replicated:
+  each rank adds the source rows whose index lands in its block
+  (:func:`dtensor.ops.local_fns.index_add_local`); ``P(sum)``/``P(avg)`` pass (linear).
 
 Shapes and argument checks come from :mod:`placements.index_meta`, as in the local kernels.
 """
@@ -32,10 +39,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ShardingError
 from ..index_meta import (
     gather_shape,
-    index_plan,
+    index_add_check,
+    index_put_check,
     index_select_shape,
     kthvalue_shape,
     masked_fill_check,
@@ -43,12 +50,19 @@ from ..index_meta import (
     sort_dim,
     take_along_dim_shape,
     topk_shape,
+    write_check,
 )
-from ..meta import broadcast_shapes
 from ._core import Candidate, OpSchema, P, R, RuleResult, S, pointwise_candidates, register_rule
 from .pointwise import inplace_result
 
-__all__ = ["masked_fill_rule", "scatter_rule", "select_rule", "setitem_rule", "sort_rule"]
+__all__ = [
+    "index_add_rule",
+    "masked_fill_rule",
+    "scatter_rule",
+    "select_rule",
+    "sort_rule",
+    "write_rule",
+]
 
 _KINDS = ("sum", "avg", "max", "min")
 _INT64 = np.dtype(np.int64)
@@ -153,39 +167,23 @@ def sort_rule(schema: OpSchema) -> RuleResult:
     return RuleResult((out,) * n_out, dtypes, tuple(cands))
 
 
-def setitem_sharded_dims(shape: tuple[int, ...], plan: list) -> set[int]:
-    """The dims that ``x[idx] = value`` may keep sharded, from
-    :func:`placements.index_meta.index_plan`'s plan: every dim, except those of index
-    arrays when the index has more than one advanced entry (ints included)."""
-    arrays = [p for p in plan if p[0] in ("mask", "array")]
-    if len(arrays) == 1 and not any(p[0] == "int" for p in plan):
-        return set(range(len(shape)))
-    adv: set[int] = set()
-    for kind, v, d, _ in arrays:
-        adv.update(range(d, d + (v.ndim if kind == "mask" else 1)))
-    return {d for d in range(len(shape)) if d not in adv}
-
-
-@register_rule("setitem", static=("idx",))
-def setitem_rule(schema: OpSchema) -> RuleResult:
-    """Rule of ``x[idx] = value`` (args: input, value), in place. **Local**."""
+@register_rule(static={"setitem": ("idx",), "index_put": ("indices", "accumulate"),
+                       "index_put_": ("indices", "accumulate")})
+def write_rule(schema: OpSchema) -> RuleResult:
+    """Rule of ``x[idx] = value`` (``setitem``, args: input, value; in place) and of
+    ``index_put(input, indices, values, accumulate)`` and ``index_put_``. **Local**."""
     a, value = schema.args[0], schema.args[1]
     shape = a.shape  # type: ignore[union-attr]
-    idx = schema.get("idx")
-    region, kept, plan = index_plan(shape, idx, "__setitem__")
     vshape = value.shape  # type: ignore[union-attr]
-    try:
-        fits = broadcast_shapes("__setitem__", [region, vshape]) == region
-    except ShardingError:
-        fits = False
-    if not fits:
-        raise ShardingError(
-            f"__setitem__: shape mismatch: value tensor of shape {vshape} cannot be broadcast "
-            f"to indexing result of shape {region} (index {idx!r}, global shape {shape})"
-        )
+    if schema.op == "setitem":
+        region, kept, _ = write_check("__setitem__", shape, schema.get("idx"), vshape)
+    else:
+        vdtype = None if value.is_scalar else value.dtype  # type: ignore[union-attr]
+        _, region, kept, _ = index_put_check(shape, a.dtype, schema.get("indices"), vshape,  # type: ignore[union-attr]
+                                             vdtype)
     lead = len(region) - len(vshape)
     cands = [Candidate((R, R, R))]
-    for d in sorted(setitem_sharded_dims(shape, plan)):
+    for d in range(len(shape)):
         vp = R
         if d in kept:
             o = kept[d] - lead
@@ -194,4 +192,20 @@ def setitem_rule(schema: OpSchema) -> RuleResult:
     cands.append(Candidate((P("sum"), P("sum"), P("sum"))))
     cands.extend(Candidate((P(k), P(k), R)) for k in _KINDS[1:])
     result = RuleResult((shape,), (a.dtype,), tuple(cands))  # type: ignore[union-attr]
-    return inplace_result(schema, result)
+    return result if schema.op == "index_put" else inplace_result(schema, result)
+
+
+@register_rule(static={"index_add": ("dim",), "index_add_": ("dim",)})
+def index_add_rule(schema: OpSchema) -> RuleResult:
+    """Rule of ``index_add(input, dim, index, source)`` and ``index_add_``. **Local**."""
+    a, index, src = schema.args[0], schema.args[1], schema.args[2]
+    shape = a.shape  # type: ignore[union-attr]
+    d = index_add_check(shape, a.dtype, schema.get("dim"), index.shape, index.dtype,  # type: ignore[union-attr]
+                        src.shape, src.dtype)  # type: ignore[union-attr]
+    cands = [Candidate((R, R, R, R))]
+    cands.extend(Candidate((S(k), S(k), R, S(k))) for k in range(len(shape)) if k != d)
+    if shape:  # the indexed dim sharded: each shard adds the rows that land in its block
+        cands.append(Candidate((S(d), S(d), R, R)))
+    cands.extend(Candidate((P(k), P(k), R, P(k))) for k in ("sum", "avg"))
+    result = RuleResult((shape,), (a.dtype,), tuple(cands))  # type: ignore[union-attr]
+    return inplace_result(schema, result) if schema.op.endswith("_") else result

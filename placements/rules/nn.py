@@ -1,17 +1,26 @@
 """Sharding rules of neural-network ops: softmax, log_softmax, layer_norm, embedding,
 cross_entropy, mse_loss, dropout.
 
-- ``softmax``/``log_softmax``: the softmax dim unsharded, the others keep their Shard.
+- ``softmax``/``log_softmax``: the other dims keep their Shard (the softmax dim: below).
 - ``layer_norm``: the normalized (trailing) dims unsharded; weight and bias replicated.
 - ``embedding(indices, weight)``: indices sharded -> output sharded alike (weight
   replicated); weight sharded on the embedding dim -> output sharded on its last dim;
   weight sharded on the vocabulary (rows) -> ``P(sum)``: the local kernel looks up only
   the local rows, masking indices outside them to zero (PyTorch's MaskPartial), so the sum
   over coordinates is the lookup; a Partial weight passes through (a lookup selects).
-- ``cross_entropy``: the class dim unsharded; the batch (and spatial) dims of input and
-  target shard alike: ``reduction='none'`` keeps the Shard, ``'sum'`` gives ``P(sum)``.
-  ``'mean'`` divides by the number of non-ignored targets, which a shard cannot know
-  without communication: it needs the batch dims unsharded (documented choice).
+- ``cross_entropy``: the batch (and spatial) dims of input and target shard alike:
+  ``reduction='none'`` keeps the Shard, ``'sum'`` gives ``P(sum)``. ``'mean'`` divides by
+  the number of non-ignored targets, which a shard cannot know without communication: it
+  needs the batch dims unsharded (documented choice). The class dim may stay sharded
+  (vocab-parallel, PyTorch's ``loss_parallel``): the kernel all-reduces the per-sample
+  maximum, then in one all-reduce the sums of exponentials and the target logits (picked
+  on the shard that holds the class, zero elsewhere), so every shard ends with the whole
+  loss (Replicate); the logits are never gathered. The candidate declares those two
+  all-reduces, so the cost model takes it only where they cost less than gathering the
+  logits (large class counts).
+- ``softmax``/``log_softmax`` along a sharded dim: likewise, the row maxima and sums
+  all-reduced in the kernel, the output sharded as the input (this keeps the backward of
+  a vocab-parallel loss sharded).
 - ``mse_loss``: elementwise then reduced: ``'none'`` keeps Shards, ``'sum'`` gives
   ``P(sum)`` and ``'mean'`` too (its local kernel divides the local sum by the global
   element count, exact on uneven shards).
@@ -21,6 +30,8 @@ cross_entropy, mse_loss, dropout.
 """
 
 from __future__ import annotations
+
+import math
 
 from ..errors import ArgumentError, ShardingError
 from ..meta import as_dtype, broadcast_shapes, check_embedding_indices, norm_dim, result_dtype
@@ -48,6 +59,9 @@ def _softmax(schema: OpSchema) -> RuleResult:
     dt = a.dtype if dtype is None else as_dtype(dtype, schema.default_float)  # type: ignore[union-attr]
     cands = [Candidate((R, R))]
     cands.extend(Candidate((S(i), S(i))) for i in range(ndim) if i != d)
+    if ndim:  # the softmax dim sharded: the row maxima and sums all-reduced in the kernel
+        rows = math.prod(a.shape) // max(a.shape[d], 1)  # type: ignore[union-attr]
+        cands.append(Candidate((S(d), S(d)), reduces=(rows, rows), collective=True))
     return RuleResult((a.shape,), (dt,), tuple(cands))  # type: ignore[union-attr]
 
 
@@ -109,6 +123,12 @@ def _cross_entropy(schema: OpSchema) -> RuleResult:
             od = d if d < c_dim else d - 1
             out_p = S(od) if reduction == "none" else P("sum")
             cands.append(Candidate((out_p, S(d), S(d) if probs else S(od), wp, *rest)))
+    # vocab-parallel: the class dim sharded, the target whole (probabilities: sharded
+    # alike); the kernel all-reduces the per-sample maximum, then its sums
+    n = math.prod(per_sample)
+    sums = (n, 3 * n if probs else 2 * n)
+    cands.append(Candidate((R, S(c_dim), S(c_dim) if probs else R, wp, *rest), reduces=sums,
+                           collective=True))
     out = per_sample if reduction == "none" else ()
     dtype = result_dtype((x,), schema.default_float)
     return RuleResult((out,), (dtype,), tuple(cands))

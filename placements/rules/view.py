@@ -36,9 +36,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 from ..cache import memoize
-from ..index_meta import advanced_index_shape, is_advanced_entry
+from ..index_meta import index_plan, is_advanced_entry, masked_index_dim
 from ..layout import shard_range
 from ..meta import (
     as_dims,
@@ -261,8 +262,12 @@ def slice_rule(schema: OpSchema) -> RuleResult:
 
     Advanced indexing (integer or bool tensors, ndarrays, lists, on any dims) reads the
     index, which every rank holds whole (a local value), so each rank indexes its block of
-    the dims kept whole with the global indices (:func:`placements.index_meta.
-    advanced_index_shape`); a DTensor inside an index is refused by its ``__array__``.
+    the dims kept whole with the global indices (:func:`placements.index_meta.index_plan`);
+    a DTensor inside an index is refused by its ``__array__``. A dim indexed by the index's
+    only integer array (or 1-D mask) may also stay sharded: each rank picks the entries in
+    its block and zeros the others, a ``P(sum)`` result
+    (:func:`dtensor.ops.local_fns.getitem_local`); the all-reduce this defers counts in the
+    candidate's cost, against gathering the indexed dim.
     """
     op, get = schema.op, schema.get
     shape = schema.args[0].shape  # type: ignore[union-attr]
@@ -275,11 +280,17 @@ def slice_rule(schema: OpSchema) -> RuleResult:
         d, _ = select_args(shape, get("dim"), get("index", 0))
         return _map_result(schema, (shape[:d] + shape[d + 1 :],), _keep_except(ndim, [d]))
     key = get("idx")
-    if any(is_advanced_entry(it) for it in (key if isinstance(key, tuple) else (key,))):
-        out, dim_map = advanced_index_shape(shape, key)
-    else:
+    if not any(is_advanced_entry(it) for it in (key if isinstance(key, tuple) else (key,))):
         out, dim_map = index_shape(shape, key)
-    return _map_result(schema, (out,), dim_map)
+        return _map_result(schema, (out,), dim_map)
+    out, dim_map, plan = index_plan(shape, key)
+    result = _map_result(schema, (out,), dim_map)
+    d = masked_index_dim(plan)
+    if d is None:
+        return result
+    # the indexed dim kept sharded: local indexing with masking, a P(sum) to reduce later
+    masked = Candidate((P("sum"), S(d)), reduces=(math.prod(out),))
+    return replace(result, candidates=result.candidates + (masked,))
 
 
 @register_rule(

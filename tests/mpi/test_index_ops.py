@@ -230,6 +230,10 @@ def _set_cases(rng):
         ((Ellipsis, [1, 2]), rng.standard_normal((r, 2)).astype(np.float32)),
         (np.arange(r * c).reshape(SHAPE) % 3 == 0, np.arange(12, dtype=np.float32)),
         (np.array([[4, 0], [2, 2]]), rng.standard_normal((2, 2, c)).astype(np.float32)),
+        # several index arrays, on the sharded dim too
+        (([0, 4, 2, 4], [6, 0, 3, 6]), rng.standard_normal(4).astype(np.float32)),
+        ((np.array([[4], [1]]), np.array([1, 6])), 3.0),
+        ((np.array([3, 0]), slice(1, 5, 2), np.array([0, 5]))[::2], -4.0),
     ]
 
 
@@ -252,11 +256,13 @@ def test_setitem_writes_each_ranks_part():
         x[1:4] = 0.0
         x[np.array([0, 4])] = 1.0
         x[:, 5:] = v
+        x[[0, 3], [1, 2]] = 2.0
     assert mode.get_total_counts() == 0
     want = a.copy()
     want[1:4] = 0
     want[[0, 4]] = 1
     want[:, 5:] = 1
+    want[[0, 3], [1, 2]] = 2
     _check(x, want)
 
 
@@ -272,9 +278,6 @@ def test_setitem_errors_on_every_rank():
         x[np.ones((5, 6), bool)] = 0.0
     with pytest.raises(DTypeError, match="float64"):
         x[np.array([0.0])] = 1.0
-    if WORLD.size > 1:  # two index arrays, one on the sharded dim: no strategy keeps S(0)
-        with pytest.raises(ShardingError, match="in-place"):
-            x[[0, 1], [2, 3]] = 1.0
 
 
 @pytest.mark.mpi(min_size=1)
@@ -299,3 +302,108 @@ def test_nonzero_and_masked_select_gather_to_replicate():
             assert sel.placements == (R,)
             np.testing.assert_allclose(sel.to_local().numpy(), want, rtol=1e-5, atol=1e-6)
     assert np.array_equal(dt.nonzero(dt.tensor(a)).numpy(), np.argwhere(a))
+
+
+@pytest.mark.mpi(min_size=1)
+def test_index_add_and_index_put_match_numpy():
+    mesh = _mesh()
+    rng = np.random.default_rng(10)
+    for pl in _layouts():
+        a, x = _x(mesh, pl)
+        for dim in (0, 1):
+            idx = rng.integers(0, SHAPE[dim], (6,))  # duplicates accumulate
+            src_np = rng.standard_normal((6, 7) if dim == 0 else (5, 6)).astype(np.float32)
+            src = distribute_random(src_np, mesh, pl if pl[0] != P("max") else [R], seed=3)
+            want = a.copy()
+            np.add.at(want, (slice(None),) * dim + (idx,), 2 * src_np)
+            if pl[0] != P("max"):
+                _check(dt.index_add(x, dim, _idx(mesh, idx), src, alpha=2), want)
+        rows, cols = rng.integers(0, 5, (4,)), rng.integers(0, 7, (4,))
+        vals = rng.standard_normal(4).astype(np.float32)
+        for acc in (False, True):
+            want = a.copy()
+            if acc:
+                np.add.at(want, (rows, cols), vals)
+            else:
+                want[rows, cols] = vals
+            _check(x.index_put((dt.tensor(rows), dt.tensor(cols)), _idx(mesh, vals), acc), want)
+        # in place keeps the placements
+        y = distribute_random(a, mesh, pl, seed=4)
+        y.index_put_((None, dt.tensor([6, 0])), _idx(mesh, np.ones((5, 1), np.float32)),
+                     accumulate=True)
+        want = a.copy()
+        want[:, [6, 0]] += 1
+        assert y.placements == tuple(pl)
+        _check(y, want)
+        if not pl[0].is_partial():
+            y.index_add_(0, _idx(mesh, np.array([4, 4])), _idx(mesh, np.ones((2, 7), np.float32)))
+            want[4] += 2
+            assert y.placements == tuple(pl)
+            _check(y, want)
+    # the indexed dims sharded, source and value replicated: each shard writes its block's
+    # entries, nothing moves
+    a, x = _x(mesh, [S(0)])
+    idx, src = _idx(mesh, np.array([4, 0, 4])), _idx(mesh, np.ones((3, 7), np.float32))
+    with dt.debug.CommDebugMode() as mode:
+        y = dt.index_add(x, 0, idx, src)
+        x.index_put_((dt.tensor([1, 3, 1]), dt.tensor([0, 6, 0])), 5.0, accumulate=True)
+    assert mode.get_total_counts() == 0 and y.placements == x.placements == (S(0),)
+    want = a.copy()
+    want[[0, 4]] += [[1], [2]]
+    _check(y, want)
+    want = a.copy()
+    want[1, 0] += 10
+    want[3, 6] += 5
+    _check(x, want)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_index_add_and_index_put_errors_on_every_rank():
+    mesh = _mesh()
+    _, x = _x(mesh, [S(0)])
+    src = _idx(mesh, np.ones((2, 7), np.float32))
+    cases = [
+        (lambda: dt.index_add(x, 0, _idx(mesh, np.array([0, 5])), src), DimError,
+         "index_add: index 5 is out of bounds for dimension 0 with size 5"),
+        (lambda: dt.index_add(x, 0, _idx(mesh, np.array([0.0, 1.0])), src), DTypeError,
+         "float64"),
+        (lambda: dt.index_add(x, 1, _idx(mesh, np.array([0, 1])), src), ShardingError,
+         "source of shape (2, 7)"),
+        (lambda: x.index_put((dt.tensor([7]),), 0.0), DimError,
+         "index 7 is out of bounds for dimension 0 with size 5"),
+        (lambda: x.index_put((None, dt.tensor([1.5])), 0.0), DTypeError, "float32"),
+        (lambda: x.index_put((dt.tensor([0, 1]),), _idx(mesh, np.ones(3, np.float32))),
+         ShardingError, "index_put: shape mismatch: value tensor of shape (3,)"),
+        (lambda: x.index_put((dt.tensor([0]),), _idx(mesh, np.ones(7))), DTypeError,
+         "dtypes match"),
+    ]
+    for fn, kind, text in cases:
+        with pytest.raises(kind, match=text.replace("(", r"\(").replace(")", r"\)")):
+            fn()
+
+
+@pytest.mark.mpi(min_size=1)
+def test_getitem_on_a_sharded_dim_chosen_by_cost():
+    """A few rows of a tall row-sharded tensor: each rank picks its rows and masks the others
+    (a P(sum) result, nothing moved); many rows out of a small one: the indexed dim is
+    gathered rather than a large result reduced."""
+    mesh = _mesh()
+    tall = np.random.default_rng(11).standard_normal((256, 16)).astype(np.float32)
+    x = dt.distribute_tensor(tall, mesh, [S(0)])
+    for key in ([3, 140, -1], (np.array([250, 0]), slice(None, None, 2)),
+                np.arange(256) % 97 == 0):
+        with dt.debug.CommDebugMode() as mode:
+            y = x[key]
+        assert mode.get_total_counts() == 0
+        if WORLD.size > 1:
+            assert y.placements == (P("sum"),), key
+        _check(y, tall[key])
+    small = tall[:8, :4].copy()  # 32 elements
+    x = dt.distribute_tensor(small, mesh, [S(0)])
+    many = np.random.default_rng(12).integers(0, 8, (512,))
+    with dt.debug.CommDebugMode() as mode:
+        y = x[many]
+    assert y.placements != (P("sum"),)
+    if WORLD.size > 1:
+        assert mode.get_total_counts() > 0
+    _check(y, small[many])

@@ -195,15 +195,20 @@ def test_addmm_bias_follows_the_output():
 
 def test_softmax_layer_norm_embedding_cross_entropy_candidates():
     c = cands(rule("softmax", t((4, 6)), dim=1))
-    assert c == {(R, R), (S(0), S(0))}
+    assert c == {(R, R), (S(0), S(0)), (S(1), S(1))}
+    # the softmax dim sharded: the kernel all-reduces the 4 row maxima and sums
+    (vocab,) = [c for c in rule("softmax", t((4, 6)), dim=1).candidates if c.collective]
+    assert vocab.placements == (S(1), S(1)) and vocab.reduces == (4, 4)
     c = cands(rule("layer_norm", t((4, 6, 8)), t((8,)), t((8,)), normalized_shape=(8,)))
     assert (S(1), S(1), R, R) in c and not any(p == S(2) for x in c for p in x)
     c = cands(rule("embedding", t((5,), I64), t((10, 6))))
     assert (P("sum"), R, S(0)) in c and (S(1), R, S(1)) in c and (S(0), S(0), R) in c
     c = cands(rule("cross_entropy", t((5, 7)), t((5,), I64), None, reduction="sum"))
-    assert (P("sum"), S(0), S(0), None) in c and not any(p == S(1) for x in c for p in x)
-    c = cands(rule("cross_entropy", t((5, 7)), t((5,), I64), None, reduction="mean"))
-    assert c == {(R, R, R, None)}
+    assert (P("sum"), S(0), S(0), None) in c and (R, S(1), R, None) in c
+    res = rule("cross_entropy", t((5, 7)), t((5,), I64), None, reduction="mean")
+    assert cands(res) == {(R, R, R, None), (R, S(1), R, None)}
+    (vocab,) = [c for c in res.candidates if c.collective]  # vocab-parallel
+    assert vocab.placements == (R, S(1), R, None) and vocab.reduces == (5, 10)
 
 
 def test_view_uneven_flatten_is_exact_only_when_chunks_match():

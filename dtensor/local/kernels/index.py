@@ -1,6 +1,6 @@
 """Indexing kernels: ``index_select``, ``gather``, ``scatter``, ``scatter_add``,
 ``take_along_dim``, ``masked_fill``, ``sort``, ``argsort``, ``topk``, ``kthvalue``,
-``nonzero`` and ``masked_select``.
+``index_add``, ``index_put`` (and ``index_put_``), ``nonzero`` and ``masked_select``.
 
 Argument shapes and dtypes are checked by :mod:`placements.index_meta` (the sharding rules
 call the same checks); index values by :func:`placements.index_meta.check_index_values`.
@@ -18,6 +18,8 @@ from placements.errors import DTypeError
 from placements.index_meta import (
     check_index_values,
     gather_shape,
+    index_add_check,
+    index_put_check,
     index_select_shape,
     kthvalue_shape,
     masked_fill_check,
@@ -33,6 +35,9 @@ from .base import SCALAR_TYPES, as_array, broadcast_shapes, cast_scalar, operand
 __all__ = [
     "argsort",
     "gather",
+    "index_add",
+    "index_put",
+    "index_put_",
     "index_select",
     "kthvalue",
     "masked_fill",
@@ -236,3 +241,48 @@ def masked_select(input: Tensor, mask: Tensor) -> Tensor:
     xp = xp_of(a)
     shape = broadcast_shapes(op, a.shape, m.shape)
     return wrap(xp.broadcast_to(a, shape)[xp.broadcast_to(m, shape)])
+
+
+def index_add(input: Tensor, dim: int, index: Tensor, source: Tensor, *, alpha=1) -> Tensor:
+    """A copy of ``input`` with ``alpha * source[..., i, ...]`` added at ``index[i]`` along
+    ``dim`` (duplicates accumulated); ``index`` is a vector of indices in ``[0, size)``,
+    ``source`` of the input's shape and dtype but ``len(index)`` along ``dim``. **Local**."""
+    op = "index_add"
+    a, idx, src = as_array(op, input), as_array(op, index), as_array(op, source)
+    d = index_add_check(a.shape, a.dtype, dim, idx.shape, idx.dtype, src.shape, src.dtype)
+    _range_check(op, idx, d, a.shape[d] if a.ndim else 1)
+    xp = xp_of(a)
+    out = a.copy()
+    if alpha != 1:
+        src = src * cast_scalar(alpha, a.dtype, op)
+    if not a.ndim:
+        if idx.size:
+            out[()] = out[()] + src.reshape(())
+        return wrap(out)
+    xp.add.at(out, (slice(None),) * d + (idx.reshape(-1),), src)
+    return wrap(out)
+
+
+def index_put_(input: Tensor, indices, values, accumulate: bool = False) -> Tensor:
+    """``input[indices] = values`` (``accumulate``: ``+=``, duplicate indices adding up),
+    in place; ``indices`` is a tuple of index tensors (integer or bool; None for a whole
+    dim), ``values`` a tensor of the input's dtype (or a python scalar) that broadcasts to
+    the indexed region. Returns ``input``. **Local**."""
+    op = "index_put"
+    a = as_array(op, input)
+    v = operand(op, values)
+    scalar = isinstance(v, SCALAR_TYPES)
+    key, region, _, _ = index_put_check(a.shape, a.dtype, indices, () if scalar else v.shape,
+                                        None if scalar else v.dtype)
+    if not accumulate:
+        input[key] = values
+        return input
+    xp = xp_of(a)
+    vals = cast_scalar(v, a.dtype, op) if scalar else v
+    xp.add.at(a, input._index(key, op)[0], xp.broadcast_to(vals, region))
+    return input
+
+
+def index_put(input: Tensor, indices, values, accumulate: bool = False) -> Tensor:
+    """A copy of ``input`` written as :func:`index_put_` writes it. **Local**."""
+    return index_put_(input.clone(), indices, values, accumulate)

@@ -12,6 +12,9 @@ code here serves everything else, and everything with ``DTENSOR_FASTPATH=0``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import NamedTuple
+
 import numpy as np
 
 import fastpath as _fp
@@ -49,13 +52,51 @@ def _float_input(op: str, input, dtype=None):
     return a
 
 
-def _log_softmax_arr(a, d):
-    """log_softmax of array ``a`` along axis ``d``, in ``acc_dtype(a.dtype)``."""
+class ClassShard(NamedTuple):
+    """The block of classes a shard of logits holds: its first class, the number of classes
+    in all, and ``reduce(array, op)``, which all-reduces an array (``op`` "max" or "sum")
+    over the shards of the class dim and returns the result (collective)."""
+
+    start: int
+    total: int
+    reduce: Callable
+
+
+def _shifted(a, d: int, shard: ClassShard | None):
+    """``(a - max, sum(exp(a - max)))`` along axis ``d`` (the max and the sum kept as dims
+    of size 1, in ``acc_dtype(a.dtype)``), over every class of ``shard`` when given (its
+    maximum reduced before the sum is taken; the sum is left to the caller to reduce)."""
     xp = xp_of(a)
-    m = xp.max(a, axis=d, keepdims=True)
+    if a.shape[d] or shard is None:
+        m = xp.max(a, axis=d, keepdims=True)
+    else:  # an empty block of classes
+        m = xp.full(a.shape[:d] + (1,) + a.shape[d + 1 :], -np.inf, a.dtype)
+    if shard is not None:
+        m = shard.reduce(xp.ascontiguousarray(m), "max")
     z = xp.subtract(a, m, dtype=acc_dtype(a.dtype))
-    z -= xp.log(xp.sum(xp.exp(z), axis=d, keepdims=True))
+    return z, xp.sum(xp.exp(z), axis=d, keepdims=True)
+
+
+def _log_softmax_arr(a, d, shard: ClassShard | None = None):
+    """log_softmax of array ``a`` along axis ``d``, in ``acc_dtype(a.dtype)`` (``a`` a
+    block of the classes of ``shard`` when given: the result for its classes)."""
+    z, total = _shifted(a, d, shard)
+    if shard is not None:
+        total = shard.reduce(total, "sum")
+    z -= xp_of(a).log(total)
     return z
+
+
+def sharded_softmax(input: Tensor, dim: int, dtype, take_log: bool, shard: ClassShard) -> Tensor:
+    """(log_)softmax of the block ``input`` of a tensor sharded along ``dim`` as ``shard``
+    says: the block of the whole tensor's result. **Collective** over the class shards."""
+    op = "log_softmax" if take_log else "softmax"
+    a = _float_input(op, input, dtype)
+    x, d = _softmax_axis(op, a, dim)
+    z = _log_softmax_arr(x, d, shard)
+    if not take_log:
+        xp_of(z).exp(z, out=z)
+    return wrap(z.astype(a.dtype, copy=False).reshape(a.shape))
 
 
 def _softmax_axis(op, a, dim):
@@ -299,6 +340,31 @@ def cross_entropy(
     -------
     Tensor
     """
+    return sharded_cross_entropy(input, target, weight, ignore_index, reduction,
+                                 label_smoothing, None)
+
+
+def sharded_cross_entropy(
+    input: Tensor,
+    target: Tensor,
+    weight: Tensor | None,
+    ignore_index: int,
+    reduction: str,
+    label_smoothing: float,
+    shard: ClassShard | None,
+) -> Tensor:
+    """:func:`cross_entropy` of logits ``input`` that hold the block of classes ``shard``
+    describes (None: all of them). **Collective** over the class shards when ``shard`` is
+    given (two all-reduces of per-sample vectors: the maximum, then the sums), else
+    **Local**.
+
+    The loss of a sample is ``log(sum(exp(z))) - z[target]`` with ``z`` its logits less
+    their maximum; the sum and the picked logit (zero on the shards that do not hold the
+    target class) add up over the shards, as do the weighted sums of ``z`` that label
+    smoothing and probability targets need. ``target`` is whole for class indices (each
+    shard picks its classes) and a block like ``input``'s for probabilities; ``weight``
+    is whole.
+    """
     _check_reduction("cross_entropy", reduction)
     if not 0.0 <= label_smoothing <= 1.0:
         raise ArgumentError(
@@ -307,16 +373,20 @@ def cross_entropy(
     x = _float_input("cross_entropy", input)
     t = as_array("cross_entropy", target)
     cdim = 1 if x.ndim >= 2 else 0
-    n_classes = x.shape[cdim]
+    lo, n_local = 0 if shard is None else shard.start, x.shape[cdim]
+    n_classes = n_local if shard is None else shard.total
     xp = xp_of(x)
     w = None if weight is None else as_array("cross_entropy", weight)
     if w is not None and tuple(w.shape) != (n_classes,):
         raise ShardingError(
             f"cross_entropy: weight of shape {list(w.shape)}, expected [{n_classes}]"
         )
-    logp = _log_softmax_arr(x, cdim)
-    # Class weights shaped to broadcast along the class dim.
-    wb = None if w is None else w.astype(logp.dtype).reshape((-1,) + (1,) * (x.ndim - 1 - cdim))
+    z, sumexp = _shifted(x, cdim, shard)
+    sumexp = sumexp.squeeze(cdim)
+    acc = z.dtype
+    # Class weights of this block, shaped to broadcast along the class dim.
+    wb = None if w is None else (
+        w[lo : lo + n_local].astype(acc).reshape((-1,) + (1,) * (x.ndim - 1 - cdim)))
     # Note: class-index targets may be of any integer dtype (PyTorch requires int64).
     if t.dtype.kind == "f":
         if t.shape != x.shape:
@@ -324,14 +394,18 @@ def cross_entropy(
                 f"cross_entropy: probability target of shape {list(t.shape)} must match "
                 f"input shape {list(x.shape)}"
             )
-        p = t.astype(logp.dtype)
+        p = t.astype(acc)
         if label_smoothing:
             p = p * (1.0 - label_smoothing) + label_smoothing / n_classes
-        lp = logp * p if wb is None else logp * p * wb
-        loss = -xp.sum(lp, axis=cdim)
+        if wb is not None:
+            p = p * wb
+        sums = [sumexp, xp.sum(p * z, axis=cdim), xp.sum(p, axis=cdim)]
+        sumexp, pz, psum = _summed(sums, shard, xp)
+        loss = xp.log(sumexp) * psum - pz
         denom = loss.size
     else:
-        loss, denom = _nll(x, t, logp, wb, w, cdim, ignore_index, label_smoothing, xp)
+        loss, denom = _nll(x, t, z, sumexp, wb, w, cdim, ignore_index, label_smoothing, lo,
+                           n_classes, shard, xp)
     if reduction == "none":
         r = loss
     else:
@@ -341,8 +415,19 @@ def cross_entropy(
     return wrap(xp.asarray(r).astype(x.dtype, copy=False))
 
 
-def _nll(x, t, logp, wb, w, cdim, ignore_index, label_smoothing, xp):
-    """Per-element loss of class-index targets, and the denominator of its mean."""
+def _summed(parts: list, shard: ClassShard | None, xp) -> list:
+    """Per-sample partial sums over this block's classes, summed over every shard (one
+    all-reduce for all of them)."""
+    if shard is None:
+        return parts
+    total = shard.reduce(xp.ascontiguousarray(xp.stack(parts)), "sum")
+    return list(total)
+
+
+def _nll(x, t, z, sumexp, wb, w, cdim, ignore_index, label_smoothing, lo, n_classes, shard,
+         xp):
+    """Per-element loss of class-index targets, and the denominator of its mean (``z``:
+    the logits less their maximum, ``sumexp`` this block's sum of their exponentials)."""
     expected = tuple(x.shape[:cdim]) + tuple(x.shape[cdim + 1:])
     if t.dtype.kind not in "iu" or tuple(t.shape) != expected:
         raise ShardingError(
@@ -350,20 +435,30 @@ def _nll(x, t, logp, wb, w, cdim, ignore_index, label_smoothing, xp):
             f"{list(expected)} (or probabilities of shape {list(x.shape)}), got "
             f"{tname(t.dtype)} of shape {list(t.shape)}"
         )
-    n_classes = x.shape[cdim]
     valid = t != ignore_index
     bad = valid & ((t < 0) | (t >= n_classes))
     if xp.any(bad):
         raise DimError(f"cross_entropy: target {int(t[bad][0])} is out of bounds "
                          f"(classes 0..{n_classes - 1})")
     tc = xp.where(valid, t, 0).astype(np.int64)
-    picked = xp.take_along_axis(logp, xp.expand_dims(tc, cdim), axis=cdim).squeeze(cdim)
-    wt = valid.astype(logp.dtype) if w is None else xp.where(valid, w.astype(logp.dtype)[tc], 0)
-    loss = xp.where(valid, -picked * wt, 0)
+    n_local = x.shape[cdim]
+    inside = (tc >= lo) & (tc < lo + n_local)
+    if n_local:
+        pos = xp.expand_dims(xp.where(inside, tc - lo, 0), cdim)
+        picked = xp.where(inside, xp.take_along_axis(z, pos, axis=cdim).squeeze(cdim), 0)
+    else:
+        picked = xp.zeros(tc.shape, z.dtype)
+    parts = [sumexp, picked]
+    if label_smoothing:
+        parts.append(xp.sum(z if wb is None else z * wb, axis=cdim))
+    parts = _summed(parts, shard, xp)
+    log_s = xp.log(parts[0])
+    wt = valid.astype(z.dtype) if w is None else xp.where(valid, w.astype(z.dtype)[tc], 0)
+    loss = xp.where(valid, (log_s - parts[1]) * wt, 0)
     denom = xp.sum(wt)
     if label_smoothing:
-        smooth = -xp.sum(logp if wb is None else logp * wb, axis=cdim)
-        smooth = xp.where(valid, smooth, 0)
+        w_all = n_classes if w is None else xp.sum(w.astype(z.dtype))
+        smooth = xp.where(valid, log_s * w_all - parts[2], 0)
         loss = loss * (1.0 - label_smoothing) + smooth * (label_smoothing / n_classes)
     return loss, denom
 

@@ -13,9 +13,10 @@ Choices where PyTorch has no DTensor answer (or a different one):
 - the gradient of ``redistribute`` goes back to the input's placements (Partial as
   Replicate); ``to_local(grad_placements=)`` and ``from_local(..., grad_placements=)`` say
   how a local gradient is laid out;
-- ``create_graph=True`` (higher-order gradients) is not supported;
-- a node keeps every argument of its op call until backward (PyTorch keeps only what
-  the formula reads).
+- ``create_graph=True`` (higher-order gradients) is not supported.
+
+As in PyTorch, a node keeps only what its formula reads (declared with the formula), so a
+training step's activations are freed as soon as the program and the graph let them go.
 """
 
 from __future__ import annotations

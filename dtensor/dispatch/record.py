@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
+import numpy as np
+
 import fastpath as _fp
 from placements.errors import AutogradError
 
@@ -208,6 +210,62 @@ def _detached(t: object) -> object:
     return _wrap(t._arr, t._storage)
 
 
+#: Stand-ins by layout (see :func:`_stand_in`): ``(shape, dtype)`` of a Tensor, a DTensor's spec.
+_STAND_INS: dict = {}
+_STAND_INS_MAX = 1024
+
+
+def _stand_in(v: object) -> object:
+    """What a node keeps of a float tensor argument its formula does not read: a tensor of
+    ``v``'s shape and dtype (a DTensor: of its spec) over one zero (a read-only, zero-stride
+    array), so that the formula can still ask for its layout and build zeros like it while
+    ``v``'s memory goes when the program drops ``v``. Arrays off the host are kept as
+    they are."""
+    if type(v) is Tensor:
+        arr = v._arr
+        if type(arr) is not np.ndarray:
+            return v
+        key = (arr.shape, arr.dtype)
+        s = _STAND_INS.get(key)
+        if s is not None:
+            return s
+        s = _wrap(np.broadcast_to(np.zeros((), arr.dtype), arr.shape), None)
+    else:
+        key = v._spec
+        s = _STAND_INS.get(key)
+        if s is not None:
+            return s
+        local = _stand_in(v._local)  # (a pending DTensor waits here, as its op did)
+        if local is v._local:
+            return v
+        s = DTensor._make(local, key)
+    if len(_STAND_INS) >= _STAND_INS_MAX:
+        _STAND_INS.clear()
+    _STAND_INS[key] = s
+    return s
+
+
+def _unread(v: object) -> object:
+    """``v``, or its stand-in when it is a float tensor (integer and bool tensors, the
+    indices and masks that formulas read, are kept)."""
+    t = type(v)
+    if t is Tensor:
+        return _stand_in(v) if v._arr.dtype.kind in "fc" else v
+    if t is DTensor or t is _PendingDTensor:
+        return _stand_in(v) if v._spec.dtype.kind in "fc" else v
+    return v
+
+
+def _unread_positions(info: OpInfo, binder) -> tuple[int, ...]:
+    """The positions of ``info``'s tensor parameters that its formula does not read (not
+    in ``backward.save``)."""
+    save = info.backward.save
+    return tuple(pi for pi, p in zip(binder.tensor_idx, info.tensor_params) if p not in save)
+
+
+_UNREAD: dict = {}
+
+
 def _unrecorded(plain: Callable, args: tuple, kwargs: Mapping[str, object]) -> object:
     """``plain(*args, **kwargs)`` with grad mode off (it was on: the call records)."""
     mode = _MODE
@@ -283,6 +341,17 @@ def record(info: OpInfo, plain: Callable, args: tuple, kwargs: Mapping[str, obje
     if bw.out:
         saved_out = _detached(outputs[0])
         saved.append(_ag.save(saved_out, "result"))
+    # the node keeps what the formula reads: the others as stand-ins of their layout
+    unread = _UNREAD.get(info)
+    if unread is None:
+        unread = _UNREAD[info] = _unread_positions(info, binder)
+    if unread:
+        vi = binder.variadic_idx
+        for pi in unread:
+            v = values[pi]
+            values[pi] = [_unread(e) for e in v] if pi == vi else _unread(v)
+        slots = ([values[pi] for pi in binder.tensor_idx] if vi < 0
+                 else _slots(binder, values))
     _ag.record(name, _apply, edges, outputs, (bw, values, slots), saved_out, saved)
     return out
 

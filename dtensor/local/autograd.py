@@ -11,7 +11,8 @@ gradient is laid out (:func:`set_leaf_layout`).
 The graph, as in PyTorch: a tensor that requires grad holds an :class:`AutogradMeta`; a
 leaf's accumulates ``.grad``, a non-leaf's points at the :class:`Node` that made it
 (``grad_fn``) and which of its outputs it is. A node holds its formula, what the formula
-needs (the op's bound arguments, its output when the formula reads it) and one edge per
+needs (the op's bound arguments, of the tensors only those the formula reads and stand-ins
+of the others' layout; its output when the formula reads it) and one edge per
 input: the input's meta (which names the input's node and output index, or is a leaf's),
 None for an input that needs no gradient. :func:`run_backward` counts the dependencies of every node reachable from the roots,
 then runs each node once all gradients that reach it have been summed.

@@ -5,6 +5,8 @@ mode, accumulation, ``autograd.grad`` and PyTorch's errors."""
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import pytest
 
@@ -159,6 +161,32 @@ def test_variants_record_functions_methods_operators():
     # d/dx of (x+y) + (x+y) + (x+y) + 2x
     np.testing.assert_allclose(x.grad.numpy(), 5.0)
     np.testing.assert_allclose(y.grad.numpy(), 3.0)
+
+
+def test_nodes_keep_only_what_their_formula_reads():
+    """A node keeps the tensors its formula reads (``save``, declared with the formula);
+    of the others it keeps a stand-in of their layout, so an input the formula does not
+    need is freed once the program drops it, local and DTensor alike."""
+    mesh = dt.init_device_mesh((1,))
+    value = np.random.default_rng(3).standard_normal((4, 3))
+    for x in (_leaf(4, 3), dt.distribute_tensor(value, mesh, [dt.Shard(0)]).requires_grad_()):
+        w = x[:2] * 1.0
+        unread = x @ w.T  # add's and sum's formulas read no input: freed
+        read = x @ w.T  # sin's reads its input: kept
+        local = (lambda t: t) if isinstance(x, dt.Tensor) else (lambda t: t.to_local())
+        refs = weakref.ref(local(unread)._arr), weakref.ref(local(read)._arr)
+        loss = (unread + 1.0).sum() + read.sin().sum() + unread[1:].sum(dim=0).mean()
+        del unread, read
+        assert refs[0]() is None and refs[1]() is not None
+        loss.backward()
+        xv = local(x).detach().numpy()
+        wv = xv[:2]
+        h = xv @ wv.T
+        gh = 1.0 + np.cos(h) + np.r_[np.zeros((1, 2)), np.full((3, 2), 0.5)]
+        gx = gh @ wv  # through x @ w.T ...
+        gx[:2] += gh.T @ xv  # ... and through w = x[:2]
+        got = x.grad if isinstance(x, dt.Tensor) else x.grad.full_tensor()
+        np.testing.assert_allclose(got.numpy(), gx, atol=1e-12)
 
 
 def test_accumulation_and_broadcasting():

@@ -175,10 +175,12 @@ class AutogradMeta:
     ``requires_grad``; ``grad`` (a leaf's accumulated gradient); ``grad_fn`` (the node that
     made a non-leaf, None for a leaf) and ``output_nr`` (which of its outputs);
     ``layout`` (for a DTensor leaf: its spec, the layout its gradient gets; None
-    otherwise).
+    otherwise); ``view`` (for a view made by recorded view ops: how it derives from its
+    base, which an in-place write through the view rewrites (see
+    :mod:`dtensor.dispatch.record`); None otherwise).
     """
 
-    __slots__ = ("grad", "grad_fn", "layout", "output_nr", "requires_grad")
+    __slots__ = ("grad", "grad_fn", "layout", "output_nr", "requires_grad", "view")
 
     def __init__(self, requires_grad: bool = True, grad_fn: Node | None = None,
                  output_nr: int = 0, layout: object = None) -> None:
@@ -187,6 +189,7 @@ class AutogradMeta:
         self.grad_fn = grad_fn
         self.output_nr = output_nr
         self.layout = layout
+        self.view = None
 
 
 def make_leaf(t: object, requires_grad: bool, layout: object = None) -> None:

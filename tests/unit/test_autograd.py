@@ -189,6 +189,55 @@ def test_nodes_keep_only_what_their_formula_reads():
         np.testing.assert_allclose(got.numpy(), gx, atol=1e-12)
 
 
+def _write_through_views(a, x, w):
+    """In-place writes through views of a non-leaf (nested views, a transpose, a reshape, a
+    multi-output view, ``__setitem__``), some after a view was taken: ``v`` is used after
+    later writes to its base."""
+    b = a.clone()
+    b[0].mul_(2.0)
+    v = b[:, 1]
+    v.add_(x)
+    rest = b[1:]
+    rest[:, 2:].mul_((rest[:, :2] + 0.0).sin())
+    b.t()[3].mul_(x)
+    b.split(2, 1)[1].sub_(w[:, :2] * x[:1])
+    b[2] = x[:1].expand(4) * 3.0
+    b.reshape(-1)[::2].exp_()
+    return (b * w).sum() + (v * v).sum()
+
+
+def test_in_place_through_views_rewrites_the_base():
+    """An in-place op on a view rewrites its base's history (PyTorch's CopySlices): the
+    gradients through the base equal finite differences."""
+    rng = np.random.default_rng(5)
+    arrays = [rng.standard_normal(s) for s in ((3, 4), (3,), (3, 4))]
+    a, x, w = (dt.from_numpy(v.copy()).requires_grad_() for v in arrays)
+    _write_through_views(a, x, w).backward()
+    assert a.grad_fn is None
+    for t, base in zip((a, x, w), arrays):
+        flat = base.reshape(-1)
+        for k in range(flat.size):
+            vals = []
+            for eps in (1e-6, -1e-6):
+                probe = [v.copy() for v in arrays]
+                probe[[id(b) for b in arrays].index(id(base))].reshape(-1)[k] += eps
+                with dt.no_grad():
+                    vals.append(float(_write_through_views(*map(dt.from_numpy, probe))))
+            want = (vals[0] - vals[1]) / 2e-6
+            assert abs(t.grad.numpy().reshape(-1)[k] - want) <= 1e-5 * (1 + abs(want))
+    b = a.clone()
+    b[:, 1].mul_(2.0)
+    assert b.grad_fn.name() == "CopySlicesBackward0"
+
+
+def test_error_in_place_on_view_of_leaf():
+    x = _leaf(3, 4)
+    with pytest.raises(AutogradError, match="mul_: a view of a leaf Variable"):
+        x[0].mul_(2.0)
+    with pytest.raises(AutogradError, match="__setitem__: a view of a leaf Variable"):
+        x.t()[1] = 0.0
+
+
 def test_accumulation_and_broadcasting():
     x = _leaf(4)
     w = _leaf(3, 4, seed=2)

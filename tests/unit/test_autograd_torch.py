@@ -33,6 +33,25 @@ PROGRAMS = {
 }
 
 
+def _write_through_views(F, t, a, x, w):
+    """In-place writes through views of a non-leaf, some after a view was taken (PyTorch
+    refuses a write into an output of split, which dtensor allows)."""
+    b = a.clone()
+    b[0].mul_(2.0)
+    v = b[:, 1]
+    v.add_(x)
+    rest = b[1:]
+    rest[:, 2:].mul_((rest[:, :2] + 0.0).sin())
+    b.t()[3].mul_(x)
+    b[:, 2:].sub_(w[:, :2] * x[:1])
+    b[2] = x[:1].expand(4) * 3.0
+    b.reshape(-1)[::2].exp_()
+    return (b * w).sum() + (v * v).sum()
+
+
+PROGRAMS["views_in_place"] = (_write_through_views, ((3, 4), (3,), (3, 4)))
+
+
 def _nn(F):
     """Where the functional nn ops live: ``dtensor`` itself, ``torch.nn.functional``."""
     return F if F is dt else F.nn.functional

@@ -514,7 +514,11 @@ def record(info: OpInfo, plain: Callable, args: tuple, kwargs: Mapping[str, obje
 def _apply(node: _ag.Node, grads: list) -> list:
     bw, values, slots = node.ctx
     need = [e is not None for e in node.edges]
-    res = bw.fn(grads if bw.multi else grads[0], values, node.out, need)
+    out = node.out
+    if bw.out and _MODE.enabled:  # a backward that records (create_graph): the saved
+        out = _detached(out)  # output with its history, which is this node's output
+        out._ag = _ag.AutogradMeta(True, node, 0)
+    res = bw.fn(grads if bw.multi else grads[0], values, out, need)
     out = []
     for r, v, n in zip(res, slots, need):
         if r is None or not n:

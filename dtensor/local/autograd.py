@@ -417,19 +417,20 @@ def _seed(t: object, g: object, i: int, op: str) -> object:
 
 def run_backward(tensors: Sequence, grad_tensors: Sequence, retain_graph: bool,
                  inputs: Sequence | None = None, op: str = "backward",
-                 allow_unused: bool = False) -> list | None:
+                 allow_unused: bool = False, create_graph: bool = False) -> list | None:
     """Backpropagate from ``tensors`` (seeded with ``grad_tensors``, None for 1 of a
     one-element tensor). **Collective** when a DTensor's backward redistributes.
 
     Without ``inputs``: accumulates into the leaves' ``.grad`` (and retained non-leaves').
     With ``inputs``: returns their gradients (None where unused and ``allow_unused``)
-    and touches no ``.grad``.
+    and touches no ``.grad``. ``create_graph``: the formulas run with grad mode on, so
+    the gradients have a graph of their own (higher-order gradients).
     """
     walk = _WALK
     prev = walk.active, walk.op
     walk.active, walk.op = True, None
     try:
-        results = _walk(tensors, grad_tensors, retain_graph, inputs, op)
+        results = _walk(tensors, grad_tensors, retain_graph, inputs, op, create_graph)
     finally:
         walk.active, walk.op = prev
     if inputs is None:
@@ -444,10 +445,10 @@ def run_backward(tensors: Sequence, grad_tensors: Sequence, retain_graph: bool,
 
 
 def _walk(tensors: Sequence, grad_tensors: Sequence, retain_graph: bool,
-          inputs: Sequence | None, op: str) -> list:
+          inputs: Sequence | None, op: str, create_graph: bool) -> list:
     """:func:`run_backward`'s walk; the gradients of ``inputs`` (empty without)."""
     walk = _WALK
-    with no_grad():
+    with set_grad_enabled(create_graph):
         roots = []
         for i, (t, g) in enumerate(zip(tensors, grad_tensors)):
             target = _root(t, i, op)
@@ -545,8 +546,9 @@ def grad(outputs: object, inputs: object, grad_outputs: object = None,
     """Gradients of ``outputs`` with respect to ``inputs`` (``torch.autograd.grad``).
 
     **Collective** when the backward of a DTensor op communicates; **Local** otherwise.
-    Leaves' ``.grad`` are left alone. ``create_graph=True`` (higher-order gradients) is not
-    supported.
+    Leaves' ``.grad`` are left alone. ``create_graph=True``: the gradients are computed
+    by recorded ops, so they can be differentiated again (higher-order gradients);
+    ``retain_graph`` then defaults to True.
 
     Returns
     -------
@@ -559,8 +561,6 @@ def grad(outputs: object, inputs: object, grad_outputs: object = None,
         An output or input that does not require grad, a non-scalar output without its
         ``grad_outputs``, a second pass through freed nodes, an unused input.
     """
-    if create_graph:
-        raise AutogradError("autograd.grad: create_graph=True is not supported")
     outs = _as_seq(outputs)
     ins = _as_seq(inputs)
     gos = (None,) * len(outs) if grad_outputs is None else _as_seq(grad_outputs)
@@ -568,24 +568,27 @@ def grad(outputs: object, inputs: object, grad_outputs: object = None,
         raise AutogradError(
             f"autograd.grad: grad_outputs has {len(gos)} entries for {len(outs)} outputs"
         )
-    return tuple(run_backward(outs, gos, bool(retain_graph), ins, "autograd.grad",
-                              allow_unused))
+    retain = create_graph if retain_graph is None else retain_graph
+    return tuple(run_backward(outs, gos, bool(retain), ins, "autograd.grad",
+                              allow_unused, bool(create_graph)))
 
 
 def backward(tensors: object, grad_tensors: object = None, retain_graph: bool | None = None,
-             inputs: object = None) -> None:
+             create_graph: bool = False, inputs: object = None) -> None:
     """Accumulate the gradients of ``tensors`` into the leaves (``torch.autograd.backward``).
 
     **Collective** when the backward of a DTensor op communicates; **Local** otherwise.
-    ``inputs``: accumulate into these leaves only.
+    ``inputs``: accumulate into these leaves only. ``create_graph``: the accumulated
+    gradients have a graph (see :func:`grad`); ``retain_graph`` then defaults to True.
     """
     outs = _as_seq(tensors)
     gos = (None,) * len(outs) if grad_tensors is None else _as_seq(grad_tensors)
+    retain = bool(create_graph if retain_graph is None else retain_graph)
     if inputs is None:
-        run_backward(outs, gos, bool(retain_graph))
+        run_backward(outs, gos, retain, create_graph=bool(create_graph))
         return
     ins = _as_seq(inputs)
-    grads = run_backward(outs, gos, bool(retain_graph), ins, "backward", True)
+    grads = run_backward(outs, gos, retain, ins, "backward", True, bool(create_graph))
     for x, g in zip(ins, grads):
         if g is not None:
             _accumulate(x._ag, g)
@@ -668,7 +671,8 @@ def _backward(self, gradient=None, retain_graph: bool | None = None, create_grap
 
     **Collective** for a DTensor whose backward communicates; **Local** otherwise.
     ``gradient`` defaults to 1 for a one-element tensor. The graph is freed unless
-    ``retain_graph``. ``create_graph=True`` is not supported.
+    ``retain_graph`` (which defaults to ``create_graph``). ``create_graph=True``: the
+    gradients have a graph of their own (higher-order gradients).
 
     Raises
     ------
@@ -676,9 +680,7 @@ def _backward(self, gradient=None, retain_graph: bool | None = None, create_grap
         A tensor that does not require grad, a non-scalar without ``gradient``, a second
         backward through freed nodes, a saved tensor changed in place since.
     """
-    if create_graph:
-        raise AutogradError("backward: create_graph=True is not supported")
-    backward((self,), (gradient,), retain_graph, inputs)
+    backward((self,), (gradient,), retain_graph, create_graph, inputs)
 
 
 def install_api(cls: type) -> None:

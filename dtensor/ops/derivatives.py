@@ -531,7 +531,7 @@ def _select(g, v, o, need):
 
 def _getitem(g, v, o, need):
     x, idx = v[0], v[1]
-    if isinstance(x, Tensor):
+    if isinstance(x, Tensor) and not g.requires_grad:  # (numpy: not recorded)
         z = x.new_zeros(x.shape)
         index, basic, _ = x._index(idx, "__getitem__")
         if basic:
@@ -543,14 +543,15 @@ def _getitem(g, v, o, need):
 
 
 def _getitem_dtensor(g, x, idx):
-    """The gradient of a DTensor's basic index (ints, slices of step 1, None, one
-    Ellipsis), undone dim by dim with select/narrow backwards."""
+    """The gradient of a basic index (ints, slices of step 1, None, one Ellipsis) of a
+    DTensor, or of a Tensor under ``create_graph``, undone dim by dim with select/narrow
+    backwards (table ops)."""
     items = idx if type(idx) is tuple else (idx,)
     if any(not (type(i) is int or i is None or i is Ellipsis or (type(i) is slice and (
             i.step in (None, 1)))) for i in items):
         raise AutogradError(
-            f"getitem: the derivative of DTensor index {idx!r} is not implemented (ints, "
-            "slices of step 1, None and ... are)"
+            f"getitem: the derivative of index {idx!r} of a DTensor (or with "
+            "create_graph=True) is not implemented (ints, slices of step 1, None and ... are)"
         )
     consumed = sum(1 for i in items if i is not None and i is not Ellipsis)
     steps = []  # (kind, input dim, output dim, start) over the input's dims

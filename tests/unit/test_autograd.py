@@ -142,6 +142,70 @@ def test_formula_against_finite_differences(name):
     assert checked, f"{name}: no sample call was checked"
 
 
+def test_second_derivatives_against_finite_differences():
+    """``create_graph=True``: every formula, run as recorded ops, differentiates again. A
+    Hessian-vector product (the gradient of ``sum(grad(loss) * v)``) against central
+    finite differences of the first-order gradients, one sample call per op."""
+    rng = np.random.default_rng(8)
+    failures = []
+    for name in _differentiable():
+        info = OPS[name]
+        for call in sample_calls(info, seed=1):
+            if any(u in call.label for u in UNSUPPORTED.get(name, ())):
+                continue
+            values, leaves = _inputs(name, call.values, rng)
+            ts = [t for p, t in leaves if (name, p) not in NO_GRAD_FOR]
+            state = dt.get_rng_state()
+            with dt.no_grad():
+                ref = _outputs(_run(info, values))
+            if not ts or not ref or any(o.dtype != np.float64 or not np.isfinite(
+                    o.numpy()).all() for o in ref):
+                continue
+            weights = [dt.from_numpy(rng.standard_normal(tuple(o.shape))) for o in ref]
+            vs = [dt.from_numpy(rng.standard_normal(tuple(t.shape))) for t in ts]
+
+            def gv(create, info=info, values=values, ts=ts, vs=vs, weights=weights,
+                   state=state):
+                dt.set_rng_state(state)
+                zero = dt.zeros((), dtype=np.float64)
+                outs = _outputs(_run(info, values))
+                loss = sum(((o * w).sum() for o, w in zip(outs, weights)), zero)
+                gs = dt.autograd.grad(loss, ts, create_graph=create, allow_unused=True)
+                return sum(((g * v).sum() for g, v in zip(gs, vs) if g is not None), zero)
+
+            out = gv(True)
+            hv = (dt.autograd.grad(out, ts, allow_unused=True) if out.requires_grad
+                  else [None] * len(ts))
+            for t, h in zip(ts, hv):
+                flat = t.detach().numpy().reshape(-1)
+                for k in rng.choice(flat.size, size=min(flat.size, 3), replace=False):
+                    old = flat[k]
+                    flat[k] = old + 1e-5
+                    up = float(gv(False))
+                    flat[k] = old - 1e-5
+                    down = float(gv(False))
+                    flat[k] = old
+                    want = (up - down) / 2e-5
+                    got = 0.0 if h is None else h.numpy().reshape(-1)[k]
+                    if abs(got - want) > 1e-4 * (1 + abs(want)):
+                        failures.append(f"{name} {call.label}: {got} != {want}")
+            break
+    assert not failures, failures
+
+
+def test_backward_create_graph_accumulates_a_gradient_with_a_graph():
+    x = _leaf(5)
+    (x * x * x).sum().backward(create_graph=True)
+    gx = x.grad
+    assert gx.grad_fn is not None
+    np.testing.assert_allclose(gx.detach().numpy(), 3 * x.detach().numpy() ** 2)
+    x.grad = None
+    gx.sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), 6 * x.detach().numpy())
+    (g,) = dt.autograd.grad((x * x).sum(), x)
+    assert g.grad_fn is None and not g.requires_grad
+
+
 # -- the variants -------------------------------------------------------------------------------
 def _leaf(*shape, seed=0):
     rng = np.random.default_rng(seed)

@@ -52,6 +52,21 @@ def _write_through_views(F, t, a, x, w):
 PROGRAMS["views_in_place"] = (_write_through_views, ((3, 4), (3,), (3, 4)))
 
 
+def _gradient_penalty(F, t, x, w1, b1, w2):
+    """A loss plus the squared norm of its gradient with respect to the input (the
+    gradient taken with ``create_graph=True``): second derivatives reach every input."""
+    h = (x @ w1 + b1).tanh()
+    out = _nn(F).gelu(h @ w2, approximate="tanh")
+    loss = ((out.softmax(-1) * out.exp().sigmoid()).sum() + h.relu().pow(3).mean()
+            + (x.sin() * x).sum() + h.log_softmax(-1).sum() + x[1:, 2].exp().sum()
+            + _nn(F).cross_entropy(out, t[:5] % 3))
+    (g,) = F.autograd.grad(loss, x, create_graph=True)
+    return (g * g).sum() + loss
+
+
+PROGRAMS["gradient_penalty"] = (_gradient_penalty, ((5, 4), (4, 6), (6,), (6, 3)))
+
+
 def _nn(F):
     """Where the functional nn ops live: ``dtensor`` itself, ``torch.nn.functional``."""
     return F if F is dt else F.nn.functional

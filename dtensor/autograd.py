@@ -16,9 +16,11 @@ Choices where PyTorch has no DTensor answer (or a different one):
 - ``create_graph=True`` (``backward`` and ``grad``) runs the formulas as recorded ops, so
   gradients can be differentiated again (higher-order gradients; a gradient penalty
   ``g = grad(loss, x, create_graph=True); (g * g).sum().backward()``), on Tensors and
-  DTensors alike, through every formula written with table ops. Not twice-differentiable:
-  the local advanced-index ``getitem`` formula (numpy's ``add.at``), and the value an
-  in-place op reads of its own input (saved as a copy without history).
+  DTensors alike (every formula is written with table ops). Not twice-differentiable: the
+  value an in-place op reads of its own input (saved as a copy without history).
+- ``getitem`` differentiates basic and advanced indices on Tensors and DTensors; an index
+  with several integer arrays that names one element twice is refused (one array along
+  one dim, as ``x[[0, 2, 0]]``, is not).
 
 As in PyTorch, a node keeps only what its formula reads (declared with the formula), so a
 training step's activations are freed as soon as the program and the graph let them go.

@@ -324,3 +324,30 @@ def test_second_derivatives_and_writes_through_views_match_local(rng):
     (g,) = dt.autograd.grad(x.to_local().pow(3).sum(), x, create_graph=True)
     g.sum().backward()
     np.testing.assert_allclose(x.grad.full_tensor().numpy(), 6 * value, atol=1e-12)
+
+
+#: Index keys whose gradient writes into zeros (stepped slices, masks, integer arrays,
+#: repeated entries along one dim): functions of the global value (for the mask).
+_ADVANCED_KEYS = (
+    lambda v: (slice(None, None, 2),),
+    lambda v: ([0, 3, 1],),
+    lambda v: (slice(None), [1, 3, 1]),
+    lambda v: (dt.from_numpy(v > 0),),
+    lambda v: ([0, 1], [2, 3]),
+    lambda v: (Ellipsis, dt.from_numpy(np.array([2, 2, 0]))),
+)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_advanced_index_gradients_match_local():
+    mesh = dt.init_device_mesh((WORLD.size,))
+    value = np.random.default_rng(9).standard_normal((2 * WORLD.size + 1, 4))
+    for key in _ADVANCED_KEYS:
+        k = key(value)
+        lx = dt.from_numpy(value.copy()).requires_grad_()
+        lx[k].exp().sum().backward()
+        for pl in ([R], [S(0)], [S(1)]):
+            x = dt.distribute_tensor(value, mesh, pl).requires_grad_()
+            x[k].exp().sum().backward()
+            np.testing.assert_allclose(x.grad.full_tensor().numpy(), lx.grad.numpy(),
+                                       atol=1e-12, err_msg=f"{k} {pl}")

@@ -27,7 +27,10 @@ NO_GRAD_FOR = frozenset({("cross_entropy", "target"), ("cross_entropy", "weight"
                          ("expand_as", "other"), ("type_as", "other")})
 
 #: Sample calls whose derivative is not implemented (the error says so).
-UNSUPPORTED = {"einsum": ("...", "ii->")}
+UNSUPPORTED: dict[str, tuple[str, ...]] = {}
+
+#: Ops whose every sample call is checked (not the first four).
+CHECKED_CALLS = {"einsum": 8}
 
 #: Ops whose float inputs are sampled positive (their domain, or away from a pole).
 POSITIVE = frozenset({"log", "log2", "log10", "log1p", "sqrt", "rsqrt", "reciprocal", "pow",
@@ -90,7 +93,7 @@ def test_formula_against_finite_differences(name):
     rng = np.random.default_rng(7)
     checked = 0
     for call in calls:
-        if checked >= 4:
+        if checked >= CHECKED_CALLS.get(name, 4):
             break
         values, leaves = _inputs(name, call.values, rng)
         if not leaves:

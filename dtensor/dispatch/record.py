@@ -223,7 +223,7 @@ _STAND_INS_MAX = 1024
 
 
 def _stand_in(v: object) -> object:
-    """What a node keeps of a float tensor argument its formula does not read: a tensor of
+    """What a node keeps of a tensor argument its formula does not read: a tensor of
     ``v``'s shape and dtype (a DTensor: of its spec) over one zero (a read-only, zero-stride
     array), so that the formula can still ask for its layout and build zeros like it while
     ``v``'s memory goes when the program drops ``v``. Arrays off the host are kept as
@@ -232,7 +232,7 @@ def _stand_in(v: object) -> object:
         arr = v._arr
         if type(arr) is not np.ndarray:
             return v
-        key = (arr.shape, arr.dtype)
+        key = (arr.shape, arr.dtype.char)
         s = _STAND_INS.get(key)
         if s is not None:
             return s
@@ -253,13 +253,15 @@ def _stand_in(v: object) -> object:
 
 
 def _unread(v: object) -> object:
-    """``v``, or its stand-in when it is a float tensor (integer and bool tensors, the
-    indices and masks that formulas read, are kept)."""
+    """``v``, or its stand-in when it is an intermediate of the graph (a tensor with a
+    ``grad_fn``). Leaves and tensors that require no grad are kept as they are: the
+    program holds them (its parameters and inputs), and the index and mask tensors that
+    formulas read are among them."""
     t = type(v)
-    if t is Tensor:
-        return _stand_in(v) if v._arr.dtype.kind in "fc" else v
-    if t is DTensor or t is _PendingDTensor:
-        return _stand_in(v) if v._spec.dtype.kind in "fc" else v
+    if t is Tensor or t is DTensor or t is _PendingDTensor:
+        m = v._ag
+        if m is not None and m.grad_fn is not None:
+            return _stand_in(v)
     return v
 
 

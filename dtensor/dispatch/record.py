@@ -355,7 +355,7 @@ def _current(t: object, m: _ag.AutogradMeta) -> _ag.AutogradMeta:
 
 def _note_views(info: OpInfo, values: list, x: object, outputs: Sequence) -> None:
     """Mark the outputs of a recorded view op that share the data of its input ``x``."""
-    owner = _ag._owner(x)
+    owner = _ag.owner(x)
     xm = x._ag
     parent = xm.view if xm is not None else None
     if parent is not None and parent.base() is None:
@@ -365,7 +365,7 @@ def _note_views(info: OpInfo, values: list, x: object, outputs: Sequence) -> Non
     n = len(outputs)
     for i, o in enumerate(outputs):
         m = o._ag
-        if m is not None and _ag._owner(o) is owner:
+        if m is not None and _ag.owner(o) is owner:
             m.view = _View(base, bm, info, values, i, n, parent)
 
 
@@ -500,11 +500,22 @@ def record(info: OpInfo, plain: Callable, args: tuple, kwargs: Mapping[str, obje
         unread = _UNREAD[info] = _unread_positions(info, binder)
     if unread:
         vi = binder.variadic_idx
+        changed = False
         for pi in unread:
             v = values[pi]
-            values[pi] = [_unread(e) for e in v] if pi == vi else _unread(v)
-        slots = ([values[pi] for pi in binder.tensor_idx] if vi < 0
-                 else _slots(binder, values))
+            if pi == vi:
+                values[pi] = [_unread(e) for e in v]
+                changed = True
+            else:
+                t = type(v)
+                if t is Tensor or t is DTensor or t is _PendingDTensor:
+                    m = v._ag
+                    if m is not None and m.grad_fn is not None:
+                        values[pi] = _stand_in(v)
+                        changed = True
+        if changed:
+            slots = ([values[pi] for pi in binder.tensor_idx] if vi < 0
+                     else _slots(binder, values))
     node = _ag.record(name, _apply, edges, outputs, (bw, values, slots), saved_out, saved)
     if view is not None:
         _rebase(self, view, node)

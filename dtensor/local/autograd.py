@@ -56,6 +56,7 @@ __all__ = [
     "make_leaf",
     "no_grad",
     "on_activate",
+    "owner",
     "record",
     "run_backward",
     "save",
@@ -211,9 +212,10 @@ def make_leaf(t: object, requires_grad: bool, layout: object = None) -> None:
 _VERSIONS: dict[int, list] = {}
 
 
-def _owner(t: object) -> object:
-    """The array owning ``t``'s memory (a Tensor or a DTensor's local tensor)."""
-    arr = t._arr if isinstance(t, Tensor) else t._local._arr
+def owner(t: object) -> object:
+    """The array owning ``t``'s memory (a Tensor's or a DTensor's local tensor's): views
+    of one memory have one owner. **Local**."""
+    arr = t._arr if type(t) is Tensor else t._local._arr
     base = arr.base
     return arr if base is None else base
 
@@ -221,7 +223,7 @@ def _owner(t: object) -> object:
 def version_of(t: object) -> int:
     """The version counter of ``t``'s memory (0 until an in-place op writes it while a
     saved tensor is counted). **Local**."""
-    e = _VERSIONS.get(id(_owner(t)))
+    e = _VERSIONS.get(id(owner(t)))
     return 0 if e is None else e[0]
 
 
@@ -229,7 +231,7 @@ def bump_version(t: object) -> None:
     """Count an in-place write to ``t``'s memory (called by every in-place op while autograd
     is active). **Local**."""
     if _VERSIONS:
-        e = _VERSIONS.get(id(_owner(t)))
+        e = _VERSIONS.get(id(owner(t)))
         if e is not None:
             e[0] += 1
 
@@ -240,13 +242,13 @@ class _Saved:
     __slots__ = ("key", "name", "owner", "shape", "version")  # owner: keeps the key unique
 
     def __init__(self, t: object, name: str) -> None:
-        owner = _owner(t)
-        key = id(owner)
+        own = owner(t)
+        key = id(own)
         e = _VERSIONS.get(key)
         if e is None:
             e = _VERSIONS[key] = [0, 0]
         e[1] += 1
-        self.owner = owner
+        self.owner = own
         self.key = key
         self.version = e[0]
         self.name = name

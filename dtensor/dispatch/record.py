@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from operator import itemgetter
 
 import numpy as np
 
@@ -280,29 +281,28 @@ _UNREAD: dict = {}
 _VIEW_OPS = frozenset(VIEW)
 
 
-class _View:
+class _View(tuple):
     """How a view derives from its base: the view op's call (``info``, its bound values,
-    which output ``nr``) applied after ``parent`` (the view it was taken of, None when
-    taken of the base itself); ``base`` a weak reference to the base tensor (the graph
-    does not keep it alive: with the base gone, the view is written like any tensor),
-    ``base_meta`` the base's autograd state the view's history starts from (when the
-    base's changes, the view is stale)."""
+    which output ``nr`` of ``n_out``) applied after ``parent`` (the view it was taken of,
+    None when taken of the base itself); ``base`` a weak reference to the base tensor (the
+    graph does not keep it alive: with the base gone, the view is written like any
+    tensor), ``base_meta`` the base's autograd state the view's history starts from (when
+    the base's changes, the view is stale). A tuple (made with :data:`_new_view`, a C call:
+    every recorded view op makes one)."""
 
-    __slots__ = ("base", "base_meta", "info", "n_out", "nr", "parent", "values")
+    __slots__ = ()
 
-    def __init__(self, base: object, base_meta: object, info: OpInfo, values: list,
-                 nr: int, n_out: int, parent: _View | None) -> None:
-        self.base = base
-        self.base_meta = base_meta
-        self.info = info
-        self.values = values
-        self.nr = nr
-        self.n_out = n_out
-        self.parent = parent
+    base = property(itemgetter(0))
+    base_meta = property(itemgetter(1))
+    info = property(itemgetter(2))
+    values = property(itemgetter(3))
+    nr = property(itemgetter(4))
+    n_out = property(itemgetter(5))
+    parent = property(itemgetter(6))
 
     def on(self, base: weakref.ref, base_meta: object) -> _View:
         """The same view of ``base`` with the history ``base_meta``."""
-        return _View(base, base_meta, self.info, self.values, self.nr, self.n_out, self.parent)
+        return _new_view(_View, (base, base_meta, *self[2:]))
 
     def of(self, t: object) -> object:
         """The view of ``t`` (a tensor shaped like the base: a gradient of it)."""
@@ -323,6 +323,9 @@ class _View:
         need = [True] + [False] * (len(self.info.tensor_params) - 1)
         g = bw.fn(g, self.values, None, need)[0]
         return g if self.parent is None else self.parent.back(g)
+
+
+_new_view = tuple.__new__
 
 
 def _view_back(node: _ag.Node, grads: list) -> list:
@@ -354,19 +357,23 @@ def _current(t: object, m: _ag.AutogradMeta) -> _ag.AutogradMeta:
 
 
 def _note_views(info: OpInfo, values: list, x: object, outputs: Sequence) -> None:
-    """Mark the outputs of a recorded view op that share the data of its input ``x``."""
-    owner = _ag.owner(x)
+    """Mark the outputs of a recorded view op that share the data of its input ``x`` (on
+    every recorded view op: the _View fields by index)."""
+    owner = _ag.owner
+    own = owner(x)
     xm = x._ag
-    parent = xm.view if xm is not None else None
-    if parent is not None and parent.base() is None:
+    parent = None if xm is None else xm.view
+    if parent is not None and parent[0]() is None:
         parent = None  # its base is gone: x is the base now
-    base = weakref.ref(x) if parent is None else parent.base
-    bm = x._ag if parent is None else parent.base_meta
+    if parent is None:
+        base, bm = weakref.ref(x), xm
+    else:
+        base, bm = parent[0], parent[1]
     n = len(outputs)
     for i, o in enumerate(outputs):
         m = o._ag
-        if m is not None and _ag.owner(o) is owner:
-            m.view = _View(base, bm, info, values, i, n, parent)
+        if m is not None and owner(o) is own:
+            m.view = _new_view(_View, (base, bm, info, values, i, n, parent))
 
 
 def _edge(v: object) -> _ag.AutogradMeta | None:

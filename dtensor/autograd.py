@@ -13,9 +13,17 @@ Choices where PyTorch has no DTensor answer (or a different one):
 - the gradient of ``redistribute`` goes back to the input's placements (Partial as
   Replicate); ``to_local(grad_placements=)`` and ``from_local(..., grad_placements=)`` say
   how a local gradient is laid out;
-- ``create_graph=True`` (higher-order gradients) is not supported;
-- a node keeps every argument of its op call until backward (PyTorch keeps only what
-  the formula reads).
+- ``create_graph=True`` (``backward`` and ``grad``) runs the formulas as recorded ops, so
+  gradients can be differentiated again (higher-order gradients; a gradient penalty
+  ``g = grad(loss, x, create_graph=True); (g * g).sum().backward()``), on Tensors and
+  DTensors alike (every formula is written with table ops). Not twice-differentiable: the
+  value an in-place op reads of its own input (saved as a copy without history).
+- ``getitem`` differentiates basic and advanced indices on Tensors and DTensors; an index
+  with several integer arrays that names one element twice is refused (one array along
+  one dim, as ``x[[0, 2, 0]]``, is not).
+
+As in PyTorch, a node keeps only what its formula reads (declared with the formula), so a
+training step's activations are freed as soon as the program and the graph let them go.
 """
 
 from __future__ import annotations

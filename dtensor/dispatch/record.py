@@ -11,6 +11,14 @@ argument requires grad, :func:`record` runs the op with grad mode off and makes 
 variants also bump the version counter of what they write, and refuse a leaf that requires
 grad.
 
+A view made by recorded view ops (:data:`dtensor.ops.derivatives.VIEW`, when its data is
+its input's) remembers its base and how it derives from it (:class:`_View`). An in-place
+op on such a view rewrites the base's history, as PyTorch's ``CopySlices``: the base gets
+a node whose backward sends the view's part of the gradient through the in-place op's
+formula and puts the result back in place, and the view becomes the view of the new base;
+a view taken before an in-place write to its base (through it, another view or the base
+itself) is brought up to date when an op uses it.
+
 Until autograd is active nothing here runs: :mod:`dtensor.dispatch.install` installs the
 recording forms and the hook only then. After, the no-grad path pays one check per call (a
 pointer test per argument in compiled code). A call that records falls back from the
@@ -20,7 +28,11 @@ off.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Mapping, Sequence
+from operator import itemgetter
+
+import numpy as np
 
 import fastpath as _fp
 from placements.errors import AutogradError
@@ -31,6 +43,7 @@ from ..local import autograd as _ag
 from ..local.rng import get_rng_state
 from ..local.tensor import Tensor, _wrap
 from ..ops import OpInfo
+from ..ops.derivatives import VIEW
 from .dispatcher import binder_of
 
 __all__ = [
@@ -152,17 +165,14 @@ def recording_setitem(plain: Callable) -> Callable:
 
     def __setitem__(self, idx, value) -> None:
         if mode.enabled and _wants_grad((self, value), None):
-            m = self._ag
-            if m is not None and m.requires_grad and m.grad_fn is None:
-                raise AutogradError(
-                    "__setitem__: a leaf Variable that requires grad is being used in an "
-                    "in-place operation."
-                )
-            edges = [_ag.edge_of(self), _ag.edge_of(value)]
+            view = _inplace_state(self, "__setitem__")
+            edges = [_edge(self), _edge(value)]
             vmeta = (tuple(value.shape), value.dtype) if _is_tensor(value) else None
             _unrecorded(plain, (self, idx, value), {})
             _ag.bump_version(self)
-            _ag.record("setitem", _setitem_backward, edges, (self,), (idx, vmeta))
+            node = _ag.record("setitem", _setitem_backward, edges, (self,), (idx, vmeta))
+            if view is not None:
+                _rebase(self, view, node)
             return
         plain(self, idx, value)
         _ag.bump_version(self)
@@ -209,6 +219,217 @@ def _detached(t: object) -> object:
     return _wrap(t._arr, t._storage)
 
 
+#: Stand-ins by layout (see :func:`_stand_in`): ``(shape, dtype)`` of a Tensor, a DTensor's spec.
+_STAND_INS: dict = {}
+_STAND_INS_MAX = 1024
+
+
+def _stand_in(v: object) -> object:
+    """What a node keeps of a tensor argument its formula does not read: a tensor of
+    ``v``'s shape and dtype (a DTensor: of its spec) over one zero (a read-only, zero-stride
+    array), so that the formula can still ask for its layout and build zeros like it while
+    ``v``'s memory goes when the program drops ``v``. Arrays off the host are kept as
+    they are."""
+    if type(v) is Tensor:
+        arr = v._arr
+        if type(arr) is not np.ndarray:
+            return v
+        key = (arr.shape, arr.dtype.char)
+        s = _STAND_INS.get(key)
+        if s is not None:
+            return s
+        s = _wrap(np.broadcast_to(np.zeros((), arr.dtype), arr.shape), None)
+    else:
+        key = v._spec
+        s = _STAND_INS.get(key)
+        if s is not None:
+            return s
+        local = _stand_in(v._local)  # (a pending DTensor waits here, as its op did)
+        if local is v._local:
+            return v
+        s = DTensor._make(local, key)
+    if len(_STAND_INS) >= _STAND_INS_MAX:
+        _STAND_INS.clear()
+    _STAND_INS[key] = s
+    return s
+
+
+def _unread(v: object) -> object:
+    """``v``, or its stand-in when it is an intermediate of the graph (a tensor with a
+    ``grad_fn``). Leaves and tensors that require no grad are kept as they are: the
+    program holds them (its parameters and inputs), and the index and mask tensors that
+    formulas read are among them."""
+    t = type(v)
+    if t is Tensor or t is DTensor or t is _PendingDTensor:
+        m = v._ag
+        if m is not None and m.grad_fn is not None:
+            return _stand_in(v)
+    return v
+
+
+def _unread_positions(info: OpInfo, binder) -> tuple[int, ...]:
+    """The positions of ``info``'s tensor parameters that its formula does not read (not
+    in ``backward.save``)."""
+    save = info.backward.save
+    return tuple(pi for pi, p in zip(binder.tensor_idx, info.tensor_params) if p not in save)
+
+
+_UNREAD: dict = {}
+
+
+# -- views ---------------------------------------------------------------------------------------
+#: The view ops: a recorded call whose output shares its input's data makes a view.
+_VIEW_OPS = frozenset(VIEW)
+
+
+class _View(tuple):
+    """How a view derives from its base: the view op's call (``info``, its bound values,
+    which output ``nr`` of ``n_out``) applied after ``parent`` (the view it was taken of,
+    None when taken of the base itself); ``base`` a weak reference to the base tensor (the
+    graph does not keep it alive: with the base gone, the view is written like any
+    tensor), ``base_meta`` the base's autograd state the view's history starts from (when
+    the base's changes, the view is stale). A tuple (made with :data:`_new_view`, a C call:
+    every recorded view op makes one)."""
+
+    __slots__ = ()
+
+    base = property(itemgetter(0))
+    base_meta = property(itemgetter(1))
+    info = property(itemgetter(2))
+    values = property(itemgetter(3))
+    nr = property(itemgetter(4))
+    n_out = property(itemgetter(5))
+    parent = property(itemgetter(6))
+
+    def on(self, base: weakref.ref, base_meta: object) -> _View:
+        """The same view of ``base`` with the history ``base_meta``."""
+        return _new_view(_View, (base, base_meta, *self[2:]))
+
+    def of(self, t: object) -> object:
+        """The view of ``t`` (a tensor shaped like the base: a gradient of it)."""
+        if self.parent is not None:
+            t = self.parent.of(t)
+        info = self.info
+        name = "__getitem__" if info.name == "getitem" else info.name
+        out = getattr(t, name)(*self.values[1:])
+        return out[self.nr] if info.backward.multi else out
+
+    def back(self, g: object) -> object:
+        """A gradient of the view as a gradient of the base (zeros outside the view)."""
+        bw = self.info.backward
+        if bw.multi:
+            grads = [None] * self.n_out
+            grads[self.nr] = g
+            g = grads
+        need = [True] + [False] * (len(self.info.tensor_params) - 1)
+        g = bw.fn(g, self.values, None, need)[0]
+        return g if self.parent is None else self.parent.back(g)
+
+
+_new_view = tuple.__new__
+
+
+def _view_back(node: _ag.Node, grads: list) -> list:
+    return [node.ctx.back(grads[0])]
+
+
+def _view_meta(view: _View) -> _ag.AutogradMeta:
+    """The autograd state of ``view.of(base)`` from the base's current history (one node
+    for the whole chain of view ops)."""
+    node = _ag.Node(view.info.name, _view_back, (view.base_meta,), view)
+    meta = _ag.AutogradMeta(True, node, 0)
+    meta.view = view
+    return meta
+
+
+def _current(t: object, m: _ag.AutogradMeta) -> _ag.AutogradMeta:
+    """``t``'s autograd state, brought up to date when ``t`` is a view whose base was
+    written in place since (``m`` is ``t._ag``)."""
+    view = m.view
+    base = view.base()
+    if base is None:
+        return m
+    bm = base._ag
+    if bm is view.base_meta:
+        return m
+    m = _view_meta(view.on(view.base, bm))
+    t._ag = m
+    return m
+
+
+def _note_views(info: OpInfo, values: list, x: object, outputs: Sequence) -> None:
+    """Mark the outputs of a recorded view op that share the data of its input ``x`` (on
+    every recorded view op: the _View fields by index)."""
+    owner = _ag.owner
+    own = owner(x)
+    xm = x._ag
+    parent = None if xm is None else xm.view
+    if parent is not None and parent[0]() is None:
+        parent = None  # its base is gone: x is the base now
+    if parent is None:
+        base, bm = weakref.ref(x), xm
+    else:
+        base, bm = parent[0], parent[1]
+    n = len(outputs)
+    for i, o in enumerate(outputs):
+        m = o._ag
+        if m is not None and owner(o) is own:
+            m.view = _new_view(_View, (base, bm, info, values, i, n, parent))
+
+
+def _edge(v: object) -> _ag.AutogradMeta | None:
+    """:func:`dtensor.local.autograd.edge_of`, a stale view brought up to date."""
+    m = _ag.edge_of(v)
+    return m if m is None or m.view is None else _current(v, m)
+
+
+def _inplace_state(self: object, name: str) -> _View | None:
+    """Before an in-place op on ``self`` records: refuse a leaf that requires grad or a
+    view of one; the view ``self`` is (brought up to date), or None."""
+    m = self._ag
+    if m is None or not m.requires_grad:
+        return None
+    if m.grad_fn is None:
+        raise AutogradError(
+            f"{name}: a leaf Variable that requires grad is being used in an in-place "
+            "operation."
+        )
+    if m.view is None or m.view.base() is None:
+        return None
+    m = _current(self, m)
+    bm = m.view.base_meta
+    if bm is not None and bm.requires_grad and bm.grad_fn is None:
+        raise AutogradError(
+            f"{name}: a view of a leaf Variable that requires grad is being used in an "
+            "in-place operation."
+        )
+    return m.view
+
+
+def _copy_slices(node: _ag.Node, grads: list) -> list:
+    """The backward of a base written in place through a view: the view's part of the
+    gradient goes through the in-place op's node, and its result for the view's old value
+    replaces that part."""
+    view, op_node = node.ctx
+    g = grads[0]
+    gv = view.of(g)
+    res = op_node.apply([gv])
+    d = -gv if res[0] is None else res[0] - gv
+    return [g + view.back(d), *res[1:]]
+
+
+def _rebase(self: object, view: _View, op_node: _ag.Node) -> None:
+    """After an in-place op (``op_node``) on the view ``self``: the base's history gets
+    the write (a CopySlices node), the view becomes the view of the new base."""
+    base = view.base()
+    if base is None:  # (gone since: the write stays the view's own)
+        return
+    edges = (view.base_meta, *op_node.edges[1:])
+    cs = _ag.Node("copy_slices", _copy_slices, edges, (view, op_node))
+    base._ag = bm = _ag.AutogradMeta(True, cs, 0)
+    self._ag = _view_meta(view.on(view.base, bm))
+
+
 def _unrecorded(plain: Callable, args: tuple, kwargs: Mapping[str, object]) -> object:
     """``plain(*args, **kwargs)`` with grad mode off (it was on: the call records)."""
     mode = _MODE
@@ -228,13 +449,7 @@ def record(info: OpInfo, plain: Callable, args: tuple, kwargs: Mapping[str, obje
     values = binder.bind(args if order is None else [args[i] for i in order], kwargs)
     bw = info.backward  # an in-place op's is its out-of-place op's (see ops.table.declare)
     self = values[0] if info.inplace else None
-    if self is not None:
-        m = self._ag
-        if m is not None and m.requires_grad and m.grad_fn is None:
-            raise AutogradError(
-                f"{name}: a leaf Variable that requires grad is being used in an in-place "
-                "operation."
-            )
+    view = None if self is None else _inplace_state(self, name)
     if bw is None:
         raise AutogradError(
             f"{name}: the derivative for '{name}' is not implemented (an input requires grad)"
@@ -248,9 +463,12 @@ def record(info: OpInfo, plain: Callable, args: tuple, kwargs: Mapping[str, obje
         return out
     slots = ([values[pi] for pi in binder.tensor_idx] if binder.variadic_idx < 0
              else _slots(binder, values))
+    first = slots[0] if slots else None
     edges = []
     for v in slots:
         m = v._ag if _is_tensor(v) else None
+        if m is not None and m.view is not None:
+            m = _current(v, m)
         edges.append(m if m is not None and m.requires_grad else None)
     saved = []
     if bw.save:
@@ -283,14 +501,44 @@ def record(info: OpInfo, plain: Callable, args: tuple, kwargs: Mapping[str, obje
     if bw.out:
         saved_out = _detached(outputs[0])
         saved.append(_ag.save(saved_out, "result"))
-    _ag.record(name, _apply, edges, outputs, (bw, values, slots), saved_out, saved)
+    # the node keeps what the formula reads: the others as stand-ins of their layout
+    unread = _UNREAD.get(info)
+    if unread is None:
+        unread = _UNREAD[info] = _unread_positions(info, binder)
+    if unread:
+        vi = binder.variadic_idx
+        changed = False
+        for pi in unread:
+            v = values[pi]
+            if pi == vi:
+                values[pi] = [_unread(e) for e in v]
+                changed = True
+            else:
+                t = type(v)
+                if t is Tensor or t is DTensor or t is _PendingDTensor:
+                    m = v._ag
+                    if m is not None and m.grad_fn is not None:
+                        values[pi] = _stand_in(v)
+                        changed = True
+        if changed:
+            slots = ([values[pi] for pi in binder.tensor_idx] if vi < 0
+                     else _slots(binder, values))
+    node = _ag.record(name, _apply, edges, outputs, (bw, values, slots), saved_out, saved)
+    if view is not None:
+        _rebase(self, view, node)
+    elif name in _VIEW_OPS:
+        _note_views(info, values, first, outputs)
     return out
 
 
 def _apply(node: _ag.Node, grads: list) -> list:
     bw, values, slots = node.ctx
     need = [e is not None for e in node.edges]
-    res = bw.fn(grads if bw.multi else grads[0], values, node.out, need)
+    out = node.out
+    if bw.out and _MODE.enabled:  # a backward that records (create_graph): the saved
+        out = _detached(out)  # output with its history, which is this node's output
+        out._ag = _ag.AutogradMeta(True, node, 0)
+    res = bw.fn(grads if bw.multi else grads[0], values, out, need)
     out = []
     for r, v, n in zip(res, slots, need):
         if r is None or not n:

@@ -622,7 +622,11 @@ def _grad_target(placements: Sequence[Placement]) -> tuple[Placement, ...]:
 def _to_local_backward(node: _ag.Node, grads: list) -> tuple:
     spec = node.ctx
     g = grads[0]
-    return (DTensor._make(g, spec),)
+    out = DTensor._make(g, spec)
+    if g.requires_grad and _ag.is_grad_enabled():  # create_graph: the wrap is recorded
+        _ag.record("from_local", _from_local_backward, (_ag.edge_of(g),), (out,),
+                   _grad_target(spec.placements))
+    return (out,)
 
 
 # Listeners of redistributes (dtensor.debug.explain's trace), called as fn(tensor, target

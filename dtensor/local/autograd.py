@@ -11,7 +11,8 @@ gradient is laid out (:func:`set_leaf_layout`).
 The graph, as in PyTorch: a tensor that requires grad holds an :class:`AutogradMeta`; a
 leaf's accumulates ``.grad``, a non-leaf's points at the :class:`Node` that made it
 (``grad_fn``) and which of its outputs it is. A node holds its formula, what the formula
-needs (the op's bound arguments, its output when the formula reads it) and one edge per
+needs (the op's bound arguments, of the tensors only those the formula reads and stand-ins
+of the others' layout; its output when the formula reads it) and one edge per
 input: the input's meta (which names the input's node and output index, or is a leaf's),
 None for an input that needs no gradient. :func:`run_backward` counts the dependencies of every node reachable from the roots,
 then runs each node once all gradients that reach it have been summed.
@@ -55,6 +56,7 @@ __all__ = [
     "make_leaf",
     "no_grad",
     "on_activate",
+    "owner",
     "record",
     "run_backward",
     "save",
@@ -174,10 +176,12 @@ class AutogradMeta:
     ``requires_grad``; ``grad`` (a leaf's accumulated gradient); ``grad_fn`` (the node that
     made a non-leaf, None for a leaf) and ``output_nr`` (which of its outputs);
     ``layout`` (for a DTensor leaf: its spec, the layout its gradient gets; None
-    otherwise).
+    otherwise); ``view`` (for a view made by recorded view ops: how it derives from its
+    base, which an in-place write through the view rewrites (see
+    :mod:`dtensor.dispatch.record`); None otherwise).
     """
 
-    __slots__ = ("grad", "grad_fn", "layout", "output_nr", "requires_grad")
+    __slots__ = ("grad", "grad_fn", "layout", "output_nr", "requires_grad", "view")
 
     def __init__(self, requires_grad: bool = True, grad_fn: Node | None = None,
                  output_nr: int = 0, layout: object = None) -> None:
@@ -186,6 +190,7 @@ class AutogradMeta:
         self.grad_fn = grad_fn
         self.output_nr = output_nr
         self.layout = layout
+        self.view = None
 
 
 def make_leaf(t: object, requires_grad: bool, layout: object = None) -> None:
@@ -207,9 +212,10 @@ def make_leaf(t: object, requires_grad: bool, layout: object = None) -> None:
 _VERSIONS: dict[int, list] = {}
 
 
-def _owner(t: object) -> object:
-    """The array owning ``t``'s memory (a Tensor or a DTensor's local tensor)."""
-    arr = t._arr if isinstance(t, Tensor) else t._local._arr
+def owner(t: object) -> object:
+    """The array owning ``t``'s memory (a Tensor's or a DTensor's local tensor's): views
+    of one memory have one owner. **Local**."""
+    arr = t._arr if type(t) is Tensor else t._local._arr
     base = arr.base
     return arr if base is None else base
 
@@ -217,7 +223,7 @@ def _owner(t: object) -> object:
 def version_of(t: object) -> int:
     """The version counter of ``t``'s memory (0 until an in-place op writes it while a
     saved tensor is counted). **Local**."""
-    e = _VERSIONS.get(id(_owner(t)))
+    e = _VERSIONS.get(id(owner(t)))
     return 0 if e is None else e[0]
 
 
@@ -225,7 +231,7 @@ def bump_version(t: object) -> None:
     """Count an in-place write to ``t``'s memory (called by every in-place op while autograd
     is active). **Local**."""
     if _VERSIONS:
-        e = _VERSIONS.get(id(_owner(t)))
+        e = _VERSIONS.get(id(owner(t)))
         if e is not None:
             e[0] += 1
 
@@ -236,13 +242,13 @@ class _Saved:
     __slots__ = ("key", "name", "owner", "shape", "version")  # owner: keeps the key unique
 
     def __init__(self, t: object, name: str) -> None:
-        owner = _owner(t)
-        key = id(owner)
+        own = owner(t)
+        key = id(own)
         e = _VERSIONS.get(key)
         if e is None:
             e = _VERSIONS[key] = [0, 0]
         e[1] += 1
-        self.owner = owner
+        self.owner = own
         self.key = key
         self.version = e[0]
         self.name = name
@@ -413,19 +419,20 @@ def _seed(t: object, g: object, i: int, op: str) -> object:
 
 def run_backward(tensors: Sequence, grad_tensors: Sequence, retain_graph: bool,
                  inputs: Sequence | None = None, op: str = "backward",
-                 allow_unused: bool = False) -> list | None:
+                 allow_unused: bool = False, create_graph: bool = False) -> list | None:
     """Backpropagate from ``tensors`` (seeded with ``grad_tensors``, None for 1 of a
     one-element tensor). **Collective** when a DTensor's backward redistributes.
 
     Without ``inputs``: accumulates into the leaves' ``.grad`` (and retained non-leaves').
     With ``inputs``: returns their gradients (None where unused and ``allow_unused``)
-    and touches no ``.grad``.
+    and touches no ``.grad``. ``create_graph``: the formulas run with grad mode on, so
+    the gradients have a graph of their own (higher-order gradients).
     """
     walk = _WALK
     prev = walk.active, walk.op
     walk.active, walk.op = True, None
     try:
-        results = _walk(tensors, grad_tensors, retain_graph, inputs, op)
+        results = _walk(tensors, grad_tensors, retain_graph, inputs, op, create_graph)
     finally:
         walk.active, walk.op = prev
     if inputs is None:
@@ -440,10 +447,10 @@ def run_backward(tensors: Sequence, grad_tensors: Sequence, retain_graph: bool,
 
 
 def _walk(tensors: Sequence, grad_tensors: Sequence, retain_graph: bool,
-          inputs: Sequence | None, op: str) -> list:
+          inputs: Sequence | None, op: str, create_graph: bool) -> list:
     """:func:`run_backward`'s walk; the gradients of ``inputs`` (empty without)."""
     walk = _WALK
-    with no_grad():
+    with set_grad_enabled(create_graph):
         roots = []
         for i, (t, g) in enumerate(zip(tensors, grad_tensors)):
             target = _root(t, i, op)
@@ -541,8 +548,9 @@ def grad(outputs: object, inputs: object, grad_outputs: object = None,
     """Gradients of ``outputs`` with respect to ``inputs`` (``torch.autograd.grad``).
 
     **Collective** when the backward of a DTensor op communicates; **Local** otherwise.
-    Leaves' ``.grad`` are left alone. ``create_graph=True`` (higher-order gradients) is not
-    supported.
+    Leaves' ``.grad`` are left alone. ``create_graph=True``: the gradients are computed
+    by recorded ops, so they can be differentiated again (higher-order gradients);
+    ``retain_graph`` then defaults to True.
 
     Returns
     -------
@@ -555,8 +563,6 @@ def grad(outputs: object, inputs: object, grad_outputs: object = None,
         An output or input that does not require grad, a non-scalar output without its
         ``grad_outputs``, a second pass through freed nodes, an unused input.
     """
-    if create_graph:
-        raise AutogradError("autograd.grad: create_graph=True is not supported")
     outs = _as_seq(outputs)
     ins = _as_seq(inputs)
     gos = (None,) * len(outs) if grad_outputs is None else _as_seq(grad_outputs)
@@ -564,24 +570,27 @@ def grad(outputs: object, inputs: object, grad_outputs: object = None,
         raise AutogradError(
             f"autograd.grad: grad_outputs has {len(gos)} entries for {len(outs)} outputs"
         )
-    return tuple(run_backward(outs, gos, bool(retain_graph), ins, "autograd.grad",
-                              allow_unused))
+    retain = create_graph if retain_graph is None else retain_graph
+    return tuple(run_backward(outs, gos, bool(retain), ins, "autograd.grad",
+                              allow_unused, bool(create_graph)))
 
 
 def backward(tensors: object, grad_tensors: object = None, retain_graph: bool | None = None,
-             inputs: object = None) -> None:
+             create_graph: bool = False, inputs: object = None) -> None:
     """Accumulate the gradients of ``tensors`` into the leaves (``torch.autograd.backward``).
 
     **Collective** when the backward of a DTensor op communicates; **Local** otherwise.
-    ``inputs``: accumulate into these leaves only.
+    ``inputs``: accumulate into these leaves only. ``create_graph``: the accumulated
+    gradients have a graph (see :func:`grad`); ``retain_graph`` then defaults to True.
     """
     outs = _as_seq(tensors)
     gos = (None,) * len(outs) if grad_tensors is None else _as_seq(grad_tensors)
+    retain = bool(create_graph if retain_graph is None else retain_graph)
     if inputs is None:
-        run_backward(outs, gos, bool(retain_graph))
+        run_backward(outs, gos, retain, create_graph=bool(create_graph))
         return
     ins = _as_seq(inputs)
-    grads = run_backward(outs, gos, bool(retain_graph), ins, "backward", True)
+    grads = run_backward(outs, gos, retain, ins, "backward", True, bool(create_graph))
     for x, g in zip(ins, grads):
         if g is not None:
             _accumulate(x._ag, g)
@@ -664,7 +673,8 @@ def _backward(self, gradient=None, retain_graph: bool | None = None, create_grap
 
     **Collective** for a DTensor whose backward communicates; **Local** otherwise.
     ``gradient`` defaults to 1 for a one-element tensor. The graph is freed unless
-    ``retain_graph``. ``create_graph=True`` is not supported.
+    ``retain_graph`` (which defaults to ``create_graph``). ``create_graph=True``: the
+    gradients have a graph of their own (higher-order gradients).
 
     Raises
     ------
@@ -672,9 +682,7 @@ def _backward(self, gradient=None, retain_graph: bool | None = None, create_grap
         A tensor that does not require grad, a non-scalar without ``gradient``, a second
         backward through freed nodes, a saved tensor changed in place since.
     """
-    if create_graph:
-        raise AutogradError("backward: create_graph=True is not supported")
-    backward((self,), (gradient,), retain_graph, inputs)
+    backward((self,), (gradient,), retain_graph, create_graph, inputs)
 
 
 def install_api(cls: type) -> None:

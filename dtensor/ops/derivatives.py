@@ -13,11 +13,12 @@ broadcast gradient.
 from __future__ import annotations
 
 import math
+import string
 
 import numpy as np
 
 from placements import Replicate
-from placements.errors import AutogradError
+from placements.errors import AutogradError, ShardingError
 from placements.index_meta import index_put_index
 from placements.meta import norm_dim, norm_dims
 
@@ -440,35 +441,64 @@ def _linear(g, v, o, need):
     return (gx, gw, g if need[2] else None)
 
 
+def _einsum_letters(equation, ndims):
+    """``equation``'s terms and output with ``...`` spelled out in fresh letters (right
+    aligned, as numpy broadcasts them) and the implicit output made explicit; and an
+    iterator of further unused letters."""
+    eq = equation.replace(" ", "")
+    lhs, arrow, rhs = eq.partition("->")
+    terms = lhs.split(",")
+    fresh = (c for c in string.ascii_letters if c not in eq)
+    spans = [nd - (len(t) - 3) if "..." in t else 0 for t, nd in zip(terms, ndims)]
+    ell = "".join(next(fresh) for _ in range(max(spans, default=0)))
+    terms = [t.replace("...", ell[len(ell) - k:]) if "..." in t else t
+             for t, k in zip(terms, spans)]
+    if arrow:
+        rhs = rhs.replace("...", ell)
+    else:  # the broadcast dims, then the letters that occur once, sorted
+        rhs = ell + "".join(sorted(c for c in set(lhs) if c.isalpha() and lhs.count(c) == 1))
+    return terms, rhs, fresh
+
+
+def _eye(n, like):
+    """The ``n`` x ``n`` identity in ``like``'s dtype (on its mesh, Replicate)."""
+    ar = _arange(n, like)
+    return (ar.unsqueeze(-1) == ar).to(like.dtype)
+
+
 def _einsum(g, v, o, need):
     equation, operands = v[0], list(v[1])
-    eq = equation.replace(" ", "")
-    if "." in eq:
-        raise AutogradError(
-            f"einsum: the derivative for an equation with '...' is not implemented ({equation!r})"
-        )
-    if "->" not in eq:  # implicit output: the letters that occur once, sorted
-        eq += "->" + "".join(sorted(c for c in set(eq) if c.isalpha() and eq.count(c) == 1))
-    lhs, rhs = eq.split("->")
-    terms = lhs.split(",")
+    terms, rhs, fresh = _einsum_letters(equation, [x.ndim for x in operands])
     out = []
     for i, (term, x) in enumerate(zip(terms, operands)):
         if not need[i]:
             out.append(None)
             continue
-        if len(set(term)) != len(term):
-            raise AutogradError(
-                f"einsum: the derivative for a repeated index in {term!r} is not implemented"
-            )
         others = [t for j, t in enumerate(terms) if j != i]
-        avail = set(rhs).union(*others) if others else set(rhs)
-        sub = "".join(c for c in term if c in avail)
-        spec = ",".join([rhs, *others]) + "->" + sub
+        avail = set(rhs).union(*others)
+        uniq = "".join(dict.fromkeys(term))  # a repeated letter once (its diagonal)
+        sizes = {c: x.shape[p] for p, c in enumerate(term)}
+        spec = ",".join([rhs, *others]) + "->" + "".join(c for c in uniq if c in avail)
         gi = F["einsum"](spec, g, *[operands[j] for j in range(len(terms)) if j != i])
-        for pos, c in enumerate(term):
-            if c not in avail:
+        for pos, c in enumerate(uniq):
+            if c not in avail:  # summed by the forward: every element gets the gradient
                 gi = gi.unsqueeze(pos)
-        out.append(gi.expand(x.shape))
+            elif sizes[c] == 1 and gi.shape[pos] != 1:  # broadcast by the forward
+                gi = gi.sum(dim=pos, keepdim=True)
+        gi = gi.expand(tuple(sizes[c] for c in uniq))
+        if uniq != term:  # put the gradient on the diagonal of each repeated letter
+            seen, full, eyes = set(), "", []
+            for c in term:
+                if c in seen:
+                    f = next(fresh)
+                    eyes.append(c + f)
+                    full += f
+                else:
+                    seen.add(c)
+                    full += c
+            spec = ",".join([uniq, *eyes]) + "->" + full
+            gi = F["einsum"](spec, gi, *[_eye(sizes[e[0]], g) for e in eyes])
+        out.append(gi)
     return tuple(out)
 
 
@@ -532,7 +562,7 @@ def _select(g, v, o, need):
 
 def _getitem(g, v, o, need):
     x, idx = v[0], v[1]
-    if isinstance(x, Tensor):
+    if isinstance(x, Tensor) and not g.requires_grad:  # (numpy: not recorded)
         z = x.new_zeros(x.shape)
         index, basic, _ = x._index(idx, "__getitem__")
         if basic:
@@ -540,19 +570,99 @@ def _getitem(g, v, o, need):
         else:
             np.add.at(z._arr, index, g._arr)
         return (z,)
-    return (_getitem_dtensor(g, x, idx),)
-
-
-def _getitem_dtensor(g, x, idx):
-    """The gradient of a DTensor's basic index (ints, slices of step 1, None, one
-    Ellipsis), undone dim by dim with select/narrow backwards."""
     items = idx if type(idx) is tuple else (idx,)
     if any(not (type(i) is int or i is None or i is Ellipsis or (type(i) is slice and (
             i.step in (None, 1)))) for i in items):
-        raise AutogradError(
-            f"getitem: the derivative of DTensor index {idx!r} is not implemented (ints, "
-            "slices of step 1, None and ... are)"
-        )
+        return (_getitem_put(g, x, items, idx),)
+    return (_getitem_dtensor(g, x, idx),)
+
+
+def _index_values(i):
+    """An index entry's values as a numpy array (a DTensor's when Replicate: every rank
+    holds them), or None (a DTensor laid out otherwise)."""
+    if isinstance(i, DTensor):
+        if any(not p.is_replicate() for p in i.placements):
+            return None
+        i = i.to_local()
+    if isinstance(i, Tensor):
+        return i.numpy()
+    return np.asarray(i)
+
+
+def _getitem_put(g, x, items, idx):
+    """The gradient of an index with stepped slices, masks or integer arrays: ``g``
+    written at the index into zeros (a recorded ``setitem``). Integer arrays that name
+    one element twice (read there twice) add up instead: one array along one dim as
+    ``index_select``'s gradient; otherwise refused."""
+    z = F["zeros_like"](x)
+    arrays = []  # (position in items, dim of x, values) of the integer array entries
+    dim = 0
+    consumed = sum(_index_dims(i) for i in items)
+    for k, i in enumerate(items):
+        if i is Ellipsis:
+            dim += x.ndim - consumed
+            continue
+        if not (i is None or type(i) in (int, slice, bool)) and _index_kind(i)[0] != "b":
+            arrays.append((k, dim, _index_values(i)))
+        dim += _index_dims(i)
+    if arrays:
+        known = [vals for _, _, vals in arrays if vals is not None]
+        if len(known) != len(arrays):
+            raise AutogradError(
+                f"getitem: the derivative of index {idx!r} is not implemented (an integer "
+                "DTensor index that is not Replicate)"
+            )
+        keys = np.stack([(b % x.shape[d]).ravel() for b, (_, d, _) in
+                         zip(np.broadcast_arrays(*known), arrays)])
+        if np.unique(keys, axis=1).shape[1] != keys.shape[1]:
+            k, d, vals = arrays[0]
+            whole = all(i is Ellipsis or type(i) is slice and i == slice(None)
+                        for j, i in enumerate(items) if j != k)
+            if len(arrays) != 1 or vals.ndim != 1 or not whole:
+                raise AutogradError(
+                    f"getitem: the derivative of index {idx!r}, which names an element "
+                    "twice, is not implemented (one integer array along one dim is)"
+                )
+            index = items[k]
+            if isinstance(x, DTensor) and not isinstance(index, DTensor):
+                mesh = x.device_mesh
+                index = distribute_tensor(np.array(vals), mesh, [Replicate()] * mesh.ndim,
+                                          src_data_rank=None)
+            elif not isinstance(index, (Tensor, DTensor)):
+                index = from_numpy(np.array(vals))
+            return _spread(x, d, _along(index, d, g.shape), g)
+    try:
+        z[idx] = g
+    except ShardingError:  # (raised on every rank alike: the rule decides)
+        mesh = x.device_mesh  # no strategy writes the index into x's layout: Replicate
+        z = F["zeros"](tuple(x.shape), dtype=x.dtype, device_mesh=mesh,
+                       placements=[Replicate()] * mesh.ndim)
+        z[idx] = g
+    return z
+
+
+def _index_dims(i):
+    """How many dims of the indexed tensor an index entry consumes."""
+    if i is None or i is Ellipsis or type(i) is bool:
+        return 0
+    if type(i) in (int, slice):
+        return 1
+    kind, ndim = _index_kind(i)
+    return ndim if kind == "b" else 1
+
+
+def _index_kind(i):
+    """(dtype kind, ndim) of an array-like index entry."""
+    if not hasattr(i, "dtype"):
+        i = np.asarray(i)
+    return i.dtype.kind, i.ndim
+
+
+def _getitem_dtensor(g, x, idx):
+    """The gradient of a basic index (ints, slices of step 1, None, one Ellipsis) of a
+    DTensor, or of a Tensor under ``create_graph``, undone dim by dim with select/narrow
+    backwards (table ops)."""
+    items = idx if type(idx) is tuple else (idx,)
     consumed = sum(1 for i in items if i is not None and i is not Ellipsis)
     steps = []  # (kind, input dim, output dim, start) over the input's dims
     src = dst = 0

@@ -73,7 +73,11 @@ class Backward:
     written with ordinary tensor ops (methods), so that on DTensors the sharding rules
     place the gradients; the recorder reduces each gradient to its argument's shape
     (broadcasting) and casts it to its dtype. ``save`` names the tensor parameters whose
-    values the formula reads: a backward after an in-place change to them raises.
+    values the formula reads: the node keeps those (a backward after an in-place change to
+    them raises) and, of every other argument that is an intermediate of the graph (has a
+    ``grad_fn``), only a stand-in of its layout (shape, dtype, a DTensor's spec; no
+    memory), which the formula may ask for its shape or build zeros like; leaves and
+    tensors that require no grad (parameters, inputs, indices, masks) are kept as they are.
     ``rng``: the formula reads the random generator's state from before the call (given
     as ``out``), to draw the op's random numbers again (dropout's mask).
     ``fn`` None: the op is not differentiable (:data:`NOT_DIFFERENTIABLE`).

@@ -5,6 +5,8 @@ mode, accumulation, ``autograd.grad`` and PyTorch's errors."""
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import pytest
 
@@ -25,7 +27,10 @@ NO_GRAD_FOR = frozenset({("cross_entropy", "target"), ("cross_entropy", "weight"
                          ("expand_as", "other"), ("type_as", "other")})
 
 #: Sample calls whose derivative is not implemented (the error says so).
-UNSUPPORTED = {"einsum": ("...", "ii->")}
+UNSUPPORTED: dict[str, tuple[str, ...]] = {}
+
+#: Ops whose every sample call is checked (not the first four).
+CHECKED_CALLS = {"einsum": 8}
 
 #: Ops whose float inputs are sampled positive (their domain, or away from a pole).
 POSITIVE = frozenset({"log", "log2", "log10", "log1p", "sqrt", "rsqrt", "reciprocal", "pow",
@@ -71,6 +76,18 @@ def _inputs(name, values, rng):
     return [conv(v, p) for v, p in zip(values, OPS[name].params)], leaves
 
 
+def _intermediates(values):
+    """The float leaves among ``values`` as intermediates of the graph (clones): a node
+    keeps only a stand-in of an intermediate its formula does not declare in ``save``,
+    so a formula that reads one undeclared gets zeros and fails the check."""
+    def conv(v):
+        if isinstance(v, list):
+            return [conv(e) for e in v]
+        return v.clone() if isinstance(v, dt.Tensor) and v.requires_grad else v
+
+    return [conv(v) for v in values]
+
+
 def _outputs(out):
     outs = out if isinstance(out, (tuple, list)) else (out,)
     return [o for o in outs if isinstance(o, dt.Tensor) and o.dtype.kind == "f"]
@@ -88,7 +105,7 @@ def test_formula_against_finite_differences(name):
     rng = np.random.default_rng(7)
     checked = 0
     for call in calls:
-        if checked >= 4:
+        if checked >= CHECKED_CALLS.get(name, 4):
             break
         values, leaves = _inputs(name, call.values, rng)
         if not leaves:
@@ -105,7 +122,7 @@ def test_formula_against_finite_differences(name):
         def loss(vals, weights=weights, state=state):
             dt.set_rng_state(state)
             total = 0.0
-            for o, w in zip(_outputs(_run(info, vals)), weights):
+            for o, w in zip(_outputs(_run(info, _intermediates(vals))), weights):
                 total = (o * w).sum() + total
             return total
 
@@ -140,6 +157,70 @@ def test_formula_against_finite_differences(name):
     assert checked, f"{name}: no sample call was checked"
 
 
+def test_second_derivatives_against_finite_differences():
+    """``create_graph=True``: every formula, run as recorded ops, differentiates again. A
+    Hessian-vector product (the gradient of ``sum(grad(loss) * v)``) against central
+    finite differences of the first-order gradients, one sample call per op."""
+    rng = np.random.default_rng(8)
+    failures = []
+    for name in _differentiable():
+        info = OPS[name]
+        for call in sample_calls(info, seed=1):
+            if any(u in call.label for u in UNSUPPORTED.get(name, ())):
+                continue
+            values, leaves = _inputs(name, call.values, rng)
+            ts = [t for p, t in leaves if (name, p) not in NO_GRAD_FOR]
+            state = dt.get_rng_state()
+            with dt.no_grad():
+                ref = _outputs(_run(info, values))
+            if not ts or not ref or any(o.dtype != np.float64 or not np.isfinite(
+                    o.numpy()).all() for o in ref):
+                continue
+            weights = [dt.from_numpy(rng.standard_normal(tuple(o.shape))) for o in ref]
+            vs = [dt.from_numpy(rng.standard_normal(tuple(t.shape))) for t in ts]
+
+            def gv(create, info=info, values=values, ts=ts, vs=vs, weights=weights,
+                   state=state):
+                dt.set_rng_state(state)
+                zero = dt.zeros((), dtype=np.float64)
+                outs = _outputs(_run(info, values))
+                loss = sum(((o * w).sum() for o, w in zip(outs, weights)), zero)
+                gs = dt.autograd.grad(loss, ts, create_graph=create, allow_unused=True)
+                return sum(((g * v).sum() for g, v in zip(gs, vs) if g is not None), zero)
+
+            out = gv(True)
+            hv = (dt.autograd.grad(out, ts, allow_unused=True) if out.requires_grad
+                  else [None] * len(ts))
+            for t, h in zip(ts, hv):
+                flat = t.detach().numpy().reshape(-1)
+                for k in rng.choice(flat.size, size=min(flat.size, 2), replace=False):
+                    old = flat[k]
+                    flat[k] = old + 1e-5
+                    up = float(gv(False))
+                    flat[k] = old - 1e-5
+                    down = float(gv(False))
+                    flat[k] = old
+                    want = (up - down) / 2e-5
+                    got = 0.0 if h is None else h.numpy().reshape(-1)[k]
+                    if abs(got - want) > 1e-4 * (1 + abs(want)):
+                        failures.append(f"{name} {call.label}: {got} != {want}")
+            break
+    assert not failures, failures
+
+
+def test_backward_create_graph_accumulates_a_gradient_with_a_graph():
+    x = _leaf(5)
+    (x * x * x).sum().backward(create_graph=True)
+    gx = x.grad
+    assert gx.grad_fn is not None
+    np.testing.assert_allclose(gx.detach().numpy(), 3 * x.detach().numpy() ** 2)
+    x.grad = None
+    gx.sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), 6 * x.detach().numpy())
+    (g,) = dt.autograd.grad((x * x).sum(), x)
+    assert g.grad_fn is None and not g.requires_grad
+
+
 # -- the variants -------------------------------------------------------------------------------
 def _leaf(*shape, seed=0):
     rng = np.random.default_rng(seed)
@@ -159,6 +240,81 @@ def test_variants_record_functions_methods_operators():
     # d/dx of (x+y) + (x+y) + (x+y) + 2x
     np.testing.assert_allclose(x.grad.numpy(), 5.0)
     np.testing.assert_allclose(y.grad.numpy(), 3.0)
+
+
+def test_nodes_keep_only_what_their_formula_reads():
+    """A node keeps the tensors its formula reads (``save``, declared with the formula);
+    of the others it keeps a stand-in of their layout, so an input the formula does not
+    need is freed once the program drops it, local and DTensor alike."""
+    mesh = dt.init_device_mesh((1,))
+    value = np.random.default_rng(3).standard_normal((4, 3))
+    for x in (_leaf(4, 3), dt.distribute_tensor(value, mesh, [dt.Shard(0)]).requires_grad_()):
+        w = x[:2] * 1.0
+        unread = x @ w.T  # add's and sum's formulas read no input: freed
+        read = x @ w.T  # sin's reads its input: kept
+        local = (lambda t: t) if isinstance(x, dt.Tensor) else (lambda t: t.to_local())
+        refs = weakref.ref(local(unread)._arr), weakref.ref(local(read)._arr)
+        loss = (unread + 1.0).sum() + read.sin().sum() + unread[1:].sum(dim=0).mean()
+        del unread, read
+        assert refs[0]() is None and refs[1]() is not None
+        loss.backward()
+        xv = local(x).detach().numpy()
+        wv = xv[:2]
+        h = xv @ wv.T
+        gh = 1.0 + np.cos(h) + np.r_[np.zeros((1, 2)), np.full((3, 2), 0.5)]
+        gx = gh @ wv  # through x @ w.T ...
+        gx[:2] += gh.T @ xv  # ... and through w = x[:2]
+        got = x.grad if isinstance(x, dt.Tensor) else x.grad.full_tensor()
+        np.testing.assert_allclose(got.numpy(), gx, atol=1e-12)
+
+
+def _write_through_views(a, x, w):
+    """In-place writes through views of a non-leaf (nested views, a transpose, a reshape, a
+    multi-output view, ``__setitem__``), some after a view was taken: ``v`` is used after
+    later writes to its base."""
+    b = a.clone()
+    b[0].mul_(2.0)
+    v = b[:, 1]
+    v.add_(x)
+    rest = b[1:]
+    rest[:, 2:].mul_((rest[:, :2] + 0.0).sin())
+    b.t()[3].mul_(x)
+    b.split(2, 1)[1].sub_(w[:, :2] * x[:1])
+    b[2] = x[:1].expand(4) * 3.0
+    b.reshape(-1)[::2].exp_()
+    return (b * w).sum() + (v * v).sum()
+
+
+def test_in_place_through_views_rewrites_the_base():
+    """An in-place op on a view rewrites its base's history (PyTorch's CopySlices): the
+    gradients through the base equal finite differences."""
+    rng = np.random.default_rng(5)
+    arrays = [rng.standard_normal(s) for s in ((3, 4), (3,), (3, 4))]
+    a, x, w = (dt.from_numpy(v.copy()).requires_grad_() for v in arrays)
+    _write_through_views(a, x, w).backward()
+    assert a.grad_fn is None
+    for t, base in zip((a, x, w), arrays):
+        flat = base.reshape(-1)
+        for k in range(flat.size):
+            vals = []
+            for eps in (1e-6, -1e-6):
+                probe = [v.copy() for v in arrays]
+                probe[[id(b) for b in arrays].index(id(base))].reshape(-1)[k] += eps
+                with dt.no_grad():
+                    vals.append(float(_write_through_views(*map(dt.from_numpy, probe))))
+            want = (vals[0] - vals[1]) / 2e-6
+            assert abs(t.grad.numpy().reshape(-1)[k] - want) <= 1e-5 * (1 + abs(want))
+    b = a.clone()
+    b[:, 1].mul_(2.0)
+    assert b.grad_fn.name() == "CopySlicesBackward0"
+
+
+def test_error_in_place_on_view_of_leaf():
+    x = _leaf(3, 4)
+    with pytest.raises(AutogradError, match="mul_: a view of a leaf Variable"):
+        x[0].mul_(2.0)
+    with pytest.raises(AutogradError, match="__setitem__: a view of a leaf Variable"):
+        x.t()[1] = 0.0
 
 
 def test_accumulation_and_broadcasting():

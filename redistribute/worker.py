@@ -79,13 +79,12 @@ class Pending:
             raise self._error
         return self._result
 
-    def _finish(self, fn: Callable[[], Any]) -> None:
+    def _run(self, fn: Callable[[], Any]) -> None:
+        """Run the job, keeping its result or error (the handle is not done yet)."""
         try:
             self._result = fn()
         except BaseException as exc:  # noqa: BLE001 - handed to the waiter, who raises it
             self._error = exc
-        finally:
-            self._done.set()
 
 
 class Started:
@@ -167,12 +166,13 @@ def _loop() -> None:
         if job is None:
             return
         handle, fn = job
-        handle._finish(fn)
-        del job, handle, fn  # the result belongs to the handle's holder only
-        with _lock:
+        handle._run(fn)
+        with _lock:  # counted out before its waiter wakes: idle() then holds for it
             _count -= 1
             if _count == 0:
                 _idle.notify_all()
+        handle._done.set()
+        del job, handle, fn  # the result belongs to the handle's holder only
 
 
 def submit(fn: Callable[[], Any], inline: bool = False) -> Pending:
@@ -185,8 +185,9 @@ def submit(fn: Callable[[], Any], inline: bool = False) -> Pending:
     global _thread, _count
     handle = Pending()
     if inline or not _THREADS:
-        drain()
-        handle._finish(fn)
+        _wait_idle()
+        handle._run(fn)
+        handle._done.set()
         return handle
     with _lock:
         _count += 1
@@ -200,11 +201,15 @@ def submit(fn: Callable[[], Any], inline: bool = False) -> Pending:
 def drain() -> None:
     """Wait until every submitted job and every started request has finished. **Local** (in
     effect collective, as :meth:`Pending.wait`)."""
+    _wait_idle()
+    for handle in list(_started.values()):
+        handle.wait()
+
+
+def _wait_idle() -> None:
     with _lock:
         while _count:
             _idle.wait()
-    for handle in list(_started.values()):
-        handle.wait()
 
 
 def idle() -> bool:

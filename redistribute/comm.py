@@ -26,7 +26,10 @@ This module owns:
   all-gather measured no faster persistent than blocking), ``DTENSOR_PERSISTENT=1`` or
   :func:`set_persistent` turns them on;
 - the private duplicate of a communicator that asynchronous redistributes run on
-  (:meth:`Comm.twin`), so that their collectives never meet the caller's in matching;
+  (:meth:`Comm.twin`), so that their collectives never meet the caller's in matching, and
+  the nonblocking forms of the data collectives (``start=True``: ``Iallgather(v)``,
+  ``Iallreduce``, ``Ireduce_scatter(_block)``, ``Ialltoallw``), which return their request
+  (:mod:`redistribute.worker` completes them);
 - two debug checks around every collective, both off by default (then their cost is one
   falsy check per collective):
 
@@ -924,8 +927,8 @@ class Comm:
         on (``async_op`` True, same ``mesh_dim``), made on first use and kept with this one.
 
         **Collective** the first time (``MPI_Comm_dup``), Local afterwards. Collectives on
-        the twin never match the ones on this communicator, so work issued on it (in order,
-        by one thread) may overlap with this communicator's.
+        the twin never match the ones on this communicator, so work issued on it (in the
+        same order on every rank, by whichever thread) may overlap with this communicator's.
         """
         if self._twin is None:
             twin = Comm(self.mpi.Dup(), self.mesh_dim)

@@ -35,6 +35,10 @@ collectives of :mod:`redistribute.comm` (as bytes; reductions typed).
   1.2-1.3 ms), and P->R is about twice as fast as MPICH's ``Allreduce``. Any rank whose
   input is ordinary memory (a wrapped numpy array) sends the whole exchange down the MPI
   path below.
+- An asynchronous redistribute (:func:`execute_async`) whose plan is one collective by MPI
+  (the other steps local) starts it as an MPI nonblocking collective and completes it at
+  ``wait``, with no thread; other plans run on the worker thread of
+  :mod:`redistribute.worker`.
 - Each (plan, source spec, coordinate) is compiled once into a program of step runners
   (counts, displacements, derived datatypes), kept in a bounded cache
   (``redistribute.programs``, oldest first out): evicted or cleared programs free their

@@ -26,7 +26,10 @@ This module owns:
   all-gather measured no faster persistent than blocking), ``DTENSOR_PERSISTENT=1`` or
   :func:`set_persistent` turns them on;
 - the private duplicate of a communicator that asynchronous redistributes run on
-  (:meth:`Comm.twin`), so that their collectives never meet the caller's in matching;
+  (:meth:`Comm.twin`), so that their collectives never meet the caller's in matching, and
+  the nonblocking forms of the data collectives (``start=True``: ``Iallgather(v)``,
+  ``Iallreduce``, ``Ireduce_scatter(_block)``, ``Ialltoallw``), which return their request
+  (:mod:`redistribute.worker` completes them);
 - two debug checks around every collective, both off by default (then their cost is one
   falsy check per collective):
 
@@ -843,8 +846,9 @@ def _traced(
     detail: str,
     call: Callable[..., Any],
     *args: Any,
-) -> None:
-    """Run ``call(*args)``, the MPI call of one collective of ``comm``, under the debug hooks.
+) -> Any:
+    """Run ``call(*args)``, the MPI call of one collective of ``comm``, under the debug hooks;
+    returns what it returns (the request of a nonblocking start).
 
     The observers are told ``(kind, nbytes)`` first (not when ``nbytes`` is None: an
     exchange they are not shown); then the debug checks enter the collective with the
@@ -852,14 +856,15 @@ def _traced(
     collective method runs its MPI call through here while an observer or a check is on,
     and calls it directly otherwise (``if _observers or _checks: _traced(...) else: call``),
     so that the common case builds no description and pays no extra call: passing the call
-    on, even as ``call(*args)``, costs a measurable share of a small collective.
+    on, even as ``call(*args)``, costs a measurable share of a small collective. For a
+    nonblocking start the checks cover the start (the watchdog does not watch its wait).
     """
     if _observers and nbytes is not None:
         _notify(kind, nbytes, comm)
     if _checks:
         _enter(comm, kind, what, detail)
     try:
-        call(*args)
+        return call(*args)
     finally:
         if _checks:
             _leave()
@@ -922,8 +927,8 @@ class Comm:
         on (``async_op`` True, same ``mesh_dim``), made on first use and kept with this one.
 
         **Collective** the first time (``MPI_Comm_dup``), Local afterwards. Collectives on
-        the twin never match the ones on this communicator, so work issued on it (in order,
-        by one thread) may overlap with this communicator's.
+        the twin never match the ones on this communicator, so work issued on it (in the
+        same order on every rank, by whichever thread) may overlap with this communicator's.
         """
         if self._twin is None:
             twin = Comm(self.mpi.Dup(), self.mesh_dim)
@@ -956,11 +961,14 @@ class Comm:
         counts: Sequence[int],
         displs: Sequence[int] | None = None,
         what: object = None,
-    ) -> None:
+        start: bool = False,
+    ) -> Any:
         """Gather every rank's ``send`` into ``recv``. **Collective**.
 
         Equal counts at the default displacements use ``Allgather``, other layouts
-        ``Allgatherv``.
+        ``Allgatherv``; with ``start``, their nonblocking forms (``Iallgather``,
+        ``Iallgatherv``), whose request is returned (None otherwise): the buffers belong to
+        MPI until it completes.
 
         Parameters
         ----------
@@ -976,24 +984,26 @@ class Comm:
         counts = list(counts)
         mine = counts[self.rank] * isz
         send_spec = [send, mine, BYTES]
-        # each variant returns from its own MPI call when no hook is on (choosing the
-        # variant again after the hook test costs a small gather about 3%)
+        # each variant returns from its own MPI call when no hook is on and the call blocks
+        # (choosing the variant again after the hook test costs a small gather about 3%)
         if displs is None and counts.count(counts[self.rank]) == len(counts):
             recv_spec = [recv, mine, BYTES]  # counts per rank
-            if not (_observers or _checks):
+            if not (_observers or _checks or start):
                 self.mpi.Allgather(send_spec, recv_spec)
-                return
-            call = self.mpi.Allgather
+                return None
+            call = self.mpi.Iallgather if start else self.mpi.Allgather
         else:
             bdispls = _bytes(_displs(counts) if displs is None else displs, isz)
             recv_spec = [recv, _bytes(counts, isz), bdispls, BYTES]
-            if not (_observers or _checks):
+            if not (_observers or _checks or start):
                 self.mpi.Allgatherv(send_spec, recv_spec)
-                return
-            call = self.mpi.Allgatherv
+                return None
+            call = self.mpi.Iallgatherv if start else self.mpi.Allgatherv
+        if not (_observers or _checks):
+            return call(send_spec, recv_spec)
         nbytes = max(send.nbytes, sum(counts) * isz)
         detail = f"{isz}-byte items, counts {counts}"
-        _traced(self, "all_gather", nbytes, what, detail, call, send_spec, recv_spec)
+        return _traced(self, "all_gather", nbytes, what, detail, call, send_spec, recv_spec)
 
     def allgather_persistent(
         self, send: np.ndarray, recv: np.ndarray, counts: Sequence[int], what: object = None
@@ -1019,11 +1029,14 @@ class Comm:
         recv: np.ndarray | None = None,
         op: str = "sum",
         what: object = None,
-    ) -> None:
+        start: bool = False,
+    ) -> Any:
         """Reduce ``send`` over all ranks into ``recv`` (in place when ``recv`` is None).
 
         **Collective**. ``op`` is one of sum, avg (sum, then divide by the size), max, min,
-        prod. Buffers are contiguous and of the same shape and dtype.
+        prod. Buffers are contiguous and of the same shape and dtype. With ``start``, the
+        nonblocking ``Iallreduce`` is started and its request returned (None otherwise); the
+        caller divides an avg once it has completed.
         """
         mpi_type, mpi_op = _reduction(send.dtype, op, "all_reduce", what)
         if recv is None:
@@ -1031,14 +1044,21 @@ class Comm:
             recv = send
         else:
             send_spec, recv_spec = [send, send.size, mpi_type], [recv, recv.size, mpi_type]
-        if _observers or _checks:
-            detail = f"{send.size} x {send.dtype}, op {op}"
-            args = (send_spec, recv_spec, mpi_op)
-            _traced(self, "all_reduce", send.nbytes, what, detail, self.mpi.Allreduce, *args)
-        else:
+        if not (_observers or _checks or start):
             self.mpi.Allreduce(send_spec, recv_spec, mpi_op)
+        else:
+            call = self.mpi.Iallreduce if start else self.mpi.Allreduce
+            args = (send_spec, recv_spec, mpi_op)
+            if _observers or _checks:
+                detail = f"{send.size} x {send.dtype}, op {op}"
+                request = _traced(self, "all_reduce", send.nbytes, what, detail, call, *args)
+            else:
+                request = call(*args)
+            if start:
+                return request
         if op == "avg":
             np.divide(recv, self.size, out=recv)
+        return None
 
     def reduce_scatter(
         self,
@@ -1047,12 +1067,14 @@ class Comm:
         counts: Sequence[int],
         op: str = "sum",
         what: object = None,
-    ) -> None:
+        start: bool = False,
+    ) -> Any:
         """Reduce ``send`` over all ranks; rank ``i`` gets the ``i``-th block. **Collective**.
 
         ``send`` holds ``sum(counts)`` elements, the blocks in rank order; ``recv`` gets
         ``counts[rank]`` elements. Zero counts are legal. ``op`` as in :meth:`allreduce`.
-        Equal counts use ``Reduce_scatter_block``, others ``Reduce_scatter``.
+        Equal counts use ``Reduce_scatter_block``, others ``Reduce_scatter``; with ``start``
+        their nonblocking forms, as in :meth:`allreduce`.
         """
         mpi_type, mpi_op = _reduction(send.dtype, op, "reduce_scatter", what)
         counts = [int(c) for c in counts]
@@ -1060,19 +1082,29 @@ class Comm:
         even = counts.count(mine) == len(counts)
         send_spec = [send, mine if even else sum(counts), mpi_type]  # even: counts per block
         recv_spec = [recv, mine, mpi_type]
-        if _observers or _checks:
-            detail = f"{send.dtype}, counts {counts}, op {op}"
+        if not (_observers or _checks or start):
             if even:
-                call, args = self.mpi.Reduce_scatter_block, (send_spec, recv_spec, mpi_op)
+                self.mpi.Reduce_scatter_block(send_spec, recv_spec, mpi_op)
             else:
-                call, args = self.mpi.Reduce_scatter, (send_spec, recv_spec, counts, mpi_op)
-            _traced(self, "reduce_scatter", send.nbytes, what, detail, call, *args)
-        elif even:
-            self.mpi.Reduce_scatter_block(send_spec, recv_spec, mpi_op)
+                self.mpi.Reduce_scatter(send_spec, recv_spec, counts, mpi_op)
         else:
-            self.mpi.Reduce_scatter(send_spec, recv_spec, counts, mpi_op)
+            mpi = self.mpi
+            if even:
+                call = mpi.Ireduce_scatter_block if start else mpi.Reduce_scatter_block
+                args = (send_spec, recv_spec, mpi_op)
+            else:
+                call = mpi.Ireduce_scatter if start else mpi.Reduce_scatter
+                args = (send_spec, recv_spec, counts, mpi_op)
+            if _observers or _checks:
+                detail = f"{send.dtype}, counts {counts}, op {op}"
+                request = _traced(self, "reduce_scatter", send.nbytes, what, detail, call, *args)
+            else:
+                request = call(*args)
+            if start:
+                return request
         if op == "avg":
             np.divide(recv, self.size, out=recv)
+        return None
 
     def alltoallv(
         self,
@@ -1113,7 +1145,8 @@ class Comm:
         kind: str = "all_to_all",
         what: object = None,
         nbytes: int | None = None,
-    ) -> None:
+        start: bool = False,
+    ) -> Any:
         """Like :meth:`alltoallv` with one datatype per peer. **Collective**.
 
         Counts are in units of the peer's datatype (:data:`BYTES` or one from
@@ -1121,19 +1154,22 @@ class Comm:
         and ``nbytes`` are what observers are told: a caller that implements a larger
         collective with this exchange (an all-gather whose own block is copied locally)
         passes its kind and buffer size; by default the larger of the bytes sent and
-        received.
+        received. With ``start``, the nonblocking ``Ialltoallw`` is started and its request
+        returned (None otherwise).
         """
         send_spec = [send, send_counts, send_displs, send_types]
         recv_spec = [recv, recv_counts, recv_displs, recv_types]
+        if not (_observers or _checks or start):
+            return self.mpi.Alltoallw(send_spec, recv_spec)
+        call = self.mpi.Ialltoallw if start else self.mpi.Alltoallw
         if _observers or _checks:
             if nbytes is None:
                 sent = sum(c * t.Get_size() for c, t in zip(send_counts, send_types))
                 got = sum(c * t.Get_size() for c, t in zip(recv_counts, recv_types))
                 nbytes = max(sent, got)
             detail = "alltoallw"  # counts and types differ between ranks
-            _traced(self, kind, nbytes, what, detail, self.mpi.Alltoallw, send_spec, recv_spec)
-        else:
-            self.mpi.Alltoallw(send_spec, recv_spec)
+            return _traced(self, kind, nbytes, what, detail, call, send_spec, recv_spec)
+        return call(send_spec, recv_spec)
 
     def scatterv(
         self,

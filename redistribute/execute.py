@@ -35,6 +35,10 @@ collectives of :mod:`redistribute.comm` (as bytes; reductions typed).
   1.2-1.3 ms), and P->R is about twice as fast as MPICH's ``Allreduce``. Any rank whose
   input is ordinary memory (a wrapped numpy array) sends the whole exchange down the MPI
   path below.
+- An asynchronous redistribute (:func:`execute_async`) whose plan is one collective by MPI
+  (the other steps local) starts it as an MPI nonblocking collective and completes it at
+  ``wait``, with no thread; other plans run on the worker thread of
+  :mod:`redistribute.worker`.
 - Each (plan, source spec, coordinate) is compiled once into a program of step runners
   (counts, displacements, derived datatypes), kept in a bounded cache
   (``redistribute.programs``, oldest first out): evicted or cleared programs free their
@@ -244,29 +248,60 @@ class _Exchange:
             if _tally(comm, self.kind, ok, max(x.nbytes, out.nbytes)):
                 return out, True
         rbuf = out if self.stage_len is None else alloc((self.stage_len,), x.dtype)
+        self._mpi(x, out, rbuf, comm, alloc, False)
+        if self.unstage:
+            self._unstage(out, rbuf)
+        return out, True
+
+    def start(self, x: np.ndarray, owned: bool, comm: _comm.Comm, alloc: Alloc) -> tuple:
+        """The MPI path of :meth:`run` as one nonblocking collective: ``(output, request,
+        finish)``: ``finish`` (None or a callable) completes the output once the request has
+        completed."""
+        out = alloc(self.out_shape, x.dtype)
+        rbuf = out if self.stage_len is None else alloc((self.stage_len,), x.dtype)
+        request = self._mpi(x, out, rbuf, comm, alloc, True)
+        if self.unstage:
+            return out, request, lambda: self._unstage(out, rbuf)
+        return out, request, None
+
+    def _mpi(
+        self,
+        x: np.ndarray,
+        out: np.ndarray,
+        rbuf: np.ndarray,
+        comm: _comm.Comm,
+        alloc: Alloc,
+        start: bool,
+    ) -> Any:
+        """The exchange by MPI into ``rbuf`` (the output, or the staging buffer); with
+        ``start`` nonblocking, returning its request (a small gather is then never
+        persistent: a persistent request is started only once at a time)."""
         if self.gather_counts is not None:
             send = _contiguous(x, alloc)
-            if _comm._persistent and type(comm) is _comm.Comm:  # host buffers
+            if _comm._persistent and not start and type(comm) is _comm.Comm:  # host buffers
                 comm.allgather_persistent(send, rbuf, self.gather_counts, self.what)
-            else:
-                comm.allgatherv(send, rbuf, self.gather_counts, what=self.what)
+                return None
+            return comm.allgatherv(send, rbuf, self.gather_counts, None, self.what, start)
+        _copy(out[self.self_recv], x[self.self_send])
+        if not self.peers:
+            return None
+        if self.direct and x.flags.c_contiguous:
+            sbuf, sdispls = x, self.direct_displs
         else:
-            _copy(out[self.self_recv], x[self.self_send])
-            if self.peers:
-                if self.direct and x.flags.c_contiguous:
-                    sbuf, sdispls = x, self.direct_displs
-                else:
-                    sbuf, sdispls = alloc((self.pack[-1][2],), x.dtype), self.pack_displs
-                    for index, start, stop, shape in self.pack:
-                        _copy(sbuf[start:stop].reshape(shape), x[index])
-                comm.alltoallw(
-                    sbuf, self.scounts, sdispls, self.stypes,
-                    rbuf, self.rcounts, self.rdispls, self.rtypes,
-                    self.kind, self.what, max(x.nbytes, out.nbytes),
-                )  # fmt: skip
-        for index, start, stop, shape in self.unstage:
-            _copy(out[index], rbuf[start:stop].reshape(shape))
-        return out, True
+            sbuf, sdispls = alloc((self.pack[-1][2],), x.dtype), self.pack_displs
+            for index, begin, stop, shape in self.pack:
+                _copy(sbuf[begin:stop].reshape(shape), x[index])
+        return comm.alltoallw(
+            sbuf, self.scounts, sdispls, self.stypes,
+            rbuf, self.rcounts, self.rdispls, self.rtypes,
+            self.kind, self.what, max(x.nbytes, out.nbytes), start,
+        )  # fmt: skip
+
+    def _unstage(self, out: np.ndarray, rbuf: np.ndarray) -> np.ndarray:
+        """Copy the staged blocks of ``rbuf`` to their places in ``out``; returns ``out``."""
+        for index, begin, stop, shape in self.unstage:
+            _copy(out[index], rbuf[begin:stop].reshape(shape))
+        return out
 
     def _run_shared(self, x: np.ndarray, out: np.ndarray, comm: _comm.Comm) -> bool:
         """Copy every peer's block straight out of its shared segment. **Collective**.
@@ -382,15 +417,26 @@ class _ReduceScatter:
                 out = alloc(self.out_shape, x.dtype)
                 if _tally(comm, "reduce_scatter", self._run_shared(x, out, comm), x.nbytes):
                     return out, True
-        if self.direct and x.flags.c_contiguous:
-            sbuf = x
-        else:
-            sbuf = alloc((self.pack[-1][2],), x.dtype)
-            for index, start, stop, shape in self.pack:
-                _copy(sbuf[start:stop].reshape(shape), x[index])
+        sbuf = x if self.direct and x.flags.c_contiguous else self._pack(x, alloc)
         out = alloc(self.out_shape, x.dtype)
         comm.reduce_scatter(sbuf, out, self.counts, self.op, self.what)
         return out, True
+
+    def start(self, x: np.ndarray, owned: bool, comm: _comm.Comm, alloc: Alloc) -> tuple:
+        """The MPI path of :meth:`run` as one nonblocking collective (see
+        :meth:`_Exchange.start`)."""
+        sbuf = x if self.direct and x.flags.c_contiguous else self._pack(x, alloc)
+        out = alloc(self.out_shape, x.dtype)
+        request = comm.reduce_scatter(sbuf, out, self.counts, self.op, self.what, True)
+        return out, request, _averager(self.op, out, comm.size)
+
+    def _pack(self, x: np.ndarray, alloc: Alloc) -> np.ndarray:
+        """The slabs of ``x`` packed in rank order into a buffer of ``alloc`` (the send
+        buffer unless ``x`` is C-contiguous and its slabs are)."""
+        sbuf = alloc((self.pack[-1][2],), x.dtype)
+        for index, start, stop, shape in self.pack:
+            _copy(sbuf[start:stop].reshape(shape), x[index])
+        return sbuf
 
     def _run_shared(self, x: np.ndarray, out: np.ndarray, comm: _comm.Comm) -> bool:
         """Reduce this rank's slab of every rank's input, read from the shared segments.
@@ -438,6 +484,16 @@ class _AllReduce:
         comm.allreduce(out, None, self.op, self.what)
         return out, True
 
+    def start(self, x: np.ndarray, owned: bool, comm: _comm.Comm, alloc: Alloc) -> tuple:
+        """The MPI path of :meth:`run` as one nonblocking collective (see
+        :meth:`_Exchange.start`): in place on an owned C-contiguous input, else into a new
+        buffer."""
+        if not x.flags.c_contiguous:
+            x, owned = _contiguous(x, alloc), True
+        out = x if owned else alloc(x.shape, x.dtype)
+        request = comm.allreduce(x, None if owned else out, self.op, self.what, True)
+        return out, request, _averager(self.op, out, comm.size)
+
     def _run_shared(self, x: np.ndarray, out: np.ndarray, comm: _comm.Comm) -> bool:
         """All-reduce through the shared segments of C-contiguous ``x`` and ``out`` (which
         may be ``x``). **Collective**; False (on every rank, nothing written) when the MPI
@@ -473,6 +529,14 @@ class _AllReduce:
                 np.copyto(flat_out[chunk], peers[j][1].reshape(-1)[chunk])
         comm.all_true(True, self.what)  # every peer has read this rank's chunk
         return True
+
+
+def _averager(op: str, out: np.ndarray, k: int) -> Callable[[], Any] | None:
+    """The finishing step of a nonblocking reduction into ``out`` over ``k`` ranks: an avg
+    (run by MPI as a sum) is divided by ``k``; other ops need none."""
+    if op != "avg":
+        return None
+    return lambda: np.divide(out, k, out=out)
 
 
 def _reduce_into(out: np.ndarray, parts: list[np.ndarray], op: str, k: int) -> None:
@@ -792,27 +856,39 @@ def execute_async(
     coord: Sequence[int],
     comms: Sequence[_comm.Comm],
     alloc: Alloc | None = None,
-) -> _worker.Pending:
+) -> _worker.Started | _worker.Pending:
     """Start :func:`execute` of a plan; returns the handle of its output at once.
 
     **Collective** over the same communicators as :func:`execute` (every rank of the mesh
     starts the same plans in the same order). The plan is compiled and ``local`` checked
-    here (errors raise at once); the steps run on the worker thread of
-    :mod:`redistribute.worker`, on the private duplicates (:meth:`Comm.twin
-    <redistribute.comm.Comm.twin>`) of ``comms``, which are made here the first time (a
-    collective over each). ``local`` must not be written until the handle's ``wait``
-    returns. While an observer or a debug check of :mod:`redistribute.comm` is on, the steps
-    run in this thread before this returns (on the same duplicates, so ranks that differ in
-    that still match); so they do for communicators that are not host :class:`Comm` s
-    (device buffers). An empty plan gives a finished handle of ``local``.
+    here (errors raise at once). Its collectives run on the private duplicates
+    (:meth:`Comm.twin <redistribute.comm.Comm.twin>`) of ``comms``, made here the first time
+    (a collective over each). ``local`` must not be written until the handle's ``wait``
+    returns.
+
+    - A plan whose one communicating step runs by MPI (no shared-memory exchange) and whose
+      other steps are local starts that step as one MPI nonblocking collective
+      (``Iallgather(v)``, ``Ialltoallw``, ``Iallreduce``, ``Ireduce_scatter(_block)``) in
+      this thread, the local steps before it run now and those after it at completion
+      (:func:`redistribute.worker.start`); a plan without communication runs now.
+    - Other plans (several collectives, or shared-memory exchanges) run on the worker thread
+      of :mod:`redistribute.worker` with blocking collectives. Chaining their steps as
+      nonblocking requests would start a later step only at a poll or wait, when the
+      requests of plans started after it are already issued on the same communicator:
+      issue orders would differ between ranks.
+    - While the worker has jobs queued, the nonblocking start is queued behind them (the
+      same calls, in submission order). While an observer or a debug check of
+      :mod:`redistribute.comm` is on, the work runs in this thread before this returns (the
+      same calls on the same duplicates, so ranks that differ in that still match); so it
+      does for communicators that are not host :class:`Comm` s (device buffers).
 
     Returns
     -------
-    redistribute.worker.Pending
+    redistribute.worker.Started or redistribute.worker.Pending
         ``wait()`` gives what :func:`execute` returns (and raises what it raises).
     """
     if not steps:
-        return _worker.submit(lambda: local, inline=True)
+        return _worker.start(None, lambda: local)
     coord = tuple(coord)
     program = _program(tuple(steps), spec, coord)
     if local.shape != program[0].in_shape or local.dtype != spec.dtype:
@@ -820,9 +896,53 @@ def execute_async(
     alloc = np.empty if alloc is None else alloc
     host = all(type(c) is _comm.Comm for c in comms)
     twins = [c.twin() for c in comms] if host else list(comms)
-
     inline = not host or bool(_comm._observers) or _comm._checks
-    return _worker.submit(lambda: _run(program, local, twins, alloc), inline)
+    at = _nonblocking(program) if host else None
+    if at is None:
+        return _worker.submit(lambda: _run(program, local, twins, alloc), inline)
+    if inline or not _worker.idle():
+        job = lambda: _worker.Started(*_start(program, at, local, twins, alloc)).wait()
+        return _worker.submit(job, inline)
+    return _worker.start(*_start(program, at, local, twins, alloc))
+
+
+def _nonblocking(program: tuple) -> int | None:
+    """The position in ``program`` of its one communicating step when that step can run as
+    one MPI nonblocking collective and every other step is local; ``len(program)`` when no
+    step communicates; else None. The same on every rank of a communicator (the
+    shared-memory choice depends on the global size only)."""
+    found = len(program)
+    for i, runner in enumerate(program):
+        if type(runner) is _Local:
+            continue
+        shm = runner.pulls is not None if type(runner) is _Exchange else runner.shared
+        if found != len(program) or shm:
+            return None
+        found = i
+    return found
+
+
+def _start(program: tuple, at: int, local: np.ndarray, comms: Sequence[Any], alloc: Alloc):
+    """Run the local steps of ``program`` before ``at`` and start step ``at`` as a
+    nonblocking collective: ``(request, finish)``, where ``finish()`` (once the request has
+    completed) completes the step and runs the local steps after it, returning the output."""
+    x, owned = local, False
+    for runner in program[:at]:
+        x, owned = runner.run(x, owned, comms[runner.mesh_dim], alloc)
+    if at == len(program):
+        return None, lambda: x
+    runner = program[at]
+    out, request, complete = runner.start(x, owned, comms[runner.mesh_dim], alloc)
+
+    def finish() -> np.ndarray:
+        if complete is not None:
+            complete()
+        y, owned = out, True
+        for after in program[at + 1 :]:
+            y, owned = after.run(y, owned, comms[after.mesh_dim], alloc)
+        return y
+
+    return request, finish
 
 
 def gather_form(steps: Sequence[Any], spec: Any, coord: Sequence[int], comms: Sequence[Any]):

@@ -10,14 +10,22 @@ stated for 2 ranks on one node). It reports, in microseconds (the worst rank's m
 - ``overlap``: a loop of ``h = a @ b`` (local matmul) -> ``x.redistribute(S(0) -> R)``
   -> ``h @ b`` with the redistribute blocking, or started asynchronously before the first
   matmul and waited for before the second (the matmul does not depend on it), per
-  iteration, for a small (latency-bound) and a large (bandwidth-bound) ``x``;
-- ``slow_peer``: the same loop where, each iteration, one rank (in turn) arrives late
-  (sleeps ``--delay-ms`` first): blocking makes every rank wait for the late one, the
-  asynchronous loop computes meanwhile;
-- ``progress``: how a nonblocking MPI all-gather (raw ``Iallgather`` of the large size)
-  progresses under MPICH while the caller computes: waited only at the end, polled with
-  ``Test`` between chunks of the computation, and the worker thread of the asynchronous
-  redistribute (which blocks in MPI and so progresses it itself). Run it again with
+  iteration, for a small (latency-bound: one ``Iallgather``) and a large (bandwidth-bound:
+  shared-memory exchange on the worker thread) ``x``; ``medium`` has the same loop for a
+  ``--medium`` ``x`` (one ``Ialltoallw``: above the all-gather limit, below the
+  shared-memory one). Each case names the path its asynchronous redistribute takes;
+- ``slow_peer`` (small ``x``; ``medium`` has it for its size): the same loop where, each
+  iteration, one rank (in turn) arrives late (sleeps ``--delay-ms`` first): blocking makes
+  every rank wait for the late one, the asynchronous loop computes meanwhile;
+  ``slow_peer_off_cpu`` replaces each matmul by a sleep as long as it (work that leaves
+  the core free: a device kernel, I/O), which isolates the protocol from the two ranks'
+  competition for two cores;
+- ``progress`` (large size; ``progress_medium`` for the medium one): how a nonblocking MPI
+  all-gather (raw ``Iallgather``) progresses under MPICH while the caller computes: waited
+  only at the end, polled with ``Test`` between chunks of the computation; and the
+  asynchronous redistribute of the same tensor, waited at the end (``dtensor_async``) or
+  with :func:`redistribute.worker.poll` between the chunks (``dtensor_polled``), whose path
+  is named (``worker_thread`` keeps the name of the first). Run it again with
   ``MPIR_CVAR_ASYNC_PROGRESS=1`` to time MPICH's progress thread (the JSON records it).
 
 The JSON document goes to stdout and, with ``--out FILE``, to a file.
@@ -42,6 +50,9 @@ from mpi4py import MPI
 import dtensor as dt
 from launch.bench._common import bench_args, emit, environment, worst_rank
 from redistribute import comm as rcomm
+from redistribute import execute as rexec
+from redistribute import worker
+from redistribute.plan import plan
 
 WORLD = MPI.COMM_WORLD
 S0, R = [dt.Shard(0)], [dt.Replicate()]
@@ -113,8 +124,17 @@ def persistent_case(repeat: int, number: int) -> dict:
     }
 
 
-def _loop(x, mesh, a, b, asynchronous: bool, iters: int, delay_s: float) -> float:
-    """Seconds per iteration of matmul -> redistribute -> matmul (worst rank)."""
+def _path(x, mesh) -> str:
+    """The path of ``x.redistribute(mesh, R, async_op=True)``: its executor's handle."""
+    spec, local = x._spec, x.to_local().numpy()
+    steps = plan(spec, tuple(R))
+    handle = rexec.execute_async(steps, local, spec, mesh._coord, mesh._dim_comms)
+    handle.wait()
+    return "nonblocking" if type(handle) is worker.Started else "worker thread"
+
+
+def _loop(x, mesh, work, asynchronous: bool, iters: int, delay_s: float) -> float:
+    """Seconds per iteration of work -> redistribute -> work (worst rank)."""
     WORLD.Barrier()
     start = time.perf_counter()
     for i in range(iters):
@@ -122,18 +142,22 @@ def _loop(x, mesh, a, b, asynchronous: bool, iters: int, delay_s: float) -> floa
             time.sleep(delay_s)  # this rank is late this iteration
         if asynchronous:
             y = x.redistribute(mesh, R, async_op=True)
-            h = a @ b
+            work()
             y.wait()
         else:
-            h = a @ b
+            work()
             y = x.redistribute(mesh, R)
-        h = h @ b
-        del y, h
+        work()
+        del y
     per = (time.perf_counter() - start) / iters
     return worst_rank(per, WORLD)
 
 
-def overlap_case(n: int, rows: int, iters: int, repeat: int, delay_ms: float) -> dict:
+def overlap_case(
+    n: int, rows: int, iters: int, repeat: int, delay_ms: float, off_cpu: bool = False
+) -> dict:
+    """The loop with ``n x n`` matmuls as the work; ``off_cpu``: a sleep as long as the
+    matmul instead, standing for work that leaves this core free (a device kernel, I/O)."""
     mesh = dt.init_device_mesh((WORLD.size,))
     rng = np.random.default_rng(0)
     a, b = rng.random((n, n), np.float32), rng.random((n, n), np.float32)
@@ -142,14 +166,23 @@ def overlap_case(n: int, rows: int, iters: int, repeat: int, delay_ms: float) ->
     for _ in range(3):
         (a @ b) @ b
     matmul_us = (time.perf_counter() - t0) / 3 * 1e6
+
+    def work() -> None:
+        if off_cpu:
+            time.sleep(matmul_us / 2e6)
+        else:
+            a @ b
+
     timed = {"blocking": [], "async": []}
     for _ in range(repeat):
         for mode, samples in timed.items():
-            samples.append(_loop(x, mesh, a, b, mode == "async", iters, delay_ms / 1e3))
+            samples.append(_loop(x, mesh, work, mode == "async", iters, delay_ms / 1e3))
     block, asyn = (statistics.median(timed[m]) * 1e6 for m in ("blocking", "async"))
     return {
+        "work": "sleep as long as the matmul" if off_cpu else "matmul",
         "matmul": f"2 x ({n}x{n}) @ ({n}x{n}) float32",
         "redistribute": f"({rows}x{rows}) float32 S(0)->R",
+        "async_path": _path(x, mesh),
         "late_rank_delay_ms": delay_ms,
         "matmuls_us": round(worst_rank(matmul_us, WORLD), 1),
         "blocking_us_per_iter": round(block, 1),
@@ -160,8 +193,8 @@ def overlap_case(n: int, rows: int, iters: int, repeat: int, delay_ms: float) ->
 
 def progress_case(rows: int, n: int, repeat: int) -> dict:
     """A raw Iallgather of rows x rows float32 while computing ``n x n`` matmuls in 8
-    chunks: waited at the end only, polled between chunks, and the asynchronous
-    redistribute's worker thread."""
+    chunks: waited at the end only, polled between chunks; and the asynchronous
+    redistribute of the same tensor, waited at the end or polled between chunks."""
     mesh = dt.init_device_mesh((WORLD.size,))
     rng = np.random.default_rng(1)
     a, b = rng.random((n, n), np.float32), rng.random((n, n), np.float32)
@@ -173,7 +206,7 @@ def progress_case(rows: int, n: int, repeat: int) -> dict:
         for _ in range(8):
             a @ b
             if poll is not None:
-                poll.Test()
+                poll()
 
     def wait_at_end() -> None:
         req = WORLD.Iallgather([send, MPI.BYTE], [recv, MPI.BYTE])
@@ -182,12 +215,17 @@ def progress_case(rows: int, n: int, repeat: int) -> dict:
 
     def polled() -> None:
         req = WORLD.Iallgather([send, MPI.BYTE], [recv, MPI.BYTE])
-        compute(req)
+        compute(req.Test)
         req.Wait()
 
-    def worker_thread() -> None:
+    def dtensor_async() -> None:
         y = x.redistribute(mesh, R, async_op=True)
         compute()
+        y.wait()
+
+    def dtensor_polled() -> None:
+        y = x.redistribute(mesh, R, async_op=True)
+        compute(worker.poll)
         y.wait()
 
     def blocking() -> None:
@@ -198,11 +236,14 @@ def progress_case(rows: int, n: int, repeat: int) -> dict:
         compute()
 
     variants = {"compute_only": compute_only, "blocking": blocking, "wait_at_end": wait_at_end,
-                "polled": polled, "worker_thread": worker_thread}  # fmt: skip
+                "polled": polled, "dtensor_async": dtensor_async,
+                "dtensor_polled": dtensor_polled}  # fmt: skip
     figures = _interleaved(variants, repeat, 1)
+    figures["worker_thread"] = figures["dtensor_async"]
     return {
         "gather": f"({rows}x{rows}) float32 over {WORLD.size} ranks",
         "compute": f"8 x ({n}x{n}) @ ({n}x{n}) float32",
+        "async_path": _path(x, mesh),
         "async_progress_thread": os.environ.get("MPIR_CVAR_ASYNC_PROGRESS", "0"),
         **{f"{k}_us": v for k, v in figures.items()},
     }
@@ -216,6 +257,7 @@ def main(argv: list[str] | None = None) -> dict:
         iters={"type": int, "default": 20, "help": "loop iterations per overlap sample"},
         matmul={"type": int, "default": 256, "help": "matmul size n (n x n)"},
         small={"type": int, "default": 8, "help": "rows of the latency-bound redistribute"},
+        medium={"type": int, "default": 256, "help": "rows of the Ialltoallw-sized one"},
         large={"type": int, "default": 2048, "help": "rows of the bandwidth-bound one"},
         delay_ms={"type": float, "default": 2.0, "help": "lateness of the slow peer"},
     )
@@ -230,7 +272,15 @@ def main(argv: list[str] | None = None) -> dict:
             for rows in (args.small, args.large)
         ],
         "slow_peer": overlap_case(args.matmul, args.small, args.iters, repeat, args.delay_ms),
+        "slow_peer_off_cpu": overlap_case(
+            args.matmul, args.small, args.iters, repeat, args.delay_ms, off_cpu=True
+        ),
+        "medium": {
+            "overlap": overlap_case(args.matmul, args.medium, args.iters, repeat, 0.0),
+            "slow_peer": overlap_case(args.matmul, args.medium, args.iters, repeat, args.delay_ms),
+        },
         "progress": progress_case(args.large, args.matmul, repeat),
+        "progress_medium": progress_case(args.medium, args.matmul, repeat),
     }
     if WORLD.rank == 0:
         emit(doc, args.out)

@@ -1,8 +1,13 @@
 """``redistribute(..., async_op=True)`` and the persistent all-gathers of redistributes.
 
 - For every plan kind (all-gather, all-to-all, all-reduce, reduce-scatter, local chunk,
-  multi-step 2-D plans, shared-memory sizes of at least 1 MiB), on 1-D and 2-D meshes with
-  uneven shards, the asynchronous result equals the blocking one.
+  local steps before and after a collective, multi-step 2-D plans, shared-memory sizes of
+  at least 1 MiB), on 1-D and 2-D meshes with uneven shards, the asynchronous result equals
+  the blocking one, and the plan takes the expected path: one MPI nonblocking collective
+  started in the caller's thread (:class:`redistribute.worker.Started`), or the worker
+  thread (:class:`redistribute.worker.Pending`).
+- A nonblocking start made while the worker still has jobs queued on one rank and not on
+  the other matches (the order of each communicator's collectives is the same).
 - A pending DTensor waits on any use of its data (ops, ``to_local``, ``full_tensor``,
   ``redistribute``, numpy, repr) and on ``wait()``; its metadata is there at once.
 - A pending DTensor dropped unused leaves no job and no buffer behind, and the next
@@ -24,31 +29,39 @@ import dtensor as dt
 from dtensor.debug import CommDebugMode, explain
 from redistribute import comm as rcomm
 from redistribute import worker
+from redistribute.execute import execute_async
+from redistribute.plan import plan
 
 WORLD = MPI.COMM_WORLD
 S, R, P = dt.Shard, dt.Replicate(), dt.Partial
 
-# (global shape, source placements, target placements): 1-D meshes
+NB, WORKER = True, False  # the path of a plan: one nonblocking collective, or the worker
+
+# (global shape, source placements, target placements, path): 1-D meshes
 CASES_1D = [
-    ((10, 6), [S(0)], [R]),  # all-gather (one MPI all-gather; uneven at 3 and 4 ranks)
-    ((7, 6), [S(1)], [R]),  # all-gather staged (blocks strided in the output)
-    ((9, 7), [S(0)], [S(1)]),  # all-to-all
-    ((6, 5), [P("sum")], [R]),  # all-reduce
-    ((7, 5), [P("sum")], [S(0)]),  # reduce-scatter
-    ((7, 5), [R], [S(1)]),  # local chunk
-    ((600, 500), [S(0)], [R]),  # 1.2 MB: shared-memory exchange
-    ((600, 500), [S(1)], [S(0)]),  # shared-memory all-to-all
-    ((600, 500), [P("sum")], [R]),  # shared-memory all-reduce
+    ((10, 6), [S(0)], [R], NB),  # Iallgather(v) (uneven at 3 and 4 ranks)
+    ((7, 6), [S(1)], [R], NB),  # all-gather staged (blocks strided in the output)
+    ((9, 7), [S(0)], [S(1)], NB),  # Ialltoallw
+    ((6, 5), [P("sum")], [R], NB),  # Iallreduce
+    ((6, 5), [P("avg")], [R], NB),  # divided at completion
+    ((7, 5), [P("sum")], [S(0)], NB),  # Ireduce_scatter
+    ((7, 5), [R], [S(1)], NB),  # local chunk: nothing to start
+    ((600, 500), [S(0)], [R], WORKER),  # 1.2 MB: shared-memory exchange
+    ((600, 500), [S(1)], [S(0)], WORKER),  # shared-memory all-to-all
+    ((600, 500), [P("sum")], [R], WORKER),  # shared-memory all-reduce
 ]
 
-# 2-D meshes (2 x k): multi-step plans and nested shards
+# 2-D meshes (2 x k): multi-step plans, nested shards, local steps around one collective
 CASES_2D = [
-    ((7, 5), [S(0), S(0)], [R, R]),
-    ((7, 9), [S(0), S(1)], [S(1), S(0)]),
-    ((6, 5), [P("sum"), S(0)], [R, R]),
-    ((7, 5), [R, S(1)], [S(0), R]),
-    ((700, 400), [S(0), S(1)], [R, R]),  # 1.1 MB: shared-memory exchanges
-    ((600, 500), [S(1), S(0)], [R, S(1)]),
+    ((7, 5), [S(0), S(0)], [R, R], WORKER),
+    ((7, 9), [S(0), S(1)], [S(1), S(0)], WORKER),
+    ((6, 5), [P("sum"), S(0)], [R, R], WORKER),
+    ((7, 5), [R, S(1)], [S(0), R], NB),  # local chunk, then an all-gather
+    ((7, 5), [R, S(0)], [S(0), R], NB),  # all-gather, then a local chunk
+    ((9, 7), [P("sum"), R], [S(1), S(1)], NB),  # reduce-scatter, then a local chunk
+    ((6, 5), [S(1), P("avg")], [S(1), R], NB),
+    ((700, 400), [S(0), S(1)], [R, R], WORKER),  # 1.1 MB: shared-memory exchanges
+    ((600, 500), [S(1), S(0)], [R, S(1)], WORKER),
 ]
 
 
@@ -57,13 +70,15 @@ def _source(shape, placements, mesh):
     data = (np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape) % 97) * 0.5 - 3
     coord = mesh.get_coordinate()
     if any(p.is_partial() for p in placements):
-        # contributions (i + 1) * data / total over the partial mesh dims
+        # contributions (i + 1) * data / total over the partial mesh dims (times the group
+        # size for an average)
         k = 1
         mine = 1
         for m, p in enumerate(placements):
             if p.is_partial():
                 n = mesh.size(m)
                 mine, k = mine * (coord[m] + 1), k * (n * (n + 1) // 2)
+                mine *= n if p.reduce_op == "avg" else 1
         keep = [p if not p.is_partial() else R for p in placements]
         full = dt.distribute_tensor(data, mesh, keep, src_data_rank=None).to_local().numpy()
         local = full * np.float32(mine) / np.float32(k)
@@ -79,7 +94,7 @@ def _same(a, b):
     np.testing.assert_allclose(la, lb, rtol=1e-6, atol=1e-5)
 
 
-def _check(mesh, shape, src, dst):
+def _check(mesh, shape, src, dst, path):
     x, data = _source(shape, src, mesh)
     blocking = x.redistribute(mesh, dst)
     pending = x.redistribute(mesh, dst, async_op=True)
@@ -87,18 +102,43 @@ def _check(mesh, shape, src, dst):
     assert pending.wait() is pending and type(pending) is dt.DTensor
     _same(pending, blocking)
     np.testing.assert_allclose(pending.full_tensor().numpy(), data, rtol=1e-6, atol=1e-5)
+    # the executor's handle: the path the plan takes (a 1-rank group communicates nothing)
+    spec, local = x._spec, x.to_local().numpy()
+    steps = plan(spec, tuple(dst))
+    handle = execute_async(steps, local, spec, mesh._coord, mesh._dim_comms)
+    nb = path == NB or all(mesh.size(s.mesh_dim) == 1 for s in steps)
+    assert type(handle) is (worker.Started if nb else worker.Pending)
+    np.testing.assert_array_equal(handle.wait(), blocking.to_local().numpy())
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("shape,src,dst", CASES_1D)
-def test_async_equals_blocking_1d(shape, src, dst):
-    _check(dt.init_device_mesh((WORLD.size,)), shape, src, dst)
+@pytest.mark.parametrize("shape,src,dst,path", CASES_1D)
+def test_async_equals_blocking_1d(shape, src, dst, path):
+    _check(dt.init_device_mesh((WORLD.size,)), shape, src, dst, path)
 
 
 @pytest.mark.mpi(min_size=4)
-@pytest.mark.parametrize("shape,src,dst", CASES_2D)
-def test_async_equals_blocking_2d(shape, src, dst):
-    _check(dt.init_device_mesh((2, WORLD.size // 2)), shape, src, dst)
+@pytest.mark.parametrize("shape,src,dst,path", CASES_2D)
+def test_async_equals_blocking_2d(shape, src, dst, path):
+    _check(dt.init_device_mesh((2, WORLD.size // 2)), shape, src, dst, path)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.mode_independent
+def test_nonblocking_start_behind_worker_jobs_on_one_rank_only_matches():
+    # rank 0 lets its worker finish a shared-memory job and starts the small gathers in its
+    # own thread; the others start them at once, queued behind their worker's job
+    mesh = dt.init_device_mesh((WORLD.size,))
+    big, big_data = _source((600, 500), [S(1)], mesh)
+    small, data = _source((10, 6), [S(0)], mesh)
+    for _ in range(3):
+        z = big.redistribute(mesh, [R], async_op=True)
+        if WORLD.rank == 0:
+            z.wait()
+        ys = [small.redistribute(mesh, [R], async_op=True) for _ in range(2)]
+        for y in ys:
+            np.testing.assert_array_equal(y.to_local().numpy(), data)
+        np.testing.assert_array_equal(z.to_local().numpy(), big_data)
 
 
 @pytest.mark.mpi(min_size=2)
@@ -161,13 +201,16 @@ def test_gradients_flow_through_an_async_redistribute(src, dst):
 def test_dropped_pending_dtensor_leaves_nothing_behind():
     mesh = dt.init_device_mesh((WORLD.size,))
     x, data = _source((600, 500), [S(0)], mesh)  # pooled buffers
+    small = _source((40, 30), [S(1)], mesh)[0]  # nonblocking starts (pooled outputs)
     x.redistribute(mesh, [R]).to_local()  # warm the pools
     worker.drain()
     gc.collect()
     before = dt.memory_stats()["allocated_bytes"]
     for _ in range(3):
-        x.redistribute(mesh, [R], async_op=True)  # dropped at once
+        x.redistribute(mesh, [R], async_op=True)  # dropped at once: the worker
         x.redistribute(mesh, [S(1)], async_op=True)
+        small.redistribute(mesh, [R], async_op=True)  # Iallgather, staged
+        small.redistribute(mesh, [S(0)], async_op=True)  # Ialltoallw
     worker.drain()
     assert worker.pending_count() == 0
     gc.collect()

@@ -450,9 +450,11 @@ class DTensor(_fp.DTensorBase):
         placements : sequence of Placement, optional
             Target placements; None means Replicate on every mesh dim.
         async_op : bool
-            Return at once a DTensor whose local shard is still being computed: the plan
-            runs on a worker thread on private duplicates of the mesh communicators
-            (:func:`redistribute.execute.execute_async`), while this thread goes on. Any
+            Return at once a DTensor whose local shard is still being computed, on
+            private duplicates of the mesh communicators
+            (:func:`redistribute.execute.execute_async`): a plan whose one collective runs
+            by MPI starts it as an MPI nonblocking collective, completed at first use;
+            other plans run on a worker thread while this thread goes on. Any
             use of its data waits first (ops, ``to_local``, ``full_tensor``,
             ``redistribute``, repr: everything that reads its local shard); ``wait()``
             waits explicitly. Its metadata (placements, shape, dtype) is there at once.
@@ -695,7 +697,9 @@ _BASE_LOCAL = _fp.DTensorBase._local
 class _PendingDTensor(DTensor):
     """A DTensor from ``redistribute(async_op=True)`` whose local shard is pending.
 
-    Its base slot holds the :class:`redistribute.worker.Pending` handle. It is not of type
+    Its base slot holds the handle of the pending work (:class:`redistribute.worker.Pending`
+    for a worker job, :class:`redistribute.worker.Started` for a nonblocking collective
+    started in this thread). It is not of type
     DTensor, so the compiled front, whose type checks ask for exactly DTensor, sends it to
     the Python dispatcher, which reads ``_local``: that waits, stores the Tensor and makes
     the object a plain DTensor again.

@@ -328,7 +328,8 @@ def test_overlap_benchmark_reports_every_case(tmp_path):
         "compute_only", "blocking", "wait_at_end", "polled", "worker_thread"))
 
 
-def test_reductions_and_mesh_create_benchmarks_report_their_figures(tmp_path):
+@pytest.mark.mode_independent  # the benchmarks' reports; either path serves their calls
+def test_reductions_mesh_create_and_vocab_parallel_benchmarks_report_their_figures(tmp_path):
     path = tmp_path / "reductions.json"
     launch(2, "-m", "launch.bench.reductions", "--sizes", "8", "--repeat", "2", "--out",
            str(path))
@@ -340,6 +341,14 @@ def test_reductions_and_mesh_create_benchmarks_report_their_figures(tmp_path):
     figures = json.loads(path.read_text())["figures"]
     assert set(figures) == {"init_device_mesh(2,)", "init_device_mesh(2, 1)"}
     assert all(f["median_us"] > 0 for f in figures.values())
+    path = tmp_path / "vocab.json"
+    launch(2, "-m", "launch.bench.vocab_parallel", "--rows", "16", "--classes", "4096",
+           "--repeat", "2", "--out", str(path))
+    figures = json.loads(path.read_text())["figures"]
+    kept, gathered = figures["vocab_parallel"]["collectives"], figures["gather"]["collectives"]
+    assert kept.get("all_reduce") and "all_gather" not in kept, kept
+    assert "all_gather" in gathered and "all_reduce" not in gathered, gathered
+    assert all(f["median_ms"] > 0 for f in figures.values())
 
 
 # Runs a script as ``python script.py args`` does (its folder is sys.path[0]), then reports

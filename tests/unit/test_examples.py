@@ -329,7 +329,7 @@ def test_overlap_benchmark_reports_every_case(tmp_path):
 
 
 @pytest.mark.mode_independent  # the benchmarks' reports; either path serves their calls
-def test_reductions_mesh_create_and_vocab_parallel_benchmarks_report_their_figures(tmp_path):
+def test_reductions_mesh_create_autograd_and_vocab_benchmarks_report_their_figures(tmp_path):
     path = tmp_path / "reductions.json"
     launch(2, "-m", "launch.bench.reductions", "--sizes", "8", "--repeat", "2", "--out",
            str(path))
@@ -341,6 +341,14 @@ def test_reductions_mesh_create_and_vocab_parallel_benchmarks_report_their_figur
     figures = json.loads(path.read_text())["figures"]
     assert set(figures) == {"init_device_mesh(2,)", "init_device_mesh(2, 1)"}
     assert all(f["median_us"] > 0 for f in figures.values())
+    path = tmp_path / "autograd.json"
+    launch(2, "-m", "launch.bench.autograd_overhead", "--repeat", "1", "--out", str(path))
+    doc = json.loads(path.read_text())
+    assert len(doc["figures"]) == 16 and doc["target_us"] == 3.0
+    for row in doc["figures"].values():
+        assert min(row["no_grad_us"], row["leaf_us"], row["intermediate_us"]) > 0
+        assert row["overhead_met"] is (row["overhead_us"] <= 3.0)
+    assert doc["met"] is all(r["overhead_met"] for r in doc["figures"].values())
     path = tmp_path / "vocab.json"
     launch(2, "-m", "launch.bench.vocab_parallel", "--rows", "16", "--classes", "4096",
            "--repeat", "2", "--out", str(path))

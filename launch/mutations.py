@@ -215,6 +215,18 @@ def drop(pred: Pred, k: int = 0) -> Transform:
     return transform
 
 
+def drop_several(pred: Pred) -> Transform:
+    """Drop every candidate whose placements satisfy ``pred`` when several do."""
+
+    def transform(schema: OpSchema, result: RuleResult) -> RuleResult:
+        cands = [c for c in result.candidates if not pred(c.placements)]
+        if len(result.candidates) - len(cands) < 2:
+            return result
+        return _with(result, cands)
+
+    return transform
+
+
 OutMap = Callable[[Placement, tuple[int, ...]], Placement]
 
 
@@ -563,6 +575,11 @@ MUTATIONS: tuple[Mutation, ...] = (
           "index_put of a P(max) input claims P(min)", values("index_put", "index_put")),
     _rule("index", "shard", "index_add", ["index_add"], remap(out_shard, shift_shard),
           "index_add's Shard output is off by one", values("index_add", "index_add")),
+    _rule("index", "drop", "getitem_masked_several", ["getitem"], drop_several(masked),
+          "advanced getitem indexing several dims (index arrays broadcasting together, a "
+          "mask of several dims) loses local indexing with masking: the indexed dims gather",
+          (Run(("mpi/test_index_ops.py",), "several", ranks=2),
+           *choices("getitem", "getitem"))),
     # -- plan ---------------------------------------------------------------------------------
     _plan("all_reduce", without("all_reduce"), "plans lose their AllReduce steps"),
     _plan("all_gather", without("all_gather"), "plans lose their AllGather steps"),

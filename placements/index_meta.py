@@ -29,7 +29,7 @@ __all__ = [
     "is_advanced_entry",
     "kthvalue_shape",
     "masked_fill_check",
-    "masked_index_dim",
+    "masked_index_dims",
     "scatter_check",
     "sort_dim",
     "take_along_dim_shape",
@@ -309,18 +309,24 @@ def index_plan(
     return tuple(out), kept, [tuple(p) for p in plan]  # type: ignore[misc]
 
 
-def masked_index_dim(plan: list[tuple[str, object, int, int | None]]) -> int | None:
-    """The input dim that an index of :func:`index_plan`'s ``plan`` indexes with its only
-    advanced entry, an integer array or a 1-D mask, the other entries being slices and
-    None; None for any other index. Such a dim may stay sharded under indexing: each shard
-    picks the entries in its block and zeros the others (local indexing with masking),
-    giving a ``P(sum)`` result."""
+def masked_index_dims(plan: list[tuple[str, object, int, int | None]]) -> tuple[int, ...]:
+    """The input dims that the advanced entries of an index of :func:`index_plan`'s
+    ``plan`` index, when it has an index array: the dim of each integer array, every dim a
+    mask covers, the dim of each int (an int among index arrays broadcasts with them); ()
+    for a basic index or one with a 0-d mask. Such dims may stay sharded under indexing:
+    each shard keeps the result entries whose positions land in its block on every sharded
+    one of them and zeros the others (local indexing with masking), giving a ``P(sum)``
+    result."""
     adv = [p for p in plan if p[0] not in ("slice", "none")]
-    if len(adv) != 1:
-        return None
-    kind, v, d, _ = adv[0]
-    ok = kind == "array" or (kind == "mask" and v.ndim == 1)  # type: ignore[union-attr]
-    return d if ok else None
+    if not any(p[0] in ("array", "mask") for p in adv):
+        return ()
+    dims: list[int] = []
+    for kind, v, d, _ in adv:
+        n = v.ndim if kind == "mask" else 1  # type: ignore[union-attr]
+        if n == 0:
+            return ()
+        dims.extend(range(d, d + n))
+    return tuple(dims)
 
 
 def index_add_check(

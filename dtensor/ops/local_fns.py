@@ -21,8 +21,9 @@ from ``strategy.output_specs[0].mesh``):
   the shard's global offsets, so the result equals the single-device one;
 - ``gather``/``scatter``/``scatter_add``/``take_along_dim`` with the data sharded on a dim
   the op does not index: the (replicated) index is cut to this shard's rows of that dim;
-- ``x[idx]`` with the dim of its only integer array (or 1-D mask) sharded: the entries in
-  this shard's block are picked and the others zeroed (``P(sum)`` output);
+- ``x[idx]`` with dims of its advanced entries (integer arrays, masks, ints among them)
+  sharded: the result entries whose positions land in this shard's block on every sharded
+  dim are picked and the others zeroed (``P(sum)`` output);
 - ``x[idx] = value`` on a sharded dim: the global index becomes this shard's (ints and
   slices translated, a mask cut to the block, the entries of the index arrays that land
   in the block kept), and the value is cut to the part that lands here.
@@ -41,7 +42,7 @@ from placements.index_meta import (
     check_index_values,
     index_plan,
     index_put_index,
-    masked_index_dim,
+    masked_index_dims,
 )
 from placements.layout import local_offsets, local_shape, local_slices
 from placements.meta import norm_dim, norm_dims, squeeze_dims
@@ -338,8 +339,10 @@ def _in_block(arr: np.ndarray, size: int, lo: int, hi: int) -> tuple[np.ndarray,
 
 
 def getitem_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
-    """``x[idx]`` with the dim of the index's only integer array (or 1-D mask) sharded
-    (:func:`placements.index_meta.masked_index_dim`): this block's entries picked, the
+    """``x[idx]`` with dims of its advanced entries sharded
+    (:func:`placements.index_meta.masked_index_dims`): the advanced entries become one
+    integer array per indexed dim (a mask its nonzero positions), broadcast together; the
+    result entries whose positions land in this block on every sharded dim are picked, the
     others zero, so that the ``P(sum)`` over the shards is the result."""
     kernel = OPS[schema.op].kernel
     shape = schema.args[0].shape
@@ -347,23 +350,30 @@ def getitem_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
     if not any(p.is_shard() for p in pl):
         return kernel
     _, _, plan = index_plan(shape, schema.get("idx"))
-    d = masked_index_dim(plan)
-    if d is None or not any(p.is_shard(d) for p in pl):
+    sharded = {d for d in masked_index_dims(plan) if any(p.is_shard(d) for p in pl)}
+    if not sharded:
         return kernel
     coord = _coord(strategy)
-    lo = local_offsets(shape, schema.mesh_shape, pl, coord)[d]
-    n = local_shape(shape, schema.mesh_shape, pl, coord)[d]
+    offs = local_offsets(shape, schema.mesh_shape, pl, coord)
+    lens = local_shape(shape, schema.mesh_shape, pl, coord)
     out_shape = _local_out_shape(strategy)
-    if n == 0:
+    if any(lens[d] == 0 for d in sharded):
         return lambda input, idx: _filled(input, out_shape, 0, input.dtype)
     key: list = []
-    for kind, v, _, o in plan:
+    inside: np.ndarray = np.ones((), bool)
+    shapes = []
+    for kind, v, d, o in plan:
         if kind in ("none", "slice"):
             key.append(v)
             continue
-        inside, pos = _in_block(np.nonzero(v)[0] if kind == "mask" else v, shape[d], lo, lo + n)
-        key.append(pos)
         at = o
+        for k, arr in enumerate(np.nonzero(v) if kind == "mask" else (np.asarray(v),)):
+            shapes.append(arr.shape)
+            if d + k in sharded:
+                ins, arr = _in_block(arr, shape[d + k], offs[d + k], offs[d + k] + lens[d + k])
+                inside = inside & ins
+            key.append(int(arr) if kind == "int" else arr)
+    inside = np.broadcast_to(inside, np.broadcast_shapes(*shapes))
     mask = inside.reshape((1,) * at + inside.shape + (1,) * (len(out_shape) - at - inside.ndim))
     key = tuple(key)
 

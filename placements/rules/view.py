@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from ..cache import memoize
-from ..index_meta import index_plan, is_advanced_entry, masked_index_dim
+from ..index_meta import index_plan, is_advanced_entry, masked_index_dims
 from ..layout import shard_range
 from ..meta import (
     as_dims,
@@ -263,11 +263,14 @@ def slice_rule(schema: OpSchema) -> RuleResult:
     Advanced indexing (integer or bool tensors, ndarrays, lists, on any dims) reads the
     index, which every rank holds whole (a local value), so each rank indexes its block of
     the dims kept whole with the global indices (:func:`placements.index_meta.index_plan`);
-    a DTensor inside an index is refused by its ``__array__``. A dim indexed by the index's
-    only integer array (or 1-D mask) may also stay sharded: each rank picks the entries in
-    its block and zeros the others, a ``P(sum)`` result
+    a DTensor inside an index is refused by its ``__array__``. A dim indexed by an advanced
+    entry (an integer array, a mask, an int among arrays; one or several, broadcasting
+    together) may also stay sharded, one candidate per such dim
+    (:func:`placements.index_meta.masked_index_dims`): each rank keeps the result entries
+    whose positions land in its block on every sharded indexed dim and zeros the others, a
+    ``P(sum)`` result over the mesh dims that shard indexed dims
     (:func:`dtensor.ops.local_fns.getitem_local`); the all-reduce this defers counts in the
-    candidate's cost, against gathering the indexed dim.
+    candidate's cost (one per such mesh dim), against gathering the indexed dims.
     """
     op, get = schema.op, schema.get
     shape = schema.args[0].shape  # type: ignore[union-attr]
@@ -285,12 +288,13 @@ def slice_rule(schema: OpSchema) -> RuleResult:
         return _map_result(schema, (out,), dim_map)
     out, dim_map, plan = index_plan(shape, key)
     result = _map_result(schema, (out,), dim_map)
-    d = masked_index_dim(plan)
-    if d is None:
+    dims = masked_index_dims(plan)
+    if not dims:
         return result
-    # the indexed dim kept sharded: local indexing with masking, a P(sum) to reduce later
-    masked = Candidate((P("sum"), S(d)), reduces=(math.prod(out),))
-    return replace(result, candidates=result.candidates + (masked,))
+    # an indexed dim kept sharded: local indexing with masking, a P(sum) to reduce later
+    reduces = (math.prod(out),)
+    masked = tuple(Candidate((P("sum"), S(d)), reduces=reduces) for d in dims)
+    return replace(result, candidates=result.candidates + masked)
 
 
 @register_rule(

@@ -334,6 +334,8 @@ _ADVANCED_KEYS = (
     lambda v: (slice(None), [1, 3, 1]),
     lambda v: (dt.from_numpy(v > 0),),
     lambda v: ([0, 1], [2, 3]),
+    lambda v: (np.array([[2], [0]]), np.array([3, 1, 0])),  # broadcast; dims kept sharded
+    lambda v: (np.array([4, 1]), -1),  # an int among the arrays
     lambda v: (Ellipsis, dt.from_numpy(np.array([2, 2, 0]))),
 )
 

@@ -407,3 +407,45 @@ def test_getitem_on_a_sharded_dim_chosen_by_cost():
     if WORLD.size > 1:
         assert mode.get_total_counts() > 0
     _check(y, small[many])
+
+
+def _multi_keys():
+    rows, cols = np.array([[299], [0], [150]]), np.array([5, 0, -1, 2])
+    return [
+        (rows, cols),  # broadcast to (3, 4)
+        (np.array([7, 299, 7]), 4),  # an int among the arrays
+        (np.array([3, 200]), np.array([False, True, False, False, True, False])),
+        (Ellipsis, np.array([1, 298]), np.array([[2], [5]])),
+    ]
+
+
+@pytest.mark.mpi(min_size=1)
+def test_getitem_with_several_index_arrays_on_sharded_dims():
+    """x[rows, cols] (arrays, a mask, an int among them) with the indexed dims sharded on a
+    1-D mesh and a 2x2 one (6 columns over 4 ranks: an empty shard): few entries of a tall
+    tensor are picked and masked on each rank (no all_gather, a P(sum) result); many
+    entries of a small tensor gather the indexed dims instead."""
+    tall = np.random.default_rng(13).standard_normal((300, 6)).astype(np.float32)
+    layouts = [(_mesh(), [S(0)]), (_mesh(), [S(1)])]
+    if WORLD.size == 4:
+        mesh2 = dt.init_device_mesh((2, 2))
+        layouts += [(mesh2, [S(0), S(1)]), (mesh2, [S(1), S(0)]), (mesh2, [S(0), S(0)])]
+    for mesh, pl in layouts:
+        x = dt.distribute_tensor(tall, mesh, pl)
+        for key in _multi_keys():
+            with dt.debug.CommDebugMode() as mode:
+                y = x[key]
+            assert mode.get_total_counts() == 0, (pl, key)
+            if WORLD.size > 1:
+                assert P("sum") in y.placements, (pl, key)
+            _check(y, tall[key])
+    small = tall[:4, :4].copy()
+    x = dt.distribute_tensor(small, _mesh(), [S(1)])
+    rng = np.random.default_rng(14)
+    key = (rng.integers(0, 4, (64, 1)), rng.integers(0, 4, (1, 32)))
+    with dt.debug.CommDebugMode() as mode:
+        y = x[key]
+    assert y.placements != (P("sum"),)
+    if WORLD.size > 1:
+        assert mode.get_comm_counts().get("all_gather", 0) > 0
+    _check(y, small[key])

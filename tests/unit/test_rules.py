@@ -135,6 +135,25 @@ def test_view_shapes():
         rule("view", t((2, 4)), shape=(3, 5))
 
 
+def test_getitem_masks_every_dim_of_its_advanced_entries():
+    # one candidate per dim of the advanced entries (arrays, a mask's dims, an int among
+    # arrays), each deferring an all-reduce of the whole result; none for basic indexing
+    def masked(idx, shape=(5, 7, 3)):
+        res = rule("getitem", t(shape), idx=idx)
+        return {c.placements[1]: c.reduces for c in res.candidates
+                if c.placements[0] == P("sum") and c.placements[1].is_shard()}
+
+    rows, cols = np.array([[4], [0]]), np.array([6, 1, 1])
+    assert masked((rows, cols)) == {S(0): (6 * 3,), S(1): (6 * 3,)}
+    assert masked((1, slice(None), np.array([2, 0]))) == {S(0): (2 * 7,), S(2): (2 * 7,)}
+    assert masked((slice(None), np.ones((7, 3), bool))) == {S(1): (5 * 21,), S(2): (5 * 21,)}
+    assert masked((1, slice(None), 2)) == {}
+    st_ = choose("getitem", t((64, 8), placements=(S(0), S(1))), mesh=(2, 2),
+                 idx=(np.array([3, 60]), np.array([7, 0])))
+    assert st_.input_placements[0] == (S(0), S(1))  # nothing moved; two deferred reduces
+    assert st_.output_specs[0].placements == (P("sum"), P("sum")) and st_.cost == 2 * (2 + 1)
+
+
 # -- candidates ----------------------------------------------------------------------------------
 def test_pointwise_partial_candidates():
     add = cands(rule("add", t((4, 6)), t((4, 6))))

@@ -11,7 +11,7 @@ run one compiled loop (``fastpath._kernels.reduce_lastdim``); numpy serves every
 Its sums add in float32 lanes with float64 block totals, an order that is not numpy's
 pairwise one, so sum and mean run it wherever the extension is built, in both dispatch
 modes (which then give identical bytes); without the extension numpy sums them, equal to
-the compiled sums within float32 rounding (about 20 u sum(|x|)), not to the bit. amax
+the compiled sums within float32 rounding (about 21 u sum(|x|)), not to the bit. amax
 (numpy's result exactly) runs it only with the fast path enabled.
 """
 

@@ -32,8 +32,20 @@ def install(dtensor_cls, dtypes_ns, lookup, dispatch, run_entry, wrap_outputs, r
     _wrap_outputs, _raw_form, _MISSING = wrap_outputs, raw_form, missing
 
 
+cdef tuple _NO_ARGS = ()
+
+
+cdef inline object _alloc(type base, object cls):
+    """``base.__new__(cls)`` through ``base``'s C slot: the object ``tp_new_wrapper`` would
+    make, without looking ``__new__`` up and calling it as a Python method (about 800
+    instructions per object). ``cls`` is a subclass of ``base`` (install checks it)."""
+    if cls is None:
+        raise TypeError("fastpath._dispatch: dtensor's classes are not installed")
+    return (<PyTypeObject*>base).tp_new(<type>cls, <PyObject*>_NO_ARGS, NULL)
+
+
 cdef inline object _new_tensor(object arr, object storage):
-    cdef TensorBase t = TensorBase.__new__(_Tensor)
+    cdef TensorBase t = <TensorBase>_alloc(TensorBase, _Tensor)
     t._arr = arr
     t._storage = storage
     t._std = None
@@ -41,7 +53,7 @@ cdef inline object _new_tensor(object arr, object storage):
 
 
 cdef inline object _new_dtensor(object local, object spec):
-    cdef DTensorBase d = DTensorBase.__new__(_DTensor)
+    cdef DTensorBase d = <DTensorBase>_alloc(DTensorBase, _DTensor)
     d._loc = local
     d._spec = spec
     return d
@@ -49,7 +61,7 @@ cdef inline object _new_dtensor(object local, object spec):
 
 cdef inline object _new_dtensor_arr(object arr, object spec):
     """A DTensor whose local Tensor (over ``arr``, Storage derived on use) is made lazily."""
-    cdef DTensorBase d = DTensorBase.__new__(_DTensor)
+    cdef DTensorBase d = <DTensorBase>_alloc(DTensorBase, _DTensor)
     d._larr = arr
     d._spec = spec
     return d

@@ -80,6 +80,21 @@ def _raw_compute_py(FrontEntry fe, int raw, object a):
     return _raw_compute(fe, raw, a)
 
 
+cdef Py_ssize_t COPY_NOGIL_MIN = 1 << 20   # bytes from which a copy releases the GIL
+
+
+cdef void _copy_bytes(cnp.ndarray out, cnp.ndarray a) noexcept:
+    """Copy the C-contiguous array ``a`` into ``out``, C-contiguous, of its size and dtype."""
+    cdef void* dst = cnp.PyArray_DATA(out)
+    cdef const void* src = cnp.PyArray_DATA(a)
+    cdef Py_ssize_t n = cnp.PyArray_NBYTES(a)
+    if n >= COPY_NOGIL_MIN:
+        with nogil:
+            memcpy(dst, src, n)
+    else:
+        memcpy(dst, src, n)
+
+
 cdef object _run(FrontEntry fe, list values):
     """Run a front entry on bound values (DTensors are replaced by local tensors)."""
     cdef int raw = fe.raw
@@ -118,6 +133,11 @@ cdef object _run(FrontEntry fe, list values):
                 out = copy_c_order(arr, out)
             elif out is None:
                 out = cnp.PyArray_NewCopy(<cnp.ndarray>arr, cnp.NPY_CORDER)
+            elif (cnp.PyArray_NBYTES(<cnp.ndarray>out) == cnp.PyArray_NBYTES(<cnp.ndarray>arr)
+                    and cnp.PyArray_TYPE(<cnp.ndarray>out) == cnp.PyArray_TYPE(<cnp.ndarray>arr)):
+                # both C-contiguous, of one shape and dtype (the entry's pooled output): the
+                # bytes as they are, without numpy's assignment machinery
+                _copy_bytes(<cnp.ndarray>out, <cnp.ndarray>arr)
             else:
                 cnp.PyArray_CopyInto(<cnp.ndarray>out, <cnp.ndarray>arr)
             return _new_dtensor_arr(out, fe.out_spec0)
@@ -137,7 +157,12 @@ cdef object _run(FrontEntry fe, list values):
             return _new_dtensor(nt, fe.out_spec0)
     elif raw == RAW_T:
         t = <TensorBase?>_get_local(<DTensorBase>values[0])
-        return _new_dtensor(_new_tensor(t._arr.T, t._storage), fe.out_spec0)
+        arr = t._arr
+        if type(arr) is cnp.ndarray:  # numpy's C transpose (no attribute lookup)
+            arr = cnp.PyArray_Transpose(<cnp.ndarray>arr, NULL)
+        else:
+            arr = arr.T
+        return _new_dtensor(_new_tensor(arr, t._storage), fe.out_spec0)
     elif raw == RAW_GETITEM:
         # Tensor.__getitem__'s result for a basic index: numpy's view, when not empty
         t = <TensorBase?>_get_local(<DTensorBase>values[0])

@@ -15,8 +15,9 @@ the kernel answers None and the caller runs its twin, so callers never need to c
 Loops over large arrays release the GIL.
 
 float32 runs the vectorised C loops of ``_kernels_simd.pxi`` (exp, erf and tanh written as
-polynomials, accurate to 1-2 ulp; ``sum`` and ``mean`` equal numpy's to the bit); float64
-runs scalar loops on libm.
+polynomials, accurate to 1-2 ulp; ``sum`` and ``mean`` in 16 float32 lanes with float64
+block totals: about as accurate as numpy's pairwise sum, not its bits); float64 runs
+scalar loops on libm.
 
 It also holds the compiled twins of the elementwise kernels' short-path condition
 (:func:`fast_path`, and :func:`short_binary`, which applies it to two arrays and runs the
@@ -24,7 +25,11 @@ ufunc; their references are in ``dtensor.local.kernels.pointwise``).
 
 dtensor's local math uses these kernels when the compiled extension is enabled; with
 ``DTENSOR_FASTPATH=0`` (or without the extension) it runs the array-module twins, so both
-forms are exercised by the test suite. Every function here is **Local**.
+forms are exercised by the test suite. The row sums and means are the exception: their
+summation order is not numpy's, so dtensor runs them wherever the extension is built (in
+both dispatch modes, which then give identical bytes); only an install without the
+extension sums with numpy (equal within float32 rounding). Every function here is
+**Local**.
 """
 
 cimport cython
@@ -341,16 +346,52 @@ cdef inline bint _can_take(object y, cnp.ndarray a, Py_ssize_t size):
             and cnp.PyArray_ISWRITEABLE(<cnp.ndarray>y))
 
 
+cdef enum:
+    OVER_NONE = 0    # a dim the loop does not serve (the caller's numpy path decides)
+    OVER_LAST = 1
+    OVER_ALL = 2
+
+
+cdef int _over(object dim, int nd) except -1:
+    """Which axes of an ``nd``-dim array (nd >= 1) the reduction ``dim`` names: the last
+    (an int, or a tuple or list of one), every axis (None, empty, or a tuple or list naming
+    each once), or neither (also for anything invalid: bools, other types, out of range,
+    repeated), as PyTorch reads ``dim``."""
+    cdef int d, count = 0, last = 0
+    cdef unsigned long long seen = 0
+    if dim is None:
+        return OVER_ALL
+    if type(dim) is int:
+        return OVER_LAST if dim == -1 or dim == nd - 1 else OVER_NONE
+    if (type(dim) is not tuple and type(dim) is not list) or nd > 64:
+        return OVER_NONE
+    if not dim:
+        return OVER_ALL
+    for v in dim:
+        if type(v) is not int or not -nd <= v < nd:
+            return OVER_NONE
+        d = v + nd if v < 0 else v
+        if seen >> d & 1:
+            return OVER_NONE
+        seen |= 1ULL << d
+        count += 1
+        last = d
+    if count == nd:
+        return OVER_ALL
+    return OVER_LAST if count == 1 and last == nd - 1 else OVER_NONE
+
+
 def reduce_lastdim(str op, a, dim, bint keepdim, dtype, alloc=None):
     """``op`` (``"sum"``, ``"mean"`` or ``"amax"``) of the float32 array ``a`` over its last
-    axis (``dim`` is the int ``-1`` or ``a.ndim - 1``) or over every axis (``dim`` None or
-    ``()``), as a new array from ``alloc(shape, dtype, a)`` (as for
+    axis (``dim`` an int, or a tuple or list of one, naming it) or over every axis (``dim``
+    None, ``()``, or a tuple or list of ints naming each axis once), as a new array from ``alloc(shape, dtype, a)`` (as for
     :func:`softmax_lastdim`); None when not served: ``a`` must be a non-empty C-contiguous
     float32 array of at least one dim, and ``dtype`` None or float32 itself. **Local**.
 
-    A sum is numpy's pairwise sum (``np.add.reduce``) to the bit and a mean that sum
-    divided by the count in float32, as ``np.mean`` computes them; a maximum is NaN where a
-    NaN is reduced.
+    A sum runs the lanes summation of ``_kernels_simd.pxi`` (float32 lanes, float64 block
+    totals, rounded once: within float32 rounding of numpy's pairwise ``np.add.reduce``,
+    not bit for bit) and a mean is that sum divided by the count in float32, as
+    ``np.mean`` divides its sum; a maximum is NaN where a NaN is reduced.
     """
     if not _plain32(a):
         return None
@@ -363,10 +404,11 @@ def reduce_lastdim(str op, a, dim, bint keepdim, dtype, alloc=None):
         return None
     cdef Py_ssize_t n
     cdef tuple shape
-    if dim is None or (type(dim) is tuple and not dim):
+    cdef int over = _over(dim, nd)
+    if over == OVER_ALL:
         n = size
         shape = (1,) * nd if keepdim else ()
-    elif type(dim) is int and (dim == -1 or dim == nd - 1):
+    elif over == OVER_LAST:
         n = cnp.PyArray_DIMS(x)[nd - 1]
         shape = a.shape[:nd - 1] + (1,) if keepdim else a.shape[:nd - 1]
     else:
@@ -384,8 +426,8 @@ cdef class LastDimReduce:
     """``ufunc.reduce``'s call ``(a, axes, dtype, out, keepdims)`` for one reduction
     (``"sum"`` or ``"amax"``): over the last axis or every axis of a non-empty C-contiguous
     float32 array (``dtype`` None or float32) it runs the compiled loop of
-    :func:`reduce_lastdim` (numpy's results: the pairwise sum to the bit, NaN-propagating
-    maximum), into ``out`` when ``out`` is a writeable C-contiguous float32 array of the
+    :func:`reduce_lastdim` (its lanes sum, the bytes the local kernels give in both
+    dispatch modes; the NaN-propagating maximum), into ``out`` when ``out`` is a writeable C-contiguous float32 array of the
     result's size; everything else goes to ``fallback`` (``np.add.reduce``,
     ``np.maximum.reduce``) unchanged. **Local**.
     """

@@ -13,13 +13,21 @@
 # loader picks the one the CPU runs; elsewhere the baseline is built. Results may differ in
 # the last ulp between those variants (FMA contraction), except sum and mean (no products).
 #
-# Sums. The results of sum and mean are numpy's, to the bit (its pairwise summation,
-# reproduced in dtk_pw_*), so that they equal the array-module twins and numpy's own
-# add.reduce wherever either computes them. The sums inside softmax and layer_norm, which
-# no other code reproduces, use float32 lanes (DTK_LANES of them) over blocks of DTK_BLOCK
-# elements, added pairwise, with float64 block totals (dtk_sum): each lane adds at most
-# DTK_BLOCK / DTK_LANES = 16 elements, as each of numpy's 8 accumulators adds 16 per block,
-# and the float64 total keeps long rows accurate.
+# Sums. Every float32 sum (sum and mean of rows, and the sums inside softmax and
+# layer_norm) runs one loop, dtk_sum: DTK_SUM_LANES float32 lanes over blocks of
+# DTK_SUM_BLOCK elements (lane j takes elements j, j + DTK_SUM_LANES, ...: independent
+# additions the compiler vectorises), the lanes added pairwise, the block totals and the
+# elements past the last whole group of lanes added in float64, rounded to float32 once.
+# Each lane adds DTK_SUM_BLOCK / DTK_SUM_LANES = 16 elements per block, as each of numpy's
+# 8 pairwise accumulators does, and the float64 total keeps long rows accurate: the error
+# is at most about 21 u sum(|x|) (u = 2^-24) at any length, where numpy's pairwise bound
+# grows as (16 + log2(n / 128)) u sum(|x|). The order is not numpy's, so a sum may differ
+# from numpy's add.reduce in the last bits (and a float32 lane can overflow where numpy's
+# accumulator does not, or the reverse); dtensor therefore runs the sum and mean of float32
+# rows here in both dispatch modes wherever the extension is built. The sum and mean of
+# fewer than DTK_SUM_LANES elements add them as numpy does (dtk_short_sum: numpy's bits);
+# softmax and layer_norm add such short rows in float64 (the log of a sum near 1 needs its
+# low bits).
 
 cdef extern from *:
     """
@@ -43,8 +51,9 @@ cdef extern from *:
     #define DTK_INLINE static inline
     #endif
 
-    #define DTK_LANES 32     /* float32 partial sums of one block */
-    #define DTK_BLOCK 512    /* elements per block of a sum */
+    #define DTK_LANES 32       /* lanes of a maximum */
+    #define DTK_SUM_LANES 16   /* float32 partial sums of one block of a sum */
+    #define DTK_SUM_BLOCK 256  /* elements per block of a sum */
     #define DTK_GROUP 4096   /* elements of the short rows a softmax processes together */
     #define DTK_SHORT 64     /* rows shorter than this are short */
 
@@ -214,14 +223,28 @@ cdef extern from *:
         }
     }
 
-    /* The sum of the DTK_LANES partial sums of a block, pairwise. */
+    /* The sum of the DTK_SUM_LANES partial sums of a block, pairwise. */
     DTK_INLINE float dtk_lanes_sum(const float* acc) {
-        float a16[16], a8[8], a4[4];
+        float a8[8], a4[4];
         int j;
-        for (j = 0; j < 16; j++) a16[j] = acc[j] + acc[j + 16];
-        for (j = 0; j < 8; j++) a8[j] = a16[j] + a16[j + 8];
+        for (j = 0; j < 8; j++) a8[j] = acc[j] + acc[j + 8];
         for (j = 0; j < 4; j++) a4[j] = a8[j] + a8[j + 4];
         return (a4[0] + a4[2]) + (a4[1] + a4[3]);
+    }
+
+    /* The sum of n < DTK_SUM_LANES floats as numpy's pairwise sum adds them (a leaf of its
+       recursion, added to 0): below 8 one by one; from 8 on, the first 8 combined as
+       ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)), then the rest one by one. */
+    DTK_INLINE float dtk_short_sum(const float* a, Py_ssize_t n) {
+        float res = 0.0f;
+        Py_ssize_t i;
+        if (n < 8) {
+            for (i = 0; i < n; i++) res += a[i];
+            return res;
+        }
+        res = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+        for (i = 8; i < n; i++) res += a[i];
+        return 0.0f + res;                      /* numpy's 0 + sum: -0.0 sums to +0.0 */
     }
 
     /* The sum of n floats (see the summation note above). */
@@ -229,11 +252,11 @@ cdef extern from *:
         double total = 0.0;
         Py_ssize_t i;
         int j;
-        while (n >= DTK_LANES) {
-            Py_ssize_t len = n < DTK_BLOCK ? n - n % DTK_LANES : DTK_BLOCK;
-            float acc[DTK_LANES] = {0.0f};
-            for (i = 0; i < len; i += DTK_LANES)
-                for (j = 0; j < DTK_LANES; j++) acc[j] += p[i + j];
+        while (n >= DTK_SUM_LANES) {
+            Py_ssize_t len = n < DTK_SUM_BLOCK ? n - n % DTK_SUM_LANES : DTK_SUM_BLOCK;
+            float acc[DTK_SUM_LANES] = {0.0f};
+            for (i = 0; i < len; i += DTK_SUM_LANES)
+                for (j = 0; j < DTK_SUM_LANES; j++) acc[j] += p[i + j];
             total += dtk_lanes_sum(acc);
             p += len;
             n -= len;
@@ -247,11 +270,11 @@ cdef extern from *:
         double total = 0.0;
         Py_ssize_t i;
         int j;
-        while (n >= DTK_LANES) {
-            Py_ssize_t len = n < DTK_BLOCK ? n - n % DTK_LANES : DTK_BLOCK;
-            float acc[DTK_LANES] = {0.0f};
-            for (i = 0; i < len; i += DTK_LANES)
-                for (j = 0; j < DTK_LANES; j++) {
+        while (n >= DTK_SUM_LANES) {
+            Py_ssize_t len = n < DTK_SUM_BLOCK ? n - n % DTK_SUM_LANES : DTK_SUM_BLOCK;
+            float acc[DTK_SUM_LANES] = {0.0f};
+            for (i = 0; i < len; i += DTK_SUM_LANES)
+                for (j = 0; j < DTK_SUM_LANES; j++) {
                     float d = p[i + j] - m;
                     acc[j] += d * d;
                 }
@@ -309,139 +332,17 @@ cdef extern from *:
         return nan ? NAN : m;
     }
 
-    /* numpy's pairwise summation, reproduced to the bit (its float32 add.reduce over a
-       contiguous axis: 0 + pairwise(x)): a block of at most DTK_PW_BLOCK elements is
-       summed by 8 accumulators (lane j takes elements j, j + 8, ...), combined as
-       ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7)), then the rest of the block one by
-       one; a longer run is split at n/2 rounded down to a multiple of 8 and the two halves'
-       sums are added. The recursion depends on n only, so a plan of it (its leaf blocks
-       and the order in which their sums combine) is made once per row length; the leaf
-       blocks are then summed without calls, four at a time where four equal blocks
-       follow each other (independent additions the CPU overlaps). */
-    #define DTK_PW_BLOCK 128
-    #define DTK_PW_CHUNK 4096                   /* longest run one plan covers */
-    #define DTK_PW_LEAVES (DTK_PW_CHUNK / 64)   /* leaves of a plan (each >= 64 long) */
-
-    typedef struct {
-        int k;                                  /* leaf blocks */
-        int nops;                               /* steps of the combination */
-        Py_ssize_t offs[DTK_PW_LEAVES + 1];     /* leaf i is [offs[i], offs[i + 1]) */
-        int ops[2 * DTK_PW_LEAVES];             /* >= 0: push leaf sum; -1: add top two */
-    } dtk_pw_plan;
-
-    static void dtk_pw_plan_add(dtk_pw_plan* pl, Py_ssize_t off, Py_ssize_t n) {
-        if (n <= DTK_PW_BLOCK) {
-            pl->ops[pl->nops++] = pl->k;
-            pl->offs[pl->k++] = off;
-            return;
-        }
-        Py_ssize_t n2 = n / 2;
-        n2 -= n2 % 8;
-        dtk_pw_plan_add(pl, off, n2);
-        dtk_pw_plan_add(pl, off + n2, n - n2);
-        pl->ops[pl->nops++] = -1;
-    }
-
-    static void dtk_pw_plan_make(dtk_pw_plan* pl, Py_ssize_t n) {     /* n <= DTK_PW_CHUNK */
-        pl->k = pl->nops = 0;
-        dtk_pw_plan_add(pl, 0, n);
-        pl->offs[pl->k] = n;
-    }
-
-    DTK_INLINE float dtk_pw_block(const float* a, Py_ssize_t n) {      /* n <= DTK_PW_BLOCK */
-        float r[8], res = 0.0f;
-        Py_ssize_t i;
-        int j;
-        if (n < 8) {
-            for (i = 0; i < n; i++) res += a[i];
-            return res;
-        }
-        for (j = 0; j < 8; j++) r[j] = a[j];
-        for (i = 8; i < n - n % 8; i += 8)
-            for (j = 0; j < 8; j++) r[j] += a[i + j];
-        res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
-        for (; i < n; i++) res += a[i];
-        return res;
-    }
-
-    #if defined(__GNUC__)
-    typedef float dtk_v8 __attribute__((vector_size(32)));
-    #define DTK_HSUM8(r) (((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7])))
-    #endif
-
-    /* The pairwise sum of a[0:n] along the plan made for n. */
-    DTK_INLINE float dtk_pw_eval(const float* a, const dtk_pw_plan* pl) {
-        float sums[DTK_PW_LEAVES], stack[DTK_PW_LEAVES];
-        const Py_ssize_t* offs = pl->offs;
-        int i = 0, o, sp = 0;
-        while (i < pl->k) {
-            Py_ssize_t len = offs[i + 1] - offs[i];
-    #if defined(__GNUC__)
-            if (i + 4 <= pl->k && len % 8 == 0 && offs[i + 2] - offs[i + 1] == len
-                    && offs[i + 3] - offs[i + 2] == len && offs[i + 4] - offs[i + 3] == len) {
-                const float* p = a + offs[i];
-                dtk_v8 r0, r1, r2, r3, v;
-                Py_ssize_t q;
-                memcpy(&r0, p, sizeof v);
-                memcpy(&r1, p + len, sizeof v);
-                memcpy(&r2, p + 2 * len, sizeof v);
-                memcpy(&r3, p + 3 * len, sizeof v);
-                for (q = 8; q < len; q += 8) {
-                    memcpy(&v, p + q, sizeof v);
-                    r0 += v;
-                    memcpy(&v, p + len + q, sizeof v);
-                    r1 += v;
-                    memcpy(&v, p + 2 * len + q, sizeof v);
-                    r2 += v;
-                    memcpy(&v, p + 3 * len + q, sizeof v);
-                    r3 += v;
-                }
-                sums[i] = DTK_HSUM8(r0);
-                sums[i + 1] = DTK_HSUM8(r1);
-                sums[i + 2] = DTK_HSUM8(r2);
-                sums[i + 3] = DTK_HSUM8(r3);
-                i += 4;
-                continue;
-            }
-    #endif
-            sums[i] = dtk_pw_block(a + offs[i], len);
-            i++;
-        }
-        for (o = 0; o < pl->nops; o++) {
-            if (pl->ops[o] >= 0) {
-                stack[sp++] = sums[pl->ops[o]];
-            } else {
-                sp--;
-                stack[sp - 1] = stack[sp - 1] + stack[sp];
-            }
-        }
-        return stack[0];
-    }
-
-    DTK_CLONES_NARROW static float dtk_pw_sum(const float* a, Py_ssize_t n) {
-        if (n <= DTK_PW_CHUNK) {
-            dtk_pw_plan pl;
-            dtk_pw_plan_make(&pl, n);
-            return dtk_pw_eval(a, &pl);
-        }
-        Py_ssize_t n2 = n / 2;
-        n2 -= n2 % 8;
-        return dtk_pw_sum(a, n2) + dtk_pw_sum(a + n2, n - n2);
-    }
-
-    /* sum (numpy's, to the bit), mean (that sum / n in float32, as numpy's mean) or max of
-       `rows` contiguous rows of n >= 1. */
+    /* sum (dtk_sum rounded to float32; dtk_short_sum below DTK_SUM_LANES), mean (that sum
+       / n in float32) or max of `rows` contiguous rows of n >= 1. */
     DTK_CLONES_NARROW static void dtk_reduce_f32(int kind, const float* x, float* y,
                                                  Py_ssize_t rows, Py_ssize_t n) {
         Py_ssize_t r;
-        dtk_pw_plan pl;
         if (kind == DTK_MAX) {
             for (r = 0; r < rows; r++, x += n) y[r] = dtk_max(x, n);
             return;
         }
-        if (n <= DTK_PW_CHUNK) dtk_pw_plan_make(&pl, n);
         for (r = 0; r < rows; r++, x += n) {
-            float s = 0.0f + (n <= DTK_PW_CHUNK ? dtk_pw_eval(x, &pl) : dtk_pw_sum(x, n));
+            float s = n < DTK_SUM_LANES ? dtk_short_sum(x, n) : (float)dtk_sum(x, n);
             y[r] = kind == DTK_SUM ? s : s / (float)n;
         }
     }

@@ -192,7 +192,7 @@ _INT64_MAX = (1 << 63) - 1
 
 #: The raw reduce forms' functions, called as ``ufunc.reduce`` is: with the compiled
 #: kernels, sum and amax over the last or every axis of a contiguous float32 array run the
-#: compiled loop that the local kernels run (numpy's results, to the bit).
+#: compiled loop that the local kernels run (the same bytes in both dispatch modes).
 _REDUCE = {"sum": np.add.reduce, "amax": np.maximum.reduce, "amin": np.minimum.reduce}
 if _fp.ENABLED:
     _REDUCE.update(
@@ -237,9 +237,9 @@ def _raw_sum(
     entry: CacheEntry, values: list, spec: DTensorSpec, scale: float | None = None
 ) -> RawForm | None:
     """``sum`` of a float32/float64 host array as ``_math.sum`` computes it:
-    ``np.add.reduce`` (or its compiled twin, :data:`_REDUCE`) over the normalised dims, in the input dtype (into a pooled output
-    from the pooling size on); for ``mean``, that sum times the kernel's ``scale`` (1 / the
-    global count) in the dtype."""
+    ``np.add.reduce`` (or the compiled loop, :data:`_REDUCE`) over the normalised dims, in
+    the input dtype (into a pooled output from the pooling size on); for ``mean``, that sum
+    times the kernel's ``scale`` (1 / the global count) in the dtype."""
     _, dim, keepdim, dtype = values
     dt = spec.dtype
     if dtype is not None or spec.mesh.device_type != "cpu":

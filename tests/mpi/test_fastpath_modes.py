@@ -33,10 +33,12 @@ def _programs(mesh, placements, rng):
     a = rng.standard_normal((7, 5)).astype(np.float32)  # uneven over 2, 3 and 4 ranks
     b = rng.standard_normal((7, 5)).astype(np.float32)
     w = rng.standard_normal((5, 3)).astype(np.float32)
+    c = rng.standard_normal((6, 40)).astype(np.float32)  # rows long enough for the sum lanes
     x = dt.distribute_tensor(a, mesh, placements)
     y = dt.distribute_tensor(b, mesh, placements)
     wr = dt.distribute_tensor(w, mesh, [R] * mesh.ndim)
     ws = dt.distribute_tensor(w, mesh, [S(0)] + [R] * (mesh.ndim - 1))
+    xc = dt.distribute_tensor(c, mesh, placements)
     return {
         "add": lambda: x + y,
         "mul_scalar": lambda: x * 1.5,
@@ -48,6 +50,9 @@ def _programs(mesh, placements, rng):
         "mean": lambda: x.mean(),
         "mean_dim0": lambda: x.mean(dim=0, keepdim=True),
         "mean_dim1": lambda: x.mean(dim=1),
+        "sum_rows": lambda: xc.sum(dim=(1,)),  # dims as a tuple or list: the same loop
+        "mean_rows": lambda: xc.mean(dim=[-1]),
+        "sum_all": lambda: xc.sum(dim=(0, 1)),
         "mm_R": lambda: x @ wr,
         "mm_S0": lambda: x @ ws,  # redistributes (or yields a Partial) depending on x
         "partial_plus_scalar": lambda: (x @ ws) + 1.0,

@@ -16,6 +16,7 @@ import dtensor as dt
 import fastpath
 from dtensor.local.kernels import nn as _math_nn
 from dtensor.local.kernels import pointwise as _math_pointwise
+from dtensor.local.kernels import reduce as _math_reduce
 from dtensor.ops import OPS
 
 K = fastpath.kernels
@@ -318,21 +319,66 @@ REDUCE_SHAPES = [(1,), (7,), (3, 5), (4, 1), (2, 3, 40), (3, 127), (3, 129), (2,
                  (1, 4096), (2, 4097), (1, 70_003), (64, 64)]
 
 
+U32 = 2.0 ** -24  # float32 unit roundoff
+
+
+def assert_sum_close(got, a, axis, count=None):
+    """``got`` (a float32 sum over ``axis``, or that sum / ``count`` in float32) within the
+    lanes summation's bound of the exact float64 sum: 21 u sum(|x|) (the lanes and the tree),
+    plus one rounding of the result (and one of the division)."""
+    exact = a.astype(F64).sum(axis=axis)
+    bound = 21 * U32 * np.abs(a.astype(F64)).sum(axis=axis) + 2 * U32 * np.abs(exact)
+    if count is not None:
+        exact, bound = exact / count, bound / count + U32 * np.abs(exact / count)
+    err = np.abs(np.asarray(got, F64).reshape(np.shape(exact)) - exact)
+    assert (err <= bound).all(), float(np.max(err - bound))
+
+
+@pytest.mark.mode_independent
 @pytest.mark.parametrize("shape", REDUCE_SHAPES)
-def test_sum_and_mean_equal_numpy_to_the_bit(shape):
-    """The compiled sums reproduce numpy's pairwise summation exactly (so the twins, and
-    the dispatcher's raw forms that call numpy, give the same bytes)."""
+def test_sum_and_mean_match_numpy_within_rounding(shape):
+    """The compiled sums (float32 lanes, float64 block totals) against the exact sum and
+    numpy's pairwise one: within float32 rounding, not to the bit (below 16 elements, to the
+    bit); every way of naming the last (or every) axis gives the same bytes."""
     rng = np.random.default_rng(sum(shape))
     a = (rng.standard_normal(shape) * 10.0 ** rng.uniform(-3, 3, shape)).astype(F32)
+    last = [-1, a.ndim - 1, (-1,), [a.ndim - 1]]
+    every = [None, (), tuple(range(a.ndim)), list(range(a.ndim))[::-1]]
     for keepdim in (False, True):
-        for dim in (-1, a.ndim - 1, None, ()):
-            axis = -1 if dim in (-1, a.ndim - 1) else None
-            got = K.reduce_lastdim("sum", a, dim, keepdim, None, alloc_none)
+        for dims, axis in ((last, -1), (every, None)):
+            sums = [K.reduce_lastdim("sum", a, d, keepdim, None, alloc_none) for d in dims]
+            means = [K.reduce_lastdim("mean", a, d, keepdim, F32, alloc_none) for d in dims]
             want = np.asarray(np.sum(a, axis=axis, keepdims=keepdim))
-            assert got.shape == want.shape and got.tobytes() == want.tobytes(), (dim, keepdim)
-            got = K.reduce_lastdim("mean", a, dim, keepdim, F32, alloc_none)
-            want = np.asarray(np.mean(a, axis=axis, keepdims=keepdim))
-            assert got.shape == want.shape and got.tobytes() == want.tobytes(), (dim, keepdim)
+            for got in sums + means:
+                assert got.dtype == F32 and got.shape == want.shape
+            assert len({g.tobytes() for g in sums}) == 1 and len({g.tobytes() for g in means}) == 1
+            assert_sum_close(sums[0], a, axis)
+            count = a.size if axis is None else a.shape[-1]
+            assert_sum_close(means[0], a, axis, count)
+            # numpy's pairwise sum obeys a similar bound: the two agree within twice it
+            np.testing.assert_allclose(sums[0], want, rtol=0,
+                                       atol=float(np.max(50 * U32 * np.abs(a).sum(axis=axis))))
+            np.testing.assert_array_equal(means[0], sums[0] / np.float32(count))
+            if count < 16:  # fewer than the 16 lanes: numpy's order, to the bit
+                assert sums[0].tobytes() == want.tobytes()
+
+
+@pytest.mark.mode_independent
+def test_sums_of_large_and_cancelling_values():
+    """Large magnitudes (overflow to inf where the float32 sum does), cancellation and
+    subnormals: the bound holds, infinities appear where every order gives them."""
+    rng = np.random.default_rng(1)
+    big = (rng.standard_normal((4, 1000)) * 1e36).astype(F32)  # sum(|x|) ~ 8e38: no overflow
+    assert_sum_close(K.reduce_lastdim("sum", big, -1, False, None, alloc_none), big, -1)
+    over = np.full((2, 40), 3e38, F32)
+    over[1] *= -1
+    np.testing.assert_array_equal(K.reduce_lastdim("sum", over, -1, False, None, alloc_none),
+                                  [np.inf, -np.inf])
+    cancel = np.concatenate([rng.standard_normal(500), -rng.standard_normal(500)]).astype(F32)
+    cancel = np.stack([cancel, cancel[::-1] * 1e20])
+    assert_sum_close(K.reduce_lastdim("sum", cancel, -1, False, None, alloc_none), cancel, -1)
+    tiny = np.full((1, 300), 1e-45, F32)  # subnormals add exactly
+    assert K.reduce_lastdim("sum", tiny, -1, False, None, alloc_none)[0] == tiny[0, 0] * 300
 
 
 def test_reductions_of_special_values():
@@ -349,6 +395,16 @@ def test_reductions_of_special_values():
     long[0, 77], long[1, 5], long[2, :] = np.nan, np.inf, -np.inf
     np.testing.assert_array_equal(K.reduce_lastdim("amax", long, 1, False, None, alloc_none),
                                   [np.nan, np.inf, -np.inf])
+    # rows long enough for the lanes: the results no summation order changes
+    rows = np.ones((6, 300), F32)
+    rows[0, 77], rows[1, 299], rows[2, 5], rows[3, :] = np.nan, np.inf, -np.inf, -0.0
+    rows[4, 3], rows[4, 250] = np.inf, -np.inf
+    rows[5, 1::2] = -1.0
+    with np.errstate(all="ignore"):
+        want = np.sum(rows, axis=-1)
+    got = K.reduce_lastdim("sum", rows, -1, False, None, alloc_none)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))  # -0.0 rows sum to +0.0
 
 
 @pytest.mark.parametrize("shape", REDUCE_SHAPES)
@@ -371,7 +427,7 @@ def test_reduce_lastdim_writes_into_what_alloc_gives():
 
     assert K.reduce_lastdim("sum", a, -1, False, None, alloc) is out
     assert seen == [((4,), F32, a)]
-    np.testing.assert_array_equal(out, a.sum(-1))
+    assert out.tobytes() == K.reduce_lastdim("sum", a, -1, False, None, alloc_none).tobytes()
 
 
 @pytest.mark.parametrize(
@@ -385,13 +441,16 @@ def test_reduce_lastdim_writes_into_what_alloc_gives():
         (np.zeros((3, 0), F32), None, None, alloc_none),
         (np.float32(1.0).reshape(()), None, None, alloc_none),  # 0-d
         (sample((3, 4), F32), 0, None, alloc_none),  # not the last dim
-        (sample((3, 4), F32), [1], None, alloc_none),  # a list of dims
+        (sample((3, 4), F32), [0], None, alloc_none),  # a list naming another dim
+        (sample((3, 4), F32), (1, 1), None, alloc_none),  # a repeated dim: numpy raises
+        (sample((3, 4), F32), (2,), None, alloc_none),  # out of range
+        (sample((3, 4), F32), (1.0,), None, alloc_none),  # not an int
         (sample((3, 4), F32), True, None, alloc_none),  # a bool is no dim
         (sample((3, 4), F32), -1, F64, alloc_none),  # another result dtype
         (sample((3, 4), F32), -1, None, lambda s, d, like: np.empty(8, F32)[::2]),
     ],
     ids=["transposed", "float64", "float16", "int", "empty", "empty-rows", "0-d", "dim0",
-         "list", "bool", "dtype", "strided-out"],
+         "list0", "repeated", "range", "float-dim", "bool", "dtype", "strided-out"],
 )
 def test_reduce_lastdim_declines_what_it_does_not_serve(a, dim, dtype, alloc):
     for op in ("sum", "mean", "amax"):
@@ -417,9 +476,10 @@ def test_last_dim_softmax_is_softmax_lastdim(log, dtype):
 
 @pytest.mark.parametrize("op", ["sum", "amax"])
 @pytest.mark.parametrize("shape", [(3, 7), (2, 3, 1000), (70_003,)])
-def test_last_dim_reduce_is_ufunc_reduce(op, shape):
-    """The compiled front's raw reduce form (``ufunc.reduce``'s call) gives numpy's bytes,
-    into a given output too; what it does not serve goes to the ufunc unchanged."""
+def test_last_dim_reduce_is_reduce_lastdim(op, shape):
+    """The compiled front's raw reduce form (``ufunc.reduce``'s call) gives the bytes of
+    :func:`reduce_lastdim` (what the local kernels give) over the last or every axis, into
+    a given output too; what it does not serve goes to the ufunc unchanged."""
     ufunc = {"sum": np.add, "amax": np.maximum}[op]
     r = K.LastDimReduce(op, ufunc.reduce)
     a = sample(shape, F32, seed=len(shape), special=op == "amax")
@@ -428,7 +488,9 @@ def test_last_dim_reduce_is_ufunc_reduce(op, shape):
     for axes in served + others:
         for keepdims in (False, True):
             for dtype in (None, F32):
-                want = np.asarray(ufunc.reduce(a, axes, dtype, None, keepdims))
+                want = (np.asarray(K.reduce_lastdim(op, a, axes, keepdims, dtype, alloc_none))
+                        if axes in served else np.asarray(ufunc.reduce(a, axes, dtype, None,
+                                                                       keepdims)))
                 got = np.asarray(r(a, axes, dtype, None, keepdims))
                 assert got.shape == want.shape and got.tobytes() == want.tobytes(), axes
             out = np.empty(want.shape, F32)
@@ -518,7 +580,7 @@ def test_layer_norm_declines_what_it_does_not_serve():
 
 def test_large_reductions_and_layer_norm_release_the_gil_and_agree():
     a = sample((300, 300), F32, special=False)  # above the no-GIL threshold
-    assert K.reduce_lastdim("sum", a, None, False, None, alloc_none) == np.sum(a)
+    assert_sum_close(K.reduce_lastdim("sum", a, None, False, None, alloc_none), a, None)
     np.testing.assert_array_equal(K.reduce_lastdim("amax", a, -1, False, None, alloc_none),
                                   a.max(-1))
     np.testing.assert_allclose(K.layer_norm(a, 300, None, None, 1e-5, alloc_none),
@@ -526,22 +588,65 @@ def test_large_reductions_and_layer_norm_release_the_gil_and_agree():
 
 
 # ------------------------------------------------------------ the local ops, in both modes
-# These run with and without the compiled kernels (DTENSOR_FASTPATH=0 runs the numpy twins):
-# both must give numpy's sums to the bit and the others within float32 tolerances.
+# These run with and without the compiled kernels (DTENSOR_FASTPATH=0 runs the numpy twins,
+# except for the float32 row sums and means, which run the compiled loop in both modes):
+# the sums must be the compiled loop's bytes in both modes, amax numpy's, the others within
+# float32 tolerances.
 
 
 @pytest.mark.parametrize("shape", [(8, 8), (4, 8), (33, 130), (256, 512)])
-def test_local_reductions_give_numpy_sums_in_both_modes(shape):
+def test_local_reductions_give_the_compiled_sums_in_both_modes(shape):
     a = sample(shape, F32, seed=11, special=False)
     x = dt.from_numpy(a)
+
+    def loop(op, dim, keepdim=False):
+        return K.reduce_lastdim(op, a, dim, keepdim, None if op == "sum" else F32, alloc_none)
+
+    assert _math_reduce._SUMS is K  # whatever DTENSOR_FASTPATH says
     for got, want in [
-        (dt.sum(x, -1), np.sum(a, -1)), (dt.sum(x, 1, True), np.sum(a, 1, keepdims=True)),
-        (dt.sum(x), np.sum(a)), (dt.mean(x, -1), np.mean(a, -1)), (dt.mean(x), np.mean(a)),
+        (dt.sum(x, -1), loop("sum", -1)), (dt.sum(x, 1, True), loop("sum", 1, True)),
+        (dt.sum(x, (1,)), loop("sum", -1)), (dt.sum(x, [0, 1]), loop("sum", None)),
+        (dt.sum(x), loop("sum", None)), (dt.mean(x, -1), loop("mean", -1)),
+        (dt.mean(x), loop("mean", None)), (dt.mean(x, (0, 1), True), loop("mean", None, True)),
         (dt.amax(x, -1), np.max(a, -1)), (dt.amax(x), np.max(a)),
         (x.T.sum(-1), np.sum(a.T, -1)),  # a transposed view: the numpy path
+        (dt.sum(x, 0), np.sum(a, 0)),  # not the last dim: numpy
     ]:
         w = np.asarray(want)
         assert got.shape == w.shape and got.numpy().tobytes() == w.tobytes()
+    for d in (-1, None):  # within rounding of numpy's pairwise sums
+        assert_sum_close(dt.sum(x, d).numpy(), a, d)
+        assert_sum_close(dt.mean(x, d).numpy(), a, d, a.shape[-1] if d == -1 else a.size)
+
+
+@pytest.mark.mode_independent
+@pytest.mark.parametrize("dtype", [np.dtype(np.float16), F64], ids=["f16", "f64"])
+def test_local_sums_of_other_dtypes_and_layouts_are_numpys(dtype):
+    """float16/float64, non-contiguous and empty inputs: numpy's sums, to the bit."""
+    a = sample((9, 70), dtype, seed=13, special=False)
+    x = dt.from_numpy(a)
+    for got, want in [(dt.sum(x, -1), np.sum(a, -1)), (dt.sum(x), np.sum(a)),
+                      (dt.mean(x, -1), np.mean(a, -1, dtype=F32 if dtype != F64 else F64)
+                       .astype(dtype)),
+                      (dt.sum(x[:, ::3], -1), np.sum(a[:, ::3], -1))]:
+        w = np.asarray(want)
+        assert got.shape == w.shape and got.numpy().tobytes() == w.tobytes()
+    e = dt.from_numpy(np.zeros((0, 5), F32))
+    assert dt.sum(e, -1).shape == (0,) and dt.sum(e).item() == 0
+
+
+@pytest.mark.mode_independent
+def test_numpy_sums_without_the_extension_agree_within_rounding(monkeypatch):
+    """What an install without the extension runs (numpy's pairwise sums) against the
+    compiled loop: equal within float32 rounding."""
+    a = sample((40, 1000), F32, seed=14, special=False)
+    x = dt.from_numpy(a)
+    compiled = [dt.sum(x, -1).numpy(), dt.mean(x, -1).numpy(), dt.sum(x).numpy()]
+    monkeypatch.setattr(_math_reduce, "_SUMS", None)
+    twins = [dt.sum(x, -1).numpy(), dt.mean(x, -1).numpy(), dt.sum(x).numpy()]
+    np.testing.assert_array_equal(twins[0], np.sum(a, -1))
+    for c, t in zip(compiled, twins):
+        np.testing.assert_allclose(c, t, rtol=2e-6, atol=float(50 * U32 * np.abs(a).sum()))
 
 
 @pytest.mark.parametrize("shape", [(8, 8), (16, 33), (128, 256)])

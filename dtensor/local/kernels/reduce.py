@@ -6,11 +6,13 @@ dim), an int or a sequence of ints (negative dims count from the end); ``keepdim
 reduced dims as size 1. Dtypes follow PyTorch: sums and products of bool and integer
 tensors are int64; mean, var, std and norm need floating (or complex) tensors.
 
-With the compiled extension enabled, sum, mean and amax of a contiguous float32 host
-array over its last dim or over every dim run one compiled loop
-(``fastpath._kernels.reduce_lastdim``; its sums are numpy's pairwise sums to the bit, so
-both forms give identical results); numpy serves everything else, and everything with
-``DTENSOR_FASTPATH=0``.
+Sum, mean and amax of a contiguous float32 host array over its last dim or over every dim
+run one compiled loop (``fastpath._kernels.reduce_lastdim``); numpy serves everything else.
+Its sums add in float32 lanes with float64 block totals, an order that is not numpy's
+pairwise one, so sum and mean run it wherever the extension is built, in both dispatch
+modes (which then give identical bytes); without the extension numpy sums them, equal to
+the compiled sums within float32 rounding (about 21 u sum(|x|)), not to the bit. amax
+(numpy's result exactly) runs it only with the fast path enabled.
 """
 
 from __future__ import annotations
@@ -43,7 +45,10 @@ from .pointwise import maximum, minimum
 MaxResult = namedtuple("max", ("values", "indices"))
 MinResult = namedtuple("min", ("values", "indices"))
 BOOL = np.dtype(np.bool_)
-# compiled last-dim / whole-array reductions of contiguous float32 host arrays
+# compiled last-dim / whole-array reductions of contiguous float32 host arrays: the sums
+# wherever the extension is built (both dispatch modes give the same bytes), amax with the
+# fast path enabled
+_SUMS = _fp.kernels
 _KERNELS = _fp.kernels if _fp.ENABLED else None
 
 
@@ -95,8 +100,8 @@ def sum(input: Tensor, dim=None, keepdim: bool = False, *, dtype=None) -> Tensor
     Tensor
     """
     a = as_array("sum", input)
-    if _KERNELS is not None:
-        r = _KERNELS.reduce_lastdim("sum", a, dim, keepdim, dtype, out_buffer)
+    if _SUMS is not None:
+        r = _SUMS.reduce_lastdim("sum", a, dim, keepdim, dtype, out_buffer)
         if r is not None:
             return _wrap(r)
     axes = norm_dims("sum", dim, a.ndim)
@@ -141,8 +146,8 @@ def mean(input: Tensor, dim=None, keepdim: bool = False, *, dtype=None) -> Tenso
         For integer or bool inputs without ``dtype``.
     """
     a = as_array("mean", input)
-    if _KERNELS is not None:
-        r = _KERNELS.reduce_lastdim("mean", a, dim, keepdim, dtype, out_buffer)
+    if _SUMS is not None:
+        r = _SUMS.reduce_lastdim("mean", a, dim, keepdim, dtype, out_buffer)
         if r is not None:
             return _wrap(r)
     # Note: like PyTorch (and unlike numpy, which gives float64), the mean of an integer

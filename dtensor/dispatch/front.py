@@ -44,6 +44,12 @@ from .dispatcher import (
 
 __all__ = ["RawForm", "fast_op", "plug_fastpath", "raw_form", "redistribute_form"]
 
+#: Tensor's own view and copy methods (the kernels of view/reshape/t/getitem/clone/
+#: contiguous), taken at import: once autograd is active the class holds their recording
+#: forms, which raw_form must not compare against.
+_OWN_TENSOR = {n: vars(Tensor)[n] for n in ("view", "reshape", "t", "__getitem__", "clone",
+                                            "contiguous")}
+
 
 class RawForm(NamedTuple):
     """How the compiled front runs an entry on raw ndarrays (see :func:`raw_form`)."""
@@ -86,18 +92,18 @@ def raw_form(info: OpInfo, entry: CacheEntry, values: list) -> RawForm | None:
     if type(a) is not DTensor:
         return None
     spec = a._spec
-    if name in ("view", "reshape") and info.kernel is getattr(Tensor, name):
+    if name in ("view", "reshape") and info.kernel is _OWN_TENSOR[name]:
         shape = values[1]
         if type(shape) in (tuple, list) and all(type(s) is int for s in shape):
             out = entry.out_specs[0]
             return RawForm(_RAW["view"], out.local_shape(out.mesh._coord))
         return None
-    if name == "t" and entry.kernel is Tensor.t and len(spec.shape) == 2:
+    if name == "t" and entry.kernel is _OWN_TENSOR["t"] and len(spec.shape) == 2:
         return RawForm(_RAW["t"], None)
-    if name == "getitem" and entry.kernel is Tensor.__getitem__ and spec.shape:
+    if name == "getitem" and entry.kernel is _OWN_TENSOR["__getitem__"] and spec.shape:
         index = _basic_index(values[1])
         return None if index is None else RawForm(_RAW["getitem"], index)
-    if name in ("clone", "contiguous") and entry.kernel is getattr(Tensor, name):
+    if name in ("clone", "contiguous") and entry.kernel is _OWN_TENSOR[name]:
         served, out = _out(entry)
         return RawForm(_RAW[name], None, out=out) if served else None
     if name == "mean":

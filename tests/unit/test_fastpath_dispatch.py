@@ -496,6 +496,7 @@ def test_missing_extension_warns_once_and_runs_on_the_python_path():
     assert "ok" in out
 
 
+@needs_front
 def test_raw_forms_of_views_survive_autograd_activation():
     """Entries filled after autograd is active (Tensor's view methods are then their
     recording forms) still get the compiled front's raw forms of view, reshape, t,

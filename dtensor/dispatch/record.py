@@ -44,7 +44,7 @@ from ..local.rng import get_rng_state
 from ..local.tensor import Tensor, _wrap
 from ..ops import OpInfo
 from ..ops.derivatives import VIEW
-from .dispatcher import binder_of
+from .dispatcher import MISSING, binder_of
 
 __all__ = [
     "call",
@@ -267,14 +267,36 @@ def _unread(v: object) -> object:
     return v
 
 
-def _unread_positions(info: OpInfo, binder) -> tuple[int, ...]:
-    """The positions of ``info``'s tensor parameters that its formula does not read (not
-    in ``backward.save``)."""
-    save = info.backward.save
-    return tuple(pi for pi, p in zip(binder.tensor_idx, info.tensor_params) if p not in save)
+class _Plan:
+    """What :func:`record` needs of one op, computed once (:func:`_plan_of`): its binder;
+    ``quick`` the fewest positional arguments a call may pass for a bind that only fills
+    the remaining defaults (no keyword, no packing; ``nparams + 1`` when the op has a
+    variadic or size-packing parameter: every call binds in full); ``save`` the positions
+    of the tensor parameters the formula reads; ``unread`` those of the others (a node
+    keeps stand-ins of its intermediates); ``view`` whether the op is a view op."""
+
+    __slots__ = ("binder", "quick", "save", "unread", "view")
+
+    def __init__(self, info: OpInfo) -> None:
+        binder = self.binder = binder_of(info)
+        fill = binder.fill
+        n = binder.nparams
+        while n and fill[n - 1] is not MISSING:
+            n -= 1
+        self.quick = n if binder.pack_idx < 0 and binder.variadic_idx < 0 else binder.nparams + 1
+        save = () if info.backward is None else info.backward.save
+        self.save = tuple((binder.index[p], p) for p in save)
+        self.unread = tuple(pi for pi, p in zip(binder.tensor_idx, info.tensor_params)
+                            if p not in save)
+        self.view = info.name in _VIEW_OPS
 
 
-_UNREAD: dict = {}
+_PLANS: dict = {}
+
+
+def _plan_of(info: OpInfo) -> _Plan:
+    plan = _PLANS[info] = _Plan(info)
+    return plan
 
 
 # -- views ---------------------------------------------------------------------------------------
@@ -445,8 +467,15 @@ def record(info: OpInfo, plain: Callable, args: tuple, kwargs: Mapping[str, obje
     """Run one call of ``info`` with recording off and make its backward node. **Collective**
     when the op is (a DTensor op that redistributes)."""
     name = info.name
-    binder = binder_of(info)
-    values = binder.bind(args if order is None else [args[i] for i in order], kwargs)
+    plan = _PLANS.get(info) or _plan_of(info)
+    binder = plan.binder
+    n = len(args)
+    if not kwargs and plan.quick <= n <= binder.nparams:
+        values = list(args) if order is None else [args[i] for i in order]
+        if n < binder.nparams:
+            values += binder.fill[n:]
+    else:
+        values = binder.bind(args if order is None else [args[i] for i in order], kwargs)
     bw = info.backward  # an in-place op's is its out-of-place op's (see ops.table.declare)
     self = values[0] if info.inplace else None
     view = None if self is None else _inplace_state(self, name)
@@ -461,25 +490,30 @@ def record(info: OpInfo, plain: Callable, args: tuple, kwargs: Mapping[str, obje
         if self is not None:
             _ag.bump_version(self)
         return out
-    slots = ([values[pi] for pi in binder.tensor_idx] if binder.variadic_idx < 0
-             else _slots(binder, values))
-    first = slots[0] if slots else None
+    vi = binder.variadic_idx
+    slots = [values[pi] for pi in binder.tensor_idx] if vi < 0 else _slots(binder, values)
     edges = []
     for v in slots:
-        m = v._ag if _is_tensor(v) else None
-        if m is not None and m.view is not None:
-            m = _current(v, m)
-        edges.append(m if m is not None and m.requires_grad else None)
+        t = type(v)
+        if t is Tensor or t is DTensor or t is _PendingDTensor or t is AbstractDTensor:
+            m = v._ag
+            if m is not None:
+                if m.view is not None:
+                    m = _current(v, m)
+                if m.requires_grad:
+                    edges.append(m)
+                    continue
+        edges.append(None)
     saved = []
-    if bw.save:
+    if plan.save:
         if self is not None and "input" in bw.save:
             # the formula reads the value before the op
             values[0] = _unrecorded(_detached(self).clone, (), {})
-        for pname in bw.save:
-            pi = binder.index[pname]
-            for v in (values[pi] if pi == binder.variadic_idx else (values[pi],)):
+        save = _ag.save
+        for pi, pname in plan.save:
+            for v in (values[pi] if pi == vi else (values[pi],)):
                 if _is_tensor(v):
-                    saved.append(_ag.save(v, pname))
+                    saved.append(save(v, pname))
     state = get_rng_state() if bw.rng else None
     mode = _MODE
     mode.enabled = False  # (_unrecorded, inline: this is the recording hot path)
@@ -502,31 +536,26 @@ def record(info: OpInfo, plain: Callable, args: tuple, kwargs: Mapping[str, obje
         saved_out = _detached(outputs[0])
         saved.append(_ag.save(saved_out, "result"))
     # the node keeps what the formula reads: the others as stand-ins of their layout
-    unread = _UNREAD.get(info)
-    if unread is None:
-        unread = _UNREAD[info] = _unread_positions(info, binder)
-    if unread:
-        vi = binder.variadic_idx
-        changed = False
-        for pi in unread:
-            v = values[pi]
-            if pi == vi:
-                values[pi] = [_unread(e) for e in v]
-                changed = True
-            else:
-                t = type(v)
-                if t is Tensor or t is DTensor or t is _PendingDTensor:
-                    m = v._ag
-                    if m is not None and m.grad_fn is not None:
-                        values[pi] = _stand_in(v)
-                        changed = True
-        if changed:
-            slots = ([values[pi] for pi in binder.tensor_idx] if vi < 0
-                     else _slots(binder, values))
+    first = slots[0] if slots else None
+    changed = False
+    for pi in plan.unread:
+        v = values[pi]
+        if pi == vi:
+            values[pi] = [_unread(e) for e in v]
+            changed = True
+        else:
+            t = type(v)
+            if t is Tensor or t is DTensor or t is _PendingDTensor:
+                m = v._ag
+                if m is not None and m.grad_fn is not None:
+                    values[pi] = _stand_in(v)
+                    changed = True
+    if changed:
+        slots = [values[pi] for pi in binder.tensor_idx] if vi < 0 else _slots(binder, values)
     node = _ag.record(name, _apply, edges, outputs, (bw, values, slots), saved_out, saved)
     if view is not None:
         _rebase(self, view, node)
-    elif name in _VIEW_OPS:
+    elif plan.view:
         _note_views(info, values, first, outputs)
     return out
 

@@ -236,42 +236,31 @@ def bump_version(t: object) -> None:
             e[0] += 1
 
 
-class _Saved:
-    """A saved tensor's version: the owner's key and the version at save time."""
+def _check(saved: tuple, node: Node) -> None:
+    """Raise when the memory of a saved tensor (an entry of ``node.saved``: see
+    :func:`save`) was written in place since it was saved."""
+    key, version, name, t, _ = saved
+    now = _VERSIONS[key][0]
+    if now != version:
+        raise AutogradError(
+            f"{node.op}: one of the variables needed for gradient computation has been "
+            f"modified by an inplace operation: the {name} of shape {tuple(t.shape)}, "
+            f"saved by {node.name()}, is at version {now}; expected version "
+            f"{version} instead. Hint: clone() it before the in-place op, or do the "
+            "in-place op after backward."
+        )
 
-    __slots__ = ("key", "name", "owner", "shape", "version")  # owner: keeps the key unique
 
-    def __init__(self, t: object, name: str) -> None:
-        own = owner(t)
-        key = id(own)
-        e = _VERSIONS.get(key)
-        if e is None:
-            e = _VERSIONS[key] = [0, 0]
-        e[1] += 1
-        self.owner = own
-        self.key = key
-        self.version = e[0]
-        self.name = name
-        self.shape = tuple(t.shape)
-
-    def __del__(self) -> None:
-        # the saved reference goes (with its node): stop counting the owner's version
-        e = _VERSIONS.get(self.key)
+def _unsave(saved: Sequence) -> None:
+    """Stop counting the saved references ``saved`` (their node goes or is released)."""
+    versions = _VERSIONS
+    for s in saved:
+        key = s[0]
+        e = versions.get(key)
         if e is not None:
             e[1] -= 1
             if e[1] <= 0:
-                del _VERSIONS[self.key]
-
-    def check(self, node: Node) -> None:
-        now = _VERSIONS[self.key][0]
-        if now != self.version:
-            raise AutogradError(
-                f"{node.op}: one of the variables needed for gradient computation has been "
-                f"modified by an inplace operation: the {self.name} of shape {self.shape}, "
-                f"saved by {node.name()}, is at version {now}; expected version "
-                f"{self.version} instead. Hint: clone() it before the in-place op, or do the "
-                "in-place op after backward."
-            )
+                del versions[key]
 
 
 # -- nodes ------------------------------------------------------------------------------------------
@@ -318,7 +307,10 @@ class Node:
 
     def release(self) -> None:
         """Free what the formula reads (after a backward without ``retain_graph``)."""
-        self.saved = ()
+        saved = self.saved
+        if saved:
+            self.saved = ()
+            _unsave(saved)
         self.ctx = self.out = None
         self.released = True
 
@@ -332,11 +324,23 @@ class Node:
                 f"the graph a second time (node {self.name()})."
             )
         for s in self.saved:
-            s.check(self)
+            _check(s, self)
         return self.formula(self, grads)
 
     def __repr__(self) -> str:
         return f"<{self.name()}>"
+
+
+class _SavingNode(Node):
+    """A node that saves tensors (:func:`record` makes one when ``saved`` is not empty):
+    going, it stops counting their versions (a node without saves has no finalizer)."""
+
+    __slots__ = ()
+
+    def __del__(self) -> None:
+        saved = self.saved
+        if saved:
+            _unsave(saved)
 
 
 # -- leaf layout (DTensor leaves) -----------------------------------------------------------------
@@ -714,13 +718,27 @@ def record(op: str, formula: Callable, edges: Sequence, outputs: Sequence, ctx: 
            out: object = None, saved: Sequence = ()) -> Node:
     """Make the node of one op call and attach it to its floating outputs (the others do
     not require grad). **Local**."""
-    node = Node(op, formula, edges, ctx, out, len(outputs), saved)
+    node = (_SavingNode if saved else Node)(op, formula, edges, ctx, out, len(outputs), saved)
+    if len(outputs) == 1:
+        o = outputs[0]
+        if o is not None and o.dtype.kind in "fc":
+            o._ag = AutogradMeta(True, node, 0)
+        return node
     for i, o in enumerate(outputs):
         if o is not None and o.dtype.kind in "fc":
             o._ag = AutogradMeta(True, node, i)
     return node
 
 
-def save(t: object, name: str) -> _Saved:
-    """Record ``t``'s version for the checks of a node that reads it. **Local**."""
-    return _Saved(t, name)
+def save(t: object, name: str) -> tuple:
+    """Record ``t``'s version for the checks of a node that reads it (``name``: which of
+    its values it is, for the error): an entry of the node's ``saved`` (:func:`record`),
+    counted until the node goes or is released. **Local**."""
+    own = owner(t)
+    key = id(own)
+    e = _VERSIONS.get(key)
+    if e is None:
+        e = _VERSIONS[key] = [0, 0]
+    e[1] += 1
+    # (the owner keeps the key unique while the entry is counted)
+    return (key, e[0], name, t, own)

@@ -497,6 +497,30 @@ def test_error_in_place_change_to_saved_tensor():
     k.backward()
 
 
+def test_recording_plan_and_saved_counts():
+    """A positional call binds through the op's plan (defaults filled in) to the values a
+    keyword call binds in full: same node values, same gradients. A saved tensor's version
+    is counted while its node lives: not after the node goes or a backward releases it."""
+    from dtensor.local import autograd as _ag
+
+    x, y = _leaf(3), _leaf(3)
+    quick, full = x + y, dt.add(x, y, alpha=1)
+    assert _record._PLANS[OPS["add"]].quick <= 2
+    assert quick.grad_fn.ctx[1] == full.grad_fn.ctx[1] == [x, y, 1]
+    (gq,) = dt.autograd.grad(quick.sum(), [y])
+    (gf,) = dt.autograd.grad(full.sum(), [y])
+    np.testing.assert_array_equal(gq.numpy(), gf.numpy())
+    w = dt.ones(3, dtype=dt.float64)
+    key = id(_ag.owner(w))
+    z = x * w  # mul saves w
+    z2 = x * w
+    assert _ag._VERSIONS[key][1] == 2
+    del z
+    assert _ag._VERSIONS[key][1] == 1
+    z2.sum().backward()  # released
+    assert key not in _ag._VERSIONS
+
+
 def test_error_requires_grad_on_non_leaf():
     y = _leaf(2) * 2
     with pytest.raises(AutogradError, match="leaf variables"):

@@ -46,17 +46,22 @@ from fastpath._kernels cimport Unary, copy_c_order
 cnp.import_array()
 
 __all__ = [
+    "AutogradMeta",
     "DTensorBase",
     "FastOp",
     "TensorBase",
     "flush",
     "install",
+    "install_recorder",
     "install_redistribute",
     "install_tensor",
     "invalidate",
     "make_function",
     "make_method",
     "make_operator",
+    "NodeBase",
+    "recorder_served",
+    "RecordPlan",
     "RAW_FORMS",
     "SLOT_TAGS",
     "set_quiet",
@@ -96,6 +101,7 @@ include "_dispatch_quiet.pxi"  # set_quiet: raw forms with numpy's FP errors ign
 include "_dispatch_lru.pxi"    # counters, generation, queued touches: invalidate, flush, stats
 include "_dispatch_keys.pxi"   # key markers, simple statics, hashes, _frozen, _same
 include "_dispatch_front.pxi"  # FrontEntry and FastOp: binding, front table, lookup, fill
+include "_dispatch_record.pxi" # the compiled recorder, AutogradMeta, NodeBase
 include "_dispatch_run.pxi"    # runners: _raw_pair, _run (raw forms, kernel, entry runner)
 include "_dispatch_entry.pxi"  # make_method, make_operator, make_function
 include "_dispatch_redist.pxi" # redistribute (one all-gather from compiled code), its plugs

@@ -75,6 +75,8 @@ def make_function(FastOp op, local):
 
     def fn(*args, **kwargs):
         if _call_hook is not None:
+            if _grad_mode.enabled and _any_tensor_ag(args, kwargs):
+                return _hooked(op.info, plain, args, kwargs)
             return _call_hook(op.info, plain, args, kwargs)
         if _has_dtensor(args, kwargs):
             return op.call(args, kwargs)
@@ -109,14 +111,20 @@ cdef bint _any_tensor_ag(tuple args, dict kwargs):
 
 
 def make_recording(info, plain, order, recorder):
-    """``plain`` (a method or operator of op ``info``) guarded for autograd: it calls
-    ``recorder(info, plain, args, kwargs, order)`` when grad mode is on and a Tensor or
-    DTensor argument has autograd state, or always for an in-place op (whose writes the
-    recorder counts); else ``plain`` itself. Needs :func:`set_call_hook`'s mode. **Local**."""
+    """``plain`` (a method or operator of op ``info``) guarded for autograd: when grad mode
+    is on and a Tensor or DTensor argument has autograd state, the compiled recorder or
+    else ``recorder(info, plain, args, kwargs, order)``; always the latter for an in-place
+    op (whose writes the recorder counts); else ``plain`` itself. Needs
+    :func:`set_call_hook`'s mode. **Local**."""
     cdef bint inplace = bool(info.inplace)
 
     def variant(*args, **kwargs):
-        if inplace or (_grad_mode.enabled and _any_tensor_ag(args, kwargs)):
+        if inplace:
+            return recorder(info, plain, args, kwargs, order)
+        if _grad_mode.enabled and _any_tensor_ag(args, kwargs):
+            out = _record_fast(info, plain, args, kwargs, order)
+            if out is not _DECLINE:
+                return out
             return recorder(info, plain, args, kwargs, order)
         return plain(*args, **kwargs)
 

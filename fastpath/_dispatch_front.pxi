@@ -168,7 +168,7 @@ cdef class FastOp:
     cdef object call1(self, object a):
         """``call((a,), None)`` without building the tuple on the common path."""
         if _call_hook is not None and (self.inplace or (_grad_mode.enabled and _has_ag(a))):
-            return _call_hook(self.info, self.plain, (a,), {})
+            return _hooked(self.info, self.plain, (a,), {})
         cdef list values = self._bind_n(a, None, 1)
         if values is None:
             return self.call((a,), None)
@@ -187,7 +187,7 @@ cdef class FastOp:
         cdef uintptr_t h
         if _call_hook is not None and (self.inplace or (_grad_mode.enabled and (
                 _has_ag(a) or _has_ag(b)))):
-            return _call_hook(self.info, self.plain, (a, b), {})
+            return _hooked(self.info, self.plain, (a, b), {})
         if self.pair:
             ma = _marker(a)
             mb = _marker(b)
@@ -221,7 +221,7 @@ cdef class FastOp:
         if not sizes:
             return self.call((a,), None)
         if _call_hook is not None and (self.inplace or (_grad_mode.enabled and _has_ag(a))):
-            return _call_hook(self.info, self.plain, (a,) + sizes, {})
+            return _hooked(self.info, self.plain, (a,) + sizes, {})
         b = sizes[0] if len(sizes) == 1 and isinstance(sizes[0], (list, tuple)) else sizes
         cdef list values = self._bind_n(a, b, 2)
         if values is None:
@@ -237,7 +237,7 @@ cdef class FastOp:
         the op is in-place."""
         if _call_hook is not None and (self.inplace or (_grad_mode.enabled and _any_ag(
                 args, kwargs))):
-            return _call_hook(self.info, self.plain, args, kwargs or {})
+            return _hooked(self.info, self.plain, args, kwargs or {})
         return self.call_unhooked(args, kwargs)
 
     cdef object call_unhooked(self, tuple args, dict kwargs):

@@ -299,6 +299,23 @@ def _plan_of(info: OpInfo) -> _Plan:
     return plan
 
 
+def _compiled_plan(info: OpInfo) -> object:
+    """The compiled recorder's plan of ``info`` (``fastpath.dispatch.RecordPlan``), or None
+    for an op whose calls :func:`record` records (in place, no formula, random state, a
+    variadic parameter)."""
+    bw = info.backward
+    if info.inplace or bw is None or bw.fn is None or bw.rng or info.variadic is not None:
+        return None
+    plan = _PLANS.get(info) or _plan_of(info)
+    b = plan.binder
+    fill = b.fill
+    quick = b.nparams
+    while quick and fill[quick - 1] is not MISSING:
+        quick -= 1
+    return _fp.dispatch.RecordPlan(quick, b.nparams, list(fill), b.pack_idx, b.tensor_idx,
+                                   plan.save, plan.unread, plan.view, info.name, bw, bw.out)
+
+
 # -- views ---------------------------------------------------------------------------------------
 #: The view ops: a recorded call whose output shares its input's data makes a view.
 _VIEW_OPS = frozenset(VIEW)
@@ -594,3 +611,10 @@ def sum_to(g: object, shape: tuple) -> object:
     if lead or tuple(g.shape) != shape:
         g = g.reshape(shape)
     return g
+
+
+if _fp.ENABLED:
+    _fp.dispatch.install_recorder(
+        _compiled_plan, (Tensor, DTensor, _PendingDTensor, AbstractDTensor), _ag.Node,
+        _ag._SavingNode, _apply, _ag.save, _stand_in, _detached, _note_views,
+    )

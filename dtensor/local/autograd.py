@@ -170,7 +170,7 @@ def activate() -> None:
 
 
 # -- per-tensor state -----------------------------------------------------------------------------
-class AutogradMeta:
+class _AutogradMeta:
     """The autograd state of one tensor (its ``_ag`` slot).
 
     ``requires_grad``; ``grad`` (a leaf's accumulated gradient); ``grad_fn`` (the node that
@@ -191,6 +191,11 @@ class AutogradMeta:
         self.output_nr = output_nr
         self.layout = layout
         self.view = None
+
+
+#: The autograd state's class: the compiled one (the same attributes and constructor, which
+#: the compiled recorder makes without running Python code) when the extension is used.
+AutogradMeta = _fp.dispatch.AutogradMeta if _fp.ENABLED else _AutogradMeta
 
 
 def make_leaf(t: object, requires_grad: bool, layout: object = None) -> None:
@@ -268,16 +273,10 @@ def _camel(op: str) -> str:
     return "".join(p[:1].upper() + p[1:] for p in op.strip("_").split("_")) or "Op"
 
 
-class Node:
-    """One backward node (``grad_fn``): the formula of one recorded op call.
-
-    ``op`` the op's name; ``formula(node, grads)`` returns one gradient (or None) per
-    edge; ``edges`` one per input: its AutogradMeta (of a leaf, or naming the node and
-    output that made it), None where the input needs no gradient; ``ctx`` what the
-    formula reads (the bound arguments, ...), ``out`` the saved output (when the formula
-    reads it), ``n_outputs`` the number of outputs; ``saved`` the version records of what
-    it saves.
-    """
+class _NodeBase:
+    """The attributes and constructor of a backward node (:class:`Node`); on the compiled
+    path ``fastpath.dispatch.NodeBase``, whose nodes the compiled recorder makes without
+    running Python code."""
 
     __slots__ = ("__weakref__", "ctx", "edges", "formula", "n_outputs", "op", "out",
                  "released", "saved")
@@ -292,6 +291,20 @@ class Node:
         self.n_outputs = n_outputs
         self.saved = saved
         self.released = False
+
+
+class Node(_fp.dispatch.NodeBase if _fp.ENABLED else _NodeBase):
+    """One backward node (``grad_fn``): the formula of one recorded op call.
+
+    ``op`` the op's name; ``formula(node, grads)`` returns one gradient (or None) per
+    edge; ``edges`` one per input: its AutogradMeta (of a leaf, or naming the node and
+    output that made it), None where the input needs no gradient; ``ctx`` what the
+    formula reads (the bound arguments, ...), ``out`` the saved output (when the formula
+    reads it), ``n_outputs`` the number of outputs; ``saved`` the version records of what
+    it saves.
+    """
+
+    __slots__ = ()
 
     def name(self) -> str:
         """PyTorch's node name: ``AddBackward0``, ``MatmulBackward0``..."""

@@ -1,0 +1,233 @@
+# The compiled recorder: the common case of dtensor's autograd recorder
+# (dtensor.dispatch.record.record) run from compiled code, which every recording entry
+# point tries first (the compiled guards of make_recording, the FastOps' hook, the public
+# functions). A call it does not serve runs nothing here and goes to dtensor's recorder.
+# Also the compiled bases of dtensor's autograd state and backward nodes, which it makes
+# without running Python code.
+
+cdef class AutogradMeta:
+    """The autograd state of one tensor (dtensor.local.autograd's ``AutogradMeta`` on the
+    compiled path: the same attributes and constructor)."""
+
+    cdef public object requires_grad, grad, grad_fn, output_nr, layout, view
+
+    def __init__(self, requires_grad=True, grad_fn=None, output_nr=0, layout=None):
+        self.requires_grad = requires_grad
+        self.grad = None
+        self.grad_fn = grad_fn
+        self.output_nr = output_nr
+        self.layout = layout
+        self.view = None
+
+
+cdef class NodeBase:
+    """The attributes and constructor of a backward node (the base of dtensor.local.
+    autograd's ``Node`` on the compiled path, which adds the methods)."""
+
+    cdef public object op, formula, edges, ctx, out, n_outputs, saved, released
+    cdef object __weakref__
+
+    def __init__(self, op, formula, edges, ctx, out=None, n_outputs=1, saved=()):
+        self.op = op
+        self.formula = formula
+        self.edges = edges
+        self.ctx = ctx
+        self.out = out
+        self.n_outputs = n_outputs
+        self.saved = saved
+        self.released = False
+
+
+cdef class RecordPlan:
+    """What the compiled recorder needs of one op, made by dtensor for an op whose calls
+    it may serve (out of place, a formula, no random state, no variadic parameter):
+    ``quick`` the fewest positional arguments of a call that binds by filling defaults,
+    ``nparams`` the number of parameters, ``fill`` their defaults, ``pack_idx`` the
+    parameter that packs trailing positionals (-1: none), ``tensor_idx`` the positions of
+    the tensor parameters, ``save`` ``(position, name)`` of those the formula reads,
+    ``unread`` the positions of the others, ``view`` whether the op is a view op,
+    ``name``, ``backward`` and ``out`` (the formula reads the output)."""
+
+    cdef Py_ssize_t quick, nparams, pack_idx
+    cdef list fill
+    cdef tuple tensor_idx, save, unread
+    cdef bint view, out
+    cdef object name, backward
+
+    def __init__(self, Py_ssize_t quick, Py_ssize_t nparams, list fill, Py_ssize_t pack_idx,
+                 tuple tensor_idx, tuple save, tuple unread, bint view, name, backward,
+                 bint out):
+        self.quick, self.nparams, self.fill, self.pack_idx = quick, nparams, fill, pack_idx
+        self.tensor_idx, self.save, self.unread = tensor_idx, save, unread
+        self.view, self.name, self.backward, self.out = view, name, backward, out
+
+
+cdef object _rec_plan_of = None  # dtensor: plan_of(info) -> RecordPlan, or None (not served)
+cdef dict _rec_plans = {}        # info -> RecordPlan or None
+cdef type _rec_T = None          # the tensor types of the recorder: Tensor, DTensor,
+cdef type _rec_D = None          # a pending DTensor, an abstract DTensor
+cdef type _rec_P = None
+cdef type _rec_A = None
+cdef object _rec_node = None     # autograd.Node (a NodeBase subclass)
+cdef object _rec_saving_node = None  # autograd's node that saves tensors (one of Node)
+cdef object _rec_apply = None    # the nodes' formula: record._apply
+cdef object _rec_save = None     # autograd.save(t, name)
+cdef object _rec_stand_in = None # record._stand_in(v)
+cdef object _rec_detached = None # record._detached(t)
+cdef object _rec_note_views = None  # record._note_views(info, values, x, outputs)
+cdef long long _rec_served = 0   # calls recorded here (tests)
+
+
+def install_recorder(plan_of, tuple types, node, saving_node, apply, save, stand_in, detached,
+                     note_views):
+    """Plug in dtensor's recorder parts (see the module's globals above); forgets the
+    plans made so far. **Local**."""
+    global _rec_plan_of, _rec_T, _rec_D, _rec_P, _rec_A, _rec_node, _rec_saving_node, _rec_apply
+    global _rec_save, _rec_stand_in, _rec_detached, _rec_note_views
+    _rec_T, _rec_D, _rec_P, _rec_A = types
+    if not (issubclass(node, NodeBase) and issubclass(saving_node, node)):
+        raise TypeError("fastpath.install_recorder: the node classes must derive from NodeBase")
+    _rec_node, _rec_saving_node, _rec_apply, _rec_save = node, saving_node, apply, save
+    _rec_stand_in, _rec_detached, _rec_note_views = stand_in, detached, note_views
+    _rec_plans.clear()
+    _rec_plan_of = plan_of
+
+
+def recorder_served():
+    """How many calls the compiled recorder recorded. **Local**."""
+    return _rec_served
+
+
+cdef inline object _meta_of(object v, type t):
+    """The autograd state of ``v`` (of type ``t``), or ``_DECLINE`` when ``t`` is not one
+    of the recorder's tensor types."""
+    if t is _rec_T:
+        return (<TensorBase>v)._ag
+    if t is _rec_D or t is _rec_P or t is _rec_A:
+        return (<DTensorBase>v)._ag
+    return _DECLINE
+
+
+cdef object _record_fast(object info, object plain, tuple args, object kwargs, object order):
+    """Record one call of ``info`` as dtensor's recorder does, for the common case: a
+    plan, positional arguments only, a tensor argument that requires grad, no input that
+    is a view (whose history may need an update). ``_DECLINE`` (nothing ran) otherwise."""
+    global _rec_served
+    cdef RecordPlan plan
+    cdef Py_ssize_t n, pi
+    cdef bint wants = False, changed = False
+    cdef NodeBase node
+    cdef AutogradMeta meta
+    if kwargs or _rec_plan_of is None:
+        return _DECLINE
+    p = _rec_plans.get(info, _DECLINE)
+    if p is _DECLINE:
+        p = _rec_plan_of(info)
+        _rec_plans[info] = p
+    if p is None:
+        return _DECLINE
+    plan = <RecordPlan>p
+    n = len(args)
+    if order is None:
+        values = list(args)
+    elif len(<tuple>order) == n:
+        values = [args[i] for i in <tuple>order]
+    else:
+        return _DECLINE
+    if n > plan.nparams or n - 1 == plan.pack_idx:
+        if plan.pack_idx < 0 or n <= plan.pack_idx:
+            return _DECLINE
+        tail = values[plan.pack_idx:]
+        if not (len(tail) == 1 and isinstance(tail[0], (list, tuple))):
+            del values[plan.pack_idx:]
+            values.append(tuple(tail))
+        n = len(values)
+    if n < plan.quick or n > plan.nparams:
+        return _DECLINE
+    if n < plan.nparams:
+        values.extend(plan.fill[n:])
+    slots = []
+    edges = []
+    for i in plan.tensor_idx:
+        v = values[i]
+        slots.append(v)
+        m = _meta_of(v, type(v))
+        if m is not None and m is not _DECLINE:
+            if m.view is not None:
+                return _DECLINE
+            if m.requires_grad:
+                wants = True
+                edges.append(m)
+                continue
+        edges.append(None)
+    if not wants:
+        return _DECLINE
+    saved = []
+    for s in plan.save:
+        v = values[<Py_ssize_t>(<tuple>s)[0]]
+        if _meta_of(v, type(v)) is not _DECLINE:
+            saved.append(_rec_save(v, (<tuple>s)[1]))
+    _grad_mode.enabled = False
+    try:
+        out = plain(*args)
+    finally:
+        _grad_mode.enabled = True
+    if _meta_of(out, type(out)) is not _DECLINE:
+        for v in slots:
+            if v is out:  # the op returned its input (contiguous() of a contiguous tensor)
+                return out
+        outputs = (out,)
+    else:
+        outputs = tuple(out)
+    saved_out = None
+    if plan.out:
+        saved_out = _rec_detached(outputs[0])
+        saved.append(_rec_save(saved_out, "result"))
+    first = slots[0] if slots else None
+    for i in plan.unread:
+        pi = i
+        v = values[pi]
+        t = type(v)
+        if t is _rec_T or t is _rec_D or t is _rec_P:
+            m = _meta_of(v, t)
+            if m is not None and m.grad_fn is not None:
+                values[pi] = _rec_stand_in(v)
+                changed = True
+    if changed:
+        slots = [values[i] for i in plan.tensor_idx]
+    node = <NodeBase>_alloc(NodeBase, _rec_saving_node if saved else _rec_node)
+    node.op = plan.name
+    node.formula = _rec_apply
+    node.edges = edges
+    node.ctx = (plan.backward, values, slots)
+    node.out = saved_out
+    node.n_outputs = len(outputs)
+    node.saved = saved
+    node.released = False
+    nr = 0
+    for o in outputs:
+        if o is not None and o.dtype.kind in "fc":
+            m = _alloc(AutogradMeta, AutogradMeta)
+            meta = <AutogradMeta>m
+            meta.requires_grad = True
+            meta.grad_fn = node
+            meta.output_nr = nr
+            if type(o) is _rec_T:
+                (<TensorBase>o)._ag = m
+            else:
+                o._ag = m
+        nr += 1
+    if plan.view:
+        _rec_note_views(info, values, first, outputs)
+    _rec_served += 1
+    return out
+
+
+cdef inline object _hooked(object info, object plain, tuple args, object kwargs):
+    """What a FastOp or public function runs for a call that may record: the compiled
+    recorder, or dtensor's hook (which also counts an in-place op's writes)."""
+    if _grad_mode.enabled:
+        out = _record_fast(info, plain, args, kwargs, None)
+        if out is not _DECLINE:
+            return out
+    return _call_hook(info, plain, args, kwargs)

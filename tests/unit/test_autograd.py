@@ -498,14 +498,23 @@ def test_error_in_place_change_to_saved_tensor():
 
 
 def test_recording_plan_and_saved_counts():
-    """A positional call binds through the op's plan (defaults filled in) to the values a
-    keyword call binds in full: same node values, same gradients. A saved tensor's version
+    """A positional call, recorded from compiled code on the compiled path and else bound
+    through the op's plan (defaults filled in), makes the node a keyword call makes
+    through the full bind: same edges and values, same gradients. A saved tensor's version
     is counted while its node lives: not after the node goes or a backward releases it."""
     from dtensor.local import autograd as _ag
 
     x, y = _leaf(3), _leaf(3)
-    quick, full = x + y, dt.add(x, y, alpha=1)
+    served = fastpath.dispatch.recorder_served() if fastpath.ENABLED else 0
+    quick = x + y  # the compiled recorder's (on the compiled path)
+    if fastpath.ENABLED:
+        assert fastpath.dispatch.recorder_served() == served + 1
+    full = dt.add(x, y, alpha=1)  # a keyword: dtensor's recorder, which binds in full
+    if fastpath.ENABLED:
+        assert fastpath.dispatch.recorder_served() == served + 1
     assert _record._PLANS[OPS["add"]].quick <= 2
+    assert type(quick.grad_fn) is type(full.grad_fn)
+    assert quick.grad_fn.edges == full.grad_fn.edges == [x._ag, y._ag]
     assert quick.grad_fn.ctx[1] == full.grad_fn.ctx[1] == [x, y, 1]
     (gq,) = dt.autograd.grad(quick.sum(), [y])
     (gf,) = dt.autograd.grad(full.sum(), [y])

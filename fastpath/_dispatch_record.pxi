@@ -20,9 +20,13 @@ cdef class AutogradMeta:
         self.view = None
 
 
+# Note: not cleared by the cycle collector, so that a node in a garbage cycle still holds
+# its saved entries when it goes (the cycle is broken at its other objects).
+@cython.no_gc_clear
 cdef class NodeBase:
     """The attributes and constructor of a backward node (the base of dtensor.local.
-    autograd's ``Node`` on the compiled path, which adds the methods)."""
+    autograd's ``Node`` on the compiled path, which adds the methods). Going, a node stops
+    counting the versions of what it saved (its ``saved`` entries)."""
 
     cdef public object op, formula, edges, ctx, out, n_outputs, saved, released
     cdef object __weakref__
@@ -36,6 +40,52 @@ cdef class NodeBase:
         self.n_outputs = n_outputs
         self.saved = saved
         self.released = False
+
+    def __dealloc__(self):
+        if self.saved and _rec_versions is not None:
+            unsave(self.saved)
+
+
+def set_versions(dict versions):
+    """Plug in dtensor's version counters (``id(owner) -> [version, saved count]``). **Local**."""
+    global _rec_versions
+    _rec_versions = versions
+
+
+def unsave(saved):
+    """Stop counting the saved entries ``saved`` (see :func:`_save`): their node goes or is
+    released. **Local**."""
+    cdef list e
+    versions = _rec_versions
+    for s in saved:
+        key = (<tuple>s)[0]
+        found = versions.get(key)
+        if found is not None:
+            e = <list>found
+            e[1] -= 1
+            if e[1] <= 0:
+                del versions[key]
+
+
+cdef object _save(object t, object name):
+    """The saved entry of ``t`` for a node that reads it: ``(key, version, name, t,
+    owner)``, ``key`` the ``id`` of the array owning ``t``'s memory (which the entry keeps
+    alive), counted in the versions dict (dtensor.local.autograd's ``save``)."""
+    cdef list e
+    arr = (<TensorBase>t)._arr if type(t) is _rec_T else (<TensorBase>_get_local(t))._arr
+    own = arr.base
+    if own is None:
+        own = arr
+    key = id(own)
+    versions = _rec_versions
+    found = versions.get(key)
+    if found is None:
+        e = [0, 0]
+        versions[key] = e
+    else:
+        e = <list>found
+    e[1] += 1
+    return (key, e[0], name, t, own)
 
 
 cdef class RecordPlan:
@@ -69,25 +119,25 @@ cdef type _rec_D = None          # a pending DTensor, an abstract DTensor
 cdef type _rec_P = None
 cdef type _rec_A = None
 cdef object _rec_node = None     # autograd.Node (a NodeBase subclass)
-cdef object _rec_saving_node = None  # autograd's node that saves tensors (one of Node)
 cdef object _rec_apply = None    # the nodes' formula: record._apply
-cdef object _rec_save = None     # autograd.save(t, name)
+cdef dict _rec_versions = None   # autograd's version counters: id(owner) -> [version, count]
+cdef object _rec_save = None     # autograd.save(t, name) (a pending or abstract DTensor's)
 cdef object _rec_stand_in = None # record._stand_in(v)
 cdef object _rec_detached = None # record._detached(t)
 cdef object _rec_note_views = None  # record._note_views(info, values, x, outputs)
 cdef long long _rec_served = 0   # calls recorded here (tests)
 
 
-def install_recorder(plan_of, tuple types, node, saving_node, apply, save, stand_in, detached,
+def install_recorder(plan_of, tuple types, node, apply, save, stand_in, detached,
                      note_views):
     """Plug in dtensor's recorder parts (see the module's globals above); forgets the
     plans made so far. **Local**."""
-    global _rec_plan_of, _rec_T, _rec_D, _rec_P, _rec_A, _rec_node, _rec_saving_node, _rec_apply
+    global _rec_plan_of, _rec_T, _rec_D, _rec_P, _rec_A, _rec_node, _rec_apply
     global _rec_save, _rec_stand_in, _rec_detached, _rec_note_views
     _rec_T, _rec_D, _rec_P, _rec_A = types
-    if not (issubclass(node, NodeBase) and issubclass(saving_node, node)):
-        raise TypeError("fastpath.install_recorder: the node classes must derive from NodeBase")
-    _rec_node, _rec_saving_node, _rec_apply, _rec_save = node, saving_node, apply, save
+    if not issubclass(node, NodeBase):
+        raise TypeError("fastpath.install_recorder: the node class must derive from NodeBase")
+    _rec_node, _rec_apply, _rec_save = node, apply, save
     _rec_stand_in, _rec_detached, _rec_note_views = stand_in, detached, note_views
     _rec_plans.clear()
     _rec_plan_of = plan_of
@@ -165,7 +215,10 @@ cdef object _record_fast(object info, object plain, tuple args, object kwargs, o
     saved = []
     for s in plan.save:
         v = values[<Py_ssize_t>(<tuple>s)[0]]
-        if _meta_of(v, type(v)) is not _DECLINE:
+        t = type(v)
+        if t is _rec_T or t is _rec_D:
+            saved.append(_save(v, (<tuple>s)[1]))
+        elif t is _rec_P or t is _rec_A:
             saved.append(_rec_save(v, (<tuple>s)[1]))
     _grad_mode.enabled = False
     try:
@@ -182,7 +235,9 @@ cdef object _record_fast(object info, object plain, tuple args, object kwargs, o
     saved_out = None
     if plan.out:
         saved_out = _rec_detached(outputs[0])
-        saved.append(_rec_save(saved_out, "result"))
+        t = type(saved_out)
+        saved.append(_save(saved_out, "result") if t is _rec_T or t is _rec_D
+                     else _rec_save(saved_out, "result"))
     first = slots[0] if slots else None
     for i in plan.unread:
         pi = i
@@ -195,7 +250,7 @@ cdef object _record_fast(object info, object plain, tuple args, object kwargs, o
                 changed = True
     if changed:
         slots = [values[i] for i in plan.tensor_idx]
-    node = <NodeBase>_alloc(NodeBase, _rec_saving_node if saved else _rec_node)
+    node = <NodeBase>_alloc(NodeBase, _rec_node)
     node.op = plan.name
     node.formula = _rec_apply
     node.edges = edges

@@ -256,7 +256,7 @@ def _check(saved: tuple, node: Node) -> None:
         )
 
 
-def _unsave(saved: Sequence) -> None:
+def _py_unsave(saved: Sequence) -> None:
     """Stop counting the saved references ``saved`` (their node goes or is released)."""
     versions = _VERSIONS
     for s in saved:
@@ -266,6 +266,13 @@ def _unsave(saved: Sequence) -> None:
             e[1] -= 1
             if e[1] <= 0:
                 del versions[key]
+
+
+if _fp.ENABLED:  # the compiled twin, which compiled nodes call as they go
+    _fp.dispatch.set_versions(_VERSIONS)
+    _unsave = _fp.dispatch.unsave
+else:
+    _unsave = _py_unsave
 
 
 # -- nodes ------------------------------------------------------------------------------------------
@@ -344,16 +351,20 @@ class Node(_fp.dispatch.NodeBase if _fp.ENABLED else _NodeBase):
         return f"<{self.name()}>"
 
 
-class _SavingNode(Node):
-    """A node that saves tensors (:func:`record` makes one when ``saved`` is not empty):
-    going, it stops counting their versions (a node without saves has no finalizer)."""
+if _fp.ENABLED:
+    _SavingNode = Node  # (a compiled node stops counting its saved entries as it goes)
+else:
+    class _SavingNode(Node):
+        """A node that saves tensors (:func:`record` makes one when ``saved`` is not
+        empty): going, it stops counting their versions (a node without saves has no
+        finalizer)."""
 
-    __slots__ = ()
+        __slots__ = ()
 
-    def __del__(self) -> None:
-        saved = self.saved
-        if saved:
-            _unsave(saved)
+        def __del__(self) -> None:
+            saved = self.saved
+            if saved:
+                _unsave(saved)
 
 
 # -- leaf layout (DTensor leaves) -----------------------------------------------------------------

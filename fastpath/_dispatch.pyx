@@ -37,6 +37,7 @@ from cpython.list cimport PyList_New, PyList_SET_ITEM
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.ref cimport Py_INCREF
 from cpython.tuple cimport PyTuple_GET_ITEM
+from cpython.weakref cimport PyWeakref_NewRef
 from cpython.object cimport PyObject, PyTypeObject
 from libc.string cimport memcpy
 from libc.stdint cimport uintptr_t

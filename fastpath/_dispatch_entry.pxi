@@ -67,7 +67,9 @@ def make_operator(FastOp op, str name, str doc, str form):
 
 
 def make_function(FastOp op, local):
-    """A public function: ``op`` when a DTensor is among the arguments, else ``local``."""
+    """A public function: ``op`` when a DTensor is among the arguments, else ``local``;
+    through the recorder when it may record (an argument with autograd state, grad mode
+    on) and through the autograd hook for an in-place op (which counts its writes)."""
     def plain(*args, **kwargs):
         if _has_dtensor(args, kwargs):
             return op.call(args, kwargs)
@@ -75,9 +77,10 @@ def make_function(FastOp op, local):
 
     def fn(*args, **kwargs):
         if _call_hook is not None:
+            if op.inplace:
+                return _call_hook(op.info, plain, args, kwargs)
             if _grad_mode.enabled and _any_tensor_ag(args, kwargs):
                 return _hooked(op.info, plain, args, kwargs)
-            return _call_hook(op.info, plain, args, kwargs)
         if _has_dtensor(args, kwargs):
             return op.call(args, kwargs)
         return local(*args, **kwargs)

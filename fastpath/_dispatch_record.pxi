@@ -123,22 +123,25 @@ cdef object _rec_apply = None    # the nodes' formula: record._apply
 cdef dict _rec_versions = None   # autograd's version counters: id(owner) -> [version, count]
 cdef object _rec_save = None     # autograd.save(t, name) (a pending or abstract DTensor's)
 cdef object _rec_stand_in = None # record._stand_in(v)
+cdef dict _rec_stand_ins = None  # its cache: (shape, dtype char) of a Tensor, a DTensor's spec
 cdef object _rec_detached = None # record._detached(t)
 cdef object _rec_note_views = None  # record._note_views(info, values, x, outputs)
+cdef object _rec_view = None     # record._View (a tuple subclass)
 cdef long long _rec_served = 0   # calls recorded here (tests)
 
 
-def install_recorder(plan_of, tuple types, node, apply, save, stand_in, detached,
-                     note_views):
+def install_recorder(plan_of, tuple types, node, apply, save, stand_in, dict stand_ins,
+                     detached, note_views, type view):
     """Plug in dtensor's recorder parts (see the module's globals above); forgets the
     plans made so far. **Local**."""
     global _rec_plan_of, _rec_T, _rec_D, _rec_P, _rec_A, _rec_node, _rec_apply
-    global _rec_save, _rec_stand_in, _rec_detached, _rec_note_views
+    global _rec_save, _rec_stand_in, _rec_stand_ins, _rec_detached, _rec_note_views, _rec_view
     _rec_T, _rec_D, _rec_P, _rec_A = types
     if not issubclass(node, NodeBase):
         raise TypeError("fastpath.install_recorder: the node class must derive from NodeBase")
     _rec_node, _rec_apply, _rec_save = node, apply, save
-    _rec_stand_in, _rec_detached, _rec_note_views = stand_in, detached, note_views
+    _rec_stand_in, _rec_stand_ins = stand_in, stand_ins
+    _rec_detached, _rec_note_views, _rec_view = detached, note_views, view
     _rec_plans.clear()
     _rec_plan_of = plan_of
 
@@ -156,6 +159,52 @@ cdef inline object _meta_of(object v, type t):
     if t is _rec_D or t is _rec_P or t is _rec_A:
         return (<DTensorBase>v)._ag
     return _DECLINE
+
+
+cdef inline object _owner(object t):
+    """The array owning the memory of ``t`` (a Tensor or DTensor: autograd's ``owner``)."""
+    arr = (<TensorBase>t)._arr if type(t) is _rec_T else (<TensorBase>_get_local(t))._arr
+    own = arr.base
+    return arr if own is None else own
+
+
+cdef void _note_views(object info, list values, object x, tuple outputs):
+    """``record._note_views`` for an input ``x`` that is not a view of a recorded view op
+    (the recorder declines those): the outputs that share ``x``'s memory become its views."""
+    cdef Py_ssize_t nr = 0, n = len(outputs)
+    t = type(x)
+    if not (t is _rec_T or t is _rec_D):
+        _rec_note_views(info, values, x, outputs)
+        return
+    for o in outputs:
+        t = type(o)
+        if not (t is _rec_T or t is _rec_D):
+            _rec_note_views(info, values, x, outputs)
+            return
+    own = _owner(x)
+    xm = _meta_of(x, type(x))
+    base = None
+    for o in outputs:
+        m = _meta_of(o, type(o))
+        if m is not None and _owner(o) is own:
+            if base is None:
+                base = PyWeakref_NewRef(x, None)
+            m.view = tuple.__new__(_rec_view, (base, xm, info, values, nr, n, None))
+        nr += 1
+
+
+cdef object _stand_in(object v, type t):
+    """``record._stand_in(v)`` (``v`` of the recorder's type ``t``), from its cache when
+    there."""
+    if t is _rec_T:
+        arr = (<TensorBase>v)._arr
+        if type(arr) is not _ndarray:
+            return v
+        key = (arr.shape, arr.dtype.char)
+    else:
+        key = (<DTensorBase>v)._spec
+    s = _rec_stand_ins.get(key)
+    return _rec_stand_in(v) if s is None else s
 
 
 cdef object _record_fast(object info, object plain, tuple args, object kwargs, object order):
@@ -246,7 +295,7 @@ cdef object _record_fast(object info, object plain, tuple args, object kwargs, o
         if t is _rec_T or t is _rec_D or t is _rec_P:
             m = _meta_of(v, t)
             if m is not None and m.grad_fn is not None:
-                values[pi] = _rec_stand_in(v)
+                values[pi] = _stand_in(v, t)
                 changed = True
     if changed:
         slots = [values[i] for i in plan.tensor_idx]
@@ -273,7 +322,7 @@ cdef object _record_fast(object info, object plain, tuple args, object kwargs, o
                 o._ag = m
         nr += 1
     if plan.view:
-        _rec_note_views(info, values, first, outputs)
+        _note_views(info, values, first, outputs)
     _rec_served += 1
     return out
 

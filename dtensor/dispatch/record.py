@@ -616,5 +616,5 @@ def sum_to(g: object, shape: tuple) -> object:
 if _fp.ENABLED:
     _fp.dispatch.install_recorder(
         _compiled_plan, (Tensor, DTensor, _PendingDTensor, AbstractDTensor), _ag.Node, _apply,
-        _ag.save, _stand_in, _detached, _note_views,
+        _ag.save, _stand_in, _STAND_INS, _detached, _note_views, _View,
     )

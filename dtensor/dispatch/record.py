@@ -21,9 +21,14 @@ itself) is brought up to date when an op uses it.
 
 Until autograd is active nothing here runs: :mod:`dtensor.dispatch.install` installs the
 recording forms and the hook only then. After, the no-grad path pays one check per call (a
-pointer test per argument in compiled code). A call that records falls back from the
-compiled front to this Python recorder, which runs the op through the front with grad mode
-off.
+pointer test per argument in compiled code). On the compiled path, a call that records is
+first offered to the compiled recorder (``fastpath.dispatch``, plugged in below with this
+module's parts), which records the common case as :func:`record` does: positional
+arguments (of an op without a variadic parameter, out of place, whose formula reads no
+random state) and no input that is a view of a recorded view op; it makes the node and the
+outputs' autograd state from compiled classes (autograd's ``Node`` and ``AutogradMeta`` on
+the compiled path). Any other call comes here, to :func:`record`, which runs the op
+through the front with grad mode off.
 """
 
 from __future__ import annotations
@@ -269,13 +274,14 @@ def _unread(v: object) -> object:
 
 class _Plan:
     """What :func:`record` needs of one op, computed once (:func:`_plan_of`): its binder;
-    ``quick`` the fewest positional arguments a call may pass for a bind that only fills
-    the remaining defaults (no keyword, no packing; ``nparams + 1`` when the op has a
-    variadic or size-packing parameter: every call binds in full); ``save`` the positions
-    of the tensor parameters the formula reads; ``unread`` those of the others (a node
-    keeps stand-ins of its intermediates); ``view`` whether the op is a view op."""
+    ``required`` the number of parameters up to the last without a default; ``quick`` the
+    fewest positional arguments a call may pass for a bind that only fills the remaining
+    defaults (no keyword, no packing; ``nparams + 1`` when the op has a variadic or
+    size-packing parameter: every call binds in full); ``save`` the positions of the
+    tensor parameters the formula reads; ``unread`` those of the others (a node keeps
+    stand-ins of its intermediates); ``view`` whether the op is a view op."""
 
-    __slots__ = ("binder", "quick", "save", "unread", "view")
+    __slots__ = ("binder", "quick", "required", "save", "unread", "view")
 
     def __init__(self, info: OpInfo) -> None:
         binder = self.binder = binder_of(info)
@@ -283,6 +289,7 @@ class _Plan:
         n = binder.nparams
         while n and fill[n - 1] is not MISSING:
             n -= 1
+        self.required = n
         self.quick = n if binder.pack_idx < 0 and binder.variadic_idx < 0 else binder.nparams + 1
         save = () if info.backward is None else info.backward.save
         self.save = tuple((binder.index[p], p) for p in save)
@@ -308,12 +315,9 @@ def _compiled_plan(info: OpInfo) -> object:
         return None
     plan = _PLANS.get(info) or _plan_of(info)
     b = plan.binder
-    fill = b.fill
-    quick = b.nparams
-    while quick and fill[quick - 1] is not MISSING:
-        quick -= 1
-    return _fp.dispatch.RecordPlan(quick, b.nparams, list(fill), b.pack_idx, b.tensor_idx,
-                                   plan.save, plan.unread, plan.view, info.name, bw, bw.out)
+    return _fp.dispatch.RecordPlan(plan.required, b.nparams, list(b.fill), b.pack_idx,
+                                   b.tensor_idx, plan.save, plan.unread, plan.view, info.name,
+                                   bw, bw.out)
 
 
 # -- views ---------------------------------------------------------------------------------------

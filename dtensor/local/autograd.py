@@ -22,6 +22,11 @@ the memory it writes (:func:`bump_version`, keyed by the array that owns the mem
 every view of it shares one counter); a node records the versions of what it saves and a
 backward through it after a change raises, as in PyTorch.
 
+On the compiled path the autograd state and the nodes' attributes are compiled classes
+(``fastpath.dispatch.AutogradMeta`` and ``NodeBase``, with the same attributes and
+constructors as the Python ones here), which the compiled recorder makes without running
+Python code; a compiled node stops counting its saved tensors' versions as it goes.
+
 While :func:`run_backward` walks the graph, :func:`in_backward` is true and
 :func:`current_backward` names the op whose node runs (its formula, the summing of the
 gradients it produces and their accumulation into leaves): the debug tools attribute the

@@ -261,14 +261,6 @@ cdef object _record_fast(object info, object plain, tuple args, object kwargs, o
         edges.append(None)
     if not wants:
         return _DECLINE
-    saved = []
-    for s in plan.save:
-        v = values[<Py_ssize_t>(<tuple>s)[0]]
-        t = type(v)
-        if t is _rec_T or t is _rec_D:
-            saved.append(_save(v, (<tuple>s)[1]))
-        elif t is _rec_P or t is _rec_A:
-            saved.append(_rec_save(v, (<tuple>s)[1]))
     _grad_mode.enabled = False
     try:
         out = plain(*args)
@@ -281,12 +273,7 @@ cdef object _record_fast(object info, object plain, tuple args, object kwargs, o
         outputs = (out,)
     else:
         outputs = tuple(out)
-    saved_out = None
-    if plan.out:
-        saved_out = _rec_detached(outputs[0])
-        t = type(saved_out)
-        saved.append(_save(saved_out, "result") if t is _rec_T or t is _rec_D
-                     else _rec_save(saved_out, "result"))
+    saved_out = _rec_detached(outputs[0]) if plan.out else None
     first = slots[0] if slots else None
     for i in plan.unread:
         pi = i
@@ -299,6 +286,20 @@ cdef object _record_fast(object info, object plain, tuple args, object kwargs, o
                 changed = True
     if changed:
         slots = [values[i] for i in plan.tensor_idx]
+    # the saves, last (an out-of-place op leaves their versions as they were): nothing that
+    # may fail runs between them and the node that holds them
+    saved = []
+    for s in plan.save:
+        v = values[<Py_ssize_t>(<tuple>s)[0]]
+        t = type(v)
+        if t is _rec_T or t is _rec_D:
+            saved.append(_save(v, (<tuple>s)[1]))
+        elif t is _rec_P or t is _rec_A:
+            saved.append(_rec_save(v, (<tuple>s)[1]))
+    if plan.out:
+        t = type(saved_out)
+        saved.append(_save(saved_out, "result") if t is _rec_T or t is _rec_D
+                     else _rec_save(saved_out, "result"))
     node = <NodeBase>_alloc(NodeBase, _rec_node)
     node.op = plan.name
     node.formula = _rec_apply

@@ -540,6 +540,9 @@ def record(info: OpInfo, plain: Callable, args: tuple, kwargs: Mapping[str, obje
     mode.enabled = False  # (_unrecorded, inline: this is the recording hot path)
     try:
         out = plain(*args, **kwargs)
+    except BaseException:
+        _ag.unsave(saved)  # (no node will hold them)
+        raise
     finally:
         mode.enabled = True
     if self is not None:
@@ -548,6 +551,7 @@ def record(info: OpInfo, plain: Callable, args: tuple, kwargs: Mapping[str, obje
     elif _is_tensor(out):
         for v in slots:
             if v is out:  # the op returned its input (contiguous() of a contiguous tensor)
+                _ag.unsave(saved)
                 return out
         outputs = (out,)
     else:

@@ -67,6 +67,7 @@ __all__ = [
     "save",
     "set_grad_enabled",
     "set_leaf_layout",
+    "unsave",
     "version_of",
 ]
 
@@ -273,11 +274,12 @@ def _py_unsave(saved: Sequence) -> None:
                 del versions[key]
 
 
-if _fp.ENABLED:  # the compiled twin, which compiled nodes call as they go
+#: Stop counting saved entries (of :func:`save`): their node goes or is released, or the
+#: node that would hold them is not made. **Local**. The compiled twin on the compiled path
+#: (compiled nodes call it as they go).
+unsave = _fp.dispatch.unsave if _fp.ENABLED else _py_unsave
+if _fp.ENABLED:
     _fp.dispatch.set_versions(_VERSIONS)
-    _unsave = _fp.dispatch.unsave
-else:
-    _unsave = _py_unsave
 
 
 # -- nodes ------------------------------------------------------------------------------------------
@@ -335,7 +337,7 @@ class Node(_fp.dispatch.NodeBase if _fp.ENABLED else _NodeBase):
         saved = self.saved
         if saved:
             self.saved = ()
-            _unsave(saved)
+            unsave(saved)
         self.ctx = self.out = None
         self.released = True
 
@@ -369,7 +371,7 @@ else:
         def __del__(self) -> None:
             saved = self.saved
             if saved:
-                _unsave(saved)
+                unsave(saved)
 
 
 # -- leaf layout (DTensor leaves) -----------------------------------------------------------------

@@ -501,7 +501,8 @@ def test_recording_plan_and_saved_counts():
     """A positional call, recorded from compiled code on the compiled path and else bound
     through the op's plan (defaults filled in), makes the node a keyword call makes
     through the full bind: same edges and values, same gradients. A saved tensor's version
-    is counted while its node lives: not after the node goes or a backward releases it."""
+    is counted while its node lives: not after the node goes or a backward releases it, nor
+    when the op fails."""
     from dtensor.local import autograd as _ag
 
     x, y = _leaf(3), _leaf(3)
@@ -528,6 +529,9 @@ def test_recording_plan_and_saved_counts():
     assert _ag._VERSIONS[key][1] == 1
     z2.sum().backward()  # released
     assert key not in _ag._VERSIONS
+    with pytest.raises(DTensorError):
+        x * dt.ones(4, dtype=dt.float64)  # the op fails: no node holds what it saved
+    assert id(_ag.owner(x)) not in _ag._VERSIONS
 
 
 def test_error_requires_grad_on_non_leaf():

@@ -168,19 +168,19 @@ cdef inline object _owner(object t):
     return arr if own is None else own
 
 
-cdef void _note_views(object info, list values, object x, tuple outputs):
+cdef int _note_views(object info, list values, object x, tuple outputs) except -1:
     """``record._note_views`` for an input ``x`` that is not a view of a recorded view op
     (the recorder declines those): the outputs that share ``x``'s memory become its views."""
     cdef Py_ssize_t nr = 0, n = len(outputs)
     t = type(x)
     if not (t is _rec_T or t is _rec_D):
         _rec_note_views(info, values, x, outputs)
-        return
+        return 0
     for o in outputs:
         t = type(o)
         if not (t is _rec_T or t is _rec_D):
             _rec_note_views(info, values, x, outputs)
-            return
+            return 0
     own = _owner(x)
     xm = _meta_of(x, type(x))
     base = None
@@ -191,6 +191,17 @@ cdef void _note_views(object info, list values, object x, tuple outputs):
                 base = PyWeakref_NewRef(x, None)
             m.view = tuple.__new__(_rec_view, (base, xm, info, values, nr, n, None))
         nr += 1
+    return 0
+
+
+cdef object _detached(object t):
+    """``record._detached(t)``: a new handle on ``t``'s data without autograd state."""
+    cdef type tt = type(t)
+    if tt is _rec_T:
+        return _new_tensor((<TensorBase>t)._arr, (<TensorBase>t)._storage)
+    if tt is _rec_D:
+        return _new_dtensor(_get_local(<DTensorBase>t), (<DTensorBase>t)._spec)
+    return _rec_detached(t)
 
 
 cdef object _stand_in(object v, type t):
@@ -273,7 +284,7 @@ cdef object _record_fast(object info, object plain, tuple args, object kwargs, o
         outputs = (out,)
     else:
         outputs = tuple(out)
-    saved_out = _rec_detached(outputs[0]) if plan.out else None
+    saved_out = _detached(outputs[0]) if plan.out else None
     first = slots[0] if slots else None
     for i in plan.unread:
         pi = i

@@ -186,12 +186,27 @@ cdef int _note_views(object info, list values, object x, tuple outputs) except -
     base = None
     for o in outputs:
         m = _meta_of(o, type(o))
-        if m is not None and _owner(o) is own:
+        if type(m) is AutogradMeta and _owner(o) is own:  # (the state made just before)
             if base is None:
                 base = PyWeakref_NewRef(x, None)
-            m.view = tuple.__new__(_rec_view, (base, xm, info, values, nr, n, None))
+            (<AutogradMeta>m).view = tuple.__new__(_rec_view,
+                                                   (base, xm, info, values, nr, n, None))
         nr += 1
     return 0
+
+
+cdef inline bint _floating(object o) except -1:
+    """Whether output ``o`` has a floating or complex dtype (it gets autograd state)."""
+    cdef type t = type(o)
+    if t is _rec_T:
+        arr = (<TensorBase>o)._arr
+        if type(arr) is _ndarray:
+            return (<cnp.ndarray>arr).descr.kind in b"fc"
+    elif t is _rec_D:
+        dtype = (<DTensorBase>o)._spec.dtype  # (DTensor's ``dtype``)
+        if isinstance(dtype, cnp.dtype):
+            return (<cnp.dtype>dtype).kind in b"fc"
+    return o.dtype.kind in "fc"
 
 
 cdef object _detached(object t):
@@ -263,9 +278,9 @@ cdef object _record_fast(object info, object plain, tuple args, object kwargs, o
         slots.append(v)
         m = _meta_of(v, type(v))
         if m is not None and m is not _DECLINE:
-            if m.view is not None:
+            if type(m) is not AutogradMeta or (<AutogradMeta>m).view is not None:
                 return _DECLINE
-            if m.requires_grad:
+            if (<AutogradMeta>m).requires_grad:
                 wants = True
                 edges.append(m)
                 continue
@@ -292,7 +307,7 @@ cdef object _record_fast(object info, object plain, tuple args, object kwargs, o
         t = type(v)
         if t is _rec_T or t is _rec_D or t is _rec_P:
             m = _meta_of(v, t)
-            if m is not None and m.grad_fn is not None:
+            if m is not None and (<AutogradMeta>m).grad_fn is not None:
                 values[pi] = _stand_in(v, t)
                 changed = True
     if changed:
@@ -322,7 +337,7 @@ cdef object _record_fast(object info, object plain, tuple args, object kwargs, o
     node.released = False
     nr = 0
     for o in outputs:
-        if o is not None and o.dtype.kind in "fc":
+        if o is not None and _floating(o):
             m = _alloc(AutogradMeta, AutogradMeta)
             meta = <AutogradMeta>m
             meta.requires_grad = True

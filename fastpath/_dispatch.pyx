@@ -63,6 +63,7 @@ __all__ = [
     "set_slot_ops",
     "stats",
     "redistribute",
+    "redistribute_kinds",
     "reset_stats",
     "wrap",
 ]
@@ -98,4 +99,4 @@ include "_dispatch_keys.pxi"   # key markers, simple statics, hashes, _frozen, _
 include "_dispatch_front.pxi"  # FrontEntry and FastOp: binding, front table, lookup, fill
 include "_dispatch_run.pxi"    # runners: _raw_pair, _run (raw forms, kernel, entry runner)
 include "_dispatch_entry.pxi"  # make_method, make_operator, make_function
-include "_dispatch_redist.pxi" # redistribute (one all-gather from compiled code), its plugs
+include "_dispatch_redist.pxi" # redistribute (one-step plans from compiled code), its plugs

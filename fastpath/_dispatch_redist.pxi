@@ -12,12 +12,15 @@
 
 from numpy import divide as _np_divide
 from libc.stdint cimport int64_t
+from cpython.pycapsule cimport PyCapsule_GetName, PyCapsule_GetPointer
 
 cdef object _redist_form = None      # front.redistribute_form(dtensor, placements) -> tuple|None
 cdef object _redist_py = None        # DTensor's Python redistribute method
-cdef object _comm_mod = None         # redistribute.comm (its _observers and _checks)
+cdef dict _comm_ns = None            # redistribute.comm's namespace (_observers, _checks,
+                                     # _persistent)
 cdef object _mpi_byte = None         # MPI.BYTE
 cdef dict _redist = {}               # id(source spec) -> list of RedistEntry
+cdef object _last = None             # the RedistEntry used last (checked before the table)
 cdef Py_ssize_t REDIST_MAX = 4096    # source specs kept at most (then all are forgotten)
 
 cdef enum:
@@ -74,6 +77,14 @@ cdef void _copy_blocks(const char* src, char* dst, object blocks) noexcept:
         b += 8
 
 
+cdef inline bint _comm_flag(str name) except -1:
+    """The truth of ``redistribute.comm``'s global ``name`` (read from its namespace)."""
+    cdef PyObject* v = PyDict_GetItem(_comm_ns, name)
+    if v != NULL and <object>v:
+        return True
+    return False
+
+
 cdef inline char* _data(object a):
     return <char*>cnp.PyArray_DATA(<cnp.ndarray>a)
 
@@ -85,13 +96,33 @@ cdef inline object _bytes_buffer(Py_ssize_t n):
     return cnp.PyArray_EMPTY(1, dims, cnp.NPY_UINT8, 0)
 
 
-def install_redistribute(form, py_method, comm_module, mpi_byte):
+# MPI_Start and MPI_Wait of the MPI library, and mpi4py's PyMPIRequest_Get (plugged in by
+# install_redistribute; NULL: the request's Python methods are called instead)
+ctypedef int (*_mpi_start_t)(void* request) noexcept nogil
+ctypedef int (*_mpi_wait_t)(void* request, void* status) noexcept nogil
+ctypedef void* (*_request_get_t)(object request) except NULL
+cdef _mpi_start_t _mpi_start = NULL
+cdef _mpi_wait_t _mpi_wait = NULL
+cdef _request_get_t _request_get = NULL
+cdef object _mpi_exception = None    # MPI.Exception: raised with the error code of a call
+
+
+def install_redistribute(form, py_method, comm_module, mpi_byte, c_api=None):
     """Plug in what the compiled ``redistribute`` needs: the dispatcher's
-    ``redistribute_form``, DTensor's Python method, ``redistribute.comm`` and ``MPI.BYTE``.
-    **Local**."""
-    global _redist_form, _redist_py, _comm_mod, _mpi_byte
-    _redist_form, _redist_py, _comm_mod, _mpi_byte = form, py_method, comm_module, mpi_byte
+    ``redistribute_form``, DTensor's Python method, ``redistribute.comm``, ``MPI.BYTE``
+    and ``redistribute.comm.request_c_api()`` (or None). **Local**."""
+    global _redist_form, _redist_py, _comm_ns, _mpi_byte, _last
+    global _mpi_start, _mpi_wait, _request_get, _mpi_exception
+    _redist_form, _redist_py, _mpi_byte = form, py_method, mpi_byte
+    _comm_ns = vars(comm_module)
+    _mpi_start, _mpi_wait, _request_get = NULL, NULL, NULL
+    if c_api is not None:
+        start, wait, get, _mpi_exception = c_api
+        _mpi_start = <_mpi_start_t><uintptr_t>start
+        _mpi_wait = <_mpi_wait_t><uintptr_t>wait
+        _request_get = <_request_get_t>PyCapsule_GetPointer(get, PyCapsule_GetName(get))
     _redist.clear()
+    _last = None
 
 
 @cython.final
@@ -99,6 +130,7 @@ cdef class RedistEntry:
     """One (source spec, target placements) pair as the compiled path runs it."""
 
     cdef object spec
+    cdef object mesh                 # spec.mesh
     cdef tuple targets
     cdef long generation
     cdef int kind
@@ -121,6 +153,7 @@ cdef class RedistEntry:
     cdef object pers_req             # its request, its Start and Wait (bound), its buffers
     cdef object pers_start
     cdef object pers_wait
+    cdef void* pers_handle           # the request's MPI_Request* (with the C functions)
     cdef char* pers_send
     cdef char* pers_recv
     cdef Py_ssize_t pers_recv_len
@@ -181,6 +214,7 @@ cdef RedistEntry _redist_entry(object d, object spec, object placements):
     form = _redist_form(d, placements)
     e = RedistEntry.__new__(RedistEntry)
     e.spec = spec
+    e.mesh = spec.mesh
     e.generation = _generation
     if form is None:
         e.kind = REDIST_PY
@@ -212,18 +246,36 @@ cdef object _persistent_request(RedistEntry e):
         p = e.pers = e.comm.persistent_gather(e.key)
         req = e.pers_req = p.request
         e.pers_start, e.pers_wait = req.Start, req.Wait
+        e.pers_handle = _request_get(req) if _request_get != NULL else NULL
         e.pers_send, e.pers_recv = _data(p.send), _data(p.recv)
         e.pers_recv_len = cnp.PyArray_NBYTES(<cnp.ndarray>p.recv)
     return p
 
 
-cdef int _gather(RedistEntry e, object x, object out) except -1:
-    cdef Py_ssize_t n
-    if _comm_mod._persistent:
-        _persistent_request(e)
-        memcpy(e.pers_send, _data(x), e.mine)
+cdef int _start_wait(RedistEntry e) except -1:
+    """Start the entry's persistent request and wait for it: by the MPI library's functions
+    (the GIL released, as mpi4py's calls release it), else by the request's methods."""
+    cdef int rc
+    cdef char status[64]             # an MPI_Status of any MPI library (MPICH's has 20 bytes)
+    cdef void* handle = e.pers_handle
+    if handle == NULL or _mpi_start == NULL:
         e.pers_start()
         e.pers_wait()
+        return 0
+    with nogil:
+        rc = _mpi_start(handle)
+        if rc == 0:
+            rc = _mpi_wait(handle, status)
+    if rc != 0:
+        raise _mpi_exception(rc)
+    return 0
+
+
+cdef int _gather(RedistEntry e, object x, object out) except -1:
+    if _comm_flag("_persistent"):
+        _persistent_request(e)
+        memcpy(e.pers_send, _data(x), e.mine)
+        _start_wait(e)
         if e.unstage is None:
             memcpy(_data(out), e.pers_recv, e.pers_recv_len)
         else:
@@ -279,13 +331,20 @@ def redistribute(self, device_mesh=None, placements=None, *, async_op=False):
     the plan is one step of a kind it runs; else the Python method. **Collective**."""
     cdef DTensorBase d = <DTensorBase>self
     spec = d._spec
-    if (type(placements) is not list and type(placements) is not tuple) or (
-            device_mesh is not None and device_mesh is not spec.mesh) or async_op or (
+    if (type(placements) is not list and type(placements) is not tuple) or async_op or (
             type(self) is not _DTensor):
         return _redist_py(self, device_mesh, placements, async_op=async_op)
-    if _comm_mod._observers or _comm_mod._checks:
+    if _comm_flag("_observers") or _comm_flag("_checks"):
         return _redist_py(self, device_mesh, placements, async_op=async_op)
-    cdef RedistEntry e = _redist_entry(self, spec, placements)
+    global _last
+    cdef RedistEntry e = <RedistEntry>_last
+    if e is None or e.spec is not spec or e.generation != _generation or not _same_targets(
+            e.targets, placements):
+        if device_mesh is not None and device_mesh is not spec.mesh:
+            return _redist_py(self, device_mesh, placements, async_op=async_op)
+        e = _last = _redist_entry(self, spec, placements)
+    elif device_mesh is not None and device_mesh is not e.mesh:
+        return _redist_py(self, device_mesh, placements, async_op=async_op)
     cdef int kind = e.kind
     if kind == REDIST_PY:
         return _redist_py(self, device_mesh, placements, async_op=async_op)

@@ -350,7 +350,9 @@ def plug_fastpath() -> object:
     )
     front.set_quiet(QUIET, quiet_call)
     _RAW = front.RAW_FORMS
-    front.install_redistribute(redistribute_form, PY_REDISTRIBUTE, _comm, _comm.BYTES)
+    front.install_redistribute(
+        redistribute_form, PY_REDISTRIBUTE, _comm, _comm.BYTES, _comm.request_c_api()
+    )
     attach_front(front)
     return front
 

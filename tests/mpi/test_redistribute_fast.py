@@ -182,3 +182,24 @@ def test_bad_arguments_raise_as_in_the_python_method():
         assert x.redistribute(mesh, None).placements == (R,)
         assert x.redistribute(mesh, iter([R])).placements == (R,)  # any iterable
         assert x.redistribute(placements=(R,), async_op=True).placements == (R,)
+
+
+@needs_front
+@pytest.mark.mpi(min_size=2)
+def test_persistent_gathers_without_the_mpi_c_functions():
+    """Without ``request_c_api`` the compiled path starts and waits through mpi4py."""
+    from dtensor.dispatch import front as dfront
+
+    mesh = dt.init_device_mesh((WORLD.size,))
+    x, data = _source((5, 3), [S(1)], mesh)
+    prev = rcomm.set_persistent(True)
+    plug = (dfront.redistribute_form, dfront.PY_REDISTRIBUTE, rcomm, rcomm.BYTES)
+    try:
+        fastpath.dispatch.install_redistribute(*plug, None)
+        before = _kinds()["gather"]
+        y = x.redistribute(mesh, [R])
+        assert _kinds()["gather"] == before + 1
+        np.testing.assert_array_equal(y.to_local().numpy(), data)
+    finally:
+        fastpath.dispatch.install_redistribute(*plug, rcomm.request_c_api())
+        rcomm.set_persistent(prev)

@@ -319,6 +319,7 @@ def test_overlap_benchmark_reports_every_case(tmp_path):
     p = doc["persistent"]
     assert p["dtensor_persistent_us"] > 0 and p["dtensor_blocking_us"] > 0
     assert p["raw_allgather_us"] > 0 and p["raw_persistent_us"] > 0
+    assert all(type(p[f"paired_{k}_us"]) is float for k in ("over_raw", "gain", "blocking_over_raw"))
     assert [c["redistribute"] for c in doc["overlap"]] == [
         "(8x8) float32 S(0)->R", "(64x64) float32 S(0)->R"]
     for case in [*doc["overlap"], doc["slow_peer"]]:

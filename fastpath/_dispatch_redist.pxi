@@ -13,6 +13,7 @@
 from numpy import divide as _np_divide
 from libc.stdint cimport int64_t
 from cpython.pycapsule cimport PyCapsule_GetName, PyCapsule_GetPointer
+from cpython.dict cimport PyDict_GetItemWithError
 
 cdef object _redist_form = None      # front.redistribute_form(dtensor, placements) -> tuple|None
 cdef object _redist_py = None        # DTensor's Python redistribute method
@@ -79,7 +80,7 @@ cdef void _copy_blocks(const char* src, char* dst, object blocks) noexcept:
 
 cdef inline bint _comm_flag(str name) except -1:
     """The truth of ``redistribute.comm``'s global ``name`` (read from its namespace)."""
-    cdef PyObject* v = PyDict_GetItem(_comm_ns, name)
+    cdef PyObject* v = PyDict_GetItemWithError(_comm_ns, name)
     if v != NULL and <object>v:
         return True
     return False

@@ -25,6 +25,8 @@ This module owns:
   is freed and at exit (before MPI finalizes); off by default (on this machine an 8x8
   all-gather measured no faster persistent than blocking), ``DTENSOR_PERSISTENT=1`` or
   :func:`set_persistent` turns them on;
+- :func:`request_c_api`: the MPI library's ``MPI_Start``/``MPI_Wait`` and mpi4py's
+  request accessor, with which compiled code runs a persistent request without Python calls;
 - the private duplicate of a communicator that asynchronous redistributes run on
   (:meth:`Comm.twin`), so that their collectives never meet the caller's in matching, and
   the nonblocking forms of the data collectives (``start=True``: ``Iallgather(v)``,

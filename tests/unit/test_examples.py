@@ -308,7 +308,8 @@ def test_redistribute_benchmark_compares_against_raw_collectives(tmp_path):
     assert set(cases) == {"S(0)->R", "S(1)->R", "S(0)->S(1)", "P->R", "P(max)->R", "R->S(0)"}
     assert cases["P->R"]["raw"] == "Allreduce" and cases["P->R"]["raw_us"] > 0
     assert cases["P(max)->R"]["raw"] == "Allreduce MAX" and cases["P(max)->R"]["raw_us"] > 0
-    assert all(r["dtensor_us"] > 0 and r["execute_us"] > 0 for r in cases.values())
+    assert all(r["dtensor_us"] > 0 and r["execute_us"] > 0 and r["python_us"] > 0
+               for r in cases.values())
 
 
 def test_overlap_benchmark_reports_every_case(tmp_path):

@@ -110,7 +110,7 @@ def test_same_dtensors_as_the_python_method():
                 after = _kinds()
             finally:
                 rcomm.set_persistent(prev)
-            ran = {name: after[name] - before[name] for name in after if after[name] != before[name]}
+            ran = {kd: after[kd] - before[kd] for kd in after if after[kd] != before[kd]}
             assert ran == ({} if k is None else {k: 3}), case
         out = y.to_local().numpy()
         # views and copies as in the Python method

@@ -162,6 +162,14 @@ def test_comm_debug_mode_sees_every_redistribute():
     assert mode.get_total_counts() == 1, mode.table()
     assert dt.debug.fastpath_status()["fast_redistributes"] == before  # the Python method ran
     np.testing.assert_array_equal(y.to_local().numpy(), x.full_tensor().numpy())
+    before = dt.debug.fastpath_status()["fast_redistributes"]
+    prev = rcomm.set_check_spmd(True)  # so does every call while the SPMD check is on
+    try:
+        z = x.redistribute(mesh, [P("sum")]).redistribute(mesh, [R])
+    finally:
+        rcomm.set_check_spmd(prev)
+    assert dt.debug.fastpath_status()["fast_redistributes"] == before
+    np.testing.assert_array_equal(z.to_local().numpy(), y.to_local().numpy())
 
 
 @needs_front

@@ -71,6 +71,7 @@ __all__ = [
     "stats",
     "unsave",
     "redistribute",
+    "redistribute_kinds",
     "reset_stats",
     "wrap",
 ]
@@ -107,4 +108,4 @@ include "_dispatch_front.pxi"  # FrontEntry and FastOp: binding, front table, lo
 include "_dispatch_record.pxi" # the compiled recorder, AutogradMeta, NodeBase
 include "_dispatch_run.pxi"    # runners: _raw_pair, _run (raw forms, kernel, entry runner)
 include "_dispatch_entry.pxi"  # make_method, make_operator, make_function
-include "_dispatch_redist.pxi" # redistribute (one all-gather from compiled code), its plugs
+include "_dispatch_redist.pxi" # redistribute (one-step plans from compiled code), its plugs

@@ -36,6 +36,7 @@ def flush(data):
 
 
 cdef unsigned long long _redist_hits = 0   # redistributes run by the compiled path
+cdef unsigned long long _redist_kind_hits[6]   # the same by kind (_dispatch_redist.pxi)
 
 
 def stats():
@@ -47,9 +48,12 @@ def stats():
 def reset_stats():
     """Zero the counters of :func:`stats` (the Python cache was cleared). **Local**."""
     global _hits, _fills, _redist_hits
+    cdef int i
     _hits = 0
     _fills = 0
     _redist_hits = 0
+    for i in range(6):
+        _redist_kind_hits[i] = 0
 
 
 cdef inline FrontEntry _touch(FrontEntry fe):

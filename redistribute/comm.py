@@ -25,6 +25,8 @@ This module owns:
   is freed and at exit (before MPI finalizes); off by default (on this machine an 8x8
   all-gather measured no faster persistent than blocking), ``DTENSOR_PERSISTENT=1`` or
   :func:`set_persistent` turns them on;
+- :func:`request_c_api`: the MPI library's ``MPI_Start``/``MPI_Wait`` and mpi4py's
+  request accessor, with which compiled code runs a persistent request without Python calls;
 - the private duplicate of a communicator that asynchronous redistributes run on
   (:meth:`Comm.twin`), so that their collectives never meet the caller's in matching, and
   the nonblocking forms of the data collectives (``start=True``: ``Iallgather(v)``,
@@ -103,6 +105,7 @@ __all__ = [
     "make_mesh_comms",
     "persistent_enabled",
     "remove_observer",
+    "request_c_api",
     "set_check_spmd",
     "set_op_source",
     "set_persistent",
@@ -813,6 +816,23 @@ class PersistentGather:
         if self.request is not None and not MPI.Is_finalized():
             self.request.Free()
         self.request = None
+
+
+def request_c_api() -> tuple | None:
+    """What compiled code needs to start and wait for a persistent request without a Python
+    call: ``(address of MPI_Start, address of MPI_Wait, mpi4py's PyMPIRequest_Get capsule,
+    MPI.Exception)``, from the MPI library mpi4py runs on; None where one of them cannot be
+    found (the caller then calls the request's ``Start`` and ``Wait``). Both functions take
+    only pointers (``MPI_Request *``, ``MPI_Status *``), whatever the library's handle
+    types. **Local**."""
+    try:
+        lib = ctypes.CDLL(MPI.__file__)
+        start = ctypes.cast(lib.MPI_Start, ctypes.c_void_p).value
+        wait = ctypes.cast(lib.MPI_Wait, ctypes.c_void_p).value
+        get = MPI.__pyx_capi__["PyMPIRequest_Get"]
+    except (OSError, AttributeError, KeyError):
+        return None
+    return start, wait, get, MPI.Exception
 
 
 def _free_pool(pool: dict) -> None:

@@ -23,8 +23,10 @@ def fastpath_status() -> dict[str, object]:
         ``built`` (the extension imports), ``env`` (``DTENSOR_FASTPATH`` or None),
         ``reason`` (why the Python path serves, or None), and the propagation cache's
         ``fast_hits``, ``python_hits`` and ``misses`` (misses always go to the Python path),
-        and ``fast_redistributes`` (redistributes the compiled path ran: plans that are one
-        all-gather; 0 on the Python path).
+        ``fast_redistributes`` (redistributes the compiled path ran: one-step plans of the
+        kinds :func:`redistribute.execute.compiled_form` describes; 0 on the Python path) and
+        ``fast_redistribute_kinds`` (the same by kind: ``gather``, ``all_reduce``,
+        ``reduce_scatter``, ``all_to_all``, ``local``).
     """
     active = fastpath_active()
     if active:
@@ -47,4 +49,5 @@ def fastpath_status() -> dict[str, object]:
         "python_hits": stats["python_hits"],
         "misses": stats["misses"],
         "fast_redistributes": fastpath.dispatch.stats()["redistributes"] if fastpath.ENABLED else 0,
+        "fast_redistribute_kinds": fastpath.dispatch.redistribute_kinds() if fastpath.ENABLED else {},
     }

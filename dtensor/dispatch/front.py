@@ -21,7 +21,7 @@ import fastpath as _fp
 from placements.meta import norm_dims
 from placements.spec import DTensorSpec
 from redistribute import comm as _comm
-from redistribute.execute import gather_form as _gather_form
+from redistribute.execute import compiled_form as _compiled_form
 
 from ..distributed.dtensor import DTensor, _normalize_placements, _target
 from ..local import allocator as _allocator
@@ -291,13 +291,13 @@ def redistribute_form(d: DTensor, placements: object) -> tuple | None:
     """How the compiled ``redistribute`` may run ``d.redistribute(placements=...)``, or None
     (the Python method then runs). **Local**.
 
-    A host DTensor whose plan to the target is one all-gather of whole shards
-    (:func:`redistribute.execute.gather_form`) runs as that MPI call from the local array
-    into a new output: numpy's below the allocator's pooling size, a pooled one from there
-    on, as the Python method's ``allocator_for`` (or through the communicator's persistent
-    all-gather of those byte counts, when persistent all-gathers are on). Returns
-    ``(targets, target spec, mpi_comm, out callable or None, out shape, dtype, send bytes,
-    counts, displs, Comm, byte counts per rank)``.
+    A host DTensor whose plan to the target is one step that
+    :func:`redistribute.execute.compiled_form` describes (a small all-gather, an
+    all-reduce, a reduce-scatter or an all-to-all below the shared-memory size, a local
+    chunk) runs that step's MPI call from the local array into a new output: numpy's below
+    the allocator's pooling size, a pooled one from there on, as the Python method's
+    ``allocator_for``. Returns ``(targets, target spec, kind, Comm, out callable or None,
+    out shape, dtype, fields)`` (``kind`` and ``fields`` as ``compiled_form`` gives them).
     Invalid placements raise here as in the Python method.
     """
     spec = d._spec
@@ -306,18 +306,16 @@ def redistribute_form(d: DTensor, placements: object) -> tuple | None:
     if mesh.device_type != "cpu":
         return None
     dst, steps = _target(spec, targets)
-    form = _gather_form(steps, spec, mesh._coord, mesh._dim_comms) if steps else None
+    form = _compiled_form(steps, spec, mesh._coord, mesh._dim_comms) if steps else None
     if form is None:
         return None
-    comm, shape, mine, counts, displs = form
+    kind, comm, shape, fields = form
     dtype = spec.dtype
     if len(shape) > 32:
         return None
     nbytes = math.prod(shape) * dtype.itemsize
     make = None if nbytes < _allocator.POOL_MIN_BYTES else _allocator.pooled_empty(shape, dtype)
-    key = (mine,) * comm.size if counts is None else tuple(counts)
-    mpi = comm.mpi
-    return targets, dst, mpi, make, tuple(shape), dtype, mine, counts, displs, comm, key
+    return targets, dst, kind, comm, make, tuple(shape), dtype, fields
 
 
 def _basic_index(idx: object) -> tuple | None:
@@ -352,7 +350,9 @@ def plug_fastpath() -> object:
     )
     front.set_quiet(QUIET, quiet_call)
     _RAW = front.RAW_FORMS
-    front.install_redistribute(redistribute_form, PY_REDISTRIBUTE, _comm, _comm.BYTES)
+    front.install_redistribute(
+        redistribute_form, PY_REDISTRIBUTE, _comm, _comm.BYTES, _comm.request_c_api()
+    )
     attach_front(front)
     return front
 

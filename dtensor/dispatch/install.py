@@ -293,7 +293,7 @@ def _install_dtensor() -> list[str]:
                 setattr(DTensor, op.dunder, _operator(info, op))
             names.append(op.dunder)
     DTensor.__hash__ = object.__hash__
-    # a plan that is one all-gather runs from compiled code (see front.redistribute_form)
+    # a one-step plan runs from compiled code (see front.redistribute_form)
     redistribute = _front.redistribute if _FAST else PY_REDISTRIBUTE
     if _AUTOGRAD:
         redistribute = _record.recording_redistribute(redistribute)

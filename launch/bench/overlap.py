@@ -5,8 +5,12 @@ stated for 2 ranks on one node). It reports, in microseconds (the worst rank's m
 
 - ``persistent``: an 8x8 float32 ``S(0) -> R`` through ``x.redistribute`` with persistent
   all-gathers on and off (``redistribute.comm.set_persistent``, switched on every rank
-  together before each batch), against the raw blocking ``Allgather`` of the same bytes and a raw persistent
-  ``Allgather_init`` request (Start + Wait), variants interleaved batch by batch;
+  together before each batch), against the raw blocking ``Allgather`` of the same bytes
+  (same send and receive sizes) and a raw persistent ``Allgather_init`` request (Start +
+  Wait), variants interleaved batch by batch (order rotated each repeat); besides the
+  medians, ``paired_*`` are medians of per-repeat differences (``paired_over_raw_us``:
+  persistent minus raw ``Allgather``, the issue's margin; ``paired_gain_us``: blocking
+  minus persistent), which cancel the load that both batches of a repeat met;
 - ``overlap``: a loop of ``h = a @ b`` (local matmul) -> ``x.redistribute(S(0) -> R)``
   -> ``h @ b`` with the redistribute blocking, or started asynchronously before the first
   matmul and waited for before the second (the matmul does not depend on it), per
@@ -59,26 +63,39 @@ S0, R = [dt.Shard(0)], [dt.Replicate()]
 
 
 def _interleaved(
-    variants: dict, repeat: int, number: int, before: dict | None = None
+    variants: dict,
+    repeat: int,
+    number: int,
+    before: dict | None = None,
+    pairs: dict | None = None,
 ) -> dict[str, float]:
     """Median microseconds per call of each variant, batches of ``number`` calls
-    interleaved, ranks meeting at a barrier before each batch; the worst rank's.
-    ``before[name]()``, when given, runs (untimed, on every rank) before each batch."""
+    interleaved (the order rotated every repeat, so that no variant always follows the
+    same one), ranks meeting at a barrier before each batch; the worst rank's.
+    ``before[name]()``, when given, runs (untimed, on every rank) before each batch.
+    ``pairs`` maps a name to two variants ``(a, b)``: its figure is the median over the
+    repeats of ``a``'s batch minus ``b``'s of the same repeat (paired: both met the same
+    load), the worst rank's."""
     samples: dict[str, list[float]] = {k: [] for k in variants}
     before = before or {}
+    names = list(variants)
     for name, fn in variants.items():  # warm-up
         before.get(name, _nothing)()
         for _ in range(number):
             fn()
-    for _ in range(repeat):
-        for name, fn in variants.items():
+    for i in range(repeat):
+        for name in names[i % len(names) :] + names[: i % len(names)]:
+            fn = variants[name]
             before.get(name, _nothing)()
             WORLD.Barrier()
             start = time.perf_counter_ns()
             for _ in range(number):
                 fn()
             samples[name].append((time.perf_counter_ns() - start) / number / 1e3)
-    return {k: round(worst_rank(statistics.median(v), WORLD), 3) for k, v in samples.items()}
+    figures = {k: statistics.median(v) for k, v in samples.items()}
+    for name, (a, b) in (pairs or {}).items():
+        figures[name] = statistics.median([x - y for x, y in zip(samples[a], samples[b])])
+    return {k: round(worst_rank(v, WORLD), 3) for k, v in figures.items()}
 
 
 def _nothing() -> None:
@@ -108,7 +125,9 @@ def persistent_case(repeat: int, number: int) -> dict:
         variants = {"persistent": on, "blocking": on, "raw": raw, "raw_persistent": raw_persistent}
         switch = {"persistent": lambda: rcomm.set_persistent(True),
                   "blocking": lambda: rcomm.set_persistent(False)}  # fmt: skip
-        figures = _interleaved(variants, repeat, number, switch)
+        pairs = {"over_raw": ("persistent", "raw"), "gain": ("blocking", "persistent"),
+                 "blocking_over_raw": ("blocking", "raw")}  # fmt: skip
+        figures = _interleaved(variants, repeat, number, switch, pairs)
     finally:
         rcomm.set_persistent(prev)
         raw_req.Free()
@@ -121,6 +140,9 @@ def persistent_case(repeat: int, number: int) -> dict:
         "raw_persistent_us": figures["raw_persistent"],
         "gain_us": round(figures["blocking"] - figures["persistent"], 3),
         "over_raw_us": round(figures["persistent"] - figures["raw"], 3),
+        "paired_over_raw_us": figures["over_raw"],
+        "paired_gain_us": figures["gain"],
+        "paired_blocking_over_raw_us": figures["blocking_over_raw"],
     }
 
 

@@ -4,7 +4,10 @@ Run as ``mpiexec -n 2 python launch/bench/redistribute.py [--out FILE]`` (any wo
 works; the targets are stated for 2 ranks). For float32 NxN tensors (N = 8 and 2048) on a
 1-D mesh over all ranks it times, in microseconds per call:
 
-- ``dtensor_us``: ``x.redistribute(mesh, dst)`` through the public API;
+- ``dtensor_us``: ``x.redistribute(mesh, dst)`` through the public API (from compiled code
+  when the fast path serves the plan: every one-step plan below the shared-memory size);
+- ``python_us``: DTensor's Python ``redistribute`` method on the same call (what the public
+  API costs where the compiled path does not serve it);
 - ``execute_us``: :func:`redistribute.execute.execute` on the same plan and local array
   (what redistribute costs below the DTensor layer);
 - ``raw_us``: the matching mpi4py collective on preallocated numpy buffers of the same
@@ -12,7 +15,7 @@ works; the targets are stated for 2 ranks). For float32 NxN tensors (N = 8 and 2
 
 Each figure is the median over repeats of batched loops (warm-up first; all variants of a
 size interleaved batch by batch, so that they share the load of a busy machine, in an
-order shuffled every repeat so that none always runs right after its twin; the three
+order shuffled every repeat so that none always runs right after its twin; the
 variants of one case make the same number of calls per batch, so that they are timed
 with equally warm caches), per rank, then the worst rank (MAX over ranks). Timing
 helpers are local to this file.
@@ -52,6 +55,7 @@ import numpy as np
 from mpi4py import MPI
 
 import dtensor as dt
+from dtensor.dispatch.front import PY_REDISTRIBUTE
 from dtensor.distributed.dtensor import allocator_for
 from dtensor.local.backend import array_module
 from redistribute import shm
@@ -190,6 +194,7 @@ def measure(
         spec, local = x._spec, x.to_local()._arr
         steps = plan(spec, dst)
         fns[f"dtensor {name}"] = lambda x=x, dst=dst: x.redistribute(mesh, dst)
+        fns[f"python {name}"] = lambda x=x, dst=dst: PY_REDISTRIBUTE(x, mesh, dst)
         fns[f"execute {name}"] = lambda a=(steps, local, spec, coord, comms): execute(*a, alloc)
         if raw is not None:  # timed once per case that compares with it
             fns[f"raw {name}"] = raws[raw]
@@ -208,6 +213,7 @@ def measure(
             "case": name,
             "shape": [n, n],
             "dtensor_us": us[f"dtensor {name}"],
+            "python_us": us[f"python {name}"],
             "execute_us": us[f"execute {name}"],
             "raw": raw,
             "raw_us": us.get(f"raw {name}"),

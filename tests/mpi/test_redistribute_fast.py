@@ -1,9 +1,13 @@
 """``DTensor.redistribute`` from compiled code against the Python method.
 
-Plans that are one all-gather of whole shards (S(0) -> R, uneven and empty shards
-included, and a gather over one dim of a 2-D mesh) run from compiled code; every other
-plan, and every call while CommDebugMode (or another communication observer) is on, runs
-the Python method. Both must give the same DTensors.
+One-step plans run from compiled code (``fastpath._dispatch.redistribute_kinds`` counts
+them by kind): small all-gathers (S(d) -> R at any dim: straight into the output or
+staged and unpacked; persistent or not), all-reduces (P -> R), reduce-scatters (P ->
+S(d)), all-to-alls (S(i) -> S(j), and gathers above the all-gather size) and local chunks
+(R -> S(d)), uneven and empty shards included, and a gather over one dim of a 2-D mesh.
+Every other plan, a non-contiguous local shard where the step communicates, and every call
+while CommDebugMode (or another communication observer) is on, runs the Python method.
+Both must give bytewise the same DTensors.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import dtensor as dt
 import fastpath
 from dtensor.debug import CommDebugMode
 from dtensor.errors import MeshError, PlacementError
+from dtensor.testing import distribute_random
+from redistribute import comm as rcomm
 
 WORLD = MPI.COMM_WORLD
 S, R, P = dt.Shard, dt.Replicate(), dt.Partial
@@ -24,17 +30,31 @@ needs_front = pytest.mark.skipif(
     not fastpath.ENABLED, reason="compiled fast path not enabled (not built or disabled)"
 )
 
-# (global shape, source placements, target placements, run from compiled code)
+F32, F64, I32 = np.float32, np.float64, np.int32
+# (global shape, dtype, source placements, target placements, kind run from compiled code
+# at 2+ ranks, or None: the Python method; at one rank every plan of one step is local)
 CASES = [
-    ((8, 8), [S(0)], [R], True),
-    ((5, 3), [S(0)], [R], True),  # uneven (Allgatherv) at 2-4 ranks, one empty at 4
-    ((0, 4), [S(0)], [R], True),
-    ((64, 64), [S(0)], [R], True),  # a 16 KiB output: pooled
-    ((8, 6), [S(1)], [R], False),  # blocks not contiguous in the output: the executor
-    ((256, 128), [S(0)], [R], False),  # above the all-gather size: the executor
-    ((6, 4), [P("sum")], [R], False),
-    ((6, 4), [R], [S(0)], False),
-    ((6, 4), [S(0)], [S(0)], False),
+    ((8, 8), F32, [S(0)], [R], "gather"),
+    ((5, 3), F32, [S(0)], [R], "gather"),  # uneven (Allgatherv) at 2-4 ranks, one empty at 4
+    ((0, 4), F32, [S(0)], [R], "gather"),
+    ((64, 64), F32, [S(0)], [R], "gather"),  # a 16 KiB output: pooled
+    ((8, 6), F32, [S(1)], [R], "gather"),  # blocks not contiguous in the output: staged
+    ((5, 7), F64, [S(1)], [R], "gather"),  # staged, uneven
+    ((3, 2, 5), I32, [S(1)], [R], "gather"),  # a middle dim, empty blocks at 3-4 ranks
+    ((256, 128), F32, [S(0)], [R], "all_to_all"),  # above the all-gather size
+    ((6, 4), F32, [P("sum")], [R], "all_reduce"),
+    ((5, 3), F64, [P("avg")], [R], "all_reduce"),
+    ((0, 3), F32, [P("max")], [R], "all_reduce"),
+    ((6, 4), F32, [P("sum")], [S(0)], "reduce_scatter"),  # even at 2-3, an empty shard at 4
+    ((5, 6), I32, [P("sum")], [S(1)], "reduce_scatter"),  # packed, uneven at 4
+    ((6, 4), F32, [R], [S(0)], "local"),
+    ((6, 5), F32, [R], [S(1)], "local"),
+    ((8, 6), F32, [S(0)], [S(1)], "all_to_all"),
+    ((5, 7), F64, [S(1)], [S(0)], "all_to_all"),  # staged receives, uneven
+    ((4, 3, 5), I32, [S(2)], [S(0)], "all_to_all"),  # packed sends, staged receives
+    ((6, 4), F32, [R], [P("sum")], None),
+    ((6, 4), F32, [S(0)], [S(0)], None),  # the same placements: the input itself
+    ((512, 512), F32, [S(1)], [R], None),  # the shared-memory size: the Python method's path
 ]
 
 
@@ -44,9 +64,16 @@ def _describe(x):
             loc.numpy().tobytes())  # fmt: skip
 
 
-def _source(shape, placements, mesh):
-    data = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape) * 0.5 - 3
+def _source(shape, placements, mesh, dtype=np.float32):
+    n = int(np.prod(shape))
+    data = (np.arange(n, dtype=np.float64).reshape(shape) * 0.37 - 3).astype(dtype)
+    if any(p.is_partial() for p in placements):
+        return distribute_random(data, mesh, placements, seed=n), data
     return dt.distribute_tensor(data, mesh, placements), data
+
+
+def _kinds():
+    return dt.debug.fastpath_status()["fast_redistribute_kinds"]
 
 
 @pytest.fixture(autouse=True)
@@ -58,25 +85,55 @@ def _front_back_on():
 
 @needs_front
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize(("shape", "src", "dst", "compiled"), CASES, ids=str)
-def test_same_dtensors_as_the_python_method(shape, src, dst, compiled):
+def test_same_dtensors_as_the_python_method():
     mesh = dt.init_device_mesh((WORLD.size,))
-    x, data = _source(shape, src, mesh)
-    dt.debug.set_fastpath(False)
-    want = _describe(x.redistribute(mesh, dst))
-    dt.debug.set_fastpath(True)
-    before = dt.debug.fastpath_status()["fast_redistributes"]
-    for _ in range(3):  # the first call fills the entry, the others hit it
-        y = x.redistribute(mesh, list(dst))
-        assert _describe(y) == want
-    ran = dt.debug.fastpath_status()["fast_redistributes"] - before
-    compiled = compiled and WORLD.size > 1  # at one rank the plan moves nothing
-    assert ran == (3 if compiled else 0)
-    if compiled:
-        np.testing.assert_array_equal(y.full_tensor().numpy(), data)
+    for shape, dtype, src, dst, kind in CASES:
+        case = (shape, np.dtype(dtype).name, src, dst)
+        x, data = _source(shape, src, mesh, dtype)
+        xloc = x.to_local().numpy()
+        dt.debug.set_fastpath(False)
+        py = x.redistribute(mesh, dst)
+        want = _describe(py)
+        dt.debug.set_fastpath(True)
+        if WORLD.size == 1 and src != dst and not any(p.is_partial() for p in dst):
+            kind = "local"  # a collective over one rank moves nothing
+        runs = [(False, kind)]
+        if kind == "gather":
+            runs.append((True, kind))  # persistent all-gathers (or the blocking fallback)
+        for persistent, k in runs:
+            prev = rcomm.set_persistent(persistent)
+            try:
+                before = _kinds()
+                for _ in range(3):  # the first call fills the entry, the others hit it
+                    y = x.redistribute(mesh, list(dst))
+                    assert _describe(y) == want, case
+                after = _kinds()
+            finally:
+                rcomm.set_persistent(prev)
+            ran = {kd: after[kd] - before[kd] for kd in after if after[kd] != before[kd]}
+            assert ran == ({} if k is None else {k: 3}), case
         out = y.to_local().numpy()
-        assert not np.shares_memory(out, x.to_local().numpy())
-        assert not np.shares_memory(out, x.redistribute(mesh, dst).to_local().numpy())
+        # views and copies as in the Python method
+        assert np.shares_memory(out, xloc) == np.shares_memory(py.to_local().numpy(), xloc), case
+        if kind not in (None, "local"):
+            assert not np.shares_memory(out, x.redistribute(mesh, dst).to_local().numpy()), case
+        if not any(p.is_partial() for p in dst):  # contributions add up to data, rounded
+            np.testing.assert_allclose(y.full_tensor().numpy(), data, rtol=1e-6, err_msg=str(case))
+
+
+@needs_front
+@pytest.mark.mpi(min_size=2)
+def test_a_non_contiguous_local_shard_runs_the_python_method():
+    mesh = dt.init_device_mesh((WORLD.size,))
+    local = dt.from_numpy(np.arange(12, dtype=np.float32).reshape(3, 4) + WORLD.rank).t()
+    x = dt.DTensor.from_local(local, mesh, [S(0)])  # a (4, 3) transposed view per rank
+    for dst in ([R], [S(1)]):
+        dt.debug.set_fastpath(False)
+        want = _describe(x.redistribute(mesh, dst))
+        dt.debug.set_fastpath(True)
+        before = dt.debug.fastpath_status()["fast_redistributes"]
+        assert _describe(x.redistribute(mesh, dst)) == want
+        assert dt.debug.fastpath_status()["fast_redistributes"] == before
 
 
 @needs_front
@@ -105,6 +162,14 @@ def test_comm_debug_mode_sees_every_redistribute():
     assert mode.get_total_counts() == 1, mode.table()
     assert dt.debug.fastpath_status()["fast_redistributes"] == before  # the Python method ran
     np.testing.assert_array_equal(y.to_local().numpy(), x.full_tensor().numpy())
+    before = dt.debug.fastpath_status()["fast_redistributes"]
+    prev = rcomm.set_check_spmd(True)  # so does every call while the SPMD check is on
+    try:
+        z = x.redistribute(mesh, [P("sum")]).redistribute(mesh, [R])
+    finally:
+        rcomm.set_check_spmd(prev)
+    assert dt.debug.fastpath_status()["fast_redistributes"] == before
+    np.testing.assert_array_equal(z.to_local().numpy(), y.to_local().numpy())
 
 
 @needs_front
@@ -125,3 +190,24 @@ def test_bad_arguments_raise_as_in_the_python_method():
         assert x.redistribute(mesh, None).placements == (R,)
         assert x.redistribute(mesh, iter([R])).placements == (R,)  # any iterable
         assert x.redistribute(placements=(R,), async_op=True).placements == (R,)
+
+
+@needs_front
+@pytest.mark.mpi(min_size=2)
+def test_persistent_gathers_without_the_mpi_c_functions():
+    """Without ``request_c_api`` the compiled path starts and waits through mpi4py."""
+    from dtensor.dispatch import front as dfront
+
+    mesh = dt.init_device_mesh((WORLD.size,))
+    x, data = _source((5, 3), [S(1)], mesh)
+    prev = rcomm.set_persistent(True)
+    plug = (dfront.redistribute_form, dfront.PY_REDISTRIBUTE, rcomm, rcomm.BYTES)
+    try:
+        fastpath.dispatch.install_redistribute(*plug, None)
+        before = _kinds()["gather"]
+        y = x.redistribute(mesh, [R])
+        assert _kinds()["gather"] == before + 1
+        np.testing.assert_array_equal(y.to_local().numpy(), data)
+    finally:
+        fastpath.dispatch.install_redistribute(*plug, rcomm.request_c_api())
+        rcomm.set_persistent(prev)

@@ -308,7 +308,8 @@ def test_redistribute_benchmark_compares_against_raw_collectives(tmp_path):
     assert set(cases) == {"S(0)->R", "S(1)->R", "S(0)->S(1)", "P->R", "P(max)->R", "R->S(0)"}
     assert cases["P->R"]["raw"] == "Allreduce" and cases["P->R"]["raw_us"] > 0
     assert cases["P(max)->R"]["raw"] == "Allreduce MAX" and cases["P(max)->R"]["raw_us"] > 0
-    assert all(r["dtensor_us"] > 0 and r["execute_us"] > 0 for r in cases.values())
+    assert all(r["dtensor_us"] > 0 and r["execute_us"] > 0 and r["python_us"] > 0
+               for r in cases.values())
 
 
 def test_overlap_benchmark_reports_every_case(tmp_path):
@@ -319,6 +320,7 @@ def test_overlap_benchmark_reports_every_case(tmp_path):
     p = doc["persistent"]
     assert p["dtensor_persistent_us"] > 0 and p["dtensor_blocking_us"] > 0
     assert p["raw_allgather_us"] > 0 and p["raw_persistent_us"] > 0
+    assert all(type(p[f"paired_{k}_us"]) is float for k in ("over_raw", "gain", "blocking_over_raw"))
     assert [c["redistribute"] for c in doc["overlap"]] == [
         "(8x8) float32 S(0)->R", "(64x64) float32 S(0)->R"]
     for case in [*doc["overlap"], doc["slow_peer"]]:

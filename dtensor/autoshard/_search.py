@@ -22,12 +22,12 @@ Before the rounds, on a real mesh of more than one rank (``fit_step``), the step
 in up to four layouts that differ in what they cost (the given placements; every searched
 input at its last candidate, split along its first dim: data parallel; every parameter
 at its first candidate other than the given one, and at its last one: sharded along the
-first and the last dims), and the calibration's compute scale and fixed costs per op
-entry and per collective are refitted to their measured times
-(:func:`dtensor.autoshard._calibrate.fit_to_steps`): what a step of this model pays for
-its kernels, per op and per collective on this machine as it runs, which the
-calibration's single kernels and small step do not show. The search then prices with the
-fitted calibration.
+first and the last dims; only those whose predicted peak fits the memory budget), and
+the calibration's compute scale and fixed costs per op entry and per collective are
+refitted to their measured times (:func:`dtensor.autoshard._calibrate.fit_to_steps`):
+what a step of this model pays for its kernels, per op and per collective on this
+machine as it runs, which the calibration's single kernels and small step do not show.
+The search then prices with the fitted calibration.
 """
 
 from __future__ import annotations
@@ -76,10 +76,11 @@ class _Search:
     def layouts(self, choice: Sequence[int]) -> dict[str, Layout]:
         return {n: self.choices[v][c] for v, (n, c) in enumerate(zip(self.names, choice))}
 
-    def fit(self, start: tuple[int, ...], repeat: int) -> StepFit:
-        """Measure the step in the fit layouts (see the module docstring), refit the
-        calibration's compute scale and fixed costs to them and price with it from now
-        on. **Collective**."""
+    def fit(self, start: tuple[int, ...], repeat: int) -> StepFit | None:
+        """Measure the step in the fit layouts whose predicted peak fits the budget (see
+        the module docstring), refit the calibration's compute scale and fixed costs to
+        them and price with it from now on; None when no fit layout fits the budget.
+        **Collective**."""
         dp, first, last = list(start), list(start), list(start)
         for v, (name, ch) in enumerate(zip(self.names, self.choices)):
             if name not in self.params:
@@ -88,10 +89,16 @@ class _Search:
                 first[v] = 1 if start[v] == 0 else 0
                 last[v] = len(ch) - 1 if start[v] != len(ch) - 1 else len(ch) - 2
         choices = list(dict.fromkeys((start, tuple(dp), tuple(first), tuple(last))))
-        layouts = [self.layouts(c) for c in choices]
         inputs = {**self.inputs, **self.fixed}
-        before = [predict_step(self.step_fn, self.params, inputs, self.mesh, lay,
-                               optimizer=self.optimizer, calibration=self.cal) for lay in layouts]
+        layouts, before = [], []
+        for c in choices:
+            p = predict_step(self.step_fn, self.params, inputs, self.mesh, self.layouts(c),
+                             optimizer=self.optimizer, calibration=self.cal)
+            if self.fits(p):
+                layouts.append(self.layouts(c))
+                before.append(p)
+        if not layouts:
+            return None
         seconds = measure_steps(self.step_fn, self.params, inputs, self.mesh, layouts,
                                 self.optimizer, repeat)
         old, self.cal = self.cal, fit_to_steps(self.cal, before, seconds)
@@ -167,7 +174,7 @@ def auto_shard(step_fn: Callable, params: Mapping[str, Any], inputs: Mapping[str
                optimizer: Callable | None = None, calibration: Calibration | None = None,
                candidates: Mapping[str, Sequence[Sequence[Placement]]] | None = None,
                search_inputs: bool = True, top_k: int = 4, pairs: int = 8, rounds: int = 3,
-               solver: str = "auto", fit_step: bool = True, fit_repeat: int = 5
+               solver: str = "auto", fit_step: bool = True, fit_repeat: int = 7
                ) -> ShardingPlan:
     """Search the placements of a model's parameters (and inputs) for the fastest
     training step that fits a memory budget. **Collective** over ``mesh`` (it runs traced
@@ -220,11 +227,13 @@ def auto_shard(step_fn: Callable, params: Mapping[str, Any], inputs: Mapping[str
     fit_step : bool
         Before searching, run the step in up to four layouts and refit the calibration's
         compute scale and fixed costs per op entry and per collective to their measured
-        times (see the module docstring; the plan's ``step_fit``). Only on a real mesh of more than one rank:
+        times (see the module docstring; the plan's ``step_fit``); only layouts whose
+        predicted peak fits ``memory_budget`` run. Only on a real mesh of more than one rank:
         ignored on an :class:`~dtensor.AbstractMesh` (nothing runs there) and on one rank
         (no collective to tell apart).
     fit_repeat : int
-        Timing samples per layout of ``fit_step``.
+        Timing samples per layout of ``fit_step`` (each layout runs ``fit_repeat + 1``
+        steps, the first a warm-up).
 
     Returns
     -------

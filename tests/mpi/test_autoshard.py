@@ -60,6 +60,9 @@ def test_chosen_plan_runs_like_the_local_step_is_predicted_honestly_and_meets_bu
     small = dt.auto_shard(model.loss, params, batch, mesh, budget, optimizer=_sgd,
                           calibration=cal, rounds=1, pairs=0, top_k=1)
     assert small.predicted_peak_bytes <= budget
+    # only fit layouts predicted within the budget ran: not the all-replicated one
+    assert small.step_fit is None or all(
+        any(p != (R,) * mesh.ndim for p in lay.values()) for lay in small.step_fit.layouts)
     assert all(c.fits == (c.prediction.peak_bytes <= budget) for c in small.candidates)
 
 

@@ -175,6 +175,13 @@ class Prediction:
     work_s: float = 0.0
     model_comm_s: float = 0.0
 
+    def time_with(self, calibration: Calibration) -> float:
+        """This step's seconds priced with ``calibration``'s compute scale and fixed costs
+        (the kernels and the cost model as they were). **Local**."""
+        return (self.alpha_s + calibration.compute_scale * self.work_s
+                + calibration.entry_s * self.entries + self.model_comm_s
+                + calibration.sync_s * self.collectives)
+
 
 def _block_bytes(block: Any) -> int:
     shape, dtype = block

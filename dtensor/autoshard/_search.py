@@ -101,12 +101,10 @@ class _Search:
             return None
         seconds = measure_steps(self.step_fn, self.params, inputs, self.mesh, layouts,
                                 self.optimizer, repeat)
-        old, self.cal = self.cal, fit_to_steps(self.cal, before, seconds)
-        fitted = [p.time_s + (self.cal.compute_scale - old.compute_scale) * p.work_s
-                  + (self.cal.entry_s - old.entry_s) * p.entries
-                  + (self.cal.sync_s - old.sync_s) * p.collectives for p in before]
-        return StepFit(layouts, seconds, [p.time_s for p in before], fitted,
-                       self.cal.compute_scale, self.cal.entry_s, self.cal.sync_s)
+        self.cal = fit_to_steps(self.cal, before, seconds)
+        return StepFit(layouts, seconds, [p.time_s for p in before],
+                       [p.time_with(self.cal) for p in before], self.cal.compute_scale,
+                       self.cal.entry_s, self.cal.sync_s)
 
     def fits(self, p: Prediction) -> bool:
         return self.budget is None or p.peak_bytes <= self.budget

@@ -150,6 +150,9 @@ def test_fit_to_steps_recovers_known_terms_and_keeps_what_no_step_shows():
         return [p.alpha_s + scale * p.work_s + entry * p.entries + p.model_comm_s
                 + sync * p.collectives for p in steps]
 
+    assert [p.time_with(Calibration(entry_s=3e-6, sync_s=4e-6, compute_scale=2.0))
+            for p in steps] == pytest.approx(seconds(2.0, 3e-6, 4e-6), rel=1e-12)
+
     fitted = fit_to_steps(cal, steps, seconds(1.7, 12e-6, 80e-6))
     assert (fitted.compute_scale, fitted.entry_s, fitted.sync_s) == pytest.approx(
         (1.7, 12e-6, 80e-6), rel=1e-9)

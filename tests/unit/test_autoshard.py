@@ -191,6 +191,7 @@ def test_auto_shard_plan_object_on_one_rank():
                          optimizer=lambda ps: dt.optim.SGD(ps, lr=0.1, momentum=0.9),
                          solver="bnb")
     assert set(plan.placements) == {"w1", "w2"} and set(plan.input_placements) == {"x"}
+    assert plan.step_fit is None and plan.calibration == Calibration()  # one rank: no fit
     assert plan.predicted_time == plan.prediction.time_s > 0
     p = plan.prediction
     assert p.time_s == pytest.approx(p.compute_s + p.comm_s)

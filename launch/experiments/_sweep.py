@@ -663,6 +663,8 @@ def run_auto_sweep(model: TrainModel, mesh: dt.DeviceMesh, *, optimizer: str = "
     del steps
     measured = [r["step_us"] for r in rows]
     best = min(measured)
+    others = [(r["predicted_us"], r["step_us"]) for r, lay in zip(rows, layouts.values())
+              if lay not in fitted]
     peaks = sorted(c.prediction.peak_bytes for c in plan.candidates)
     budget = int(peaks[int(budget_quantile * (len(peaks) - 1))])
     budget_plan = dt.auto_shard(model.loss, params, batch, mesh, budget, optimizer=make_opt,
@@ -675,9 +677,8 @@ def run_auto_sweep(model: TrainModel, mesh: dt.DeviceMesh, *, optimizer: str = "
         "search_s": search_s, "traced": len(plan.candidates), "solver": plan.solver,
         "chosen": _label(chosen), "results": rows,
         "spearman": spearman([r["predicted_us"] for r in rows], measured),
-        "spearman_unfitted": spearman(*zip(*[(r["predicted_us"], r["step_us"]) for r, lay
-                                             in zip(rows, layouts.values())
-                                             if lay not in fitted])),
+        "spearman_unfitted": spearman(*zip(*others)) if len(others) > 1 else float("nan"),
+        "unfitted_count": len(others),
         "step_fit": None if plan.step_fit is None else {
             "layouts": [_label(lay) for lay in fitted],
             "measured_us": [v * 1e6 for v in plan.step_fit.measured_s],
@@ -715,8 +716,7 @@ def format_auto_table(doc: Mapping[str, Any]) -> str:
         f"({'; '.join(f['layouts'])}): compute x{f['compute_scale']:.2f}, "
         f"{f['entry_us']:.1f} us per op entry, "
         f"{f['sync_us']:.1f} us per collective; Spearman without those layouts: "
-        f"{doc['spearman_unfitted']:.3f} over "
-        f"{len(doc['results']) - len(f['layouts'])} strategies")
+        f"{doc['spearman_unfitted']:.3f} over {doc['unfitted_count']} strategies")
     lines += [
         (f"auto_shard chose: {doc['chosen']} (search {doc['search_s']:.1f} s, "
         f"{doc['traced']} assignments traced, solver {doc['solver']})"),

@@ -25,9 +25,8 @@ measured; ``--calibration FILE`` reads the kernel and collective constants
 (``launch/bench/calibrate.py``; default: the stored calibration of this many ranks, if
 any) and installs its cost model for the dispatcher. The search first fits the compute
 scale and the fixed costs per op and per collective to the step measured in up to four
-layouts (``--no-fit``: not);
-those layouts are measured again in the sweep, and the Spearman correlation is also
-printed without them.
+layouts (``--no-fit``: not); those layouts are measured again in the sweep, and the
+Spearman correlation is also printed without them.
 """
 
 from __future__ import annotations

@@ -3,13 +3,15 @@
 :func:`auto_shard` (``dt.auto_shard``) traces training steps of candidate placement
 assignments, prices them (compute per op class and collectives: :mod:`._predict`) and
 solves for the fastest assignment within a memory budget (:mod:`._search`, :mod:`._solve`);
-it returns a :class:`ShardingPlan`. :func:`calibrate` measures this machine's collectives
-and kernels and stores them for reuse (:mod:`._calibrate`).
+it returns a :class:`ShardingPlan`. On a real mesh it first measures the user's step in a
+few layouts and refits the calibration's compute scale and fixed costs to it
+(``fit_step``). :func:`calibrate` measures this machine's collectives and kernels and
+stores them for reuse (:mod:`._calibrate`).
 """
 
-from ._calibrate import Calibration, default_path, load_calibration
+from ._calibrate import Calibration, default_path, fit_to_steps, load_calibration
 from ._measure import calibrate
-from ._plan import Candidate, ShardingPlan
+from ._plan import Candidate, ShardingPlan, StepFit
 from ._predict import Prediction, candidate_placements, predict_step
 from ._search import auto_shard
 from ._solve import Problem, Solution, solve
@@ -21,10 +23,12 @@ __all__ = [
     "Problem",
     "ShardingPlan",
     "Solution",
+    "StepFit",
     "auto_shard",
     "calibrate",
     "candidate_placements",
     "default_path",
+    "fit_to_steps",
     "load_calibration",
     "predict_step",
     "solve",

@@ -4,7 +4,9 @@ on this machine.
 This module owns :class:`Calibration` (the redistribute cost model's constants per mesh dim
 and the kernel throughput per op class), :func:`load_calibration` /
 :meth:`Calibration.save` (the JSON file, reused between runs), :func:`fit` (the
-least-squares ``seconds = alpha + work / rate`` used for both) and the pricing of one traced
+least-squares ``seconds = alpha + work / rate`` used for both), :func:`fit_to_steps`
+(``compute_scale``, ``entry_s`` and ``sync_s`` refitted to measured steps of the user's own
+model) and the pricing of one traced
 op's local compute (:func:`op_class`, :meth:`Calibration.kernel_seconds`). The measuring is
 :mod:`dtensor.autoshard._measure`'s.
 
@@ -19,7 +21,8 @@ pointwise  every other op that computes                       bytes read + writt
 view       view (reshape, transpose, unsqueeze, ...)          none (a fixed cost)
 =========  ===============================================  ============================
 
-A kernel's time is ``alpha_s + work / rate`` of its class; ``alpha_s`` includes the
+A kernel's time is ``alpha_s + work / rate`` of its class (the work's seconds times
+``compute_scale`` inside a training step); ``alpha_s`` includes the
 dispatch of one op on DTensors (what dominates small ops). Each traced entry of a training
 step also costs ``entry_s`` (autograd and the Python around the ops), measured on a small
 training step, and each collective in it ``sync_s`` (ranks waiting for each other). The
@@ -28,7 +31,7 @@ JSON file::
     {"version": 1, "ranks": 2, "mesh_shape": [2],
      "cost_model": {...the redistribute.cost.CostModel format...},
      "kernels": {"matmul": {"alpha_s": 2e-05, "rate": 2e10}, ...},
-     "entry_s": 2e-05, "sync_s": 1e-4,
+     "entry_s": 2e-05, "sync_s": 1e-4, "compute_scale": 1.0,
      "points": {...the measured points...}}
 
 The default file is ``$DTENSOR_CALIBRATION`` when set, else
@@ -37,11 +40,12 @@ The default file is ``$DTENSOR_CALIBRATION`` when set, else
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +61,7 @@ __all__ = [
     "Calibration",
     "default_path",
     "fit",
+    "fit_to_steps",
     "load_calibration",
     "op_class",
 ]
@@ -140,6 +145,11 @@ class Calibration:
         The fixed cost of one collective inside a training step beyond the cost model's
         price (ranks reach it at different times and wait): measured on the same step,
         data-parallel.
+    compute_scale : float
+        Factor on the seconds of every kernel's work (``work / rate``) inside a training
+        step, whose kernels do not run as the single ones measured (operands out of cache,
+        small local blocks that do not run proportionally faster): 1 unless fitted to
+        measured steps (:func:`fit_to_steps`).
     """
 
     cost_model: dict[str, Any] = field(default_factory=dict)
@@ -149,6 +159,7 @@ class Calibration:
     points: dict[str, Any] = field(default_factory=dict)
     entry_s: float = DEFAULT_ENTRY_S
     sync_s: float = DEFAULT_SYNC_S
+    compute_scale: float = 1.0
 
     def model(self) -> CostModel:
         """The collective cost model. **Local**."""
@@ -160,13 +171,20 @@ class Calibration:
         install the same calibration."""
         set_default_cost_model(self.model())
 
-    def kernel_seconds(self, name: str, local_inputs: tuple, local_outputs: tuple) -> float:
-        """Predicted seconds of one call of op ``name`` on these local blocks (its class's
-        ``alpha_s + work / rate``, without :attr:`entry_s`). **Local**."""
+    def kernel_terms(self, name: str, local_inputs: tuple, local_outputs: tuple
+                     ) -> tuple[float, float]:
+        """``(alpha_s, work / rate)`` of one call of op ``name`` on these local blocks: its
+        class's fixed seconds and the seconds of its work. **Local**."""
         k = self.kernels.get(op_class(name)) or DEFAULT_KERNELS[op_class(name)]
         work = op_work(name, local_inputs, local_outputs)
         rate = float(k.get("rate", math.inf))
-        return float(k["alpha_s"]) + (work / rate if work and math.isfinite(rate) else 0.0)
+        return float(k["alpha_s"]), (work / rate if work and math.isfinite(rate) else 0.0)
+
+    def kernel_seconds(self, name: str, local_inputs: tuple, local_outputs: tuple) -> float:
+        """Predicted seconds of one call of op ``name`` on these local blocks (its class's
+        ``alpha_s + work / rate``, without :attr:`entry_s` and :attr:`compute_scale`).
+        **Local**."""
+        return sum(self.kernel_terms(name, local_inputs, local_outputs))
 
     def to_dict(self) -> dict[str, Any]:
         kernels = {
@@ -175,7 +193,8 @@ class Calibration:
         }
         return {"version": VERSION, "ranks": self.ranks, "mesh_shape": list(self.mesh_shape),
                 "cost_model": self.cost_model, "kernels": kernels, "entry_s": self.entry_s,
-                "sync_s": self.sync_s, "points": self.points}
+                "sync_s": self.sync_s, "compute_scale": self.compute_scale,
+                "points": self.points}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Calibration:
@@ -191,7 +210,8 @@ class Calibration:
         out = cls(dict(data.get("cost_model", {})), {**DEFAULT_KERNELS, **kernels},
                   int(data.get("ranks", 1)), tuple(data.get("mesh_shape", ())),
                   dict(data.get("points", {})), float(data.get("entry_s", DEFAULT_ENTRY_S)),
-                  float(data.get("sync_s", DEFAULT_SYNC_S)))
+                  float(data.get("sync_s", DEFAULT_SYNC_S)),
+                  float(data.get("compute_scale", 1.0)))
         out.model()  # validates the cost model
         return out
 
@@ -254,3 +274,52 @@ def fit(points: list[tuple[float, float]]) -> tuple[float, float]:
     rise = slope * (x.max() - x.min())
     rate = 1.0 / slope if rise > 1e-9 * np.abs(y).max() else 1e12
     return max(float(intercept), 0.0), float(rate)
+
+
+def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Non-negative least squares of a few columns: the best of the unconstrained fits on
+    every subset of the columns whose coefficients are all >= 0 (the optimum is one of
+    them)."""
+    n = a.shape[1]
+    best, out = math.inf, np.zeros(n)
+    for mask in itertools.product((False, True), repeat=n):
+        x = np.zeros(n)
+        cols = [j for j in range(n) if mask[j]]
+        if cols:
+            sol = np.linalg.lstsq(a[:, cols], b, rcond=None)[0]
+            if (sol < 0).any():
+                continue
+            x[cols] = sol
+        r = float(np.sum((a @ x - b) ** 2))
+        if r < best:
+            best, out = r, x
+    return out
+
+
+def fit_to_steps(calibration: Calibration, predictions: Sequence[Any],
+                 seconds: Sequence[float]) -> Calibration:
+    """``calibration`` with :attr:`~Calibration.compute_scale`, :attr:`~Calibration.entry_s`
+    and :attr:`~Calibration.sync_s` refitted to measured training steps. **Local**.
+
+    ``predictions`` are :class:`~dtensor.autoshard.Prediction` s of steps (any calibration)
+    and ``seconds`` their measured times. A prediction is linear in the three terms
+    (``alpha_s + compute_scale * work_s + entries * entry_s + model_comm_s + collectives
+    * sync_s``), so the non-negative least squares of ``seconds - alpha_s - model_comm_s``
+    on ``work_s``, ``entries`` and ``collectives`` (relative residuals) gives them. A term
+    that no step exercises (no collective in any of them) keeps its calibrated value; so
+    does every term with fewer steps than terms to fit."""
+    y = np.array(seconds, float)
+    if len(y) != len(predictions):
+        raise ConfigError(f"fit_to_steps: {len(predictions)} predictions and {len(y)} "
+                          f"measured times")
+    x = np.array([[p.work_s, p.entries, p.collectives] for p in predictions], float)
+    used = [j for j in range(3) if x[:, j].any()]
+    if len(y) < len(used):
+        return calibration
+    rest = y - np.array([p.alpha_s + p.model_comm_s for p in predictions], float)
+    w = 1.0 / np.maximum(y, 1e-12)
+    coef = _nnls(x[:, used] * w[:, None], rest * w)
+    values = [calibration.compute_scale, calibration.entry_s, calibration.sync_s]
+    for j, c in zip(used, coef):
+        values[j] = float(c)
+    return replace(calibration, compute_scale=values[0], entry_s=values[1], sync_s=values[2])

@@ -2,7 +2,9 @@
 
 This module owns the measurements behind a :class:`~dtensor.autoshard._calibrate.Calibration`:
 collectives per kind and mesh dim, one op per class, and the fixed cost per traced entry of
-a small training step (see :mod:`dtensor.autoshard._calibrate` for the model and the file).
+a small training step (see :mod:`dtensor.autoshard._calibrate` for the model and the file);
+and :func:`measure_steps`, the timing of the user's own step in a few layouts that
+``auto_shard(..., fit_step=True)`` refits the compute scale and the fixed costs to.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import math
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -24,9 +26,10 @@ from ..distributed.dtensor import DTensor, distribute_tensor
 from ..local.factory import from_numpy
 from ..optim import SGD
 from ._calibrate import CLASSES, Calibration, fit
-from ._predict import predict, trace_step
+from ._predict import Layout, place_step, predict, trace_step
 
-__all__ = ["calibrate", "measure_collectives", "measure_entry_overhead", "measure_kernels"]
+__all__ = ["calibrate", "measure_collectives", "measure_entry_overhead", "measure_kernels",
+           "measure_steps"]
 
 #: kind -> (source placement, target placement) on one mesh dim
 _COLLECTIVE_CASES = {
@@ -53,6 +56,43 @@ def _seconds(mesh: Any, call: Callable[[], object], repeat: int, number: int) ->
     value = np.array([statistics.median(samples)])
     base.allreduce(value, op="max")
     return float(value[0])
+
+
+def measure_steps(step_fn: Callable, params: Mapping[str, Any], inputs: Mapping[str, Any],
+                  mesh: Any, layouts: Sequence[Mapping[str, Layout]],
+                  optimizer: Callable | None = None, repeat: int = 5) -> list[float]:
+    """Seconds of one training step (``step_fn(params, inputs)``, ``backward()``, the
+    optimizer's ``step()``; gradients reset before each) in each of ``layouts``: the
+    slowest rank's median of ``repeat`` samples, taken in turns (one sample of each layout
+    per pass, each after a barrier, so that a change of the machine's load slows them
+    alike), after one warm-up step each. Arguments as :func:`predict_step
+    <dtensor.autoshard.predict_step>`'s; the global values are not changed. **Collective**.
+    """
+    group = mesh.get_group(None)
+    runs = []
+    for layout in layouts:
+        built, ins = place_step(params, inputs, mesh, layout)
+        opt = optimizer(list(built.values())) if optimizer is not None else None
+
+        def run(built: dict = built, ins: dict = ins, opt: Any = opt) -> None:
+            for p in built.values():
+                p.grad = None
+            step_fn(built, ins).backward()
+            if opt is not None:
+                opt.step()
+
+        run()
+        runs.append(run)
+    samples: list[list[float]] = [[] for _ in runs]
+    for _ in range(repeat):
+        for run, out in zip(runs, samples):
+            group.barrier()
+            start = time.perf_counter()
+            run()
+            out.append(time.perf_counter() - start)
+    value = np.array([statistics.median(v) for v in samples])
+    group.allreduce(value, op="max")
+    return [float(v) for v in value]
 
 
 def measure_collectives(mesh: Any, sizes: list[int], repeat: int = 7

@@ -1,7 +1,8 @@
 """The result of :func:`dtensor.auto_shard`: :class:`ShardingPlan`.
 
 This module owns the plan object (the chosen placements, their prediction, the table of
-the assignments weighed) and :meth:`ShardingPlan.apply`.
+the assignments weighed, the fit of the calibration to measured steps: :class:`StepFit`)
+and :meth:`ShardingPlan.apply`.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from placements.errors import ArgumentError
 from placements.types import Placement, placement_list
 
 from ..distributed.dtensor import DTensor, distribute_tensor
+from ._calibrate import Calibration
 from ._predict import Prediction, as_array
 
-__all__ = ["Candidate", "ShardingPlan"]
+__all__ = ["Candidate", "ShardingPlan", "StepFit"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,36 @@ class Candidate:
         parts = [f"{n}={','.join(p.short() for p in pl)}" for n, pl in self.placements.items()
                  if any(not p.is_replicate() for p in pl)]
         return " ".join(parts) or "all replicated"
+
+
+@dataclass(frozen=True)
+class StepFit:
+    """The user's step measured in a few layouts before the search, and the terms
+    fitted to it (``auto_shard(..., fit_step=True)``).
+
+    Attributes
+    ----------
+    layouts : list of dict of str to tuple of Placement
+        The measured layouts (the given placements, data-parallel inputs, every parameter
+        sharded), each of every parameter and searched input.
+    measured_s : list of float
+        Their measured step seconds (slowest rank, median).
+    predicted_s : list of float
+        Their predictions with the given calibration.
+    fitted_s : list of float
+        Their predictions with the fitted one (the one the search priced with).
+    compute_scale, entry_s, sync_s : float
+        The fitted terms: the factor on the kernels' seconds, the fixed costs per op entry
+        and per collective.
+    """
+
+    layouts: list[dict[str, tuple[Placement, ...]]]
+    measured_s: list[float]
+    predicted_s: list[float]
+    fitted_s: list[float]
+    compute_scale: float
+    entry_s: float
+    sync_s: float
 
 
 @dataclass
@@ -64,6 +96,11 @@ class ShardingPlan:
         The backend that solved the cost tables (``milp`` or ``bnb``).
     mesh : DeviceMesh
         The mesh the plan is for.
+    calibration : Calibration or None
+        The calibration the search priced with (with ``step_fit``, the fitted one):
+        :func:`~dtensor.autoshard.predict_step` with it predicts the plan again.
+    step_fit : StepFit or None
+        The measured steps and the fit, when the search fitted the calibration to the step.
     """
 
     placements: dict[str, tuple[Placement, ...]]
@@ -73,6 +110,8 @@ class ShardingPlan:
     memory_budget: int | None = None
     solver: str = ""
     mesh: Any = None
+    calibration: Calibration | None = None
+    step_fit: StepFit | None = None
 
     @property
     def predicted_time(self) -> float:

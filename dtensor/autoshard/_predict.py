@@ -11,7 +11,8 @@ global arrays), :func:`trace_step` (one training step run under
 Time model: the sum over the traced entries (forward, backward and optimizer ops,
 explicit redistributes, gradient moves) of the entry's local compute (for an op:
 ``Calibration.entry_s`` plus :meth:`Calibration.kernel_seconds` of its op class on the
-local blocks its kernel sees, the largest over ranks) and of its collectives' cost-model
+local blocks its kernel sees, the largest over ranks, its work's seconds times
+``Calibration.compute_scale``) and of its collectives' cost-model
 seconds plus ``Calibration.sync_s`` each (the dispatcher's own
 model, :func:`redistribute.cost.default_cost_model`, so the prices are those of the plans
 it runs).
@@ -50,6 +51,7 @@ __all__ = [
     "as_array",
     "build_tensors",
     "candidate_placements",
+    "place_step",
     "predict",
     "predict_step",
     "trace_step",
@@ -153,7 +155,12 @@ class Prediction:
     """The predicted cost of one training step (see the module docstring).
 
     ``phases`` splits ``time_s`` into forward, backward and optimizer (the entries after
-    the last backward one)."""
+    the last backward one). ``entries`` (op entries, explicit redistributes not counted),
+    ``alpha_s`` and ``work_s`` (their kernels' fixed and work seconds, the latter without
+    ``Calibration.compute_scale``) and ``model_comm_s`` (the collectives' cost-model
+    seconds, without ``Calibration.sync_s``) are the terms the prediction is linear in:
+    ``time_s = alpha_s + compute_scale * work_s + entries * entry_s + model_comm_s +
+    collectives * sync_s``."""
 
     time_s: float
     compute_s: float
@@ -163,6 +170,17 @@ class Prediction:
     activation_bytes: int
     collectives: int
     phases: dict[str, float] = field(default_factory=dict)
+    entries: int = 0
+    alpha_s: float = 0.0
+    work_s: float = 0.0
+    model_comm_s: float = 0.0
+
+    def time_with(self, calibration: Calibration) -> float:
+        """This step's seconds priced with ``calibration``'s compute scale and fixed costs
+        (the kernels and the cost model as they were). **Local**."""
+        return (self.alpha_s + calibration.compute_scale * self.work_s
+                + calibration.entry_s * self.entries + self.model_comm_s
+                + calibration.sync_s * self.collectives)
 
 
 def _block_bytes(block: Any) -> int:
@@ -178,12 +196,20 @@ def predict(trace: Trace, calibration: Calibration, params: Mapping[str, Any],
     first, last = (backward[0], backward[-1]) if backward else (len(ops), len(ops))
     compute = comm = 0.0
     phases = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
-    saved = transient = collectives = 0
+    saved = transient = collectives = entries = 0
+    alphas = works = model_comm = 0.0
     for i, o in enumerate(ops):
-        kernel = 0.0 if o.op == "redistribute" else calibration.entry_s + (
-            calibration.kernel_seconds(o.op, o.local_inputs, o.local_outputs))
+        kernel = 0.0
+        if o.op != "redistribute":
+            entries += 1
+            alpha, work = calibration.kernel_terms(o.op, o.local_inputs, o.local_outputs)
+            alphas += alpha
+            works += work
+            kernel = alpha + calibration.compute_scale * work + calibration.entry_s
         moved = [c for c in o.collectives if c.communicates]
-        seconds = sum(c.seconds for c in moved) + calibration.sync_s * len(moved)
+        seconds = sum(c.seconds for c in moved)
+        model_comm += seconds
+        seconds += calibration.sync_s * len(moved)
         collectives += len(moved)
         compute += kernel
         comm += seconds
@@ -201,7 +227,17 @@ def predict(trace: Trace, calibration: Calibration, params: Mapping[str, Any],
     persistent += trace.optimizer_state_bytes + sum(_local_bytes(v) for v in inputs.values())
     activations = saved + transient
     return Prediction(compute + comm, compute, comm, persistent + activations, persistent,
-                      activations, collectives, phases)
+                      activations, collectives, phases, entries, alphas, works, model_comm)
+
+
+def place_step(params: Mapping[str, Any], inputs: Mapping[str, Any], mesh: Any,
+               layouts: Mapping[str, Layout]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The parameters (leaves that require grad) and inputs of one step in ``layouts``, as
+    :func:`predict_step` takes them. **Local**."""
+    arrays = {n: as_array(v) for n, v in params.items()}
+    placed = {n: as_array(v) for n, v in inputs.items() if n in layouts}
+    built = build_tensors(arrays, mesh, layouts, True)
+    return built, {**inputs, **build_tensors(placed, mesh, layouts, False)}
 
 
 def predict_step(step_fn: Callable, params: Mapping[str, Any], inputs: Mapping[str, Any],
@@ -226,9 +262,6 @@ def predict_step(step_fn: Callable, params: Mapping[str, Any], inputs: Mapping[s
     calibration : Calibration, optional
         Default: built-in kernel constants.
     """
-    arrays = {n: as_array(v) for n, v in params.items()}
-    placed = {n: as_array(v) for n, v in inputs.items() if n in layouts}
-    built = build_tensors(arrays, mesh, layouts, True)
-    ins = {**inputs, **build_tensors(placed, mesh, layouts, False)}
+    built, ins = place_step(params, inputs, mesh, layouts)
     trace = trace_step(step_fn, built, ins, optimizer)
     return predict(trace, calibration or Calibration(), built, ins)

@@ -17,6 +17,17 @@ given placements):
 
 Every reported prediction is that of a trace, so the chosen plan's predicted time is that
 of the ops the dispatcher runs for it, never the cost table's estimate.
+
+Before the rounds, on a real mesh of more than one rank (``fit_step``), the step runs
+in up to four layouts that differ in what they cost (the given placements; every searched
+input at its last candidate, split along its first dim: data parallel; every parameter
+at its first candidate other than the given one, and at its last one: sharded along the
+first and the last dims; only those whose predicted peak fits the memory budget), and
+the calibration's compute scale and fixed costs per op entry and per collective are
+refitted to their measured times (:func:`dtensor.autoshard._calibrate.fit_to_steps`):
+what a step of this model pays for its kernels, per op and per collective on this
+machine as it runs, which the calibration's single kernels and small step do not show.
+The search then prices with the fitted calibration.
 """
 
 from __future__ import annotations
@@ -27,10 +38,11 @@ from typing import Any
 from placements.errors import ArgumentError, DTypeError
 from placements.types import Placement, Replicate, placement_list
 
-from ..distributed.abstract import AbstractDTensor
+from ..distributed.abstract import AbstractDTensor, AbstractMesh
 from ..distributed.dtensor import DTensor
-from ._calibrate import Calibration, load_calibration
-from ._plan import Candidate, ShardingPlan
+from ._calibrate import Calibration, fit_to_steps, load_calibration
+from ._measure import measure_steps
+from ._plan import Candidate, ShardingPlan, StepFit
 from ._predict import Layout, Prediction, as_array, candidate_placements, predict_step
 from ._solve import Problem, has_milp, solve
 
@@ -63,6 +75,36 @@ class _Search:
 
     def layouts(self, choice: Sequence[int]) -> dict[str, Layout]:
         return {n: self.choices[v][c] for v, (n, c) in enumerate(zip(self.names, choice))}
+
+    def fit(self, start: tuple[int, ...], repeat: int) -> StepFit | None:
+        """Measure the step in the fit layouts whose predicted peak fits the budget (see
+        the module docstring), refit the calibration's compute scale and fixed costs to
+        them and price with it from now on; None when no fit layout fits the budget.
+        **Collective**."""
+        dp, first, last = list(start), list(start), list(start)
+        for v, (name, ch) in enumerate(zip(self.names, self.choices)):
+            if name not in self.params:
+                dp[v] = len(ch) - 1
+            elif len(ch) > 1:
+                first[v] = 1 if start[v] == 0 else 0
+                last[v] = len(ch) - 1 if start[v] != len(ch) - 1 else len(ch) - 2
+        choices = list(dict.fromkeys((start, tuple(dp), tuple(first), tuple(last))))
+        inputs = {**self.inputs, **self.fixed}
+        layouts, before = [], []
+        for c in choices:
+            p = predict_step(self.step_fn, self.params, inputs, self.mesh, self.layouts(c),
+                             optimizer=self.optimizer, calibration=self.cal)
+            if self.fits(p):
+                layouts.append(self.layouts(c))
+                before.append(p)
+        if not layouts:
+            return None
+        seconds = measure_steps(self.step_fn, self.params, inputs, self.mesh, layouts,
+                                self.optimizer, repeat)
+        self.cal = fit_to_steps(self.cal, before, seconds)
+        return StepFit(layouts, seconds, [p.time_s for p in before],
+                       [p.time_with(self.cal) for p in before], self.cal.compute_scale,
+                       self.cal.entry_s, self.cal.sync_s)
 
     def fits(self, p: Prediction) -> bool:
         return self.budget is None or p.peak_bytes <= self.budget
@@ -130,7 +172,8 @@ def auto_shard(step_fn: Callable, params: Mapping[str, Any], inputs: Mapping[str
                optimizer: Callable | None = None, calibration: Calibration | None = None,
                candidates: Mapping[str, Sequence[Sequence[Placement]]] | None = None,
                search_inputs: bool = True, top_k: int = 4, pairs: int = 8, rounds: int = 3,
-               solver: str = "auto") -> ShardingPlan:
+               solver: str = "auto", fit_step: bool = True, fit_repeat: int = 7
+               ) -> ShardingPlan:
     """Search the placements of a model's parameters (and inputs) for the fastest
     training step that fits a memory budget. **Collective** over ``mesh`` (it runs traced
     steps; every rank must call it with the same arguments).
@@ -179,6 +222,16 @@ def auto_shard(step_fn: Callable, params: Mapping[str, Any], inputs: Mapping[str
     rounds : int
         Rounds at most.
     solver : {"auto", "milp", "bnb"}
+    fit_step : bool
+        Before searching, run the step in up to four layouts and refit the calibration's
+        compute scale and fixed costs per op entry and per collective to their measured
+        times (see the module docstring; the plan's ``step_fit``); only layouts whose
+        predicted peak fits ``memory_budget`` run. Only on a real mesh of more than one rank:
+        ignored on an :class:`~dtensor.AbstractMesh` (nothing runs there) and on one rank
+        (no collective to tell apart).
+    fit_repeat : int
+        Timing samples per layout of ``fit_step`` (each layout runs ``fit_repeat + 1``
+        steps, the first a warm-up).
 
     Returns
     -------
@@ -190,9 +243,9 @@ def auto_shard(step_fn: Callable, params: Mapping[str, Any], inputs: Mapping[str
         When no plan's predicted peak fits ``memory_budget`` (the message names the
         smallest predicted peak and its placements), or for bad options.
     """
-    if top_k < 1 or rounds < 1 or pairs < 0:
-        raise ArgumentError(f"auto_shard: top_k={top_k}, rounds={rounds} must be >= 1 and "
-                            f"pairs={pairs} >= 0")
+    if top_k < 1 or rounds < 1 or pairs < 0 or fit_repeat < 1:
+        raise ArgumentError(f"auto_shard: top_k={top_k}, rounds={rounds}, "
+                            f"fit_repeat={fit_repeat} must be >= 1 and pairs={pairs} >= 0")
     if memory_budget is not None and memory_budget <= 0:
         raise ArgumentError(f"auto_shard: memory_budget={memory_budget} must be > 0")
     backend = ("milp" if has_milp() else "bnb") if solver == "auto" else solver
@@ -234,6 +287,9 @@ def auto_shard(step_fn: Callable, params: Mapping[str, Any], inputs: Mapping[str
     search = _Search(step_fn, arrays, searched, mesh, cal, optimizer, choices, fixed,
                      memory_budget)
     base = tuple(start)
+    step_fit = None
+    if fit_step and not isinstance(mesh, AbstractMesh) and mesh.size() > 1:
+        step_fit = search.fit(base, fit_repeat)
     search.evaluate(base, "start")
     problem = None
     for _ in range(rounds):
@@ -268,4 +324,4 @@ def auto_shard(step_fn: Callable, params: Mapping[str, Any], inputs: Mapping[str
         placements={n: layouts[n] for n in arrays},
         input_placements={n: layouts[n] for n in searched},
         prediction=search.seen[best], candidates=table, memory_budget=memory_budget,
-        solver=backend, mesh=mesh)
+        solver=backend, mesh=mesh, calibration=search.cal, step_fit=step_fit)

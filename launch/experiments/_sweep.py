@@ -596,11 +596,15 @@ def run_auto_sweep(model: TrainModel, mesh: dt.DeviceMesh, *, optimizer: str = "
                    clip: float = 1.0, repeat: int = 7, count: int = 14,
                    budget_quantile: float = 0.25,
                    calibration: dt.autoshard.Calibration | None = None,
-                   solver: str = "auto") -> dict[str, Any]:
+                   solver: str = "auto", fit_step: bool = True) -> dict[str, Any]:
     """Predicted against measured step times (see the module docstring). **Collective**.
 
     ``budget_quantile`` picks the memory budget of the second search: that quantile of the
-    predicted peaks of the first search's table; ``solver`` is :func:`dtensor.auto_shard`'s."""
+    predicted peaks of the first search's table; ``solver`` and ``fit_step`` are
+    :func:`dtensor.auto_shard`'s. Every strategy is predicted with the calibration the
+    search priced with (with ``fit_step``, the one fitted to the step; the layouts it was
+    fitted to are measured again here, and the Spearman correlation is also given
+    without them)."""
     params, batch = model.init(), model.batch(0)
 
     def make_opt(ps: list) -> _ClipStep:
@@ -608,13 +612,18 @@ def run_auto_sweep(model: TrainModel, mesh: dt.DeviceMesh, *, optimizer: str = "
 
     start = time.perf_counter()
     plan = dt.auto_shard(model.loss, params, batch, mesh, optimizer=make_opt,
-                         calibration=calibration, solver=solver)
+                         calibration=calibration, solver=solver, fit_step=fit_step)
     search_s = time.perf_counter() - start
+    calibration = plan.calibration
     chosen = {**plan.placements, **plan.input_placements}
     layouts: dict[str, dict[str, tuple]] = {"auto": chosen}
     for name, lay in _named_layouts(model, mesh).items():
         if lay not in layouts.values():
             layouts[name] = lay
+    fitted = plan.step_fit.layouts if plan.step_fit is not None else []
+    for lay in fitted:
+        if lay not in layouts.values():
+            layouts[f"fit: {_label(lay)}"] = lay
     rest = [c for c in plan.candidates if dict(c.placements) not in layouts.values()]
     for c in _spread(rest, max(count - len(layouts), 0)):
         layouts[_label(c.placements)] = dict(c.placements)
@@ -644,16 +653,22 @@ def run_auto_sweep(model: TrainModel, mesh: dt.DeviceMesh, *, optimizer: str = "
                      "predicted_us": pred.time_s * 1e6,
                      "predicted_phase_us": {k: v * 1e6 for k, v in pred.phases.items()},
                      "predicted_comm_us": pred.comm_s * 1e6,
+                     "terms": {"entries": pred.entries, "alpha_us": pred.alpha_s * 1e6,
+                               "work_us": pred.work_s * 1e6,
+                               "model_comm_us": pred.model_comm_s * 1e6,
+                               "collectives": pred.collectives},
                      "predicted_peak_bytes": pred.peak_bytes, **got})
     for r, us in zip(rows, _time_interleaved(steps, repeat)):
         r["step_us"] = us
     del steps
     measured = [r["step_us"] for r in rows]
     best = min(measured)
+    others = [(r["predicted_us"], r["step_us"]) for r, lay in zip(rows, layouts.values())
+              if lay not in fitted]
     peaks = sorted(c.prediction.peak_bytes for c in plan.candidates)
     budget = int(peaks[int(budget_quantile * (len(peaks) - 1))])
     budget_plan = dt.auto_shard(model.loss, params, batch, mesh, budget, optimizer=make_opt,
-                                calibration=calibration, solver=solver)
+                                calibration=calibration, solver=solver, fit_step=False)
     blay = {**budget_plan.placements, **budget_plan.input_placements}
     bstep, bgot = _placed_step(model, mesh, blay, optimizer, clip, ref_loss)
     bgot["step_us"] = _time_interleaved([bstep], repeat)[0]
@@ -662,6 +677,15 @@ def run_auto_sweep(model: TrainModel, mesh: dt.DeviceMesh, *, optimizer: str = "
         "search_s": search_s, "traced": len(plan.candidates), "solver": plan.solver,
         "chosen": _label(chosen), "results": rows,
         "spearman": spearman([r["predicted_us"] for r in rows], measured),
+        "spearman_unfitted": spearman(*zip(*others)) if len(others) > 1 else float("nan"),
+        "unfitted_count": len(others),
+        "step_fit": None if plan.step_fit is None else {
+            "layouts": [_label(lay) for lay in fitted],
+            "measured_us": [v * 1e6 for v in plan.step_fit.measured_s],
+            "predicted_us": [v * 1e6 for v in plan.step_fit.predicted_s],
+            "fitted_us": [v * 1e6 for v in plan.step_fit.fitted_s],
+            "compute_scale": plan.step_fit.compute_scale,
+            "entry_us": plan.step_fit.entry_s * 1e6, "sync_us": plan.step_fit.sync_s * 1e6},
         "chosen_over_best": rows[0]["step_us"] / best,
         "budget": {"bytes": budget, "plan": _label(blay),
                    "predicted_peak_bytes": budget_plan.predicted_peak_bytes,
@@ -686,11 +710,19 @@ def format_auto_table(doc: Mapping[str, Any]) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     b = doc["budget"]
+    f = doc.get("step_fit")
+    fit_line = "no fit to the step: the calibration as it is" if f is None else (
+        f"terms fitted to the step in {len(f['layouts'])} layouts "
+        f"({'; '.join(f['layouts'])}): compute x{f['compute_scale']:.2f}, "
+        f"{f['entry_us']:.1f} us per op entry, "
+        f"{f['sync_us']:.1f} us per collective; Spearman without those layouts: "
+        f"{doc['spearman_unfitted']:.3f} over {doc['unfitted_count']} strategies")
     lines += [
         (f"auto_shard chose: {doc['chosen']} (search {doc['search_s']:.1f} s, "
         f"{doc['traced']} assignments traced, solver {doc['solver']})"),
         (f"Spearman rank correlation predicted/measured: {doc['spearman']:.3f} "
         f"over {len(doc['results'])} strategies"),
+        fit_line,
         f"chosen plan measured / best measured: {doc['chosen_over_best']:.3f}",
         (f"memory budget {b['bytes'] / 1024:.1f} KiB: plan {b['plan']}, predicted peak "
         f"{b['predicted_peak_bytes'] / 1024:.1f} KiB, measured "

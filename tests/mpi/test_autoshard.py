@@ -1,7 +1,8 @@
 """``dt.auto_shard`` under MPI: the chosen plan runs and its loss and update equal the local
 run's; its prediction is that of a trace of what runs; ``apply`` places DTensors and
-arrays; explain's trace of a tensor-parallel step prices the explicit all-reduce and
-predicts the collectives that run; a memory budget is met (1-D mesh, and 2x2 at 4 ranks).
+arrays; the calibration fitted to the measured step prices it; explain's trace of a
+tensor-parallel step prices the explicit all-reduce and predicts the collectives that run;
+a memory budget is met (1-D mesh, and 2x2 at 4 ranks).
 """
 
 from __future__ import annotations
@@ -39,12 +40,14 @@ def test_chosen_plan_runs_like_the_local_step_is_predicted_honestly_and_meets_bu
     if mesh.ndim == 2:  # candidates on both mesh dims were weighed
         assert any(p[0] != R and p[1] != R for c in plan.candidates
                    for p in c.placements.values())
-    # the prediction is that of the chosen placements, traced again from scratch
+    # the prediction is that of the chosen placements, traced again from scratch (priced
+    # with the calibration fitted to the step, fit_step being on by default)
     layouts = {**plan.placements, **plan.input_placements}
     again = predict_step(model.loss, params, batch, mesh, layouts, optimizer=_sgd,
-                         calibration=cal)
+                         calibration=plan.calibration)
     assert again.time_s == pytest.approx(plan.predicted_time, rel=1e-12)
     assert again.peak_bytes == plan.predicted_peak_bytes
+    _check_step_fit(model, plan, cal, mesh)
     # the chosen plan, and the fastest candidate that shards something, run as locally
     sharded = next(c.placements for c in plan.candidates
                    if any(p != (R,) * mesh.ndim for p in c.placements.values()))
@@ -57,7 +60,32 @@ def test_chosen_plan_runs_like_the_local_step_is_predicted_honestly_and_meets_bu
     small = dt.auto_shard(model.loss, params, batch, mesh, budget, optimizer=_sgd,
                           calibration=cal, rounds=1, pairs=0, top_k=1)
     assert small.predicted_peak_bytes <= budget
+    # only fit layouts predicted within the budget ran: not the all-replicated one
+    assert small.step_fit is None or all(
+        any(p != (R,) * mesh.ndim for p in lay.values()) for lay in small.step_fit.layouts)
     assert all(c.fits == (c.prediction.peak_bytes <= budget) for c in small.candidates)
+
+
+def _check_step_fit(model, plan, cal, mesh):
+    """The fit ran on the real mesh: the layouts measured (the given one first, all
+    replicated), their times the same on every rank, the fitted terms those of the plan's
+    calibration (the given one otherwise unchanged), and each layout's fitted prediction
+    that of a trace priced with it."""
+    fit = plan.step_fit
+    rep = (R,) * mesh.ndim
+    assert fit is not None and 3 <= len(fit.layouts) <= 4
+    assert all(p == rep for p in fit.layouts[0].values())
+    assert min(fit.measured_s) > 0 and WORLD.allgather(fit.measured_s)[0] == fit.measured_s
+    fitted = plan.calibration
+    assert (fitted.compute_scale, fitted.entry_s, fitted.sync_s) == (
+        fit.compute_scale, fit.entry_s, fit.sync_s)
+    assert fitted.kernels == cal.kernels and fitted.cost_model == cal.cost_model
+    params, batch = model.init(), model.batch(0)
+    for layouts, before, after in zip(fit.layouts, fit.predicted_s, fit.fitted_s):
+        for c, want in ((cal, before), (fitted, after)):
+            got = predict_step(model.loss, params, batch, mesh, layouts, optimizer=_sgd,
+                               calibration=c)
+            assert got.time_s == pytest.approx(want, rel=1e-9)
 
 
 def _check_runs_like_local(model, plan, mesh):
@@ -120,7 +148,8 @@ def test_search_on_the_abstract_mesh_predicts_what_the_real_mesh_search_traces()
     model = mlp_model(batch=8, dim=8, hidden=16)
     params, batch = model.init(), model.batch(0)
     cal = Calibration()
-    kwargs = {"optimizer": _sgd, "calibration": cal, "rounds": 1, "pairs": 2, "top_k": 2}
+    kwargs = {"optimizer": _sgd, "calibration": cal, "rounds": 1, "pairs": 2, "top_k": 2,
+              "fit_step": False}  # nothing runs on the abstract mesh: no fit on either
     real = dt.auto_shard(model.loss, params, batch, mesh, **kwargs)
     amesh = dt.AbstractMesh.from_mesh(mesh)
     abstract_params = {n: dt.abstract_like(a, amesh) for n, a in params.items()}

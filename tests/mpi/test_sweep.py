@@ -152,6 +152,13 @@ def test_auto_sweep_sets_predictions_beside_measurements(tmp_path):
         assert r["loss_error"] < 1e-5 and r["step_us"] > 0 and r["predicted_us"] > 0, r
         assert r["predicted_peak_bytes"] > 0 and r["peak_bytes"] >= 0
     assert -1 <= doc["spearman"] <= 1 and doc["chosen_over_best"] >= 1
+    # the calibration was fitted to the step in 3-4 layouts, each measured again here
+    fit = doc["step_fit"]
+    assert 3 <= len(fit["layouts"]) <= 4 and min(fit["measured_us"]) > 0
+    labels = [" ".join(f"{n}={','.join(p)}" for n, p in r["placements"].items()
+                       if any(x != "R" for x in p)) or "all replicated" for r in rows]
+    assert set(fit["layouts"]) <= set(labels)
+    assert doc["unfitted_count"] == len(rows) - len(fit["layouts"])
     b = doc["budget"]
     assert b["predicted_peak_bytes"] <= b["bytes"] and b["loss_error"] < 1e-5
     assert b["respected"] == (b["measured_peak_bytes"] <= b["bytes"])

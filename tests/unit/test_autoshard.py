@@ -1,5 +1,6 @@
 """``dt.auto_shard`` in one process: the solver against brute force (both backends), the
-candidates, the calibration file, the plan object and the memory-budget error."""
+candidates, the calibration file, the fit of the calibration to measured steps, the plan
+object and the memory-budget error."""
 
 from __future__ import annotations
 
@@ -11,7 +12,15 @@ import numpy as np
 import pytest
 
 import dtensor as dt
-from dtensor.autoshard import Calibration, Problem, candidate_placements, load_calibration, solve
+from dtensor.autoshard import (
+    Calibration,
+    Prediction,
+    Problem,
+    candidate_placements,
+    fit_to_steps,
+    load_calibration,
+    solve,
+)
 from dtensor.autoshard._calibrate import op_class, op_work
 from placements.errors import ArgumentError, ConfigError
 
@@ -127,6 +136,43 @@ def test_calibration_file_round_trip(tmp_path, monkeypatch):
         load_calibration(path)
 
 
+def _terms(work_s, entries, collectives, alpha_s=3e-4, model_comm_s=0.0):
+    return Prediction(0.0, 0.0, 0.0, 0, 0, 0, collectives, entries=entries, alpha_s=alpha_s,
+                      work_s=work_s, model_comm_s=model_comm_s)
+
+
+def test_fit_to_steps_recovers_known_terms_and_keeps_what_no_step_shows():
+    cal = Calibration(entry_s=1e-6, sync_s=2e-6)
+    steps = [_terms(8e-4, 60, 0), _terms(6e-4, 60, 4, model_comm_s=1.5e-4),
+             _terms(5e-4, 58, 12, model_comm_s=2e-4), _terms(5.5e-4, 61, 9, model_comm_s=9e-5)]
+
+    def seconds(scale, entry, sync):
+        return [p.alpha_s + scale * p.work_s + entry * p.entries + p.model_comm_s
+                + sync * p.collectives for p in steps]
+
+    assert [p.time_with(Calibration(entry_s=3e-6, sync_s=4e-6, compute_scale=2.0))
+            for p in steps] == pytest.approx(seconds(2.0, 3e-6, 4e-6), rel=1e-12)
+
+    fitted = fit_to_steps(cal, steps, seconds(1.7, 12e-6, 80e-6))
+    assert (fitted.compute_scale, fitted.entry_s, fitted.sync_s) == pytest.approx(
+        (1.7, 12e-6, 80e-6), rel=1e-9)
+    assert fitted.kernels == cal.kernels and cal.compute_scale == 1.0  # a new calibration
+    # the fit is priced as the prediction is: a trace's time with the fitted terms
+    assert Calibration.from_dict(fitted.to_dict()).compute_scale == pytest.approx(1.7)
+    # a term fitted below zero is 0 (non-negative least squares): collectives that cost
+    # nothing beyond the cost model
+    assert fit_to_steps(cal, steps, seconds(1.2, 9e-6, -5e-6)).sync_s == 0.0
+    # no collective in any step: sync_s keeps its calibrated value
+    no_comm = [_terms(8e-4, 60, 0), _terms(4e-4, 62, 0), _terms(6e-4, 50, 0)]
+    got = fit_to_steps(cal, no_comm, [p.alpha_s + 2 * p.work_s + 1e-5 * p.entries
+                                      for p in no_comm])
+    assert (got.compute_scale, got.entry_s, got.sync_s) == pytest.approx((2, 1e-5, 2e-6))
+    # fewer steps than terms: the calibration as it is
+    assert fit_to_steps(cal, steps[:2], [1e-3, 2e-3]) is cal
+    with pytest.raises(ConfigError, match="4 predictions and 3 measured"):
+        fit_to_steps(cal, steps, [1e-3] * 3)
+
+
 def _mlp_step(p, b):
     return ((b["x"] @ p["w1"]).relu() @ p["w2"]).square().mean()
 
@@ -145,6 +191,7 @@ def test_auto_shard_plan_object_on_one_rank():
                          optimizer=lambda ps: dt.optim.SGD(ps, lr=0.1, momentum=0.9),
                          solver="bnb")
     assert set(plan.placements) == {"w1", "w2"} and set(plan.input_placements) == {"x"}
+    assert plan.step_fit is None and plan.calibration == Calibration()  # one rank: no fit
     assert plan.predicted_time == plan.prediction.time_s > 0
     p = plan.prediction
     assert p.time_s == pytest.approx(p.compute_s + p.comm_s)

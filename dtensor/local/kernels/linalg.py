@@ -55,6 +55,11 @@ def _matmul_shape(op: str, sa: tuple, sb: tuple) -> tuple:
 
 
 def _matmul(op: str, a, b, out=None):
+    sa, sb = a.shape, b.shape
+    if (out is None and len(sa) == 2 and len(sb) == 2 and sa[1] == sb[0]
+            and a.dtype is b.dtype and a.dtype.kind != "b"):
+        # two matrices of one dtype (the common call): nothing to broadcast or check
+        return xp_of(a).matmul(a, b, out=out_buffer((sa[0], sb[1]), a.dtype, a))
     dt = _same_dtype(op, a, b)
     shape = _matmul_shape(op, a.shape, b.shape)
     o = out_buffer(shape, dt, a) if out is None else check_out(op, out, shape, dt)

@@ -3,9 +3,9 @@
 :func:`auto_shard` (``dt.auto_shard``) traces training steps of candidate placement
 assignments, prices them (compute per op class and collectives: :mod:`._predict`) and
 solves for the fastest assignment within a memory budget (:mod:`._search`, :mod:`._solve`);
-it returns a :class:`ShardingPlan`. On a real mesh it first measures the user's step in a
-few layouts and refits the calibration's compute scale and fixed costs to it
-(``fit_step``). :func:`calibrate` measures this machine's collectives and kernels and
+it returns a :class:`ShardingPlan`. On a real mesh it can first measure the user's step in a
+few layouts and refit the calibration's compute scale and fixed costs to it
+(``fit_step=True``). :func:`calibrate` measures this machine's collectives and kernels and
 stores them for reuse (:mod:`._calibrate`).
 """
 

@@ -172,7 +172,7 @@ def auto_shard(step_fn: Callable, params: Mapping[str, Any], inputs: Mapping[str
                optimizer: Callable | None = None, calibration: Calibration | None = None,
                candidates: Mapping[str, Sequence[Sequence[Placement]]] | None = None,
                search_inputs: bool = True, top_k: int = 4, pairs: int = 8, rounds: int = 3,
-               solver: str = "auto", fit_step: bool = True, fit_repeat: int = 7
+               solver: str = "auto", fit_step: bool = False, fit_repeat: int = 7
                ) -> ShardingPlan:
     """Search the placements of a model's parameters (and inputs) for the fastest
     training step that fits a memory budget. **Collective** over ``mesh`` (it runs traced
@@ -228,7 +228,9 @@ def auto_shard(step_fn: Callable, params: Mapping[str, Any], inputs: Mapping[str
         times (see the module docstring; the plan's ``step_fit``); only layouts whose
         predicted peak fits ``memory_budget`` run. Only on a real mesh of more than one rank:
         ignored on an :class:`~dtensor.AbstractMesh` (nothing runs there) and on one rank
-        (no collective to tell apart).
+        (no collective to tell apart). Off by default: on a quiet machine the calibration as
+        it is ranked strategies better than a fit to a few noisy steps (BENCHMARKS.md); the
+        fit helps where the machine's load differs from the calibration's.
     fit_repeat : int
         Timing samples per layout of ``fit_step`` (each layout runs ``fit_repeat + 1``
         steps, the first a warm-up).

@@ -596,7 +596,7 @@ def run_auto_sweep(model: TrainModel, mesh: dt.DeviceMesh, *, optimizer: str = "
                    clip: float = 1.0, repeat: int = 7, count: int = 14,
                    budget_quantile: float = 0.25,
                    calibration: dt.autoshard.Calibration | None = None,
-                   solver: str = "auto", fit_step: bool = True) -> dict[str, Any]:
+                   solver: str = "auto", fit_step: bool = False) -> dict[str, Any]:
     """Predicted against measured step times (see the module docstring). **Collective**.
 
     ``budget_quantile`` picks the memory budget of the second search: that quantile of the

@@ -23,10 +23,10 @@ Spearman rank correlation, the chosen plan against the best measured one and a p
 searched under a memory budget with its measured peak. ``--png`` draws predicted against
 measured; ``--calibration FILE`` reads the kernel and collective constants
 (``launch/bench/calibrate.py``; default: the stored calibration of this many ranks, if
-any) and installs its cost model for the dispatcher. The search first fits the compute
-scale and the fixed costs per op and per collective to the step measured in up to four
-layouts (``--no-fit``: not); those layouts are measured again in the sweep, and the
-Spearman correlation is also printed without them.
+any) and installs its cost model for the dispatcher. With ``--fit`` the search first fits
+the compute scale and the fixed costs per op and per collective to the step measured in up
+to four layouts; those layouts are measured again in the sweep, and the Spearman
+correlation is also printed without them.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def auto(args: argparse.Namespace, model) -> int:
     mesh = dt.init_device_mesh(shape)
     doc = run_auto_sweep(model, mesh, optimizer=args.optimizer, clip=args.clip,
                          repeat=args.repeat, count=args.count, calibration=cal,
-                         solver=args.solver, fit_step=not args.no_fit)
+                         solver=args.solver, fit_step=args.fit)
     if comm.rank == 0:
         sizes = ", ".join(f"{n} {s}" for n, s in model.shapes.items())
         print(f"predicted against measured: {model.name} training step on mesh {shape}, "
@@ -132,8 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--count", type=int, default=14, help="with --auto: strategies measured")
     p.add_argument("--mesh", help="with --auto: mesh shape, e.g. 2,2 (default: 1-D)")
     p.add_argument("--calibration", help="with --auto: calibration JSON to use")
-    p.add_argument("--no-fit", action="store_true",
-                   help="with --auto: auto_shard(fit_step=False), the calibration as it is")
+    p.add_argument("--fit", action="store_true",
+                   help="with --auto: auto_shard(fit_step=True), the calibration fitted to "
+                        "the step")
     p.add_argument("--solver", choices=("auto", "milp", "bnb"), default="auto",
                    help="with --auto: auto_shard's solver")
     args = p.parse_args(argv)

@@ -36,12 +36,12 @@ def test_chosen_plan_runs_like_the_local_step_is_predicted_honestly_and_meets_bu
     params, batch = model.init(), model.batch(0)
     cal = Calibration()
     plan = dt.auto_shard(model.loss, params, batch, mesh, optimizer=_sgd, calibration=cal,
-                         rounds=1, pairs=2, top_k=2)
+                         rounds=1, pairs=2, top_k=2, fit_step=True)
     if mesh.ndim == 2:  # candidates on both mesh dims were weighed
         assert any(p[0] != R and p[1] != R for c in plan.candidates
                    for p in c.placements.values())
     # the prediction is that of the chosen placements, traced again from scratch (priced
-    # with the calibration fitted to the step, fit_step being on by default)
+    # with the calibration fitted to the step)
     layouts = {**plan.placements, **plan.input_placements}
     again = predict_step(model.loss, params, batch, mesh, layouts, optimizer=_sgd,
                          calibration=plan.calibration)

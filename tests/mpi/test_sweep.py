@@ -141,7 +141,7 @@ def test_auto_sweep_sets_predictions_beside_measurements(tmp_path):
     path = WORLD.bcast(str(tmp_path / "auto.json"))
     png = WORLD.bcast(str(tmp_path / "auto.png"))
     assert strategy_sweep.main(["--train", "--auto", "--size", "tiny", "--repeat", "1",
-                                "--count", "4", "--solver", "bnb", "--out", path, "--png", png,
+                                "--count", "4", "--solver", "bnb", "--fit", "--out", path, "--png", png,
                                 "--calibration", str(_calibration(tmp_path))]) == 0
     doc = WORLD.bcast(json.loads(Path(path).read_text()) if WORLD.rank == 0 else None)
     assert doc["mode"] == "auto" and doc["mesh"] == [WORLD.size]

@@ -189,7 +189,7 @@ def test_auto_shard_plan_object_on_one_rank():
     params, inputs = _mlp_arrays()
     plan = dt.auto_shard(_mlp_step, params, inputs, mesh, calibration=Calibration(),
                          optimizer=lambda ps: dt.optim.SGD(ps, lr=0.1, momentum=0.9),
-                         solver="bnb")
+                         solver="bnb", fit_step=True)
     assert set(plan.placements) == {"w1", "w2"} and set(plan.input_placements) == {"x"}
     assert plan.step_fit is None and plan.calibration == Calibration()  # one rank: no fit
     assert plan.predicted_time == plan.prediction.time_s > 0

@@ -125,10 +125,7 @@ def make_recording(info, plain, order, recorder):
         if inplace:
             return recorder(info, plain, args, kwargs, order)
         if _grad_mode.enabled and _any_tensor_ag(args, kwargs):
-            out = _record_fast(info, plain, args, kwargs, order)
-            if out is not _DECLINE:
-                return out
-            return recorder(info, plain, args, kwargs, order)
+            return _hooked(info, plain, args, kwargs, order, recorder)
         return plain(*args, **kwargs)
 
     return variant

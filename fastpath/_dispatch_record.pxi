@@ -354,11 +354,15 @@ cdef object _record_fast(object info, object plain, tuple args, object kwargs, o
     return out
 
 
-cdef inline object _hooked(object info, object plain, tuple args, object kwargs):
-    """What a FastOp or public function runs for a call that may record: the compiled
-    recorder, or dtensor's hook (which also counts an in-place op's writes)."""
+cdef inline object _hooked(object info, object plain, tuple args, object kwargs,
+                           object order=None, object recorder=None):
+    """What a call that may record runs: the compiled recorder, or else ``recorder(info,
+    plain, args, kwargs, order)`` (a recording form's) or dtensor's hook (a FastOp's or
+    public function's), which also count an in-place op's writes."""
     if _grad_mode.enabled:
-        out = _record_fast(info, plain, args, kwargs, None)
+        out = _record_fast(info, plain, args, kwargs, order)
         if out is not _DECLINE:
             return out
-    return _call_hook(info, plain, args, kwargs)
+    if recorder is None:
+        return _call_hook(info, plain, args, kwargs)
+    return recorder(info, plain, args, kwargs, order)

@@ -70,6 +70,7 @@ __all__ = [
     "set_versions",
     "stats",
     "unsave",
+    "move_local",
     "redistribute",
     "redistribute_kinds",
     "reset_stats",

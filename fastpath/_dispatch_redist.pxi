@@ -17,6 +17,7 @@ from cpython.dict cimport PyDict_GetItemWithError
 
 cdef object _redist_form = None      # front.redistribute_form(dtensor, placements) -> tuple|None
 cdef object _redist_py = None        # DTensor's Python redistribute method
+cdef object _move_form = None        # front.move_form(move) -> tuple|None (an op's input move)
 cdef dict _comm_ns = None            # redistribute.comm's namespace (_observers, _checks,
                                      # _persistent)
 cdef object _mpi_byte = None         # MPI.BYTE
@@ -108,13 +109,14 @@ cdef _request_get_t _request_get = NULL
 cdef object _mpi_exception = None    # MPI.Exception: raised with the error code of a call
 
 
-def install_redistribute(form, py_method, comm_module, mpi_byte, c_api=None):
+def install_redistribute(form, py_method, comm_module, mpi_byte, c_api=None, move_form=None):
     """Plug in what the compiled ``redistribute`` needs: the dispatcher's
-    ``redistribute_form``, DTensor's Python method, ``redistribute.comm``, ``MPI.BYTE``
-    and ``redistribute.comm.request_c_api()`` (or None). **Local**."""
-    global _redist_form, _redist_py, _comm_ns, _mpi_byte, _last
+    ``redistribute_form``, DTensor's Python method, ``redistribute.comm``, ``MPI.BYTE``,
+    ``redistribute.comm.request_c_api()`` (or None), and ``move_form`` (the form of an op's
+    input move, for :func:`move_local`). **Local**."""
+    global _redist_form, _redist_py, _comm_ns, _mpi_byte, _last, _move_form
     global _mpi_start, _mpi_wait, _request_get, _mpi_exception
-    _redist_form, _redist_py, _mpi_byte = form, py_method, mpi_byte
+    _redist_form, _redist_py, _mpi_byte, _move_form = form, py_method, mpi_byte, move_form
     _comm_ns = vars(comm_module)
     _mpi_start, _mpi_wait, _request_get = NULL, NULL, NULL
     if c_api is not None:
@@ -203,17 +205,10 @@ cdef inline bint _same_targets(tuple targets, object placements):
     return True
 
 
-cdef RedistEntry _redist_entry(object d, object spec, object placements):
-    """The entry of ``(spec, placements)``, filled from the dispatcher on first use."""
-    key = id(spec)
-    cdef object chain = _redist.get(key)
-    cdef RedistEntry e
-    if chain is not None:
-        for e in <list>chain:
-            if e.spec is spec and e.generation == _generation and _same_targets(e.targets, placements):
-                return e
-    form = _redist_form(d, placements)
-    e = RedistEntry.__new__(RedistEntry)
+cdef RedistEntry _new_entry(object spec, object placements, object form):
+    """An entry of ``spec`` made from a form of ``front.redistribute_form`` (None: the
+    Python method's, or the executor's for a move)."""
+    cdef RedistEntry e = RedistEntry.__new__(RedistEntry)
     e.spec = spec
     e.mesh = spec.mesh
     e.generation = _generation
@@ -226,6 +221,19 @@ cdef RedistEntry _redist_entry(object d, object spec, object placements):
         e.size = e.comm.size
         e.typenum = dtype.num
         e.fill(kind, fields)
+    return e
+
+
+cdef RedistEntry _redist_entry(object d, object spec, object placements):
+    """The entry of ``(spec, placements)``, filled from the dispatcher on first use."""
+    key = id(spec)
+    cdef object chain = _redist.get(key)
+    cdef RedistEntry e
+    if chain is not None:
+        for e in <list>chain:
+            if e.spec is spec and e.generation == _generation and _same_targets(e.targets, placements):
+                return e
+    e = _new_entry(spec, placements, _redist_form(d, placements))
     if chain is None or (<RedistEntry>(<list>chain)[0]).spec is not spec:
         if len(_redist) >= REDIST_MAX:
             _redist.clear()
@@ -327,38 +335,39 @@ def redistribute_kinds():
     return {k: _redist_kind_hits[v] for k, v in _REDIST_KINDS.items()}
 
 
-def redistribute(self, device_mesh=None, placements=None, *, async_op=False):
-    """``DTensor.redistribute`` (same signature and result) served from compiled code when
-    the plan is one step of a kind it runs; else the Python method. **Collective**."""
-    cdef DTensorBase d = <DTensorBase>self
-    spec = d._spec
-    if (type(placements) is not list and type(placements) is not tuple) or async_op or (
-            type(self) is not _DTensor):
-        return _redist_py(self, device_mesh, placements, async_op=async_op)
-    if _comm_flag("_observers") or _comm_flag("_checks"):
-        return _redist_py(self, device_mesh, placements, async_op=async_op)
+cdef object _redist_run(object self, object spec, object device_mesh, object placements):
+    """The compiled run of ``self.redistribute(device_mesh, placements)``: the output's
+    local array (its spec is then ``_last.dst``), or None when the plan is not one the
+    compiled path runs (nothing ran). ``self`` is a plain host DTensor and ``placements`` a
+    list or tuple; no communication observer or check is on. **Collective** when it runs a
+    plan that communicates."""
     global _last
     cdef RedistEntry e = <RedistEntry>_last
     if e is None or e.spec is not spec or e.generation != _generation or not _same_targets(
             e.targets, placements):
         if device_mesh is not None and device_mesh is not spec.mesh:
-            return _redist_py(self, device_mesh, placements, async_op=async_op)
+            return None
         e = _last = _redist_entry(self, spec, placements)
     elif device_mesh is not None and device_mesh is not e.mesh:
-        return _redist_py(self, device_mesh, placements, async_op=async_op)
+        return None
+    return _redist_exec(e, self)
+
+
+cdef object _redist_exec(RedistEntry e, object self):
+    """Run entry ``e`` on the local array of ``self`` (as :func:`_redist_run`)."""
+    global _redist_hits
     cdef int kind = e.kind
     if kind == REDIST_PY:
-        return _redist_py(self, device_mesh, placements, async_op=async_op)
+        return None
     x = _local_arr(self)
     if type(x) is not cnp.ndarray:
-        return _redist_py(self, device_mesh, placements, async_op=async_op)
-    global _redist_hits
+        return None
     if kind == REDIST_LOCAL:
         _redist_hits += 1
         _redist_kind_hits[kind] += 1
-        return _new_dtensor_arr(x if e.index is None else x[e.index], e.dst)
+        return x if e.index is None else x[e.index]
     if not cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>x):
-        return _redist_py(self, device_mesh, placements, async_op=async_op)
+        return None
     cdef cnp.npy_intp dims[32]
     cdef Py_ssize_t i, nd = len(e.shape)
     if e.make is None:
@@ -379,4 +388,36 @@ def redistribute(self, device_mesh=None, placements=None, *, async_op=False):
         _all_to_all(e, x, out)
     if e.avg:
         _np_divide(out, e.size, out=out)
-    return _new_dtensor_arr(out, e.dst)
+    return out
+
+
+def redistribute(self, device_mesh=None, placements=None, *, async_op=False):
+    """``DTensor.redistribute`` (same signature and result) served from compiled code when
+    the plan is one step of a kind it runs; else the Python method. **Collective**."""
+    cdef DTensorBase d = <DTensorBase>self
+    if (type(placements) is not list and type(placements) is not tuple) or async_op or (
+            type(self) is not _DTensor):
+        return _redist_py(self, device_mesh, placements, async_op=async_op)
+    if _comm_flag("_observers") or _comm_flag("_checks"):
+        return _redist_py(self, device_mesh, placements, async_op=async_op)
+    out = _redist_run(self, d._spec, device_mesh, placements)
+    if out is None:
+        return _redist_py(self, device_mesh, placements, async_op=async_op)
+    return _new_dtensor_arr(out, (<RedistEntry>_last).dst)
+
+
+def move_local(self, move):
+    """This rank's local array of ``self`` moved as the dispatcher's ``move`` (a
+    ``Redist``: one-step ``steps`` from its ``src`` spec, the spec of ``self``, to its
+    ``dst``), run from compiled code; None when the compiled path does not run that move
+    (nothing ran: the caller runs the executor), also while a communication observer or
+    check is on, so that they see the executor's calls. The move keeps its entry in its
+    ``fast`` slot. **Collective** when the move communicates."""
+    if type(self) is not _DTensor or _move_form is None or _comm_flag("_observers") or (
+            _comm_flag("_checks")):
+        return None
+    e = move.fast
+    if e is None or (<RedistEntry>e).generation != _generation:
+        e = _new_entry(move.src, move.dst.placements, _move_form(move))
+        move.fast = e
+    return _redist_exec(<RedistEntry>e, self)

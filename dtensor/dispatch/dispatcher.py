@@ -77,6 +77,7 @@ __all__ = [
     "remove_listener",
     "run_entry",
     "set_prop_cache_size",
+    "use_compiled_moves",
     "wrap_outputs",
 ]
 
@@ -224,14 +225,16 @@ def binder_of(info: OpInfo) -> _Binder:
 # -- the cache -------------------------------------------------------------------------------
 class Redist:
     """One DTensor input's move to the strategy's placements: the redistribute plan
-    (``steps``) from spec ``src`` to spec ``dst``."""
+    (``steps``) from spec ``src`` to spec ``dst``; ``fast`` is the compiled front's entry of
+    the move (made on first use, see :func:`use_compiled_moves`)."""
 
-    __slots__ = ("dst", "src", "steps")
+    __slots__ = ("dst", "fast", "src", "steps")
 
     def __init__(self, steps: tuple, src: DTensorSpec, dst: DTensorSpec) -> None:
         self.steps = steps
         self.src = src
         self.dst = dst
+        self.fast = None
 
 
 class _ScalarIdentity:
@@ -417,6 +420,17 @@ def set_prop_cache_size(maxsize: int) -> None:
 
 # -- the compiled front (fastpath._dispatch, plugged in by dtensor.dispatch.front) ----------------
 _FRONT = None
+
+
+def use_compiled_moves(move_local: Callable | None) -> None:
+    """Run an op's one-step input moves by ``move_local(dtensor, move)`` (the compiled
+    front's, which returns None for a move it does not run), or all by the executor (None).
+    **Local**."""
+    global _MOVE_LOCAL
+    _MOVE_LOCAL = move_local
+
+
+_MOVE_LOCAL = None
 
 
 def attach_front(front: object) -> None:
@@ -863,8 +877,13 @@ def _to_locals(entry: CacheEntry, values: list, mesh: object) -> None:
         if isinstance(v, DTensor):
             local = v._local
             if move is not None:
-                local = _wrap(
-                    _execute(
+                # one-step moves that compiled code runs (the compiled redistribute's
+                # forms, no observer on) skip the executor; it runs everything else
+                arr = None
+                if _MOVE_LOCAL is not None and len(move.steps) == 1:
+                    arr = _MOVE_LOCAL(v, move)
+                if arr is None:
+                    arr = _execute(
                         move.steps,
                         local._arr,
                         move.src,
@@ -872,7 +891,7 @@ def _to_locals(entry: CacheEntry, values: list, mesh: object) -> None:
                         mesh._dim_comms,
                         allocator_for(mesh.device_type),
                     )
-                )
+                local = _wrap(arr)
             holder[i] = local
         elif move is not None:
             holder[i] = move.apply(v)

@@ -306,6 +306,21 @@ def redistribute_form(d: DTensor, placements: object) -> tuple | None:
     if mesh.device_type != "cpu":
         return None
     dst, steps = _target(spec, targets)
+    return _form(spec, dst, targets, steps)
+
+
+def move_form(move: object) -> tuple | None:
+    """How the compiled front may run an op's input move (a dispatcher ``Redist``) as
+    :func:`redistribute_form` describes, or None (the executor then runs it). Its plan was
+    made and checked with the op's strategy. **Local**."""
+    spec = move.src
+    if spec.mesh.device_type != "cpu":
+        return None
+    return _form(spec, move.dst, move.dst.placements, move.steps)
+
+
+def _form(spec: object, dst: object, targets: tuple, steps: tuple) -> tuple | None:
+    mesh = spec.mesh
     form = _compiled_form(steps, spec, mesh._coord, mesh._dim_comms) if steps else None
     if form is None:
         return None
@@ -351,7 +366,8 @@ def plug_fastpath() -> object:
     front.set_quiet(QUIET, quiet_call)
     _RAW = front.RAW_FORMS
     front.install_redistribute(
-        redistribute_form, PY_REDISTRIBUTE, _comm, _comm.BYTES, _comm.request_c_api()
+        redistribute_form, PY_REDISTRIBUTE, _comm, _comm.BYTES, _comm.request_c_api(),
+        move_form,
     )
     attach_front(front)
     return front

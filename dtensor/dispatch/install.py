@@ -48,7 +48,7 @@ from ..local.tensor import Tensor
 from ..ops import NOT_DIFFERENTIABLE, OPS, Operator, OpInfo
 from ..ops import derivatives as _derivatives
 from . import record as _record
-from .dispatcher import dispatch
+from .dispatcher import dispatch, use_compiled_moves
 from .front import PY_REDISTRIBUTE, fast_op, plug_fastpath
 from .gathering import GATHERING
 
@@ -295,6 +295,8 @@ def _install_dtensor() -> list[str]:
     DTensor.__hash__ = object.__hash__
     # a one-step plan runs from compiled code (see front.redistribute_form)
     redistribute = _front.redistribute if _FAST else PY_REDISTRIBUTE
+    # and so does an op's one-step move of an input
+    use_compiled_moves(_front.move_local if _FAST else None)
     if _AUTOGRAD:
         redistribute = _record.recording_redistribute(redistribute)
     DTensor.redistribute = redistribute

@@ -7,7 +7,8 @@ S(d)), all-to-alls (S(i) -> S(j), and gathers above the all-gather size) and loc
 (R -> S(d)), uneven and empty shards included, and a gather over one dim of a 2-D mesh.
 Every other plan, a non-contiguous local shard where the step communicates, and every call
 while CommDebugMode (or another communication observer) is on, runs the Python method.
-Both must give bytewise the same DTensors.
+Both must give bytewise the same DTensors. An op's input moves of one step take the same
+compiled forms.
 """
 
 from __future__ import annotations
@@ -121,6 +122,51 @@ def test_same_dtensors_as_the_python_method():
             np.testing.assert_allclose(y.full_tensor().numpy(), data, rtol=1e-6, err_msg=str(case))
 
 
+# (op, operands' global shapes and placements, the kinds its compiled move may take at 2+
+# ranks (the strategy chosen depends on the rank count), or None: no move)
+OP_MOVES = [
+    (lambda a, b: a @ b, [((8, 6), [S(0)]), ((6, 4), [S(0)])], {"all_to_all", "gather"}),
+    (lambda a, b: a + b, [((6, 4), [S(0)]), ((6, 4), [S(1)])], {"all_to_all", "gather"}),
+    (lambda a: a.sum(dim=0), [((5, 4), [S(1)])], None),  # no move: runs locally
+    (lambda a, b: a.matmul(b), [((4, 6), [R]), ((6, 5), [S(0)])], {"local"}),
+]
+
+
+@needs_front
+@pytest.mark.mpi(min_size=1)
+def test_an_ops_one_step_move_runs_from_compiled_code():
+    """An op's input moves of one step take the compiled redistribute's forms (counted by
+    kind); the outputs are bytewise those of the executor (the Python path), and under
+    CommDebugMode the executor runs, so the debug records are unchanged."""
+    mesh = dt.init_device_mesh((WORLD.size,))
+    for i, (fn, operands, kind) in enumerate(OP_MOVES):
+        xs = [_source(shape, pl, mesh)[0] for shape, pl in operands]
+        dt.debug.set_fastpath(False)
+        before = _kinds()
+        want = _describe(fn(*xs))
+        assert _kinds() == before, i  # the Python path: the executor
+        with CommDebugMode() as mode:
+            fn(*xs)
+        want_counts = mode.get_comm_counts()
+        dt.debug.set_fastpath(True)
+        if WORLD.size == 1 and kind is not None:
+            kind = {"local"}
+        for _ in range(2):  # the first call fills the entries, the second hits them
+            before = _kinds()
+            got = fn(*xs)
+            after = _kinds()
+            assert _describe(got) == want, i
+            ran = {kd: after[kd] - before[kd] for kd in after if after[kd] != before[kd]}
+            if kind is None:
+                assert ran == {}, (i, ran)
+            else:
+                assert len(ran) == 1 and set(ran) <= kind and sum(ran.values()) == 1, (i, ran)
+        before = _kinds()
+        with CommDebugMode() as mode:
+            assert _describe(fn(*xs)) == want, i
+        assert _kinds() == before and mode.get_comm_counts() == want_counts, i
+
+
 @needs_front
 @pytest.mark.mpi(min_size=2)
 def test_a_non_contiguous_local_shard_runs_the_python_method():
@@ -203,11 +249,11 @@ def test_persistent_gathers_without_the_mpi_c_functions():
     prev = rcomm.set_persistent(True)
     plug = (dfront.redistribute_form, dfront.PY_REDISTRIBUTE, rcomm, rcomm.BYTES)
     try:
-        fastpath.dispatch.install_redistribute(*plug, None)
+        fastpath.dispatch.install_redistribute(*plug, None, dfront.move_form)
         before = _kinds()["gather"]
         y = x.redistribute(mesh, [R])
         assert _kinds()["gather"] == before + 1
         np.testing.assert_array_equal(y.to_local().numpy(), data)
     finally:
-        fastpath.dispatch.install_redistribute(*plug, rcomm.request_c_api())
+        fastpath.dispatch.install_redistribute(*plug, rcomm.request_c_api(), dfront.move_form)
         rcomm.set_persistent(prev)

@@ -482,55 +482,132 @@ cdef void _reduce_rows(int kind, cnp.ndarray x, cnp.ndarray y, Py_ssize_t rows, 
 cdef extern from *:
     """
     /* D = transpose(S) for each of `batch` matrices: S is cols x rows and D rows x cols,
-       both C-contiguous, elements of `isz` bytes. Tiles of DTK_TILE x DTK_TILE elements
-       are copied as 8 x 8 blocks gathered into a small buffer whose rows are then written
-       whole: both the rows read and the rows written stay in cache (a plain strided copy
-       misses on every element of one side once a matrix outgrows the cache, and more so
-       at power-of-two strides). */
+       both C-contiguous, elements of `isz` bytes.
+
+       Blocks of one cache line a side (64 / isz elements) are gathered into an aligned
+       buffer, then written out a whole line per row: every line read and every line
+       written is touched once (a plain strided copy misses on every element of one side
+       once a matrix outgrows the cache, and more so at power-of-two strides). With SSE2
+       (every x86-64), 4- and 8-byte elements are gathered by 4x4 and 2x2 register
+       transposes. Blocks run along the source's rows (sequential reads) inside tiles of
+       DTK_TILE x DTK_TILE elements. Outputs of `stream` (the caller's size threshold)
+       with 16-byte aligned rows are written by non-temporal stores: a large output then
+       costs no read for ownership and does not evict the source from the cache. Edges
+       that are not a whole block are copied element by element. */
+    #include <string.h>
+    #include <stdint.h>
+    #if defined(__SSE2__)
+    #include <emmintrin.h>
+    #define DTK_SSE2 1
+    #endif
     #define DTK_TILE 64
-    #define DTK_TRANSPOSE_BODY(T)                                                      \
+    #define DTK_LINE 64
+
+    static inline void dtk_put_line(char* d, const char* src, int nt) {
+    #ifdef DTK_SSE2
+        if (nt) {
+            _mm_stream_si128((__m128i*)d, _mm_load_si128((const __m128i*)src));
+            _mm_stream_si128((__m128i*)(d + 16), _mm_load_si128((const __m128i*)(src + 16)));
+            _mm_stream_si128((__m128i*)(d + 32), _mm_load_si128((const __m128i*)(src + 32)));
+            _mm_stream_si128((__m128i*)(d + 48), _mm_load_si128((const __m128i*)(src + 48)));
+            return;
+        }
+    #endif
+        memcpy(d, src, DTK_LINE);
+    }
+
+    /* the block at source row j, column i into blk (blk[ii][jj] = s[(j+jj)*rows + i+ii]) */
+    #define DTK_GATHER_SCALAR(T, BK)                                                   \
+        for (int jj = 0; jj < BK; jj++)                                                \
+            for (int ii = 0; ii < BK; ii++)                                            \
+                blk[ii][jj] = s[(j + jj) * rows + i + ii];
+    #ifdef DTK_SSE2
+    #define DTK_GATHER_4(T, BK)                                                        \
+        for (int jj = 0; jj < BK; jj += 4)                                             \
+            for (int ii = 0; ii < BK; ii += 4) {                                       \
+                const T* q = s + (j + jj) * rows + i + ii;                             \
+                __m128 r0 = _mm_loadu_ps((const float*)q);                             \
+                __m128 r1 = _mm_loadu_ps((const float*)(q + rows));                    \
+                __m128 r2 = _mm_loadu_ps((const float*)(q + 2 * rows));                \
+                __m128 r3 = _mm_loadu_ps((const float*)(q + 3 * rows));                \
+                _MM_TRANSPOSE4_PS(r0, r1, r2, r3);                                     \
+                _mm_store_ps((float*)&blk[ii][jj], r0);                                \
+                _mm_store_ps((float*)&blk[ii + 1][jj], r1);                            \
+                _mm_store_ps((float*)&blk[ii + 2][jj], r2);                            \
+                _mm_store_ps((float*)&blk[ii + 3][jj], r3);                            \
+            }
+    #define DTK_GATHER_8(T, BK)                                                        \
+        for (int jj = 0; jj < BK; jj += 2)                                             \
+            for (int ii = 0; ii < BK; ii += 2) {                                       \
+                const T* q = s + (j + jj) * rows + i + ii;                             \
+                __m128i r0 = _mm_loadu_si128((const __m128i*)q);                       \
+                __m128i r1 = _mm_loadu_si128((const __m128i*)(q + rows));              \
+                _mm_store_si128((__m128i*)&blk[ii][jj], _mm_unpacklo_epi64(r0, r1));   \
+                _mm_store_si128((__m128i*)&blk[ii + 1][jj], _mm_unpackhi_epi64(r0, r1)); \
+            }
+    #else
+    #define DTK_GATHER_4 DTK_GATHER_SCALAR
+    #define DTK_GATHER_8 DTK_GATHER_SCALAR
+    #endif
+
+    #define DTK_TRANSPOSE_FN(NAME, T, GATHER)                                          \
+    static void NAME(const T* src, T* dst, Py_ssize_t batch, Py_ssize_t rows,          \
+                     Py_ssize_t cols, int stream) {                                    \
+        enum { BK = DTK_LINE / sizeof(T) };                                            \
+        T blk[BK][BK] __attribute__((aligned(64)));                                    \
+        int nt = stream && ((uintptr_t)dst % 16 == 0) && ((cols * sizeof(T)) % 16 == 0); \
         for (Py_ssize_t b = 0; b < batch; b++) {                                       \
-            const T* s = (const T*)src + b * rows * cols;                              \
-            T* d = (T*)dst + b * rows * cols;                                          \
+            const T* s = src + b * rows * cols;                                        \
+            T* d = dst + b * rows * cols;                                              \
             for (Py_ssize_t i0 = 0; i0 < rows; i0 += DTK_TILE)                         \
             for (Py_ssize_t j0 = 0; j0 < cols; j0 += DTK_TILE) {                       \
                 Py_ssize_t i1 = i0 + DTK_TILE < rows ? i0 + DTK_TILE : rows;           \
                 Py_ssize_t j1 = j0 + DTK_TILE < cols ? j0 + DTK_TILE : cols;           \
-                for (Py_ssize_t i = i0; i < i1; i += 8)                                \
-                for (Py_ssize_t j = j0; j < j1; j += 8) {                              \
-                    if (i + 8 <= i1 && j + 8 <= j1) {                                  \
-                        T blk[8][8];                                                   \
-                        for (int jj = 0; jj < 8; jj++)                                 \
-                            for (int ii = 0; ii < 8; ii++)                             \
-                                blk[ii][jj] = s[(j + jj) * rows + i + ii];             \
-                        for (int ii = 0; ii < 8; ii++)                                 \
-                            memcpy(d + (i + ii) * cols + j, blk[ii], sizeof(blk[ii])); \
+                for (Py_ssize_t j = j0; j < j1; j += BK)                               \
+                for (Py_ssize_t i = i0; i < i1; i += BK) {                             \
+                    if (i + BK <= i1 && j + BK <= j1) {                                \
+                        GATHER(T, BK)                                                  \
+                        for (int ii = 0; ii < BK; ii++)                                \
+                            dtk_put_line((char*)(d + (i + ii) * cols + j),             \
+                                         (const char*)blk[ii], nt);                    \
                     } else {                                                           \
-                        Py_ssize_t ie = i + 8 < i1 ? i + 8 : i1;                       \
-                        Py_ssize_t je = j + 8 < j1 ? j + 8 : j1;                       \
+                        Py_ssize_t ie = i + BK < i1 ? i + BK : i1;                     \
+                        Py_ssize_t je = j + BK < j1 ? j + BK : j1;                     \
                         for (Py_ssize_t ii = i; ii < ie; ii++)                         \
                             for (Py_ssize_t jj = j; jj < je; jj++)                     \
                                 d[ii * cols + jj] = s[jj * rows + ii];                 \
                     }                                                                  \
                 }                                                                      \
             }                                                                          \
-        }
-    #include <string.h>
+        }                                                                              \
+    }
+    DTK_TRANSPOSE_FN(dtk_transpose_1, uint8_t, DTK_GATHER_SCALAR)
+    DTK_TRANSPOSE_FN(dtk_transpose_2, uint16_t, DTK_GATHER_SCALAR)
+    DTK_TRANSPOSE_FN(dtk_transpose_4, uint32_t, DTK_GATHER_4)
+    DTK_TRANSPOSE_FN(dtk_transpose_8, uint64_t, DTK_GATHER_8)
+
     static void dtk_transpose_copy(const void* src, void* dst, Py_ssize_t batch,
-                                   Py_ssize_t rows, Py_ssize_t cols, int isz) {
+                                   Py_ssize_t rows, Py_ssize_t cols, int isz, int stream) {
         switch (isz) {
-        case 1: { DTK_TRANSPOSE_BODY(uint8_t) break; }
-        case 2: { DTK_TRANSPOSE_BODY(uint16_t) break; }
-        case 4: { DTK_TRANSPOSE_BODY(uint32_t) break; }
-        case 8: { DTK_TRANSPOSE_BODY(uint64_t) break; }
+        case 1: dtk_transpose_1((const uint8_t*)src, (uint8_t*)dst, batch, rows, cols, stream); break;
+        case 2: dtk_transpose_2((const uint16_t*)src, (uint16_t*)dst, batch, rows, cols, stream); break;
+        case 4: dtk_transpose_4((const uint32_t*)src, (uint32_t*)dst, batch, rows, cols, stream); break;
+        case 8: dtk_transpose_8((const uint64_t*)src, (uint64_t*)dst, batch, rows, cols, stream); break;
         }
+    #ifdef DTK_SSE2
+        if (stream)
+            _mm_sfence();
+    #endif
     }
     """
     void dtk_transpose_copy(const void* src, void* dst, Py_ssize_t batch, Py_ssize_t rows,
-                            Py_ssize_t cols, int isz) nogil
+                            Py_ssize_t cols, int isz, int stream) nogil
 
 
 cdef Py_ssize_t TRANSPOSE_MIN = 4096   # elements from which the tiled copy pays
+# output bytes from which the tiled copy writes by non-temporal stores (beyond the 1-2 MiB
+# of a core's L2 cache, where the output would only evict what is still to be read)
+cdef Py_ssize_t TRANSPOSE_STREAM_MIN = 2 << 20
 
 
 cdef object copy_c_order(object a, object out):
@@ -543,6 +620,7 @@ cdef object copy_c_order(object a, object out):
     cdef int nd = cnp.PyArray_NDIM(x)
     cdef Py_ssize_t isz = cnp.PyArray_ITEMSIZE(x)
     cdef Py_ssize_t rows, cols, batch, i, step
+    cdef int stream
     cdef cnp.npy_intp* dims
     cdef cnp.npy_intp* strides
     if (nd >= 2 and cnp.PyArray_SIZE(x) >= TRANSPOSE_MIN and isz in (1, 2, 4, 8)
@@ -561,9 +639,10 @@ cdef object copy_c_order(object a, object out):
         if ok:
             if out is None:
                 out = cnp.PyArray_EMPTY(nd, dims, cnp.PyArray_TYPE(x), 0)
+            stream = step * batch >= TRANSPOSE_STREAM_MIN
             with nogil:
                 dtk_transpose_copy(cnp.PyArray_DATA(x), cnp.PyArray_DATA(<cnp.ndarray>out),
-                                   batch, rows, cols, <int>isz)
+                                   batch, rows, cols, <int>isz, stream)
             return out
     if out is None:
         return cnp.PyArray_NewCopy(x, cnp.NPY_CORDER)

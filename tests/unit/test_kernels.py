@@ -526,6 +526,35 @@ def test_copy_into_transposes_by_tiles_and_equals_numpy(dtype, shape):
         K.copy_into(np.empty(c.shape, dtype)[::-1], c)
 
 
+@pytest.mark.parametrize(("dtype", "shape"), [
+    (F32, (1100, 520)),  # 2.2 MB: non-temporal stores (16-byte aligned rows)
+    (F32, (1031, 517)),  # rows of 2068 bytes: not 16-byte aligned, plain stores, edges
+    (F64, (3, 300, 330)),  # a batch of 2.4 MB
+    (np.dtype(np.int16), (1090, 1000)),
+    (np.dtype(np.uint8), (2100, 1030)),
+], ids=str)
+def test_copy_into_streams_large_transposes_and_equals_numpy(dtype, shape):
+    """The tiled transpose of outputs of 2 MiB and more (non-temporal stores where the
+    output's rows are 16-byte aligned), into aligned and misaligned outputs, bit for bit
+    (NaN payloads, -0.0 and infinities of floating dtypes included)."""
+    rng = np.random.default_rng(11)
+    c = rng.integers(0, 256, (*shape[:-2], shape[-1], shape[-2]) if len(shape) > 2 else
+                     (shape[1], shape[0]), dtype=np.uint8)  # fmt: skip
+    c = np.frombuffer(rng.bytes(c.size * dtype.itemsize), dtype).reshape(c.shape)
+    a = np.swapaxes(c, -1, -2)
+    assert a.shape == shape and a.nbytes >= 2 << 20
+    want = np.ascontiguousarray(a).view(np.uint8)
+    out = K.copy_into(np.empty(shape, dtype), a)
+    np.testing.assert_array_equal(out.view(np.uint8), want)
+    # an output whose start is 4 bytes past a 16-byte boundary: plain stores
+    raw = np.empty(a.nbytes + 64, np.uint8)
+    off = (-raw.ctypes.data) % 16 + 4
+    shifted = raw[off:off + a.nbytes].view(dtype).reshape(shape) if dtype.itemsize <= 4 else (
+        raw[off + 4:off + 4 + a.nbytes].view(dtype).reshape(shape))
+    assert shifted.ctypes.data % 16 != 0
+    np.testing.assert_array_equal(K.copy_into(shifted, a).view(np.uint8), want)
+
+
 # ------------------------------------------------------------------------------ layer_norm
 def layer_norm64(a, k, w=None, b=None, eps=1e-5):
     x = a.astype(F64)

@@ -42,6 +42,8 @@ cdef class FrontEntry:
     cdef object mesh
     cdef object kernel
     cdef tuple direct
+    cdef tuple moves        # (index, move or None) per input of an entry whose moves the
+                            # compiled path runs (see _entry_moves), or None
     cdef object out_spec0
     cdef tuple out_specs
     cdef int raw
@@ -322,6 +324,7 @@ cdef class FastOp:
         fe.kernel = entry.kernel
         fe.quiet_kernel = entry.quiet
         fe.direct = entry.direct
+        fe.moves = _entry_moves(entry) if entry.direct is None else None
         fe.out_specs = tuple(entry.out_specs)
         fe.out_spec0 = fe.out_specs[0] if fe.out_specs else None
         raw = _raw_form(self.info, entry, values)
@@ -339,6 +342,26 @@ cdef class FastOp:
         fe.pending = False
         _fills += 1
         return fe
+
+
+cdef tuple _entry_moves(object entry):
+    """``(index, move or None)`` per input of an entry that redistributes inputs, when every
+    input is a top-level argument, every move a plan of at most one step, and the op is not
+    in-place (the compiled path then runs the entry: see ``_run_moves``); else None."""
+    if not entry.comm or entry.inplace or entry.abstract is not None:
+        return None
+    out = []
+    for (pi, ei), move in zip(entry.slots, entry.moves):
+        if ei >= 0:
+            return None
+        if move is None:
+            out.append((pi, None))
+            continue
+        steps = getattr(move, "steps", None)
+        if steps is None or len(steps) > 1:
+            return None
+        out.append((pi, move if steps else None))
+    return tuple(out)
 
 
 def _plain_of(FastOp op):

@@ -18,6 +18,7 @@ from cpython.dict cimport PyDict_GetItemWithError
 cdef object _redist_form = None      # front.redistribute_form(dtensor, placements) -> tuple|None
 cdef object _redist_py = None        # DTensor's Python redistribute method
 cdef object _move_form = None        # front.move_form(move) -> tuple|None (an op's input move)
+cdef object _move_input = None       # dispatcher.move_input(dtensor, move, mesh) -> Tensor
 cdef dict _comm_ns = None            # redistribute.comm's namespace (_observers, _checks,
                                      # _persistent)
 cdef object _mpi_byte = None         # MPI.BYTE
@@ -109,14 +110,17 @@ cdef _request_get_t _request_get = NULL
 cdef object _mpi_exception = None    # MPI.Exception: raised with the error code of a call
 
 
-def install_redistribute(form, py_method, comm_module, mpi_byte, c_api=None, move_form=None):
+def install_redistribute(form, py_method, comm_module, mpi_byte, c_api=None, move_form=None,
+                         move_input=None):
     """Plug in what the compiled ``redistribute`` needs: the dispatcher's
     ``redistribute_form``, DTensor's Python method, ``redistribute.comm``, ``MPI.BYTE``,
-    ``redistribute.comm.request_c_api()`` (or None), and ``move_form`` (the form of an op's
-    input move, for :func:`move_local`). **Local**."""
-    global _redist_form, _redist_py, _comm_ns, _mpi_byte, _last, _move_form
+    ``redistribute.comm.request_c_api()`` (or None), ``move_form`` (the form of an op's
+    input move, for :func:`move_local`) and the dispatcher's ``move_input`` (an input move
+    by the executor, for the moves the compiled path does not run). **Local**."""
+    global _redist_form, _redist_py, _comm_ns, _mpi_byte, _last, _move_form, _move_input
     global _mpi_start, _mpi_wait, _request_get, _mpi_exception
     _redist_form, _redist_py, _mpi_byte, _move_form = form, py_method, mpi_byte, move_form
+    _move_input = move_input
     _comm_ns = vars(comm_module)
     _mpi_start, _mpi_wait, _request_get = NULL, NULL, NULL
     if c_api is not None:
@@ -406,6 +410,41 @@ def redistribute(self, device_mesh=None, placements=None, *, async_op=False):
     return _new_dtensor_arr(out, (<RedistEntry>_last).dst)
 
 
+cdef inline object _move_entry(object move):
+    """The compiled entry of a dispatcher move (made on first use, kept on the move)."""
+    e = move.fast
+    if e is None or (<RedistEntry>e).generation != _generation:
+        e = _new_entry(move.src, move.dst.placements, _move_form(move))
+        move.fast = e
+    return e
+
+
+cdef bint _run_moves(tuple moves, list values, object mesh) except -1:
+    """Replace the DTensor inputs of a front entry in ``values`` by what its kernel gets on
+    this rank (``moves``: see ``_entry_moves``): a one-step move from compiled code, or by
+    the dispatcher's ``move_input`` where the compiled path does not run it. False (nothing
+    ran, ``values`` unchanged) while a communication observer or check is on (the Python
+    dispatcher then names the op of each collective) or when an input is not a plain
+    DTensor. **Collective** when a move communicates."""
+    if _move_form is None or _move_input is None or _comm_flag("_observers") or (
+            _comm_flag("_checks")):
+        return False
+    cdef Py_ssize_t pi
+    for pi, move in moves:
+        if type(values[pi]) is not _DTensor:
+            return False
+    for pi, move in moves:
+        v = values[pi]
+        if move is None:
+            values[pi] = _get_local(<DTensorBase>v)
+            continue
+        arr = _redist_exec(<RedistEntry>_move_entry(move), v)
+        values[pi] = _move_input(v, move, mesh) if arr is None else _new_tensor(arr, None)
+    global _moved_hits
+    _moved_hits += 1
+    return True
+
+
 def move_local(self, move):
     """This rank's local array of ``self`` moved as the dispatcher's ``move`` (a
     ``Redist``: one-step ``steps`` from its ``src`` spec, the spec of ``self``, to its
@@ -416,8 +455,4 @@ def move_local(self, move):
     if type(self) is not _DTensor or _move_form is None or _comm_flag("_observers") or (
             _comm_flag("_checks")):
         return None
-    e = move.fast
-    if e is None or (<RedistEntry>e).generation != _generation:
-        e = _new_entry(move.src, move.dst.placements, _move_form(move))
-        move.fast = e
-    return _redist_exec(<RedistEntry>e, self)
+    return _redist_exec(<RedistEntry>_move_entry(move), self)

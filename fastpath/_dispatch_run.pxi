@@ -171,7 +171,9 @@ cdef object _run(FrontEntry fe, list values):
             return _new_dtensor(_new_tensor(out, t._storage), fe.out_spec0)
     cdef tuple direct = fe.direct
     if direct is None:
-        return _run_entry(fe.entry, values, fe.mesh)
+        if fe.moves is None or not _run_moves(fe.moves, values, fe.mesh):
+            return _run_entry(fe.entry, values, fe.mesh)
+        direct = ()
     cdef Py_ssize_t pi
     for pi in direct:
         v = values[pi]

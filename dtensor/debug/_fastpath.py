@@ -23,10 +23,13 @@ def fastpath_status() -> dict[str, object]:
         ``built`` (the extension imports), ``env`` (``DTENSOR_FASTPATH`` or None),
         ``reason`` (why the Python path serves, or None), and the propagation cache's
         ``fast_hits``, ``python_hits`` and ``misses`` (misses always go to the Python path),
-        ``fast_redistributes`` (redistributes the compiled path ran: one-step plans of the
-        kinds :func:`redistribute.execute.compiled_form` describes; 0 on the Python path) and
+        ``fast_redistributes`` (redistributes the compiled path ran, by
+        ``DTensor.redistribute`` and as ops' input moves: one-step plans of the kinds
+        :func:`redistribute.execute.compiled_form` describes; 0 on the Python path),
         ``fast_redistribute_kinds`` (the same by kind: ``gather``, ``all_reduce``,
-        ``reduce_scatter``, ``all_to_all``, ``local``).
+        ``reduce_scatter``, ``all_to_all``, ``local``) and ``fast_moved_ops`` (propagation
+        cache hits whose input moves the compiled front ran itself, without the Python
+        dispatcher).
     """
     active = fastpath_active()
     if active:
@@ -50,4 +53,5 @@ def fastpath_status() -> dict[str, object]:
         "misses": stats["misses"],
         "fast_redistributes": fastpath.dispatch.stats()["redistributes"] if fastpath.ENABLED else 0,
         "fast_redistribute_kinds": fastpath.dispatch.redistribute_kinds() if fastpath.ENABLED else {},
+        "fast_moved_ops": fastpath.dispatch.stats()["moved"] if fastpath.ENABLED else 0,
     }

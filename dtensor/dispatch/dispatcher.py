@@ -73,6 +73,7 @@ __all__ = [
     "describe",
     "dispatch",
     "lookup",
+    "move_input",
     "prop_cache_stats",
     "remove_listener",
     "run_entry",
@@ -869,6 +870,28 @@ def wrap_outputs(out: object, specs: tuple[DTensorSpec, ...]) -> object:
     return type(out)(*wrapped)
 
 
+def move_input(v: DTensor, move: Redist, mesh: object) -> Tensor:
+    """This rank's local tensor of the DTensor input ``v`` moved as ``move``.
+
+    **Collective** when the move communicates. A one-step move that compiled code runs
+    (the compiled redistribute's forms, no observer on: see :func:`use_compiled_moves`)
+    skips the executor, which runs everything else.
+    """
+    arr = None
+    if _MOVE_LOCAL is not None and len(move.steps) == 1:
+        arr = _MOVE_LOCAL(v, move)
+    if arr is None:
+        arr = _execute(
+            move.steps,
+            v._local._arr,
+            move.src,
+            mesh._coord,
+            mesh._dim_comms,
+            allocator_for(mesh.device_type),
+        )
+    return _wrap(arr)
+
+
 def _to_locals(entry: CacheEntry, values: list, mesh: object) -> None:
     """Replace each tensor-like argument in ``values`` by what the kernel gets on this rank."""
     for (pi, ei), move in zip(entry.slots, entry.moves):
@@ -877,21 +900,7 @@ def _to_locals(entry: CacheEntry, values: list, mesh: object) -> None:
         if isinstance(v, DTensor):
             local = v._local
             if move is not None:
-                # one-step moves that compiled code runs (the compiled redistribute's
-                # forms, no observer on) skip the executor; it runs everything else
-                arr = None
-                if _MOVE_LOCAL is not None and len(move.steps) == 1:
-                    arr = _MOVE_LOCAL(v, move)
-                if arr is None:
-                    arr = _execute(
-                        move.steps,
-                        local._arr,
-                        move.src,
-                        mesh._coord,
-                        mesh._dim_comms,
-                        allocator_for(mesh.device_type),
-                    )
-                local = _wrap(arr)
+                local = move_input(v, move, mesh)
             holder[i] = local
         elif move is not None:
             holder[i] = move.apply(v)

@@ -38,6 +38,7 @@ from .dispatcher import (
     binder_of,
     dispatch,
     lookup,
+    move_input,
     run_entry,
     wrap_outputs,
 )
@@ -367,7 +368,7 @@ def plug_fastpath() -> object:
     _RAW = front.RAW_FORMS
     front.install_redistribute(
         redistribute_form, PY_REDISTRIBUTE, _comm, _comm.BYTES, _comm.request_c_api(),
-        move_form,
+        move_form, move_input,
     )
     attach_front(front)
     return front

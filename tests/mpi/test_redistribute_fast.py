@@ -77,6 +77,10 @@ def _kinds():
     return dt.debug.fastpath_status()["fast_redistribute_kinds"]
 
 
+def _moved():
+    return dt.debug.fastpath_status()["fast_moved_ops"]
+
+
 @pytest.fixture(autouse=True)
 def _front_back_on():
     yield
@@ -136,8 +140,9 @@ OP_MOVES = [
 @pytest.mark.mpi(min_size=1)
 def test_an_ops_one_step_move_runs_from_compiled_code():
     """An op's input moves of one step take the compiled redistribute's forms (counted by
-    kind); the outputs are bytewise those of the executor (the Python path), and under
-    CommDebugMode the executor runs, so the debug records are unchanged."""
+    kind), and a repeated call runs whole in the compiled front (``fast_moved_ops``); the
+    outputs are bytewise those of the executor (the Python path), and under CommDebugMode
+    the Python dispatcher and the executor run, so the debug records are unchanged."""
     mesh = dt.init_device_mesh((WORLD.size,))
     for i, (fn, operands, kind) in enumerate(OP_MOVES):
         xs = [_source(shape, pl, mesh)[0] for shape, pl in operands]
@@ -151,8 +156,8 @@ def test_an_ops_one_step_move_runs_from_compiled_code():
         dt.debug.set_fastpath(True)
         if WORLD.size == 1 and kind is not None:
             kind = {"local"}
-        for _ in range(2):  # the first call fills the entries, the second hits them
-            before = _kinds()
+        for call in range(2):  # the first call fills the entries, the second hits them
+            before, moved = _kinds(), _moved()
             got = fn(*xs)
             after = _kinds()
             assert _describe(got) == want, i
@@ -161,10 +166,13 @@ def test_an_ops_one_step_move_runs_from_compiled_code():
                 assert ran == {}, (i, ran)
             else:
                 assert len(ran) == 1 and set(ran) <= kind and sum(ran.values()) == 1, (i, ran)
-        before = _kinds()
+            # an entry that moves an input runs whole in the compiled front
+            assert _moved() - moved == (kind is not None), (i, call)
+        before, moved = _kinds(), _moved()
         with CommDebugMode() as mode:
             assert _describe(fn(*xs)) == want, i
         assert _kinds() == before and mode.get_comm_counts() == want_counts, i
+        assert _moved() == moved, i
 
 
 @needs_front
@@ -249,11 +257,12 @@ def test_persistent_gathers_without_the_mpi_c_functions():
     prev = rcomm.set_persistent(True)
     plug = (dfront.redistribute_form, dfront.PY_REDISTRIBUTE, rcomm, rcomm.BYTES)
     try:
-        fastpath.dispatch.install_redistribute(*plug, None, dfront.move_form)
+        fastpath.dispatch.install_redistribute(*plug, None, dfront.move_form, dfront.move_input)
         before = _kinds()["gather"]
         y = x.redistribute(mesh, [R])
         assert _kinds()["gather"] == before + 1
         np.testing.assert_array_equal(y.to_local().numpy(), data)
     finally:
-        fastpath.dispatch.install_redistribute(*plug, rcomm.request_c_api(), dfront.move_form)
+        fastpath.dispatch.install_redistribute(*plug, rcomm.request_c_api(), dfront.move_form,
+                                                 dfront.move_input)
         rcomm.set_persistent(prev)

@@ -294,7 +294,7 @@ CASES_2X2 = [(shape, np.float64) for shape in ((8, 6), (5, 3), (1, 7), (0, 4), (
     ((8, 6), np.bool_),
 ]
 EVERY_PAIR_2X2 = {((5, 3), np.float64), ((0, 4), np.float64)}
-PAIRS_2X2 = 600
+PAIRS_2X2 = 400
 
 
 @on_2x2
@@ -349,7 +349,7 @@ def test_sampled_pairs_3d(shape, meshes, seed):
     # changes from run to run; tests/unit/test_plan.py simulates every 2x2x2 pair)
     # (at 8 ranks, 40 of the 216 lists also go to and from Replicate)
     for mesh_shape in MESHES_3D:
-        count, to_r = (100, None) if WORLD < 8 else (20, 40)
+        count, to_r = (60, None) if WORLD < 8 else (20, 40)
         run_sampled_pairs(mesh_shape, shape, np.float64, meshes, seed, count=count, to_r=to_r)
 
 

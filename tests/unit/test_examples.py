@@ -420,10 +420,10 @@ def test_launch_scripts_import_the_installed_package(folder, script, tmp_path):
     assert active == "True"
 
 
-def _at_8_ranks(files: list[str], keyword: str, least: int) -> None:
+def _at_8_ranks(files: list[str], keyword: str, least: int, env: dict | None = None) -> None:
     out = launch(
         8, "-m", "pytest", *files, "--with-mpi", "-q", "-p", "no:cacheprovider", "-k", keyword,
-        cwd=ROOT / "tests", env={"MPIR_CVAR_ENABLE_HEAVY_YIELD": "1"},
+        cwd=ROOT / "tests", env={"MPIR_CVAR_ENABLE_HEAVY_YIELD": "1", **(env or {})},
     )  # fmt: skip
     counts = re.search(r"(\d+) passed", out)
     assert counts and int(counts.group(1)) >= least and "skipped" not in out, out[-2000:]
@@ -438,5 +438,7 @@ def test_3d_executor_at_8_ranks():
 
 def test_3d_meshes_at_8_ranks():
     """The 3-D mesh tests of the DTensor API and the program fuzzer (2x4 and 2x2x2 meshes
-    among its draws) at 8 ranks, oversubscribed: correctness only."""
-    _at_8_ranks(["mpi/test_dtensor_api.py", "mpi/test_fuzz.py"], "3d or programs_match_numpy", 4)
+    among its draws) at 8 ranks, oversubscribed: correctness only. The fuzzer draws 60
+    programs here (a third of them on 2x2x2); the MPI stages draw 150 at 1-4 ranks."""
+    _at_8_ranks(["mpi/test_dtensor_api.py", "mpi/test_fuzz.py"], "3d or programs_match_numpy", 4,
+                env={"DTENSOR_FUZZ_EXAMPLES": "60"})  # fmt: skip

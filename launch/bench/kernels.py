@@ -115,6 +115,9 @@ def cases(a: np.ndarray) -> dict[str, tuple[Callable, Callable, Callable | None]
         "mean(-1)": (lambda: K.mean(x, -1), lambda: a.mean(-1), lambda: t.mean(-1)),
         "amax(-1)": (lambda: K.amax(x, -1), lambda: a.max(-1), lambda: t.amax(-1)),
         "mean()": (lambda: K.mean(x), lambda: a.mean(), lambda: t.mean()),
+        # the transposed copy (a ``c.mT`` layout made C-contiguous), output included
+        "t().contiguous()": (lambda: x.t().contiguous(), lambda: np.ascontiguousarray(a.T),
+                             lambda: t.t().contiguous()),
     }
     if torch is None:
         table = {k: (o, p, None) for k, (o, p, _) in table.items()}

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from _jobs import PKG_ROOT, child_env, run_group
 
@@ -281,6 +282,23 @@ def test_train_step_benchmark_compares_a_step_with_torch_dtensor(tmp_path):
     assert all(s[k] > 0 for s in doc["small_ops"].values()
                for k in ("before_us", "after_us", "before_min_us", "after_min_us"))
     assert re.search(r"^\| 8 \| [\d.]+ \| ", out, re.MULTILINE)
+
+
+@pytest.mark.mode_independent  # the benchmark's rows; either kernel path gives the copy
+def test_kernels_benchmark_times_the_transposed_copy():
+    """``launch.bench.kernels`` times ``t().contiguous()`` against numpy and torch, on N x N
+    and N/2 x N, and the three calls give the same array."""
+    from launch.bench import kernels
+
+    a = np.random.default_rng(3).standard_normal((8, 6)).astype(np.float32)
+    ours, ref, tch = kernels.cases(a)["t().contiguous()"]
+    np.testing.assert_array_equal(ours().numpy(), ref())
+    if tch is not None:
+        np.testing.assert_array_equal(tch().numpy(), ref())
+    rows = kernels.measure(["t().contiguous()"], [64], repeat=2)
+    assert [(r["op"], r["shape"]) for r in rows] == [("t().contiguous()", [64, 64]),
+                                                     ("t().contiguous()", [32, 64])]
+    assert all(r["ours_us"] > 0 and r["numpy_us"] > 0 for r in rows)
 
 
 def test_size_sweep_command_line():

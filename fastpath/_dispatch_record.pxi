@@ -96,20 +96,25 @@ cdef class RecordPlan:
     parameter that packs trailing positionals (-1: none), ``tensor_idx`` the positions of
     the tensor parameters, ``save`` ``(position, name)`` of those the formula reads,
     ``unread`` the positions of the others, ``view`` whether the op is a view op,
-    ``name``, ``backward`` and ``out`` (the formula reads the output)."""
+    ``name``, ``backward``, ``out`` (the formula reads the output), ``names`` (parameter
+    name -> position, for keyword arguments) and ``needed`` (the positions of the
+    parameters without a default)."""
 
     cdef Py_ssize_t quick, nparams, pack_idx
     cdef list fill
-    cdef tuple tensor_idx, save, unread
+    cdef tuple tensor_idx, save, unread, needed
     cdef bint view, out
     cdef object name, backward
+    cdef dict names
 
     def __init__(self, Py_ssize_t quick, Py_ssize_t nparams, list fill, Py_ssize_t pack_idx,
                  tuple tensor_idx, tuple save, tuple unread, bint view, name, backward,
-                 bint out):
+                 bint out, dict names=None, tuple needed=None):
         self.quick, self.nparams, self.fill, self.pack_idx = quick, nparams, fill, pack_idx
         self.tensor_idx, self.save, self.unread = tensor_idx, save, unread
         self.view, self.name, self.backward, self.out = view, name, backward, out
+        self.names = names
+        self.needed = needed
 
 
 cdef object _rec_plan_of = None  # dtensor: plan_of(info) -> RecordPlan, or None (not served)
@@ -233,17 +238,68 @@ cdef object _stand_in(object v, type t):
     return _rec_stand_in(v) if s is None else s
 
 
+cdef list _bind_positional(RecordPlan plan, tuple args, object order):
+    """The values of a call of positional arguments, by parameter position (defaults
+    filled, trailing sizes packed), or None when the Python recorder binds it."""
+    cdef Py_ssize_t n = len(args)
+    if order is None:
+        values = list(args)
+    elif len(<tuple>order) == n:
+        values = [args[i] for i in <tuple>order]
+    else:
+        return None
+    if n > plan.nparams or n - 1 == plan.pack_idx:
+        if plan.pack_idx < 0 or n <= plan.pack_idx:
+            return None
+        tail = values[plan.pack_idx:]
+        if not (len(tail) == 1 and isinstance(tail[0], (list, tuple))):
+            del values[plan.pack_idx:]
+            values.append(tuple(tail))
+        n = len(values)
+    if n < plan.quick or n > plan.nparams:
+        return None
+    if n < plan.nparams:
+        values.extend(plan.fill[n:])
+    return values
+
+
+cdef list _bind_keywords(RecordPlan plan, tuple args, dict kwargs, object order):
+    """The values of a call with keyword arguments, by parameter position (defaults
+    filled), or None when the Python recorder binds it: a reordered or packing call, an
+    unknown keyword or one that a positional argument already gave, a parameter without a
+    default left out."""
+    cdef Py_ssize_t n = len(args), i
+    if order is not None or plan.pack_idx >= 0 or plan.names is None or n > plan.nparams:
+        return None
+    values = list(args)
+    values.extend(plan.fill[n:])
+    for k, v in kwargs.items():
+        found = plan.names.get(k)
+        if found is None:
+            return None
+        i = <Py_ssize_t>found
+        if i < n:
+            return None
+        values[i] = v
+    for i in plan.needed:  # their fill is the binder's marker of a missing value
+        if i >= n and values[i] is plan.fill[i]:
+            return None
+    return values
+
+
 cdef object _record_fast(object info, object plain, tuple args, object kwargs, object order):
     """Record one call of ``info`` as dtensor's recorder does, for the common case: a
-    plan, positional arguments only, a tensor argument that requires grad, no input that
-    is a view (whose history may need an update). ``_DECLINE`` (nothing ran) otherwise."""
+    plan, positional arguments (and keyword arguments naming parameters that no positional
+    argument gave, in a call without reordering or packing), a tensor argument that
+    requires grad, no input that is a view (whose history may need an update).
+    ``_DECLINE`` (nothing ran) otherwise."""
     global _rec_served
     cdef RecordPlan plan
     cdef Py_ssize_t n, pi
     cdef bint wants = False, changed = False
     cdef NodeBase node
     cdef AutogradMeta meta
-    if kwargs or _rec_plan_of is None:
+    if _rec_plan_of is None:
         return _DECLINE
     p = _rec_plans.get(info, _DECLINE)
     if p is _DECLINE:
@@ -252,25 +308,10 @@ cdef object _record_fast(object info, object plain, tuple args, object kwargs, o
     if p is None:
         return _DECLINE
     plan = <RecordPlan>p
-    n = len(args)
-    if order is None:
-        values = list(args)
-    elif len(<tuple>order) == n:
-        values = [args[i] for i in <tuple>order]
-    else:
+    values = (_bind_keywords(plan, args, kwargs, order) if kwargs else
+              _bind_positional(plan, args, order))
+    if values is None:
         return _DECLINE
-    if n > plan.nparams or n - 1 == plan.pack_idx:
-        if plan.pack_idx < 0 or n <= plan.pack_idx:
-            return _DECLINE
-        tail = values[plan.pack_idx:]
-        if not (len(tail) == 1 and isinstance(tail[0], (list, tuple))):
-            del values[plan.pack_idx:]
-            values.append(tuple(tail))
-        n = len(values)
-    if n < plan.quick or n > plan.nparams:
-        return _DECLINE
-    if n < plan.nparams:
-        values.extend(plan.fill[n:])
     slots = []
     edges = []
     for i in plan.tensor_idx:
@@ -289,7 +330,7 @@ cdef object _record_fast(object info, object plain, tuple args, object kwargs, o
         return _DECLINE
     _grad_mode.enabled = False
     try:
-        out = plain(*args)
+        out = plain(*args, **kwargs) if kwargs else plain(*args)
     finally:
         _grad_mode.enabled = True
     if _meta_of(out, type(out)) is not _DECLINE:

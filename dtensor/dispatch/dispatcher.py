@@ -171,7 +171,7 @@ class _Binder:
         """Values of every parameter in order (defaults filled in). **Local**."""
         n = len(args)
         nparams = self.nparams
-        if n > nparams or n - 1 == self.pack_idx:
+        if n > nparams or (self.pack_idx >= 0 and n - 1 == self.pack_idx):
             args = self._pack(args)
             n = len(args)
         values = list(args)

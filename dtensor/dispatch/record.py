@@ -315,9 +315,10 @@ def _compiled_plan(info: OpInfo) -> object:
         return None
     plan = _PLANS.get(info) or _plan_of(info)
     b = plan.binder
+    needed = tuple(i for i, f in enumerate(b.fill) if f is MISSING)
     return _fp.dispatch.RecordPlan(plan.required, b.nparams, list(b.fill), b.pack_idx,
                                    b.tensor_idx, plan.save, plan.unread, plan.view, info.name,
-                                   bw, bw.out)
+                                   bw, bw.out, dict(b.index), needed)
 
 
 # -- views ---------------------------------------------------------------------------------------

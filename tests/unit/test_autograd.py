@@ -13,7 +13,7 @@ import pytest
 import dtensor as dt
 import fastpath
 from dtensor.dispatch import record as _record
-from dtensor.errors import AutogradError, DTensorError
+from dtensor.errors import AutogradError, DTensorError, SignatureError
 from dtensor.ops import NOT_DIFFERENTIABLE, OPS
 from dtensor.validate import sample_calls
 
@@ -510,7 +510,8 @@ def test_recording_plan_and_saved_counts():
     quick = x + y  # the compiled recorder's (on the compiled path)
     if fastpath.ENABLED:
         assert fastpath.dispatch.recorder_served() == served + 1
-    full = dt.add(x, y, alpha=1)  # a keyword: dtensor's recorder, which binds in full
+    # dtensor's recorder, which binds in full
+    full = _record.record(OPS["add"], OPS["add"].function, (x, y), {"alpha": 1}, None)
     if fastpath.ENABLED:
         assert fastpath.dispatch.recorder_served() == served + 1
     assert _record._PLANS[OPS["add"]].quick <= 2
@@ -532,6 +533,54 @@ def test_recording_plan_and_saved_counts():
     with pytest.raises(DTensorError):
         x * dt.ones(4, dtype=dt.float64)  # the op fails: no node holds what it saved
     assert id(_ag.owner(x)) not in _ag._VERSIONS
+
+
+@pytest.mark.parametrize(("call", "args", "kwargs"), [
+    ("add", 2, {"alpha": 2}),
+    ("softmax", 1, {"dim": 0}),
+    ("sum", 1, {"dim": 1, "keepdim": True}),
+    ("mean", 1, {"keepdim": True, "dim": 0}),  # keywords out of order
+    ("sum", 0, {"input": None, "dim": 0}),  # the tensor itself by keyword
+], ids=["add-alpha", "softmax-dim", "sum-dim-keepdim", "mean-reordered", "sum-input-kw"])
+def test_keyword_calls_record_like_dtensors_recorder(call, args, kwargs):
+    """A call with keyword arguments is recorded from compiled code on the compiled path
+    (a counter), into the node dtensor's recorder makes of the same call: same class,
+    edges, bound values and gradients."""
+    x, y = _leaf(3, 4), _leaf(3, 4)
+    pos = (x, y)[:args]
+    kw = {k: (x if v is None else v) for k, v in kwargs.items()}
+    fn = getattr(dt, call)
+    served = fastpath.dispatch.recorder_served() if fastpath.ENABLED else 0
+    got = fn(*pos, **kw)
+    if fastpath.ENABLED:
+        assert fastpath.dispatch.recorder_served() == served + 1
+    want = _record.record(OPS[call], OPS[call].function, pos, kw, None)
+    assert type(got.grad_fn) is type(want.grad_fn)
+    assert got.grad_fn.edges == want.grad_fn.edges
+    for a, b in zip(got.grad_fn.ctx[1], want.grad_fn.ctx[1], strict=True):
+        assert a is b or a == b, (a, b)
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+    for leaf in {id(t): t for t in (*pos, *kw.values()) if isinstance(t, dt.Tensor)}.values():
+        (g1,) = dt.autograd.grad(got.sum(), [leaf], retain_graph=True)
+        (g2,) = dt.autograd.grad(want.sum(), [leaf], retain_graph=True)
+        np.testing.assert_array_equal(g1.numpy(), g2.numpy())
+
+
+def test_keyword_calls_the_compiled_recorder_declines_raise_as_before():
+    """An unknown keyword, a keyword that a positional argument already gave, or a missing
+    parameter: nothing is recorded from compiled code, and the call raises a TypeError
+    (dtensor's SignatureError when recording) as without autograd."""
+    x, y = _leaf(3), _leaf(3)
+    served = fastpath.dispatch.recorder_served() if fastpath.ENABLED else 0
+    for call, words in [(lambda: dt.add(x, y, nope=1), "unexpected keyword argument 'nope'"),
+                        (lambda: dt.add(x, y, other=y), "multiple values for argument 'other'"),
+                        (lambda: dt.add(x, alpha=2), "missing .*other")]:
+        with pytest.raises(SignatureError, match=words):
+            call()
+        with dt.no_grad(), pytest.raises(TypeError):
+            call()
+    if fastpath.ENABLED:
+        assert fastpath.dispatch.recorder_served() == served
 
 
 def test_error_requires_grad_on_non_leaf():

@@ -364,11 +364,13 @@ def test_reductions_mesh_create_autograd_and_vocab_benchmarks_report_their_figur
     path = tmp_path / "autograd.json"
     launch(2, "-m", "launch.bench.autograd_overhead", "--repeat", "1", "--out", str(path))
     doc = json.loads(path.read_text())
-    assert len(doc["figures"]) == 16 and doc["target_us"] == 3.0
+    assert len(doc["figures"]) == 20 and doc["target_us"] == 3.0
     for row in doc["figures"].values():
         assert min(row["no_grad_us"], row["leaf_us"], row["intermediate_us"]) > 0
         assert row["overhead_met"] is (row["overhead_us"] <= 3.0)
+        assert row["paired_met"] is (row["paired_overhead_us"] <= 3.0)
     assert doc["met"] is all(r["overhead_met"] for r in doc["figures"].values())
+    assert doc["paired_met"] is all(r["paired_met"] for r in doc["figures"].values())
     path = tmp_path / "vocab.json"
     launch(2, "-m", "launch.bench.vocab_parallel", "--rows", "16", "--classes", "4096",
            "--repeat", "2", "--out", str(path))

@@ -35,6 +35,7 @@ __all__ = [
     "job_command",
     "rank_env",
     "run_job",
+    "stop_job",
 ]
 
 #: Exit status of a job that ran past its timeout (the convention of coreutils' timeout).
@@ -313,6 +314,7 @@ def run_job(
     cwd: str | os.PathLike[str] | None = None,
     timeout: float | None = None,
     output: IO[bytes] | None = None,
+    started: Callable[[subprocess.Popen[bytes]], None] | None = None,
 ) -> int:
     """Run ``cmd`` in its own process group and return its exit status.
 
@@ -326,6 +328,8 @@ def run_job(
     jobs stops instead of starting the next; on Linux the job also dies when this process is
     killed outright (SIGKILL), or when the calling thread ends. The job gets a private folder (mode 0700) in ``$DTENSOR_WATCHDOG_DIR``
     unless ``env`` names one already, removed when the job ends, however it ends.
+    ``started`` gets the job's process as soon as it runs (another thread may then end
+    the job early with :func:`stop_job`).
 
     Returns
     -------
@@ -344,10 +348,16 @@ def run_job(
     if made is not None:
         job_env[JOB_DIR_VAR] = made
     try:
-        return _run(cmd, job_env, cwd, timeout, output)
+        return _run(cmd, job_env, cwd, timeout, output, started)
     finally:
         if made is not None:
             shutil.rmtree(made, ignore_errors=True)
+
+
+def stop_job(proc: subprocess.Popen[bytes]) -> None:
+    """End a job that :func:`run_job` started (its process from ``started``): SIGTERM to
+    its whole process group, then SIGKILL after a grace period. **Local**."""
+    _kill_group(proc, signal.SIGTERM)
 
 
 def _run(
@@ -356,6 +366,7 @@ def _run(
     cwd: str | os.PathLike[str] | None,
     timeout: float | None,
     output: IO[bytes] | None = None,
+    started: Callable[[subprocess.Popen[bytes]], None] | None = None,
 ) -> int:
     read_end, write_end = os.pipe()
     try:
@@ -377,6 +388,8 @@ def _run(
         os.close(write_end)
     relay = _Relay(read_end, 1 if output is None else output.fileno())
     relay.start()
+    if started is not None:
+        started(proc)
     try:
         with interruptible():
             rc = proc.wait(timeout=timeout)

@@ -8,7 +8,10 @@ that kills its whole process group; all of it first with the compiled fast path
 stages of the Python path also send every exchange of pooled buffers through node-shared
 memory (:data:`SHARED_ALWAYS`), which by default only tensors of 1 MiB and more take, so
 that every MPI test runs over both transports. A plain suite's tests marked
-``mode_independent`` run in the first mode's stage only (see :class:`Stage`).
+``mode_independent`` run in the first mode's stage only (see :class:`Stage`). On a
+machine of two cores or more, the second mode's unit stage runs beside the first mode's
+(one pytest process each; its output is printed at its turn in the order above;
+``--serial`` runs every stage after the one before).
 
 Every stage lists its skips (``-rs``); the test folders' conftests fail a stage on a skip
 that ``tests/skips.py`` does not expect, and write the stage's counts and the path its ops
@@ -19,8 +22,8 @@ took to a JSON file (``DTENSOR_TEST_REPORT``). From it the summary table gets it
 (counting stages) and exits non-zero when any stage failed. With ``DTENSOR_REQUIRE_EXT=1``
 a missing compiled extension fails the run before any stage starts. SIGINT (Ctrl-C),
 SIGTERM or SIGHUP stops the whole run: the running stage's job is killed (its process
-group), the runner names the stage, prints the table so far and exits with
-``128 + signal``; no later stage starts.
+group, and the job of a stage running beside it), the runner names the stage, prints
+the table so far and exits with ``128 + signal``; no later stage starts.
 
 Stages run with the ``tests`` folder as working directory, so the packages under test
 are the installed ones (with their compiled extension), not the source tree next to
@@ -38,6 +41,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -50,6 +54,7 @@ from ._mpiexec import (
     interruptible,
     rank_env,
     run_job,
+    stop_job,
 )
 
 __all__ = [
@@ -243,6 +248,12 @@ def _parser() -> argparse.ArgumentParser:
         help="one mode only (the fast path if built, else the Python path)",
     )
     p.add_argument(
+        "--serial",
+        action="store_true",
+        help="run every stage after the one before (by default, on two cores or more, the "
+        "second mode's unit stage runs beside the first mode's)",
+    )
+    p.add_argument(
         "--ranks",
         type=_parse_ranks,
         default=[1, 2, 3, 4],
@@ -313,6 +324,61 @@ def _stage_name(stage: Stage) -> str:
     return f"{stage.suite}{ranks}, {MODE_TITLES[stage.mode]}"
 
 
+class _Beside:
+    """A stage run in a thread beside the stages before it, its output kept in a file until
+    its turn in the run's order (see :func:`_beside_index`)."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str], cwd: Path, timeout: float,
+                 output: Path) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.rc: int | None = None
+        self.error: BaseException | None = None
+        self.seconds = 0.0
+        self.output = output
+        self._args = (cmd, env, cwd, timeout)
+        self.thread = threading.Thread(target=self._run, name="beside-stage", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        cmd, env, cwd, timeout = self._args
+        start = time.perf_counter()
+        try:
+            with open(self.output, "wb") as out:
+                self.rc = run_job(cmd, env=env, cwd=cwd, timeout=timeout, output=out,
+                                  started=self._started)
+        except BaseException as exc:  # noqa: BLE001 - reported at the stage's turn
+            self.error = exc
+        self.seconds = time.perf_counter() - start
+
+    def _started(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+
+    def wait(self) -> None:
+        while self.thread.is_alive():  # a join that a signal to the runner can interrupt
+            self.thread.join(0.2)
+
+    def stop(self) -> None:
+        """End the stage's job (its whole process group) and wait for the thread."""
+        if self.thread.is_alive() and self.proc is not None:
+            stop_job(self.proc)
+        self.wait()
+
+
+def _beside_index(stages: Sequence[Stage], opts: argparse.Namespace) -> int | None:
+    """The stage that runs beside the first one, when the machine has two cores or more and
+    ``--serial`` was not given: the second mode's run of the first stage's suite when both
+    are plain (unit) suites, one process each, so each keeps a core. None otherwise."""
+    if opts.serial or (os.cpu_count() or 1) < 2 or not stages:
+        return None
+    first = stages[0]
+    if first.ranks is not None:
+        return None
+    for i, stage in enumerate(stages[1:], 1):
+        if stage.suite == first.suite and stage.ranks is None and stage.mode != first.mode:
+            return i
+    return None
+
+
 def _run_stages(
     tests_dir: Path,
     modes: Sequence[str],
@@ -322,27 +388,61 @@ def _run_stages(
     pytest_args: Sequence[str],
     outcomes: list[Outcome],
 ) -> None:
-    """Run every stage in order, appending each one's outcome to ``outcomes``; the stage
-    being run when the runner is interrupted is appended with the status ``interrupted``
-    before :class:`JobInterrupted` (or KeyboardInterrupt) goes on. **Local**."""
+    """Run every stage, appending each one's outcome to ``outcomes`` in the run's order; the
+    stage being run when the runner is interrupted is appended with the status
+    ``interrupted`` before :class:`JobInterrupted` (or KeyboardInterrupt) goes on. The
+    second mode's unit stage runs beside the first mode's (:func:`_beside_index`); its
+    output is printed at its turn, and an interruption ends it too. **Local**."""
     with tempfile.TemporaryDirectory(prefix="dtensor-test-reports-") as reports:
-        for i, stage in enumerate(_stages(tests_dir, modes, opts.ranks)):
+        stages = _stages(tests_dir, modes, opts.ranks)
+        beside_at = _beside_index(stages, opts)
+        beside: _Beside | None = None
+
+        def setup(i: int, stage: Stage) -> tuple[list[str], dict[str, str], Path]:
             cmd = _command(stage, mpiexec, pytest_args)
-            print(f"\n== {_stage_name(stage)} ==\n$ {shlex.join(cmd)}", flush=True)
             report_path = Path(reports) / f"stage{i}.json"
             stage_env = dict(stage_environment(stage, env), **{REPORT_ENV: str(report_path)})
-            start = time.perf_counter()
-            try:
-                rc = run_job(cmd, env=stage_env, cwd=tests_dir, timeout=opts.timeout)
-            except (JobInterrupted, KeyboardInterrupt):
-                outcomes.append(Outcome(stage, "interrupted", time.perf_counter() - start))
-                raise
-            seconds = time.perf_counter() - start
-            report = _read_report(report_path)
-            status = classify(rc, stage, opts.keyword, report)
-            if status == "wrong-mode":
-                print(f"the {stage.mode} stage ran with fastpath: {report['fastpath']}")
-            outcomes.append(Outcome(stage, status, seconds, report))
+            return cmd, stage_env, report_path
+
+        try:
+            if beside_at is not None:
+                cmd, stage_env, _ = setup(beside_at, stages[beside_at])
+                beside = _Beside(cmd, stage_env, tests_dir, opts.timeout,
+                                 Path(reports) / f"stage{beside_at}.out")
+            for i, stage in enumerate(stages):
+                cmd, stage_env, report_path = setup(i, stage)
+                print(f"\n== {_stage_name(stage)} ==\n$ {shlex.join(cmd)}", flush=True)
+                start = time.perf_counter()
+                if i == beside_at and beside is not None:
+                    print("(ran beside the first stage; its output follows)", flush=True)
+                    try:
+                        beside.wait()
+                    except (JobInterrupted, KeyboardInterrupt):
+                        outcomes.append(Outcome(stage, "interrupted",
+                                                time.perf_counter() - start))
+                        raise
+                    sys.stdout.flush()
+                    sys.stdout.buffer.write(beside.output.read_bytes())
+                    sys.stdout.flush()
+                    if beside.error is not None:
+                        raise beside.error
+                    rc, seconds = beside.rc, beside.seconds
+                else:
+                    try:
+                        rc = run_job(cmd, env=stage_env, cwd=tests_dir, timeout=opts.timeout)
+                    except (JobInterrupted, KeyboardInterrupt):
+                        outcomes.append(Outcome(stage, "interrupted",
+                                                time.perf_counter() - start))
+                        raise
+                    seconds = time.perf_counter() - start
+                report = _read_report(report_path)
+                status = classify(rc, stage, opts.keyword, report)
+                if status == "wrong-mode":
+                    print(f"the {stage.mode} stage ran with fastpath: {report['fastpath']}")
+                outcomes.append(Outcome(stage, status, seconds, report))
+        finally:
+            if beside is not None:
+                beside.stop()
 
 
 def _interrupted(outcomes: Sequence[Outcome]) -> str:

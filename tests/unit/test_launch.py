@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -528,6 +529,76 @@ def test_runner_stages_and_summary(tmp_path):
     out = _run_runner(tests, "--quick", "--ranks", "2", "-k", "no_such_test")
     assert out.returncode == 1
     assert "no test matched" in out.stdout
+
+
+BESIDE_UNIT = """\
+import os
+import time
+from pathlib import Path
+
+
+def test_stage_of_this_mode():
+    here = Path(__file__).parent
+    mode = os.environ["DTENSOR_FASTPATH"]
+    (here / f"started-{mode}").write_text("")
+    if mode == "1":  # ends only once the Python path's unit stage has started beside it
+        deadline = time.monotonic() + 60
+        while not (here / "started-0").exists():
+            assert time.monotonic() < deadline, "the second unit stage did not run beside"
+            time.sleep(0.05)
+"""
+
+
+def test_second_unit_stage_runs_beside_the_first(tmp_path):
+    """With both modes (the extension built) on two cores or more, the Python path's unit
+    stage runs while the compiled path's runs (the first stage waits for the second to
+    start), and the output keeps the stages' order: the second unit stage's pytest output
+    comes under its own header, after the first mode's MPI stages."""
+    tests = tmp_path / "tests"
+    _write(tests, "unit/test_beside.py", BESIDE_UNIT)
+    _write(tests, "mpi/test_world.py", "def test_world():\n    assert True\n")
+    _mpi_harness(tests / "mpi")
+    out = _run_runner(tests, "--ranks", "1")
+    assert out.returncode == 0, out.stdout + out.stderr
+    text = out.stdout
+    if not fastpath.AVAILABLE:  # one mode: nothing runs beside
+        assert "ran beside" not in text and text.strip().endswith("2 passed, 0 failed")
+        return
+    headers = re.findall(r"^== (.+) ==$", text, re.M)
+    assert headers[:4] == [
+        "unit, compiled fast path (DTENSOR_FASTPATH=1)", "mpi, 1 rank, compiled fast path "
+        "(DTENSOR_FASTPATH=1)", "unit, Python path (DTENSOR_FASTPATH=0)", "mpi, 1 rank, Python "
+        "path (DTENSOR_FASTPATH=0)"], headers
+    second = text.split("== unit, Python path", 1)[1].split("== mpi, 1 rank, Python", 1)[0]
+    assert "(ran beside the first stage; its output follows)" in second
+    assert re.search(r"^1 passed", second, re.M), second
+    assert text.strip().endswith("4 passed, 0 failed")
+
+
+def test_which_stage_runs_beside(tmp_path):
+    """The second mode's unit stage runs beside the first when the run has both modes, the
+    machine two cores or more, and ``--serial`` was not given; a stage that ends early stops
+    its job."""
+    root = tmp_path
+    (root / "unit").mkdir()
+    (root / "mpi").mkdir()
+    stages = runtests._stages(root, ["fastpath", "python"], [1, 2])
+    opts = runtests._parser().parse_args([])
+    cores = os.cpu_count() or 1
+    assert runtests._beside_index(stages, opts) == (3 if cores >= 2 else None)
+    assert runtests._beside_index(stages, runtests._parser().parse_args(["--serial"])) is None
+    assert runtests._beside_index(runtests._stages(root, ["fastpath"], [1, 2]), opts) is None
+    assert runtests._beside_index([], opts) is None
+    # a stage's job ended early: its process group goes, the thread ends promptly
+    job = runtests._Beside([sys.executable, "-c", "import time; time.sleep(120)"],
+                           dict(os.environ), root, 300.0, root / "job.out")
+    deadline = time.monotonic() + 30
+    while job.proc is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    job.stop()
+    assert not job.thread.is_alive() and job.rc is not None and job.rc != 0
+    assert job.seconds < 30
 
 
 def test_runner_accepts_an_empty_mpi_folder(tmp_path):

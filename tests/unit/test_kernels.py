@@ -513,7 +513,8 @@ def test_last_dim_reduce_is_reduce_lastdim(op, shape):
 
 @pytest.mark.parametrize("dtype", [F32, F64, np.dtype(np.int16), np.dtype(np.int8),
                                    np.dtype(np.bool_)], ids=str)
-@pytest.mark.parametrize("shape", [(64, 64), (130, 67), (3, 100, 70), (2, 2, 9, 200), (5, 1)])
+@pytest.mark.parametrize("shape", [(64, 64), (130, 67), (3, 100, 70), (2, 2, 9, 200), (5, 1),
+                                   (8, 8), (7, 9), (2, 33)])
 def test_copy_into_transposes_by_tiles_and_equals_numpy(dtype, shape):
     """``copy_into`` of an ``x.mT`` layout (the tiled transpose, edges included) and of
     other layouts (numpy's copy) gives the C-order copy."""

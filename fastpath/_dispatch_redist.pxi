@@ -18,7 +18,7 @@ from cpython.dict cimport PyDict_GetItemWithError
 cdef object _redist_form = None      # front.redistribute_form(dtensor, placements) -> tuple|None
 cdef object _redist_py = None        # DTensor's Python redistribute method
 cdef object _move_form = None        # front.move_form(move) -> tuple|None (an op's input move)
-cdef object _move_input = None       # dispatcher.move_input(dtensor, move, mesh) -> Tensor
+cdef object _move_input = None       # dispatcher.execute_move(dtensor, move, mesh) -> Tensor
 cdef dict _comm_ns = None            # redistribute.comm's namespace (_observers, _checks,
                                      # _persistent)
 cdef object _mpi_byte = None         # MPI.BYTE
@@ -115,8 +115,8 @@ def install_redistribute(form, py_method, comm_module, mpi_byte, c_api=None, mov
     """Plug in what the compiled ``redistribute`` needs: the dispatcher's
     ``redistribute_form``, DTensor's Python method, ``redistribute.comm``, ``MPI.BYTE``,
     ``redistribute.comm.request_c_api()`` (or None), ``move_form`` (the form of an op's
-    input move, for :func:`move_local`) and the dispatcher's ``move_input`` (an input move
-    by the executor, for the moves the compiled path does not run). **Local**."""
+    input move, for :func:`move_local`) and the dispatcher's ``execute_move`` (an input move
+    by the executor, for the moves the compiled path declines). **Local**."""
     global _redist_form, _redist_py, _comm_ns, _mpi_byte, _last, _move_form, _move_input
     global _mpi_start, _mpi_wait, _request_get, _mpi_exception
     _redist_form, _redist_py, _mpi_byte, _move_form = form, py_method, mpi_byte, move_form
@@ -422,7 +422,7 @@ cdef inline object _move_entry(object move):
 cdef bint _run_moves(tuple moves, list values, object mesh) except -1:
     """Replace the DTensor inputs of a front entry in ``values`` by what its kernel gets on
     this rank (``moves``: see ``_entry_moves``): a one-step move from compiled code, or by
-    the dispatcher's ``move_input`` where the compiled path does not run it. False (nothing
+    the dispatcher's ``execute_move`` where the compiled path declines it. False (nothing
     ran, ``values`` unchanged) while a communication observer or check is on (the Python
     dispatcher then names the op of each collective) or when an input is not a plain
     DTensor. **Collective** when a move communicates."""

@@ -72,6 +72,7 @@ __all__ = [
     "decide",
     "describe",
     "dispatch",
+    "execute_move",
     "lookup",
     "move_input",
     "prop_cache_stats",
@@ -881,7 +882,15 @@ def move_input(v: DTensor, move: Redist, mesh: object) -> Tensor:
     if _MOVE_LOCAL is not None and len(move.steps) == 1:
         arr = _MOVE_LOCAL(v, move)
     if arr is None:
-        arr = _execute(
+        return execute_move(v, move, mesh)
+    return _wrap(arr)
+
+
+def execute_move(v: DTensor, move: Redist, mesh: object) -> Tensor:
+    """:func:`move_input` by the executor alone (the compiled front's fallback for a move
+    it declined). **Collective** when the move communicates."""
+    return _wrap(
+        _execute(
             move.steps,
             v._local._arr,
             move.src,
@@ -889,7 +898,7 @@ def move_input(v: DTensor, move: Redist, mesh: object) -> Tensor:
             mesh._dim_comms,
             allocator_for(mesh.device_type),
         )
-    return _wrap(arr)
+    )
 
 
 def _to_locals(entry: CacheEntry, values: list, mesh: object) -> None:

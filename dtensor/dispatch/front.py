@@ -37,8 +37,8 @@ from .dispatcher import (
     attach_front,
     binder_of,
     dispatch,
+    execute_move,
     lookup,
-    move_input,
     run_entry,
     wrap_outputs,
 )
@@ -368,7 +368,7 @@ def plug_fastpath() -> object:
     _RAW = front.RAW_FORMS
     front.install_redistribute(
         redistribute_form, PY_REDISTRIBUTE, _comm, _comm.BYTES, _comm.request_c_api(),
-        move_form, move_input,
+        move_form, execute_move,
     )
     attach_front(front)
     return front

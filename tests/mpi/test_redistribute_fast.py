@@ -257,12 +257,12 @@ def test_persistent_gathers_without_the_mpi_c_functions():
     prev = rcomm.set_persistent(True)
     plug = (dfront.redistribute_form, dfront.PY_REDISTRIBUTE, rcomm, rcomm.BYTES)
     try:
-        fastpath.dispatch.install_redistribute(*plug, None, dfront.move_form, dfront.move_input)
+        fastpath.dispatch.install_redistribute(*plug, None, dfront.move_form, dfront.execute_move)
         before = _kinds()["gather"]
         y = x.redistribute(mesh, [R])
         assert _kinds()["gather"] == before + 1
         np.testing.assert_array_equal(y.to_local().numpy(), data)
     finally:
         fastpath.dispatch.install_redistribute(*plug, rcomm.request_c_api(), dfront.move_form,
-                                                 dfront.move_input)
+                                                 dfront.execute_move)
         rcomm.set_persistent(prev)

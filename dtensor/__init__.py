@@ -71,7 +71,7 @@ from .distributed.factory import FACTORIES as _FACTORIES
 from .distributed.mesh import DeviceMesh, init_device_mesh  # noqa: F401
 
 # --- ops and dispatch: dt.<op> are the dispatching twins of the ops' local functions
-from .dispatch import install as _install
+from .dispatch import entry_points as _entry_points
 from .dispatch.custom import register_op  # noqa: F401
 from .dispatch.dispatcher import clear_caches  # noqa: F401
 from .dispatch.escape import implicit_replication, local_map  # noqa: F401
@@ -86,4 +86,4 @@ from . import autoshard  # noqa: F401  (whole-model sharding search)
 from .autoshard import auto_shard  # noqa: F401
 
 globals().update(_FACTORIES)  # dt.zeros(...), also with device_mesh= and placements=
-_install.export(globals())
+_entry_points.export(globals())

@@ -52,8 +52,6 @@ __all__ = [
     "FastOp",
     "TensorBase",
     "flush",
-    "install",
-    "install_recorder",
     "install_redistribute",
     "install_tensor",
     "invalidate",
@@ -61,11 +59,14 @@ __all__ = [
     "make_method",
     "make_operator",
     "NodeBase",
+    "PLUG_FIELDS",
+    "plug",
+    "plugged",
     "recorder_served",
     "RecordPlan",
     "RAW_FORMS",
     "SLOT_TAGS",
-    "set_quiet",
+    "set_flags",
     "set_slot_ops",
     "set_versions",
     "stats",
@@ -101,7 +102,7 @@ RAW_FORMS = {
 
 # The parts of the module, included in this order (textually, at module level).
 include "_dispatch_bases.pxi"  # TensorBase, DTensorBase, operator slots, set_slot_ops
-include "_dispatch_plugs.pxi"  # install, install_tensor, plugged globals, wrap, constructors
+include "_dispatch_plugs.pxi"  # plug, install_tensor, plugged globals, wrap, constructors
 include "_dispatch_quiet.pxi"  # set_quiet: raw forms with numpy's FP errors ignored
 include "_dispatch_lru.pxi"    # counters, generation, queued touches: invalidate, flush, stats
 include "_dispatch_keys.pxi"   # key markers, simple statics, hashes, _frozen, _same

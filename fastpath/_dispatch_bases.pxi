@@ -108,17 +108,29 @@ cdef class GradMode:
         self.enabled = True
 
 
-# dtensor's autograd recorder ``hook(info, plain, args, kwargs)`` and grad mode, from the
-# first tensor that requires grad on (None before: the entry points never look further).
+# dtensor's autograd recorder ``hook(info, plain, args, kwargs)`` and grad mode (plugged in
+# at import), and the two flags every entry point reads per call: whether autograd is active
+# (the first tensor that requires grad turns it on; before, the entry points never look
+# further) and whether the Python path serves DTensor ops (``set_fastpath(False)``).
 cdef object _call_hook = None
 cdef GradMode _grad_mode = None
+cdef bint _autograd_on = False
+cdef bint _python_path = False
 
 
-def set_call_hook(hook, GradMode mode):
-    """Route calls through ``hook(info, plain, args, kwargs)`` (``plain`` runs the call as
-    without it): every public function made by :func:`make_function`, and every FastOp call
-    with a DTensor argument that has autograd state while ``mode.enabled`` (or of an
-    in-place op, whose writes the hook counts). **Local**."""
-    global _call_hook, _grad_mode
-    _call_hook = hook
-    _grad_mode = mode
+def set_flags(autograd=None, python_path=None):
+    """Set the flags the entry points read per call (None: unchanged). ``autograd``: calls
+    that may record go through the recorder (every public function made by
+    :func:`make_function`, and every FastOp call with a DTensor argument that has autograd
+    state while grad mode is on, or of an in-place op, whose writes the hook counts).
+    ``python_path``: FastOps, the public functions and the compiled ``redistribute`` run the
+    Python dispatcher instead of the compiled front. Returns ``(autograd, python_path)``.
+    **Local**."""
+    global _autograd_on, _python_path
+    if autograd is not None:
+        if autograd and _call_hook is None:
+            raise RuntimeError("fastpath.set_flags: the autograd hook is not plugged in")
+        _autograd_on = bool(autograd)
+    if python_path is not None:
+        _python_path = bool(python_path)
+    return _autograd_on, _python_path

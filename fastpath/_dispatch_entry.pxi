@@ -68,19 +68,27 @@ def make_operator(FastOp op, str name, str doc, str form):
 
 def make_function(FastOp op, local):
     """A public function: ``op`` when a DTensor is among the arguments, else ``local``;
-    through the recorder when it may record (an argument with autograd state, grad mode
-    on) and through the autograd hook for an in-place op (which counts its writes)."""
+    through the recorder when it may record (autograd active, an argument with autograd
+    state, grad mode on) and through the autograd hook for an in-place op (which counts its
+    writes). On the Python path (:func:`set_flags`) the hook gets the Python dispatcher's
+    call."""
     def plain(*args, **kwargs):
         if _has_dtensor(args, kwargs):
             return op.call(args, kwargs)
         return local(*args, **kwargs)
 
+    def py_plain(*args, **kwargs):
+        if _has_dtensor(args, kwargs):
+            return _dispatch_py(op.info, args, kwargs)
+        return local(*args, **kwargs)
+
     def fn(*args, **kwargs):
-        if _call_hook is not None:
+        if _autograd_on and (op.inplace or (_grad_mode.enabled and _any_tensor_ag(args, kwargs))):
+            if _python_path:
+                return _call_hook(op.info, py_plain, args, kwargs)
             if op.inplace:
                 return _call_hook(op.info, plain, args, kwargs)
-            if _grad_mode.enabled and _any_tensor_ag(args, kwargs):
-                return _hooked(op.info, plain, args, kwargs)
+            return _hooked(op.info, plain, args, kwargs)
         if _has_dtensor(args, kwargs):
             return op.call(args, kwargs)
         return local(*args, **kwargs)
@@ -114,18 +122,19 @@ cdef bint _any_tensor_ag(tuple args, dict kwargs):
 
 
 def make_recording(info, plain, order, recorder):
-    """``plain`` (a method or operator of op ``info``) guarded for autograd: when grad mode
-    is on and a Tensor or DTensor argument has autograd state, the compiled recorder or
-    else ``recorder(info, plain, args, kwargs, order)``; always the latter for an in-place
-    op (whose writes the recorder counts); else ``plain`` itself. Needs
-    :func:`set_call_hook`'s mode. **Local**."""
+    """``plain`` (a method or operator of op ``info``) guarded for autograd, once autograd
+    is active (:func:`set_flags`): when grad mode is on and a Tensor or DTensor argument has
+    autograd state, the compiled recorder or else ``recorder(info, plain, args, kwargs,
+    order)``; always the latter for an in-place op (whose writes the recorder counts); else
+    ``plain`` itself. **Local**."""
     cdef bint inplace = bool(info.inplace)
 
     def variant(*args, **kwargs):
-        if inplace:
-            return recorder(info, plain, args, kwargs, order)
-        if _grad_mode.enabled and _any_tensor_ag(args, kwargs):
-            return _hooked(info, plain, args, kwargs, order, recorder)
+        if _autograd_on:
+            if inplace:
+                return recorder(info, plain, args, kwargs, order)
+            if _grad_mode.enabled and _any_tensor_ag(args, kwargs):
+                return _hooked(info, plain, args, kwargs, order, recorder)
         return plain(*args, **kwargs)
 
     return variant

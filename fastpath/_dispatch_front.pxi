@@ -77,12 +77,14 @@ cdef class FastOp:
     cdef bint pair          # (a, b) calls key on two tensor-likes only: see call2
     cdef bint inplace       # the op writes its first argument
     cdef readonly object plain  # plain(*args, **kwargs): the call without the autograd hook
+    cdef readonly object py_plain  # the same on the Python path: the Python dispatcher
 
     def __init__(self, info, binder):
         self.info = info
         self.name = info.name
         self.inplace = bool(info.inplace)
         self.plain = _plain_of(self)
+        self.py_plain = _py_plain_of(info)
         self.nparams = binder.nparams
         self.pack_idx = binder.pack_idx
         self.fill = list(binder.fill)
@@ -169,7 +171,9 @@ cdef class FastOp:
 
     cdef object call1(self, object a):
         """``call((a,), None)`` without building the tuple on the common path."""
-        if _call_hook is not None and (self.inplace or (_grad_mode.enabled and _has_ag(a))):
+        if _python_path:
+            return self.call_python((a,), None)
+        if _autograd_on and (self.inplace or (_grad_mode.enabled and _has_ag(a))):
             return _hooked(self.info, self.plain, (a,), {})
         cdef list values = self._bind_n(a, None, 1)
         if values is None:
@@ -187,7 +191,9 @@ cdef class FastOp:
         hold their defaults, which the raw form requires anyway)."""
         cdef FrontEntry fe
         cdef uintptr_t h
-        if _call_hook is not None and (self.inplace or (_grad_mode.enabled and (
+        if _python_path:
+            return self.call_python((a, b), None)
+        if _autograd_on and (self.inplace or (_grad_mode.enabled and (
                 _has_ag(a) or _has_ag(b)))):
             return _hooked(self.info, self.plain, (a, b), {})
         if self.pair:
@@ -222,7 +228,9 @@ cdef class FastOp:
         re-packing them."""
         if not sizes:
             return self.call((a,), None)
-        if _call_hook is not None and (self.inplace or (_grad_mode.enabled and _has_ag(a))):
+        if _python_path:
+            return self.call_python((a,) + sizes, None)
+        if _autograd_on and (self.inplace or (_grad_mode.enabled and _has_ag(a))):
             return _hooked(self.info, self.plain, (a,) + sizes, {})
         b = sizes[0] if len(sizes) == 1 and isinstance(sizes[0], (list, tuple)) else sizes
         cdef list values = self._bind_n(a, b, 2)
@@ -237,10 +245,21 @@ cdef class FastOp:
         """Run the op on ``args``/``kwargs`` (at least one DTensor among them); through the
         autograd hook when a DTensor argument has autograd state and grad mode is on, or
         the op is in-place."""
-        if _call_hook is not None and (self.inplace or (_grad_mode.enabled and _any_ag(
+        if _python_path:
+            return self.call_python(args, kwargs)
+        if _autograd_on and (self.inplace or (_grad_mode.enabled and _any_ag(
                 args, kwargs))):
             return _hooked(self.info, self.plain, args, kwargs or {})
         return self.call_unhooked(args, kwargs)
+
+    cdef object call_python(self, tuple args, dict kwargs):
+        """:meth:`call` on the Python path (``set_flags(python_path=True)``): the Python
+        dispatcher, through the autograd hook when the call may record."""
+        if kwargs is None:
+            kwargs = {}
+        if _autograd_on and (self.inplace or (_grad_mode.enabled and _any_ag(args, kwargs))):
+            return _call_hook(self.info, self.py_plain, args, kwargs)
+        return _dispatch_py(self.info, args, kwargs)
 
     cdef object call_unhooked(self, tuple args, dict kwargs):
         """:meth:`call` without the autograd hook (what the hook's ``plain`` runs)."""
@@ -370,3 +389,12 @@ def _plain_of(FastOp op):
         return op.call_unhooked(args, kwargs)
 
     return plain
+
+
+def _py_plain_of(info):
+    """The call of op ``info`` on the Python path without the autograd hook: the Python
+    dispatcher, as a Python callable."""
+    def py_plain(*args, **kwargs):
+        return _dispatch_py(info, args, kwargs)
+
+    return py_plain

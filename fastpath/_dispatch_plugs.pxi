@@ -1,5 +1,5 @@
-# What dtensor plugs in (install, install_tensor: its classes, the Python dispatcher's
-# hooks) and the constructors of its Tensor and DTensor objects (wrap, _new_*, _get_local).
+# What dtensor plugs in (plug, install_tensor: its classes, the Python dispatcher's hooks, the
+# recorder's parts) and the constructors of its Tensor and DTensor objects (wrap, _new_*, _get_local).
 
 cdef object _Tensor = None           # dtensor.Tensor (a TensorBase subclass)
 cdef object _DTensor = None          # dtensor.DTensor (a DTensorBase subclass)
@@ -20,16 +20,57 @@ def install_tensor(tensor_cls):
     _Tensor = tensor_cls
 
 
-def install(dtensor_cls, dtypes_ns, lookup, dispatch, run_entry, wrap_outputs, raw_form,
-            missing):
-    """Plug DTensor and the Python dispatcher's hooks into the compiled path. **Local**."""
+#: The fields of :func:`plug`, in the order it takes them.
+PLUG_FIELDS = (
+    "dtensor_cls", "dtypes_ns", "lookup", "dispatch", "run_entry", "wrap_outputs", "raw_form",
+    "missing", "quiet_ctx", "quiet_call", "call_hook", "grad_mode", "slot_ops",
+    "record_plan_of", "record_types", "record_node", "record_apply", "record_save",
+    "record_stand_in", "record_stand_ins", "record_detached", "record_note_views",
+    "record_view",
+)
+cdef dict _plugged = {}
+
+
+def plug(**fields):
+    """Plug dtensor into the compiled front, every field at once (:data:`PLUG_FIELDS`):
+    DTensor and the dtypes' namespace; the Python dispatcher's hooks (``lookup``,
+    ``dispatch``, ``run_entry``, ``wrap_outputs``, ``raw_form`` and the binder's
+    ``missing`` marker); the quiet context and ``quiet_call`` (see :func:`set_quiet`); the
+    autograd hook and grad mode (:func:`set_flags` turns them on); what runs behind the
+    operator slots (:func:`set_slot_ops`); and the recorder's parts (``record_*``: its plan
+    maker, tensor types, node class, formula, save, stand-ins, detach, view notes and view
+    class). A missing or unknown field raises TypeError and plugs nothing. **Local**."""
     global _DTensor, _dtypes_ns, _lookup, _dispatch_py, _run_entry
-    global _wrap_outputs, _raw_form, _MISSING
-    if not issubclass(dtensor_cls, DTensorBase):
-        raise TypeError("fastpath.install: the class must derive from DTensorBase")
-    _DTensor, _dtypes_ns = dtensor_cls, dtypes_ns
-    _lookup, _dispatch_py, _run_entry = lookup, dispatch, run_entry
-    _wrap_outputs, _raw_form, _MISSING = wrap_outputs, raw_form, missing
+    global _wrap_outputs, _raw_form, _MISSING, _call_hook, _grad_mode
+    missing = [f for f in PLUG_FIELDS if f not in fields]
+    unknown = sorted(set(fields) - set(PLUG_FIELDS))
+    if missing or unknown:
+        raise TypeError(f"fastpath.dispatch.plug: missing fields {missing}, unknown {unknown}")
+    cls = fields["dtensor_cls"]
+    if not issubclass(cls, DTensorBase):
+        raise TypeError("fastpath.dispatch.plug: the DTensor class must derive from DTensorBase")
+    if not isinstance(fields["grad_mode"], GradMode):
+        raise TypeError("fastpath.dispatch.plug: grad_mode must be a GradMode")
+    _install_recorder(
+        fields["record_plan_of"], fields["record_types"], fields["record_node"],
+        fields["record_apply"], fields["record_save"], fields["record_stand_in"],
+        fields["record_stand_ins"], fields["record_detached"], fields["record_note_views"],
+        fields["record_view"],
+    )
+    _DTensor, _dtypes_ns = cls, fields["dtypes_ns"]
+    _lookup, _dispatch_py, _run_entry = fields["lookup"], fields["dispatch"], fields["run_entry"]
+    _wrap_outputs, _raw_form, _MISSING = (fields["wrap_outputs"], fields["raw_form"],
+                                          fields["missing"])
+    set_quiet(fields["quiet_ctx"], fields["quiet_call"])
+    _call_hook, _grad_mode = fields["call_hook"], fields["grad_mode"]
+    set_slot_ops(fields["slot_ops"])
+    _plugged.clear()
+    _plugged.update(fields)
+
+
+def plugged():
+    """What :func:`plug` was given, by field (empty before it ran). **Local**."""
+    return dict(_plugged)
 
 
 cdef tuple _NO_ARGS = ()

@@ -135,15 +135,15 @@ cdef object _rec_view = None     # record._View (a tuple subclass)
 cdef long long _rec_served = 0   # calls recorded here (tests)
 
 
-def install_recorder(plan_of, tuple types, node, apply, save, stand_in, dict stand_ins,
-                     detached, note_views, type view):
+cdef _install_recorder(plan_of, tuple types, node, apply, save, stand_in, dict stand_ins,
+                       detached, note_views, type view):
     """Plug in dtensor's recorder parts (see the module's globals above); forgets the
     plans made so far. **Local**."""
     global _rec_plan_of, _rec_T, _rec_D, _rec_P, _rec_A, _rec_node, _rec_apply
     global _rec_save, _rec_stand_in, _rec_stand_ins, _rec_detached, _rec_note_views, _rec_view
     _rec_T, _rec_D, _rec_P, _rec_A = types
     if not issubclass(node, NodeBase):
-        raise TypeError("fastpath.install_recorder: the node class must derive from NodeBase")
+        raise TypeError("fastpath.dispatch.plug: the node class must derive from NodeBase")
     _rec_node, _rec_apply, _rec_save = node, apply, save
     _rec_stand_in, _rec_stand_ins = stand_in, stand_ins
     _rec_detached, _rec_note_views, _rec_view = detached, note_views, view

@@ -397,10 +397,12 @@ cdef object _redist_exec(RedistEntry e, object self):
 
 def redistribute(self, device_mesh=None, placements=None, *, async_op=False):
     """``DTensor.redistribute`` (same signature and result) served from compiled code when
-    the plan is one step of a kind it runs; else the Python method. **Collective**."""
+    the plan is one step of a kind it runs; else (and on the Python path, and for a DTensor
+    with autograd state, whose move the Python method records) the Python method.
+    **Collective**."""
     cdef DTensorBase d = <DTensorBase>self
     if (type(placements) is not list and type(placements) is not tuple) or async_op or (
-            type(self) is not _DTensor):
+            type(self) is not _DTensor) or _python_path or d._ag is not None:
         return _redist_py(self, device_mesh, placements, async_op=async_op)
     if _comm_flag("_observers") or _comm_flag("_checks"):
         return _redist_py(self, device_mesh, placements, async_op=async_op)

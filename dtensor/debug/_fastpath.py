@@ -7,7 +7,7 @@ import os
 import fastpath
 
 from ..dispatch.dispatcher import prop_cache_stats
-from ..dispatch.install import fastpath_active, set_fastpath
+from ..dispatch.entry_points import fastpath_active, set_fastpath
 
 __all__ = ["fastpath_status", "set_fastpath"]
 

@@ -17,8 +17,8 @@ from placements.errors import ArgumentError, DTypeError
 from placements.rules import OpSchema, RuleResult, register_rule
 
 from ..ops import OPS, OpInfo, declare
-from .dispatcher import clear_caches, dispatch
-from .install import has_dtensor
+from .dispatcher import clear_caches
+from .entry_points import function
 
 __all__ = ["register_op"]
 
@@ -111,14 +111,10 @@ def register_op(
 
 
 def _dispatching(name: str, info: OpInfo, local: Callable) -> Callable[..., object]:
-    """The public function of a registered op: ``local`` on local tensors, the
+    """The public function of a registered op (the table's entry point, see
+    :func:`dtensor.dispatch.entry_points.function`): ``local`` on local tensors, the
     dispatcher when a DTensor is among the arguments."""
-
-    def op(*args: object, **kwargs: object) -> object:
-        if has_dtensor(args, kwargs):
-            return dispatch(info, args, kwargs)
-        return local(*args, **kwargs)
-
+    op = function(info, local)
     op.__name__ = op.__qualname__ = name
     op.__doc__ = (local.__doc__ or "") + (
         f"\n\nRegistered op {name!r}: accepts DTensors (**Collective** when an input must be "

@@ -21,7 +21,7 @@ registered with :mod:`placements.cache` like every other cache (:func:`clear_cac
 
 The debug tools attach through :func:`add_listener` (they see every entry before it runs)
 and :func:`current_op`; :func:`decide` gives a decision without running it. The compiled
-front (:mod:`dtensor.dispatch.front`) serves repeated calls from compiled code and falls
+front (:mod:`dtensor.dispatch.compiled`) serves repeated calls from compiled code and falls
 back to :func:`lookup` and :func:`run_entry`.
 """
 
@@ -31,7 +31,6 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-import fastpath as _fp
 from placements import Placement, Replicate
 from placements.cache import LRUCache, all_stats, clear_all
 from placements.env import env_int
@@ -85,7 +84,7 @@ __all__ = [
 
 #: The binder's marker of a parameter without a value (no default).
 MISSING = object()
-_new = _fp.DTensorBase.__new__
+_new = DTensor.__new__
 # Static-argument types that need _freeze to become (or to be refused as) key parts.
 _COMPOUND = frozenset({list, tuple, slice, np.ndarray, Tensor, DTensor})
 _PY_SCALARS = (bool, int, float, complex)
@@ -420,7 +419,7 @@ def set_prop_cache_size(maxsize: int) -> None:
     _CACHE.resize(maxsize)
 
 
-# -- the compiled front (fastpath._dispatch, plugged in by dtensor.dispatch.front) ----------------
+# -- the compiled front (fastpath._dispatch, plugged in by dtensor.dispatch.compiled) -------------
 _FRONT = None
 
 

@@ -4,7 +4,7 @@ No sharding rule can give their global shape from metadata, so on DTensors they 
 each input is made whole on every rank (``full_tensor()``; a local tensor counts as the
 replicated global value), the local kernel runs on the global values, and the result is a
 Replicate DTensor on the input's mesh, the same on every rank. They are **Collective**;
-on local tensors they are the local kernels. :mod:`dtensor.dispatch.install` installs them
+on local tensors they are the local kernels. :mod:`dtensor.dispatch.entry_points` installs them
 as Tensor and DTensor methods; ``dtensor`` exports them.
 """
 

@@ -19,11 +19,13 @@ formula and puts the result back in place, and the view becomes the view of the 
 a view taken before an in-place write to its base (through it, another view or the base
 itself) is brought up to date when an op uses it.
 
-Until autograd is active nothing here runs: :mod:`dtensor.dispatch.install` installs the
-recording forms and the hook only then. After, the no-grad path pays one check per call (a
-pointer test per argument in compiled code). On the compiled path, a call that records is
-first offered to the compiled recorder (``fastpath.dispatch``, plugged in below with this
-module's parts), which records the common case as :func:`record` does: positional
+Until autograd is active nothing here runs: the recording forms that
+:mod:`dtensor.dispatch.entry_points` installs at import read a flag per call (set once, by
+:func:`set_active` and the compiled front's twin) and run their variant as it is. After,
+the no-grad path pays one check per call (a pointer test per argument in compiled code).
+On the compiled path, a call that records is first offered to the compiled recorder
+(``fastpath.dispatch``, plugged in by :mod:`dtensor.dispatch.compiled` with this module's
+parts), which records the common case as :func:`record` does: positional
 arguments (of an op without a variadic parameter, out of place, whose formula reads no
 random state) and no input that is a view of a recorded view op; it makes the node and the
 outputs' autograd state from compiled classes (autograd's ``Node`` and ``AutogradMeta`` on
@@ -39,11 +41,10 @@ from operator import itemgetter
 
 import numpy as np
 
-import fastpath as _fp
 from placements.errors import AutogradError
 
 from ..distributed.abstract import AbstractDTensor
-from ..distributed.dtensor import DTensor, _PendingDTensor, record_redistribute
+from ..distributed.dtensor import DTensor, _PendingDTensor
 from ..local import autograd as _ag
 from ..local.rng import get_rng_state
 from ..local.tensor import Tensor, _wrap
@@ -55,7 +56,7 @@ __all__ = [
     "call",
     "record",
     "recording",
-    "recording_redistribute",
+    "set_active",
     "recording_setitem",
     "recording_view_property",
     "sum_to",
@@ -109,19 +110,19 @@ def _guarded(info: OpInfo, plain: Callable, args: tuple, kwargs: Mapping[str, ob
 
 
 def recording(info: OpInfo, plain: Callable, order: tuple[int, ...] | None = None,
-              compiled: bool = True) -> Callable:
+              make: Callable | None = None) -> Callable:
     """The recording form of a method or operator ``plain`` of ``info`` (its arguments are
     the op's, reordered by ``order``: ``order[i]`` is where the op's argument ``i`` is):
-    the compiled guard when the extension is used and ``compiled``, else its Python twin
-    (DTensor's Python path stays Python)."""
-    if compiled and _fp.ENABLED:
-        variant = _fp.dispatch.make_recording(info, plain, order, _guarded)
+    ``make(info, plain, order, _guarded)`` (the compiled guard) when given, else its Python
+    twin. Either runs ``plain`` itself until autograd is active (:func:`set_active`)."""
+    if make is not None:
+        variant = make(info, plain, order, _guarded)
     else:
         mode = _MODE
         inplace = info.inplace
 
         def variant(*args, **kwargs):
-            if inplace or (mode.enabled and _wants_grad(args, kwargs)):
+            if _ACTIVE and (inplace or (mode.enabled and _wants_grad(args, kwargs))):
                 return _guarded(info, plain, args, kwargs, order)
             return plain(*args, **kwargs)
 
@@ -131,21 +132,14 @@ def recording(info: OpInfo, plain: Callable, order: tuple[int, ...] | None = Non
     return variant
 
 
-def recording_redistribute(plain: Callable) -> Callable:
-    """The recording form of ``DTensor.redistribute`` (its backward moves the gradient back
-    to the input's placements)."""
-    mode = _MODE
+def set_active() -> None:
+    """Turn the Python recording forms on (autograd became active). **Local**."""
+    global _ACTIVE
+    _ACTIVE = True
 
-    def redistribute(self, device_mesh=None, placements=None, *, async_op=False):
-        out = plain(self, device_mesh, placements, async_op=async_op)
-        if out is not self and mode.enabled:
-            m = self._ag
-            if m is not None and m.requires_grad:
-                record_redistribute(self, out)
-        return out
 
-    redistribute.__doc__ = plain.__doc__
-    return redistribute
+#: Whether autograd is active: the Python recording forms read it per call.
+_ACTIVE = False
 
 
 def recording_view_property(plain: property, recorded: Callable) -> property:
@@ -169,6 +163,9 @@ def recording_setitem(plain: Callable) -> Callable:
     mode = _MODE
 
     def __setitem__(self, idx, value) -> None:
+        if not _ACTIVE:
+            plain(self, idx, value)
+            return
         if mode.enabled and _wants_grad((self, value), None):
             view = _inplace_state(self, "__setitem__")
             edges = [_edge(self), _edge(value)]
@@ -306,19 +303,18 @@ def _plan_of(info: OpInfo) -> _Plan:
     return plan
 
 
-def _compiled_plan(info: OpInfo) -> object:
-    """The compiled recorder's plan of ``info`` (``fastpath.dispatch.RecordPlan``), or None
-    for an op whose calls :func:`record` records (in place, no formula, random state, a
-    variadic parameter)."""
+def _compiled_plan_fields(info: OpInfo) -> tuple | None:
+    """The fields of the compiled recorder's plan of ``info`` (made by
+    :mod:`dtensor.dispatch.compiled`), or None for an op whose calls :func:`record` records
+    (in place, no formula, random state, a variadic parameter)."""
     bw = info.backward
     if info.inplace or bw is None or bw.fn is None or bw.rng or info.variadic is not None:
         return None
     plan = _PLANS.get(info) or _plan_of(info)
     b = plan.binder
     needed = tuple(i for i, f in enumerate(b.fill) if f is MISSING)
-    return _fp.dispatch.RecordPlan(plan.required, b.nparams, list(b.fill), b.pack_idx,
-                                   b.tensor_idx, plan.save, plan.unread, plan.view, info.name,
-                                   bw, bw.out, dict(b.index), needed)
+    return (plan.required, b.nparams, list(b.fill), b.pack_idx, b.tensor_idx, plan.save,
+            plan.unread, plan.view, info.name, bw, bw.out, dict(b.index), needed)
 
 
 # -- views ---------------------------------------------------------------------------------------
@@ -620,10 +616,3 @@ def sum_to(g: object, shape: tuple) -> object:
     if lead or tuple(g.shape) != shape:
         g = g.reshape(shape)
     return g
-
-
-if _fp.ENABLED:
-    _fp.dispatch.install_recorder(
-        _compiled_plan, (Tensor, DTensor, _PendingDTensor, AbstractDTensor), _ag.Node, _apply,
-        _ag.save, _stand_in, _STAND_INS, _detached, _note_views, _View,
-    )

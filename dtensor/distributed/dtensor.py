@@ -465,6 +465,17 @@ class DTensor(_fp.DTensorBase):
         DTypeError
             A ``Partial("avg")`` target of a dtype that is not floating or complex.
         """
+        out = self._redistribute(device_mesh, placements, async_op)
+        m = self._ag
+        if m is not None and out is not self and _ag.MODE.enabled and m.requires_grad:
+            record_redistribute(self, out)
+        return out
+
+    def _redistribute(
+        self, device_mesh: DeviceMesh | None, placements: Sequence[Placement] | None,
+        async_op: bool,
+    ) -> DTensor:
+        """:meth:`redistribute` without recording it for autograd."""
         spec = self._spec
         mesh = spec.mesh
         if device_mesh is not None and device_mesh != mesh:

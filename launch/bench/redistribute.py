@@ -55,7 +55,7 @@ import numpy as np
 from mpi4py import MPI
 
 import dtensor as dt
-from dtensor.dispatch.front import PY_REDISTRIBUTE
+from dtensor.dispatch.compiled import PY_REDISTRIBUTE
 from dtensor.distributed.dtensor import allocator_for
 from dtensor.local.backend import array_module
 from redistribute import shm

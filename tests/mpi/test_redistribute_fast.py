@@ -250,7 +250,7 @@ def test_bad_arguments_raise_as_in_the_python_method():
 @pytest.mark.mpi(min_size=2)
 def test_persistent_gathers_without_the_mpi_c_functions():
     """Without ``request_c_api`` the compiled path starts and waits through mpi4py."""
-    from dtensor.dispatch import front as dfront
+    from dtensor.dispatch import compiled as dfront
 
     mesh = dt.init_device_mesh((WORLD.size,))
     x, data = _source((5, 3), [S(1)], mesh)

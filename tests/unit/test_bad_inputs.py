@@ -23,7 +23,7 @@ from _sim import SimMesh, dtensor_of
 import dtensor as dt
 from dtensor import errors
 from dtensor.dispatch import dispatcher as _dispatch
-from dtensor.dispatch import install as _dtensor_ops
+from dtensor.dispatch import entry_points as _dtensor_ops
 from dtensor.local import rng as _random
 from dtensor.local.tensor import _wrap
 from placements import Partial, Replicate, Shard
@@ -860,7 +860,7 @@ def test_prop_cache_size_env_is_a_config_error(monkeypatch, raw, fragment):
 
 
 def test_set_fastpath_without_the_extension_is_unavailable(monkeypatch):
-    monkeypatch.setattr(_dtensor_ops, "_front", None)
+    monkeypatch.setattr(_dtensor_ops, "_FRONT", None)
     e = expect(
         lambda: dt.debug.set_fastpath(True),
         errors.UnavailableError,

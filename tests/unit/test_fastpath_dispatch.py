@@ -22,7 +22,7 @@ import pytest
 import dtensor as dt
 import fastpath
 from dtensor.dispatch import dispatcher as _dispatch
-from dtensor.dispatch import front
+from dtensor.dispatch import compiled as front
 from dtensor.ops import OPS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -232,7 +232,7 @@ def test_row_reductions_and_transposed_copies_run_the_compiled_loops(mesh):
     the compiled loops the local kernels call, and ``contiguous`` of a transposed shard the
     tiled transpose; both paths give the same bytes (a transposed softmax input goes to the
     kernel's other path)."""
-    from dtensor.dispatch import front
+    from dtensor.dispatch import compiled as front
 
     for op in ("sum", "amax"):
         assert isinstance(front._REDUCE[op], fastpath.kernels.LastDimReduce), op
@@ -407,7 +407,7 @@ def test_default_dtype_change_is_part_of_the_key(mesh):
 
 
 @needs_front
-def test_entry_points_are_compiled_and_status_reports_them():
+def test_entry_points_are_compiled_and_status_reports_them(mesh):
     dt.debug.set_fastpath(True)
     st = dt.debug.fastpath_status()
     assert st["active"] and st["path"] == "compiled" and st["reason"] is None
@@ -417,13 +417,32 @@ def test_entry_points_are_compiled_and_status_reports_them():
     for d in ("__add__", "__radd__", "__mul__", "__matmul__", "__neg__"):
         assert d not in vars(dt.DTensor), d
     assert dt.DTensor.__add__ is fastpath.DTensorBase.__add__
+    entries = (dt.DTensor.__lt__, dt.DTensor.relu, dt.DTensor.sum, dt.DTensor.redistribute)
+    add = dt.add  # taken before the switch: it follows the flag too
     dt.debug.set_fastpath(False)
     st = dt.debug.fastpath_status()
     assert not st["active"] and st["path"] == "python"
-    for fn in (dt.DTensor.__lt__, dt.DTensor.relu, dt.add):
-        assert type(fn).__name__ == "function", fn
+    # nothing is installed again: the same entry points read the flag per call
+    assert (dt.DTensor.__lt__, dt.DTensor.relu, dt.DTensor.sum,
+            dt.DTensor.redistribute) == entries
+    assert dt.add is add
     # the operator slots stay, now running the Python dispatcher
     assert dt.DTensor.__add__ is fastpath.DTensorBase.__add__
+    x = dt.distribute_tensor(_data(), mesh, [dt.Shard(0)], src_data_rank=None)
+    for f in (lambda: x + x, lambda: add(x, x), lambda: x.relu(), lambda: x < 1.0,
+              lambda: x.redistribute(mesh, [dt.Replicate()])):
+        f()
+        before = dt.debug.fastpath_status()
+        f()
+        after = dt.debug.fastpath_status()
+        assert after["fast_hits"] == before["fast_hits"]
+        assert after["fast_redistributes"] == before["fast_redistributes"]
+    dt.debug.set_fastpath(True)
+    for f in (lambda: x + x, lambda: add(x, x), lambda: x.relu()):
+        f()
+        before = dt.debug.fastpath_status()["fast_hits"]
+        f()
+        assert dt.debug.fastpath_status()["fast_hits"] == before + 1
 
 
 @needs_front

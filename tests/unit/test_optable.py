@@ -10,7 +10,7 @@ from _sim import SimMesh, data, dtensor_of
 
 import dtensor as dt
 from dtensor.dispatch import dispatcher as _dispatch
-from dtensor.dispatch import install
+from dtensor.dispatch import entry_points as install
 from dtensor.errors import ConfigError
 from dtensor.ops import OPS
 from placements import Partial, Shard

@@ -1,9 +1,14 @@
-"""Glue of the compiled front (``fastpath._dispatch``): plugging it into the dispatcher,
-its per-op runners, and the *raw forms* it may use on a cache hit.
+"""The compiled front (``fastpath._dispatch``) as the dispatch layer sees it: the one module
+of :mod:`dtensor.dispatch` that talks to ``fastpath``.
 
 The front serves repeated calls of an op from compiled code (see its module docstring).
-:func:`plug_fastpath` hands it the dispatcher's hooks (``lookup``, ``dispatch``,
-``run_entry``...) and DTensor; :func:`fast_op` builds the compiled runner of one op record;
+:func:`plug` hands it, in one :class:`Plug` (keywords whose names the front lists in
+``PLUG_FIELDS``), DTensor, the dispatcher's hooks (``lookup``, ``dispatch``,
+``run_entry``...), the recorder's parts and the FastOps behind DTensor's operator slots;
+:func:`set_flags` sets the two flags its entry points read per call (autograd active, the
+Python path); :func:`make_method`, :func:`make_operator`, :func:`make_function` and
+:func:`make_recording` build the compiled entry points that
+:mod:`dtensor.dispatch.entry_points` installs; :func:`fast_op` builds the compiled runner of one op record;
 :func:`raw_form` decides, once per propagation-cache entry, whether a hit can run as a raw
 ndarray call (a ufunc, numpy's reshape, a transpose...) that gives exactly what the op's
 local kernel would.
@@ -13,6 +18,9 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from dataclasses import fields as dataclass_fields
 from typing import NamedTuple
 
 import numpy as np
@@ -23,14 +31,18 @@ from placements.spec import DTensorSpec
 from redistribute import comm as _comm
 from redistribute.execute import compiled_form as _compiled_form
 
-from ..distributed.dtensor import DTensor, _normalize_placements, _target
+from ..distributed.abstract import AbstractDTensor
+from ..distributed.dtensor import DTensor, _normalize_placements, _PendingDTensor, _target
+from ..local import autograd as _ag
 from ..local import allocator as _allocator
 from ..local import dtypes as _dtypes
 from ..local.kernels import nn as _nn
 from ..local.kernels import pointwise as _pw
 from ..local.kernels.base import INT_RANGES, QUIET, quiet_call
 from ..local.tensor import Tensor, _wrap
+from ..ops import OPS
 from ..ops.table import OpInfo
+from . import record as _record
 from .dispatcher import (
     MISSING,
     CacheEntry,
@@ -43,7 +55,28 @@ from .dispatcher import (
     wrap_outputs,
 )
 
-__all__ = ["RawForm", "fast_op", "plug_fastpath", "raw_form", "redistribute_form"]
+__all__ = [
+    "COMPILED_REDISTRIBUTE",
+    "FRONT",
+    "MOVE_LOCAL",
+    "PY_REDISTRIBUTE",
+    "Plug",
+    "RawForm",
+    "fast_op",
+    "make_function",
+    "make_method",
+    "make_operator",
+    "make_recording",
+    "plug",
+    "raw_form",
+    "redistribute_form",
+    "set_flags",
+    "slot_served",
+]
+
+#: The compiled front (``fastpath._dispatch``), or None when the fast path is not enabled
+#: (not built, or ``DTENSOR_FASTPATH=0`` at import).
+FRONT = _fp.dispatch if _fp.ENABLED else None
 
 #: Tensor's own view and copy methods (the kernels of view/reshape/t/getitem/clone/
 #: contiguous), taken at import: once autograd is active the class holds their recording
@@ -351,39 +384,146 @@ def _basic_index(idx: object) -> tuple | None:
     return parts if Ellipsis in parts else (*parts, Ellipsis)
 
 
-def plug_fastpath() -> object:
-    """Connect the compiled front (``fastpath._dispatch``) to this dispatcher. **Local**.
+@dataclass(frozen=True)
+class Plug:
+    """Everything dtensor hands the compiled front, in one object (the keywords of
+    ``fastpath.dispatch.plug``, whose ``PLUG_FIELDS`` they are): see :func:`plug`."""
 
-    Returns the compiled module, or None when the fast path is not enabled (not built, or
+    dtensor_cls: type
+    dtypes_ns: dict
+    lookup: Callable
+    dispatch: Callable
+    run_entry: Callable
+    wrap_outputs: Callable
+    raw_form: Callable
+    missing: object
+    quiet_ctx: object
+    quiet_call: Callable
+    call_hook: Callable
+    grad_mode: object
+    slot_ops: dict
+    record_plan_of: Callable
+    record_types: tuple
+    record_node: type
+    record_apply: Callable
+    record_save: Callable
+    record_stand_in: Callable
+    record_stand_ins: dict
+    record_detached: Callable
+    record_note_views: Callable
+    record_view: type
+
+
+def _slot_ops() -> dict[str, object]:
+    """The FastOps behind DTensor's operator slots (``+ - * / @`` and unary ``-``), by tag.
+    They stay on DTensor in both modes (a FastOp runs the Python path when the front is
+    off), so that switching paths never falls back to CPython's generic slot dispatch."""
+    slots = {}
+    for info in OPS.values():
+        for op in info.operators:
+            tag = op.dunder.strip("_")
+            if tag in FRONT.SLOT_TAGS and op.form in ("binary", "unary"):
+                slots[tag] = fast_op(info)
+    return slots
+
+
+def slot_served() -> frozenset[str]:
+    """The dunders DTensor's compiled operator slots serve (``__add__``, ``__radd__``...;
+    empty without the compiled front). **Local**."""
+    if FRONT is None:
+        return frozenset()
+    served = set()
+    for info in OPS.values():
+        for op in info.operators:
+            tag = op.dunder.strip("_")
+            if tag in FRONT.SLOT_TAGS and op.form in ("binary", "unary"):
+                served.add(op.dunder)
+                if op.form == "binary":
+                    served.add(f"__r{tag}__")
+    return frozenset(served)
+
+
+def _compiled_plan(info: OpInfo) -> object:
+    """The compiled recorder's plan of ``info`` (``fastpath.dispatch.RecordPlan``), or None
+    for an op whose calls :func:`dtensor.dispatch.record.record` records (see
+    :func:`dtensor.dispatch.record._compiled_plan_fields`)."""
+    fields = _record._compiled_plan_fields(info)
+    return None if fields is None else FRONT.RecordPlan(*fields)
+
+
+def plug() -> Plug | None:
+    """Connect the compiled front (``fastpath._dispatch``) to this dispatcher and recorder,
+    in one :class:`Plug`. **Local**.
+
+    Returns the plug, or None when the fast path is not enabled (not built, or
     ``DTENSOR_FASTPATH=0`` at import).
     """
     global _RAW
-    if not _fp.ENABLED:
+    if FRONT is None:
         return None
-    front = _fp.dispatch
-    front.install(
-        DTensor, vars(_dtypes), lookup, dispatch, run_entry, wrap_outputs, raw_form, MISSING
+    _RAW = FRONT.RAW_FORMS
+    fields = Plug(
+        dtensor_cls=DTensor, dtypes_ns=vars(_dtypes), lookup=lookup, dispatch=dispatch,
+        run_entry=run_entry, wrap_outputs=wrap_outputs, raw_form=raw_form, missing=MISSING,
+        quiet_ctx=QUIET, quiet_call=quiet_call, call_hook=_record.call, grad_mode=_ag.MODE,
+        slot_ops=_slot_ops(), record_plan_of=_compiled_plan,
+        record_types=(Tensor, DTensor, _PendingDTensor, AbstractDTensor),
+        record_node=_ag.Node, record_apply=_record._apply, record_save=_ag.save,
+        record_stand_in=_record._stand_in, record_stand_ins=_record._STAND_INS,
+        record_detached=_record._detached, record_note_views=_record._note_views,
+        record_view=_record._View,
     )
-    front.set_quiet(QUIET, quiet_call)
-    _RAW = front.RAW_FORMS
-    front.install_redistribute(
+    FRONT.plug(**{f.name: getattr(fields, f.name) for f in dataclass_fields(Plug)})
+    FRONT.install_redistribute(
         redistribute_form, PY_REDISTRIBUTE, _comm, _comm.BYTES, _comm.request_c_api(),
         move_form, execute_move,
     )
-    attach_front(front)
-    return front
+    attach_front(FRONT)
+    return fields
 
 
-#: DTensor's Python ``redistribute`` (the compiled one falls back to it; installed again
-#: when the front is turned off).
+def set_flags(autograd: bool | None = None, python_path: bool | None = None) -> None:
+    """Set the flags the compiled entry points read per call (see
+    ``fastpath.dispatch.set_flags``; nothing without the front). **Local**."""
+    if FRONT is not None:
+        FRONT.set_flags(autograd, python_path)
+
+
+def make_recording(info: OpInfo, plain: Callable, order: tuple[int, ...] | None,
+                   recorder: Callable) -> Callable:
+    """The compiled autograd guard of a Tensor variant ``plain`` of ``info`` (see
+    ``fastpath.dispatch.make_recording``). **Local**."""
+    return FRONT.make_recording(info, plain, order, recorder)
+
+
+def make_method(info: OpInfo, name: str, doc: str) -> Callable:
+    """The compiled DTensor method ``name`` of ``info`` (``self`` first). **Local**."""
+    return FRONT.make_method(fast_op(info), name, doc)
+
+
+def make_operator(info: OpInfo, name: str, doc: str, form: str) -> Callable:
+    """The compiled DTensor operator of ``info`` (``form`` as the front's). **Local**."""
+    return FRONT.make_operator(fast_op(info), name, doc, form)
+
+
+def make_function(info: OpInfo, local: Callable) -> Callable:
+    """The compiled public function of ``info`` (``local`` for Tensor-only calls). **Local**."""
+    return FRONT.make_function(fast_op(info), local)
+
+
+#: DTensor's Python ``redistribute`` (the compiled one falls back to it).
 PY_REDISTRIBUTE = DTensor.redistribute
+#: The compiled ``redistribute`` (None without the front).
+COMPILED_REDISTRIBUTE = None if FRONT is None else FRONT.redistribute
+#: The compiled front's move of an op's input (None without the front).
+MOVE_LOCAL = None if FRONT is None else FRONT.move_local
 
 
 def fast_op(info: OpInfo) -> object:
     """The compiled runner of ``info`` (built once per op). **Local**."""
     fop = _FAST_OPS.get(info.name)
     if fop is None or fop.info is not info:
-        fop = _FAST_OPS[info.name] = _fp.dispatch.FastOp(info, binder_of(info))
+        fop = _FAST_OPS[info.name] = FRONT.FastOp(info, binder_of(info))
     return fop
 
 

@@ -109,5 +109,6 @@ include "_dispatch_keys.pxi"   # key markers, simple statics, hashes, _frozen, _
 include "_dispatch_front.pxi"  # FrontEntry and FastOp: binding, front table, lookup, fill
 include "_dispatch_record.pxi" # the compiled recorder, AutogradMeta, NodeBase
 include "_dispatch_run.pxi"    # runners: _raw_pair, _run (raw forms, kernel, entry runner)
+include "_dispatch_guard.pxi"  # Guard: a Tensor method's autograd guard, a C type
 include "_dispatch_entry.pxi"  # make_method, make_operator, make_function
 include "_dispatch_redist.pxi" # redistribute (one-step plans from compiled code), its plugs

@@ -122,19 +122,19 @@ cdef bint _any_tensor_ag(tuple args, dict kwargs):
 
 
 def make_recording(info, plain, order, recorder):
-    """``plain`` (a method or operator of op ``info``) guarded for autograd, once autograd
-    is active (:func:`set_flags`): when grad mode is on and a Tensor or DTensor argument has
+    """``plain`` (a method or operator of op ``info``) guarded for autograd (a ``Guard``,
+    which calls ``plain`` itself until autograd is active, :func:`set_flags`): when grad mode
+    is on and a Tensor or DTensor argument has
     autograd state, the compiled recorder or else ``recorder(info, plain, args, kwargs,
     order)``; always the latter for an in-place op (whose writes the recorder counts); else
     ``plain`` itself. **Local**."""
     cdef bint inplace = bool(info.inplace)
 
     def variant(*args, **kwargs):
-        if _autograd_on:
-            if inplace:
-                return recorder(info, plain, args, kwargs, order)
-            if _grad_mode.enabled and _any_tensor_ag(args, kwargs):
-                return _hooked(info, plain, args, kwargs, order, recorder)
+        if inplace:
+            return recorder(info, plain, args, kwargs, order)
+        if _grad_mode.enabled and _any_tensor_ag(args, kwargs):
+            return _hooked(info, plain, args, kwargs, order, recorder)
         return plain(*args, **kwargs)
 
-    return variant
+    return _guard(plain, variant)

@@ -72,6 +72,7 @@ __all__ = [
     "redistribute_form",
     "set_flags",
     "slot_served",
+    "why_off",
 ]
 
 #: The compiled front (``fastpath._dispatch``), or None when the fast path is not enabled
@@ -480,6 +481,13 @@ def plug() -> Plug | None:
     )
     attach_front(FRONT)
     return fields
+
+
+def why_off() -> str:
+    """Why the compiled front is not there (the extension built?, ``DTENSOR_FASTPATH=0``
+    at import?). **Local**."""
+    return (f"extension built: {_fp.AVAILABLE}; DTENSOR_FASTPATH=0 at import: "
+            f"{_fp.AVAILABLE and not _fp.ENABLED}")
 
 
 def set_flags(autograd: bool | None = None, python_path: bool | None = None) -> None:

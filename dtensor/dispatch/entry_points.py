@@ -41,7 +41,6 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping
 
-import fastpath as _fp
 from placements.errors import UnavailableError
 
 from ..distributed.dtensor import DTensor
@@ -341,9 +340,7 @@ def set_fastpath(enabled: bool) -> bool:
     global _FAST
     if enabled and _FRONT is None:
         raise UnavailableError(
-            "set_fastpath(True): the compiled fast path is not available "
-            f"(extension built: {_fp.AVAILABLE}; DTENSOR_FASTPATH=0 at import: "
-            f"{_fp.AVAILABLE and not _fp.ENABLED})"
+            f"set_fastpath(True): the compiled fast path is not available ({_compiled.why_off()})"
         )
     _FAST = bool(enabled)
     _compiled.set_flags(python_path=not _FAST)

@@ -116,15 +116,14 @@ def recording(info: OpInfo, plain: Callable, order: tuple[int, ...] | None = Non
     ``make(info, plain, order, _guarded)`` (the compiled guard) when given, else its Python
     twin. Either runs ``plain`` itself until autograd is active (:func:`set_active`)."""
     if make is not None:
-        variant = make(info, plain, order, _guarded)
-    else:
-        mode = _MODE
-        inplace = info.inplace
+        return make(info, plain, order, _guarded)  # (it reports plain's name and doc)
+    mode = _MODE
+    inplace = info.inplace
 
-        def variant(*args, **kwargs):
-            if _ACTIVE and (inplace or (mode.enabled and _wants_grad(args, kwargs))):
-                return _guarded(info, plain, args, kwargs, order)
-            return plain(*args, **kwargs)
+    def variant(*args, **kwargs):
+        if _ACTIVE and (inplace or (mode.enabled and _wants_grad(args, kwargs))):
+            return _guarded(info, plain, args, kwargs, order)
+        return plain(*args, **kwargs)
 
     variant.__name__ = getattr(plain, "__name__", info.name)
     variant.__qualname__ = getattr(plain, "__qualname__", info.name)

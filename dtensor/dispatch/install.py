@@ -46,7 +46,6 @@ from ..local import autograd as _ag
 from ..local.kernels.base import quiet_function
 from ..local.tensor import Tensor
 from ..ops import NOT_DIFFERENTIABLE, OPS, Operator, OpInfo
-from ..ops import derivatives as _derivatives
 from . import record as _record
 from .dispatcher import dispatch, use_compiled_moves
 from .front import PY_REDISTRIBUTE, fast_op, plug_fastpath
@@ -399,7 +398,7 @@ def set_fastpath(enabled: bool) -> bool:
     _install_dtensor()
     old = _FUNCTIONS
     _FUNCTIONS = _public_functions()
-    _derivatives.use_functions(_FUNCTIONS)
+    _record.use_functions(_FUNCTIONS)
     for namespace in _EXPORTED:
         for name, fn in _FUNCTIONS.items():
             if namespace.get(name) is old.get(name):
@@ -457,6 +456,6 @@ _document(Tensor, _TENSOR_DOC, _TENSOR_NAMES)
 _document(DTensor, _DTENSOR_DOC, _DTENSOR_NAMES)
 _FUNCTIONS = _public_functions()
 _EXPORTED: list[dict] = []
-_derivatives.use_functions(_FUNCTIONS)
-_derivatives.use_functions(FACTORIES)
+_record.use_functions(_FUNCTIONS)
+_record.use_functions(FACTORIES)
 _ag.on_activate(_activate_autograd)

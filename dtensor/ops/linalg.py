@@ -118,7 +118,7 @@ def _einsum(g, v, o, need, fns):
 
 def product(name: str, tensors: tuple[str, ...], backward: Backward, **kw: object) -> None:
     """Declare the product ``name`` over its kernel in :mod:`dtensor.local.kernels`, with
-    its formula ``backward`` (compute class ``matmul``)."""
+    its formula ``backward`` (compute class ``matmul``). **Local**."""
     declare(name, getattr(K, name), tensors, samples="product", backward=backward,
             cost="matmul", **kw)
 

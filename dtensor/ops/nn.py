@@ -118,7 +118,7 @@ def _dropout(g, v, state, need, fns):
 def nn_op(name: str, backward: Backward, tensors: tuple[str, ...] = ("input",),
           **kw: object) -> None:
     """Declare the nn op ``name`` over its kernel in :mod:`dtensor.local.kernels`, with its
-    formula ``backward`` (compute class ``nn``)."""
+    formula ``backward`` (compute class ``nn``). **Local**."""
     declare(name, getattr(K, name), tensors, samples="nn", backward=backward, cost="nn", **kw)
 
 

@@ -256,7 +256,7 @@ def binary(name: str, operator: str | None = None, inplace: bool = False,
            compare: bool = False, *, backward: Backward) -> None:
     """Declare the binary op ``name`` over its local kernel (and python operator ``operator``:
     ``"add"`` serves ``__add__``, ``__radd__`` and, with ``inplace``, ``__iadd__``), with its
-    formula ``backward``."""
+    formula ``backward``. **Local**."""
     fn = getattr(P, name)
     ops, iops = (), ()
     if operator is not None:

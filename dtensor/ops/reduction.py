@@ -148,7 +148,8 @@ _INPUT = ("input",)  # the formula reads the input
 
 def reduction(name: str, backward: Backward, samples: str = "reduce", **kw: object) -> None:
     """Declare the reduction (or scan, ``samples="scan"``) ``name`` over its kernel in
-    :mod:`dtensor.local.kernels`, with its formula ``backward`` (compute class ``nn``)."""
+    :mod:`dtensor.local.kernels`, with its formula ``backward`` (compute class ``nn``).
+    **Local**."""
     declare(name, getattr(K, name), samples=samples, backward=backward, cost="nn", **kw)
 
 

@@ -229,7 +229,7 @@ _VIEWS: list[str] = []
 def view(name: str, *args: object, backward: Backward, **kw: object) -> None:
     """Declare the view op ``name`` with its formula ``backward`` (a method the Tensor class
     defines, the validator's view samples unless ``samples`` says otherwise, compute class
-    ``view`` unless ``cost`` does)."""
+    ``view`` unless ``cost`` does). **Local**."""
     declare_method(name, *args, samples=kw.pop("samples", "view"), backward=backward,
                    cost=kw.pop("cost", "view"), **kw)
     _VIEWS.append(name)

@@ -1,7 +1,7 @@
 """``dt.autograd``: reverse-mode automatic differentiation (PyTorch's names and semantics).
 
 The engine is :mod:`dtensor.local.autograd`; the backward formulas are in the op records
-(:mod:`dtensor.ops.derivatives`). Tensors and DTensors have ``requires_grad``,
+(``backward=`` in the family modules of :mod:`dtensor.ops`). Tensors and DTensors have ``requires_grad``,
 ``requires_grad_()``, ``grad``, ``grad_fn``, ``is_leaf`` and ``backward()``; factories
 take ``requires_grad=``.
 

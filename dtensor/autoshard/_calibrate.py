@@ -13,12 +13,12 @@ op's local compute (:func:`op_class`, :meth:`Calibration.kernel_seconds`). The m
 Op classes and their work measure:
 
 =========  ===============================================  ============================
-class      ops (the op table's sample families)              work
+class      ops (each op record's ``cost``)                  work
 =========  ===============================================  ============================
-matmul     product (matmul, mm, bmm, linear, einsum, ...)     flops: ``2 * out * K``
-nn         nn, reduce, scan (softmax, layer_norm, ...)        bytes read + written
-pointwise  every other op that computes                       bytes read + written
-view       view (reshape, transpose, unsqueeze, ...)          none (a fixed cost)
+matmul     products (matmul, mm, bmm, linear, einsum...)    flops: ``2 * out * K``
+nn         reductions, scans, softmax, layer_norm, losses   bytes read + written
+pointwise  every other op that computes                     bytes read + written
+view       views, reorderings (reshape, flip, tile...)      none (a fixed cost)
 =========  ===============================================  ============================
 
 A kernel's time is ``alpha_s + work / rate`` of its class (the work's seconds times
@@ -72,8 +72,6 @@ VERSION = 1
 #: Op classes priced by their own throughput.
 CLASSES = ("matmul", "nn", "pointwise", "view")
 
-_CLASS_OF_FAMILY = {"product": "matmul", "nn": "nn", "reduce": "nn", "scan": "nn", "view": "view"}
-
 #: Kernel constants used when no calibration is given (rough figures of one CPU core).
 DEFAULT_KERNELS: dict[str, dict[str, float]] = {
     "matmul": {"alpha_s": 2e-5, "rate": 2e10},
@@ -89,14 +87,13 @@ DEFAULT_ENTRY_S = 2e-5
 DEFAULT_SYNC_S = 2e-5
 
 def op_class(name: str) -> str:
-    """The class (:data:`CLASSES`) whose throughput prices op ``name``. **Local**.
+    """The class (:data:`CLASSES`) whose throughput prices op ``name``: its record's
+    ``cost`` (:class:`dtensor.ops.OpInfo`). **Local**.
 
     ``redistribute`` (a traced move) and unknown names are ``view`` (no local compute
     beyond the move, which the cost model prices)."""
     info = OPS.get(name)
-    if info is None:
-        return "view"
-    return _CLASS_OF_FAMILY.get(info.samples, "pointwise")
+    return "view" if info is None else info.cost
 
 
 def _bytes(block: Any) -> int:

@@ -49,7 +49,6 @@ from ..local.kernels.base import quiet_function
 from ..local.tensor import Tensor
 from ..distributed.factory import FACTORIES
 from ..ops import NOT_DIFFERENTIABLE, OPS, OpInfo
-from ..ops import derivatives as _derivatives
 from . import compiled as _compiled
 from . import record as _record
 from .dispatcher import dispatch, use_compiled_moves
@@ -394,7 +393,7 @@ _document(DTensor, _DTENSOR_DOC, _DTENSOR_NAMES)
 FUNCTIONS: dict[str, Callable] = {
     name: function(info) for name, info in OPS.items() if info.function is not None
 }
-_derivatives.use_functions(FUNCTIONS)
-_derivatives.use_functions(FACTORIES)
+_record.use_functions(FUNCTIONS)  # the backward formulas' ``fns``
+_record.use_functions(FACTORIES)
 set_fastpath(_FRONT is not None)
 _ag.on_activate(_activate_autograd)

@@ -7,11 +7,12 @@ methods and operators, and DTensor's on the Python path, through their recording
 :func:`recording` (a compiled guard, or its Python twin). When grad mode is on and a tensor
 argument requires grad, :func:`record` runs the op with grad mode off and makes its node
 (:mod:`dtensor.local.autograd`) from the op record's formula
-(:class:`dtensor.ops.table.Backward`); otherwise the variant runs as it is. In-place
+(:class:`dtensor.ops.table.Backward`), which receives the public dispatching functions
+(:data:`FUNCTIONS`) as its ``fns``; otherwise the variant runs as it is. In-place
 variants also bump the version counter of what they write, and refuse a leaf that requires
 grad.
 
-A view made by recorded view ops (:data:`dtensor.ops.derivatives.VIEW`, when its data is
+A view made by recorded view ops (:data:`dtensor.ops.view.VIEWS`, when its data is
 its input's) remembers its base and how it derives from it (:class:`_View`). An in-place
 op on such a view rewrites the base's history, as PyTorch's ``CopySlices``: the base gets
 a node whose backward sends the view's part of the gradient through the in-place op's
@@ -38,6 +39,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from operator import itemgetter
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -49,10 +51,11 @@ from ..local import autograd as _ag
 from ..local.rng import get_rng_state
 from ..local.tensor import Tensor, _wrap
 from ..ops import OpInfo
-from ..ops.derivatives import VIEW
+from ..ops.view import VIEWS
 from .dispatcher import MISSING, binder_of
 
 __all__ = [
+    "FUNCTIONS",
     "call",
     "record",
     "recording",
@@ -60,9 +63,21 @@ __all__ = [
     "recording_setitem",
     "recording_view_property",
     "sum_to",
+    "use_functions",
 ]
 
 _MODE = _ag.MODE
+
+#: The public dispatching functions by op name (``FUNCTIONS.cat``, ``FUNCTIONS.zeros_like``...):
+#: every backward formula receives them as its ``fns``. :mod:`dtensor.dispatch.install`, which
+#: makes them, hands them over (:func:`use_functions`).
+FUNCTIONS = SimpleNamespace()
+
+
+def use_functions(functions: Mapping[str, Callable]) -> None:
+    """Give the backward formulas the dispatching public ``functions`` (by name; replacing
+    those of the same names). **Local**."""
+    vars(FUNCTIONS).update(functions)
 
 
 def _wants_grad(args: Sequence[object], kwargs: Mapping[str, object] | None) -> bool:
@@ -291,7 +306,7 @@ class _Plan:
         self.save = tuple((binder.index[p], p) for p in save)
         self.unread = tuple(pi for pi, p in zip(binder.tensor_idx, info.tensor_params)
                             if p not in save)
-        self.view = info.name in _VIEW_OPS
+        self.view = info.name in VIEWS
 
 
 _PLANS: dict = {}
@@ -317,10 +332,6 @@ def _compiled_plan_fields(info: OpInfo) -> tuple | None:
 
 
 # -- views ---------------------------------------------------------------------------------------
-#: The view ops: a recorded call whose output shares its input's data makes a view.
-_VIEW_OPS = frozenset(VIEW)
-
-
 class _View(tuple):
     """How a view derives from its base: the view op's call (``info``, its bound values,
     which output ``nr`` of ``n_out``) applied after ``parent`` (the view it was taken of,
@@ -361,7 +372,7 @@ class _View(tuple):
             grads[self.nr] = g
             g = grads
         need = [True] + [False] * (len(self.info.tensor_params) - 1)
-        g = bw.fn(g, self.values, None, need)[0]
+        g = bw.fn(g, self.values, None, need, FUNCTIONS)[0]
         return g if self.parent is None else self.parent.back(g)
 
 
@@ -588,7 +599,7 @@ def _apply(node: _ag.Node, grads: list) -> list:
     if bw.out and _MODE.enabled:  # a backward that records (create_graph): the saved
         out = _detached(out)  # output with its history, which is this node's output
         out._ag = _ag.AutogradMeta(True, node, 0)
-    res = bw.fn(grads if bw.multi else grads[0], values, out, need)
+    res = bw.fn(grads if bw.multi else grads[0], values, out, need, FUNCTIONS)
     out = []
     for r, v, n in zip(res, slots, need):
         if r is None or not n:

@@ -1,8 +1,10 @@
 """The op table: one record per op (:mod:`.table`), declared by family.
 
 Importing this package declares every built-in op (:mod:`.pointwise`, :mod:`.reduction`,
-:mod:`.linalg`, :mod:`.nn`, :mod:`.tensor`, :mod:`.view`, :mod:`.index`); ops whose local computation
-depends on the chosen strategy take their kernels from :mod:`.local_fns`.
+:mod:`.linalg`, :mod:`.nn`, :mod:`.tensor`, :mod:`.view`, :mod:`.index`), each family with
+its backward formulas (pieces several families share: :mod:`._grad`); ops whose local
+computation depends on the chosen strategy take their kernels from :mod:`.local_fns`. The
+strategy validator's sample calls of each family are in :mod:`.samples`.
 """
 
 from __future__ import annotations

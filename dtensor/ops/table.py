@@ -11,7 +11,8 @@ A record holds everything dtensor knows about an op, in one place:
   rule family or by the record itself) with the static parameters the rule reads, and, for
   ops whose local computation depends on the chosen strategy, its ``local_fn``;
 - the sample family the strategy validator draws its calls from;
-- its backward formula (:class:`Backward`), or :data:`NOT_DIFFERENTIABLE`.
+- its backward formula (:class:`Backward`), or :data:`NOT_DIFFERENTIABLE`;
+- its compute class (``cost``), which prices its local work in :func:`dtensor.auto_shard`.
 
 The dispatcher (:mod:`dtensor.dispatch`) installs the methods, operators and functions of
 every record and builds the propagation-cache key from its static parameters; the
@@ -63,16 +64,19 @@ class Operator:
 
 @dataclass(frozen=True, slots=True)
 class Backward:
-    """An op's backward formula (autograd).
+    """An op's backward formula (autograd), declared in its op record (the family modules of
+    :mod:`dtensor.ops`).
 
-    ``fn(g, v, out, need)`` returns one gradient (or None) per tensor argument, in the order
-    of the op's tensor parameters (a variadic parameter's elements one by one): ``g`` is
-    the output's gradient (with ``multi``: the list of every output's gradient, None for
+    ``fn(g, v, out, need, fns)`` returns one gradient (or None) per tensor argument, in the
+    order of the op's tensor parameters (a variadic parameter's elements one by one): ``g``
+    is the output's gradient (with ``multi``: the list of every output's gradient, None for
     those that got none), ``v`` the call's bound arguments in parameter order, ``out`` the
-    output (None unless ``out``), ``need`` which arguments need a gradient. The formula is
-    written with ordinary tensor ops (methods), so that on DTensors the sharding rules
-    place the gradients; the recorder reduces each gradient to its argument's shape
-    (broadcasting) and casts it to its dtype. ``save`` names the tensor parameters whose
+    output (None unless ``out``), ``need`` which arguments need a gradient, ``fns`` the
+    public dispatching functions (``fns.cat``, ``fns.zeros_like``...; the recorder passes
+    them, :mod:`dtensor.dispatch.record`). The formula is written with ordinary tensor ops
+    (methods and ``fns``), so that on DTensors the sharding rules place the gradients; the
+    recorder reduces each gradient to its argument's shape (broadcasting) and casts it to
+    its dtype. ``save`` names the tensor parameters whose
     values the formula reads: the node keeps those (a backward after an in-place change to
     them raises) and, of every other argument that is an intermediate of the graph (has a
     ``grad_fn``), only a stand-in of its layout (shape, dtype, a DTensor's spec; no
@@ -146,6 +150,11 @@ class OpInfo:
     backward : Backward or None
         The backward formula (autograd); :data:`NOT_DIFFERENTIABLE` for an op whose outputs
         never require grad; None: no formula yet (recording it raises).
+    cost : str
+        The class of its local compute, whose measured throughput prices it
+        (:func:`dtensor.autoshard._calibrate.op_class`): ``"matmul"`` (products),
+        ``"nn"`` (reductions, scans, softmax, norms, losses), ``"view"`` (views and
+        reorderings, a fixed cost) or ``"pointwise"`` (any other op that computes).
     """
 
     name: str
@@ -164,6 +173,7 @@ class OpInfo:
     operators: tuple[Operator, ...] = ()
     samples: str | None = None
     backward: Backward | None = None
+    cost: str = "pointwise"
 
     @property
     def rule(self) -> str:
@@ -261,6 +271,7 @@ def declare(
     inplace_operators: tuple[Operator, ...] = (),
     samples: str | None = None,
     backward: Backward | None = None,
+    cost: str = "pointwise",
 ) -> OpInfo:
     """Declare op ``name`` (and its in-place form) in the table. **Local**.
 
@@ -296,7 +307,7 @@ def declare(
         As in :class:`OpInfo`.
     writes : bool
         The op itself writes its first argument (``copy_``, ``fill_``).
-    aliases, operators, samples, backward :
+    aliases, operators, samples, backward, cost :
         As in :class:`OpInfo`. The in-place form records with ``backward`` too (the
         recorder keeps a copy of the input when the formula reads it).
     inplace : callable, optional
@@ -331,6 +342,7 @@ def declare(
         tuple(operators),
         samples,
         backward,
+        cost,
     )
     register_op(info)
     if inplace is not None:

@@ -1,41 +1,88 @@
 """Records of joins (``cat``, ``stack``), reorderings (``flip``, ``roll``, ``tril``,
 ``repeat``, ``tile``), copies (``clone``, ``copy_``, ``fill_``...) and casts (``to``,
-``float``...)."""
+``float``...), with their backward formulas."""
 
 from __future__ import annotations
 
+from placements.meta import norm_dim
 from placements.rules.pointwise import unary_rule
 
 from ..local import kernels as K
-from .derivatives import JOIN as D
-from .table import declare
+from ._grad import FIRST, IDENTITY, is_tensor
+from .table import NOT_DIFFERENTIABLE, Backward, declare
 from .table import declare_method as method
 
 __all__: list[str] = []
 
+
 # -- joins and reorderings ---------------------------------------------------------------------
-for _name in ("cat", "concat", "stack"):
+def _cat(g, v, o, need, fns):
+    tensors, dim = list(v[0]), v[1]
+    ref = next(t for t in tensors if is_tensor(t) and t.ndim)
+    d = norm_dim(dim, ref.ndim, "cat")
+    sizes = [t.shape[d] if t.ndim else 0 for t in tensors]
+    pieces = g.split(sizes, d)
+    return tuple(p if n else None for p, n in zip(pieces, need))
+
+
+def _stack(g, v, o, need, fns):
+    tensors, dim = list(v[0]), v[1]
+    d = norm_dim(dim, tensors[0].ndim + 1, "stack")
+    return tuple(g.unbind(d))
+
+
+def _roll(g, v, o, need, fns):
+    shifts, dims = v[1], v[2]
+    neg = -shifts if isinstance(shifts, int) else tuple(-s for s in shifts)
+    return (g.roll(neg, dims),)
+
+
+def _repeat(g, v, o, need, fns):
+    x, sizes = v[0], v[1]
+    reps = tuple(sizes) if not isinstance(sizes, int) else (sizes,)
+    if len(reps) < x.ndim:  # tile pads its dims with leading ones
+        reps = (1,) * (x.ndim - len(reps)) + reps
+    xs = (1,) * (len(reps) - x.ndim) + tuple(x.shape)
+    inter = []
+    for r, s in zip(reps, xs):
+        inter += [r, s]
+    summed = g.reshape(inter).sum(dim=tuple(range(0, 2 * len(reps), 2)))
+    return (summed.reshape(x.shape),)
+
+
+for _name in ("cat", "concat"):
     declare(_name, getattr(K, _name), ("tensors",), variadic="tensors", method=False,
-            samples="join", backward=D[_name])
-declare("flip", K.flip, method=K.tensor_flip, samples="view", backward=D["flip"])
-declare("roll", K.roll, samples="view", backward=D["roll"])
-for _name in ("tril", "triu"):
-    declare(_name, getattr(K, _name), samples="view", backward=D[_name])
-declare("repeat", K.repeat, params=("input", "sizes"), samples="view", backward=D["repeat"])
-declare("tile", K.tile, samples="view", backward=D["tile"])
+            samples="join", backward=Backward(_cat))
+declare("stack", K.stack, ("tensors",), variadic="tensors", method=False, samples="join",
+        backward=Backward(_stack))
+# reorderings: priced as views (a copy, no arithmetic)
+declare("flip", K.flip, method=K.tensor_flip, samples="view", cost="view",
+        backward=Backward(lambda g, v, o, n, fns: (g.flip(v[1]),)))
+declare("roll", K.roll, samples="view", cost="view", backward=Backward(_roll))
+declare("tril", K.tril, samples="view", cost="view",
+        backward=Backward(lambda g, v, o, n, fns: (g.tril(v[1]),)))
+declare("triu", K.triu, samples="view", cost="view",
+        backward=Backward(lambda g, v, o, n, fns: (g.triu(v[1]),)))
+declare("repeat", K.repeat, params=("input", "sizes"), samples="view", cost="view",
+        backward=Backward(_repeat))
+declare("tile", K.tile, samples="view", cost="view", backward=Backward(_repeat))
 
 
 # -- casts and copies (methods of the Tensor class) ----------------------------------------------
+# casts: the recorder casts the gradient back to the input's dtype
 method("to", ("input", "dtype"), kernel=lambda input, dtype: input.to(dtype), samples="cast",
-       backward=D["to"])
-method("type_as", ("input", "other"), ("input", "other"), samples="cast",
-       backward=D["type_as"])
-for _name in ("float", "double", "half", "int", "long", "short", "char", "byte", "bool"):
-    method(_name, samples="cast", backward=D[_name])
-for _name in ("clone", "contiguous", "detach"):
-    method(_name, rule=unary_rule("same", "copy"), samples="unary", backward=D[_name])
+       backward=IDENTITY)
+method("type_as", ("input", "other"), ("input", "other"), samples="cast", backward=FIRST)
+for _name in ("float", "double", "half"):
+    method(_name, samples="cast", backward=IDENTITY)
+for _name in ("int", "long", "short", "char", "byte", "bool"):
+    method(_name, samples="cast", backward=NOT_DIFFERENTIABLE)
+for _name in ("clone", "contiguous"):
+    method(_name, rule=unary_rule("same", "copy"), samples="unary", backward=IDENTITY)
+method("detach", rule=unary_rule("same", "copy"), samples="unary", backward=NOT_DIFFERENTIABLE)
 method("copy_", ("input", "src"), ("input", "src"), writes=True, samples="write",
-       backward=D["copy_"])
+       backward=Backward(lambda g, v, o, n, fns: (None, g)))
 method("fill_", ("input", "value"), ("input", "value"), writes=True, samples="write",
-       backward=D["fill_"])
-method("zero_", writes=True, samples="write", backward=D["zero_"])
+       backward=Backward(lambda g, v, o, n, fns: (None, g.sum() if n[1] else None)))
+method("zero_", writes=True, samples="write",
+       backward=Backward(lambda g, v, o, n, fns: (None,)))

@@ -12,8 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dtensor import validate as V
+from dtensor.debug import validate as V
 from dtensor.ops import OPS
+from dtensor.ops import samples as S
 from launch import _mutant, mutate
 from launch.__main__ import USAGE
 from launch.mutations import (
@@ -68,9 +69,8 @@ def _schemas(op):
     """The rule inputs of the strategy validator's sample calls of ``op`` (quick shapes), on
     a 1-D and a 2-D mesh."""
     info = OPS[op]
-    base = op[:-1] if op.endswith("_") and op not in V._WRITES else op
     out = []
-    for case in V._FAMILIES[info.samples](V._Gen(0), V.QUICK_SHAPES, base):
+    for case in S.cases(info, S.Gen(0), S.QUICK_SHAPES):
         call = V._bind(info, case)
         if call is not None:
             out += [V._schema(call, mesh, [None] * len(call.slots)) for mesh in ((2,), (2, 2))]

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import dtensor as dt
-from dtensor import validate as V
+from dtensor.debug import validate as V
+from dtensor.ops import samples as S
 from dtensor.ops.table import OPS, OpInfo, register_op
 from placements import MeshShape, Partial, Replicate, Shard
 from placements.rules import ArgMeta, Candidate, OpSchema, RuleResult, _core, get_rule, propagate
@@ -22,7 +23,7 @@ _GROUPS = [_NAMES[i::_CHUNKS] for i in range(_CHUNKS)]
 def test_every_op_has_a_rule_and_sample_calls():
     for name, info in OPS.items():
         get_rule(info.rule)
-        assert info.samples in V._FAMILIES, name
+        assert info.samples in S.FAMILIES, name
 
 
 def test_sample_calls_are_bound_with_their_global_results():
@@ -84,14 +85,14 @@ def test_validator_catches_a_wrong_partial():
         return RuleResult(((),), (a.dtype,), cands)
 
     cleanup = _install("test_bad_amax", lambda x: dt.amax(x), bad_rule)
-    V._VIEW_CASES["test_bad_amax"] = (((5, 7), {}),)
+    S.VIEW_CASES["test_bad_amax"] = (((5, 7), {}),)
     try:
         report = V.validate(["test_bad_amax"], meshes=((2,), (4,)))
         assert report.mismatches > 0
         assert any("P(sum),S(0)" in m and "values differ" in m for m in report.ops[0].mismatches)
     finally:
         cleanup()
-        del V._VIEW_CASES["test_bad_amax"]
+        del S.VIEW_CASES["test_bad_amax"]
 
 
 def test_validator_catches_a_wrong_local_shape():
@@ -102,13 +103,13 @@ def test_validator_catches_a_wrong_local_shape():
         return RuleResult(((n,),), (a.dtype,), cands)
 
     cleanup = _install("test_bad_flatten", lambda x: x.reshape(-1), bad_rule)
-    V._VIEW_CASES["test_bad_flatten"] = (((5, 3), {}),)
+    S.VIEW_CASES["test_bad_flatten"] = (((5, 3), {}),)
     try:
         report = V.validate(["test_bad_flatten"], meshes=((2,),))
         assert any("spec promises" in m for m in report.ops[0].mismatches)
     finally:
         cleanup()
-        del V._VIEW_CASES["test_bad_flatten"]
+        del S.VIEW_CASES["test_bad_flatten"]
 
 
 def test_command_line(capsys):

@@ -1,0 +1,473 @@
+"""The strategy validator's sample calls, by op family: the ``samples`` an op record names
+(:attr:`dtensor.ops.OpInfo.samples`) is a key of :data:`FAMILIES`, whose generator yields the
+family's cases for one op (even, uneven and empty-shard shapes; float, int and bool dtypes
+where meaningful; python scalars; broadcasting). The validator
+(:mod:`dtensor.debug.validate`) binds them to the op and runs them on simulated meshes; tests
+run them on real ones.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from .table import OPS, OpInfo
+
+__all__ = ["FAMILIES", "QUICK_SHAPES", "SHAPES", "VIEW_CASES", "Case", "Gen", "cases"]
+
+_F32 = np.dtype(np.float32)
+_F64 = np.dtype(np.float64)
+_I64 = np.dtype(np.int64)
+_BOOL = np.dtype(np.bool_)
+
+
+@dataclass
+class Case:
+    """One sample call: parameter values (numpy arrays stand for tensors) and a label."""
+
+    values: dict[str, object]
+    label: str
+
+
+class Gen:
+    """Deterministic sample data (``rng``: the generator, seeded by ``seed``)."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+
+    def arr(self, shape: tuple[int, ...], dtype: np.dtype, kind: str = "any") -> np.ndarray:
+        """A random array: standard normal floats, small ints, fair bools; ``kind``
+        ``"pos"`` (positive; bools all True) or ``"nonneg"`` (ints from 0). **Local**."""
+        rng = self.rng
+        if dtype == _BOOL:
+            return rng.random(shape) < (2.0 if kind == "pos" else 0.5)
+        if dtype.kind in "iu":
+            lo, hi = {"any": (-4, 5), "pos": (1, 5), "nonneg": (0, 4)}[kind]
+            return rng.integers(lo, hi, shape).astype(dtype)
+        a = rng.standard_normal(shape)
+        if kind == "pos":
+            a = np.abs(a) + 0.5
+        return a.astype(dtype)
+
+
+#: The 2-D shapes of the full run (even and uneven shards, empty ones on meshes of 4), and of
+#: the quick one.
+SHAPES = ((8, 12), (5, 7), (3, 2))
+QUICK_SHAPES = ((5, 7), (3, 2))
+_SCALAR = {_F32: 0.5, _F64: 0.5, _I64: 2, _BOOL: True}
+
+
+def _dtypes(*kinds: str) -> tuple[np.dtype, ...]:
+    table = {"f": _F32, "d": _F64, "i": _I64, "b": _BOOL}
+    return tuple(table[k] for k in kinds)
+
+
+def _unary_cases(g: Gen, shapes, name: str) -> Iterator[Case]:
+    for shape in shapes:
+        for dt in _dtypes("f", "i", "b"):
+            v: dict[str, object] = {"input": g.arr(shape, dt)}
+            if name == "leaky_relu":
+                v["negative_slope"] = 0.1
+            yield Case(v, f"{dt.name}{shape}")
+
+
+def _binary_cases(g: Gen, shapes, name: str) -> Iterator[Case]:
+    kind = "pos" if name in ("div", "floor_divide", "remainder", "fmod") else "any"
+    kind = "nonneg" if name == "pow" else kind
+    for shape in shapes:
+        r, c = shape
+        for dt in _dtypes("f", "i", "b"):
+            s = _SCALAR[dt]
+            pairs = [
+                ((shape, shape), "same"),
+                ((shape, (c,)), "bcast"),
+                (((r, 1), (1, c)), "outer"),
+            ]
+            for (sa, sb), tag in pairs:
+                yield Case({"input": g.arr(sa, dt), "other": g.arr(sb, dt, kind)},
+                           f"{dt.name}{sa}{sb}{tag}")
+            yield Case({"input": g.arr(shape, dt), "other": s}, f"{dt.name}{shape}+scalar")
+            yield Case({"input": s, "other": g.arr(shape, dt, kind)}, f"scalar+{dt.name}{shape}")
+        yield Case({"input": g.arr(shape, _I64), "other": g.arr(shape, _F32, kind)},
+                   f"mixed{shape}")
+    if name == "div":
+        for case in list(_binary_cases(g, shapes[:1], "floor_divide")):
+            case.values["rounding_mode"] = "floor"
+            yield Case(case.values, case.label + "/floor")
+
+
+def _ternary_cases(g: Gen, shapes, name: str) -> Iterator[Case]:
+    for shape in shapes:
+        c = shape[-1]
+        if name == "where":
+            yield Case({"condition": g.arr(shape, _BOOL), "input": g.arr(shape, _F32),
+                        "other": g.arr((c,), _F32)}, f"{shape}")
+            yield Case({"condition": g.arr((c,), _BOOL), "input": g.arr(shape, _I64),
+                        "other": 0}, f"{shape}scalar")
+        elif name in ("clamp", "clip"):
+            yield Case({"input": g.arr(shape, _F32), "min": -0.5, "max": 0.5}, f"{shape}")
+            yield Case({"input": g.arr(shape, _F32), "min": None, "max": 0.3}, f"{shape}hi")
+            yield Case({"input": g.arr(shape, _F32), "min": g.arr(shape, _F32) - 1,
+                        "max": g.arr((c,), _F32) + 1}, f"{shape}tensors")
+            yield Case({"input": g.arr(shape, _I64), "min": -1, "max": 2}, f"{shape}int")
+        elif name == "lerp":
+            yield Case({"input": g.arr(shape, _F32), "end": g.arr(shape, _F32),
+                        "weight": 0.3}, f"{shape}")
+            yield Case({"input": g.arr(shape, _F32), "end": g.arr((c,), _F32),
+                        "weight": g.arr(shape, _F32)}, f"{shape}tensor-w")
+        else:
+            kind = "pos" if name == "addcdiv" else "any"
+            yield Case({"input": g.arr(shape, _F32), "tensor1": g.arr(shape, _F32),
+                        "tensor2": g.arr((c,), _F32, kind)}, f"{shape}")
+            yield Case({"input": g.arr((c,), _F32), "tensor1": g.arr(shape, _F32),
+                        "tensor2": g.arr(shape, _F32, kind), "value": 2}, f"{shape}v")
+
+
+_DIMS = (None, 0, 1, (0, 1), -1)
+
+
+def _reduce_cases(g: Gen, shapes, name: str) -> Iterator[Case]:
+    shapes = (*shapes, (2, 3, 4))
+    dts = _dtypes("f", "i", "b") if name in ("sum", "prod", "amax", "amin", "max", "min",
+                                                  "any", "all", "count_nonzero", "argmax",
+                                                  "argmin") else _dtypes("f")
+    for i, shape in enumerate(shapes):
+        for dt in dts:
+            for j, dim in enumerate(_DIMS):
+                if name in ("logsumexp",) and dim is None:
+                    continue
+                if name in ("max", "min", "argmax", "argmin") and isinstance(dim, tuple):
+                    continue
+                keepdim = (i + j) % 2 == 1
+                v: dict[str, object] = {"input": g.arr(shape, dt), "dim": dim}
+                if name != "count_nonzero":
+                    v["keepdim"] = keepdim
+                if name == "norm":
+                    v["p"] = (2, 1, math.inf, "fro")[j % 4]
+                yield Case(v, f"{dt.name}{shape}dim={dim}")
+
+
+def _scan_cases(g: Gen, shapes, name: str) -> Iterator[Case]:
+    for shape in shapes:
+        for dt in _dtypes("f", "i"):
+            for dim in (0, -1):
+                yield Case({"input": g.arr(shape, dt), "dim": dim}, f"{dt.name}{shape}dim={dim}")
+
+
+_PRODUCT_SHAPES = {
+    "matmul": (((5, 7), (7, 3)), ((8, 12), (12, 4)), ((7,), (7,)), ((5, 7), (7,)),
+               ((7,), (7, 3)), ((2, 5, 7), (7, 3)), ((2, 1, 5, 4), (3, 4, 2))),
+    "mm": (((5, 7), (7, 3)), ((8, 12), (12, 4)), ((3, 2), (2, 5))),
+    "bmm": (((2, 5, 7), (2, 7, 3)), ((3, 4, 2), (3, 2, 5))),
+    "dot": (((7,), (7,)), ((12,), (12,))),
+    "outer": (((5,), (7,)), ((8,), (3,))),
+}
+_EINSUM = (("ij,jk->ik", ((5, 7), (7, 3))), ("bij,bjk->bik", ((2, 5, 7), (2, 7, 3))),
+           ("ij->j", ((5, 7),)), ("i,i->", ((7,), (7,))), ("...ij,...jk->...ik",
+           ((2, 5, 4), (4, 3))), ("ij,kj", ((5, 7), (3, 7))), ("ii->i", ((4, 4),)))
+
+
+def _product_cases(g: Gen, shapes, name: str) -> Iterator[Case]:
+    dts = _dtypes("f", "i")
+    if name in _PRODUCT_SHAPES:
+        params = OPS[name].params
+        for sa, sb in _PRODUCT_SHAPES[name]:
+            for dt in dts:
+                yield Case({params[0]: g.arr(sa, dt), params[1]: g.arr(sb, dt)},
+                           f"{dt.name}{sa}@{sb}")
+    elif name == "einsum":
+        for eq, ss in _EINSUM:
+            yield Case({"equation": eq, "operands": [g.arr(s, _F32) for s in ss]}, eq)
+    elif name == "addmm":
+        for cs in ((5, 3), (3,), (1, 3)):
+            yield Case({"input": g.arr(cs, _F32), "mat1": g.arr((5, 7), _F32),
+                        "mat2": g.arr((7, 3), _F32), "beta": 0.5, "alpha": 2.0}, f"bias{cs}")
+    elif name == "linear":
+        for xs, ws, bs in (((5, 7), (3, 7), (3,)), ((5, 7), (3, 7), None),
+                           ((2, 5, 4), (6, 4), (6,)), ((7,), (3, 7), (3,))):
+            b = None if bs is None else g.arr(bs, _F32)
+            yield Case({"input": g.arr(xs, _F32), "weight": g.arr(ws, _F32), "bias": b},
+                       f"{xs}{ws}{bs}")
+
+
+#: The view family's cases, by op: ``(input shape, the other arguments)``.
+VIEW_CASES: dict[str, tuple] = {
+    "view": (((8, 12), {"shape": (-1,)}), ((5, 7), {"shape": (35,)}),
+             ((3, 2), {"shape": (6,)}), ((12,), {"shape": (3, 4)}),
+             ((4, 6), {"shape": (2, 12)}), ((2, 3, 4), {"shape": (6, 4)}),
+             ((4, 6), {"shape": (4, 2, 3)}), ((6, 4), {"shape": (4, 6)}),
+             ((5, 1, 7), {"shape": (5, 7)})),
+    "flatten": (((2, 3, 4), {"start_dim": 0, "end_dim": -1}),
+                ((2, 3, 4), {"start_dim": 1, "end_dim": 2}), ((5, 7), {})),
+    "unflatten": (((12, 5), {"dim": 0, "sizes": (3, 4)}), ((5, 12), {"dim": 1, "sizes": (-1, 4)}),
+                  ((6, 2), {"dim": 0, "sizes": (2, 3)})),
+    "permute": (((2, 3, 4), {"dims": (2, 0, 1)}), ((5, 7), {"dims": (1, 0)})),
+    "transpose": (((2, 3, 4), {"dim0": 0, "dim1": 2}), ((5, 7), {"dim0": -1, "dim1": 0})),
+    "t": (((5, 7), {}), ((7,), {})),
+    "movedim": (((2, 3, 4), {"source": 0, "destination": -1}),
+                ((2, 3, 4), {"source": (0, 1), "destination": (2, 0)})),
+    "squeeze": (((5, 1, 7), {"dim": None}), ((5, 1, 7), {"dim": 1}), ((1, 3), {"dim": None}),
+                ((4, 1), {"dim": (0, 1)})),
+    "unsqueeze": (((5, 7), {"dim": 0}), ((5, 7), {"dim": -1}), ((5, 7), {"dim": 1})),
+    "expand": (((5, 1), {"sizes": (5, 7)}), ((7,), {"sizes": (3, 7)}),
+               ((1, 4), {"sizes": (2, 3, -1)})),
+    "narrow": (((8, 12), {"dim": 0, "start": 1, "length": 5}),
+               ((5, 7), {"dim": 1, "start": -3, "length": 2})),
+    "select": (((8, 12), {"dim": 0, "index": 3}), ((5, 7), {"dim": 1, "index": -1})),
+    "getitem": (((8, 12), {"idx": 1}), ((5, 7), {"idx": (slice(None), 2)}),
+                ((5, 7), {"idx": slice(1, 4)}), ((5, 7), {"idx": (None, Ellipsis, 0)}),
+                ((8, 12), {"idx": (slice(None, None, 2), slice(None))}),
+                ((2, 3, 4), {"idx": (Ellipsis, slice(0, 10))}),
+                # advanced: lists, integer arrays (adjacent or not), bool masks
+                ((5, 7), {"idx": [0, 2, 4]}),
+                ((5, 7), {"idx": (slice(None), np.array([6, 0, 3]))}),
+                ((5, 7), {"idx": np.array([True, False, True, True, False])}),
+                ((2, 3, 4), {"idx": (slice(None), np.array([[0, 2], [1, 1]]), slice(None))}),
+                ((2, 3, 4), {"idx": (0, slice(None), np.array([3, 1]))}),
+                ((3, 2), {"idx": np.array([[True, False], [False, True], [True, True]])}),
+                ((5, 7), {"idx": (slice(1, None), np.array([[-1, 2], [0, 0]]))}),
+                # several advanced entries broadcasting together (sharded dims masked)
+                ((5, 7), {"idx": (np.array([4, 0, -1]), np.array([6, 1, 1]))}),
+                ((5, 7), {"idx": (np.array([[0], [3]]), np.array([2, 5, 6]))}),
+                ((2, 3, 4), {"idx": (np.array([1, 0]), slice(None), np.array([3, 0]))}),
+                ((2, 3, 4), {"idx": (1, np.array([2, 0]), np.array([[3], [1]]))}),
+                ((3, 2, 4), {"idx": (np.array([[True, False], [False, False], [True, True]]),
+                                     np.array([1, 3, 0]))})),
+    "split": (((8, 12), {"split_size_or_sections": 3, "dim": 0}),
+              ((5, 7), {"split_size_or_sections": (2, 5), "dim": 1})),
+    "chunk": (((8, 12), {"chunks": 3, "dim": 1}), ((5, 7), {"chunks": 2, "dim": 0}),
+              ((3, 2), {"chunks": 4, "dim": 0})),
+    "unbind": (((3, 5), {"dim": 0}), ((4, 3), {"dim": 1})),
+    "flip": (((5, 7), {"dims": (0,)}), ((2, 3, 4), {"dims": (1, 2)})),
+    "roll": (((5, 7), {"shifts": 2, "dims": 1}), ((5, 7), {"shifts": 3, "dims": None}),
+             ((2, 3, 4), {"shifts": (1, -1), "dims": (0, 2)})),
+    "tril": (((5, 7), {"diagonal": 0}), ((2, 4, 4), {"diagonal": 1})),
+    "repeat": (((5, 7), {"sizes": (1, 2)}), ((3, 2), {"sizes": (2, 1, 1)})),
+    "tile": (((5, 7), {"dims": (2,)}), ((3, 2), {"dims": (2, 1, 1)})),
+}
+_VIEW_ALIASES = {"reshape": "view", "swapaxes": "transpose", "swapdims": "transpose",
+                 "moveaxis": "movedim", "triu": "tril"}
+
+
+def _view_cases(g: Gen, shapes, name: str) -> Iterator[Case]:
+    for shape, kw in VIEW_CASES[_VIEW_ALIASES.get(name, name)]:
+        for dt in _dtypes("f", "i"):
+            yield Case({"input": g.arr(shape, dt), **kw}, f"{dt.name}{shape}{kw}")
+
+
+def _join_cases(g: Gen, shapes, name: str) -> Iterator[Case]:
+    for shape in shapes:
+        r, c = shape
+        if name == "stack":
+            for dim in (0, 1, -1):
+                yield Case({"tensors": [g.arr(shape, _F32), g.arr(shape, _F32)], "dim": dim},
+                           f"{shape}dim={dim}")
+        else:
+            yield Case({"tensors": [g.arr(shape, _F32), g.arr((r + 2, c), _F32)], "dim": 0},
+                       f"{shape}dim=0")
+            yield Case({"tensors": [g.arr(shape, _I64), g.arr((r, 1), _I64),
+                                    g.arr((r, c), _F32)], "dim": 1}, f"{shape}dim=1")
+    yield Case({"tensors": [g.arr((0,), _F32), g.arr((4, 3), _F32)], "dim": 0}, "legacy-empty")
+
+
+def _nn_cases(g: Gen, shapes, name: str) -> Iterator[Case]:
+    if name in ("softmax", "log_softmax"):
+        for shape in (*shapes, (2, 3, 4)):
+            for dim in (0, -1):
+                yield Case({"input": g.arr(shape, _F32), "dim": dim}, f"{shape}dim={dim}")
+    elif name == "layer_norm":
+        yield Case({"input": g.arr((5, 7), _F32), "normalized_shape": (7,),
+                    "weight": g.arr((7,), _F32), "bias": g.arr((7,), _F32)}, "(5,7)")
+        yield Case({"input": g.arr((2, 3, 4), _F32), "normalized_shape": (3, 4)}, "(2,3,4)")
+    elif name == "embedding":
+        for idx_shape, (vocab, d) in (((5,), (10, 6)), ((3, 4), (3, 5)), ((7,), (8, 12))):
+            idx = g.rng.integers(0, vocab, idx_shape)
+            yield Case({"input": idx, "weight": g.arr((vocab, d), _F32)},
+                       f"{idx_shape}->{(vocab, d)}")
+    elif name == "cross_entropy":
+        for red in ("none", "sum", "mean"):
+            t = g.rng.integers(0, 7, (5,))
+            t[1] = -100
+            yield Case({"input": g.arr((5, 7), _F32), "target": t, "reduction": red}, red)
+            yield Case({"input": g.arr((2, 5, 3), _F32), "target": g.rng.integers(0, 5, (2, 3)),
+                        "weight": np.abs(g.arr((5,), _F32)), "reduction": red}, f"spatial-{red}")
+            p = np.abs(g.arr((4, 6), _F32))
+            yield Case({"input": g.arr((4, 6), _F32), "target": p / p.sum(1, keepdims=True),
+                        "reduction": red, "label_smoothing": 0.1}, f"probs-{red}")
+    elif name == "mse_loss":
+        for red in ("none", "sum", "mean"):
+            for shape in shapes:
+                yield Case({"input": g.arr(shape, _F32), "target": g.arr(shape, _F32),
+                            "reduction": red}, f"{shape}{red}")
+            yield Case({"input": g.arr((5, 7), _F32), "target": g.arr((7,), _F32),
+                        "reduction": red}, f"bcast-{red}")
+    elif name == "dropout":
+        for shape in shapes:
+            for training in (True, False):
+                yield Case({"input": g.arr(shape, _F32), "p": 0.3, "training": training},
+                           f"{shape}training={training}")
+
+
+def _cast_cases(g: Gen, shapes, name: str) -> Iterator[Case]:
+    for shape in shapes:
+        for dt in _dtypes("f", "i", "b"):
+            v: dict[str, object] = {"input": g.arr(shape, dt)}
+            if name == "to":
+                for target in (_F64, _I64, _BOOL, _F32):
+                    yield Case({**v, "dtype": target}, f"{dt.name}{shape}->{target.name}")
+                continue
+            if name == "type_as":
+                v["other"] = g.arr((2,), _F64)
+            yield Case(v, f"{dt.name}{shape}")
+
+
+def _write_cases(g: Gen, shapes, name: str) -> Iterator[Case]:
+    for shape in shapes:
+        c = shape[-1]
+        for dt in _dtypes("f", "i"):
+            if name == "copy_":
+                yield Case({"input": g.arr(shape, dt), "src": g.arr(shape, dt)}, f"{shape}")
+                yield Case({"input": g.arr(shape, dt), "src": g.arr((c,), _F64)}, f"{shape}b")
+            elif name == "fill_":
+                yield Case({"input": g.arr(shape, dt), "value": _SCALAR[dt]}, f"{shape}")
+            else:
+                yield Case({"input": g.arr(shape, dt)}, f"{shape}")
+
+
+_WRITES = ("copy_", "fill_", "zero_")
+
+
+def _expand_as_cases(g: Gen, shapes, name: str) -> Iterator[Case]:
+    yield Case({"input": g.arr((5, 1), _F32), "other": g.arr((5, 7), _I64)}, "(5,1)->(5,7)")
+    yield Case({"input": g.arr((7,), _F32), "other": g.arr((3, 7), _F32)}, "(7,)->(3,7)")
+
+
+def _index_cases(g: Gen, shapes, name: str) -> Iterator[Case]:
+    """Indexing ops: indices in range (int64, and int32 for index_select), empty indices,
+    sharded and broadcast dims, python-scalar and 0-d values."""
+    ints = g.rng.integers
+    for shape in shapes:
+        r, c = shape
+        x = g.arr(shape, _F32)
+        if name == "index_select":
+            for dim, n in ((0, r), (1, c)):
+                yield Case({"input": x, "dim": dim, "index": ints(0, n, (4,))}, f"{shape}d{dim}")
+            yield Case({"input": g.arr(shape, _I64), "dim": 1,
+                        "index": ints(0, c, (2,)).astype(np.int32)}, f"{shape}int32")
+            yield Case({"input": x, "dim": 0, "index": np.zeros((0,), np.int64)}, f"{shape}empty")
+        elif name == "gather":
+            yield Case({"input": x, "dim": 0, "index": ints(0, r, shape)}, f"{shape}d0")
+            yield Case({"input": x, "dim": 1, "index": ints(0, c, (r, 3))}, f"{shape}d1")
+            yield Case({"input": x, "dim": 1, "index": ints(0, c, (max(r - 1, 1), c))},
+                       f"{shape}d1-short")
+        elif name == "take_along_dim":
+            yield Case({"input": x, "indices": ints(0, c, (r, 3)), "dim": 1}, f"{shape}d1")
+            yield Case({"input": x, "indices": ints(0, r, (2, c)), "dim": 0}, f"{shape}d0")
+            yield Case({"input": x, "indices": ints(0, c, (1, 3)), "dim": 1}, f"{shape}bcast")
+            yield Case({"input": x, "indices": ints(0, r * c, (4,)), "dim": None}, f"{shape}flat")
+        elif name in ("scatter", "scatter_add"):
+            yield Case({"input": x, "dim": 0, "index": ints(0, r, shape),
+                        "src": g.arr(shape, _F32)}, f"{shape}d0")
+            yield Case({"input": x, "dim": 1, "index": ints(0, c, (r, 2)),
+                        "src": g.arr((r, 3), _F32)}, f"{shape}d1")
+            yield Case({"input": g.arr(shape, _I64), "dim": 1, "index": ints(0, c, (1, c)),
+                        "src": g.arr((2, c), _I64)}, f"{shape}int-short")
+            if name == "scatter":
+                yield Case({"input": x, "dim": 0, "index": ints(0, r, (2, c)), "src": 1.5},
+                           f"{shape}scalar")
+        elif name == "masked_fill":
+            yield Case({"input": x, "mask": g.arr(shape, _BOOL), "value": 0.5}, f"{shape}")
+            yield Case({"input": g.arr(shape, _I64), "mask": g.arr((c,), _BOOL), "value": -1},
+                       f"{shape}bcast")
+            yield Case({"input": x, "mask": g.arr((r, 1), _BOOL),
+                        "value": np.array(2.0, np.float32)}, f"{shape}0-d")
+        elif name in ("sort", "argsort"):
+            for dt in _dtypes("f", "i"):
+                for dim, desc in ((0, False), (-1, True)):
+                    yield Case({"input": g.arr(shape, dt), "dim": dim, "descending": desc},
+                               f"{dt.name}{shape}d{dim}{'desc' if desc else ''}")
+        elif name == "topk":
+            for dt in _dtypes("f", "i"):
+                yield Case({"input": g.arr(shape, dt), "k": min(2, c), "dim": -1},
+                           f"{dt.name}{shape}")
+                yield Case({"input": g.arr(shape, dt), "k": r - 1, "dim": 0, "largest": False},
+                           f"{dt.name}{shape}smallest")
+        elif name == "setitem":
+            ceil = (c + 1) // 2
+            for idx, value in (
+                (slice(1, None, 2), 0.5),
+                ((slice(None), c - 1), g.arr((r,), _F32)),
+                ((slice(1, 4), slice(None)), g.arr((c,), _F32)),
+                ((slice(None), slice(0, c, 2)), g.arr((r, ceil), _F32)),
+                ((Ellipsis, slice(1, None)), g.arr((r, 1), _F32)),
+                (min(1, r - 1), g.arr((c,), _F32)),
+                (g.arr(shape, _BOOL), -1.0),
+                ([0, r - 1], g.arr((2, c), _F32)),
+                ((slice(None), np.array([c - 1, 0])), 2.0),
+                ((slice(None), np.array([c - 1, 0])), g.arr((r, 2), _F32)),
+                (([0, r - 1, 0], [c - 1, 0, 1]), g.arr((3,), _F32)),
+                ((np.array([[r - 1], [0]]), np.array([0, c - 1])), 3.0),
+            ):
+                yield Case({"input": g.arr(shape, _F32), "idx": idx, "value": value},
+                           f"{shape}[{idx!r}]")
+        elif name == "index_add":
+            for dim, n in ((0, r), (1, c)):
+                src = g.arr((4, c) if dim == 0 else (r, 4), _F32)
+                yield Case({"input": x, "dim": dim, "index": ints(0, n, (4,)), "source": src},
+                           f"{shape}d{dim}")
+            yield Case({"input": x, "dim": 0, "index": ints(0, r, (2,)),
+                        "source": g.arr((2, c), _F32), "alpha": 2.0}, f"{shape}alpha")
+            yield Case({"input": g.arr(shape, _I64), "dim": 1, "index": np.zeros((0,), np.int64),
+                        "source": g.arr((r, 0), _I64)}, f"{shape}empty")
+        elif name == "index_put":
+            for indices, value, acc in (
+                ((ints(0, r, (3,)),), g.arr((3, c), _F32), True),
+                ((ints(0, r, (4,)), ints(0, c, (4,))), g.arr((4,), _F32), True),
+                ((None, np.array([c - 1, 0, c - 1])), g.arr((r, 3), _F32), True),
+                ((None, np.array([c - 1, 0])), g.arr((r, 1), _F32), False),
+                ((g.arr(shape, _BOOL),), 1.5, True),
+                ((np.array([[r - 1], [0]]), np.array([0, c - 1])), g.arr((2, 2), _F32), False),
+            ):
+                yield Case({"input": g.arr(shape, _F32), "indices": indices, "values": value,
+                            "accumulate": acc}, f"{shape}[{len(indices)}]acc={acc}")
+        elif name == "kthvalue":
+            for dt in _dtypes("f", "i"):
+                yield Case({"input": g.arr(shape, dt), "k": 2, "dim": 1}, f"{dt.name}{shape}")
+                yield Case({"input": g.arr(shape, dt), "k": r, "dim": 0, "keepdim": True},
+                           f"{dt.name}{shape}keepdim")
+
+
+#: The sample generators, by the ``samples`` family an op record names; each is called with
+#: the out-of-place op's name (an in-place op uses its out-of-place one's samples).
+FAMILIES: dict[str, Callable[[Gen, tuple, str], Iterator[Case]]] = {
+    "unary": _unary_cases,
+    "binary": _binary_cases,
+    "ternary": _ternary_cases,
+    "reduce": _reduce_cases,
+    "scan": _scan_cases,
+    "product": _product_cases,
+    "join": _join_cases,
+    "nn": _nn_cases,
+    "cast": _cast_cases,
+    "view": _view_cases,
+    "expand_as": _expand_as_cases,
+    "write": _write_cases,
+    "index": _index_cases,
+}
+
+
+def cases(info: OpInfo, gen: Gen, shapes: tuple) -> Iterator[Case]:
+    """The sample cases of ``info``'s family (an in-place op takes its out-of-place op's), of
+    ``shapes`` (:data:`SHAPES` or :data:`QUICK_SHAPES`, where the family draws them from the
+    shapes) with data from ``gen``. **Local**.
+
+    Raises
+    ------
+    KeyError
+        When ``info`` names no sample family (:data:`FAMILIES`).
+    """
+    base = info.name[:-1] if info.name.endswith("_") and info.name not in _WRITES else info.name
+    return FAMILIES[info.samples](gen, shapes, base)  # type: ignore[index]

@@ -100,7 +100,8 @@ class RawForm(NamedTuple):
 def raw_form(info: OpInfo, entry: CacheEntry, values: list) -> RawForm | None:
     """How the compiled front may run ``entry`` on raw ndarrays, or None. **Local**.
 
-    A pointwise op whose operands take its local kernel's short path (same dtype of a kind
+    The record names its form (:attr:`dtensor.ops.table.OpInfo.raw`); each form is decided
+    here once, by its entry of ``_DECIDERS``. A pointwise op whose operands take its local kernel's short path (same dtype of a kind
     the kernel takes as is, not 0-d) computes exactly ``ufunc(a, b)``, ``ufunc(a, scalar)``
     or ``kernel(a, out)`` on the local arrays; ``view``/``reshape`` of a standard (row-major)
     local tensor is numpy's reshape to the local output shape (``Tensor.view``'s own short
@@ -120,40 +121,66 @@ def raw_form(info: OpInfo, entry: CacheEntry, values: list) -> RawForm | None:
     callable returning a pooled array of the local output's shape and dtype (as the kernel's
     ``out_buffer``), so the front serves outputs of every size.
     """
-    name = info.name
-    if entry.direct is None or not values:
+    decide = _DECIDERS.get(info.raw)
+    if decide is None or entry.direct is None or not values:
         return None
     a = values[0]
     if type(a) is not DTensor:
         return None
-    spec = a._spec
-    if name in ("view", "reshape") and info.kernel is _OWN_TENSOR[name]:
-        shape = values[1]
-        if type(shape) in (tuple, list) and all(type(s) is int for s in shape):
-            out = entry.out_specs[0]
-            return RawForm(_RAW["view"], out.local_shape(out.mesh._coord))
+    return decide(info, entry, values, a._spec)
+
+
+def _raw_view(info: OpInfo, entry: CacheEntry, values: list, spec: DTensorSpec) -> RawForm | None:
+    """``view``/``reshape`` of a standard local tensor: numpy's reshape to the local output
+    shape (``Tensor.view``'s own short path)."""
+    if info.kernel is not _OWN_TENSOR[info.name]:
         return None
-    if name == "t" and entry.kernel is _OWN_TENSOR["t"] and len(spec.shape) == 2:
+    shape = values[1]
+    if type(shape) in (tuple, list) and all(type(s) is int for s in shape):
+        out = entry.out_specs[0]
+        return RawForm(_RAW["view"], out.local_shape(out.mesh._coord))
+    return None
+
+
+def _raw_t(info: OpInfo, entry: CacheEntry, values: list, spec: DTensorSpec) -> RawForm | None:
+    """``t`` of a 2-D tensor: the transposed array."""
+    if entry.kernel is _OWN_TENSOR["t"] and len(spec.shape) == 2:
         return RawForm(_RAW["t"], None)
-    if name == "getitem" and entry.kernel is _OWN_TENSOR["__getitem__"] and spec.shape:
-        index = _basic_index(values[1])
-        return None if index is None else RawForm(_RAW["getitem"], index)
-    if name in ("clone", "contiguous") and entry.kernel is _OWN_TENSOR[name]:
-        served, out = _out(entry)
-        return RawForm(_RAW[name], None, out=out) if served else None
-    if name == "mean":
-        return _raw_sum(entry, values, spec, getattr(entry.kernel, "scale", None))
-    if entry.kernel is not info.kernel:
+    return None
+
+
+def _raw_getitem(
+    info: OpInfo, entry: CacheEntry, values: list, spec: DTensorSpec
+) -> RawForm | None:
+    """Basic indexing (ints, positive-step slices, one Ellipsis): numpy's view."""
+    if entry.kernel is not _OWN_TENSOR["__getitem__"] or not spec.shape:
         return None
-    if name == "sum":
-        return _raw_sum(entry, values, spec)
-    if name in ("amax", "amin"):
-        return _raw_extreme(entry, values, spec)
-    if name in _SOFTMAX:
-        return _raw_softmax(entry, values, spec)
-    if name in ("matmul", "mm"):
-        return _raw_matmul(entry, values, spec)
-    return _raw_pointwise(info, entry, values, spec)
+    index = _basic_index(values[1])
+    return None if index is None else RawForm(_RAW["getitem"], index)
+
+
+def _raw_copy(info: OpInfo, entry: CacheEntry, values: list, spec: DTensorSpec) -> RawForm | None:
+    """``clone``/``contiguous``: a C-order copy (the layout is checked per call)."""
+    if entry.kernel is not _OWN_TENSOR[info.name]:
+        return None
+    served, out = _out(entry)
+    return RawForm(_RAW[info.name], None, out=out) if served else None
+
+
+def _raw_mean(info: OpInfo, entry: CacheEntry, values: list, spec: DTensorSpec) -> RawForm | None:
+    """``mean``: the sum's form times the kernel's ``scale`` (1 / the global count)."""
+    return _raw_sum(entry, values, spec, getattr(entry.kernel, "scale", None))
+
+
+def _own_kernel(decide):
+    """``decide`` for an entry that runs the op's own kernel (no strategy-specific one)."""
+
+    def decider(info: OpInfo, entry: CacheEntry, values: list, spec: DTensorSpec):
+        if entry.kernel is not info.kernel:
+            return None
+        return decide(info, entry, values, spec)
+
+    return decider
 
 
 #: The size limit given to the short-path condition: the front serves every size (it
@@ -257,7 +284,9 @@ if _fp.ENABLED:
     )
 
 
-def _raw_softmax(entry: CacheEntry, values: list, spec: DTensorSpec) -> RawForm | None:
+def _raw_softmax(
+    info: OpInfo, entry: CacheEntry, values: list, spec: DTensorSpec
+) -> RawForm | None:
     """``softmax``/``log_softmax`` over the last dim of a float32/float64 host array, as
     the local kernel's short path computes it (into a pooled output from the pooling size
     on)."""
@@ -293,7 +322,9 @@ def _raw_sum(
     return RawForm(_RAW["reduce"], _REDUCE["sum"], (), param, quiet=True, out=out)
 
 
-def _raw_extreme(entry: CacheEntry, values: list, spec: DTensorSpec) -> RawForm | None:
+def _raw_extreme(
+    info: OpInfo, entry: CacheEntry, values: list, spec: DTensorSpec
+) -> RawForm | None:
     """``amax``/``amin`` of a host array as the kernel computes it: ``np.maximum.reduce``
     (``minimum``; or a compiled twin, :data:`_REDUCE`) over the normalised dims, in the input dtype, NaN propagating; only when
     no reduced dim of the local shard is empty (the kernel decides those)."""
@@ -308,7 +339,9 @@ def _raw_extreme(entry: CacheEntry, values: list, spec: DTensorSpec) -> RawForm 
     return RawForm(_RAW["reduce"], _REDUCE[entry.name], (), (axes, None, keepdim, None), out=out)
 
 
-def _raw_matmul(entry: CacheEntry, values: list, spec: DTensorSpec) -> RawForm | None:
+def _raw_matmul(
+    info: OpInfo, entry: CacheEntry, values: list, spec: DTensorSpec
+) -> RawForm | None:
     """``matmul``/``mm`` of two host DTensors of one dtype, both at least 2-D:
     ``np.matmul(a, b)``, as the local kernel computes it (into a pooled output from the
     pooling size on)."""
@@ -320,6 +353,21 @@ def _raw_matmul(entry: CacheEntry, values: list, spec: DTensorSpec) -> RawForm |
         return None
     _, out = _out(entry)
     return RawForm(_RAW["binary"], np.matmul, quiet=spec.dtype.kind in "fc", out=out)
+
+
+#: The deciders of the raw forms, by the form a record names (:attr:`OpInfo.raw`).
+_DECIDERS = {
+    "pointwise": _own_kernel(_raw_pointwise),
+    "view": _raw_view,
+    "t": _raw_t,
+    "getitem": _raw_getitem,
+    "copy": _raw_copy,
+    "mean": _raw_mean,
+    "sum": _own_kernel(lambda info, entry, values, spec: _raw_sum(entry, values, spec)),
+    "extreme": _own_kernel(_raw_extreme),
+    "softmax": _own_kernel(_raw_softmax),
+    "matmul": _own_kernel(_raw_matmul),
+}
 
 
 def redistribute_form(d: DTensor, placements: object) -> tuple | None:

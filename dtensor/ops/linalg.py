@@ -123,11 +123,12 @@ def product(name: str, tensors: tuple[str, ...], backward: Backward, **kw: objec
             cost="matmul", **kw)
 
 
-product("matmul", ("input", "other"), Backward(_matmul, ("input", "other")), operators=(
+product("matmul", ("input", "other"), Backward(_matmul, ("input", "other")), raw="matmul",
+        operators=(
     Operator("__matmul__", "binary", K.matmul_operator(False)),
     Operator("__rmatmul__", "reflected", K.matmul_operator(True)),
 ))
-product("mm", ("input", "mat2"), Backward(_matmul, ("input", "mat2")))
+product("mm", ("input", "mat2"), Backward(_matmul, ("input", "mat2")), raw="matmul")
 product("bmm", ("input", "mat2"), Backward(_matmul, ("input", "mat2")))
 product("dot", ("input", "other"), Backward(_matmul, ("input", "other")))
 product("outer", ("input", "vec2"), Backward(_outer, ("input", "vec2")))

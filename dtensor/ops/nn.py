@@ -122,8 +122,9 @@ def nn_op(name: str, backward: Backward, tensors: tuple[str, ...] = ("input",),
     declare(name, getattr(K, name), tensors, samples="nn", backward=backward, cost="nn", **kw)
 
 
-nn_op("softmax", Backward(_softmax, out=True), local_fn=class_sharded_local)
-nn_op("log_softmax", Backward(_log_softmax, out=True), local_fn=class_sharded_local)
+nn_op("softmax", Backward(_softmax, out=True), local_fn=class_sharded_local, raw="softmax")
+nn_op("log_softmax", Backward(_log_softmax, out=True), local_fn=class_sharded_local,
+      raw="softmax")
 nn_op("layer_norm", Backward(_layer_norm, ("input", "weight")), ("input", "weight", "bias"),
       method=False)
 nn_op("embedding", Backward(_embedding, ("input",)), ("input", "weight"),

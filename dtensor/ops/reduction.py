@@ -153,12 +153,13 @@ def reduction(name: str, backward: Backward, samples: str = "reduce", **kw: obje
     declare(name, getattr(K, name), samples=samples, backward=backward, cost="nn", **kw)
 
 
-reduction("sum", Backward(_sum))
+reduction("sum", Backward(_sum), raw="sum")
 reduction("prod", Backward(_prod, _INPUT, out=True))
 reduction("norm", Backward(_norm, _INPUT, out=True))
-reduction("mean", Backward(_mean), local_fn=mean_local)
+reduction("mean", Backward(_mean), local_fn=mean_local, raw="mean")
 for _name in ("amax", "amin"):
-    reduction(_name, Backward(_extreme(_name), _INPUT, out=True), local_fn=extreme_local)
+    reduction(_name, Backward(_extreme(_name), _INPUT, out=True), local_fn=extreme_local,
+              raw="extreme")
 for _name in ("max", "min"):
     reduction(_name, Backward(_extreme(_name), _INPUT, out=True, multi=True),
               local_fn=extreme_local)

@@ -155,6 +155,15 @@ class OpInfo:
         (:func:`dtensor.autoshard._calibrate.op_class`): ``"matmul"`` (products),
         ``"nn"`` (reductions, scans, softmax, norms, losses), ``"view"`` (views and
         reorderings, a fixed cost) or ``"pointwise"`` (any other op that computes).
+    raw : str or None
+        The *raw form* that may serve a repeated call from compiled code, on the local
+        ndarrays, when it gives exactly what the kernel would (decided once per cache
+        entry by :func:`dtensor.dispatch.compiled.raw_form`, which implements each form
+        once): ``"pointwise"`` (a local function with a ``spec``: its ufunc or array
+        kernel), ``"view"`` (reshape to the local output shape), ``"t"``, ``"getitem"``
+        (basic indexing), ``"copy"`` (clone/contiguous), ``"sum"``, ``"mean"``,
+        ``"extreme"`` (amax/amin), ``"softmax"`` (over the last dim), ``"matmul"``. None:
+        the kernel always runs.
     """
 
     name: str
@@ -174,6 +183,7 @@ class OpInfo:
     samples: str | None = None
     backward: Backward | None = None
     cost: str = "pointwise"
+    raw: str | None = None
 
     @property
     def rule(self) -> str:
@@ -272,6 +282,7 @@ def declare(
     samples: str | None = None,
     backward: Backward | None = None,
     cost: str = "pointwise",
+    raw: str | None = None,
 ) -> OpInfo:
     """Declare op ``name`` (and its in-place form) in the table. **Local**.
 
@@ -308,7 +319,11 @@ def declare(
     writes : bool
         The op itself writes its first argument (``copy_``, ``fill_``).
     aliases, operators, samples, backward, cost :
-        As in :class:`OpInfo`. The in-place form records with ``backward`` too (the
+        As in :class:`OpInfo`.
+    raw : str, optional
+        As in :class:`OpInfo`; by default ``"pointwise"`` for a local function that
+        carries an elementwise ``spec`` (its short path), else None. The in-place form has
+        none. The in-place form records with ``backward`` too (the
         recorder keeps a copy of the input when the formula reads it).
     inplace : callable, optional
         The in-place kernel (``fn``'s signature, writes its first argument): declares the op
@@ -343,6 +358,8 @@ def declare(
         samples,
         backward,
         cost,
+        raw if raw is not None or not function or getattr(fn, "spec", None) is None
+        else "pointwise",
     )
     register_op(info)
     if inplace is not None:
@@ -358,6 +375,7 @@ def declare(
                 method_args=None,
                 aliases=(),
                 operators=tuple(inplace_operators),
+                raw=None,
             )
         )
     return info

@@ -78,7 +78,8 @@ for _name in ("float", "double", "half"):
 for _name in ("int", "long", "short", "char", "byte", "bool"):
     method(_name, samples="cast", backward=NOT_DIFFERENTIABLE)
 for _name in ("clone", "contiguous"):
-    method(_name, rule=unary_rule("same", "copy"), samples="unary", backward=IDENTITY)
+    method(_name, rule=unary_rule("same", "copy"), samples="unary", backward=IDENTITY,
+           raw="copy")
 method("detach", rule=unary_rule("same", "copy"), samples="unary", backward=NOT_DIFFERENTIABLE)
 method("copy_", ("input", "src"), ("input", "src"), writes=True, samples="write",
        backward=Backward(lambda g, v, o, n, fns: (None, g)))

@@ -237,7 +237,8 @@ def view(name: str, *args: object, backward: Backward, **kw: object) -> None:
 
 _LIKE_INPUT = Backward(_like_input)
 for _name in ("view", "reshape"):
-    view(_name, ("input", "shape"), local_fn=shape_local("shape"), backward=_LIKE_INPUT)
+    view(_name, ("input", "shape"), local_fn=shape_local("shape"), backward=_LIKE_INPUT,
+         raw="view")
 # the recorder sums the gradient down to the input's shape
 view("expand", ("input", "sizes"), local_fn=shape_local("sizes"), backward=IDENTITY)
 view("expand_as", ("input", "other"), tensors=("input", "other"), local_fn=expand_as_local,
@@ -250,7 +251,7 @@ view("permute", ("input", "dims"), backward=Backward(_permute))
 _TRANSPOSE = Backward(lambda g, v, o, n, fns: (g.transpose(v[1], v[2]),))
 for _name in ("transpose", "swapaxes", "swapdims"):
     view(_name, ("input", "dim0", "dim1"), backward=_TRANSPOSE)
-view("t", ("input",), backward=Backward(lambda g, v, o, n, fns: (g.t(),)))
+view("t", ("input",), backward=Backward(lambda g, v, o, n, fns: (g.t(),)), raw="t")
 _MOVEDIM = Backward(lambda g, v, o, n, fns: (g.movedim(v[2], v[1]),))
 for _name in ("movedim", "moveaxis"):
     view(_name, ("input", "source", "destination"), backward=_MOVEDIM)
@@ -263,7 +264,7 @@ view("narrow", ("input", "dim", "start", "length"), backward=Backward(_narrow))
 view("select", ("input", "dim", "index"), backward=Backward(_select))
 view("getitem", ("input", "idx"), kernel=Tensor.__getitem__, method=False,
      local_fn=getitem_local, operators=(Operator("__getitem__", "method", Tensor.__getitem__),),
-     backward=Backward(_getitem))
+     backward=Backward(_getitem), raw="getitem")
 view("split", ("input", "split_size_or_sections", "dim"),
      defaults={"dim": 0}, backward=_split_like("split"))
 view("chunk", ("input", "chunks", "dim"), defaults={"dim": 0}, backward=_split_like("chunk"))

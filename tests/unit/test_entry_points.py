@@ -126,3 +126,20 @@ def test_only_the_compiled_module_of_dispatch_imports_fastpath():
             if any(n == "fastpath" or n.startswith("fastpath.") for n in names):
                 importers.add(path.name)
     assert importers == {"compiled.py"}
+
+
+def test_raw_forms_are_named_by_the_records():
+    from dtensor.ops import OPS
+
+    forms = {name: info.raw for name, info in OPS.items() if info.raw is not None}
+    pointwise = {n for n, f in forms.items() if f == "pointwise"}
+    assert pointwise == {n for n, i in OPS.items() if getattr(i.function, "spec", None)
+                         is not None and not i.inplace}
+    assert {n: f for n, f in forms.items() if f != "pointwise"} == {
+        "view": "view", "reshape": "view", "t": "t", "getitem": "getitem", "clone": "copy",
+        "contiguous": "copy", "sum": "sum", "mean": "mean", "amax": "extreme",
+        "amin": "extreme", "softmax": "softmax", "log_softmax": "softmax",
+        "matmul": "matmul", "mm": "matmul",
+    }
+    assert {"add", "mul", "exp", "relu", "lt"} <= pointwise
+    assert set(forms.values()) == set(compiled._DECIDERS)

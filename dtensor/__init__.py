@@ -75,7 +75,7 @@ from .dispatch import entry_points as _entry_points
 from .dispatch.custom import register_op  # noqa: F401
 from .dispatch.dispatcher import clear_caches  # noqa: F401
 from .dispatch.escape import implicit_replication, local_map  # noqa: F401
-from .dispatch.gathering import masked_select, nonzero  # noqa: F401
+from .dispatch.data_dependent import masked_select, nonzero  # noqa: F401
 
 from . import autograd, debug  # noqa: F401  (autograd; the debug tools)
 from . import nn, optim  # noqa: F401  (optimizers, clip_grad_norm_)

@@ -64,8 +64,8 @@ from .dispatch.custom import register_op as register_op
 from .dispatch.dispatcher import clear_caches as clear_caches
 from .dispatch.escape import implicit_replication as implicit_replication
 from .dispatch.escape import local_map as local_map
-from .dispatch.gathering import masked_select as masked_select
-from .dispatch.gathering import nonzero as nonzero
+from .dispatch.data_dependent import masked_select as masked_select
+from .dispatch.data_dependent import nonzero as nonzero
 from . import autograd as autograd
 from . import debug as debug
 from . import nn as nn

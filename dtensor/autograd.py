@@ -1,6 +1,6 @@
 """``dt.autograd``: reverse-mode automatic differentiation (PyTorch's names and semantics).
 
-The engine is :mod:`dtensor.local.autograd`; the backward formulas are in the op records
+The engine is :mod:`dtensor.local.grad_engine`; the backward formulas are in the op records
 (``backward=`` in the family modules of :mod:`dtensor.ops`). Tensors and DTensors have ``requires_grad``,
 ``requires_grad_()``, ``grad``, ``grad_fn``, ``is_leaf`` and ``backward()``; factories
 take ``requires_grad=``.
@@ -28,7 +28,7 @@ training step's activations are freed as soon as the program and the graph let t
 
 from __future__ import annotations
 
-from .local.autograd import (
+from .local.grad_engine import (
     backward,
     enable_grad,
     grad,

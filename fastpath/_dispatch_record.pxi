@@ -1,12 +1,12 @@
 # The compiled recorder: the common case of dtensor's autograd recorder
-# (dtensor.dispatch.record.record) run from compiled code, which every recording entry
+# (dtensor.dispatch.tape.record) run from compiled code, which every recording entry
 # point tries first (the compiled guards of make_recording, the FastOps' hook, the public
 # functions). A call it does not serve runs nothing here and goes to dtensor's recorder.
 # Also the compiled bases of dtensor's autograd state and backward nodes, which it makes
 # without running Python code.
 
 cdef class AutogradMeta:
-    """The autograd state of one tensor (dtensor.local.autograd's ``AutogradMeta`` on the
+    """The autograd state of one tensor (dtensor.local.grad_engine's ``AutogradMeta`` on the
     compiled path: the same attributes and constructor)."""
 
     cdef public object requires_grad, grad, grad_fn, output_nr, layout, view
@@ -70,7 +70,7 @@ def unsave(saved):
 cdef object _save(object t, object name):
     """The saved entry of ``t`` for a node that reads it: ``(key, version, name, t,
     owner)``, ``key`` the ``id`` of the array owning ``t``'s memory (which the entry keeps
-    alive), counted in the versions dict (dtensor.local.autograd's ``save``)."""
+    alive), counted in the versions dict (dtensor.local.grad_engine's ``save``)."""
     cdef list e
     arr = (<TensorBase>t)._arr if type(t) is _rec_T else (<TensorBase>_get_local(t))._arr
     own = arr.base

@@ -24,7 +24,7 @@ import inspect
 import sys
 from pathlib import Path
 
-__all__ = ["STUB_PATH", "render", "main"]
+__all__ = ["STUB_PATH", "main", "render"]
 
 STUB_PATH = Path(__file__).resolve().parents[1] / "dtensor" / "__init__.pyi"
 

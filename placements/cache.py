@@ -25,7 +25,7 @@ from .errors import ConfigError
 __all__ = ["LRUCache", "all_stats", "clear_all", "get_cache", "memoize"]
 
 _MISSING = object()
-F = TypeVar("F", bound=Callable[..., Any])
+_Fn = TypeVar("_Fn", bound=Callable[..., Any])
 
 
 class LRUCache:
@@ -167,7 +167,7 @@ class _Memo:
         }
 
 
-def memoize(name: str, maxsize: int) -> Callable[[F], F]:
+def memoize(name: str, maxsize: int) -> Callable[[_Fn], _Fn]:
     """Decorator: an LRU memo of a pure function of hashable arguments, registered as
     ``name``. The function keeps ``cache_info()``/``cache_clear()``.
 
@@ -175,7 +175,7 @@ def memoize(name: str, maxsize: int) -> Callable[[F], F]:
     raised on some calls.
     """
 
-    def deco(fn: F) -> F:
+    def deco(fn: _Fn) -> _Fn:
         wrapped = functools.lru_cache(maxsize=maxsize)(fn)
         _register(name, _Memo(wrapped))
         return wrapped  # type: ignore[return-value]

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from redistribute import comm as _comm
 
 from ..dispatch import dispatcher as _dispatch
-from ..local import autograd as _ag
+from ..local import grad_engine as _ag
 
 if TYPE_CHECKING:
     from typing_extensions import Self

@@ -38,7 +38,7 @@ from ..distributed.dtensor import (
     add_redistribute_listener,
     remove_redistribute_listener,
 )
-from ..local import autograd as _ag
+from ..local import grad_engine as _ag
 from ..ops.table import OPS, OpInfo
 
 __all__ = ["Collective", "Explanation", "OpExplanation", "explain"]

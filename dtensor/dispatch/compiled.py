@@ -33,16 +33,16 @@ from redistribute.execute import compiled_form as _compiled_form
 
 from ..distributed.abstract import AbstractDTensor
 from ..distributed.dtensor import DTensor, _normalize_placements, _PendingDTensor, _target
-from ..local import autograd as _ag
 from ..local import allocator as _allocator
 from ..local import dtypes as _dtypes
+from ..local import grad_engine as _ag
 from ..local.kernels import nn as _nn
 from ..local.kernels import pointwise as _pw
 from ..local.kernels.base import INT_RANGES, QUIET, quiet_call
 from ..local.tensor import Tensor, _wrap
 from ..ops import OPS
 from ..ops.table import OpInfo
-from . import record as _record
+from . import tape as _tape
 from .dispatcher import (
     MISSING,
     CacheEntry,
@@ -494,9 +494,9 @@ def slot_served() -> frozenset[str]:
 
 def _compiled_plan(info: OpInfo) -> object:
     """The compiled recorder's plan of ``info`` (``fastpath.dispatch.RecordPlan``), or None
-    for an op whose calls :func:`dtensor.dispatch.record.record` records (see
-    :func:`dtensor.dispatch.record._compiled_plan_fields`)."""
-    fields = _record._compiled_plan_fields(info)
+    for an op whose calls :func:`dtensor.dispatch.tape.record` records (see
+    :func:`dtensor.dispatch.tape._compiled_plan_fields`)."""
+    fields = _tape._compiled_plan_fields(info)
     return None if fields is None else FRONT.RecordPlan(*fields)
 
 
@@ -514,13 +514,13 @@ def plug() -> Plug | None:
     fields = Plug(
         dtensor_cls=DTensor, dtypes_ns=vars(_dtypes), lookup=lookup, dispatch=dispatch,
         run_entry=run_entry, wrap_outputs=wrap_outputs, raw_form=raw_form, missing=MISSING,
-        quiet_ctx=QUIET, quiet_call=quiet_call, call_hook=_record.call, grad_mode=_ag.MODE,
+        quiet_ctx=QUIET, quiet_call=quiet_call, call_hook=_tape.call, grad_mode=_ag.MODE,
         slot_ops=_slot_ops(), record_plan_of=_compiled_plan,
         record_types=(Tensor, DTensor, _PendingDTensor, AbstractDTensor),
-        record_node=_ag.Node, record_apply=_record._apply, record_save=_ag.save,
-        record_stand_in=_record._stand_in, record_stand_ins=_record._STAND_INS,
-        record_detached=_record._detached, record_note_views=_record._note_views,
-        record_view=_record._View,
+        record_node=_ag.Node, record_apply=_tape._apply, record_save=_ag.save,
+        record_stand_in=_tape._stand_in, record_stand_ins=_tape._STAND_INS,
+        record_detached=_tape._detached, record_note_views=_tape._note_views,
+        record_view=_tape._View,
     )
     FRONT.plug(**{f.name: getattr(fields, f.name) for f in dataclass_fields(Plug)})
     FRONT.install_redistribute(

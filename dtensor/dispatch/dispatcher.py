@@ -57,7 +57,7 @@ from ..distributed.dtensor import DTensor, allocator_for
 from ..local import dtypes as _dtypes
 from ..local.kernels.base import quiet_call
 from ..local.tensor import Tensor, _wrap
-from ..ops.local_fns import kernel_op
+from ..ops.shard_kernels import kernel_op
 from ..ops.table import _MOVES_ONLY, OpInfo
 
 __all__ = [
@@ -102,7 +102,7 @@ _current_op: str | None = None
 
 def current_op() -> str | None:
     """The op whose inputs are being redistributed right now, or whose kernel runs a
-    collective of its own (:func:`dtensor.ops.local_fns.kernel_op`), or None. **Local**."""
+    collective of its own (:func:`dtensor.ops.shard_kernels.kernel_op`), or None. **Local**."""
     return _current_op or kernel_op()
 
 

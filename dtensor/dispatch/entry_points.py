@@ -12,7 +12,7 @@ composition (a record's variant, then the dispatcher or the local call):
   a guard that runs the variant itself until autograd is active;
 - on DTensor, a dispatching method of the same name and the dispatching operators
   (``x[...]`` included) and the ``T``/``mT`` properties;
-- ``nonzero`` and ``masked_select`` (:mod:`dtensor.dispatch.gathering`: data-dependent
+- ``nonzero`` and ``masked_select`` (:mod:`dtensor.dispatch.data_dependent`: data-dependent
   shapes, no rule) on both classes;
 - for every record with a public function, a dispatching twin of it (``dt.add``,
   ``dt.sum``...): with no DTensor among its arguments it calls the local function unchanged;
@@ -21,7 +21,7 @@ composition (a record's variant, then the dispatcher or the local call):
 
 Nothing is installed again at run time. Every entry point reads two flags per call, as
 the compiled front's do: whether autograd is active (the first tensor that requires grad
-turns it on, :func:`dtensor.local.autograd.activate`; until then nothing of autograd runs)
+turns it on, :func:`dtensor.local.grad_engine.activate`; until then nothing of autograd runs)
 and whether DTensor ops take the compiled front or the Python dispatcher
 (:func:`set_fastpath`). With the compiled front (:mod:`dtensor.dispatch.compiled`) the
 DTensor entry points and the public functions are its compiled ones (a FastOp runs the
@@ -44,15 +44,15 @@ from collections.abc import Callable, Mapping
 from placements.errors import UnavailableError
 
 from ..distributed.dtensor import DTensor
-from ..local import autograd as _ag
+from ..distributed.factory import FACTORIES
+from ..local import grad_engine as _ag
 from ..local.kernels.base import quiet_function
 from ..local.tensor import Tensor
-from ..distributed.factory import FACTORIES
 from ..ops import NOT_DIFFERENTIABLE, OPS, OpInfo
 from . import compiled as _compiled
-from . import record as _record
+from . import tape as _tape
+from .data_dependent import DATA_DEPENDENT
 from .dispatcher import dispatch, use_compiled_moves
-from .gathering import GATHERING
 
 __all__ = [
     "FUNCTIONS",
@@ -129,8 +129,8 @@ def _py_call(info: OpInfo) -> Callable:
     inplace = info.inplace
 
     def call(args: tuple, kwargs: Mapping[str, object]) -> object:
-        if _record._ACTIVE and (inplace or (_MODE.enabled and _record._wants_grad(args, kwargs))):
-            return _record.call(info, plain, args, kwargs)
+        if _tape._ACTIVE and (inplace or (_MODE.enabled and _tape._wants_grad(args, kwargs))):
+            return _tape.call(info, plain, args, kwargs)
         return dispatch(info, args, kwargs)
 
     return call
@@ -194,8 +194,8 @@ def function(info: OpInfo, local: Callable | None = None) -> Callable:
         def fn(*args: object, **kwargs: object) -> object:
             if has_dtensor(args, kwargs):
                 return call(args, kwargs)
-            if _record._ACTIVE:
-                return _record.call(info, local, args, kwargs)
+            if _tape._ACTIVE:
+                return _tape.call(info, local, args, kwargs)
             return local(*args, **kwargs)
 
     functools.update_wrapper(fn, src)
@@ -209,7 +209,7 @@ def _local(info: OpInfo, fn: Callable, order: tuple[int, ...] | None = None) -> 
     if not _records(info):
         return fn
     make = _compiled.make_recording if _FRONT is not None else None
-    return _record.recording(info, fn, order, make)
+    return _tape.recording(info, fn, order, make)
 
 
 def _reorder(order: tuple[int, ...], args: tuple) -> tuple:
@@ -296,9 +296,9 @@ def _install_tensor() -> list[str]:
             elif _records(info):
                 setattr(Tensor, op.dunder, _local(info, _OWN_TENSOR[op.dunder]))
     # the views T and mT through the recorded permute and transpose, once they record
-    Tensor.T = _record.recording_view_property(_OWN_TENSOR["T"], _T)
-    Tensor.mT = _record.recording_view_property(_OWN_TENSOR["mT"], _tensor_mT)
-    Tensor.__setitem__ = _record.recording_setitem(_OWN_TENSOR["__setitem__"])
+    Tensor.T = _tape.recording_view_property(_OWN_TENSOR["T"], _T)
+    Tensor.mT = _tape.recording_view_property(_OWN_TENSOR["mT"], _tensor_mT)
+    Tensor.__setitem__ = _tape.recording_setitem(_OWN_TENSOR["__setitem__"])
     # ``==`` returns a Tensor, so hashing is by identity (as in PyTorch).
     Tensor.__hash__ = object.__hash__
     return names
@@ -350,7 +350,7 @@ def set_fastpath(enabled: bool) -> bool:
 
 def _activate_autograd() -> None:
     """Turn the recording forms on (called once, when the first tensor requires grad)."""
-    _record.set_active()
+    _tape.set_active()
     _compiled.set_flags(autograd=True)
 
 
@@ -382,18 +382,18 @@ _OWN_DTENSOR = frozenset(vars(DTensor))
 _TENSOR_DOC, _DTENSOR_DOC = Tensor.__doc__, DTensor.__doc__
 _TENSOR_NAMES = _install_tensor()
 _DTENSOR_NAMES = _install_dtensor()
-for _gname, _gfn in GATHERING.items():  # data-dependent shapes, outside the table
+for _gname, _gfn in DATA_DEPENDENT.items():  # data-dependent shapes, outside the table
     setattr(Tensor, _gname, _gfn)
     setattr(DTensor, _gname, _gfn)
-_TENSOR_NAMES += list(GATHERING)
-_DTENSOR_NAMES += list(GATHERING)
+_TENSOR_NAMES += list(DATA_DEPENDENT)
+_DTENSOR_NAMES += list(DATA_DEPENDENT)
 _document(Tensor, _TENSOR_DOC, _TENSOR_NAMES)
 _document(DTensor, _DTENSOR_DOC, _DTENSOR_NAMES)
 #: The public dispatching functions, by op name (built once; ``dtensor`` exports them).
 FUNCTIONS: dict[str, Callable] = {
     name: function(info) for name, info in OPS.items() if info.function is not None
 }
-_record.use_functions(FUNCTIONS)  # the backward formulas' ``fns``
-_record.use_functions(FACTORIES)
+_tape.use_functions(FUNCTIONS)  # the backward formulas' ``fns``
+_tape.use_functions(FACTORIES)
 set_fastpath(_FRONT is not None)
 _ag.on_activate(_activate_autograd)

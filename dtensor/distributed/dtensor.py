@@ -34,7 +34,7 @@ from redistribute.execute import scatter_from as _scatter_from
 from redistribute.plan import plan as _plan
 
 from ..local import allocator as _allocator
-from ..local import autograd as _ag
+from ..local import grad_engine as _ag
 from ..local.factory import as_tensor
 from ..local.strides import contiguous_strides
 from ..local.tensor import Tensor, _norm_dim, _wrap, check_one_element
@@ -518,7 +518,7 @@ class DTensor(_fp.DTensorBase):
         Differentiable (a redistribute to Replicate, then ``to_local``)."""
         return self.redistribute(None, (Replicate(),) * self._spec.mesh.ndim).to_local()
 
-    # -- autograd hooks (see dtensor.local.autograd.install_api) ------------------------------
+    # -- autograd hooks (see dtensor.local.grad_engine.install_api) ------------------------------
     def _autograd_ones(self) -> DTensor:
         """Ones of this global shape, Replicate: the implicit gradient of a one-element
         DTensor (whatever its placements, Partial included)."""

@@ -38,9 +38,9 @@ from placements.errors import (
     ViewError,
 )
 
-from . import autograd as _autograd  # noqa: F401  (installs the autograd API on Tensor)
-from . import backend as B
+from . import backend
 from . import dtypes as _dtypes
+from . import grad_engine as _grad_engine  # noqa: F401  (installs the autograd API on Tensor)
 from . import rng as _random
 from .quiet import quiet_call
 from .tensor import Tensor, _alloc, _copy_into, _empty_like_arr, _shape_arg, _wrap
@@ -142,14 +142,14 @@ def tensor(data, dtype=None, device=None, requires_grad: bool = False) -> Tensor
     """
     if isinstance(data, Tensor):
         src = data._arr
-    elif B.is_array(data):
+    elif backend.is_array(data):
         src = data
     else:
         src = np.asarray(data)
         if dtype is None and not isinstance(data, np.generic):
             dtype = _dtypes.python_data_dtype(src)
     dtype = src.dtype if dtype is None else dtype
-    dev = B.device_of(src) if device is None else B.as_device(device)
+    dev = backend.device_of(src) if device is None else backend.as_device(device)
     out = _alloc(src.shape, _dtypes.to_dtype(dtype), dev)
     _copy_into(out, src)
     t = _wrap(out)
@@ -165,9 +165,9 @@ def as_tensor(data, dtype=None, device=None) -> Tensor:
     """
     if isinstance(data, Tensor):
         return data.to(dtype=dtype, device=device)
-    if B.is_array(data):
+    if backend.is_array(data):
         same_dtype = dtype is None or _dtypes.to_dtype(dtype) == data.dtype
-        same_device = device is None or B.as_device(device) == B.device_of(data)
+        same_device = device is None or backend.as_device(device) == backend.device_of(data)
         if same_dtype and same_device:
             try:
                 return _from_array(data, "as_tensor")
@@ -339,7 +339,7 @@ def _like(name: str, input, dtype, device, **values) -> Request:
     ``shape`` and ``dtype`` (a DTensor) gives its metadata only; other data is taken as by
     :func:`as_tensor`.
     """
-    if not isinstance(input, Tensor) and (B.is_array(input) or not hasattr(input, "dtype")):
+    if not isinstance(input, Tensor) and (backend.is_array(input) or not hasattr(input, "dtype")):
         input = as_tensor(input)
     dtype = _dtypes.to_dtype(input.dtype) if dtype is None else _dtypes.to_dtype(dtype)
     if name in ("rand", "randn"):
@@ -432,7 +432,7 @@ def fill_block(req: Request, out, offsets: tuple[int, ...], counters: tuple[int,
     if name in _CONSTANT or name == "full":
         quiet_call(out.fill, _CONSTANT.get(name, req.values.get("fill_value")))
         return
-    xp = B.array_module_of(out)
+    xp = backend.array_module_of(out)
     if name in _RANDOM:
         seed, offset = counters
         values = _random.random_block(
@@ -452,10 +452,10 @@ def build(req: Request) -> Tensor:
     like = req.like
     if like is not None and isinstance(like, Tensor):
         arr = like._arr
-        dev = B.device_of(arr) if req.device is None else B.as_device(req.device)
+        dev = backend.device_of(arr) if req.device is None else backend.as_device(req.device)
         out = _empty_like_arr(arr, req.dtype, dev)
     else:
-        dev = B.CPU if req.device is None else B.as_device(req.device)
+        dev = backend.CPU if req.device is None else backend.as_device(req.device)
         out = _alloc(req.size, req.dtype, dev)
     fill_block(req, out, (0,) * len(req.size), reserve(req))
     return _wrap(out)
@@ -507,7 +507,7 @@ def _tensor_init(self, data) -> None:
 def _new_options(self, dtype, device) -> dict:
     return {
         "dtype": self._arr.dtype if dtype is None else dtype,
-        "device": B.device_of(self._arr) if device is None else device,
+        "device": backend.device_of(self._arr) if device is None else device,
     }
 
 

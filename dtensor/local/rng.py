@@ -21,7 +21,7 @@ import numpy as np
 from placements.errors import ArgumentError, DTypeError
 
 from . import allocator as _allocator
-from . import backend as B
+from . import backend
 from .tensor import Tensor, _wrap
 
 __all__ = [
@@ -75,7 +75,7 @@ def get_rng_state() -> Tensor:
 
     **Local.**
     """
-    out = _allocator.empty_array((16,), np.dtype(np.uint8), B.CPU)
+    out = _allocator.empty_array((16,), np.dtype(np.uint8), backend.CPU)
     out[:] = np.array([_seed, _offset], dtype="<u8").view(np.uint8)
     return _wrap(out)
 

@@ -59,7 +59,7 @@ from placements.meta import (
 )
 
 from . import allocator as _allocator
-from . import backend as B
+from . import backend
 from . import dtypes as _dtypes
 from . import strides as _strides
 from .quiet import quiet_call
@@ -106,7 +106,7 @@ class Storage:
     def __init__(self, buf, allocator) -> None:
         self._buf = buf
         self._allocator = allocator
-        self._ptr = B.data_ptr(buf)
+        self._ptr = backend.data_ptr(buf)
 
     def nbytes(self) -> int:
         """Size of the buffer in bytes. **Local.**"""
@@ -119,9 +119,9 @@ class Storage:
         return self._ptr
 
     @property
-    def device(self) -> B.Device:
+    def device(self) -> backend.Device:
         """Device of the buffer."""
-        return B.device_of(self._buf)
+        return backend.device_of(self._buf)
 
     @property
     def allocator(self):
@@ -137,7 +137,7 @@ class Storage:
             # Note: no element is addressed, but numpy wants a pointer inside the buffer, so
             # an empty view whose offset would lie past the storage gets the nearest one.
             byte_offset = min(max(byte_offset, 0), self._buf.nbytes)
-        return B.strided_view(self._buf, shape, dtype, byte_offset, byte_strides)
+        return backend.strided_view(self._buf, shape, dtype, byte_offset, byte_strides)
 
     def __repr__(self) -> str:
         return (
@@ -147,7 +147,7 @@ class Storage:
 
 
 def _storage_of(arr) -> Storage:
-    return Storage(*B.storage_buffer(arr))
+    return Storage(*backend.storage_buffer(arr))
 
 
 _new = _fp.TensorBase.__new__
@@ -231,7 +231,7 @@ def _is_advanced(item) -> bool:
     bool."""
     # Note: a python bool index follows numpy (advanced indexing, a copy with a new dim),
     # where PyTorch returns a view.
-    return isinstance(item, (Tensor, bool, np.bool_, list)) or B.is_array(item)
+    return isinstance(item, (Tensor, bool, np.bool_, list)) or backend.is_array(item)
 
 
 def _index_error(exc: IndexError, shape: tuple, idx, op: str) -> IndexError:
@@ -270,7 +270,7 @@ def _alloc(shape: tuple, dtype, device):
         # Note: numpy gives arrays without elements zero strides; PyTorch reports the
         # contiguous ones (numpy kernels' empty outputs may still carry zero strides).
         isz = out.itemsize
-        out = B.restrided(
+        out = backend.restrided(
             out, out.shape, tuple([s * isz for s in _S.contiguous_strides(out.shape)])
         )
     return out
@@ -312,7 +312,7 @@ def _empty_like_arr(arr, dtype, device):
     extent = 1 + sum((n - 1) * s for n, s in zip(shape, strides)) if arr.size else 0
     flat = _alloc((extent,), dtype, device)
     isz = flat.itemsize
-    return B.strided_view(flat, shape, flat.dtype, 0, tuple(s * isz for s in strides))
+    return backend.strided_view(flat, shape, flat.dtype, 0, tuple(s * isz for s in strides))
 
 
 def _copy_into(dst, src) -> None:
@@ -321,7 +321,7 @@ def _copy_into(dst, src) -> None:
     if isinstance(dst, np.ndarray):
         quiet_call(np.copyto, dst, _operand(src, np), casting="unsafe")
     else:
-        cp = B.array_module_of(dst)
+        cp = backend.array_module_of(dst)
         with dst.device:
             cp.copyto(dst, cp.asarray(src), casting="unsafe")
 
@@ -349,7 +349,7 @@ def _operand(value, xp):
     if isinstance(value, Tensor):
         value = value._arr
     if xp is np:
-        return B.to_host(value) if B.is_array(value) else value
+        return backend.to_host(value) if backend.is_array(value) else value
     if isinstance(value, (np.ndarray, list, tuple)):
         return xp.asarray(value)
     return value
@@ -359,7 +359,7 @@ def _is_device_arg(a) -> bool:
     """True for what ``to()`` takes as a device: a Device, an int, or a device string."""
     if isinstance(a, str):
         return a.partition(":")[0] in ("cpu", "cuda")
-    return isinstance(a, (B.Device, int)) and not isinstance(a, bool)
+    return isinstance(a, (backend.Device, int)) and not isinstance(a, bool)
 
 
 def _transposer(op: str, doc: str):
@@ -423,7 +423,7 @@ class Tensor(_fp.TensorBase):
     def storage_offset(self) -> int:
         """Offset of the first element in the storage, in elements. **Local.**"""
         arr = self._arr
-        return (B.data_ptr(arr) - self.untyped_storage()._ptr) // arr.itemsize
+        return (backend.data_ptr(arr) - self.untyped_storage()._ptr) // arr.itemsize
 
     def untyped_storage(self) -> Storage:
         """The :class:`Storage` this tensor views (derived once, then cached). **Local.**"""
@@ -434,7 +434,7 @@ class Tensor(_fp.TensorBase):
 
     def data_ptr(self) -> int:
         """Address of the first element. **Local.**"""
-        return B.data_ptr(self._arr)
+        return backend.data_ptr(self._arr)
 
     @property
     def dtype(self) -> np.dtype:
@@ -442,9 +442,9 @@ class Tensor(_fp.TensorBase):
         return self._arr.dtype
 
     @property
-    def device(self) -> B.Device:
+    def device(self) -> backend.Device:
         """Device holding the data."""
-        return B.device_of(self._arr)
+        return backend.device_of(self._arr)
 
     @property
     def is_cuda(self) -> bool:
@@ -510,7 +510,7 @@ class Tensor(_fp.TensorBase):
 
     def tolist(self):
         """Nested python lists (a python scalar for a 0-d tensor). **Local.**"""
-        return B.to_host(self._arr).tolist()
+        return backend.to_host(self._arr).tolist()
 
     def __bool__(self) -> bool:
         check_one_element(self._arr.size, "bool")
@@ -538,7 +538,7 @@ class Tensor(_fp.TensorBase):
         return (_wrap, (self._arr,))
 
     def __repr__(self) -> str:
-        arr = B.to_host(self._arr)
+        arr = backend.to_host(self._arr)
         kwargs = {"prefix": "tensor(", "separator": ", "}
         if arr.dtype.kind in "fc":
             finite = arr[np.isfinite(arr)]
@@ -592,7 +592,7 @@ class Tensor(_fp.TensorBase):
         if isinstance(arr, np.ndarray):
             return arr.view()
         if force:
-            return B.to_host(arr)
+            return backend.to_host(arr)
         raise DTypeError(
             f"can't convert {self.device} tensor to numpy. Use Tensor.cpu() to copy the "
             "tensor to host memory first."
@@ -613,8 +613,8 @@ class Tensor(_fp.TensorBase):
             else:
                 dtype = a
         arr = self._arr
-        cur = B.device_of(arr)
-        dev = cur if device is None else B.as_device(device)
+        cur = backend.device_of(arr)
+        dev = cur if device is None else backend.as_device(device)
         new_dtype = arr.dtype if dtype is None else _dtypes.to_dtype(dtype)
         same_device = dev.type == cur.type and (dev.index is None or dev.index == cur.index)
         if same_device and new_dtype == arr.dtype and not copy:
@@ -627,7 +627,7 @@ class Tensor(_fp.TensorBase):
 
     def cpu(self) -> Tensor:
         """This tensor on the CPU (``self`` when already there). **Local.**"""
-        return self.to(device=B.CPU)
+        return self.to(device=backend.CPU)
 
     def cuda(self, device=None) -> Tensor:
         """This tensor on a CUDA device (``self`` when already there). **Local.**"""
@@ -648,10 +648,10 @@ class Tensor(_fp.TensorBase):
         arr = self._arr
         isz = arr.itemsize
         bstrides = tuple([s * isz for s in strides])
-        out = None if delta else B.restrided(arr, shape, bstrides)
+        out = None if delta else backend.restrided(arr, shape, bstrides)
         if out is None:
             st = self.untyped_storage()
-            offset = B.data_ptr(arr) - st._ptr + delta * isz
+            offset = backend.data_ptr(arr) - st._ptr + delta * isz
             out = st._view(shape, arr.dtype, offset, bstrides)
         return _wrap(out, self._storage)
 
@@ -772,7 +772,7 @@ class Tensor(_fp.TensorBase):
         arr = self._arr
         if arr.flags.c_contiguous:
             return self
-        out = _alloc(arr.shape, arr.dtype, B.device_of(arr))
+        out = _alloc(arr.shape, arr.dtype, backend.device_of(arr))
         if _COPY_C is not None and type(arr) is np.ndarray:
             _COPY_C(out, arr)  # a tiled transpose for x.mT layouts
         else:
@@ -1079,7 +1079,7 @@ class Tensor(_fp.TensorBase):
         _check_no_internal_overlap(arr, "__setitem__")
         try:
             index = self._index(idx, "__setitem__")[0]
-            quiet_call(arr.__setitem__, index, _operand(value, B.array_module_of(arr)))
+            quiet_call(arr.__setitem__, index, _operand(value, backend.array_module_of(arr)))
         except IndexError as exc:
             raise _index_error(exc, arr.shape, idx, "__setitem__") from None
 
@@ -1087,7 +1087,7 @@ class Tensor(_fp.TensorBase):
 
     def _autograd_ones(self) -> Tensor:
         """Ones of this shape and dtype: the implicit gradient of a one-element tensor."""
-        out = _alloc(self._arr.shape, self._arr.dtype, B.device_of(self._arr))
+        out = _alloc(self._arr.shape, self._arr.dtype, backend.device_of(self._arr))
         out.fill(1)
         return _wrap(out)
 
@@ -1099,7 +1099,7 @@ class Tensor(_fp.TensorBase):
     def clone(self) -> Tensor:
         """Copy into a new Storage; a dense input keeps its strides. **Local.**"""
         arr = self._arr
-        out = _empty_like_arr(arr, arr.dtype, B.device_of(arr))
+        out = _empty_like_arr(arr, arr.dtype, backend.device_of(arr))
         _copy_into(out, arr)
         return _wrap(out)
 

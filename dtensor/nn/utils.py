@@ -12,8 +12,8 @@ import numpy as np
 from placements.errors import ArgumentError
 
 from ..distributed.dtensor import DTensor
-from ..local.autograd import no_grad
 from ..local.factory import tensor as _tensor
+from ..local.grad_engine import no_grad
 from ..local.tensor import Tensor
 
 __all__ = ["clip_grad_norm_", "get_total_norm"]

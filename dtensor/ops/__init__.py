@@ -3,7 +3,7 @@
 Importing this package declares every built-in op (:mod:`.pointwise`, :mod:`.reduction`,
 :mod:`.linalg`, :mod:`.nn`, :mod:`.tensor`, :mod:`.view`, :mod:`.index`), each family with
 its backward formulas (pieces several families share: :mod:`._grad`); ops whose local
-computation depends on the chosen strategy take their kernels from :mod:`.local_fns`. The
+computation depends on the chosen strategy take their kernels from :mod:`.shard_kernels`. The
 strategy validator's sample calls of each family are in :mod:`.samples`.
 """
 
@@ -16,9 +16,9 @@ from .table import (
     Backward,
     Operator,
     OpInfo,
+    add_record,
     declare,
     get_op,
-    register_op,
 )
 
 __all__ = [
@@ -27,7 +27,7 @@ __all__ = [
     "Backward",
     "OpInfo",
     "Operator",
+    "add_record",
     "declare",
     "get_op",
-    "register_op",
 ]

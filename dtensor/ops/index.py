@@ -4,9 +4,9 @@
 ``scatter_``, ``scatter_add_``, ``index_add_`` and ``index_put_`` in place), and
 ``x[idx] = value`` (``setitem``). Their rules are :mod:`placements.rules.index`; the ops
 that take an index with the data sharded on another dim cut the index to the shard
-(:func:`.local_fns.index_local`), the writes through an index and ``index_add`` on a
+(:func:`.shard_kernels.index_local`), the writes through an index and ``index_add`` on a
 sharded indexed dim keep the entries that land in the shard
-(:func:`.local_fns.write_index_local`, :func:`.local_fns.index_add_local`). Their backward
+(:func:`.shard_kernels.write_index_local`, :func:`.shard_kernels.index_add_local`). Their backward
 formulas are here too.
 """
 
@@ -24,7 +24,7 @@ from ..local.factory import from_numpy
 from ..local.kernels import index as K
 from ..local.tensor import Tensor
 from ._grad import along, is_tensor, spread
-from .local_fns import index_add_local, index_local, write_index_local
+from .shard_kernels import index_add_local, index_local, write_index_local
 from .table import NOT_DIFFERENTIABLE, Backward, Operator, declare, declare_method
 
 __all__: list[str] = []

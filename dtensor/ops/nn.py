@@ -6,7 +6,7 @@ from __future__ import annotations
 from ..local import kernels as K
 from ..local.rng import get_rng_state, set_rng_state
 from ._grad import arange
-from .local_fns import class_sharded_local, dropout_local, embedding_local, mse_local
+from .shard_kernels import class_sharded_local, dropout_local, embedding_local, mse_local
 from .table import Backward, declare
 
 __all__: list[str] = []

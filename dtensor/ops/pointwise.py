@@ -19,7 +19,8 @@ from placements.errors import SignatureError
 from placements.rules.pointwise import unary_rule
 
 from ..local import kernels as K
-from ..local.kernels import pointwise as P
+from ..local.kernels import pointwise as pw
+from ..local.kernels.pointwise import BOOLS, FLOATS, INTS, NUMERIC, REAL
 from ._grad import is_tensor, scaled
 from .table import NOT_DIFFERENTIABLE, Backward, Operator, declare
 
@@ -103,8 +104,8 @@ def unary(
         Other method names.
     """
     if isinstance(kernel, np.ufunc):
-        kernel = P.ufunc_kernel(kernel)
-    fn = P.unary_function(name, kernel, kind, fast, reject, hint)
+        kernel = pw.ufunc_kernel(kernel)
+    fn = pw.unary_function(name, kernel, kind, fast, reject, hint)
     ops = (Operator(operator, "unary", fn),) if operator else ()
     return declare(
         name, fn, rule=unary_rule(kind, partials), method=method, aliases=aliases,
@@ -127,59 +128,58 @@ _2_SQRTPI = 2.0 / math.sqrt(math.pi)
 _SQRT1_2 = 1.0 / math.sqrt(2.0)
 _1_SQRT2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
-# the dtypes a kernel takes as they are: floats, numeric (ints and floats), real (numeric and
-# bool), ints, bools
-F, N, R, I, B = P.FLOATS, P.NUMERIC, P.REAL, P.INTS, P.BOOLS
+# the dtypes a kernel takes as they are (its short path): FLOATS, NUMERIC (ints and floats),
+# REAL (numeric and bool), INTS, BOOLS
 
 # -- unary ---------------------------------------------------------------------------------
-unary("neg", np.negative, "same", N, "linear", reject="b", operator="__neg__", inplace=True,
+unary("neg", np.negative, "same", NUMERIC, "linear", reject="b", operator="__neg__", inplace=True,
       aliases=("negative",), hint=" (use ~ or logical_not() to invert a mask)",
       grad=lambda g: -g)
-unary("abs", np.absolute, "same", N, reject="b", operator="__abs__", inplace=True,
+unary("abs", np.absolute, "same", NUMERIC, reject="b", operator="__abs__", inplace=True,
       grad=lambda g, x: g * x.sign())
-unary("exp", np.exp, "float", F, "monotone", inplace=True, grad=lambda g, out: g * out)
-unary("expm1", np.expm1, "float", F, "monotone", inplace=True,
+unary("exp", np.exp, "float", FLOATS, "monotone", inplace=True, grad=lambda g, out: g * out)
+unary("expm1", np.expm1, "float", FLOATS, "monotone", inplace=True,
       grad=lambda g, out: g * (out + 1.0))
-unary("log", np.log, "float", F, inplace=True, grad=lambda g, x: g / x)
-unary("log1p", np.log1p, "float", F, inplace=True, grad=lambda g, x: g / (x + 1.0))
-unary("log2", np.log2, "float", F, inplace=True, grad=lambda g, x: g / (x * _LN2))
-unary("log10", np.log10, "float", F, inplace=True, grad=lambda g, x: g / (x * _LN10))
-unary("sqrt", np.sqrt, "float", F, inplace=True, grad=lambda g, out: g * 0.5 / out)
-unary("rsqrt", P.rsqrt_kernel, "float", F, inplace=True,
+unary("log", np.log, "float", FLOATS, inplace=True, grad=lambda g, x: g / x)
+unary("log1p", np.log1p, "float", FLOATS, inplace=True, grad=lambda g, x: g / (x + 1.0))
+unary("log2", np.log2, "float", FLOATS, inplace=True, grad=lambda g, x: g / (x * _LN2))
+unary("log10", np.log10, "float", FLOATS, inplace=True, grad=lambda g, x: g / (x * _LN10))
+unary("sqrt", np.sqrt, "float", FLOATS, inplace=True, grad=lambda g, out: g * 0.5 / out)
+unary("rsqrt", pw.rsqrt_kernel, "float", FLOATS, inplace=True,
       grad=lambda g, out: g * (out * out * out) * -0.5)
-unary("sin", np.sin, "float", F, inplace=True, grad=lambda g, x: g * x.cos())
-unary("cos", np.cos, "float", F, inplace=True, grad=lambda g, x: -(g * x.sin()))
-unary("tan", np.tan, "float", F, inplace=True, grad=lambda g, out: g * (out * out + 1.0))
-unary("tanh", np.tanh, "float", F, "monotone", inplace=True,
+unary("sin", np.sin, "float", FLOATS, inplace=True, grad=lambda g, x: g * x.cos())
+unary("cos", np.cos, "float", FLOATS, inplace=True, grad=lambda g, x: -(g * x.sin()))
+unary("tan", np.tan, "float", FLOATS, inplace=True, grad=lambda g, out: g * (out * out + 1.0))
+unary("tanh", np.tanh, "float", FLOATS, "monotone", inplace=True,
       grad=lambda g, out: g * (1.0 - out * out))
-unary("sigmoid", P.sigmoid_kernel, "float", F, "monotone", inplace=True,
+unary("sigmoid", pw.sigmoid_kernel, "float", FLOATS, "monotone", inplace=True,
       grad=lambda g, out: g * out * (1.0 - out))
-unary("erf", P.erf_kernel, "float", F, "monotone", inplace=True,
+unary("erf", pw.erf_kernel, "float", FLOATS, "monotone", inplace=True,
       grad=lambda g, x: g * _2_SQRTPI * (-(x * x)).exp())
-unary("reciprocal", np.reciprocal, "float", F, inplace=True,
+unary("reciprocal", np.reciprocal, "float", FLOATS, inplace=True,
       grad=lambda g, out: -(g * out * out))
-unary("relu", P.relu_kernel, "same", N, "monotone", reject="b", inplace=True,
+unary("relu", pw.relu_kernel, "same", NUMERIC, "monotone", reject="b", inplace=True,
       grad=lambda g, out: g.where(out > 0, 0.0))
-unary("silu", P.silu_kernel, "floatonly", F, method=False, grad=_silu_grad)
-unary("sign", P.sign_kernel, "same", N, "monotone", inplace=True, grad=_zero)
-unary("floor", np.floor, "round", F, "monotone", inplace=True, grad=_zero)
-unary("ceil", np.ceil, "round", F, "monotone", inplace=True, grad=_zero)
-unary("trunc", np.trunc, "round", F, "monotone", inplace=True, grad=_zero)
-unary("logical_not", np.logical_not, "bool", R, "logical_not", inplace=True,
+unary("silu", pw.silu_kernel, "floatonly", FLOATS, method=False, grad=_silu_grad)
+unary("sign", pw.sign_kernel, "same", NUMERIC, "monotone", inplace=True, grad=_zero)
+unary("floor", np.floor, "round", FLOATS, "monotone", inplace=True, grad=_zero)
+unary("ceil", np.ceil, "round", FLOATS, "monotone", inplace=True, grad=_zero)
+unary("trunc", np.trunc, "round", FLOATS, "monotone", inplace=True, grad=_zero)
+unary("logical_not", np.logical_not, "bool", REAL, "logical_not", inplace=True,
       grad=NOT_DIFFERENTIABLE)
-unary("isnan", np.isnan, "bool", R, grad=NOT_DIFFERENTIABLE)
-unary("isinf", np.isinf, "bool", R, grad=NOT_DIFFERENTIABLE)
-unary("isfinite", np.isfinite, "bool", R, grad=NOT_DIFFERENTIABLE)
-unary("bitwise_not", np.invert, "integral", I | B, "anti", operator="__invert__", inplace=True,
-      grad=NOT_DIFFERENTIABLE)
+unary("isnan", np.isnan, "bool", REAL, grad=NOT_DIFFERENTIABLE)
+unary("isinf", np.isinf, "bool", REAL, grad=NOT_DIFFERENTIABLE)
+unary("isfinite", np.isfinite, "bool", REAL, grad=NOT_DIFFERENTIABLE)
+unary("bitwise_not", np.invert, "integral", INTS | BOOLS, "anti", operator="__invert__",
+      inplace=True, grad=NOT_DIFFERENTIABLE)
 
-declare("round", P.round, rule=unary_rule("round", "monotone"),
-        inplace=K.inplace_form(P.round), samples="unary", backward=elementwise_grad(_zero))
-declare("square", P.square, rule=unary_rule("square", "none"),
-        inplace=K.inplace_form(P.square), samples="unary",
+declare("round", pw.round, rule=unary_rule("round", "monotone"),
+        inplace=K.inplace_form(pw.round), samples="unary", backward=elementwise_grad(_zero))
+declare("square", pw.square, rule=unary_rule("square", "none"),
+        inplace=K.inplace_form(pw.square), samples="unary",
         backward=elementwise_grad(lambda g, x: g * x * 2.0))
-declare("positive", P.positive, rule=unary_rule("same", "copy"),
-        operators=(Operator("__pos__", "unary", P.positive),), samples="unary",
+declare("positive", pw.positive, rule=unary_rule("same", "copy"),
+        operators=(Operator("__pos__", "unary", pw.positive),), samples="unary",
         backward=elementwise_grad(lambda g: g))
 
 
@@ -202,11 +202,11 @@ def _softplus(g, v, o, need, fns):
     return ((g * bx.sigmoid()).where(bx <= threshold, g),)
 
 
-declare("gelu", P.gelu, rule=unary_rule("floatonly", "none"), method=False, samples="unary",
+declare("gelu", pw.gelu, rule=unary_rule("floatonly", "none"), method=False, samples="unary",
         backward=Backward(_gelu, ("input",)))
-declare("softplus", P.softplus, rule=unary_rule("floatonly", "monotone"), method=False,
+declare("softplus", pw.softplus, rule=unary_rule("floatonly", "monotone"), method=False,
         samples="unary", backward=Backward(_softplus, ("input",)))
-declare("leaky_relu", P.leaky_relu, rule=unary_rule("floatonly", "leaky_relu"),
+declare("leaky_relu", pw.leaky_relu, rule=unary_rule("floatonly", "leaky_relu"),
         static=("negative_slope",), method=False, samples="unary",
         backward=Backward(lambda g, v, o, n, fns: (g.where(v[0] > 0, g * v[1]),), ("input",)))
 
@@ -257,10 +257,10 @@ def binary(name: str, operator: str | None = None, inplace: bool = False,
     """Declare the binary op ``name`` over its local kernel (and python operator ``operator``:
     ``"add"`` serves ``__add__``, ``__radd__`` and, with ``inplace``, ``__iadd__``), with its
     formula ``backward``. **Local**."""
-    fn = getattr(P, name)
+    fn = getattr(pw, name)
     ops, iops = (), ()
     if operator is not None:
-        op, rop = P.OPERATORS[name]
+        op, rop = pw.OPERATORS[name]
         if compare:
             ops = (Operator(f"__{operator}__", "compare", op),)
         else:
@@ -341,16 +341,16 @@ def _addcdiv(g, v, o, need, fns):
     return (g, gv if need[1] else None, -(gv * t1 / t2) if need[2] else None)
 
 
-declare("where", P.where, ("condition", "input", "other"), method_args=(1, 0, 2),
+declare("where", pw.where, ("condition", "input", "other"), method_args=(1, 0, 2),
         samples="ternary", backward=Backward(_where, ("condition",)))
 for _name in ("clamp", "clip"):
-    declare(_name, P.clamp, ("input", "min", "max"), inplace=K.inplace_form(P.clamp),
+    declare(_name, pw.clamp, ("input", "min", "max"), inplace=K.inplace_form(pw.clamp),
             samples="ternary", backward=Backward(_clamp, ("input", "min", "max")))
-declare("lerp", P.lerp, ("input", "end", "weight"), inplace=K.inplace_form(P.lerp),
+declare("lerp", pw.lerp, ("input", "end", "weight"), inplace=K.inplace_form(pw.lerp),
         samples="ternary", backward=Backward(_lerp, ("input", "end", "weight")))
-declare("addcmul", P.addcmul, ("input", "tensor1", "tensor2"),
-        inplace=K.inplace_form(P.addcmul), samples="ternary",
+declare("addcmul", pw.addcmul, ("input", "tensor1", "tensor2"),
+        inplace=K.inplace_form(pw.addcmul), samples="ternary",
         backward=Backward(_addcmul, ("tensor1", "tensor2")))
-declare("addcdiv", P.addcdiv, ("input", "tensor1", "tensor2"),
-        inplace=K.inplace_form(P.addcdiv), samples="ternary",
+declare("addcdiv", pw.addcdiv, ("input", "tensor1", "tensor2"),
+        inplace=K.inplace_form(pw.addcdiv), samples="ternary",
         backward=Backward(_addcdiv, ("tensor1", "tensor2")))

@@ -3,7 +3,7 @@ with their backward formulas.
 
 Every reduction is a function and a method; its rule (:mod:`placements.rules.reduction`)
 reads the reduced dims, ``keepdim`` and (where it has one) the accumulation ``dtype``.
-``mean`` and the extrema compute differently on a shard (:mod:`dtensor.ops.local_fns`).
+``mean`` and the extrema compute differently on a shard (:mod:`dtensor.ops.shard_kernels`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from placements.meta import norm_dim, norm_dims
 
 from ..local import kernels as K
 from ._grad import is_tensor
-from .local_fns import extreme_local, mean_local
+from .shard_kernels import extreme_local, mean_local
 from .table import NOT_DIFFERENTIABLE, Backward, declare
 
 __all__: list[str] = []

@@ -36,10 +36,10 @@ __all__ = [
     "Backward",
     "OpInfo",
     "Operator",
+    "add_record",
     "declare",
     "declare_method",
     "get_op",
-    "register_op",
 ]
 
 _KIND = inspect.Parameter
@@ -73,7 +73,7 @@ class Backward:
     those that got none), ``v`` the call's bound arguments in parameter order, ``out`` the
     output (None unless ``out``), ``need`` which arguments need a gradient, ``fns`` the
     public dispatching functions (``fns.cat``, ``fns.zeros_like``...; the recorder passes
-    them, :mod:`dtensor.dispatch.record`). The formula is written with ordinary tensor ops
+    them, :mod:`dtensor.dispatch.tape`). The formula is written with ordinary tensor ops
     (methods and ``fns``), so that on DTensors the sharding rules place the gradients; the
     recorder reduces each gradient to its argument's shape (broadcasting) and casts it to
     its dtype. ``save`` names the tensor parameters whose
@@ -208,7 +208,7 @@ _MOVES_ONLY = frozenset(("view", "expand_as"))
 OPS: dict[str, OpInfo] = {}
 
 
-def register_op(info: OpInfo) -> OpInfo:
+def add_record(info: OpInfo) -> OpInfo:
     """Add ``info`` to the table (replacing a record of the same name). **Local**."""
     OPS[info.name] = info
     return info
@@ -361,9 +361,9 @@ def declare(
         raw if raw is not None or not function or getattr(fn, "spec", None) is None
         else "pointwise",
     )
-    register_op(info)
+    add_record(info)
     if inplace is not None:
-        register_op(
+        add_record(
             replace(
                 info,
                 name=name + "_",

@@ -4,8 +4,8 @@
 backward formulas.
 
 Ops whose output shape is a static argument receive the LOCAL output shape on a shard
-(:func:`dtensor.ops.local_fns.shape_local`). A recorded call of a view op whose output shares
-its input's data makes a view for autograd (:data:`VIEWS`, :mod:`dtensor.dispatch.record`).
+(:func:`dtensor.ops.shard_kernels.shape_local`). A recorded call of a view op whose output shares
+its input's data makes a view for autograd (:data:`VIEWS`, :mod:`dtensor.dispatch.tape`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from ..distributed.dtensor import DTensor, distribute_tensor
 from ..local.factory import from_numpy
 from ..local.tensor import Tensor
 from ._grad import FIRST, IDENTITY, along, spread
-from .local_fns import expand_as_local, getitem_local, shape_local, squeeze_local
+from .shard_kernels import expand_as_local, getitem_local, shape_local, squeeze_local
 from .table import Backward, Operator, declare_method
 
 __all__ = ["VIEWS"]

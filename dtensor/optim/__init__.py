@@ -23,7 +23,7 @@ from typing import Any
 from placements.errors import ArgumentError
 
 from ..distributed.dtensor import DTensor, distribute_tensor
-from ..local.autograd import enable_grad, no_grad
+from ..local.grad_engine import enable_grad, no_grad
 from ..local.tensor import Tensor
 
 __all__ = ["SGD", "Adam", "AdamW", "Optimizer"]

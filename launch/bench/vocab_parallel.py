@@ -40,7 +40,7 @@ from redistribute.cost import CostModel, default_cost_model, set_default_cost_mo
 #: Timed steps of one strategy in a row.
 BLOCK = 5
 #: A cost model under which every all-reduce costs a second: the loss gathers the logits.
-GATHERING = CostModel(per_kind={"all_reduce": {"alpha_s": 1.0}})
+DATA_DEPENDENT = CostModel(per_kind={"all_reduce": {"alpha_s": 1.0}})
 
 
 def _step(x: np.ndarray, t: dt.DTensor, mesh: dt.DeviceMesh) -> tuple[float, dict]:
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> dict:
     x = rng.standard_normal((args.rows, args.classes)).astype(np.float32)
     t = dt.distribute_tensor(rng.integers(0, args.classes, (args.rows,)), mesh,
                              [dt.Replicate()])
-    models = {"vocab_parallel": default_cost_model(), "gather": GATHERING}
+    models = {"vocab_parallel": default_cost_model(), "gather": DATA_DEPENDENT}
     samples: dict[str, list[float]] = {name: [] for name in models}
     comm: dict[str, dict] = {}
     try:

@@ -6,7 +6,7 @@ Index arguments stay replicated in every candidate: every rank then holds the wh
 checks its values against the global size and raises alike (an out-of-range index seen
 by one rank only would leave the others waiting in the next collective). Where the data is
 sharded on a dim the op does not index, each rank uses the index's rows of its own shard
-(the op table's ``local_fn`` slices them, :func:`dtensor.ops.local_fns.index_local`).
+(the op table's ``local_fn`` slices them, :func:`dtensor.ops.shard_kernels.index_local`).
 
 - ``index_select``/``gather``/``take_along_dim``: the indexed dim unsharded; another dim
   keeps a Shard where the index (and output) has that dim at full size; every Partial kind
@@ -24,13 +24,13 @@ sharded on a dim the op does not index, each rank uses the index's rows of its o
   indexed by ints, slices or index arrays (one or several, masks included) stays sharded
   with the value replicated: each rank writes its own block's part, the entries of the
   broadcast index arrays that land in its block and the matching part of the value
-  (:func:`dtensor.ops.local_fns.write_index_local`); ``P(sum)`` takes the value once, as
+  (:func:`dtensor.ops.shard_kernels.write_index_local`); ``P(sum)`` takes the value once, as
   a write or an accumulation of ``P(sum)`` parts, ``P(avg/max/min)`` everywhere (adding
   one value to every part commutes with those reductions).
 - ``index_add``/``index_add_``: another dim than the indexed one keeps a Shard shared by
   input, source and output; the indexed dim may stay sharded with the source replicated:
   each rank adds the source rows whose index lands in its block
-  (:func:`dtensor.ops.local_fns.index_add_local`); ``P(sum)``/``P(avg)`` pass (linear).
+  (:func:`dtensor.ops.shard_kernels.index_add_local`); ``P(sum)``/``P(avg)`` pass (linear).
 
 Shapes and argument checks come from :mod:`placements.index_meta`, as in the local kernels.
 """

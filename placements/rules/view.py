@@ -269,7 +269,7 @@ def slice_rule(schema: OpSchema) -> RuleResult:
     (:func:`placements.index_meta.masked_index_dims`): each rank keeps the result entries
     whose positions land in its block on every sharded indexed dim and zeros the others, a
     ``P(sum)`` result over the mesh dims that shard indexed dims
-    (:func:`dtensor.ops.local_fns.getitem_local`); the all-reduce this defers counts in the
+    (:func:`dtensor.ops.shard_kernels.getitem_local`); the all-reduce this defers counts in the
     candidate's cost (one per such mesh dim), against gathering the indexed dims.
     """
     op, get = schema.op, schema.get

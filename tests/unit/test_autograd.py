@@ -12,7 +12,7 @@ import pytest
 
 import dtensor as dt
 import fastpath
-from dtensor.dispatch import record as _record
+from dtensor.dispatch import tape as _tape
 from dtensor.errors import AutogradError, DTensorError, SignatureError
 from dtensor.ops import NOT_DIFFERENTIABLE, OPS
 from dtensor.validate import sample_calls
@@ -95,7 +95,7 @@ def _outputs(out):
 
 def _run(info, values):
     """The op through the recorder (every variant passes it)."""
-    return _record.call(info, info.kernel, values, {})
+    return _tape.call(info, info.kernel, values, {})
 
 
 @pytest.mark.parametrize("name", _differentiable())
@@ -503,7 +503,7 @@ def test_recording_plan_and_saved_counts():
     through the full bind: same edges and values, same gradients. A saved tensor's version
     is counted while its node lives: not after the node goes or a backward releases it, nor
     when the op fails."""
-    from dtensor.local import autograd as _ag
+    from dtensor.local import grad_engine as _ag
 
     x, y = _leaf(3), _leaf(3)
     served = fastpath.dispatch.recorder_served() if fastpath.ENABLED else 0
@@ -511,10 +511,10 @@ def test_recording_plan_and_saved_counts():
     if fastpath.ENABLED:
         assert fastpath.dispatch.recorder_served() == served + 1
     # dtensor's recorder, which binds in full
-    full = _record.record(OPS["add"], OPS["add"].function, (x, y), {"alpha": 1}, None)
+    full = _tape.record(OPS["add"], OPS["add"].function, (x, y), {"alpha": 1}, None)
     if fastpath.ENABLED:
         assert fastpath.dispatch.recorder_served() == served + 1
-    assert _record._PLANS[OPS["add"]].quick <= 2
+    assert _tape._PLANS[OPS["add"]].quick <= 2
     assert type(quick.grad_fn) is type(full.grad_fn)
     assert quick.grad_fn.edges == full.grad_fn.edges == [x._ag, y._ag]
     assert quick.grad_fn.ctx[1] == full.grad_fn.ctx[1] == [x, y, 1]
@@ -554,7 +554,7 @@ def test_keyword_calls_record_like_dtensors_recorder(call, args, kwargs):
     got = fn(*pos, **kw)
     if fastpath.ENABLED:
         assert fastpath.dispatch.recorder_served() == served + 1
-    want = _record.record(OPS[call], OPS[call].function, pos, kw, None)
+    want = _tape.record(OPS[call], OPS[call].function, pos, kw, None)
     assert type(got.grad_fn) is type(want.grad_fn)
     assert got.grad_fn.edges == want.grad_fn.edges
     for a, b in zip(got.grad_fn.ctx[1], want.grad_fn.ctx[1], strict=True):

@@ -55,8 +55,8 @@ def test_every_op_keeps_its_compute_class():
 
 #: A new unary op with its gradient: the one line it takes, appended to a copy of
 #: ``dtensor/ops/pointwise.py``.
-NEW_OP = ('unary("exp2", np.exp2, "float", F, "monotone", inplace=True, '
-          'grad=lambda g, out: g * out * _LN2)')
+NEW_OP = ('unary("exp2", np.exp2, "float", FLOATS, "monotone", inplace=True, '
+          'grad=lambda g, out: g * out*_LN2)')
 
 #: What the new op must come with, checked in a process that imports the copy.
 CHECK_NEW_OP = """

@@ -6,7 +6,7 @@ methods, operators and slots on the fast path) through their hook, :func:`call`;
 methods and operators, and DTensor's on the Python path, through their recording form,
 :func:`recording` (a compiled guard, or its Python twin). When grad mode is on and a tensor
 argument requires grad, :func:`record` runs the op with grad mode off and makes its node
-(:mod:`dtensor.local.autograd`) from the op record's formula
+(:mod:`dtensor.local.grad_engine`) from the op record's formula
 (:class:`dtensor.ops.table.Backward`), which receives the public dispatching functions
 (:data:`FUNCTIONS`) as its ``fns``; otherwise the variant runs as it is. In-place
 variants also bump the version counter of what they write, and refuse a leaf that requires
@@ -47,7 +47,7 @@ from placements.errors import AutogradError
 
 from ..distributed.abstract import AbstractDTensor
 from ..distributed.dtensor import DTensor, _PendingDTensor
-from ..local import autograd as _ag
+from ..local import grad_engine as _ag
 from ..local.rng import get_rng_state
 from ..local.tensor import Tensor, _wrap
 from ..ops import OpInfo
@@ -59,9 +59,9 @@ __all__ = [
     "call",
     "record",
     "recording",
-    "set_active",
     "recording_setitem",
     "recording_view_property",
+    "set_active",
     "sum_to",
     "use_functions",
 ]
@@ -428,7 +428,7 @@ def _note_views(info: OpInfo, values: list, x: object, outputs: Sequence) -> Non
 
 
 def _edge(v: object) -> _ag.AutogradMeta | None:
-    """:func:`dtensor.local.autograd.edge_of`, a stale view brought up to date."""
+    """:func:`dtensor.local.grad_engine.edge_of`, a stale view brought up to date."""
     m = _ag.edge_of(v)
     return m if m is None or m.view is None else _current(v, m)
 

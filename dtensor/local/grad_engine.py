@@ -184,7 +184,7 @@ class _AutogradMeta:
     ``layout`` (for a DTensor leaf: its spec, the layout its gradient gets; None
     otherwise); ``view`` (for a view made by recorded view ops: how it derives from its
     base, which an in-place write through the view rewrites (see
-    :mod:`dtensor.dispatch.record`); None otherwise).
+    :mod:`dtensor.dispatch.tape`); None otherwise).
     """
 
     __slots__ = ("grad", "grad_fn", "layout", "output_nr", "requires_grad", "view")

@@ -18,7 +18,7 @@ from ..distributed.dtensor import DTensor
 from ..local.kernels import index as _K
 from ..local.tensor import Tensor
 
-__all__ = ["GATHERING", "masked_select", "nonzero"]
+__all__ = ["DATA_DEPENDENT", "masked_select", "nonzero"]
 
 
 def _replicated(out: Tensor, mesh: object) -> DTensor:
@@ -67,4 +67,4 @@ def masked_select(input: Tensor | DTensor, mask: Tensor | DTensor) -> object:
 
 
 #: name -> function, installed as Tensor and DTensor methods.
-GATHERING = {"nonzero": nonzero, "masked_select": masked_select}
+DATA_DEPENDENT = {"nonzero": nonzero, "masked_select": masked_select}

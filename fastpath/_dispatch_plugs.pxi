@@ -116,5 +116,6 @@ cdef inline object _get_local(DTensorBase d):
 
 
 def wrap(arr, storage=None):
-    """Wrap an ndarray as a Tensor without copying or validating (compiled ``_wrap``). **Local**."""
+    """Wrap an ndarray as a Tensor without copying or validating (the compiled
+    ``dtensor.local.tensor.wrap_array``). **Local**."""
     return _new_tensor(arr, storage)

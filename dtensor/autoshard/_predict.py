@@ -41,7 +41,7 @@ import numpy as np
 from placements.layout import max_local_shape
 from placements.types import Placement, Replicate, Shard
 
-from ..debug._explain import Explanation, explain
+from ..debug import Explanation, explain
 from ..distributed.abstract import AbstractDTensor, AbstractMesh, abstract_like
 from ..distributed.dtensor import DTensor, distribute_tensor
 from ._calibrate import Calibration, op_class

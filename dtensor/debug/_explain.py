@@ -23,8 +23,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from placements.errors import DTypeError, NoRuleError, SignatureError
 from placements.layout import max_local_shape
-from placements.rules import OpSchema, OpStrategy, nd_valid
-from placements.rules._core import _reduce_cost, _rule_result
+from placements.rules import OpSchema, OpStrategy, nd_valid, reduce_cost, rule_result
 from placements.spec import DTensorSpec
 from placements.types import Partial, Placement, Replicate, placement_list
 from redistribute import comm as _comm
@@ -260,7 +259,7 @@ def _candidates(
     inputs and the all-reduces it implies), cheapest first (ties in candidate-list order);
     at most :data:`MAX_CANDIDATES` are priced."""
     mesh_ndim = len(mesh.shape)
-    result = _rule_result(schema)
+    result = rule_result(schema)
     n_out = len(result.out_shapes)
     cost_fn = _dispatch._cost_fn({}, mesh)
     dtype = result.out_dtypes[0]
@@ -275,7 +274,7 @@ def _candidates(
     for order, combo in enumerate(combos):
         if not nd_valid(result, combo):
             continue
-        cost = sum(_reduce_cost(cost_fn, m, mesh_ndim, n, dtype)
+        cost = sum(reduce_cost(cost_fn, m, mesh_ndim, n, dtype)
                    for m, c in enumerate(combo) for n in c.reduces)
         ins = []
         for i, v in enumerate(args):

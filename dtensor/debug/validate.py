@@ -42,11 +42,19 @@ import numpy as np
 
 from placements import Partial, Placement, Replicate, Shard
 from placements.layout import local_slices
-from placements.rules import ArgMeta, Candidate, OpSchema, OpStrategy, nd_valid, propagate
-from placements.rules._core import _rule_result, _strategy
+from placements.rules import (
+    ArgMeta,
+    Candidate,
+    OpSchema,
+    OpStrategy,
+    nd_valid,
+    propagate,
+    rule_result,
+    strategy_of,
+)
 
 from ..local import rng as _random
-from ..local.tensor import Tensor, _wrap
+from ..local.tensor import Tensor, wrap_array
 from ..ops import OPS, OpInfo
 from ..ops.samples import FAMILIES, QUICK_SHAPES, SHAPES, Case, Gen, cases
 from ..testing import blocks
@@ -346,7 +354,7 @@ class SampleCall:
 
 def _as_kernel_value(v: object) -> object:
     if isinstance(v, np.ndarray):
-        return _wrap(_copy(v))
+        return wrap_array(_copy(v))
     if isinstance(v, list):
         return [_as_kernel_value(e) for e in v]
     return v
@@ -441,7 +449,7 @@ def _run_strategy(
     """Lay out, run per coordinate, combine and compare one N-D strategy."""
     info = call.info
     mesh_shape = schema.mesh_shape
-    result = _rule_result(schema)
+    result = rule_result(schema)
     n_out = len(result.out_shapes)
     if [r.shape for r in call.want] != list(result.out_shapes):
         raise _Mismatch(f"rule shapes {result.out_shapes} != kernel {[w.shape for w in call.want]}")
@@ -449,7 +457,7 @@ def _run_strategy(
         raise _Mismatch(f"rule dtypes {result.out_dtypes} != kernel {[w.dtype for w in call.want]}")
     # per argument, its target N-D placements (as the dispatcher would move it)
     origin = _CoordMesh(mesh_shape, (0,) * len(mesh_shape))
-    targets = list(_strategy(schema, origin, result, combo, 0.0, ()).input_placements)
+    targets = list(strategy_of(schema, origin, result, combo, 0.0, ()).input_placements)
     layouts = []
     for slot, target in zip(call.slots, targets):
         v = call.arg(slot)
@@ -458,7 +466,7 @@ def _run_strategy(
 
     def run(coord: tuple[int, ...], comms: tuple) -> None:
         mesh = _CoordMesh(mesh_shape, coord, comms)
-        strategy: OpStrategy = _strategy(schema, mesh, result, combo, 0.0, ())
+        strategy: OpStrategy = strategy_of(schema, mesh, result, combo, 0.0, ())
         values = list(call.values)
         if info.variadic is not None:
             vi = info.params.index(info.variadic)
@@ -466,7 +474,7 @@ def _run_strategy(
         for slot, target, lay in zip(call.slots, targets, layouts):
             v = call.arg(slot)
             if lay is not None:
-                local: object = _wrap(lay[coord])
+                local: object = wrap_array(lay[coord])
             elif isinstance(v, _SCALARS):
                 local = _scalar_local(v, target, coord)  # type: ignore[arg-type]
             else:
@@ -608,7 +616,7 @@ def _check_op(
         for mesh_shape in meshes:
             current = [None] * len(call.slots)
             try:
-                result = _rule_result(_schema(call, mesh_shape, current))
+                result = rule_result(_schema(call, mesh_shape, current))
             except Exception as exc:  # noqa: BLE001 - reported as a mismatch
                 rep.mismatches.append(f"{case.label} mesh {mesh_shape}: rule raised {exc!r}")
                 break

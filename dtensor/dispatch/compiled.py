@@ -32,14 +32,14 @@ from redistribute import comm as _comm
 from redistribute.execute import compiled_form as _compiled_form
 
 from ..distributed.abstract import AbstractDTensor
-from ..distributed.dtensor import DTensor, _normalize_placements, _PendingDTensor, _target
+from ..distributed.dtensor import DTensor, PendingDTensor, normalize_placements, redistribute_target
 from ..local import allocator as _allocator
 from ..local import dtypes as _dtypes
 from ..local import grad_engine as _ag
 from ..local.kernels import nn as _nn
 from ..local.kernels import pointwise as _pw
 from ..local.kernels.base import INT_RANGES, QUIET, quiet_call
-from ..local.tensor import Tensor, _wrap
+from ..local.tensor import Tensor, wrap_array
 from ..ops import OPS
 from ..ops.table import OpInfo
 from . import tape as _tape
@@ -270,7 +270,7 @@ if _fp.ENABLED:
 
 def _softmax_fallback(kernel, a, out):
     """The local kernel on an array the compiled loop does not serve (``out`` unused)."""
-    return quiet_call(kernel, _wrap(a), -1)._arr
+    return quiet_call(kernel, wrap_array(a), -1)._arr
 
 
 #: The raw forms of softmax and log_softmax along the last dim: the compiled loop that the
@@ -385,10 +385,10 @@ def redistribute_form(d: DTensor, placements: object) -> tuple | None:
     """
     spec = d._spec
     mesh = spec.mesh
-    targets = _normalize_placements(placements, mesh, "redistribute")
+    targets = normalize_placements(placements, mesh, "redistribute")
     if mesh.device_type != "cpu":
         return None
-    dst, steps = _target(spec, targets)
+    dst, steps = redistribute_target(spec, targets)
     return _form(spec, dst, targets, steps)
 
 
@@ -516,7 +516,7 @@ def plug() -> Plug | None:
         run_entry=run_entry, wrap_outputs=wrap_outputs, raw_form=raw_form, missing=MISSING,
         quiet_ctx=QUIET, quiet_call=quiet_call, call_hook=_tape.call, grad_mode=_ag.MODE,
         slot_ops=_slot_ops(), record_plan_of=_compiled_plan,
-        record_types=(Tensor, DTensor, _PendingDTensor, AbstractDTensor),
+        record_types=(Tensor, DTensor, PendingDTensor, AbstractDTensor),
         record_node=_ag.Node, record_apply=_tape._apply, record_save=_ag.save,
         record_stand_in=_tape._stand_in, record_stand_ins=_tape._STAND_INS,
         record_detached=_tape._detached, record_note_views=_tape._note_views,

@@ -56,9 +56,9 @@ from ..distributed.abstract import AbstractMesh, EntryRunner
 from ..distributed.dtensor import DTensor, allocator_for
 from ..local import dtypes as _dtypes
 from ..local.kernels.base import quiet_call
-from ..local.tensor import Tensor, _wrap
+from ..local.tensor import Tensor, wrap_array
 from ..ops.shard_kernels import kernel_op
-from ..ops.table import _MOVES_ONLY, OpInfo
+from ..ops.table import MOVES_ONLY, OpInfo
 
 __all__ = [
     "CacheEntry",
@@ -254,7 +254,7 @@ class _ScalarIdentity:
     def apply(self, value: object) -> object:
         if isinstance(value, Tensor):
             arr = value._arr
-            return _wrap(np.full_like(arr, self.identity))
+            return wrap_array(np.full_like(arr, self.identity))
         return type(value)(self.identity)
 
 
@@ -615,7 +615,7 @@ def _marker(op: str, v: object, holder: list, i: int) -> object:
     if isinstance(v, np.generic):
         return _SCALAR_KIND[v.dtype.kind]
     if isinstance(v, np.ndarray):
-        v = _wrap(v)
+        v = wrap_array(v)
         if v.ndim == 0:
             holder[i] = v
     if isinstance(v, Tensor):
@@ -643,7 +643,7 @@ def _replicate_locals(binder: _Binder, values: list) -> bool:
     for holder, i in slots:
         v = holder[i]
         if isinstance(v, np.ndarray):
-            v = _wrap(v)
+            v = wrap_array(v)
         if isinstance(v, Tensor) and v.ndim and mesh is not None:
             spec = DTensorSpec(mesh, (Replicate(),) * mesh.ndim, tuple(v.shape), v.dtype)
             holder[i] = DTensor._make(v, spec)
@@ -727,7 +727,7 @@ def _build_entry(info: OpInfo, binder: _Binder, values: list, mesh: object) -> C
         info.quiet,
     )
     if type(mesh) is AbstractMesh:  # metadata only: run_entry hands it to the runner
-        entry.abstract = EntryRunner(info.name, info.samples in _MOVES_ONLY)
+        entry.abstract = EntryRunner(info.name, info.samples in MOVES_ONLY)
         entry.direct = None
     return entry
 
@@ -882,13 +882,13 @@ def move_input(v: DTensor, move: Redist, mesh: object) -> Tensor:
         arr = _MOVE_LOCAL(v, move)
     if arr is None:
         return execute_move(v, move, mesh)
-    return _wrap(arr)
+    return wrap_array(arr)
 
 
 def execute_move(v: DTensor, move: Redist, mesh: object) -> Tensor:
     """:func:`move_input` by the executor alone (the compiled front's fallback for a move
     it declined). **Collective** when the move communicates."""
-    return _wrap(
+    return wrap_array(
         _execute(
             move.steps,
             v._local._arr,

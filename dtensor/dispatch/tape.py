@@ -46,10 +46,10 @@ import numpy as np
 from placements.errors import AutogradError
 
 from ..distributed.abstract import AbstractDTensor
-from ..distributed.dtensor import DTensor, _PendingDTensor
+from ..distributed.dtensor import DTensor, PendingDTensor
 from ..local import grad_engine as _ag
 from ..local.rng import get_rng_state
-from ..local.tensor import Tensor, _wrap
+from ..local.tensor import Tensor, wrap_array
 from ..ops import OpInfo
 from ..ops.view import VIEWS
 from .dispatcher import MISSING, binder_of
@@ -85,14 +85,14 @@ def _wants_grad(args: Sequence[object], kwargs: Mapping[str, object] | None) -> 
     grad."""
     for a in args:
         t = type(a)
-        if t is Tensor or t is DTensor or t is _PendingDTensor or t is AbstractDTensor:
+        if t is Tensor or t is DTensor or t is PendingDTensor or t is AbstractDTensor:
             m = a._ag
             if m is not None and m.requires_grad:
                 return True
         elif t is list or t is tuple:
             for e in a:
                 te = type(e)
-                if te is Tensor or te is DTensor or te is _PendingDTensor or te is AbstractDTensor:
+                if te is Tensor or te is DTensor or te is PendingDTensor or te is AbstractDTensor:
                     m = e._ag
                     if m is not None and m.requires_grad:
                         return True
@@ -224,7 +224,7 @@ def _slots(binder, values: list) -> list:
 
 def _is_tensor(v: object) -> bool:
     t = type(v)
-    return t is Tensor or t is DTensor or t is _PendingDTensor or t is AbstractDTensor
+    return t is Tensor or t is DTensor or t is PendingDTensor or t is AbstractDTensor
 
 
 def _detached(t: object) -> object:
@@ -232,7 +232,7 @@ def _detached(t: object) -> object:
     output: no reference cycle through the output's grad_fn)."""
     if isinstance(t, DTensor):  # a pending one (async redistribute) waits here
         return t.__copy__()
-    return _wrap(t._arr, t._storage)
+    return wrap_array(t._arr, t._storage)
 
 
 #: Stand-ins by layout (see :func:`_stand_in`): ``(shape, dtype)`` of a Tensor, a DTensor's spec.
@@ -254,7 +254,7 @@ def _stand_in(v: object) -> object:
         s = _STAND_INS.get(key)
         if s is not None:
             return s
-        s = _wrap(np.broadcast_to(np.zeros((), arr.dtype), arr.shape), None)
+        s = wrap_array(np.broadcast_to(np.zeros((), arr.dtype), arr.shape), None)
     else:
         key = v._spec
         s = _STAND_INS.get(key)
@@ -276,7 +276,7 @@ def _unread(v: object) -> object:
     program holds them (its parameters and inputs), and the index and mask tensors that
     formulas read are among them."""
     t = type(v)
-    if t is Tensor or t is DTensor or t is _PendingDTensor:
+    if t is Tensor or t is DTensor or t is PendingDTensor:
         m = v._ag
         if m is not None and m.grad_fn is not None:
             return _stand_in(v)
@@ -523,7 +523,7 @@ def record(info: OpInfo, plain: Callable, args: tuple, kwargs: Mapping[str, obje
     edges = []
     for v in slots:
         t = type(v)
-        if t is Tensor or t is DTensor or t is _PendingDTensor or t is AbstractDTensor:
+        if t is Tensor or t is DTensor or t is PendingDTensor or t is AbstractDTensor:
             m = v._ag
             if m is not None:
                 if m.view is not None:
@@ -577,7 +577,7 @@ def record(info: OpInfo, plain: Callable, args: tuple, kwargs: Mapping[str, obje
             changed = True
         else:
             t = type(v)
-            if t is Tensor or t is DTensor or t is _PendingDTensor:
+            if t is Tensor or t is DTensor or t is PendingDTensor:
                 m = v._ag
                 if m is not None and m.grad_fn is not None:
                     values[pi] = _stand_in(v)

@@ -55,7 +55,7 @@ from ..local import dtypes as _dtypes
 from ..local.kernels.index import KthvalueResult, SortResult, TopkResult
 from ..local.kernels.reduce import MaxResult, MinResult
 from ..local.tensor import Tensor
-from .dtensor import DTensor, _as_local_tensor, _normalize_placements
+from .dtensor import DTensor, _as_local_tensor, normalize_placements
 from .mesh import DeviceMesh
 
 __all__ = [
@@ -245,7 +245,7 @@ class AbstractMesh:
             Without ``shape`` when a placement is a Shard (the global shape would be
             gathered from ranks that do not exist), or for a ``local`` that requires grad.
         """
-        placements = _normalize_placements(placements, self, "DTensor.from_local")
+        placements = normalize_placements(placements, self, "DTensor.from_local")
         local = _as_local_tensor(local, "DTensor.from_local")
         if local.requires_grad:
             raise MetadataOnlyError(
@@ -570,7 +570,7 @@ def abstract_tensor(
             f"abstract_tensor: mesh must be an AbstractMesh, got {mesh!r} "
             "(AbstractMesh.from_mesh(mesh) makes one of a DeviceMesh's shape)"
         )
-    placements = _normalize_placements(placements, mesh, "abstract_tensor")
+    placements = normalize_placements(placements, mesh, "abstract_tensor")
     dtype = _dtypes.get_default_dtype() if dtype is None else _dtypes.to_dtype(dtype)
     spec = DTensorSpec(mesh, placements, tuple(int(s) for s in shape), dtype)
     check_partial_dtype("abstract_tensor", spec.placements, spec.dtype)

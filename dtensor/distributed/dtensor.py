@@ -26,6 +26,7 @@ from placements.errors import (
     SignatureError,
 )
 from placements.layout import local_shape as _layout_local_shape
+from placements.meta import norm_dim
 from placements.spec import DTensorSpec, check_partial_dtype
 from placements.types import placement_list
 from redistribute.execute import execute as _execute
@@ -37,14 +38,18 @@ from ..local import allocator as _allocator
 from ..local import grad_engine as _ag
 from ..local.factory import as_tensor
 from ..local.strides import contiguous_strides
-from ..local.tensor import Tensor, _norm_dim, _wrap, check_one_element
+from ..local.tensor import Tensor, check_one_element, wrap_array
 from .mesh import DeviceMesh, init_device_mesh
 
 __all__ = [
     "DTensor",
+    "PendingDTensor",
     "add_redistribute_listener",
     "allocator_for",
     "distribute_tensor",
+    "normalize_placements",
+    "record_redistribute",
+    "redistribute_target",
     "remove_redistribute_listener",
 ]
 
@@ -74,7 +79,7 @@ _TARGETS = LRUCache("distributed.redistribute_targets", 4096)
 _find_target = _TARGETS.data.get
 
 
-def _target(spec: DTensorSpec, placements: tuple[Placement, ...]) -> tuple:
+def redistribute_target(spec: DTensorSpec, placements: tuple[Placement, ...]) -> tuple:
     """``(spec.with_placements(placements), plan to it)``, cached. **Local**.
 
     Raises DTypeError (before anything is cached) for a ``Partial("avg")`` target of a
@@ -94,7 +99,7 @@ def _target(spec: DTensorSpec, placements: tuple[Placement, ...]) -> tuple:
     return hit
 
 
-def _normalize_placements(
+def normalize_placements(
     placements: Sequence[Placement] | None, mesh: DeviceMesh, op: str
 ) -> tuple[Placement, ...]:
     """Placements as a tuple of the mesh's length (None means all Replicate). **Local**."""
@@ -219,7 +224,7 @@ class DTensor(_fp.DTensorBase):
         """Global size, or the global size of one dim. **Local**."""
         if dim is None:
             return self._spec.shape
-        return self._spec.shape[_norm_dim(dim, self.ndim, "size")]
+        return self._spec.shape[norm_dim(dim, self.ndim, "size")]
 
     def numel(self) -> int:
         """Number of elements of the global tensor. **Local**."""
@@ -232,7 +237,7 @@ class DTensor(_fp.DTensorBase):
             strides = contiguous_strides(self._spec.shape)
         if dim is None:
             return tuple(strides)
-        return strides[_norm_dim(dim, self.ndim, "stride")]
+        return strides[norm_dim(dim, self.ndim, "stride")]
 
     def __len__(self) -> int:
         if not self._spec.shape:
@@ -417,7 +422,7 @@ class DTensor(_fp.DTensorBase):
         spec = self._spec
         mesh = spec.mesh
         target = spec if grad_placements is None else spec.with_placements(
-            _normalize_placements(grad_placements, mesh, "to_local"))
+            normalize_placements(grad_placements, mesh, "to_local"))
         local = self._local
         if target.local_shape(mesh._coord) != tuple(local.shape):
             raise AutogradError(
@@ -426,7 +431,7 @@ class DTensor(_fp.DTensorBase):
                 f"{placement_list(spec.placements)}, {target.local_shape(mesh._coord)} under "
                 f"grad_placements (global shape {spec.shape})"
             )
-        out = _wrap(local._arr, local._storage)
+        out = wrap_array(local._arr, local._storage)
         _ag.record("to_local", _to_local_backward, (_ag.edge_of(self),), (out,), target)
         return out
 
@@ -483,7 +488,7 @@ class DTensor(_fp.DTensorBase):
                 f"redistribute: moving a DTensor from {mesh!r} to another mesh "
                 f"{device_mesh!r} is not supported; placements={placement_list(spec.placements)}"
             )
-        dst, steps = _target(spec, _normalize_placements(placements, mesh, "redistribute"))
+        dst, steps = redistribute_target(spec, normalize_placements(placements, mesh, "redistribute"))
         if dst.placements == spec.placements:
             return self
         if _move_listeners:
@@ -501,11 +506,11 @@ class DTensor(_fp.DTensorBase):
             allocator_for(mesh.device_type),
         )
         if async_op:
-            pending = _dnew(_PendingDTensor)
+            pending = _dnew(PendingDTensor)
             _BASE_LOCAL.__set__(pending, out)
             pending._spec = dst
             return pending
-        return DTensor._make(_wrap(out), dst)
+        return DTensor._make(wrap_array(out), dst)
 
     def wait(self) -> DTensor:
         """This DTensor, once its data is there (see ``redistribute(async_op=True)``);
@@ -588,7 +593,7 @@ class DTensor(_fp.DTensorBase):
                 "DTensor.from_local: local_tensor must be a Tensor or numeric array_like, got "
                 f"a {type(local_tensor).__name__}: {e}"
             ) from e
-        placements = _normalize_placements(placements, device_mesh, "DTensor.from_local")
+        placements = normalize_placements(placements, device_mesh, "DTensor.from_local")
         if shape is None:
             shape = _infer_global_shape(local, device_mesh, placements)
             # inferring from Shard placements checked every rank's shape already; without
@@ -613,13 +618,13 @@ class DTensor(_fp.DTensorBase):
         if local._ag is None or not _ag.MODE.enabled:
             return DTensor._make(local, spec)
         back = (_grad_target(spec.placements) if grad_placements is None
-                else _normalize_placements(grad_placements, device_mesh, "DTensor.from_local"))
+                else normalize_placements(grad_placements, device_mesh, "DTensor.from_local"))
         if spec.with_placements(back).local_shape(device_mesh._coord) != tuple(local.shape):
             raise AutogradError(
                 f"DTensor.from_local: grad_placements {placement_list(back)} do not match the "
                 f"local tensor of shape {tuple(local.shape)} (global shape {spec.shape})"
             )
-        out = DTensor._make(_wrap(local._arr, local._storage), spec)
+        out = DTensor._make(wrap_array(local._arr, local._storage), spec)
         _ag.record("from_local", _from_local_backward, (_ag.edge_of(local),), (out,), back)
         return out
 
@@ -705,7 +710,7 @@ _ag.set_leaf_layout(_leaf_layout)
 _BASE_LOCAL = _fp.DTensorBase._local
 
 
-class _PendingDTensor(DTensor):
+class PendingDTensor(DTensor):
     """A DTensor from ``redistribute(async_op=True)`` whose local shard is pending.
 
     Its base slot holds the handle of the pending work (:class:`redistribute.worker.Pending`
@@ -734,10 +739,10 @@ class _PendingDTensor(DTensor):
     redistribute.__doc__ = DTensor.redistribute.__doc__
 
 
-def _settle(d: _PendingDTensor) -> Tensor:
+def _settle(d: PendingDTensor) -> Tensor:
     """Wait for ``d``'s pending shard; ``d`` becomes a plain DTensor holding it."""
-    if type(d) is _PendingDTensor:
-        local = _wrap(_BASE_LOCAL.__get__(d).wait())
+    if type(d) is PendingDTensor:
+        local = wrap_array(_BASE_LOCAL.__get__(d).wait())
         _BASE_LOCAL.__set__(d, local)
         d.__class__ = DTensor
         return local
@@ -867,7 +872,7 @@ def distribute_tensor(
     mesh = device_mesh
     if type(mesh) is not DeviceMesh and getattr(mesh, "_abstract", False):  # an AbstractMesh
         return mesh._distribute(tensor, placements)
-    placements = _normalize_placements(placements, mesh, "distribute_tensor")
+    placements = normalize_placements(placements, mesh, "distribute_tensor")
     alloc = allocator_for(mesh.device_type)
     if src_data_rank is None:
         data = _as_local_tensor(tensor, "distribute_tensor").to(mesh.device_type)
@@ -877,7 +882,7 @@ def distribute_tensor(
         steps = _plan(src_spec, placements)
         out = _execute(steps, data._arr, src_spec, mesh._coord, mesh._dim_comms, alloc)
         same = data if data._ag is None else data.detach()
-        out = DTensor._make(_wrap(out) if out is not data._arr else same, spec)
+        out = DTensor._make(wrap_array(out) if out is not data._arr else same, spec)
         return out.requires_grad_() if data.requires_grad else out
 
     hits = np.argwhere(mesh.mesh == src_data_rank)
@@ -920,6 +925,6 @@ def distribute_tensor(
     out = _scatter_from(
         src, data.to(mesh.device_type)._arr if is_src else None, spec, mesh._coord, base, alloc
     )
-    out = DTensor._make(_wrap(out), spec)
+    out = DTensor._make(wrap_array(out), spec)
     # the source's requires_grad decides (every rank must ask for the same)
     return out.requires_grad_() if data is not None and data.requires_grad else out

@@ -27,9 +27,9 @@ from placements.spec import DTensorSpec, check_partial_dtype
 
 from ..local import allocator as _allocator
 from ..local import factory as _local
-from ..local.tensor import _wrap
+from ..local.tensor import wrap_array
 from .abstract import AbstractMesh, abstract_tensor
-from .dtensor import DTensor, _normalize_placements
+from .dtensor import DTensor, normalize_placements
 
 __all__ = ["FACTORIES", "distributed_factory"]
 
@@ -57,7 +57,7 @@ def distributed_factory(
     if type(mesh) is AbstractMesh:  # metadata only (the generator advances as on a mesh)
         _local.reserve(req)
         return abstract_tensor(req.size, mesh, placements, dtype=req.dtype)
-    placements = _normalize_placements(placements, mesh, f"dt.{req.name}")
+    placements = normalize_placements(placements, mesh, f"dt.{req.name}")
     spec = DTensorSpec(mesh, placements, req.size, req.dtype)
     check_partial_dtype(f"dt.{req.name}", spec.placements, spec.dtype)
     coord = mesh.get_coordinate()
@@ -69,7 +69,7 @@ def distributed_factory(
             _local.fill_block(req, out, spec.local_offsets(coord), counters)
         else:
             out.fill(fill)
-    return DTensor._make(_wrap(out), spec)
+    return DTensor._make(wrap_array(out), spec)
 
 
 _MESH_DOC = """

@@ -43,7 +43,7 @@ from . import dtypes as _dtypes
 from . import grad_engine as _grad_engine  # noqa: F401  (installs the autograd API on Tensor)
 from . import rng as _random
 from .quiet import quiet_call
-from .tensor import Tensor, _alloc, _copy_into, _empty_like_arr, _shape_arg, _wrap
+from .tensor import Tensor, _alloc, _copy_into, _empty_like_arr, _shape_arg, wrap_array
 
 __all__ = [
     "REQUESTS",
@@ -83,7 +83,7 @@ def _from_array(arr, op: str) -> Tensor:
             f"{op}: the array's strides {arr.strides} are not a multiple of the element "
             f"size ({isz} bytes); copy it with dt.tensor(a) instead"
         )
-    t = _wrap(arr)
+    t = wrap_array(arr)
     if (t.data_ptr() - t.untyped_storage().data_ptr()) % isz:
         raise ViewError(
             f"{op}: the array starts {t.data_ptr() - t.untyped_storage().data_ptr()} bytes "
@@ -152,7 +152,7 @@ def tensor(data, dtype=None, device=None, requires_grad: bool = False) -> Tensor
     dev = backend.device_of(src) if device is None else backend.as_device(device)
     out = _alloc(src.shape, _dtypes.to_dtype(dtype), dev)
     _copy_into(out, src)
-    t = _wrap(out)
+    t = wrap_array(out)
     return t.requires_grad_() if requires_grad else t
 
 
@@ -458,7 +458,7 @@ def build(req: Request) -> Tensor:
         dev = backend.CPU if req.device is None else backend.as_device(req.device)
         out = _alloc(req.size, req.dtype, dev)
     fill_block(req, out, (0,) * len(req.size), reserve(req))
-    return _wrap(out)
+    return wrap_array(out)
 
 
 def _local(request):

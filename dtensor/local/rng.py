@@ -22,7 +22,7 @@ from placements.errors import ArgumentError, DTypeError
 
 from . import allocator as _allocator
 from . import backend
-from .tensor import Tensor, _wrap
+from .tensor import Tensor, wrap_array
 
 __all__ = [
     "get_rng_state",
@@ -77,7 +77,7 @@ def get_rng_state() -> Tensor:
     """
     out = _allocator.empty_array((16,), np.dtype(np.uint8), backend.CPU)
     out[:] = np.array([_seed, _offset], dtype="<u8").view(np.uint8)
-    return _wrap(out)
+    return wrap_array(out)
 
 
 def set_rng_state(new_state) -> None:

@@ -19,7 +19,7 @@ to the meta function.
 
 Copies (``clone``, ``contiguous``, ``reshape`` when no view exists, dtype/device
 conversions) allocate through :func:`dtensor.local.allocator.empty_array` only. Output
-arrays of other modules' kernels become tensors through :func:`_wrap` (zero-copy, no
+arrays of other modules' kernels become tensors through :func:`wrap_array` (zero-copy, no
 validation); the Storage of such a tensor is derived on first use from the array's memory
 owner.
 """
@@ -64,7 +64,7 @@ from . import dtypes as _dtypes
 from . import strides as _strides
 from .quiet import quiet_call
 
-__all__ = ["Size", "Storage", "Tensor", "is_tensor"]
+__all__ = ["Size", "Storage", "Tensor", "is_tensor", "wrap_array"]
 
 # The stride math: the compiled twin (same functions, same errors) when the fast path is on.
 _S = _fp.strides if _fp.ENABLED else _strides
@@ -153,7 +153,7 @@ def _storage_of(arr) -> Storage:
 _new = _fp.TensorBase.__new__
 
 
-def _wrap(arr, storage: Storage | None = None) -> Tensor:
+def wrap_array(arr, storage: Storage | None = None) -> Tensor:
     """Wrap an ndarray as a :class:`Tensor` without copying or validating.
 
     **Local.** ``arr`` must be a numpy/cupy ndarray (0-d arrays, not numpy scalars) of a
@@ -373,8 +373,8 @@ def _transposer(op: str, doc: str):
             type(dim0) is int and type(dim1) is int
             and -ndim <= dim0 < ndim and -ndim <= dim1 < ndim
         ):
-            return _wrap(arr.swapaxes(dim0, dim1), self._storage)
-        return _wrap(arr.transpose(transpose_dims(ndim, dim0, dim1, op)), self._storage)
+            return wrap_array(arr.swapaxes(dim0, dim1), self._storage)
+        return wrap_array(arr.transpose(transpose_dims(ndim, dim0, dim1, op)), self._storage)
 
     transpose.__name__, transpose.__qualname__ = op, f"Tensor.{op}"
     transpose.__doc__ = doc
@@ -535,7 +535,7 @@ class Tensor(_fp.TensorBase):
 
     def __reduce__(self):
         # Note: pickling keeps the values, not storage sharing (a view pickles compactly).
-        return (_wrap, (self._arr,))
+        return (wrap_array, (self._arr,))
 
     def __repr__(self) -> str:
         arr = backend.to_host(self._arr)
@@ -623,7 +623,7 @@ class Tensor(_fp.TensorBase):
             dev = cur
         out = _empty_like_arr(arr, new_dtype, dev)
         _copy_into(out, arr)
-        return _wrap(out)
+        return wrap_array(out)
 
     def cpu(self) -> Tensor:
         """This tensor on the CPU (``self`` when already there). **Local.**"""
@@ -653,7 +653,7 @@ class Tensor(_fp.TensorBase):
             st = self.untyped_storage()
             offset = backend.data_ptr(arr) - st._ptr + delta * isz
             out = st._view(shape, arr.dtype, offset, bstrides)
-        return _wrap(out, self._storage)
+        return wrap_array(out, self._storage)
 
     def as_strided(self, size, stride, storage_offset: int | None = None) -> Tensor:
         """View of the same storage with the given sizes, strides and offset. **Local.**
@@ -681,7 +681,7 @@ class Tensor(_fp.TensorBase):
                 f"{storage_offset}, and itemsize {isz} are out of bounds for storage of "
                 f"size {st.nbytes()}"
             ) from exc
-        return _wrap(out, st)
+        return wrap_array(out, st)
 
     def _view_general(self, shape: tuple) -> Tensor | None:
         """``view(shape)`` by PyTorch's computeStride, or ``None`` if no view exists."""
@@ -749,7 +749,7 @@ class Tensor(_fp.TensorBase):
                         f"{msg}: the storage offset and the strides of all dims but the "
                         f"last must be divisible by {ratio}"
                     )
-        return _wrap(arr.view(dtype), self._storage)
+        return wrap_array(arr.view(dtype), self._storage)
 
     def view_as(self, other: Tensor) -> Tensor:
         """``view(other.shape)``. **Local.**"""
@@ -777,7 +777,7 @@ class Tensor(_fp.TensorBase):
             _COPY_C(out, arr)  # a tiled transpose for x.mT layouts
         else:
             _copy_into(out, arr)
-        return _wrap(out)
+        return wrap_array(out)
 
     transpose = _transposer("transpose", "View with two dims swapped. **Local.**")
     swapaxes = _transposer("swapaxes", "``transpose`` (numpy's name). **Local.**")
@@ -787,17 +787,17 @@ class Tensor(_fp.TensorBase):
         """Transpose of a <= 2-D tensor (0-D and 1-D come back as they are). **Local.**"""
         arr = self._arr
         if arr.ndim == 2:
-            t = _new(Tensor)  # _wrap inlined: this is a hot path
+            t = _new(Tensor)  # wrap_array inlined: this is a hot path
             t._arr = arr.T
             t._storage = self._storage
             t._std = None
             return t
-        return _wrap(arr.transpose(t_dims(arr.ndim)), self._storage)
+        return wrap_array(arr.transpose(t_dims(arr.ndim)), self._storage)
 
     @property
     def T(self) -> Tensor:
         """All dims reversed."""
-        return _wrap(self._arr.T, self._storage)
+        return wrap_array(self._arr.T, self._storage)
 
     @property
     def mT(self) -> Tensor:
@@ -808,7 +808,7 @@ class Tensor(_fp.TensorBase):
                 "tensor.mT is only supported on matrices or batches of matrices. "
                 f"Got {arr.ndim}-D tensor."
             )
-        return _wrap(arr.swapaxes(-1, -2), self._storage)
+        return wrap_array(arr.swapaxes(-1, -2), self._storage)
 
     def permute(self, *dims) -> Tensor:
         """View with the dims reordered. **Local.**"""
@@ -819,12 +819,12 @@ class Tensor(_fp.TensorBase):
             out = arr.transpose(dims)
         except (TypeError, ValueError):
             out = arr.transpose(permute_dims(arr.ndim, dims))
-        return _wrap(out, self._storage)
+        return wrap_array(out, self._storage)
 
     def movedim(self, source, destination) -> Tensor:
         """View with dims ``source`` moved to positions ``destination``. **Local.**"""
         arr = self._arr
-        return _wrap(arr.transpose(movedim_dims(arr.ndim, source, destination)), self._storage)
+        return wrap_array(arr.transpose(movedim_dims(arr.ndim, source, destination)), self._storage)
 
     moveaxis = movedim
 
@@ -843,7 +843,7 @@ class Tensor(_fp.TensorBase):
     def _narrow_view(self, dim: int, start: int, length: int) -> Tensor:
         arr = self._arr
         if length:
-            return _wrap(arr[(slice(None),) * dim + (slice(start, start + length),)], self._storage)
+            return wrap_array(arr[(slice(None),) * dim + (slice(start, start + length),)], self._storage)
         # numpy does not move the data pointer for an empty slice; PyTorch moves the
         # storage offset by start * stride all the same.
         strides = self.stride()
@@ -860,7 +860,7 @@ class Tensor(_fp.TensorBase):
             and 0 <= dim < len(shape) and -shape[dim] <= index < shape[dim]
         ):
             dim, index = select_args(shape, dim, index)
-        return _wrap(arr[(slice(None),) * dim + (index, Ellipsis)], self._storage)
+        return wrap_array(arr[(slice(None),) * dim + (index, Ellipsis)], self._storage)
 
     def squeeze(self, dim=None) -> Tensor:
         """View without size-1 dims (all, or those of ``dim``: an int or tuple). **Local.**
@@ -869,13 +869,13 @@ class Tensor(_fp.TensorBase):
         """
         arr = self._arr
         if dim is None:  # every size-1 dim: numpy's squeeze() is squeeze_dims(shape)
-            return _wrap(arr.squeeze(), self._storage)
+            return wrap_array(arr.squeeze(), self._storage)
         shape = arr.shape
         if type(dim) is int and -len(shape) <= dim < len(shape):
             axes = (dim,) if shape[dim] == 1 else ()
         else:
             axes = squeeze_dims(shape, dim)
-        return _wrap(arr.squeeze(axes), self._storage)
+        return wrap_array(arr.squeeze(axes), self._storage)
 
     def unsqueeze(self, dim: int) -> Tensor:
         """View with a size-1 dim inserted at ``dim``. **Local.**"""
@@ -946,7 +946,7 @@ class Tensor(_fp.TensorBase):
         dim = _nonscalar_dim(dim, arr.ndim, "unbind")
         lead = (slice(None),) * dim
         st = self._storage
-        return tuple([_wrap(arr[(*lead, i, Ellipsis)], st) for i in range(arr.shape[dim])])
+        return tuple([wrap_array(arr[(*lead, i, Ellipsis)], st) for i in range(arr.shape[dim])])
 
     def _split_sizes(self, sizes, dim: int) -> tuple:
         out = []
@@ -1056,22 +1056,22 @@ class Tensor(_fp.TensorBase):
             if arr.ndim:
                 # Fast paths of x[i] and x[a:b:c] (numpy's view is PyTorch's unless empty).
                 if type(idx) is int:
-                    return _wrap(arr[idx, ...], self._storage)
+                    return wrap_array(arr[idx, ...], self._storage)
                 if type(idx) is slice and (idx.step is None or idx.step > 0):
                     out = arr[idx]
                     if out.size:
-                        return _wrap(out, self._storage)
+                        return wrap_array(out, self._storage)
             index, basic, consumed = self._index(idx, "__getitem__")
             if not basic:
                 # Note: advanced indexing copies, into memory numpy allocates (the storage
                 # then reports the host allocator), as numpy's indexing does not take an
                 # output.
-                return _wrap(arr[index])
+                return wrap_array(arr[index])
             out = arr[index]
         except IndexError as exc:
             raise _index_error(exc, arr.shape, idx, "__getitem__") from None
         if out.size and None not in index:
-            return _wrap(out, self._storage)
+            return wrap_array(out, self._storage)
         return self._basic_view(out, index, consumed)
 
     def __setitem__(self, idx, value) -> None:
@@ -1089,7 +1089,7 @@ class Tensor(_fp.TensorBase):
         """Ones of this shape and dtype: the implicit gradient of a one-element tensor."""
         out = _alloc(self._arr.shape, self._arr.dtype, backend.device_of(self._arr))
         out.fill(1)
-        return _wrap(out)
+        return wrap_array(out)
 
     def _grad_layout(self) -> None:
         """The layout a leaf's gradient gets (none for a local tensor)."""
@@ -1101,11 +1101,11 @@ class Tensor(_fp.TensorBase):
         arr = self._arr
         out = _empty_like_arr(arr, arr.dtype, backend.device_of(arr))
         _copy_into(out, arr)
-        return _wrap(out)
+        return wrap_array(out)
 
     def detach(self) -> Tensor:
         """A new handle on the same Storage. **Local.**"""
-        return _wrap(self._arr.view(), self._storage)
+        return wrap_array(self._arr.view(), self._storage)
 
     def copy_(self, src) -> Tensor:
         """Copy ``src`` (broadcast to this shape, cast to this dtype) into ``self``.
@@ -1191,6 +1191,6 @@ class Tensor(_fp.TensorBase):
 
 
 if _fp.ENABLED:
-    # Outputs of every kernel become tensors through _wrap: the compiled twin creates them.
+    # Outputs of every kernel become tensors through wrap_array: the compiled twin creates them.
     _fp.dispatch.install_tensor(Tensor)
-    _wrap = _fp.dispatch.wrap
+    wrap_array = _fp.dispatch.wrap

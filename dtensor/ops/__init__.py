@@ -1,4 +1,5 @@
-"""The op table: one record per op (:mod:`.table`), declared by family.
+"""Internal package (a layer; its public names reach users through ``dtensor``): the op
+table, one record per op (:mod:`.table`), declared by family.
 
 Importing this package declares every built-in op (:mod:`.pointwise`, :mod:`.reduction`,
 :mod:`.linalg`, :mod:`.nn`, :mod:`.tensor`, :mod:`.view`, :mod:`.index`), each family with

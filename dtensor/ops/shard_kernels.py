@@ -32,6 +32,7 @@ from ``strategy.output_specs[0].mesh``):
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 
 import numpy as np
@@ -52,7 +53,7 @@ from ..local import kernels as _math
 from ..local import rng as _random
 from ..local.backend import array_module_of
 from ..local.kernels import nn as _math_nn
-from ..local.tensor import Tensor, _wrap
+from ..local.tensor import Tensor, wrap_array
 from .table import OPS
 
 R = Replicate()
@@ -85,7 +86,7 @@ def _local_out_shape(strategy: OpStrategy) -> tuple[int, ...]:
 
 def _filled(like: Tensor, shape: tuple[int, ...], value: object, dtype: np.dtype) -> Tensor:
     """A new tensor of ``shape`` filled with ``value``, on ``like``'s array module."""
-    return _wrap(array_module_of(like._arr).full(shape, value, dtype))
+    return wrap_array(array_module_of(like._arr).full(shape, value, dtype))
 
 
 def _scaled_sum(total: Callable, n_global: int, out_dtype: np.dtype) -> Callable:
@@ -96,7 +97,7 @@ def _scaled_sum(total: Callable, n_global: int, out_dtype: np.dtype) -> Callable
     def kernel(*values):
         arr = total(*values)._arr  # a fresh array (0-d for a full reduction): scaled in place
         arr *= inv
-        return _wrap(arr.astype(out_dtype, copy=False))
+        return wrap_array(arr.astype(out_dtype, copy=False))
 
     kernel.scale = inv
     return kernel
@@ -222,22 +223,24 @@ def embedding_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
             return _filled(weight, out_shape, 0, weight.dtype)
         shifted = idx - start
         shifted[outside] = 0
-        out = _math.embedding(_wrap(shifted), weight)._arr
+        out = _math.embedding(wrap_array(shifted), weight)._arr
         out[outside] = 0
-        return _wrap(out)
+        return wrap_array(out)
 
     return local
 
 
-#: The op whose kernel runs a collective of its own right now (the all-reduces of a
-#: vocab-parallel loss), or None; the dispatcher reports it as the current op
-#: (:func:`dtensor.dispatch.dispatcher.current_op`) so that CommDebugMode names it.
-_kernel_op: str | None = None
+#: Per thread, the op whose kernel runs a collective of its own right now (the all-reduces
+#: of a vocab-parallel loss; ``op``, absent otherwise); the dispatcher reports it as the
+#: current op (:func:`dtensor.dispatch.dispatcher.current_op`) so that CommDebugMode names
+#: it. Per thread: the strategy validator runs one coordinate's kernels per thread.
+_kernel_state = threading.local()
 
 
 def kernel_op() -> str | None:
-    """The op whose kernel is running one of its own collectives, or None. **Local**."""
-    return _kernel_op
+    """The op whose kernel is running one of its own collectives in this thread, or None.
+    **Local**."""
+    return getattr(_kernel_state, "op", None)
 
 
 def class_sharded_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
@@ -259,13 +262,13 @@ def class_sharded_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
     start = local_offsets(shape, schema.mesh_shape, pl, _coord(strategy))[d]
 
     def reduce(arr, op):
-        global _kernel_op
-        prev, _kernel_op = _kernel_op, schema.op
+        prev = getattr(_kernel_state, "op", None)
+        _kernel_state.op = schema.op
         try:
             for comm in comms:
                 comm.allreduce(arr, op=op, what=(schema.op, "class shards"))
         finally:
-            _kernel_op = prev
+            _kernel_state.op = prev
         return arr
 
     shard = _math_nn.ClassShard(start, shape[d], reduce)
@@ -302,7 +305,7 @@ def dropout_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
         seed, offset = _random._reserve(numel)
         out = a if inplace else None
         r = _math_nn._dropout_apply(a, p, seed, offset, spec.shape, starts, out=out)
-        return input if inplace else _wrap(r)
+        return input if inplace else wrap_array(r)
 
     return local
 
@@ -380,7 +383,7 @@ def getitem_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
     def local(input, idx):
         out = kernel(input, key)._arr
         xp = array_module_of(out)
-        return _wrap(xp.where(xp.asarray(mask), out, xp.zeros((), out.dtype)))
+        return wrap_array(xp.where(xp.asarray(mask), out, xp.zeros((), out.dtype)))
 
     return local
 
@@ -473,7 +476,7 @@ def write_index_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
     def local(input, idx, value, *rest):
         if cut and isinstance(value, Tensor):
             arr = value._arr
-            value = _wrap(array_module_of(arr).broadcast_to(arr, target)[vkey])
+            value = wrap_array(array_module_of(arr).broadcast_to(arr, target)[vkey])
         return kernel(input, key, value, *rest)
 
     return local
@@ -498,7 +501,7 @@ def index_add_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
         if idx.size:  # against the global size, before the index is cut
             check_index_values("index_add", int(xp.min(idx)), int(xp.max(idx)), d, shape[d])
         inside = (idx >= lo) & (idx < lo + n)
-        rows = _wrap(xp.compress(inside, source._arr, axis=d))
-        return kernel(input, dim, _wrap(idx[inside] - lo), rows, alpha)
+        rows = wrap_array(xp.compress(inside, source._arr, axis=d))
+        return kernel(input, dim, wrap_array(idx[inside] - lo), rows, alpha)
 
     return local

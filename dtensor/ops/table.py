@@ -197,12 +197,12 @@ class OpInfo:
         only view or move data (sample families ``view``, ``expand_as``) need not, and a
         user's kernel (:func:`dtensor.register_op`, no sample family) keeps its warnings.
         """
-        return self.samples is not None and self.samples not in _MOVES_ONLY
+        return self.samples is not None and self.samples not in MOVES_ONLY
 
 
 #: Sample families of ops that only view or move data: numpy reports no floating-point error
 #: in them, so they do not run quietly (:attr:`OpInfo.quiet`).
-_MOVES_ONLY = frozenset(("view", "expand_as"))
+MOVES_ONLY = frozenset(("view", "expand_as"))
 
 
 OPS: dict[str, OpInfo] = {}

@@ -43,7 +43,7 @@ from mpi4py import MPI
 import dtensor as dt
 from dtensor.dispatch import dispatcher as _dispatch
 from dtensor.local.backend import array_module
-from dtensor.local.tensor import _wrap
+from dtensor.local.tensor import wrap_array
 from launch.bench._common import (
     bench_args,
     emit,
@@ -183,7 +183,7 @@ def _breakdown(case: Callable, repeat: int, comm: MPI.Comm) -> dict[str, float]:
     binder = _dispatch.binder_of(info)
     fast = _time(case, repeat, comm)
     k = _time(lambda: kernel(*locals_), repeat, comm)
-    wrap = _time(lambda: dt.DTensor._make(_wrap(arr), spec), repeat, comm)
+    wrap = _time(lambda: dt.DTensor._make(wrap_array(arr), spec), repeat, comm)
     py_lookup = _time(lambda: _dispatch.lookup(info, binder.bind(values, {})), repeat, comm)
     return {
         "op": name,

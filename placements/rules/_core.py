@@ -58,9 +58,12 @@ __all__ = [
     "get_rule",
     "nd_valid",
     "propagate",
+    "reduce_cost",
     "register_rule",
     "rule_names",
+    "rule_result",
     "rule_statics",
+    "strategy_of",
 ]
 
 
@@ -399,7 +402,7 @@ def _dtype_valid(schema: OpSchema, result: RuleResult) -> RuleResult:
 _RESULTS = LRUCache("placements.rules.results", 4096)
 
 
-def _rule_result(schema: OpSchema) -> RuleResult:
+def rule_result(schema: OpSchema) -> RuleResult:
     """The rule's result for ``schema`` (less the candidates its dtypes make wrong,
     :func:`_dtype_valid`), memoised on everything a rule may read.
 
@@ -561,7 +564,7 @@ def _cheapest_combo(
             for n in e[2].reduces:
                 c_red = reduce_memo.get((m, n))
                 if c_red is None:
-                    c_red = reduce_memo[m, n] = _reduce_cost(cost_fn, m, nm, n, dtype)
+                    c_red = reduce_memo[m, n] = reduce_cost(cost_fn, m, nm, n, dtype)
                 cost += c_red
         for (_, a, cur, _), target, memo in zip(tensors, tgts, memos):
             if target == cur:
@@ -582,7 +585,7 @@ def _cheapest_combo(
     return best, best_cost, considered
 
 
-def _reduce_cost(
+def reduce_cost(
     cost_fn: Callable[[ArgMeta, tuple[Placement, ...]], float],
     m: int,
     nm: int,
@@ -614,7 +617,7 @@ def propagate(
     (mesh dim 0 first). Scalars and local 0-d values cost nothing to split. The rule's result
     is memoised per call signature without placements.
     """
-    result = _rule_result(schema)
+    result = rule_result(schema)
     tensors = _tensor_args(schema.args, len(result.out_shapes))
     dims: list[list[_Ranked]] = []
     zero: list[list[Candidate]] = []
@@ -624,7 +627,7 @@ def propagate(
         zero.append(free)
     cs = _free_combo(result, zero)
     if cs is not None:
-        return _strategy(schema, mesh, result, cs, 0.0, ((cs, 0.0),))
+        return strategy_of(schema, mesh, result, cs, 0.0, ((cs, 0.0),))
     best, best_cost, considered = _cheapest_combo(result, tensors, dims, cost_fn)
     if best is None:  # only reachable with a rule whose nd_check rejects everything
         raise ShardingError(
@@ -634,10 +637,10 @@ def propagate(
                 for a in schema.args
             )
         )
-    return _strategy(schema, mesh, result, best, best_cost, tuple(considered))
+    return strategy_of(schema, mesh, result, best, best_cost, tuple(considered))
 
 
-def _strategy(
+def strategy_of(
     schema: OpSchema,
     mesh: object,
     result: RuleResult,

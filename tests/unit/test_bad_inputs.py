@@ -25,7 +25,7 @@ from dtensor import errors
 from dtensor.dispatch import dispatcher as _dispatch
 from dtensor.dispatch import entry_points as _dtensor_ops
 from dtensor.local import rng as _random
-from dtensor.local.tensor import _wrap
+from dtensor.local.tensor import wrap_array
 from placements import Partial, Replicate, Shard
 from placements.spec import DTensorSpec
 from redistribute import comm as _comm
@@ -677,7 +677,7 @@ def _block(kind, **bounds):
 
 def _device_tensor():
     """A tensor whose data is not a numpy array: a stand-in for a cupy array on cuda:0."""
-    return _wrap(types.SimpleNamespace(device=types.SimpleNamespace(id=0)))
+    return wrap_array(types.SimpleNamespace(device=types.SimpleNamespace(id=0)))
 
 
 # (id, the call, its catalogue type, the builtin it also is, message fragments)

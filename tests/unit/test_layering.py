@@ -23,7 +23,11 @@ PACKAGES = ("placements", "redistribute", "fastpath", "dtensor", "launch")
 
 #: Layer of a module: the longest matching prefix decides. Imports may only point to the
 #: same layer or a lower one; modules of two different packages on one layer (fastpath and
-#: redistribute) may not import each other.
+#: redistribute; two features) may not import each other. Above the dispatch layer the
+#: levels are the tools (testing, then debug with the validator, which uses it), then the features
+#: (checkpoint, optim, nn; then autoshard, which uses optim; parallel styles and pipelines
+#: come next), then the face (``dtensor/__init__.py``, ``autograd.py``, ``validate.py``).
+#: Features reach the tools only through their faces (see the privacy rule below).
 LAYERS = (
     ("placements", 0),
     ("fastpath", 1),
@@ -32,9 +36,25 @@ LAYERS = (
     ("dtensor.distributed", 3),
     ("dtensor.ops", 4),
     ("dtensor.dispatch", 5),
-    ("dtensor", 6),
-    ("launch", 7),
+    ("dtensor.testing", 6),
+    ("dtensor.debug", 7),
+    ("dtensor.checkpoint", 8),
+    ("dtensor.optim", 8),
+    ("dtensor.nn", 8),
+    ("dtensor.autoshard", 9),
+    ("dtensor.parallel", 9),
+    ("dtensor.pipelining", 9),
+    ("dtensor", 10),
+    ("launch", 11),
 )
+#: The internal packages (layers, marked "Internal package" in their docstring): other
+#: subpackages import their modules directly, public names only. Every other subpackage of
+#: dtensor is a face: its ``__init__`` lists its public names (``__all__``), and other
+#: subpackages import those from it, never from its ``_private`` modules.
+INTERNAL = ("dtensor.local", "dtensor.distributed", "dtensor.ops", "dtensor.dispatch")
+#: The library packages the privacy rule holds for (launch's benchmarks and mutation tool
+#: reach into internals on purpose).
+LIBRARY = ("placements", "redistribute", "fastpath", "dtensor")
 #: At most this many ``.py`` files directly in ``dtensor/`` (the public modules).
 MAX_TOP_LEVEL = 8
 
@@ -230,3 +250,84 @@ def test_the_checker_sees_each_kind_of_edge(source, text, upward, lazy):
     ((target, _, is_lazy, _),) = _edges(path, module, modules, text)
     assert _upward(module, target) is upward
     assert is_lazy is lazy
+
+
+def _subpackage(module: str) -> str:
+    """What privacy is judged by: a subpackage of dtensor, or a top-level package."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "dtensor" and len(parts) > 1 else parts[0]
+
+
+def _private_in(path: Path, module: str, modules: set[str], text: str | None = None
+                ) -> list[str]:
+    """Imports of a private name (``_x``), or from a private module, of another subpackage
+    in ``path`` (or in ``text``, read as if it were that file)."""
+    tree = ast.parse(path.read_text() if text is None else text)
+    package = _package_of(path, module)
+    bad = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if node.level:
+            base = package.split(".")
+            base = base[: len(base) - (node.level - 1)]
+            prefix = ".".join(base + ([node.module] if node.module else []))
+        else:
+            prefix = node.module or ""
+        for a in node.names:
+            target = _resolve(f"{prefix}.{a.name}", modules) or _resolve(prefix, modules)
+            if target is None or _subpackage(target) == _subpackage(module):
+                continue
+            private_name = a.name.startswith("_") and not a.name.startswith("__")
+            private_module = any(p.startswith("_") and not p.startswith("__")
+                                 for p in f"{prefix}.{a.name}".split("."))
+            if private_name or private_module:
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: {module} imports "
+                           f"{a.name} from {prefix}")
+    return bad
+
+
+def _private_imports() -> list[str]:
+    """:func:`_private_in` of every ``.py`` module of the library packages."""
+    sources = _sources()
+    modules = set(sources)
+    bad = []
+    for module, path in sources.items():
+        if path.suffix == ".py" and module.startswith(LIBRARY):
+            bad += _private_in(path, module, modules)
+    return bad
+
+
+def test_no_private_name_crosses_a_subpackage():
+    bad = _private_imports()
+    assert not bad, "private imports across subpackages:\n" + "\n".join(bad)
+
+
+def test_internal_packages_are_marked_and_faces_list_their_names():
+    for pkg in sorted({p for p, _ in LAYERS if p.startswith("dtensor.")}):
+        init = ROOT / pkg.replace(".", "/") / "__init__.py"
+        if not init.exists():
+            assert not (ROOT / (pkg.replace(".", "/") + ".py")).exists() or pkg in (
+                "dtensor.testing",), pkg
+            continue
+        tree = ast.parse(init.read_text())
+        doc = ast.get_docstring(tree) or ""
+        if pkg in INTERNAL:
+            assert doc.startswith("Internal package"), pkg
+        else:
+            assert not doc.startswith("Internal package"), pkg
+            assert any(isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "__all__"
+                                                         for t in n.targets)
+                       for n in tree.body), f"{pkg}: a face lists its names in __all__"
+
+
+def test_the_privacy_checker_sees_a_private_import():
+    modules = set(_sources())
+    path = ROOT / "dtensor" / "nn" / "fake.py"
+    text = ("from ..debug._explain import explain\nfrom ..local.tensor import _x\n"
+            "from ..debug import explain\nfrom . import _y\n")
+    bad = _private_in(path, "dtensor.nn.fake", modules, text)
+    assert [b.split(": ", 1)[1] for b in bad] == [
+        "dtensor.nn.fake imports explain from dtensor.debug._explain",
+        "dtensor.nn.fake imports _x from dtensor.local.tensor",
+    ]

@@ -11,7 +11,7 @@ import pytest
 import dtensor as dt
 from dtensor.debug import validate as V
 from dtensor.ops import samples as S
-from dtensor.ops.table import OPS, OpInfo, register_op
+from dtensor.ops.table import OPS, OpInfo, add_record
 from placements import MeshShape, Partial, Replicate, Shard
 from placements.rules import ArgMeta, Candidate, OpSchema, RuleResult, _core, get_rule, propagate
 
@@ -67,7 +67,7 @@ def test_every_candidate_of_every_rule(group):
 def _install(name: str, kernel, rule_fn, params=("input",), static=()):
     """Register a test-only op (drawing view samples) with its own rule; returns a cleanup
     function."""
-    register_op(OpInfo(name, kernel, params, ("input",), static, {}, samples="view"))
+    add_record(OpInfo(name, kernel, params, ("input",), static, {}, samples="view"))
     _core._RULES[name] = rule_fn
 
     def cleanup():
@@ -130,7 +130,7 @@ def test_mean_over_uneven_shards_is_exact():
     total = np.zeros(7, np.float32)
     for c in range(4):
         mesh = V._CoordMesh((4,), (c,))
-        st = _core._strategy(schema, mesh, _core._rule_result(schema),
+        st = _core.strategy_of(schema, mesh, _core.rule_result(schema),
                              strategy.candidates_considered[-1][0], 0.0, ())
         kernel = OPS["mean"].local_fn(schema, st)
         lo, n = 2 * c, max(0, min(2, 5 - 2 * c))

@@ -25,7 +25,7 @@ from .. import allocator as _allocator
 from .. import dtypes as _dtypes
 from ..backend import array_module_of, device_of, is_array
 from ..quiet import QUIET, quiet_call, quiet_function, quiet_run  # noqa: F401 (re-exported)
-from ..tensor import Tensor, _check_no_internal_overlap, _wrap
+from ..tensor import Tensor, _check_no_internal_overlap, wrap_array
 
 FLOAT32 = np.dtype(np.float32)
 FLOAT16 = np.dtype(np.float16)
@@ -187,7 +187,7 @@ def wrap(r) -> Tensor:
     """Wrap a kernel result (numpy turns 0-d results into scalars; they become 0-d arrays)."""
     if isinstance(r, np.generic):
         r = np.asarray(r)
-    return _wrap(r)
+    return wrap_array(r)
 
 
 def new_array(shape: tuple, dtype, like):

@@ -23,7 +23,7 @@ from placements.meta import check_embedding_indices
 
 from .. import rng as _random
 from ..dtypes import to_dtype
-from ..tensor import Tensor, _norm_dim, _wrap
+from ..tensor import Tensor, _norm_dim, wrap_array
 from .base import (
     FLOAT32,
     acc_dtype,
@@ -121,7 +121,7 @@ def _short_softmax(op: str, input, dim, take_log: bool):
     if type(dim) is not int or not a.ndim or (dim != -1 and dim != a.ndim - 1):
         return None
     r = _compiled_softmax(a, a.ndim - 1, take_log)
-    return None if r is None else _wrap(r)
+    return None if r is None else wrap_array(r)
 
 
 def softmax(input: Tensor, dim: int, dtype=None) -> Tensor:
@@ -219,7 +219,7 @@ def layer_norm(
         b = None if bias is None else as_array("layer_norm", bias)
         r = _KERNELS.layer_norm(a, normalized_shape, w, b, eps, out_buffer)
         if r is not None:
-            return _wrap(r)
+            return wrap_array(r)
     a = _float_input("layer_norm", input)
     ns = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     k = len(ns)

@@ -23,7 +23,7 @@ import fastpath as _fp
 from placements.errors import ArgumentError, DTypeError, SignatureError
 
 from .. import allocator as _allocator
-from ..tensor import Tensor, _wrap
+from ..tensor import Tensor, wrap_array
 from .base import (
     BOOL,
     INT_RANGES,
@@ -171,11 +171,11 @@ def _unary_fn(spec: UnarySpec):
             else:
                 if fast_path(fast, _allocator.POOL_MIN_BYTES, a):
                     if not quiet:
-                        return _wrap(kernel(a, None))
+                        return wrap_array(kernel(a, None))
                     try:
-                        return _wrap(quiet_run(kernel, a, None))
+                        return wrap_array(quiet_run(kernel, a, None))
                     except RuntimeError:  # another thread is in the shared quiet context
-                        return _wrap(quiet_call(kernel, a, None))
+                        return wrap_array(quiet_call(kernel, a, None))
         r = spec.compute(as_array(name, input), out)
         return out if out is not None else wrap(r)
 
@@ -578,11 +578,11 @@ def _binary_fns(spec: BinarySpec):
                     return None
             try:
                 if not quiet:
-                    return _wrap(uf(s, a) if swap else uf(a, s))
+                    return wrap_array(uf(s, a) if swap else uf(a, s))
                 try:
-                    return _wrap(quiet_run(uf, s, a) if swap else quiet_run(uf, a, s))
+                    return wrap_array(quiet_run(uf, s, a) if swap else quiet_run(uf, a, s))
                 except RuntimeError:  # another thread is in the shared quiet context
-                    return _wrap(quiet_call(uf, s, a) if swap else quiet_call(uf, a, s))
+                    return wrap_array(quiet_call(uf, s, a) if swap else quiet_call(uf, a, s))
             except OverflowError:  # an int that does not fit: the slow path wraps it
                 return None
         return None
@@ -616,7 +616,7 @@ def _binary_fns(spec: BinarySpec):
                     except ValueError:  # shapes that do not broadcast: the slow path
                         r = None        # raises the error
                     if r is not None:
-                        return _wrap(r)
+                        return wrap_array(r)
         r = spec.compute(operand(name, input), operand(name, other), out)
         return out if out is not None else wrap(r)
 
@@ -644,7 +644,7 @@ def _binary_fns(spec: BinarySpec):
         except ValueError:
             r = None
         if r is not None:
-            return _wrap(r)
+            return wrap_array(r)
         return wrap(spec.compute(a, b, None))
 
     def rop(self, other):

@@ -28,7 +28,7 @@ from placements.errors import DTypeError, NoRuleError, ShardingError
 from placements.meta import check_nonempty_reduction, norm_dims, real_dtype, reduced_shape
 
 from ..dtypes import to_dtype
-from ..tensor import Tensor, _norm_dim, _wrap
+from ..tensor import Tensor, _norm_dim, wrap_array
 from .base import (
     INT64,
     acc_dtype,
@@ -103,7 +103,7 @@ def sum(input: Tensor, dim=None, keepdim: bool = False, *, dtype=None) -> Tensor
     if _SUMS is not None:
         r = _SUMS.reduce_lastdim("sum", a, dim, keepdim, dtype, out_buffer)
         if r is not None:
-            return _wrap(r)
+            return wrap_array(r)
     axes = norm_dims("sum", dim, a.ndim)
     return wrap(_acc_reduce(xp_of(a).sum, a, axes, keepdim, _sum_dtype(a.dtype, dtype)))
 
@@ -149,7 +149,7 @@ def mean(input: Tensor, dim=None, keepdim: bool = False, *, dtype=None) -> Tenso
     if _SUMS is not None:
         r = _SUMS.reduce_lastdim("mean", a, dim, keepdim, dtype, out_buffer)
         if r is not None:
-            return _wrap(r)
+            return wrap_array(r)
     # Note: like PyTorch (and unlike numpy, which gives float64), the mean of an integer
     # tensor raises unless a floating dtype is passed.
     rt = to_dtype(dtype) if dtype is not None else a.dtype
@@ -234,7 +234,7 @@ def _extreme(op: str, input: Tensor, dim, keepdim: bool) -> Tensor:
     if op == "amax" and _KERNELS is not None:
         r = _KERNELS.reduce_lastdim("amax", a, dim, keepdim, None, out_buffer)
         if r is not None:
-            return _wrap(r)
+            return wrap_array(r)
     axes = norm_dims(op, dim, a.ndim)
     check_nonempty_reduction(op, a.shape, axes)
     xp = xp_of(a)

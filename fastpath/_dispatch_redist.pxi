@@ -13,14 +13,12 @@
 from numpy import divide as _np_divide
 from libc.stdint cimport int64_t
 from cpython.pycapsule cimport PyCapsule_GetName, PyCapsule_GetPointer
-from cpython.dict cimport PyDict_GetItemWithError
 
 cdef object _redist_form = None      # front.redistribute_form(dtensor, placements) -> tuple|None
 cdef object _redist_py = None        # DTensor's Python redistribute method
 cdef object _move_form = None        # front.move_form(move) -> tuple|None (an op's input move)
 cdef object _move_input = None       # dispatcher.execute_move(dtensor, move, mesh) -> Tensor
-cdef dict _comm_ns = None            # redistribute.comm's namespace (_observers, _checks,
-                                     # _persistent)
+cdef object _hooks = None            # redistribute.comm.HOOKS (traced, persistent)
 cdef object _mpi_byte = None         # MPI.BYTE
 cdef dict _redist = {}               # id(source spec) -> list of RedistEntry
 cdef object _last = None             # the RedistEntry used last (checked before the table)
@@ -80,12 +78,10 @@ cdef void _copy_blocks(const char* src, char* dst, object blocks) noexcept:
         b += 8
 
 
-cdef inline bint _comm_flag(str name) except -1:
-    """The truth of ``redistribute.comm``'s global ``name`` (read from its namespace)."""
-    cdef PyObject* v = PyDict_GetItemWithError(_comm_ns, name)
-    if v != NULL and <object>v:
-        return True
-    return False
+cdef inline bint _traced() except -1:
+    """Whether a communication observer or debug check is on (``redistribute.comm.HOOKS``):
+    the Python executor must then run every call, so that they see its collectives."""
+    return _hooks is None or (_hooks.active and _hooks.traced)
 
 
 cdef inline char* _data(object a):
@@ -110,18 +106,18 @@ cdef _request_get_t _request_get = NULL
 cdef object _mpi_exception = None    # MPI.Exception: raised with the error code of a call
 
 
-def install_redistribute(form, py_method, comm_module, mpi_byte, c_api=None, move_form=None,
+def install_redistribute(form, py_method, hooks, mpi_byte, c_api=None, move_form=None,
                          move_input=None):
     """Plug in what the compiled ``redistribute`` needs: the dispatcher's
-    ``redistribute_form``, DTensor's Python method, ``redistribute.comm``, ``MPI.BYTE``,
+    ``redistribute_form``, DTensor's Python method, ``redistribute.comm.HOOKS``, ``MPI.BYTE``,
     ``redistribute.comm.request_c_api()`` (or None), ``move_form`` (the form of an op's
     input move, for :func:`move_local`) and the dispatcher's ``execute_move`` (an input move
     by the executor, for the moves the compiled path declines). **Local**."""
-    global _redist_form, _redist_py, _comm_ns, _mpi_byte, _last, _move_form, _move_input
+    global _redist_form, _redist_py, _hooks, _mpi_byte, _last, _move_form, _move_input
     global _mpi_start, _mpi_wait, _request_get, _mpi_exception
     _redist_form, _redist_py, _mpi_byte, _move_form = form, py_method, mpi_byte, move_form
     _move_input = move_input
-    _comm_ns = vars(comm_module)
+    _hooks = hooks
     _mpi_start, _mpi_wait, _request_get = NULL, NULL, NULL
     if c_api is not None:
         start, wait, get, _mpi_exception = c_api
@@ -285,7 +281,7 @@ cdef int _start_wait(RedistEntry e) except -1:
 
 
 cdef int _gather(RedistEntry e, object x, object out) except -1:
-    if _comm_flag("_persistent"):
+    if _hooks.active and _hooks.persistent:
         _persistent_request(e)
         memcpy(e.pers_send, _data(x), e.mine)
         _start_wait(e)
@@ -402,7 +398,7 @@ def redistribute(self, device_mesh=None, placements=None, *, async_op=False):
     if (type(placements) is not list and type(placements) is not tuple) or async_op or (
             type(self) is not _DTensor):
         return _redist_py(self, device_mesh, placements, async_op=async_op)
-    if _comm_flag("_observers") or _comm_flag("_checks"):
+    if _traced():
         return _redist_py(self, device_mesh, placements, async_op=async_op)
     out = _redist_run(self, d._spec, device_mesh, placements)
     if out is None:
@@ -426,8 +422,7 @@ cdef bint _run_moves(tuple moves, list values, object mesh) except -1:
     ran, ``values`` unchanged) while a communication observer or check is on (the Python
     dispatcher then names the op of each collective) or when an input is not a plain
     DTensor. **Collective** when a move communicates."""
-    if _move_form is None or _move_input is None or _comm_flag("_observers") or (
-            _comm_flag("_checks")):
+    if _move_form is None or _move_input is None or _traced():
         return False
     cdef Py_ssize_t pi
     for pi, move in moves:
@@ -452,7 +447,6 @@ def move_local(self, move):
     (nothing ran: the caller runs the executor), also while a communication observer or
     check is on, so that they see the executor's calls. The move keeps its entry in its
     ``fast`` slot. **Collective** when the move communicates."""
-    if type(self) is not _DTensor or _move_form is None or _comm_flag("_observers") or (
-            _comm_flag("_checks")):
+    if type(self) is not _DTensor or _move_form is None or _traced():
         return None
     return _redist_exec(<RedistEntry>_move_entry(move), self)

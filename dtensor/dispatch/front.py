@@ -367,7 +367,7 @@ def plug_fastpath() -> object:
     front.set_quiet(QUIET, quiet_call)
     _RAW = front.RAW_FORMS
     front.install_redistribute(
-        redistribute_form, PY_REDISTRIBUTE, _comm, _comm.BYTES, _comm.request_c_api(),
+        redistribute_form, PY_REDISTRIBUTE, _comm.HOOKS, _comm.BYTES, _comm.request_c_api(),
         move_form, execute_move,
     )
     attach_front(front)

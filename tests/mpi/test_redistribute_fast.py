@@ -255,7 +255,7 @@ def test_persistent_gathers_without_the_mpi_c_functions():
     mesh = dt.init_device_mesh((WORLD.size,))
     x, data = _source((5, 3), [S(1)], mesh)
     prev = rcomm.set_persistent(True)
-    plug = (dfront.redistribute_form, dfront.PY_REDISTRIBUTE, rcomm, rcomm.BYTES)
+    plug = (dfront.redistribute_form, dfront.PY_REDISTRIBUTE, rcomm.HOOKS, rcomm.BYTES)
     try:
         fastpath.dispatch.install_redistribute(*plug, None, dfront.move_form, dfront.execute_move)
         before = _kinds()["gather"]

@@ -20,7 +20,6 @@ import numpy as np
 import fastpath as _fp
 from placements.meta import norm_dims
 from placements.spec import DTensorSpec
-from redistribute import comm as _comm
 from redistribute.execute import compiled_form as _compiled_form
 
 from ..distributed.dtensor import DTensor, _normalize_placements, _target
@@ -366,10 +365,7 @@ def plug_fastpath() -> object:
     )
     front.set_quiet(QUIET, quiet_call)
     _RAW = front.RAW_FORMS
-    front.install_redistribute(
-        redistribute_form, PY_REDISTRIBUTE, _comm.HOOKS, _comm.BYTES, _comm.request_c_api(),
-        move_form, execute_move,
-    )
+    front.install_redistribute(redistribute_form, PY_REDISTRIBUTE, move_form, execute_move)
     attach_front(front)
     return front
 

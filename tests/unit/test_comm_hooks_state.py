@@ -45,75 +45,51 @@ def _op_source():
     return "op"
 
 
-def _env(name, value):
-    """Turn ``name`` on (``value``) or off (None) in the environment, then read it with
-    ``read``."""
+def _by_env(name, value, read):
+    """``(on, off)``: set ``name`` to ``value`` in the environment (on) or unset it (off),
+    then call ``read``."""
 
-    def switch(monkeypatch, read):
-        if value is None:
-            monkeypatch.delenv(name, raising=False)
-        else:
-            monkeypatch.setenv(name, value)
+    def on(monkeypatch):
+        monkeypatch.setenv(name, value)
         read()
 
-    return switch
+    def off(monkeypatch):
+        monkeypatch.delenv(name, raising=False)
+        read()
+
+    return on, off
 
 
-def _calls(on, off):
-    return (lambda mp: on(), lambda mp: off())
+def _by_calls(on, off):
+    """``(on, off)`` of two calls."""
+    return (lambda monkeypatch: on(), lambda monkeypatch: off())
 
+
+OBSERVER = _by_calls(lambda: C.add_observer(_observer), lambda: C.remove_observer(_observer))
 
 #: "module.function" -> (turn its hook on, turn it off, the field of HOOKS it sets); each
 #: action takes pytest's monkeypatch.
 SETTERS = {
-    "hooks.add_observer": (
-        *_calls(lambda: C.add_observer(_observer), lambda: C.remove_observer(_observer)),
-        "observers",
-    ),
-    "hooks.remove_observer": (
-        *_calls(lambda: C.add_observer(_observer), lambda: C.remove_observer(_observer)),
-        "observers",
-    ),
-    "hooks.update": (
-        *_calls(lambda: H.update(spmd=True), lambda: H.update(spmd=False)),
-        "spmd",
-    ),
+    "hooks.add_observer": (*OBSERVER, "observers"),
+    "hooks.remove_observer": (*OBSERVER, "observers"),
+    "hooks.update": (*_by_calls(lambda: H.update(spmd=True), lambda: H.update(spmd=False)), "spmd"),
     "spmd.set_check_spmd": (
-        *_calls(lambda: C.set_check_spmd(True), lambda: C.set_check_spmd(None)),
-        "spmd",
+        *_by_calls(lambda: C.set_check_spmd(True), lambda: C.set_check_spmd(None)), "spmd"
     ),
-    "spmd.read_env": (
-        lambda mp: _env("DTENSOR_CHECK_SPMD", "1")(mp, CS.read_env),
-        lambda mp: _env("DTENSOR_CHECK_SPMD", None)(mp, CS.read_env),
-        "spmd",
-    ),
+    "spmd.read_env": (*_by_env("DTENSOR_CHECK_SPMD", "1", CS.read_env), "spmd"),
     "persistent.set_persistent": (
-        *_calls(lambda: C.set_persistent(True), lambda: C.set_persistent(None)),
-        "persistent",
+        *_by_calls(lambda: C.set_persistent(True), lambda: C.set_persistent(None)), "persistent"
     ),
-    "persistent.read_env": (
-        lambda mp: _env("DTENSOR_PERSISTENT", "1")(mp, CP.read_env),
-        lambda mp: _env("DTENSOR_PERSISTENT", None)(mp, CP.read_env),
-        "persistent",
-    ),
+    "persistent.read_env": (*_by_env("DTENSOR_PERSISTENT", "1", CP.read_env), "persistent"),
     "persistent.persistent_enabled": (
-        lambda mp: _env("DTENSOR_PERSISTENT", "1")(mp, C.persistent_enabled),
-        lambda mp: _env("DTENSOR_PERSISTENT", None)(mp, C.persistent_enabled),
-        "persistent",
+        *_by_env("DTENSOR_PERSISTENT", "1", C.persistent_enabled), "persistent"
     ),
     "watchdog.set_watchdog": (
-        *_calls(lambda: C.set_watchdog(600.0), lambda: C.set_watchdog(None)),
-        "watchdog",
+        *_by_calls(lambda: C.set_watchdog(600.0), lambda: C.set_watchdog(None)), "watchdog"
     ),
-    "watchdog.read_env": (
-        lambda mp: _env("DTENSOR_WATCHDOG", "600")(mp, CW.read_env),
-        lambda mp: _env("DTENSOR_WATCHDOG", None)(mp, CW.read_env),
-        "watchdog",
-    ),
+    "watchdog.read_env": (*_by_env("DTENSOR_WATCHDOG", "600", CW.read_env), "watchdog"),
     "settings.configure_from_env": (
-        lambda mp: _env("DTENSOR_CHECK_SPMD", "1")(mp, C.configure_from_env),
-        lambda mp: _env("DTENSOR_CHECK_SPMD", None)(mp, C.configure_from_env),
-        "spmd",
+        *_by_env("DTENSOR_CHECK_SPMD", "1", C.configure_from_env), "spmd"
     ),
 }
 #: Setters that change a hook's content but turn none on.

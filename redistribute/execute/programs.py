@@ -149,7 +149,8 @@ def _pieces(spec: Any, step: Any, dim: int, outer: tuple, inner: list[tuple]) ->
 
 class ExchangeRunner:
     """Peer ``j`` gets ``x[send[j]]`` and this rank gets peer ``j``'s block in ``out[recv[j]]``
-    (AllGather: every peer gets all of ``x``; AllToAll: one slab each)."""
+    (AllGather: every peer gets all of ``x``; AllToAll: one slab each). ``run`` and
+    ``start`` are **Collective** over the mesh dim's communicator."""
 
     __slots__ = (
         "direct", "direct_displs", "gather_counts", "in_shape", "kind", "mesh_dim",
@@ -337,7 +338,8 @@ class ExchangeRunner:
 
 
 class ReduceScatterRunner:
-    """Reduce over the mesh dim; peer ``j`` keeps the ``j``-th slab along one tensor dim."""
+    """Reduce over the mesh dim; peer ``j`` keeps the ``j``-th slab along one tensor dim.
+    ``run`` and ``start`` are **Collective** over the mesh dim's communicator."""
 
     __slots__ = (
         "counts", "direct", "in_shape", "mesh_dim", "op", "out_shape", "pack", "send", "shared",
@@ -408,7 +410,8 @@ class ReduceScatterRunner:
 
 
 class AllReduceRunner:
-    """Reduce over the mesh dim; every peer gets the result (in place on owned buffers)."""
+    """Reduce over the mesh dim; every peer gets the result (in place on owned buffers).
+    ``run`` and ``start`` are **Collective** over the mesh dim's communicator."""
 
     __slots__ = ("in_shape", "mesh_dim", "op", "out_shape", "shared", "types", "what")
 
@@ -495,7 +498,8 @@ def _averager(op: str, out: np.ndarray, k: int) -> Callable[[], Any] | None:
 
 class LocalRunner:
     """A step without communication: a view of the input (LocalChunk), the input itself
-    (PartitionPartial on a holder) or the op's identity (PartitionPartial on a non-holder)."""
+    (PartitionPartial on a holder) or the op's identity (PartitionPartial on a non-holder).
+    ``run`` is **Local**."""
 
     __slots__ = ("fill", "in_shape", "index", "mesh_dim", "out_shape", "types")
 
@@ -651,6 +655,8 @@ def _close() -> None:
 
 
 def get_program(steps: tuple, spec: Any, coord: tuple) -> tuple:
+    """The program of plan ``steps`` for ``spec`` at mesh coordinate ``coord``: one runner
+    per step, compiled on first use and kept in :data:`PROGRAMS`. **Local**."""
     key = (steps, spec, coord)
     program = _find_program(key)
     if program is None:
@@ -667,12 +673,13 @@ def get_program(steps: tuple, spec: Any, coord: tuple) -> tuple:
 
 
 def copy(dst: Any, src: Any) -> None:
-    """``dst[...] = src`` for numpy and cupy arrays alike (``np.copyto`` is numpy-only)."""
+    """``dst[...] = src`` for numpy and cupy arrays alike (``np.copyto`` is numpy-only).
+    **Local**."""
     dst[...] = src
 
 
 def contiguous(x: np.ndarray, alloc: Alloc) -> np.ndarray:
-    """``x`` itself when C-contiguous, else one packed copy from ``alloc``."""
+    """``x`` itself when C-contiguous, else one packed copy from ``alloc``. **Local**."""
     if x.flags.c_contiguous:
         return x
     out = alloc(x.shape, x.dtype)

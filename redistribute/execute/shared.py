@@ -43,7 +43,7 @@ def tries_shared(spec: Any, isz: int) -> bool:
     least :data:`redistribute.shm.MIN_BYTES`. The answer must be the same on every rank, so
     it does not depend on whether this process makes shared segments (that may differ, and
     the communicator's probe and the descriptor exchange sort it out collectively). A small
-    gather (one MPI all-gather) never tries."""
+    gather (one MPI all-gather) never tries. **Local**."""
     return math.prod(spec.shape) * isz >= max(_shm.MIN_BYTES, 1)
 
 
@@ -85,7 +85,7 @@ def shared_table(
 
 def peer_array(row: np.ndarray, i: int, shape: tuple, dtype: np.dtype) -> np.ndarray | None:
     """The array of descriptor ``i`` in ``row`` (a peer's), mapped read-only; None when it
-    cannot be mapped or does not fit its segment. An empty array maps nothing."""
+    cannot be mapped or does not fit its segment. An empty array maps nothing. **Local**."""
     pos = 3 + i * (4 + len(shape))
     fd, serial, size, offset = (int(v) for v in row[pos : pos + 4])
     strides = [int(v) for v in row[pos + 4 : pos + 4 + len(shape)]]

@@ -1,5 +1,5 @@
-"""Build of the optional compiled extensions ``fastpath._strides``, ``_dispatch``, ``_pool``,
-``_kernels``.
+"""Build of the optional compiled extensions ``fastpath._strides``, ``_dispatch``, ``_redist``,
+``_pool``, ``_kernels``.
 
 Everything else (metadata, packages, dependencies) lives in ``pyproject.toml``. The
 extension is optional: when Cython or the C compiler fails, the build prints a warning
@@ -21,8 +21,11 @@ from setuptools.errors import BaseError, CCompilerError
 BUILD_ERRORS = (BaseError, CCompilerError, OSError)
 
 EXT_SOURCE = os.path.join("fastpath", "_strides.pyx")
-# the parts ``fastpath/_dispatch.pyx`` includes (next to it, where Cython looks first)
-DISPATCH_PARTS = sorted(glob.glob(os.path.join("fastpath", "_dispatch_*.pxi")))
+# the parts ``fastpath/_dispatch.pyx`` includes (next to it, where Cython looks first) and the
+# declarations it cimports
+DISPATCH_PARTS = sorted(glob.glob(os.path.join("fastpath", "_dispatch_*.pxi"))) + [
+    os.path.join("fastpath", name) for name in ("_kernels.pxd", "_redist.pxd")
+]
 # numpy's C API without the deprecated names
 NPY_API = [("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]
 # the C loops ``fastpath/_kernels.pyx`` includes
@@ -62,6 +65,13 @@ def _extensions() -> list[Extension]:
         return cythonize(
             [
                 Extension("fastpath._strides", [EXT_SOURCE]),
+                Extension(
+                    "fastpath._redist",
+                    [os.path.join("fastpath", "_redist.pyx")],
+                    depends=[os.path.join("fastpath", "_redist.pxd")],
+                    include_dirs=[numpy.get_include()],
+                    define_macros=NPY_API,
+                ),
                 Extension(
                     "fastpath._dispatch",
                     [os.path.join("fastpath", "_dispatch.pyx")],

@@ -1,8 +1,8 @@
 """Compiled fast paths of dtensor (an optional Cython extension).
 
 This package owns the compiled modules, reports whether they were built, and decides which
-base classes dtensor's ``Tensor`` and ``DTensor`` derive from. It never imports dtensor at
-module level: dtensor plugs these modules in at its own import time (unless
+base classes dtensor's ``Tensor`` and ``DTensor`` derive from. It never imports dtensor (nor
+redistribute): dtensor and redistribute plug these modules in at their own import time (unless
 ``DTENSOR_FASTPATH=0``) and falls back to its pure-Python twins when they are missing. When
 the extension was not built, importing this package says so once (a ``RuntimeWarning``).
 
@@ -13,6 +13,10 @@ strides : module or None
     extension was not built (no C compiler at install time, or ``DTENSOR_NO_EXT=1``).
 dispatch : module or None
     ``fastpath._dispatch``, the compiled dispatch front (``None`` when not built).
+redist : module or None
+    ``fastpath._redist``, the compiled redistribute executor that the dispatch front runs
+    one-step plans with, plugged in by ``redistribute.execute.compiled`` (``None`` when not
+    built).
 pool : module or None
     ``fastpath._pool``, the compiled front of the caching host allocator (``None`` when not
     built).
@@ -43,17 +47,19 @@ from placements.env import env_flag
 
 strides: ModuleType | None
 dispatch: ModuleType | None
+redist: ModuleType | None
 pool: ModuleType | None
 kernels: ModuleType | None
 IMPORT_ERROR: str | None
 
 try:
     strides = import_module(f"{__name__}._strides")
+    redist = import_module(f"{__name__}._redist")
     dispatch = import_module(f"{__name__}._dispatch")
     pool = import_module(f"{__name__}._pool")
     kernels = import_module(f"{__name__}._kernels")
 except ImportError as exc:
-    strides = dispatch = pool = kernels = None
+    strides = dispatch = redist = pool = kernels = None
     IMPORT_ERROR = str(exc)
 else:
     IMPORT_ERROR = None
@@ -102,5 +108,6 @@ __all__ = [
     "TensorBase",
     "dispatch",
     "kernels",
+    "redist",
     "strides",
 ]

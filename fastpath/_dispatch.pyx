@@ -14,7 +14,8 @@ This module owns
   default float dtype), looks it up in a small identity-keyed front table and, on a hit,
   runs the stored entry: the local kernel (or, where the entry says so, the raw ndarray
   ufunc the kernel would call) on the local arrays, wrapped into the output Tensor and
-  DTensor. Entries that redistribute inputs run their cached plan through the entry runner.
+  DTensor. Entries that redistribute inputs run their cached plan through the entry runner
+  (a one-step move runs in the compiled executor, ``fastpath._redist``).
   A front miss goes to the Python dispatcher, whose propagation cache decides (and counts)
   the hit or miss; the front then remembers the entry;
 * quiet raw forms: what the front runs for an op that computes, with numpy's floating-point
@@ -43,6 +44,7 @@ from libc.string cimport memcpy
 from libc.stdint cimport uintptr_t
 cimport numpy as cnp
 from fastpath._kernels cimport Unary, copy_c_order
+from fastpath._redist cimport RedistEntry, new_entry, reset_counts, run, run_count, traced
 
 cnp.import_array()
 
@@ -73,7 +75,6 @@ __all__ = [
     "unsave",
     "move_local",
     "redistribute",
-    "redistribute_kinds",
     "reset_stats",
     "wrap",
 ]
@@ -111,4 +112,4 @@ include "_dispatch_record.pxi" # the compiled recorder, AutogradMeta, NodeBase
 include "_dispatch_run.pxi"    # runners: _raw_pair, _run (raw forms, kernel, entry runner)
 include "_dispatch_guard.pxi"  # Guard: a Tensor method's autograd guard, a C type
 include "_dispatch_entry.pxi"  # make_method, make_operator, make_function
-include "_dispatch_redist.pxi" # redistribute (one-step plans from compiled code), its plugs
+include "_dispatch_redist.pxi" # redistribute and input moves by fastpath._redist, their plugs

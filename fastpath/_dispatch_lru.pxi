@@ -35,9 +35,7 @@ def flush(data):
             data.move_to_end(fe.key)
 
 
-cdef unsigned long long _redist_hits = 0   # redistributes run by the compiled path
 cdef unsigned long long _moved_hits = 0    # front hits whose input moves it ran itself
-cdef unsigned long long _redist_kind_hits[6]   # the same by kind (_dispatch_redist.pxi)
 
 
 def stats():
@@ -45,20 +43,18 @@ def stats():
     run from compiled code (``DTensor.redistribute`` and ops' input moves), "moved": front
     hits that moved inputs themselves (not handed to the Python dispatcher)}`` since the
     last reset. **Local**."""
-    return {"hits": _hits, "fills": _fills, "redistributes": _redist_hits,
+    return {"hits": _hits, "fills": _fills, "redistributes": run_count(),
             "moved": _moved_hits}
 
 
 def reset_stats():
-    """Zero the counters of :func:`stats` (the Python cache was cleared). **Local**."""
-    global _hits, _fills, _redist_hits, _moved_hits
-    cdef int i
+    """Zero the counters of :func:`stats` and ``fastpath._redist.redistribute_kinds`` (the
+    Python cache was cleared). **Local**."""
+    global _hits, _fills, _moved_hits
     _hits = 0
     _fills = 0
-    _redist_hits = 0
     _moved_hits = 0
-    for i in range(6):
-        _redist_kind_hits[i] = 0
+    reset_counts()
 
 
 cdef inline FrontEntry _touch(FrontEntry fe):

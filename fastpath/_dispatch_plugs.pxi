@@ -26,7 +26,7 @@ PLUG_FIELDS = (
     "missing", "quiet_ctx", "quiet_call", "call_hook", "grad_mode", "slot_ops",
     "record_plan_of", "record_types", "record_node", "record_apply", "record_save",
     "record_stand_in", "record_stand_ins", "record_detached", "record_note_views",
-    "record_view",
+    "record_view", "redistribute_form", "py_redistribute", "move_form", "move_input",
 )
 cdef dict _plugged = {}
 
@@ -39,7 +39,10 @@ def plug(**fields):
     autograd hook and grad mode (:func:`set_flags` turns them on); what runs behind the
     operator slots (:func:`set_slot_ops`); and the recorder's parts (``record_*``: its plan
     maker, tensor types, node class, formula, save, stand-ins, detach, view notes and view
-    class). A missing or unknown field raises TypeError and plugs nothing. **Local**."""
+    class); and what the compiled ``redistribute`` needs of dtensor
+    (:func:`install_redistribute`'s ``redistribute_form``, ``py_redistribute``,
+    ``move_form`` and ``move_input``). A missing or unknown field raises TypeError and plugs
+    nothing. **Local**."""
     global _DTensor, _dtypes_ns, _lookup, _dispatch_py, _run_entry
     global _wrap_outputs, _raw_form, _MISSING, _call_hook, _grad_mode
     missing = [f for f in PLUG_FIELDS if f not in fields]
@@ -64,6 +67,8 @@ def plug(**fields):
     set_quiet(fields["quiet_ctx"], fields["quiet_call"])
     _call_hook, _grad_mode = fields["call_hook"], fields["grad_mode"]
     set_slot_ops(fields["slot_ops"])
+    install_redistribute(fields["redistribute_form"], fields["py_redistribute"],
+                         fields["move_form"], fields["move_input"])
     _plugged.clear()
     _plugged.update(fields)
 

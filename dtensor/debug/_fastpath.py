@@ -52,6 +52,6 @@ def fastpath_status() -> dict[str, object]:
         "python_hits": stats["python_hits"],
         "misses": stats["misses"],
         "fast_redistributes": fastpath.dispatch.stats()["redistributes"] if fastpath.ENABLED else 0,
-        "fast_redistribute_kinds": fastpath.dispatch.redistribute_kinds() if fastpath.ENABLED else {},
+        "fast_redistribute_kinds": fastpath.redist.redistribute_kinds() if fastpath.ENABLED else {},
         "fast_moved_ops": fastpath.dispatch.stats()["moved"] if fastpath.ENABLED else 0,
     }

@@ -28,7 +28,6 @@ import numpy as np
 import fastpath as _fp
 from placements.meta import norm_dims
 from placements.spec import DTensorSpec
-from redistribute import comm as _comm
 from redistribute.execute import compiled_form as _compiled_form
 
 from ..distributed.abstract import AbstractDTensor
@@ -461,6 +460,10 @@ class Plug:
     record_detached: Callable
     record_note_views: Callable
     record_view: type
+    redistribute_form: Callable
+    py_redistribute: Callable
+    move_form: Callable
+    move_input: Callable
 
 
 def _slot_ops() -> dict[str, object]:
@@ -520,13 +523,10 @@ def plug() -> Plug | None:
         record_node=_ag.Node, record_apply=_tape._apply, record_save=_ag.save,
         record_stand_in=_tape._stand_in, record_stand_ins=_tape._STAND_INS,
         record_detached=_tape._detached, record_note_views=_tape._note_views,
-        record_view=_tape._View,
+        record_view=_tape._View, redistribute_form=redistribute_form,
+        py_redistribute=PY_REDISTRIBUTE, move_form=move_form, move_input=execute_move,
     )
     FRONT.plug(**{f.name: getattr(fields, f.name) for f in dataclass_fields(Plug)})
-    FRONT.install_redistribute(
-        redistribute_form, PY_REDISTRIBUTE, _comm, _comm.BYTES, _comm.request_c_api(),
-        move_form, execute_move,
-    )
     attach_front(FRONT)
     return fields
 

@@ -482,8 +482,8 @@ def run_plan(steps: Sequence, spec: DTensorSpec) -> _Block | None:
         m = step.mesh_dim
         if not step.communicates or spec.mesh_shape[m] == 1:
             continue
-        if _comm._observers:
-            _comm._notify(step.kind, buffer_bytes(step, spec), groups[m])
+        if _comm.HOOKS.observers:
+            _comm.notify(step.kind, buffer_bytes(step, spec), groups[m])
         if block is None or step.kind != "all_reduce":  # an owned buffer reduces in place
             shape = spec.with_placements(step.after).local_shape(spec.mesh._coord)
             block = _Block(_nbytes(spec, shape))

@@ -28,9 +28,9 @@ from mpi4py import MPI
 import dtensor as dt
 from dtensor.debug import CommDebugMode, explain
 from redistribute import comm as rcomm
-from redistribute import execute as E
 from redistribute import worker
 from redistribute.execute import execute_async
+from redistribute.execute import programs as EP
 from redistribute.plan import plan
 
 WORLD = MPI.COMM_WORLD
@@ -97,8 +97,8 @@ def _same(a, b):
 
 def _shared(steps, spec, coord):
     """Whether the executor's program of the plan exchanges through node-shared memory."""
-    return any(r.pulls is not None if type(r) is E._Exchange else getattr(r, "shared", False)
-               for r in E._program(tuple(steps), spec, tuple(coord)))
+    return any(r.pulls is not None if type(r) is EP.ExchangeRunner else getattr(r, "shared", False)
+               for r in EP.get_program(tuple(steps), spec, tuple(coord)))
 
 
 def _check(mesh, shape, src, dst, path):

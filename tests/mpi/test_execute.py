@@ -23,6 +23,7 @@ from placements.errors import DTypeError, ShardingError
 from placements.layout import partial_fill
 from redistribute import comm as C
 from redistribute import execute as E
+from redistribute.execute import programs as EP
 from redistribute.plan import plan
 
 WORLD = MPI.COMM_WORLD.Get_size()
@@ -76,11 +77,11 @@ PATHS = {
 @pytest.fixture
 def path(request, monkeypatch):
     """Run the test with the thresholds of ``PATHS[request.param]`` (fresh programs)."""
-    E._programs.clear()
+    EP.PROGRAMS.clear()
     for name, value in PATHS[request.param].items():
-        monkeypatch.setattr(E, name, value)
+        monkeypatch.setattr(EP, name, value)
     yield request.param
-    E._programs.clear()
+    EP.PROGRAMS.clear()
 
 
 @pytest.fixture
@@ -479,7 +480,7 @@ def test_all_to_all_moves_only_peer_blocks(meshes, seed, monkeypatch):
         return real(self, send, scounts, sdispls, stypes, recv, rcounts, rdispls, rtypes, *rest)
 
     monkeypatch.setattr(C.Comm, "alltoallw", spy)
-    E._programs.clear()  # recompile, so the exchange goes through the spy
+    EP.PROGRAMS.clear()  # recompile, so the exchange goes through the spy
     out = E.execute(plan(spec, (Shard(1),)), local, spec, coord, comms)
     mine = np.prod(spec.local_shape(coord)) * data.itemsize
     diagonal = np.prod(dst.local_shape(coord)[1:]) * spec.local_shape(coord)[0] * data.itemsize
@@ -512,23 +513,23 @@ def test_avg_of_integers_raises_on_every_rank(meshes):
 
 def test_program_cache_is_bounded_and_frees_types(meshes, seed, monkeypatch):
     coord, comms = meshes[(WORLD,)]
-    E._programs.clear()
+    EP.PROGRAMS.clear()
     freed = []
     real_free = C.free_types
     monkeypatch.setattr(C, "free_types", lambda types: (freed.extend(types), real_free(types)))
-    monkeypatch.setattr(E._programs, "maxsize", 3)
+    monkeypatch.setattr(EP.PROGRAMS, "maxsize", 3)
     for name, value in PATHS["typed"].items():
-        monkeypatch.setattr(E, name, value)
+        monkeypatch.setattr(EP, name, value)
     made = 0
     for rows in range(2, 10):  # 8 distinct programs; gathering dim 1 needs derived types
         data = global_data((rows, 4 * WORLD + 1), np.float32, seed)
         check_pair(data, (Shard(1),), (Replicate(),), (WORLD,), coord, comms, seed)
-        assert len(E._programs) == min(rows - 1, 3)
-        made += sum(len(runner.types) for runner in next(reversed(E._programs.data.values())))
-    kept = sum(len(runner.types) for program in E._programs.data.values() for runner in program)
+        assert len(EP.PROGRAMS) == min(rows - 1, 3)
+        made += sum(len(runner.types) for runner in next(reversed(EP.PROGRAMS.data.values())))
+    kept = sum(len(runner.types) for program in EP.PROGRAMS.data.values() for runner in program)
     assert len(freed) == made - kept  # evicted programs released their types
-    E._programs.clear()
-    assert len(freed) == made and not E._programs
+    EP.PROGRAMS.clear()
+    assert len(freed) == made and not EP.PROGRAMS
     assert made == (8 * (WORLD - 1) if WORLD > 1 else 0)
 
 

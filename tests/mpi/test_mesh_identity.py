@@ -19,7 +19,7 @@ from mpi4py import MPI
 
 import dtensor as dt
 from dtensor.errors import MeshError, ShardingError
-from redistribute import comm as C
+from redistribute.comm import mesh as CM
 
 WORLD = MPI.COMM_WORLD
 N = WORLD.size
@@ -106,7 +106,7 @@ def test_identical_meshes_share_communicators():
 def test_ranks_agree_when_one_rank_lost_its_shared_communicators():
     first = dt.init_device_mesh((N,))
     if WORLD.rank == 0:  # rank 0 alone finds no shared communicator: every rank splits anew
-        C._shared_comms.clear()
+        CM._shared_comms.clear()
     mesh = dt.init_device_mesh((N,))
     assert mesh.get_group(0) is not first.get_group(0)
     x = dt.distribute_tensor(np.arange(2.0 * N), mesh, [dt.Shard(0)])

@@ -1,6 +1,6 @@
 """``DTensor.redistribute`` from compiled code against the Python method.
 
-One-step plans run from compiled code (``fastpath._dispatch.redistribute_kinds`` counts
+One-step plans run from compiled code (``fastpath._redist.redistribute_kinds`` counts
 them by kind): small all-gathers (S(d) -> R at any dim: straight into the output or
 staged and unpacked; persistent or not), all-reduces (P -> R), reduce-scatters (P ->
 S(d)), all-to-alls (S(i) -> S(j), and gathers above the all-gather size) and local chunks
@@ -250,19 +250,17 @@ def test_bad_arguments_raise_as_in_the_python_method():
 @pytest.mark.mpi(min_size=2)
 def test_persistent_gathers_without_the_mpi_c_functions():
     """Without ``request_c_api`` the compiled path starts and waits through mpi4py."""
-    from dtensor.dispatch import compiled as dfront
+    from redistribute.execute import compiled
 
     mesh = dt.init_device_mesh((WORLD.size,))
     x, data = _source((5, 3), [S(1)], mesh)
     prev = rcomm.set_persistent(True)
-    plug = (dfront.redistribute_form, dfront.PY_REDISTRIBUTE, rcomm, rcomm.BYTES)
     try:
-        fastpath.dispatch.install_redistribute(*plug, None, dfront.move_form, dfront.execute_move)
+        fastpath.redist.install(rcomm.HOOKS, rcomm.BYTES, None)
         before = _kinds()["gather"]
         y = x.redistribute(mesh, [R])
         assert _kinds()["gather"] == before + 1
         np.testing.assert_array_equal(y.to_local().numpy(), data)
     finally:
-        fastpath.dispatch.install_redistribute(*plug, rcomm.request_c_api(), dfront.move_form,
-                                                 dfront.execute_move)
+        compiled.plug()
         rcomm.set_persistent(prev)

@@ -189,7 +189,7 @@ def test_watchdog_context_manager_reports_a_late_rank(capsys):
     marks = WORLD.bcast(tempfile.mkdtemp(prefix="dtensor-late-") if WORLD.rank == 0 else None)
     try:
         with watchdog(0.5):
-            wd = _comm._watchdog
+            wd = _comm.HOOKS.watchdog
             state = wd._state_path(WORLD.rank)
             _wait_for(lambda: os.path.exists(state), "this rank's watchdog state")
             WORLD.Barrier()  # MPI's own, unwatched: every rank's state is readable now
@@ -209,7 +209,7 @@ def test_watchdog_context_manager_reports_a_late_rank(capsys):
         if WORLD.rank == 0:
             shutil.rmtree(marks)
     # stopped on leaving the block (or back to the one DTENSOR_WATCHDOG configures)
-    assert _comm._watchdog is None or _comm._watchdog.from_env
+    assert _comm.HOOKS.watchdog is None or _comm.HOOKS.watchdog.from_env
     err = capsys.readouterr().err
     if WORLD.rank != 1:  # every rank waiting for rank 1 reports
         assert f"[dtensor watchdog] world rank {WORLD.rank}" in err and "late barrier" in err

@@ -207,11 +207,11 @@ def test_watchdog_without_abort_reports_and_carries_on(tmp_path):
     import os
     from redistribute import comm as C
     if me == 0:  # once its watchdog has reported, rank 0 says so in a file
-        report = C._watchdog._report
+        report = C.HOOKS.watchdog._report
         def report_then_mark(slot):
             report(slot)
             open("reported", "w").close()
-        C._watchdog._report = report_then_mark
+        C.HOOKS.watchdog._report = report_then_mark
     else:  # rank 1 arrives late: after that report (or, failing it, after 40 s)
         deadline = time.monotonic() + 40
         while not os.path.exists("reported") and time.monotonic() < deadline:

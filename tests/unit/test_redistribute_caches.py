@@ -15,6 +15,7 @@ from placements import DTensorSpec, MeshShape, Partial, Replicate, Shard
 from placements.cache import clear_all, get_cache
 from redistribute import comm as C
 from redistribute import execute as E
+from redistribute.execute import programs as EP
 from redistribute.plan import plan
 
 pytestmark = pytest.mark.mode_independent  # see tests/conftest.py
@@ -41,7 +42,7 @@ def test_plans_fill_their_cache_and_clear_all_empties_it():
 
 def test_programs_fill_their_cache_and_clear_all_frees_them(monkeypatch):
     programs = get_cache("redistribute.programs")
-    assert programs is E._programs
+    assert programs is EP.PROGRAMS
     comm = C.Comm(MPI.COMM_SELF, mesh_dim=0)
     spec = _spec([Shard(0)], shape=(11, 3), mesh=(1,))
     local = np.arange(33, dtype=np.float32).reshape(11, 3)

@@ -12,6 +12,7 @@ import pytest
 from mpi4py import MPI
 
 from redistribute import comm as C
+from redistribute.comm import spmd as CS
 
 pytestmark = pytest.mark.mode_independent  # see tests/conftest.py
 
@@ -29,7 +30,7 @@ def hooks(comm):
 
     def observer(kind, nbytes, c):
         assert c is comm
-        seen.append((kind, nbytes, C._counters.get(comm.mpi.handle, 0)))
+        seen.append((kind, nbytes, CS._counters.get(comm.mpi.handle, 0)))
 
     C.add_observer(observer)
     prev = C.set_check_spmd(True)
@@ -80,35 +81,35 @@ def _calls(comm):
 def test_observers_hear_first_then_the_checks_enter_and_leave(comm, hooks):
     for call, kind, nbytes in _calls(comm):
         hooks.clear()
-        before = C._counters.get(comm.mpi.handle, 0)
+        before = CS._counters.get(comm.mpi.handle, 0)
         call()
         # observers: told before the checks entered (the counter had not moved yet)
         assert hooks == ([] if nbytes is None else [(kind, nbytes, before)])
-        assert C._counters[comm.mpi.handle] == before + 1  # one checked collective
-        n, got_kind, what, *_ = C._history[-1]
+        assert CS._counters[comm.mpi.handle] == before + 1  # one checked collective
+        n, got_kind, what, *_ = CS._history[-1]
         assert (n, got_kind, what) == (before + 1, kind, "t")
-        assert C._watchdog.slot is None  # left
+        assert C.HOOKS.watchdog.slot is None  # left
 
 
 def test_the_checks_leave_when_the_mpi_call_raises(comm, hooks):
     x, out = np.zeros(8, np.float32), np.empty(8, np.float32)
     out.setflags(write=False)
-    before = C._counters.get(comm.mpi.handle, 0)
+    before = CS._counters.get(comm.mpi.handle, 0)
     with pytest.raises(BufferError):
         comm.allgatherv(x, out, [8], what="read-only")  # mpi4py refuses the receive buffer
     assert hooks == [("all_gather", 32, before)]
-    assert C._history[-1][1:3] == ("all_gather", "read-only")
-    assert C._watchdog.slot is None
+    assert CS._history[-1][1:3] == ("all_gather", "read-only")
+    assert C.HOOKS.watchdog.slot is None
 
 
 def test_no_observer_and_no_check_records_nothing(comm):
     prev = C.set_check_spmd(False)
     try:
-        if C._watchdog is not None or C._observers:
+        if C.HOOKS.watchdog is not None or C.HOOKS.observers:
             pytest.skip("a watchdog or an observer is configured from outside")
-        before = C._counters.get(comm.mpi.handle, 0)
+        before = CS._counters.get(comm.mpi.handle, 0)
         for call, _, _ in _calls(comm):
             call()
-        assert C._counters.get(comm.mpi.handle, 0) == before
+        assert CS._counters.get(comm.mpi.handle, 0) == before
     finally:
         C.set_check_spmd(prev)

@@ -19,6 +19,7 @@ import pytest
 
 from dtensor.errors import ConfigError
 from redistribute import comm as C
+from redistribute.comm import watchdog as CW
 
 #: Limit of the waits for the watchdog thread's first write (it writes within a second).
 LIMIT_S = 30
@@ -55,7 +56,7 @@ def _poll(condition, what):
 
 @pytest.mark.parametrize("attack", ["symlink", "foreign owner", "open to others"])
 def test_a_planted_folder_is_refused_and_nothing_is_written(tmp_root, attack):
-    folder = C._job_dir()
+    folder = CW.job_dir()
     assert os.path.dirname(folder) == str(tmp_root)
     victim = _victim(tmp_root)
     planted = tmp_root / "planted"
@@ -75,13 +76,13 @@ def test_a_planted_folder_is_refused_and_nothing_is_written(tmp_root, attack):
     with pytest.raises(ConfigError, match="watchdog") as info:
         C.set_watchdog(60.0)
     assert folder in str(info.value)
-    assert C._watchdog is None
+    assert C.HOOKS.watchdog is None
     assert victim.read_text() == "precious"
 
 
 def test_state_is_private_and_removed_when_the_watchdog_stops(tmp_root):
     C.set_watchdog(60.0)
-    folder = C._watchdog.dir
+    folder = C.HOOKS.watchdog.dir
     state = os.path.join(folder, "rank0")
     _poll(lambda: os.path.exists(state), "the watchdog wrote no state")
     st = os.lstat(folder)

@@ -10,6 +10,7 @@ import itertools
 
 import numpy as np
 import pytest
+from helpers.mpi import meshes
 from mpi4py import MPI
 
 import dtensor as dt
@@ -19,13 +20,6 @@ from dtensor.testing import distribute_random
 
 WORLD = MPI.COMM_WORLD
 R, S, P = dt.Replicate(), dt.Shard, dt.Partial
-
-
-def meshes():
-    out = [dt.init_device_mesh((WORLD.size,))]
-    if WORLD.size == 4:
-        out.append(dt.init_device_mesh((2, 2)))
-    return out
 
 
 def placement_choices(mesh, ndim, partial=True):

@@ -17,6 +17,7 @@ import zlib
 
 import numpy as np
 import pytest
+from helpers.mpi import meshes_dp_tp as meshes
 from mpi4py import MPI
 
 import dtensor as dt
@@ -42,13 +43,6 @@ def folder():
     WORLD.Barrier()
     if WORLD.rank == 0:
         shutil.rmtree(path, ignore_errors=True)
-
-
-def meshes():
-    out = [dt.init_device_mesh((WORLD.size,))]
-    if WORLD.size == 4:
-        out.append(dt.init_device_mesh((2, 2), mesh_dim_names=("dp", "tp")))
-    return out
 
 
 def options(ndim):

@@ -11,33 +11,17 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from helpers.mpi import data, dist, meshes
 from mpi4py import MPI
 
 import dtensor as dt
 from dtensor.debug import ImplicitRedistributeError, explain, no_implicit_redistribute
 from dtensor.dispatch import dispatcher as _dispatch
-from dtensor.testing import distribute_random
 from placements.errors import ShardingError
 
 WORLD = MPI.COMM_WORLD
 R, S, P = dt.Replicate(), dt.Shard, dt.Partial
 F4 = 4  # bytes per float32
-
-
-def data(shape, seed=0):
-    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
-
-
-def dist(arr, mesh, placements):
-    """``arr`` on ``mesh``; a Partial mesh dim holds random per-rank contributions."""
-    return distribute_random(arr, mesh, placements, seed=len(placements))
-
-
-def meshes():
-    out = [dt.init_device_mesh((WORLD.size,))]
-    if WORLD.size == 4:
-        out.append(dt.init_device_mesh((2, 2)))
-    return out
 
 
 def fast_modes():

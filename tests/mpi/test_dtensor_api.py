@@ -7,6 +7,7 @@ import itertools
 
 import numpy as np
 import pytest
+from helpers.mpi import meshes_dp_tp as meshes
 from mpi4py import MPI
 
 import dtensor as dt
@@ -16,14 +17,6 @@ from placements.layout import local_slices
 
 WORLD = MPI.COMM_WORLD
 R, S, P = dt.Replicate(), dt.Shard, dt.Partial
-
-
-def meshes():
-    """1-D mesh of the world, plus a 2x2 mesh at 4 ranks."""
-    out = [dt.init_device_mesh((WORLD.size,))]
-    if WORLD.size == 4:
-        out.append(dt.init_device_mesh((2, 2), mesh_dim_names=("dp", "tp")))
-    return out
 
 
 def placement_options(ndim, kinds=("sum", "max")):

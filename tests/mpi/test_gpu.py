@@ -17,6 +17,7 @@ import os
 
 import numpy as np
 import pytest
+from helpers.mpi import meshes_dp_tp as meshes
 from mpi4py import MPI
 
 import dtensor as dt
@@ -69,13 +70,6 @@ def xp_for(device: str):
 
 def global_data(shape, seed=0) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
-
-
-def meshes(device: str):
-    out = [dt.init_device_mesh((WORLD.size,), device=device)]
-    if WORLD.size == 4:
-        out.append(dt.init_device_mesh((2, 2), mesh_dim_names=("dp", "tp"), device=device))
-    return out
 
 
 @pytest.mark.mpi(min_size=1)

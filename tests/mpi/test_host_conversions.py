@@ -11,6 +11,7 @@ import pickle
 
 import numpy as np
 import pytest
+from helpers.mpi import meshes
 from mpi4py import MPI
 
 import dtensor as dt
@@ -18,13 +19,6 @@ from dtensor.errors import DTypeError, ValueConversionError
 
 WORLD = MPI.COMM_WORLD
 R, S, P = dt.Replicate(), dt.Shard, dt.Partial
-
-
-def meshes():
-    out = [dt.init_device_mesh((WORLD.size,))]
-    if WORLD.size == 4:
-        out.append(dt.init_device_mesh((2, 2)))
-    return out
 
 
 def layouts(mesh, ndim):

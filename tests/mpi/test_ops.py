@@ -17,6 +17,7 @@ import zlib
 
 import numpy as np
 import pytest
+from helpers.mpi import meshes_dp_tp as meshes
 from mpi4py import MPI
 
 import dtensor as dt
@@ -25,13 +26,6 @@ from placements.rules import Candidate, RuleResult
 
 WORLD = MPI.COMM_WORLD
 R, S, P = dt.Replicate(), dt.Shard, dt.Partial
-
-
-def meshes():
-    out = [dt.init_device_mesh((WORLD.size,))]
-    if WORLD.size == 4:
-        out.append(dt.init_device_mesh((2, 2), mesh_dim_names=("dp", "tp")))
-    return out
 
 
 def data(shape, dtype=np.float32, seed=0, positive=False):

@@ -34,6 +34,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+from helpers.mpi import meshes_dp_tp as meshes
 from mpi4py import MPI
 
 import dtensor as dt
@@ -54,15 +55,6 @@ _NAMES = sorted(OPS)
 CHECKED: dict[str, tuple[int, int]] = {}
 #: how often each kind of placement was laid out in this session (over every op)
 KINDS: Counter = Counter()
-
-
-@pytest.fixture(scope="module")
-def meshes() -> list[dt.DeviceMesh]:
-    """The 1-D world mesh and, at 4 ranks, a 2x2 mesh (collective: every rank builds them)."""
-    out = [dt.init_device_mesh((WORLD.size,))]
-    if WORLD.size == 4:
-        out.append(dt.init_device_mesh((2, 2), mesh_dim_names=("dp", "tp")))
-    return out
 
 
 @functools.cache

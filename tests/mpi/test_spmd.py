@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 import pytest
+from helpers.mpi import data, meshes
 from mpi4py import MPI
 
 import dtensor as dt
@@ -24,10 +25,6 @@ from redistribute import comm as _comm
 
 WORLD = MPI.COMM_WORLD
 R, S, P = dt.Replicate(), dt.Shard, dt.Partial
-
-
-def data(shape, seed=0):
-    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
 
 def dist(arr, mesh, placements):
@@ -44,13 +41,6 @@ def program(mesh):
     z = y.sum(dim=0)
     t = x.redistribute(mesh, [S(1), *rest])
     return [y.full_tensor().numpy(), z.full_tensor().numpy(), t.full_tensor().numpy()]
-
-
-def meshes():
-    out = [dt.init_device_mesh((WORLD.size,))]
-    if WORLD.size == 4:
-        out.append(dt.init_device_mesh((2, 2)))
-    return out
 
 
 @pytest.mark.mpi(min_size=1)

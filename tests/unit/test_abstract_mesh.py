@@ -13,7 +13,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from _sim import SimMesh, dtensor_of
+from helpers.sim import SimMesh, dtensor_of
 
 import dtensor as dt
 from dtensor.dispatch import dispatcher as _dispatch

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gc
 import itertools
-import os
 import queue
 import sys
 import threading
@@ -12,7 +11,7 @@ import weakref
 
 import numpy as np
 import pytest
-from _jobs import run_python
+from helpers.jobs import run_python
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -29,7 +28,6 @@ from dtensor.errors import DTensorError
 from dtensor.local import allocator as alloc
 
 MiB = 1 << 20
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 needs_caching = pytest.mark.skipif(
     not alloc._CPU.caching, reason="the default allocator runs with DTENSOR_ALLOCATOR=nocache"
 )

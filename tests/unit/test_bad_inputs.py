@@ -18,7 +18,7 @@ import types
 
 import numpy as np
 import pytest
-from _sim import SimMesh, dtensor_of
+from helpers.sim import SimMesh, dtensor_of
 
 import dtensor as dt
 from dtensor import errors

@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from _jobs import child_env, run_group
+from helpers import ROOT
+from helpers.jobs import child_env, run_group
 
-ROOT = Path(__file__).resolve().parents[2]
 LIMIT_S = 120
 
 # the data of the cross-world-size jobs: key -> (shape, dtype, placements on the 2x2 mesh)

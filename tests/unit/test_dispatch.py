@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _sim import SimMesh, data, dtensor_of, local_part
+from helpers.sim import SimMesh, data, dtensor_of, local_part
 
 import dtensor as dt
 from dtensor.dispatch import dispatcher as _dispatch

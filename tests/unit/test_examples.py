@@ -16,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _jobs import PKG_ROOT, child_env, run_group
+from helpers import ROOT
+from helpers.jobs import PKG_ROOT, child_env, run_group
 
 import fastpath
 from dtensor.autoshard import load_calibration
@@ -24,7 +25,6 @@ from dtensor.autoshard._calibrate import fit
 from launch.bench import size_sweep
 from redistribute.cost import CostModel
 
-ROOT = Path(__file__).resolve().parents[2]
 LIMIT_S = 120
 # the launch package next to the imported dtensor (site-packages when installed)
 INSTALLED = Path(PKG_ROOT) / "launch"

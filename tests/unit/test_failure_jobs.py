@@ -26,11 +26,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from _jobs import child_env, run_group
+from helpers.jobs import child_env, run_group
 
 from launch._mpiexec import find_mpiexec
 
-ROOT = Path(__file__).resolve().parents[2]
 try:
     MPIEXEC, NO_MPIEXEC = find_mpiexec(), None
 except FileNotFoundError as exc:

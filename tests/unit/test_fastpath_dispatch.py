@@ -8,16 +8,16 @@ need the compiled front skip when it is not available (extension not built or
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 import textwrap
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import ROOT
+from helpers.jobs import PKG_ROOT
 
 import dtensor as dt
 import fastpath
@@ -25,9 +25,6 @@ from dtensor.dispatch import dispatcher as _dispatch
 from dtensor.dispatch import front
 from dtensor.ops import OPS
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# where the imported dtensor lives (site-packages when installed): subprocesses use the same
-PKG_ROOT = str(Path(importlib.util.find_spec("dtensor").origin).resolve().parents[1])
 needs_front = pytest.mark.skipif(
     not fastpath.ENABLED, reason="compiled fast path not enabled (not built or disabled)"
 )

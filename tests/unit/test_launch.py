@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 import skips
-from _jobs import run_group
+from helpers import TESTS
+from helpers.jobs import run_group
 
 import fastpath
 from launch import runtests
@@ -35,7 +36,6 @@ from launch._mpiexec import (
 
 pytestmark = pytest.mark.mode_independent  # see tests/conftest.py
 
-TESTS = Path(__file__).resolve().parents[1]
 MPI_CONFTEST = TESTS / "mpi" / "conftest.py"
 UNIT_CONFTEST = TESTS / "unit" / "conftest.py"
 #: The skip policy the conftests register (they import it from the tests folder).

@@ -13,11 +13,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from _jobs import child_env, run_group
+from helpers.jobs import child_env, run_group
 
 from launch._info import collect_info, format_info
 
-ROOT = Path(__file__).resolve().parents[2]
 LIMIT_S = 90
 
 

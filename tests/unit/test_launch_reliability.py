@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _jobs import child_env, run_group
+from helpers.jobs import child_env, run_group
 
 #: Hard limit of one job, and of the waits below (a broken feature fails, never hangs).
 LIMIT_S = 60

@@ -15,10 +15,10 @@ import re
 from pathlib import Path
 
 import pytest
+from helpers import ROOT
 
 pytestmark = pytest.mark.mode_independent  # see tests/conftest.py
 
-ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("placements", "redistribute", "fastpath", "dtensor", "launch")
 
 #: Layer of a module: the longest matching prefix decides. Imports may only point to the

@@ -9,7 +9,6 @@ expected values are PyTorch's.
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 import subprocess
@@ -17,10 +16,10 @@ import sys
 import threading
 import warnings
 import zlib
-from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers.jobs import PKG_ROOT
 
 import dtensor as dt
 from dtensor.errors import DTypeError, ShardingError, ViewError
@@ -33,9 +32,6 @@ C64 = np.dtype(np.complex64)
 
 #: The generator ``data`` draws from: a fresh one per test (see ``_rng``).
 RNG: np.random.Generator | None = None
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# where the imported dtensor lives (site-packages when installed): subprocesses use the same
-PKG_ROOT = str(Path(importlib.util.find_spec("dtensor").origin).resolve().parents[1])
 
 # dtensor's kernels never emit numpy's floating-point RuntimeWarnings (checked by
 # test_kernels_never_warn_on_floating_point_errors and test_no_floating_point_warnings); the

@@ -26,10 +26,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from _jobs import child_env, run_group
+from helpers.jobs import MPIEXEC, child_env, run_group
 
-ROOT = Path(__file__).resolve().parents[2]
-MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
 #: Hard limit of one job (a job that hangs is killed and the test fails).
 LIMIT_S = 60
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import TESTS as TESTS_DIR
 
 from dtensor import validate as V
 from dtensor.ops import OPS
@@ -32,7 +33,6 @@ from placements.rules import _core, get_rule
 from redistribute import plan
 
 RULES_DIR = Path(_core.__file__).parent
-TESTS_DIR = Path(__file__).resolve().parent.parent
 
 
 # -- the list ------------------------------------------------------------------------------

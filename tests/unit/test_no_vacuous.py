@@ -21,11 +21,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import ROOT, TESTS
 
 pytestmark = pytest.mark.mode_independent  # see tests/conftest.py
 
-TESTS = Path(__file__).resolve().parents[1]
-ROOT = TESTS.parent
 
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 

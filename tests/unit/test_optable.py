@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _sim import SimMesh, data, dtensor_of
+from helpers.sim import SimMesh, data, dtensor_of
 
 import dtensor as dt
 from dtensor.dispatch import dispatcher as _dispatch

@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 import pytest
-from _jobs import run_python
+from helpers.jobs import run_python
 
 from dtensor.local import allocator as alloc
 from redistribute import shm

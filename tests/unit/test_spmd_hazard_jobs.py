@@ -18,9 +18,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from _jobs import child_env, run_group
+from helpers.jobs import MPIEXEC, child_env, run_group
 
-MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
 LIMIT_S = 60
 
 pytestmark = pytest.mark.skipif(not Path(MPIEXEC).exists(), reason="no mpiexec next to python")

@@ -19,6 +19,8 @@ import pytest
 
 # where the imported dtensor lives (site-packages when installed): subprocesses use the same
 PKG_ROOT = str(Path(importlib.util.find_spec("dtensor").origin).resolve().parents[1])
+#: The mpiexec next to the running Python (where the mpich wheel puts it).
+MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
 
 
 def child_env(extra: Mapping[str, str] | None = None, drop: Iterable[str] = ()) -> dict:

@@ -1,7 +1,7 @@
 """MPI tests of :mod:`redistribute.comm`: the buffer-based collectives (uneven and zero
 counts), reduce-op mapping, derived block types, mesh communicators and observers.
 
-Run with ``mpiexec -n K python -m pytest tests/mpi/test_collectives.py --with-mpi``.
+Run with ``mpiexec -n K python -m pytest tests/mpi/redistribute/test_collectives.py --with-mpi``.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ real run of the same step on a mesh of the same shape (the MLP and the transform
 bytes are those of coordinate 0, rank 0's), and ``explain``'s
 trace on the abstract mesh predicts the same bytes for the collectives it lists.
 
-Run: ``python -m launch -n 4 -m pytest tests/mpi/test_abstract_mesh.py --with-mpi``.
+Run: ``python -m launch -n 4 -m pytest tests/mpi/distributed/test_abstract_mesh.py --with-mpi``.
 """
 
 from __future__ import annotations

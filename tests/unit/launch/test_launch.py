@@ -471,16 +471,17 @@ def test_mode_independent_tests_run_in_the_first_mode_only(tmp_path):
     mpi = runtests._command(stages[3], "mpiexec", ["-x"])
     assert mpi[:3] == ["mpiexec", "-n", "2"] and mpi[-3:] == [*runtests.REPEAT_MARKERS, "-x"]
     # pytest's side: this module is marked, so its tests are deselected, not skipped
-    cmd = [sys.executable, "-m", "pytest", "unit/test_launch.py", "unit/test_allocator.py",
-           "--collect-only", "-q", "-p", "no:cacheprovider"]  # fmt: skip
+    cmd = [sys.executable, "-m", "pytest", "unit/launch/test_launch.py",
+           "unit/local/test_allocator.py", "--collect-only", "-q",
+           "-p", "no:cacheprovider"]  # fmt: skip
     env = dict(os.environ, DTENSOR_FASTPATH="0")
     run = {"cwd": TESTS, "env": env, "capture_output": True, "text": True, "timeout": 120}
     both = subprocess.run(cmd, check=False, **run)
     cmd += runtests.REPEAT_MARKERS
     second = subprocess.run(cmd, check=False, **run)
-    assert "unit/test_launch.py::" in both.stdout, both.stdout[-2000:]
-    assert "unit/test_launch.py::" not in second.stdout, second.stdout[-2000:]
-    assert "unit/test_allocator.py::" in second.stdout
+    assert "unit/launch/test_launch.py::" in both.stdout, both.stdout[-2000:]
+    assert "unit/launch/test_launch.py::" not in second.stdout, second.stdout[-2000:]
+    assert "unit/local/test_allocator.py::" in second.stdout
     assert re.search(r"\d+ deselected", second.stdout), second.stdout[-500:]
 
 

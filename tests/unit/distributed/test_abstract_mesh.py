@@ -1,7 +1,7 @@
 """Abstract meshes and metadata-only DTensors in one process: the mesh's metadata, the
 dispatcher's decisions on them (against its decisions on data, for the validator's sample
 calls of every op), the refusal of values, the predicted memory, and whole training steps
-of the examples, up to a (64, 8) mesh. The MPI test ``tests/mpi/test_abstract_mesh.py``
+of the examples, up to a (64, 8) mesh. The MPI test ``tests/mpi/distributed/test_abstract_mesh.py``
 checks the predicted collectives against a real run."""
 
 from __future__ import annotations

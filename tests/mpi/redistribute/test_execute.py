@@ -5,7 +5,7 @@ builds this rank's source shard (Partial sources: per-rank contributions that re
 global data), runs the plan with :func:`redistribute.execute.execute`, and compares with
 numpy: targets without Partial shard-by-shard, targets with Partial by gathering every
 rank's result and reducing it. Run with
-``mpiexec -n K python -m pytest tests/mpi/test_execute.py --with-mpi`` for K = 1..4.
+``mpiexec -n K python -m pytest tests/mpi/redistribute/test_execute.py --with-mpi`` for K = 1..4.
 """
 
 from __future__ import annotations
@@ -288,7 +288,7 @@ def test_all_pairs_1d_transposed_input(shape, path, meshes, seed):
 # 2401 pairs per case (each costs a few collectives; 4 ranks usually share fewer cores):
 # float64 on every shape, int64 and bool (reductions of their own) on one each. The uneven
 # and the empty shapes run every pair; the others a sample of PAIRS_2X2, drawn anew in each
-# session (tests/unit/test_plan.py simulates every 2x2 pair on every shape)
+# session (tests/unit/redistribute/test_plan.py simulates every 2x2 pair on every shape)
 CASES_2X2 = [(shape, np.float64) for shape in ((8, 6), (5, 3), (1, 7), (0, 4), (3, 2))] + [
     ((5, 3), np.int64),
     ((8, 6), np.bool_),
@@ -341,12 +341,12 @@ SHAPES_3D = ((8, 6), (5, 3), (3, 7), (4, 5, 3), (0, 4))
 @pytest.mark.skipif(
     not MESHES_3D,
     reason="3-D meshes are tested at 4 ranks (2x1x2, 1x2x2) and 8 ranks (2x2x2, launched by "
-    "tests/unit/test_examples.py::test_3d_meshes_at_8_ranks)",
+    "tests/unit/launch/test_examples.py::test_3d_meshes_at_8_ranks)",
 )
 @pytest.mark.parametrize("shape", SHAPES_3D, ids=str)
 def test_sampled_pairs_3d(shape, meshes, seed):
     # 4 and 8 ranks run two and four ranks per core here: a sample of the pairs (the seed
-    # changes from run to run; tests/unit/test_plan.py simulates every 2x2x2 pair)
+    # changes from run to run; tests/unit/redistribute/test_plan.py simulates every 2x2x2 pair)
     # (at 8 ranks, 40 of the 216 lists also go to and from Replicate)
     for mesh_shape in MESHES_3D:
         count, to_r = (60, None) if WORLD < 8 else (20, 40)

@@ -185,7 +185,7 @@ def test_the_plugin_does_nothing_without_a_mutation(monkeypatch):
 
 
 # -- concluding a mutation from its runs -------------------------------------------------------
-UNIT, MPI = Run(("unit/test_rules.py",)), Run(("mpi/test_ops.py",), "relu", ranks=2)
+UNIT, MPI = Run(("unit/placements/test_rules.py",)), Run(("mpi/ops/test_ops.py",), "relu", ranks=2)
 
 
 def _outcome(run, status, fired, **kw):
@@ -213,9 +213,9 @@ def test_kills_survivors_and_the_last_line():
     m = MUTATIONS[0]
     killed = mutate.conclude(
         m, [_outcome(UNIT, "passed", True),
-            _outcome(MPI, "killed", True, failed_test="mpi/test_ops.py::test_unary")], 2.0)
+            _outcome(MPI, "killed", True, failed_test="mpi/ops/test_ops.py::test_unary")], 2.0)
     assert killed.status == "killed"
-    assert killed.detail == "mpi-2 mpi/test_ops.py::test_unary"
+    assert killed.detail == "mpi-2 mpi/ops/test_ops.py::test_unary"
     unnamed = mutate.conclude(m, [_outcome(MPI, "killed", True)], 2.0)
     assert unnamed.detail == "mpi-2 test_ops.py -k relu"
     timeout = mutate.conclude(m, [_outcome(MPI, "timeout", True)], 2.0)
@@ -268,15 +268,16 @@ def test_runs_skip_missing_files_and_select_validator_groups(tmp_path):
     ctx = mutate._Context(TESTS_DIR, tmp_path, "fastpath", 60.0)
     ctx.mpiexec = "mpiexec"
     ctx._groups = {"relu": 3, "exp": 1}
-    paths, notes = ctx.resolve(Run(("unit/test_rules.py", "mpi/test_not_yet.py"),
+    paths, notes = ctx.resolve(Run(("unit/placements/test_rules.py", "mpi/test_not_yet.py"),
                                    validate=("relu", "exp")))
-    assert paths == ["unit/test_rules.py",
+    assert paths == ["unit/placements/test_rules.py",
                      f"{mutate.VALIDATOR_FILE}::{mutate.VALIDATOR_TEST}[1]",
                      f"{mutate.VALIDATOR_FILE}::{mutate.VALIDATOR_TEST}[3]"]
     assert notes == ["mpi/test_not_yet.py missing"]
-    paths, notes = ctx.resolve(Run(("unit/test_rules.py",), validate=("gelu",)))
+    paths, notes = ctx.resolve(Run(("unit/placements/test_rules.py",), validate=("gelu",)))
     assert paths[-1] == mutate.VALIDATOR_FILE and "unknown" in notes[0]
-    assert ctx.command(Run(("mpi/test_ops.py",), "relu", ranks=2), ["mpi/test_ops.py"])[-5:] == [
+    assert ctx.command(Run(("mpi/ops/test_ops.py",), "relu", ranks=2),
+                       ["mpi/ops/test_ops.py"])[-5:] == [
         "-p", "launch._mutant", "-k", "relu", "--with-mpi"]
 
 
@@ -284,13 +285,13 @@ def test_one_mutation_end_to_end(tmp_path, monkeypatch, capsys):
     """The plugin applies the mutation in a pytest process of its own; the run's output and
     log give the killing test; the report ends with the summary line."""
     m = replace(get("reduction.drop.amax_passthrough"),
-                runs=(Run(("unit/test_rules.py::test_reduction_candidates",)),))
+                runs=(Run(("unit/placements/test_rules.py::test_reduction_candidates",)),))
     monkeypatch.setattr(mutate, "MUTATIONS", (m,))
     rc = mutate.main(["--only", m.name, "--tests-dir", str(TESTS_DIR), "--log-dir", str(tmp_path),
                       "--timeout", "120"])
     out = capsys.readouterr().out.splitlines()
     assert rc == 0, out
     row = next(line for line in out if line.startswith(m.name))
-    assert "unit/test_rules.py::test_reduction_candidates" in row
+    assert "unit/placements/test_rules.py::test_reduction_candidates" in row
     assert out[-1] == "mutations: 1/1 killed"
     assert _mutant.read_log(tmp_path / f"{m.name}.0.log").fired_processes == 1

@@ -3,8 +3,8 @@
 Tensors here are at least ``redistribute.shm.MIN_BYTES`` (1 MiB by default), so their
 redistributes take the shared path; each test checks the values against numpy *and* that
 the shared path (or, where intended, the MPI fallback) is what ran, from
-``redistribute.shm.counts``. Run with ``mpiexec -n K python -m pytest tests/mpi/test_shm.py
---with-mpi`` for K = 1..4.
+``redistribute.shm.counts``. Run with
+``mpiexec -n K python -m pytest tests/mpi/redistribute/test_shm.py --with-mpi`` for K = 1..4.
 """
 
 from __future__ import annotations

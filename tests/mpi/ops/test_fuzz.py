@@ -22,7 +22,7 @@ names the seed that reproduces it. Examples per test: ``DTENSOR_FUZZ_EXAMPLES`` 
 else 2.5 times the hypothesis profile's (150 under the ``ci`` profile);
 ``HYPOTHESIS_PROFILE=long`` also allows longer programs. The long run::
 
-    HYPOTHESIS_PROFILE=long timeout 3600 mpiexec -n 4 python -m pytest tests/mpi/test_fuzz.py \
+    HYPOTHESIS_PROFILE=long timeout 3600 mpiexec -n 4 python -m pytest tests/mpi/ops/test_fuzz.py \
         --with-mpi -q
 """
 
@@ -74,7 +74,7 @@ def mesh_shapes() -> list[tuple[int, ...]]:
     shapes = [(WORLD.size,)]
     if WORLD.size == 4:
         shapes += [(2, 2), (2, 1, 2)]  # 3-D: placements over three mesh dims
-    if WORLD.size == 8:  # launched by tests/unit/test_examples.py
+    if WORLD.size == 8:  # launched by tests/unit/launch/test_examples.py
         shapes += [(2, 4), (2, 2, 2)]
     return shapes
 

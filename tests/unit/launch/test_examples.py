@@ -453,12 +453,12 @@ def _at_8_ranks(files: list[str], keyword: str, least: int, env: dict | None = N
 def test_3d_executor_at_8_ranks():
     """The 3-D mesh tests of the executor (sampled placement pairs on 2x2x2, uneven and
     empty shards, transposed inputs) at 8 ranks, oversubscribed: correctness only."""
-    _at_8_ranks(["mpi/test_execute.py"], "3d", 8)
+    _at_8_ranks(["mpi/redistribute/test_execute.py"], "3d", 8)
 
 
 def test_3d_meshes_at_8_ranks():
     """The 3-D mesh tests of the DTensor API and the program fuzzer (2x4 and 2x2x2 meshes
     among its draws) at 8 ranks, oversubscribed: correctness only. The fuzzer draws 60
     programs here (a third of them on 2x2x2); the MPI stages draw 150 at 1-4 ranks."""
-    _at_8_ranks(["mpi/test_dtensor_api.py", "mpi/test_fuzz.py"], "3d or programs_match_numpy", 4,
-                env={"DTENSOR_FUZZ_EXAMPLES": "60"})  # fmt: skip
+    _at_8_ranks(["mpi/distributed/test_dtensor_api.py", "mpi/ops/test_fuzz.py"],
+                "3d or programs_match_numpy", 4, env={"DTENSOR_FUZZ_EXAMPLES": "60"})  # fmt: skip

@@ -1,6 +1,7 @@
 """The compiled fast path and the Python path give identical results under MPI.
 
-Run at 1-4 ranks: ``mpiexec -n K python -m pytest tests/mpi/test_fastpath_modes.py --with-mpi``.
+Run at 1-4 ranks:
+``mpiexec -n K python -m pytest tests/mpi/dispatch/test_fastpath_modes.py --with-mpi``.
 Every program runs on both paths (switched at runtime); values (the full tensor), local
 shapes, strides and offsets, placements, dtypes and the propagation-cache counters must
 agree, including for entries that redistribute an input or produce a Partial.

@@ -1,7 +1,7 @@
 """Strategy sweeps on tiny sizes: every strategy's result matches numpy, and the reported
 communication matches each layout.
 
-Run: ``mpiexec -n 4 python -m pytest tests/mpi/test_sweep.py --with-mpi`` (1-3 ranks use a
+Run: ``mpiexec -n 4 python -m pytest tests/mpi/launch/test_sweep.py --with-mpi`` (1-3 ranks use a
 1-D mesh and the three 1-D strategies).
 """
 

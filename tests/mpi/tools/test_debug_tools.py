@@ -2,7 +2,7 @@
 what CommDebugMode then records, strict mode, and the tap they share restoring the
 dispatcher (fast path included) when done.
 
-Run: ``mpiexec -n K python -m pytest tests/mpi/test_debug_tools.py --with-mpi`` (K = 1..4).
+Run: ``mpiexec -n K python -m pytest tests/mpi/tools/test_debug_tools.py --with-mpi`` (K = 1..4).
 """
 
 from __future__ import annotations

@@ -81,7 +81,7 @@ MESH_3D = {4: (2, 1, 2), 8: (2, 2, 2)}.get(WORLD.size)
 @pytest.mark.skipif(
     MESH_3D is None,
     reason="a 3-D mesh runs at 4 ranks (2x1x2) and 8 ranks (2x2x2, launched by "
-    "tests/unit/test_examples.py::test_3d_meshes_at_8_ranks)",
+    "tests/unit/launch/test_examples.py::test_3d_meshes_at_8_ranks)",
 )
 @pytest.mark.parametrize("shape", [(8, 6), (5, 3), (3, 4, 5)], ids=str)
 def test_api_on_a_3d_mesh(shape):

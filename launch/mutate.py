@@ -57,17 +57,25 @@ __all__ = ["TARGET", "Result", "RunOutcome", "main", "summary_line"]
 #: The kill ratio below which the command fails.
 TARGET = 0.95
 #: The strategy validator's parametrized test, whose groups a run may select by op.
-VALIDATOR_FILE = "unit/test_validator.py"
+VALIDATOR_FILE = "unit/ops/test_validator.py"
 VALIDATOR_TEST = "test_every_candidate_of_every_rule"
 #: pytest's exit status for a command-line usage error (a mutation that cannot be applied).
 USAGE_EXIT_CODE = 4
 
 _ROOT = Path(__file__).resolve().parent.parent
 _FAILED = re.compile(r"^(?:\[rank \d+\] )?(?:FAILED|ERROR) (\S+)", re.MULTILINE)
+#: Imports the validator test (its module name as argument, run in the ``tests`` folder).
 _GROUPS_PROBE = """\
-import json, test_validator as t
+import importlib, json, sys
+t = importlib.import_module(sys.argv[1])
 print(json.dumps({op: i for i, group in enumerate(t._GROUPS) for op in group}))
 """
+
+
+def _module_name(path: str) -> str:
+    """The module name of a test file given relative to the ``tests`` folder, which is the
+    folder on ``sys.path`` (``unit/ops/test_validator.py``: ``unit.ops.test_validator``)."""
+    return path.removesuffix(".py").replace("/", ".")
 
 
 @dataclass(frozen=True)
@@ -158,8 +166,9 @@ class _Context:
         """Op name -> index of its group in the validator test (empty when unknown)."""
         if self._groups is None:
             out = subprocess.run(
-                [sys.executable, "-c", _GROUPS_PROBE], cwd=self.tests_dir / "unit",
-                env=self.env, capture_output=True, text=True, timeout=300, check=False,
+                [sys.executable, "-c", _GROUPS_PROBE, _module_name(VALIDATOR_FILE)],
+                cwd=self.tests_dir, env=self.env, capture_output=True, text=True, timeout=300,
+                check=False,
             )
             self._groups = json.loads(out.stdout) if out.returncode == 0 else {}
         return self._groups

@@ -81,10 +81,11 @@ PSUM, PAVG, PMAX, PMIN = Partial("sum"), Partial("avg"), Partial("max"), Partial
 class Run:
     """One test process of a mutation's selection.
 
-    ``paths`` are relative to the ``tests`` folder (``unit/test_rules.py``, a node id
-    ``unit/test_plan.py::test_x``); ``keyword`` is pytest's ``-k``; ``ranks`` None runs one
-    pytest process, else ``mpiexec -n ranks`` with ``--with-mpi``; ``validate`` names ops whose
-    strategy-validator groups (``unit/test_validator.py``) join a one-process run.
+    ``paths`` are relative to the ``tests`` folder (``unit/placements/test_rules.py``, a node
+    id ``unit/redistribute/test_plan.py::test_x``); ``keyword`` is pytest's ``-k``; ``ranks``
+    None runs one pytest process, else ``mpiexec -n ranks`` with ``--with-mpi``; ``validate``
+    names ops whose strategy-validator groups (``unit/ops/test_validator.py``) join a
+    one-process run.
     """
 
     paths: tuple[str, ...]
@@ -346,8 +347,8 @@ def _drop_last(steps: tuple) -> tuple:
 
 
 # -- test selections -------------------------------------------------------------------------
-UNIT_RULES = "unit/test_rules.py"
-OPTABLE_MPI = "mpi/test_optable_mpi.py"  # every op of the op table under MPI, -k <op>
+UNIT_RULES = "unit/placements/test_rules.py"
+OPTABLE_MPI = "mpi/ops/test_optable_mpi.py"  # every op of the op table under MPI, -k <op>
 
 
 def values(keyword: str, *ops: str) -> tuple[Run, ...]:
@@ -355,7 +356,7 @@ def values(keyword: str, *ops: str) -> tuple[Run, ...]:
     validator's groups of ``ops``, then the MPI op tests selected by ``keyword``."""
     return (
         Run((UNIT_RULES,), validate=ops),
-        Run(("mpi/test_ops.py",), keyword, ranks=2),
+        Run(("mpi/ops/test_ops.py",), keyword, ranks=2),
         Run((OPTABLE_MPI,), keyword, ranks=2),
     )
 
@@ -365,17 +366,17 @@ def choices(keyword: str, *ops: str) -> tuple[Run, ...]:
     errors change): the rule, dispatch and op-table unit tests, then the MPI communication
     and op tests."""
     return (
-        Run((UNIT_RULES, "unit/test_dispatch.py", "unit/test_optable.py")),
-        Run(("mpi/test_comm_mode.py", "mpi/test_debug_tools.py"), ranks=2),
-        Run(("mpi/test_ops.py", OPTABLE_MPI), keyword, ranks=2),
-        Run(("unit/test_validator.py",), validate=ops),
+        Run((UNIT_RULES, "unit/dispatch/test_dispatch.py", "unit/ops/test_optable.py")),
+        Run(("mpi/tools/test_comm_mode.py", "mpi/tools/test_debug_tools.py"), ranks=2),
+        Run(("mpi/ops/test_ops.py", OPTABLE_MPI), keyword, ranks=2),
+        Run(("unit/ops/test_validator.py",), validate=ops),
     )
 
 
 PLAN_RUNS = (
-    Run(("unit/test_plan.py",), "not 2x2x2"),
-    Run(("mpi/test_execute.py",), ranks=2),
-    Run(("mpi/test_dtensor_api.py", "mpi/test_comm_mode.py"), ranks=2),
+    Run(("unit/redistribute/test_plan.py",), "not 2x2x2"),
+    Run(("mpi/redistribute/test_execute.py",), ranks=2),
+    Run(("mpi/distributed/test_dtensor_api.py", "mpi/tools/test_comm_mode.py"), ranks=2),
 )
 
 
@@ -418,8 +419,8 @@ MUTATIONS: tuple[Mutation, ...] = (
           "relu keeps P(sum)", values("relu", "relu")),
     _rule("pointwise", "sum", "relu_inplace", ["relu_"], add(PSUM, PSUM),
           "relu_ (in place) keeps P(sum)",
-          (Run((UNIT_RULES, "unit/test_dispatch.py")),
-           Run(("mpi/test_ops.py",), "inplace", ranks=2))),
+          (Run((UNIT_RULES, "unit/dispatch/test_dispatch.py")),
+           Run(("mpi/ops/test_ops.py",), "inplace", ranks=2))),
     _rule("pointwise", "sum", "exp", ["exp"], add(PSUM, PSUM),
           "exp keeps P(sum)", values("exp", "exp")),
     _rule("pointwise", "sum", "abs", ["abs"], add(PSUM, PSUM),
@@ -488,7 +489,7 @@ MUTATIONS: tuple[Mutation, ...] = (
           "basic indexing loses [P(sum), P(sum)]", choices("getitem", "getitem")),
     _rule("view", "drop", "getitem_masked", ["getitem"], drop(masked),
           "advanced getitem loses local indexing with masking (P(sum)) on the indexed dim",
-          (Run(("mpi/test_index_ops.py",), "cost", ranks=2), *choices("getitem", "getitem"))),
+          (Run(("mpi/ops/test_index_ops.py",), "cost", ranks=2), *choices("getitem", "getitem"))),
     _rule("view", "minmax", "permute", ["permute"], remap(exactly(PMAX, PMAX), swap_minmax),
           "permute maps P(max) to P(min)", values("permute", "permute")),
     _rule("view", "minmax", "reshape", ["reshape"], remap(exactly(PMIN, PMIN), swap_minmax),
@@ -532,11 +533,11 @@ MUTATIONS: tuple[Mutation, ...] = (
           choices("cross_entropy", "cross_entropy")),
     _rule("nn", "drop", "cross_entropy_vocab", ["cross_entropy"], drop(vocab),
           "cross_entropy loses the vocab-parallel candidate (the logits are gathered)",
-          (Run(("mpi/test_vocab_parallel.py",), ranks=2),
+          (Run(("mpi/ops/test_vocab_parallel.py",), ranks=2),
            *choices("cross_entropy", "cross_entropy"))),
     _rule("nn", "sum", "cross_entropy_vocab", ["cross_entropy"], remap(vocab, to(PSUM)),
           "the vocab-parallel loss claims P(sum) (every shard holds the whole loss)",
-          (Run(("mpi/test_vocab_parallel.py",), ranks=2),
+          (Run(("mpi/ops/test_vocab_parallel.py",), ranks=2),
            *values("cross_entropy", "cross_entropy"))),
     _rule("nn", "minmax", "dropout", ["dropout"], remap(exactly(PMAX, PMAX), swap_minmax),
           "dropout maps P(max) to P(min)", values("dropout", "dropout")),
@@ -554,7 +555,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     # -- index --------------------------------------------------------------------------------
     _rule("index", "drop", "gather_shard", ["gather"], drop(out_shard),
           "gather loses its Shard candidates (kept dims)",
-          (*choices("gather", "gather"), Run(("mpi/test_index_ops.py",), ranks=2))),
+          (*choices("gather", "gather"), Run(("mpi/ops/test_index_ops.py",), ranks=2))),
     _rule("index", "minmax", "index_select", ["index_select"],
           remap(exactly(PMAX, PMAX, R), swap_minmax),
           "index_select of a P(max) input claims P(min)", values("index_select", "index_select")),
@@ -565,7 +566,7 @@ MUTATIONS: tuple[Mutation, ...] = (
           "index_select's Shard output is off by one", values("index_select", "index_select")),
     _rule("index", "drop", "index_add_masked", ["index_add"], drop(exactly(S0, S0, R, R)),
           "index_add loses the sharded indexed dim (each shard adds its block's rows)",
-          (Run(("mpi/test_index_ops.py",), "index_add", ranks=2),
+          (Run(("mpi/ops/test_index_ops.py",), "index_add", ranks=2),
            *choices("index_add", "index_add"))),
     _rule("index", "sum", "index_add", ["index_add"], add(PSUM, PSUM, R, R),
           "index_add of a P(sum) input and a replicated source claims P(sum)",
@@ -578,7 +579,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     _rule("index", "drop", "getitem_masked_several", ["getitem"], drop_several(masked),
           "advanced getitem indexing several dims (index arrays broadcasting together, a "
           "mask of several dims) loses local indexing with masking: the indexed dims gather",
-          (Run(("mpi/test_index_ops.py",), "several", ranks=2),
+          (Run(("mpi/ops/test_index_ops.py",), "several", ranks=2),
            *choices("getitem", "getitem"))),
     # -- plan ---------------------------------------------------------------------------------
     _plan("all_reduce", without("all_reduce"), "plans lose their AllReduce steps"),

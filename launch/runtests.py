@@ -25,6 +25,10 @@ SIGTERM or SIGHUP stops the whole run: the running stage's job is killed (its pr
 group, and the job of a stage running beside it), the runner names the stage, prints
 the table so far and exits with ``128 + signal``; no later stage starts.
 
+Each suite folder holds one package per layer of the project (``tests/unit/local``,
+``tests/mpi/ops``, ...), which pytest collects recursively; the runner names the suite
+folders only.
+
 Stages run with the ``tests`` folder as working directory, so the packages under test
 are the installed ones (with their compiled extension), not the source tree next to
 the tests; when the packages are not installed, the source tree is put on

@@ -13,7 +13,7 @@ dtensor installs:
   (the signature of the record's method form).
 
 Annotations are left out (the stub names what exists and how it is called).
-``tests/unit/test_stubs.py`` regenerates the text and fails when the committed stub differs.
+``tests/unit/dispatch/test_entry_points.py`` regenerates the text and fails when the committed stub differs.
 """
 
 from __future__ import annotations

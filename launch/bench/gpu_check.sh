@@ -14,8 +14,8 @@
 #      build), dtensor is installed without dependencies, the rest from the wheelhouse,
 #      and the cupy already on the machine is used; the log says so;
 #   3. `python -m launch --info` (MPI library, CUDA-awareness, cupy, GPUs);
-#   4. tests/mpi/test_gpu.py with DTENSOR_TEST_DEVICE=cuda at 1 rank, then 2 ranks sharing
-#      the GPU;
+#   4. tests/mpi/distributed/test_gpu.py with DTENSOR_TEST_DEVICE=cuda at 1 rank, then 2 ranks
+#      sharing the GPU;
 #   5. the small-op benchmark (`python -m launch.bench.small_ops --device cuda`) and the
 #      redistribute benchmark (`python -m launch.bench.redistribute --device cuda --sizes
 #      8 8192`) at 2 ranks, JSON into the output folder.
@@ -146,7 +146,7 @@ step launch_info 60 "$PY" -m launch --info
 # 4. GPU tests: 1 rank, then 2 ranks sharing the GPU
 for n in 1 2; do
     step "tests_gpu_${n}rank" 150 env DTENSOR_TEST_DEVICE=cuda \
-        "$MPIEXEC" -n "$n" "$PY" -m pytest tests/mpi/test_gpu.py --with-mpi -q \
+        "$MPIEXEC" -n "$n" "$PY" -m pytest tests/mpi/distributed/test_gpu.py --with-mpi -q \
         -p no:cacheprovider -p no:benchmark
 done
 

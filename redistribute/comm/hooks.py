@@ -20,7 +20,7 @@ the collectives of :class:`~redistribute.comm.Comm`, the Python executor
 (:mod:`redistribute.execute`) and the compiled executor (``fastpath._redist``, plugged in
 with this object by :mod:`redistribute.execute.compiled`), which hands every call to the
 Python executor while ``traced`` is on. A new hook is a new field here, set through
-:func:`update`; ``tests/unit/test_comm_hooks_state.py`` lists every setter of the package
+:func:`update`; ``tests/unit/redistribute/test_comm_hooks_state.py`` lists every setter of the package
 and checks that each one moves this state.
 """
 

@@ -1,0 +1,40 @@
+"""Helpers of the MPI tests (``tests/mpi``): the meshes every rank builds and the data they
+hold. Collective where a docstring says so: every rank calls them in the same order."""
+
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+import dtensor as dt
+from dtensor.testing import distribute_random
+
+WORLD = MPI.COMM_WORLD
+
+
+def meshes(device: str = "cpu") -> list[dt.DeviceMesh]:
+    """The 1-D mesh of the world and, at 4 ranks, a 2x2 mesh without dim names
+    (collective: every rank builds them)."""
+    out = [dt.init_device_mesh((WORLD.size,), device=device)]
+    if WORLD.size == 4:
+        out.append(dt.init_device_mesh((2, 2), device=device))
+    return out
+
+
+def meshes_dp_tp(device: str = "cpu") -> list[dt.DeviceMesh]:
+    """The 1-D mesh of the world and, at 4 ranks, a 2x2 mesh with the dim names
+    ``("dp", "tp")`` (collective: every rank builds them)."""
+    out = [dt.init_device_mesh((WORLD.size,), device=device)]
+    if WORLD.size == 4:
+        out.append(dt.init_device_mesh((2, 2), mesh_dim_names=("dp", "tp"), device=device))
+    return out
+
+
+def data(shape, seed=0):
+    """A float32 array of standard normal values, the same on every rank for a seed."""
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def dist(arr, mesh, placements):
+    """``arr`` on ``mesh``; a Partial mesh dim holds random per-rank contributions."""
+    return distribute_random(arr, mesh, placements, seed=len(placements))

@@ -1,0 +1,3 @@
+"""distributed/: DeviceMesh and its communicators, the DTensor API, abstract meshes,
+GPU meshes, host conversions and Partial fills.
+"""

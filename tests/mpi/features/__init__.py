@@ -1,0 +1,1 @@
+"""features/: checkpoints and file IO, auto_shard, optimizers."""

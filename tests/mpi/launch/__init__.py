@@ -1,0 +1,1 @@
+"""launch/: the MPI test harness itself and the strategy sweeps."""

@@ -1,0 +1,1 @@
+"""local/: the caching allocator under MPI workloads."""

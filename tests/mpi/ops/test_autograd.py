@@ -1,0 +1,349 @@
+"""Autograd on DTensors: the gradients of DTensor programs equal those of the same program
+on local tensors of the global values, over sampled input placements (uneven and empty
+shards, Partial inputs with real per-rank contributions), redistribute chains,
+``from_local``/``to_local`` with ``grad_placements``, and the backward collectives that
+CommDebugMode sees."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from helpers.mpi import meshes
+from mpi4py import MPI
+
+import dtensor as dt
+from dtensor.debug import CommDebugMode
+from dtensor.errors import AutogradError, PlacementError
+from dtensor.testing import distribute_random
+
+WORLD = MPI.COMM_WORLD
+R, S, P = dt.Replicate(), dt.Shard, dt.Partial
+
+
+def placement_choices(mesh, ndim, partial=True):
+    """Every placement list of a tensor of ``ndim`` dims on ``mesh``."""
+    one = [R, *[S(d) for d in range(ndim)]] + ([P("sum")] if partial else [])
+    return list(itertools.product(one, repeat=mesh.ndim))
+
+
+def grad_placements(placements):
+    return tuple(R if isinstance(p, dt.Partial) else p for p in placements)
+
+
+# program name -> (function of tensors, shapes); the same code runs on Tensor and DTensor
+PROGRAMS = {
+    "mlp": (lambda x, w1, b1, w2: ((x @ w1 + b1).relu() @ w2).tanh().sum(),
+            ((5, 6), (6, 7), (7,), (7, 3))),
+    "pointwise": (lambda x, y: (x * y).exp().mean() + (x - y * 2.0).sigmoid().sum()
+                  + (x / (y * y + 1.0)).sum(), ((5, 6), (5, 6))),
+    "broadcast": (lambda x, b: ((x + b) * b).square().sum(), ((5, 6), (6,))),
+    "reductions": (lambda x: x.amax(dim=1).sum() + x.var(dim=0).sum() + x.logsumexp(1).sum()
+                   + x.norm() + x.mean(dim=0).pow(2.0).sum(), ((5, 6),)),
+    "nn": (lambda x, w, b: dt.layer_norm(x.softmax(-1) * 3.0, (6,), w, b).log_softmax(0).sum(),
+           ((5, 6), (6,), (6,))),
+    "views": (lambda x, y: (x.T @ y).sum() + dt.cat([x, y], 0).sum(0).square().sum()
+              + x.reshape(-1).cumsum(0).sum() + x[1:4].sum() + x.transpose(0, 1)[2].sum(),
+              ((5, 6), (5, 6))),
+}
+
+
+def _global(shapes, seed):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(s) for s in shapes]
+
+
+def _local_grads(fn, arrays):
+    leaves = [dt.from_numpy(a.copy()).requires_grad_() for a in arrays]
+    fn(*leaves).backward()
+    return [t.grad.numpy() for t in leaves]
+
+
+def _check_program(fn, arrays, mesh, placements, seed):
+    want = _local_grads(fn, arrays)
+    leaves = [distribute_random(a, mesh, pl, seed=seed + i).requires_grad_()
+              for i, (a, pl) in enumerate(zip(arrays, placements))]
+    loss = fn(*leaves)
+    loss.backward()
+    for a, d, pl, w in zip(arrays, leaves, placements, want):
+        assert d.grad is not None
+        assert tuple(d.grad.placements) == grad_placements(pl)
+        np.testing.assert_allclose(d.grad.full_tensor().numpy(), w, rtol=1e-9, atol=1e-9,
+                                   err_msg=f"placements {placements}")
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_program_gradients_match_local(name, rng):
+    fn, shapes = PROGRAMS[name]
+    arrays = _global(shapes, 3)
+    for mesh in meshes():
+        choices = [placement_choices(mesh, len(s)) for s in shapes]
+        for k in range(4 if mesh.ndim == 1 else 3):
+            placements = [c[rng.integers(len(c))] for c in choices]
+            _check_program(fn, arrays, mesh, placements, seed=10 * k)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_cross_entropy_and_embedding_gradients_match_local(rng):
+    rng_data = np.random.default_rng(5)
+    logits = rng_data.standard_normal((6, 5))
+    target = rng_data.integers(0, 5, (6,))
+    weight = rng_data.standard_normal((7, 5))
+    idx = rng_data.integers(0, 7, (6,))
+
+    def fn(x, w, t, i):
+        return dt.cross_entropy(x + dt.embedding(i, w), t)
+
+    lx, lw = (dt.from_numpy(a.copy()).requires_grad_() for a in (logits, weight))
+    fn(lx, lw, dt.from_numpy(target), dt.from_numpy(idx)).backward()
+    for mesh in meshes():
+        reps = [R] * mesh.ndim
+        for pl in ([S(0)] + [R] * (mesh.ndim - 1), reps):
+            x = distribute_random(logits, mesh, pl, seed=1).requires_grad_()
+            w = distribute_random(weight, mesh, reps, seed=2).requires_grad_()
+            t = dt.distribute_tensor(dt.from_numpy(target), mesh, pl, src_data_rank=None)
+            i = dt.distribute_tensor(dt.from_numpy(idx), mesh, pl, src_data_rank=None)
+            fn(x, w, t, i).backward()
+            np.testing.assert_allclose(x.grad.full_tensor().numpy(), lx.grad.numpy(),
+                                       atol=1e-12)
+            np.testing.assert_allclose(w.grad.full_tensor().numpy(), lw.grad.numpy(),
+                                       atol=1e-12)
+
+
+_IDX = np.array([[0, 2, 1], [4, 0, 0], [1, 1, 3], [2, 5, 0], [3, 3, 3]])
+
+
+def _index_program(x, src, mk):
+    """Indexing ops (gather, sort, topk, kthvalue, masked_fill, index_select, scatter,
+    scatter_add, x[idx] = v) of ``x`` (5, 6) and ``src`` (5, 3); ``mk`` makes an index
+    tensor of the program's kind from an array."""
+    i = mk(_IDX)
+    y = x * 1.0
+    y[1:3, 2] = src[0, 0] * 2.0 + src[1:3, 1:].sum()  # two ints: a DTensor getitem backward
+    return (x.gather(1, i).square().sum() + x.sort(1)[0][:, :2].sum() * 2.0
+            + x.topk(2, 0)[0].exp().sum() + x.kthvalue(2, 1)[0].sum()
+            + x.masked_fill(x > 0.5, 0.0).square().sum()
+            + x.index_select(0, mk(np.array([4, 1, 1]))).sum() * 3.0
+            + x.scatter(1, i, src).square().sum() + x.scatter_add(1, i, src * src).sum()
+            + y.tanh().sum())
+
+
+@pytest.mark.mpi(min_size=1)
+def test_index_op_gradients_match_local(rng):
+    a, s = rng.standard_normal((5, 6)), rng.standard_normal((5, 3))
+    leaves = [dt.from_numpy(a.copy()).requires_grad_(), dt.from_numpy(s.copy()).requires_grad_()]
+    _index_program(*leaves, dt.from_numpy).backward()
+    want = [t.grad.numpy() for t in leaves]
+    for mesh in meshes():
+        choices = placement_choices(mesh, 2)
+        for k, pl in enumerate(choices[:: 3 if mesh.ndim > 1 else 1]):
+            x = distribute_random(a, mesh, pl, seed=k).requires_grad_()
+            src = distribute_random(s, mesh, [R] * mesh.ndim, seed=k).requires_grad_()
+            index = lambda n, mesh=mesh: dt.distribute_tensor(n, mesh, [R] * mesh.ndim)
+            _index_program(x, src, index).backward()
+            for d, w in zip((x, src), want):
+                np.testing.assert_allclose(d.grad.full_tensor().numpy(), w, rtol=1e-9,
+                                           atol=1e-9, err_msg=f"placements {pl}")
+
+
+@pytest.mark.mpi(min_size=1)
+def test_redistribute_chains(rng):
+    value = np.random.default_rng(9).standard_normal((5, 6))
+    want = 3 * value * value  # d/dx sum(x^3)
+    for mesh in meshes():
+        choices = placement_choices(mesh, 2)
+        for _ in range(5):
+            chain = [choices[rng.integers(len(choices))] for _ in range(4)]
+            x = distribute_random(value, mesh, chain[0], seed=4).requires_grad_()
+            y = x
+            for pl in chain[1:]:
+                y = y.redistribute(mesh, pl)
+            assert y.grad_fn is not None or tuple(y.placements) == tuple(chain[0])
+            (y * y * y).sum().backward()
+            assert tuple(x.grad.placements) == grad_placements(chain[0])
+            np.testing.assert_allclose(x.grad.full_tensor().numpy(), want, rtol=1e-12,
+                                       err_msg=f"chain {chain}")
+
+
+@pytest.mark.mpi(min_size=1)
+def test_redistribute_gradient_goes_back_to_input_placements():
+    mesh = dt.init_device_mesh((WORLD.size,))
+    value = np.arange(12.0).reshape(6, 2)
+    x = dt.distribute_tensor(value, mesh, [S(0)]).requires_grad_()
+    y = x.redistribute(mesh, [R])
+    assert y.grad_fn.name() == "RedistributeBackward0"
+    (g,) = dt.autograd.grad((y * 2.0).sum(), [x])
+    assert tuple(g.placements) == (S(0),)  # arrives Replicate, goes back as S(0)
+    np.testing.assert_allclose(g.full_tensor().numpy(), 2.0)
+    p = distribute_random(value, mesh, [P("sum")], seed=3).requires_grad_()
+    q = p.redistribute(mesh, [R])
+    (gp,) = dt.autograd.grad((q * q).sum(), [p])
+    assert tuple(gp.placements) == (R,)  # the gradient of a P(sum) input is Replicate
+    np.testing.assert_allclose(gp.full_tensor().numpy(), 2 * value)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_full_tensor_is_differentiable():
+    mesh = dt.init_device_mesh((WORLD.size,))
+    value = np.random.default_rng(2).standard_normal((7, 3))
+    x = dt.distribute_tensor(value, mesh, [S(0)]).requires_grad_()
+    full = x.full_tensor()
+    assert isinstance(full, dt.Tensor) and full.requires_grad
+    (full * full).sum().backward()
+    np.testing.assert_allclose(x.grad.full_tensor().numpy(), 2 * value)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_to_local_and_from_local_grad_placements():
+    mesh = dt.init_device_mesh((WORLD.size,))
+    value = np.random.default_rng(4).standard_normal((2 * WORLD.size + 1, 3))
+    x = dt.distribute_tensor(value, mesh, [S(0)]).requires_grad_()
+    local = x.to_local()
+    assert local.grad_fn.name() == "ToLocalBackward0"
+    (local * local).sum().backward()  # each rank's shard: gradient laid out S(0)
+    np.testing.assert_allclose(x.grad.full_tensor().numpy(), 2 * value)
+    # grad_placements=R: every rank's local gradient is the whole gradient
+    r = dt.distribute_tensor(value, mesh, [R]).requires_grad_()
+    (r.to_local(grad_placements=[R]) * 3.0).sum().backward()
+    np.testing.assert_allclose(r.grad.full_tensor().numpy(), 3.0)
+    # from_local: the DTensor's gradient comes back as this rank's shard
+    shard = x.detach().to_local().clone().requires_grad_()
+    d = dt.DTensor.from_local(shard, mesh, [S(0)], shape=value.shape)
+    assert d.grad_fn.name() == "FromLocalBackward0"
+    (d * d).sum().backward()
+    np.testing.assert_allclose(shard.grad.numpy(), 2 * shard.detach().numpy())
+    # from_local of a P(sum) contribution: every contribution gets the sum's gradient
+    part = dt.from_numpy(np.ones((2, 2))).requires_grad_()
+    s = dt.DTensor.from_local(part, mesh, [P("sum")])
+    (s.redistribute(mesh, [R]) * 5.0).sum().backward()
+    np.testing.assert_allclose(part.grad.numpy(), 5.0)
+    # mismatched grad_placements
+    with pytest.raises(PlacementError, match="to_local"):
+        x.to_local(grad_placements=[R, R])
+    if WORLD.size > 1:
+        with pytest.raises(AutogradError, match="to_local: grad_placements"):
+            dt.distribute_tensor(value, mesh, [R]).requires_grad_().to_local(
+                grad_placements=[S(0)])
+
+
+@pytest.mark.mpi(min_size=2)
+def test_comm_debug_mode_sees_backward_collectives():
+    mesh = dt.init_device_mesh((WORLD.size,))
+    x = dt.distribute_tensor(np.ones((8, 4)), mesh, [S(0)])
+    w = dt.distribute_tensor(np.ones((4, 3)), mesh, [R]).requires_grad_()
+    loss = (x @ w).sum()
+    with CommDebugMode() as forward:
+        pass
+    with CommDebugMode() as backward:
+        loss.backward()
+    # data parallel: the weight's gradient is a Partial sum, all-reduced into its layout
+    assert forward.get_total_counts() == 0
+    assert backward.get_comm_counts().get("all_reduce", 0) >= 1
+    np.testing.assert_allclose(w.grad.full_tensor().numpy(), 8.0)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_errors_name_the_op_on_dtensors():
+    mesh = dt.init_device_mesh((WORLD.size,))
+    x = dt.distribute_tensor(np.ones((4, 3)), mesh, [S(0)]).requires_grad_()
+    with pytest.raises(AutogradError, match="implicitly created only for scalar outputs"):
+        (x * 2).backward()
+    with pytest.raises(AutogradError, match="mul_: a leaf Variable"):
+        x.mul_(2.0)
+    y = x.exp()
+    y.add_(1.0)
+    with pytest.raises(AutogradError, match="exp: one of the variables needed"):
+        y.sum().backward()
+    z = (x * x).sum()
+    z.backward()
+    with pytest.raises(AutogradError, match="second time"):
+        z.backward()
+
+
+@pytest.mark.mpi(min_size=1)
+def test_dropout_gradient_matches_local():
+    value = np.random.default_rng(6).standard_normal((9, 4))
+    dt.manual_seed(3)
+    lx = dt.from_numpy(value.copy()).requires_grad_()
+    dt.dropout(lx, 0.4).sum().backward()
+    for mesh in meshes():
+        for pl in placement_choices(mesh, 2, partial=False)[:3]:
+            dt.manual_seed(3)
+            x = dt.distribute_tensor(value, mesh, pl).requires_grad_()
+            dt.dropout(x, 0.4).sum().backward()
+            np.testing.assert_allclose(x.grad.full_tensor().numpy(), lx.grad.numpy())
+
+
+def _penalty(x, w1, b1, w2):
+    """A loss plus the squared norm of its gradient (``create_graph=True``)."""
+    h = (x @ w1 + b1).tanh()
+    out = dt.gelu(h @ w2, approximate="tanh")
+    loss = ((out.softmax(-1) * out.exp().sigmoid()).sum() + h.relu().pow(3).mean()
+            + (x.sin() * x).sum() + x[1:, 2].exp().sum())
+    (g,) = dt.autograd.grad(loss, x, create_graph=True)
+    return (g * g).sum() + loss
+
+
+def _write_through_views(a, x):
+    """In-place writes through views (of dim 1: local on a row-sharded base) of a
+    non-leaf; ``v`` is used after later writes to its base."""
+    b = a.clone()
+    v = b[:, 1]
+    v.add_(x)
+    b[:, 2:4].mul_((b[:, :2] + 0.0).sin())
+    b.t()[4].mul_(x)
+    b.narrow(1, 0, 1).mul_(3.0)
+    return (b * b).sum() + (v * v.exp()).sum()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_second_derivatives_and_writes_through_views_match_local(rng):
+    """Higher-order gradients (a gradient penalty, sampled placements with Partial inputs)
+    and in-place writes through views of a row-sharded or replicated base."""
+    shapes = ((5, 4), (4, 6), (6,), (6, 3))
+    arrays = _global(shapes, 6)
+    mesh = dt.init_device_mesh((WORLD.size,))
+    choices = [placement_choices(mesh, len(s)) for s in shapes]
+    for k in range(2):
+        placements = [c[rng.integers(len(c))] for c in choices]
+        _check_program(_penalty, arrays, mesh, placements, seed=20 * k)
+    arrays = _global(((2 * WORLD.size + 1, 6), (2 * WORLD.size + 1,)), 7)
+    for pl in ([S(0)], [R]):
+        _check_program(_write_through_views, arrays, mesh, [pl, pl], seed=30)
+    # through to_local: its backward's wrap of the local gradient is recorded
+    value = arrays[0]
+    x = dt.distribute_tensor(value, mesh, [S(0)]).requires_grad_()
+    (g,) = dt.autograd.grad(x.to_local().pow(3).sum(), x, create_graph=True)
+    g.sum().backward()
+    np.testing.assert_allclose(x.grad.full_tensor().numpy(), 6 * value, atol=1e-12)
+
+
+#: Index keys whose gradient writes into zeros (stepped slices, masks, integer arrays,
+#: repeated entries along one dim): functions of the global value (for the mask).
+_ADVANCED_KEYS = (
+    lambda v: (slice(None, None, 2),),
+    lambda v: ([0, 3, 1],),
+    lambda v: (slice(None), [1, 3, 1]),
+    lambda v: (dt.from_numpy(v > 0),),
+    lambda v: ([0, 1], [2, 3]),
+    lambda v: (np.array([[2], [0]]), np.array([3, 1, 0])),  # broadcast; dims kept sharded
+    lambda v: (np.array([4, 1]), -1),  # an int among the arrays
+    lambda v: (Ellipsis, dt.from_numpy(np.array([2, 2, 0]))),
+)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_advanced_index_gradients_match_local():
+    mesh = dt.init_device_mesh((WORLD.size,))
+    value = np.random.default_rng(9).standard_normal((2 * WORLD.size + 1, 4))
+    for key in _ADVANCED_KEYS:
+        k = key(value)
+        lx = dt.from_numpy(value.copy()).requires_grad_()
+        lx[k].exp().sum().backward()
+        for pl in ([R], [S(0)], [S(1)]):
+            x = dt.distribute_tensor(value, mesh, pl).requires_grad_()
+            x[k].exp().sum().backward()
+            np.testing.assert_allclose(x.grad.full_tensor().numpy(), lx.grad.numpy(),
+                                       atol=1e-12, err_msg=f"{k} {pl}")

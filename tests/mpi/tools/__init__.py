@@ -1,0 +1,1 @@
+"""tools/: CommDebugMode, explain and strict mode, SPMD divergence checks."""

@@ -1,0 +1,291 @@
+"""Abstract meshes and metadata-only DTensors in one process: the mesh's metadata, the
+dispatcher's decisions on them (against its decisions on data, for the validator's sample
+calls of every op), the refusal of values, the predicted memory, and whole training steps
+of the examples, up to a (64, 8) mesh. The MPI test ``tests/mpi/distributed/test_abstract_mesh.py``
+checks the predicted collectives against a real run."""
+
+from __future__ import annotations
+
+import copy
+import json
+import pickle
+from collections import Counter
+
+import numpy as np
+import pytest
+from helpers.sim import SimMesh, dtensor_of
+
+import dtensor as dt
+from dtensor.dispatch import dispatcher as _dispatch
+from dtensor.ops import OPS
+from dtensor.validate import sample_calls
+from launch.examples import _training as T
+from placements.errors import DTensorError, MeshError, MetadataOnlyError
+
+R, S = dt.Replicate(), dt.Shard
+
+
+# -- the mesh -------------------------------------------------------------------------------------
+@pytest.mark.mode_independent
+def test_abstract_mesh_metadata():
+    mesh = dt.AbstractMesh((64, 8), ("dp", "tp"))
+    assert (mesh.shape, mesh.ndim, mesh.size(), mesh.size("tp"), mesh.size(0)) == (
+        (64, 8), 2, 512, 8, 64)
+    assert mesh.mesh_dim_names == ("dp", "tp") and mesh.get_coordinate() == (0, 0)
+    assert mesh.get_local_rank("dp") == 0 and mesh.mesh.shape == (64, 8)
+    assert mesh.mesh[63, 7] == 511
+    tp = mesh["tp"]
+    assert (tp.shape, tp.mesh_dim_names, tp.get_group(0).mesh_dim) == ((8,), ("tp",), 1)
+    assert mesh._flatten().shape == (512,) and mesh._flatten().mesh_dim_names == ("dp_tp",)
+    assert mesh == dt.AbstractMesh([64, 8], ["dp", "tp"]) and hash(mesh) == hash(
+        dt.AbstractMesh((64, 8), ("dp", "tp")))
+    assert mesh != dt.AbstractMesh((64, 8)) and mesh != dt.AbstractMesh((8, 64), ("dp", "tp"))
+    assert pickle.loads(pickle.dumps(mesh)) == mesh
+    assert repr(mesh) == "AbstractMesh((64, 8), mesh_dim_names=('dp', 'tp'))"
+    real = dt.init_device_mesh((1,), mesh_dim_names=("dp",))
+    like = dt.AbstractMesh.from_mesh(real)
+    assert (like.shape, like.mesh_dim_names, like.device_type) == ((1,), ("dp",), "cpu")
+    assert like != real and real != like
+    for bad in ((), (0, 2), "x"):
+        with pytest.raises(MeshError):
+            dt.AbstractMesh(bad)
+    with pytest.raises(MeshError):
+        dt.AbstractMesh((2, 2), ("a", "a"))
+    with pytest.raises(MeshError):
+        mesh["pp"]
+
+
+# -- decisions: those of the dispatcher on data -----------------------------------------------------
+_LAYOUTS = ((S(0), R), (R, R), (R, S(-1)), (S(0), S(-1)))
+
+
+def _layout(arr, k):
+    if arr.ndim == 0:
+        return (R, R)
+    return tuple(S(p.dim % arr.ndim) if p.is_shard() else p for p in _LAYOUTS[k % 4])
+
+
+def _convert(call, make):
+    """The sample's values with each tensor argument made by ``make(array, k)``."""
+    values = [list(v) if isinstance(v, list) else v for v in call.values]
+    for k, (pi, ei) in enumerate(call.slots):
+        holder, i = (values, pi) if ei < 0 else (values[pi], ei)
+        if isinstance(holder[i], np.ndarray):
+            holder[i] = make(holder[i], k)
+    for i, v in enumerate(values):  # tensor-valued static arguments (indices): local tensors
+        if isinstance(v, np.ndarray):
+            values[i] = dt.from_numpy(v.copy())
+    return values
+
+
+def _outputs(out):
+    return [out] if isinstance(out, dt.DTensor) else list(out)
+
+
+@pytest.mark.mode_independent
+def test_abstract_ops_take_the_dispatchers_decisions():
+    """For the validator's sample calls of every op on a (2, 2) mesh: an op on abstract
+    inputs gives outputs of the specs the dispatcher decides for the same metadata on data
+    (or raises the same error type), in the structure (DTensor, tuple, namedtuple) its
+    kernel returns."""
+    sim, mesh = SimMesh((2, 2)), dt.AbstractMesh((2, 2))
+    checked, structures = 0, 0
+    for info in OPS.values():
+        for n, call in enumerate(sample_calls(info)[:3]):
+            real = _convert(call, lambda a, k, n=n: dtensor_of(a, sim, _layout(a, k + n)))
+            fake = _convert(call, lambda a, k, n=n: dt.abstract_like(a, mesh, _layout(a, k + n)))
+            try:
+                entry, values, _ = _dispatch.decide(info, real, {})
+            except DTensorError as e:
+                with pytest.raises(type(e)):
+                    _dispatch.dispatch(info, fake, {})
+                continue
+            out = _dispatch.dispatch(info, fake, {})
+            got = [(o.shape, o.dtype, o.placements) for o in _outputs(out)]
+            want = [(s.shape, s.dtype, s.placements) for s in entry.out_specs]
+            assert got == want, (info.name, call.label)
+            assert all(type(o) is dt.AbstractDTensor for o in _outputs(out)), info.name
+            if info.inplace:
+                assert out is fake[0], info.name
+            elif not entry.comm:  # no collective: the real dispatcher runs on the sim mesh
+                ran = _dispatch.run_entry(entry, values, sim)
+                assert type(ran) is type(out) or (
+                    isinstance(ran, dt.DTensor) and isinstance(out, dt.DTensor)), info.name
+                structures += 1
+            checked += 1
+    assert checked > 300 and structures > 200, (checked, structures)
+
+
+# -- values are refused -------------------------------------------------------------------------------
+@pytest.mark.mode_independent
+def test_values_are_refused_naming_the_op():
+    mesh = dt.AbstractMesh((4, 2), ("dp", "tp"))
+    x = dt.abstract_tensor((8, 6), mesh, [S(0), R])
+    one = x.sum()
+    for op, call in {
+        "to_local": x.to_local, "full_tensor": x.full_tensor, "item": one.item,
+        "bool": lambda: bool(one), "float": lambda: float(one), "tolist": x.tolist,
+        "numpy conversion": lambda: np.asarray(x), "numpy.mean": lambda: np.mean(x),
+        "numpy.exp": lambda: np.exp(x),
+    }.items():
+        with pytest.raises(MetadataOnlyError, match=f"^{op}.*abstract mesh"):
+            call()
+    with pytest.raises(RuntimeError):  # also the builtin type
+        x.full_tensor()
+    assert repr(x) == (
+        "AbstractDTensor(shape=(8, 6), dtype=float32, placements=[S(0), R], "
+        "device_mesh=AbstractMesh((4, 2), mesh_dim_names=('dp', 'tp')))")
+    assert x.device == "cpu" and x.numel() == 48 and len(x) == 8
+    assert type(copy.deepcopy(x)) is dt.AbstractDTensor and type(copy.copy(x)) is dt.AbstractDTensor
+    with pytest.raises(MeshError):
+        dt.abstract_tensor((2,), dt.init_device_mesh((1,)))
+    local = dt.ones(2, 6)
+    made = dt.DTensor.from_local(local, mesh, [S(0), R], shape=(8, 6))
+    assert type(made) is dt.AbstractDTensor and made.placements == (S(0), R)
+    assert dt.DTensor.from_local(local, mesh).shape == (2, 6)
+    with pytest.raises(MetadataOnlyError, match="give shape="):
+        dt.DTensor.from_local(local, mesh, [S(0), R])
+    with pytest.raises(MetadataOnlyError, match="requires grad"):
+        dt.DTensor.from_local(local.requires_grad_(), mesh, shape=(2, 6))
+
+
+# -- redistribute, autograd, memory -------------------------------------------------------------------
+def test_redistribute_reports_its_collectives_and_memory():
+    mesh = dt.AbstractMesh((4, 2))
+    dt.reset_abstract_peak()
+    base = dt.abstract_memory_stats()["live_bytes"]
+    x = dt.abstract_tensor((8, 6), mesh, [S(0), R], dtype=dt.float64)  # 2 x 6 x 8 bytes
+    assert dt.abstract_memory_stats()["live_bytes"] - base == 96
+    with dt.debug.CommDebugMode() as mode:
+        y = x.redistribute(mesh, [R, S(1)])
+        v = y.view(8, 2, 3)  # a view: no new block
+        same = y.redistribute(mesh, [R, S(1)], async_op=True)
+    # chunk dim 1 first, then gather the (2, 3) blocks: never more than the target needs
+    assert [(r.op, r.kind, r.mesh_dim, r.nbytes) for r in mode.records] == [
+        ("redistribute", "all_gather", 0, 192)]
+    assert same is y and type(v) is dt.AbstractDTensor and v.placements == (R, S(1))
+    stats = dt.abstract_memory_stats()
+    assert stats["live_bytes"] - base == 96 + 192  # y: 8 x 3 x 8 bytes
+    del y, v, same
+    assert dt.abstract_memory_stats()["live_bytes"] - base == 96
+    assert stats["peak_bytes"] - base == 96 + 192
+    with pytest.raises(MeshError):
+        x.redistribute(dt.AbstractMesh((2, 4)), [R, R])
+
+
+def test_autograd_moves_gradients_and_counts_saved_tensors():
+    mesh = dt.AbstractMesh((2, 2))
+    x = dt.abstract_tensor((8, 6), mesh, [S(0), R])
+    w = dt.abstract_tensor((6, 4), mesh, [R, S(1)], requires_grad=True)
+    dt.reset_abstract_peak()
+    base = dt.abstract_memory_stats()["live_bytes"]
+    y = (x @ w).relu()  # x @ w: 4 x 2 floats; relu saves its output
+    assert dt.abstract_memory_stats()["live_bytes"] - base == 2 * 32
+    loss = y.sum()
+    with dt.debug.CommDebugMode() as mode:
+        loss.backward()
+    assert w.grad.placements == (R, S(1)) and w.grad.shape == (6, 4)
+    assert type(w.grad) is dt.AbstractDTensor and w.grad.grad_fn is None
+    # the gradient of the data-parallel weight: a partial sum over mesh dim 0, reduced
+    assert mode.get_comm_counts_by_phase() == {"backward": {"all_reduce": 1}}
+    assert mode.records[0].nbytes == 6 * 2 * 4
+    del loss, y
+    assert dt.abstract_memory_stats()["live_bytes"] - base == 6 * 2 * 4  # w.grad
+
+
+# -- whole training steps -------------------------------------------------------------------------
+def _step(model, params, batch, opt=None):
+    loss = model.loss(params, batch)
+    loss.backward()
+    if opt is not None:
+        opt.step()
+    return loss
+
+
+def test_examples_train_on_a_64x8_mesh():
+    """The examples' ``place`` (``distribute_tensor``) and a whole training step, optimizer
+    included, on an abstract (64, 8) mesh: 512 ranks in one process, traced by explain and
+    counted by CommDebugMode alike."""
+    mesh = dt.AbstractMesh((64, 8), ("dp", "tp"))
+    for model in (T.mlp_model(), T.transformer_model()):
+        params = T.place(model, "2d", mesh, model.init())
+        batch = T.place(model, "2d", mesh, model.batch(0), batch=True)
+        opt = T.make_optimizer("adam", list(params.values()), 0.01)
+        dt.reset_abstract_peak()
+        with dt.debug.CommDebugMode() as mode:
+            trace = dt.debug.explain(_step, model, params, batch, opt)
+        assert type(trace.result) is dt.AbstractDTensor and trace.result.shape == ()
+        assert all(type(p.grad) is dt.AbstractDTensor for p in params.values()), model.name
+        assert any(o.phase == "backward" for o in trace.ops)
+        # explain lists what CommDebugMode counts, bytes included, but the explicit
+        # redistributes of the forward pass
+        listed = Counter((c.kind, c.mesh_dim, c.nbytes) for c in trace.collectives())
+        counted = Counter((r.kind, r.mesh_dim, r.nbytes) for r in mode.records)
+        dispatched = Counter((r.kind, r.mesh_dim, r.nbytes) for r in mode.records
+                             if not (r.op == "redistribute" and r.phase == "forward"))
+        assert listed and not listed - counted and not dispatched - listed, model.name
+        stats = dt.abstract_memory_stats()
+        assert stats["peak_bytes"] > stats["live_bytes"] > 0
+
+
+def test_nothing_is_allocated():
+    """A training step of a 1024-wide transformer on a (64, 8) mesh: gigabytes predicted per
+    rank, none allocated (the factories of backward formulas, ``zeros_like``, included)."""
+    mesh = dt.AbstractMesh((64, 8), ("dp", "tp"))
+    model = T.transformer_model(batch=512, seq=128, dim=1024, heads=16, vocab=32000)
+    params = {n: dt.abstract_tensor(s, mesh, T.layout(model, "2d", n), requires_grad=True)
+              for n, s in model.shapes.items()}
+    batch = {n: dt.abstract_like(a, mesh, [R, R] if n == "mask" else [S(0), R])
+             for n, a in model.batch(0).items()}
+    dt.reset_abstract_peak()
+    dt.reset_peak_memory_stats()
+    allocated = dt.memory_stats()["allocated_bytes"]
+    _step(model, params, batch)
+    zeros = dt.zeros_like(params["wte"]), dt.zeros((64, 8), device_mesh=mesh)  # 128 MiB, 2 KiB
+    assert dt.memory_stats()["peak_allocated_bytes"] - allocated < 1 << 20
+    assert all(type(z) is dt.AbstractDTensor for z in zeros)
+    assert dt.abstract_memory_stats()["peak_bytes"] > 1 << 30
+
+
+
+@pytest.mark.mode_independent  # metadata-only tensors never take the compiled front
+def test_auto_shard_plans_a_512_rank_layout_from_metadata():
+    """``dt.auto_shard`` on an abstract (64, 8) mesh: a 4096-wide MLP's training step
+    searched in one process without allocating its data; the plan shards the weights
+    (replicated, they alone would take 512 MiB per rank) and ``apply`` places abstract
+    parameters."""
+    mesh = dt.AbstractMesh((64, 8), ("dp", "tp"))
+    model = T.mlp_model(batch=4096, dim=4096, hidden=4 * 4096)
+    params = {n: dt.abstract_tensor(s, mesh, [R, R]) for n, s in model.shapes.items()}
+    batch = {n: dt.abstract_tensor((4096, 4096), mesh, [R, R]) for n in ("x", "y")}
+    dt.reset_peak_memory_stats()
+    allocated = dt.memory_stats()["allocated_bytes"]
+    plan = dt.auto_shard(model.loss, params, batch, mesh, rounds=1, pairs=2, top_k=1,
+                         optimizer=lambda ps: dt.optim.SGD(ps, lr=0.1), fit_step=True)
+    assert dt.memory_stats()["peak_allocated_bytes"] - allocated < 1 << 20
+    assert plan.step_fit is None  # fit_step is ignored: nothing runs here
+    replicated = next(c for c in plan.candidates
+                      if all(p == (R, R) for p in c.placements.values()))
+    assert plan.predicted_peak_bytes < replicated.prediction.peak_bytes
+    assert plan.predicted_time < replicated.prediction.time_s
+    assert any(p != (R, R) for n, p in plan.placements.items() if n in ("w1", "w2"))
+    placed = plan.apply(params)
+    assert all(type(t) is dt.AbstractDTensor and t.placements == plan.placements[n]
+               for n, t in placed.items())
+
+
+@pytest.mark.mode_independent  # metadata-only tensors never take the compiled front
+def test_abstract_plan_benchmark_reports_traces_and_a_search(tmp_path):
+    from launch.bench import abstract_plan
+
+    out = tmp_path / "plan.json"
+    abstract_plan.main(["--repeat", "1", "--models", "mlp", "--auto", "--out", str(out)])
+    doc = json.loads(out.read_text())
+    assert set(doc["results"]) == {"mlp 2x2", "mlp 8x8", "mlp 64x8"}
+    for row in doc["results"].values():
+        assert row["step_s"] > 0 and row["collectives"] > 0 and row["peak_bytes"] > 0
+    (search,) = doc["auto_shard"].values()
+    assert search["candidates_traced"] > 1 and search["predicted_step_s"] > 0
+    assert set(search["placements"]) == {"w1", "b1", "w2", "b2", "x", "y"}
+    with pytest.raises(SystemExit, match="unknown models"):
+        abstract_plan.main(["--models", "nope"])

@@ -1,0 +1,1 @@
+"""features/: auto_shard, optimizers and clipping, checkpoint jobs."""

@@ -1,0 +1,247 @@
+"""The launcher under hostile conditions: its own SIGKILL, ranks killed by signals, its folder.
+
+Each test starts real 2-rank jobs through ``python -m launch`` in a subprocess (a session
+of its own, killed when it outlives its limit) and checks:
+
+- SIGKILL of the launcher ends every rank of its job (no rank keeps running under init);
+- a rank killed by signal ``s`` makes the job exit with ``128 + s`` and the launcher names
+  the signal, while ``sys.exit(s)`` stays ``s``;
+- the ranks get a private (0700) folder for the watchdog's state in
+  ``DTENSOR_WATCHDOG_DIR``, which the launcher removes when the job ends, aborted or not;
+- SIGTERM or SIGINT to the test runner (``python -m launch test``) kills the running
+  stage's job and ends the run with ``128 + signal``, no later stage started.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from helpers.jobs import child_env, run_group
+
+#: Hard limit of one job, and of the waits below (a broken feature fails, never hangs).
+LIMIT_S = 60
+
+pytestmark = [
+    pytest.mark.mode_independent,  # see tests/conftest.py
+    pytest.mark.skipif(sys.platform != "linux", reason="reads /proc"),
+]
+
+
+def _env(tmp_path: Path) -> dict:
+    """The jobs' environment; the launcher's temporary folders go under ``tmp_path/tmp``
+    (a launcher killed by SIGKILL cannot remove its own)."""
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    extra = {"OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path / "tmp")}
+    return child_env(extra, drop=["DTENSOR_WATCHDOG_DIR"])
+
+
+def _launch(tmp_path: Path, body: str, *args: str) -> subprocess.CompletedProcess:
+    (tmp_path / "job.py").write_text(textwrap.dedent(body))
+    cmd = [sys.executable, "-m", "launch", "--timeout", str(LIMIT_S), "-n", "2", "job.py", *args]
+    return run_group(cmd, tmp_path, LIMIT_S + 10, _env(tmp_path))
+
+
+def _start_time(pid: int) -> str | None:
+    """Field 22 of ``/proc/pid/stat`` (start time), or None when ``pid`` is gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] == "Z" else fields[19]
+
+
+def _poll(condition, what: str) -> None:
+    deadline = time.monotonic() + LIMIT_S
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} within {LIMIT_S} s")
+        time.sleep(0.05)
+
+
+SLEEPER = """\
+import os, sys, time
+from mpi4py import MPI
+path = os.path.join(sys.argv[1], f"pid{MPI.COMM_WORLD.Get_rank()}")
+with open(path + ".tmp", "w") as f:
+    f.write(str(os.getpid()))
+os.replace(path + ".tmp", path)
+time.sleep(300)
+"""
+
+
+def test_sigkill_of_the_launcher_ends_every_rank(tmp_path):
+    (tmp_path / "job.py").write_text(SLEEPER)
+    cmd = [sys.executable, "-m", "launch", "--timeout", "300", "-n", "2", "job.py", str(tmp_path)]
+    launcher = subprocess.Popen(cmd, cwd=tmp_path, env=_env(tmp_path), start_new_session=True)
+    ranks: dict[int, str] = {}  # pid -> start time
+    try:
+        files = [tmp_path / f"pid{r}" for r in (0, 1)]
+
+        def up() -> bool:
+            return all(f.exists() for f in files) or launcher.poll() is not None
+
+        _poll(up, "the ranks did not start")
+        assert launcher.poll() is None, "the job ended before it was killed"
+        for f in files:
+            pid = int(f.read_text())
+            ranks[pid] = _start_time(pid)
+        os.kill(launcher.pid, signal.SIGKILL)
+        launcher.wait()
+
+        def survivors() -> list[int]:
+            return [p for p, start in ranks.items() if start and _start_time(p) == start]
+
+        _poll(lambda: not survivors(), "the ranks did not end after the launcher's SIGKILL")
+    finally:
+        for pid, start in ranks.items():  # only our ranks, by id
+            if start and _start_time(pid) == start:
+                os.kill(pid, signal.SIGKILL)
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+
+
+KILL_RANK_1 = """\
+import os, signal, sys
+from mpi4py import MPI
+c = MPI.COMM_WORLD
+if c.rank == 1:
+    {action}
+c.Barrier()  # rank 0 would wait here forever
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_rank_killed_by_a_signal_exits_128_plus_signal(tmp_path, sig):
+    out = _launch(tmp_path, KILL_RANK_1.format(action=f"os.kill(os.getpid(), {int(sig)})"))
+    assert out.returncode == 128 + sig, out.stdout + out.stderr
+    assert f"killed by signal {int(sig)} ({sig.name})" in out.stderr
+    assert f"exit status {128 + sig}" in out.stderr
+
+
+def test_exit_with_a_signal_number_is_an_exit_status(tmp_path):
+    out = _launch(tmp_path, KILL_RANK_1.format(action="sys.exit(9)"))
+    assert out.returncode == 9, out.stdout + out.stderr
+    assert "killed by signal" not in out.stderr
+
+
+@pytest.mark.parametrize("end", ["c.Barrier()", "sys.exit(4) if c.rank == 1 else c.Barrier()"])
+def test_ranks_get_a_private_folder_that_the_launcher_removes(tmp_path, end):
+    body = f"""\
+    import os, stat, sys
+    from mpi4py import MPI
+    c = MPI.COMM_WORLD
+    folder = os.environ["DTENSOR_WATCHDOG_DIR"]
+    st = os.lstat(folder)
+    print(f"rank {{c.rank}} folder {{folder}} dir={{stat.S_ISDIR(st.st_mode)}} "
+          f"mode={{oct(st.st_mode & 0o777)}} mine={{st.st_uid == os.geteuid()}}", flush=True)
+    c.Barrier()
+    {end}
+    """
+    out = _launch(tmp_path, body)
+    assert out.returncode == (0 if end == "c.Barrier()" else 4), out.stderr
+    lines = sorted(ln for ln in out.stdout.splitlines() if " folder " in ln)
+    assert len(lines) == 2, out.stdout
+    folders = {ln.split()[3] for ln in lines}
+    assert len(folders) == 1  # one folder per job, shared by its ranks
+    for line in lines:
+        assert line.endswith("dir=True mode=0o700 mine=True"), line
+    folder = Path(folders.pop())
+    assert folder.parent == tmp_path / "tmp"
+    assert not folder.exists()
+
+
+BLOCKING_STAGE = """\
+import os, subprocess, sys
+
+def test_blocks():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    print(f"STAGE-PIDS {os.getpid()} {child.pid}", flush=True)
+    child.wait()
+"""
+SECOND_STAGE = """\
+from pathlib import Path
+
+Path(__file__).with_name("second-stage-started").touch()
+
+def test_second():
+    pass
+"""
+
+
+def _read_until(proc: subprocess.Popen, marker: bytes, deadline: float) -> bytes:
+    """What ``proc`` wrote to its stdout up to the first line holding ``marker``."""
+    seen = b""
+    while marker not in seen or not seen.split(marker, 1)[1].count(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([proc.stdout], [], [], left)[0]:
+            pytest.fail(f"no {marker!r} line within {LIMIT_S} s: {seen!r}")
+        chunk = os.read(proc.stdout.fileno(), 65536)
+        if not chunk:
+            pytest.fail(f"the runner ended before printing {marker!r}: {seen!r}")
+        seen += chunk
+    return seen
+
+
+def _gone(pid: int, start: str | None, deadline: float) -> bool:
+    """Whether process ``pid`` (started at ``start``) has ended by ``deadline``: waits on a
+    pidfd, which becomes readable when the process ends."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        if _start_time(pid) != start:  # ended (a zombie, or the pid is another's now)
+            return True
+        return bool(select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0])
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+def test_a_signal_to_the_test_runner_stops_the_whole_run(tmp_path, sig):
+    # python -m launch test on a fake suite: the first stage blocks (with a child process of
+    # its own); the runner gets ``sig`` while it runs. The stage's job dies (its whole
+    # process group), the runner names the stage and exits with 128 + sig, and the second
+    # stage never starts.
+    tests = tmp_path / "tests"
+    (tests / "unit").mkdir(parents=True)
+    (tests / "mpi").mkdir()
+    (tests / "unit" / "test_block.py").write_text(BLOCKING_STAGE)
+    (tests / "mpi" / "test_second.py").write_text(SECOND_STAGE)
+    cmd = [sys.executable, "-m", "launch", "test", "--tests-dir", str(tests), "--quick",
+           "--ranks", "1", "--timeout", str(LIMIT_S), "--", "-s"]
+    runner = subprocess.Popen(cmd, cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, start_new_session=True)
+    pids: dict[int, str | None] = {}
+    try:
+        deadline = time.monotonic() + LIMIT_S
+        seen = _read_until(runner, b"STAGE-PIDS", deadline)
+        line = seen.split(b"STAGE-PIDS", 1)[1].split(b"\n", 1)[0]
+        pids = {int(p): _start_time(int(p)) for p in line.split()}
+        assert all(pids.values()), f"the stage's processes are not running: {pids}"
+        os.kill(runner.pid, sig)
+        out, err = runner.communicate(timeout=LIMIT_S)
+        out, err = (seen + out).decode(), err.decode()
+        assert runner.returncode == 128 + sig, out + err
+        survivors = [p for p, start in pids.items() if not _gone(p, start, deadline)]
+        assert not survivors, f"processes of the interrupted stage survived: {survivors}"
+        assert f"interrupted by {sig.name}" in err and "stage unit" in err, err
+        assert "== mpi" not in out, out
+        assert not (tests / "mpi" / "second-stage-started").exists()
+    finally:
+        for pid, start in pids.items():  # only the stage's processes, by id
+            if start and _start_time(pid) == start:
+                os.kill(pid, signal.SIGKILL)
+        if runner.poll() is None:
+            os.killpg(runner.pid, signal.SIGKILL)
+            runner.wait()

@@ -34,7 +34,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from helpers.mpi import meshes_dp_tp as meshes
+from helpers.mpi import meshes_dp_tp
 from mpi4py import MPI
 
 import dtensor as dt
@@ -275,6 +275,12 @@ def _check(call: SampleCall, out: object, first: object, before, rounded: bool, 
 
 
 # -- the tests --------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def meshes() -> list[dt.DeviceMesh]:
+    """The meshes of :func:`helpers.mpi.meshes_dp_tp` (collective: every rank builds them)."""
+    return meshes_dp_tp()
+
+
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("name", _NAMES)
 def test_op(name: str, meshes, rng) -> None:

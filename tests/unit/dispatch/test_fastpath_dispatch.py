@@ -21,8 +21,8 @@ from helpers.jobs import PKG_ROOT
 
 import dtensor as dt
 import fastpath
-from dtensor.dispatch import dispatcher as _dispatch
 from dtensor.dispatch import compiled as front
+from dtensor.dispatch import dispatcher as _dispatch
 from dtensor.ops import OPS
 
 needs_front = pytest.mark.skipif(

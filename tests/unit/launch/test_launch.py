@@ -565,14 +565,16 @@ def test_second_unit_stage_runs_beside_the_first(tmp_path):
     if not fastpath.AVAILABLE:  # one mode: nothing runs beside
         assert "ran beside" not in text and text.strip().endswith("2 passed, 0 failed")
         return
-    headers = re.findall(r"^== (.+) ==$", text, re.M)
+    headers = re.findall(r"^== (.+) ==$", text, re.MULTILINE)
     assert headers[:4] == [
-        "unit, compiled fast path (DTENSOR_FASTPATH=1)", "mpi, 1 rank, compiled fast path "
-        "(DTENSOR_FASTPATH=1)", "unit, Python path (DTENSOR_FASTPATH=0)", "mpi, 1 rank, Python "
-        "path (DTENSOR_FASTPATH=0)"], headers
+        "unit, compiled fast path (DTENSOR_FASTPATH=1)",
+        "mpi, 1 rank, compiled fast path (DTENSOR_FASTPATH=1)",
+        "unit, Python path (DTENSOR_FASTPATH=0)",
+        "mpi, 1 rank, Python path (DTENSOR_FASTPATH=0)",
+    ], headers
     second = text.split("== unit, Python path", 1)[1].split("== mpi, 1 rank, Python", 1)[0]
     assert "(ran beside the first stage; its output follows)" in second
-    assert re.search(r"^1 passed", second, re.M), second
+    assert re.search(r"^1 passed", second, re.MULTILINE), second
     assert text.strip().endswith("4 passed, 0 failed")
 
 

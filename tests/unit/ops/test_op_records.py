@@ -10,11 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import TESTS
 
 import dtensor as dt
 from dtensor.autoshard._calibrate import CLASSES, op_class
 from dtensor.ops import OPS
-from helpers import TESTS
 
 #: The installed dtensor package (copied, with one line added, by the one-line test).
 PACKAGE = Path(dt.__file__).resolve().parent

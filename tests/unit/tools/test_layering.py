@@ -100,6 +100,15 @@ def _resolve(target: str, modules: set[str]) -> str | None:
     return None
 
 
+def _from_module(node: ast.ImportFrom, package: str) -> str:
+    """The absolute name of the module a ``from ... import`` statement in ``package`` names."""
+    if not node.level:
+        return node.module or ""
+    base = package.split(".")
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
 def _edges(path: Path, module: str, modules: set[str], text: str | None = None
            ) -> list[tuple[str, int, bool, str]]:
     """``(imported module, line, lazy, source line)`` of every project import in ``path``
@@ -122,12 +131,7 @@ def _edges(path: Path, module: str, modules: set[str], text: str | None = None
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - (node.level - 1)]
-                prefix = ".".join(base + ([node.module] if node.module else []))
-            else:
-                prefix = node.module or ""
+            prefix = _from_module(node, package)
             names = [f"{prefix}.{a.name}" for a in node.names]
         else:
             continue
@@ -271,12 +275,7 @@ def _private_in(path: Path, module: str, modules: set[str], text: str | None = N
     for node in ast.walk(tree):
         if not isinstance(node, ast.ImportFrom):
             continue
-        if node.level:
-            base = package.split(".")
-            base = base[: len(base) - (node.level - 1)]
-            prefix = ".".join(base + ([node.module] if node.module else []))
-        else:
-            prefix = node.module or ""
+        prefix = _from_module(node, package)
         for a in node.names:
             target = _resolve(f"{prefix}.{a.name}", modules) or _resolve(prefix, modules)
             if target is None or _subpackage(target) == _subpackage(module):

@@ -1,6 +1,6 @@
 """The local strided tensor: :class:`Storage`, :class:`Tensor` and their view machinery.
 
-This module owns the three layers of a local tensor (DESIGN §2):
+This module owns the three layers of a local tensor, as in PyTorch's c10:
 
 * :class:`Storage` -- one flat byte buffer (a 1-D uint8 array), its size, device and the
   allocator that made it;

@@ -17,26 +17,23 @@ communicating steps, ``start`` (the same as one MPI nonblocking collective).
   latency), through a persistent request while persistent all-gathers are on
   (``redistribute.comm.HOOKS.persistent``). Larger gathers and every AllToAll are a peer
   exchange: the own block is copied locally and the peers' blocks move with one
-  ``Alltoallw``. Measured with MPICH at 2 ranks, 2048x2048 float32: the exchange beats
-  MPICH's ``Allgather`` (~2x at 16 MiB) and by far its ``Allgatherv`` on uneven blocks
-  (~4 ms against ~500 ms).
+  ``Alltoallw``: with MPICH it beats ``Allgather`` on large blocks and by far
+  ``Allgatherv`` on uneven ones.
 - A contiguous input is sent in place. Blocks to send that are not contiguous (a shard
   dim other than the outermost, or any non-contiguous input such as a transposed view) are
-  packed with one numpy copy each: faster than derived send types (S(0)->S(1): 0.74 ms
-  against 1.0 ms; raw ``Alltoall`` 0.6 ms).
+  packed with one numpy copy each: faster than derived send types.
 - Blocks received into a non-contiguous place land there through a derived datatype (no
-  unpack copy: S(1)->R 1.0 ms, against 1.65 ms for gather-then-unpack and 0.8 ms for a raw
-  ``Allgather``), unless their contiguous runs are shorter than ``_MIN_TYPED_RUN`` bytes:
-  MPI handles tiny runs slower than numpy (8-byte runs: 20 ms against 8.8 ms), so such
-  blocks are staged and unpacked with one numpy copy each.
+  unpack copy), unless their contiguous runs are shorter than ``_MIN_TYPED_RUN`` bytes:
+  MPI handles tiny runs slower than numpy, so such blocks are staged and unpacked with one
+  numpy copy each.
 - Ranks on one node read each other's data directly (:mod:`redistribute.execute.shared`):
   for a global tensor of at least ``DTENSOR_SHM_MIN_BYTES`` (1 MiB), when every rank's
   input lives in a shared segment of the allocator, an exchange copies each peer's block
   (any strides) straight from the peer's memory into its output, a reduce-scatter reduces
   its slab of every rank's input, and an all-reduce is a reduce-scatter into the outputs
-  followed by direct reads of the peers' reduced chunks. No pack is needed: S(0)->S(1) at
-  2048x2048 moves 16 MiB per rank instead of 24 (0.7-0.8 ms against 1.2-1.3 ms), and P->R
-  is about twice as fast as MPICH's ``Allreduce``.
+  followed by direct reads of the peers' reduced chunks. No pack is needed, so fewer bytes
+  move than through MPI.
+- The figures behind these choices are in ``BENCHMARKS.md`` (Redistribute).
 - Programs are kept in a bounded cache (:data:`PROGRAMS`, ``redistribute.programs``,
   oldest first out): evicted or cleared programs free their datatypes, and the rest are
   freed at exit.

@@ -1,4 +1,4 @@
-"""The import layering of the project (DESIGN §1), read from the sources with ``ast``.
+"""The import layering of the project (README, "What it is"), read from the sources by ast.
 
 Every import statement of the library packages, module-level and function-level, becomes
 an edge between two project modules. The test fails on an upward edge (a lower layer

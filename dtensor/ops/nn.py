@@ -1,12 +1,22 @@
-"""Records of the neural-network ops: softmax, layer_norm, embedding, losses, dropout, with
-their backward formulas."""
+"""Records of the neural-network ops: softmax, layer_norm, rms_norm, embedding, losses,
+dropout, scaled_dot_product_attention, with their backward formulas."""
 
 from __future__ import annotations
 
+import math
+
 from ..local import kernels as K
+from ..local.kernels.attention import attention_scale
+from ..local.kernels.nn import rms_eps
 from ..local.rng import get_rng_state, set_rng_state
 from ._grad import arange
-from .shard_kernels import class_sharded_local, dropout_local, embedding_local, mse_local
+from .shard_kernels import (
+    attention_local,
+    class_sharded_local,
+    dropout_local,
+    embedding_local,
+    mse_local,
+)
 from .table import Backward, declare
 
 __all__: list[str] = []
@@ -22,10 +32,15 @@ def _log_softmax(g, v, o, need, fns):
     return (g - o.exp() * g.sum(dim=dim, keepdim=True),)
 
 
+def _normalized_dims(x, normalized_shape) -> tuple[int, ...]:
+    """The trailing dims of ``x`` that ``normalized_shape`` names."""
+    k = 1 if isinstance(normalized_shape, int) else len(tuple(normalized_shape))
+    return tuple(range(x.ndim - k, x.ndim))
+
+
 def _layer_norm(g, v, o, need, fns):
     x, normalized_shape, w, eps = v[0], v[1], v[2], v[4]
-    k = 1 if isinstance(normalized_shape, int) else len(tuple(normalized_shape))
-    dims = tuple(range(x.ndim - k, x.ndim))
+    dims = _normalized_dims(x, normalized_shape)
     mu = x.mean(dim=dims, keepdim=True)
     xc = x - mu
     rstd = ((xc * xc).mean(dim=dims, keepdim=True) + eps).rsqrt()
@@ -37,6 +52,17 @@ def _layer_norm(g, v, o, need, fns):
                      - xhat * (gxhat * xhat).mean(dim=dims, keepdim=True))
     gw = g * xhat if need[1] else None
     return (gx, gw, g if need[2] else None)
+
+
+def _rms_norm(g, v, o, need, fns):
+    x, normalized_shape, w, eps = v
+    dims = _normalized_dims(x, normalized_shape)
+    rstd = ((x * x).mean(dim=dims, keepdim=True) + rms_eps(x.dtype, eps)).rsqrt()
+    gxhat = g * w if w is not None else g
+    gx = None
+    if need[0]:
+        gx = rstd * (gxhat - x * (rstd * rstd) * (gxhat * x).mean(dim=dims, keepdim=True))
+    return (gx, g * (x * rstd) if need[1] else None)
 
 
 def _one_hot(idx, n, dtype, class_dim, fns):
@@ -104,22 +130,69 @@ def _mse(g, v, o, need, fns):
     return (d if need[0] else None, -d if need[1] else None)
 
 
-def _dropout(g, v, state, need, fns):
-    x, p, training = v[0], v[1], v[2]
+def _redrawn(state, like, p, fns):
+    """The dropout mask (0 or ``1 / (1 - p)``) shaped like ``like`` that a forward drew from
+    the random generator's ``state``: the same random numbers again."""
     now = get_rng_state()
-    set_rng_state(state)  # the same random numbers: the same mask
+    set_rng_state(state)
     try:
-        mask = fns.dropout(fns.ones_like(x), p, training)
+        return fns.dropout(fns.ones_like(like), p, True)
     finally:
         set_rng_state(now)
-    return (g * mask,)
+
+
+def _dropout(g, v, state, need, fns):
+    x, p, training = v[0], v[1], v[2]
+    return (g * _redrawn(state, x, p, fns) if training else g,)
+
+
+def _grouped(a, heads: int):
+    """Key or value ``a`` with each of its heads (dim -3) repeated for its group of query
+    heads (grouped-query attention)."""
+    n = a.shape[-3]
+    if n in (1, heads):
+        return a
+    return a.unsqueeze(-3).expand(*a.shape[:-2], heads // n, *a.shape[-2:]).flatten(-4, -3)
+
+
+def _attention(g, v, state, need, fns):
+    """Recomputes the attention weights from query and key (nothing of the forward's kept)
+    and redraws its dropout mask from the generator's state before the call."""
+    q, k, val, mask, p, causal, scale, gqa = v
+    if gqa and q.ndim >= 3:
+        k_, v_ = _grouped(k, q.shape[-3]), _grouped(val, q.shape[-3])
+    else:
+        k_, v_ = k, val
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    sc = attention_scale(q.shape[-1], scale)
+    s = (q @ k_.mT) * sc
+    if causal:
+        s = s.masked_fill(arange(n_k, q, fns) > arange(n_q, q, fns).unsqueeze(-1), -math.inf)
+    elif mask is not None:
+        s = s.masked_fill(mask.logical_not(), -math.inf) if mask.dtype.kind == "b" else s + mask
+    w = s.softmax(-1)
+    if mask is not None:  # rows without any key: zeros (the forward's)
+        w = w.masked_fill((s == -math.inf).all(dim=-1, keepdim=True), 0.0)
+    keep = _redrawn(state, w, p, fns) if p > 0 else None
+    gw = g @ v_.mT
+    if keep is not None:
+        gw = gw * keep
+    gs = w * (gw - (gw * w).sum(dim=-1, keepdim=True))
+    gq = (gs @ k_) * sc if need[0] else None
+    gk = (gs.mT @ q) * sc if need[1] else None
+    gv = (w * keep if keep is not None else w).mT @ g if need[2] else None
+    if k_ is not k and gk is not None:
+        gk = gk.unflatten(-3, (k.shape[-3], -1)).sum(dim=-3)
+    if v_ is not val and gv is not None:
+        gv = gv.unflatten(-3, (val.shape[-3], -1)).sum(dim=-3)
+    return (gq, gk, gv, gs if need[3] else None)  # a float mask is added to the scores
 
 
 def nn_op(name: str, backward: Backward, tensors: tuple[str, ...] = ("input",),
-          **kw: object) -> None:
+          cost: str = "nn", **kw: object) -> None:
     """Declare the nn op ``name`` over its kernel in :mod:`dtensor.local.kernels`, with its
-    formula ``backward`` (compute class ``nn``). **Local**."""
-    declare(name, getattr(K, name), tensors, samples="nn", backward=backward, cost="nn", **kw)
+    formula ``backward`` and compute class ``cost``. **Local**."""
+    declare(name, getattr(K, name), tensors, samples="nn", backward=backward, cost=cost, **kw)
 
 
 nn_op("softmax", Backward(_softmax, out=True), local_fn=class_sharded_local, raw="softmax")
@@ -134,3 +207,8 @@ nn_op("cross_entropy", Backward(_cross_entropy, ("input", "target", "weight")),
 nn_op("mse_loss", Backward(_mse, ("input", "target")), ("input", "target"),
       local_fn=mse_local, method=False)
 nn_op("dropout", Backward(_dropout, rng=True), local_fn=dropout_local, method=False)
+nn_op("rms_norm", Backward(_rms_norm, ("input", "weight")), ("input", "weight"), method=False)
+nn_op("scaled_dot_product_attention",
+      Backward(_attention, ("query", "key", "value", "attn_mask"), rng=True),
+      ("query", "key", "value", "attn_mask"), local_fn=attention_local, method=False,
+      cost="matmul")

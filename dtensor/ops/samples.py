@@ -309,6 +309,40 @@ def _nn_cases(g: Gen, shapes, name: str) -> Iterator[Case]:
             for training in (True, False):
                 yield Case({"input": g.arr(shape, _F32), "p": 0.3, "training": training},
                            f"{shape}training={training}")
+    elif name == "rms_norm":
+        yield Case({"input": g.arr((5, 7), _F32), "normalized_shape": (7,),
+                    "weight": g.arr((7,), _F32)}, "(5,7)")
+        yield Case({"input": g.arr((2, 3, 4), _F32), "normalized_shape": (3, 4), "eps": 1e-3},
+                   "(2,3,4)eps")
+        yield Case({"input": g.arr((3, 5, 2), _F64), "normalized_shape": 2,
+                    "weight": g.arr((2,), _F64)}, "f64(3,5,2)")
+    elif name == "scaled_dot_product_attention":
+        yield from _attention_cases(g)
+
+
+def _attention_cases(g: Gen) -> Iterator[Case]:
+    """Batch and head dims (uneven and smaller than the mesh), L != S, boolean and float
+    masks (broadcast, a row without any key), causal with L > S and L < S, scale, dropout,
+    grouped-query heads, broadcast batch dims and plain 2-D calls."""
+
+    def qkv(batch, n_q, n_k, e=4, ev=3, heads=None, dt=_F32):
+        kv = batch if heads is None else (*batch[:-1], heads)
+        return {"query": g.arr((*batch, n_q, e), dt), "key": g.arr((*kv, n_k, e), dt),
+                "value": g.arr((*kv, n_k, ev), dt)}
+
+    mask = g.arr((5, 6), _BOOL)
+    mask[2] = False  # query 2 attends to no key: zeros
+    yield Case({**qkv((2, 3), 5, 6), "attn_mask": mask, "scale": 0.3}, "bool-mask(5,6)")
+    yield Case({**qkv((3, 2), 5, 5), "is_causal": True}, "causal")
+    yield Case({**qkv((2, 3), 5, 6), "attn_mask": g.arr((2, 1, 5, 6), _F32)},
+               "float-mask(2,1,5,6)")
+    yield Case({**qkv((2,), 7, 4, dt=_F64), "is_causal": True, "scale": 0.7}, "f64-causal-L>S")
+    yield Case(qkv((5,), 3, 6, e=2), "L<S")
+    yield Case({**qkv((2, 3), 6, 5), "is_causal": True, "dropout_p": 0.3}, "causal-dropout")
+    yield Case({**qkv((2, 4), 5, 6, heads=2), "is_causal": True, "enable_gqa": True}, "gqa")
+    yield Case({**qkv((1, 3), 5, 6), "key": g.arr((2, 1, 6, 4), _F32),
+                "attn_mask": g.arr((1, 6), _BOOL) | True}, "broadcast-batch")
+    yield Case(qkv((), 6, 5), "2-D")
 
 
 def _cast_cases(g: Gen, shapes, name: str) -> Iterator[Case]:

@@ -19,6 +19,10 @@ from ``strategy.output_specs[0].mesh``):
   so, :attr:`placements.rules.Candidate.collective`);
 - ``dropout`` on a sharded input: the mask is drawn for the global tensor's counters at
   the shard's global offsets, so the result equals the single-device one;
+- ``scaled_dot_product_attention`` with a sharded output (batch/head dims, or the query's
+  sequence dim): the kernel is told the block's global first query row (a causal mask is
+  the global one) and the global offsets of its attention weights (dropout draws the
+  global mask);
 - ``gather``/``scatter``/``scatter_add``/``take_along_dim`` with the data sharded on a dim
   the op does not index: the (replicated) index is cut to this shard's rows of that dim;
 - ``x[idx]`` with dims of its advanced entries (integer arrays, masks, ints among them)
@@ -52,6 +56,7 @@ from placements.rules import OpSchema, OpStrategy
 from ..local import kernels as _math
 from ..local import rng as _random
 from ..local.backend import array_module_of
+from ..local.kernels import attention as _math_attention
 from ..local.kernels import nn as _math_nn
 from ..local.tensor import Tensor, wrap_array
 from .table import OPS
@@ -59,6 +64,7 @@ from .table import OPS
 R = Replicate()
 
 __all__ = [
+    "attention_local",
     "class_sharded_local",
     "dropout_local",
     "embedding_local",
@@ -310,6 +316,21 @@ def dropout_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
     return local
 
 
+def attention_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
+    """``scaled_dot_product_attention`` with a sharded output: this block's global first
+    query row and the global offsets of its attention weights go to the kernel."""
+    spec = strategy.output_specs[0]
+    if not spec.is_sharded():
+        return _math.scaled_dot_product_attention
+    starts = spec.local_offsets(_coord(strategy))  # (..., L, Ev): Ev is never sharded
+    block = _math_attention.AttentionBlock(
+        starts[-2], spec.shape[:-1] + (schema.args[1].shape[-2],), starts[:-1] + (0,))
+
+    def local(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+        return _math_attention.attention_block(query, key, value, attn_mask, dropout_p,
+                                               is_causal, scale, enable_gqa, block)
+
+    return local
 
 
 def index_local(schema: OpSchema, strategy: OpStrategy) -> Callable:

@@ -1,8 +1,9 @@
-"""Sharding rules of neural-network ops: softmax, log_softmax, layer_norm, embedding,
-cross_entropy, mse_loss, dropout.
+"""Sharding rules of neural-network ops: softmax, log_softmax, layer_norm, rms_norm,
+embedding, cross_entropy, mse_loss, dropout, scaled_dot_product_attention.
 
 - ``softmax``/``log_softmax``: the other dims keep their Shard (the softmax dim: below).
-- ``layer_norm``: the normalized (trailing) dims unsharded; weight and bias replicated.
+- ``layer_norm``/``rms_norm``: the normalized (trailing) dims unsharded; weight and bias
+  replicated.
 - ``embedding(indices, weight)``: indices sharded -> output sharded alike (weight
   replicated); weight sharded on the embedding dim -> output sharded on its last dim;
   weight sharded on the vocabulary (rows) -> ``P(sum)``: the local kernel looks up only
@@ -27,13 +28,24 @@ cross_entropy, mse_loss, dropout.
 - ``dropout``: every placement kept, Partial included (the mask is a function of the
   global element index, the same on every coordinate that holds an element, and the
   scale is positive); in eval mode it is the identity.
+- ``scaled_dot_product_attention(query, key, value, attn_mask)``: a batch dim (any dim
+  before the last two: batch, heads) sharded alike on query, key, value, the mask and the
+  output (an argument that broadcasts it is Replicate there; with ``enable_gqa`` and fewer
+  key/value heads than query heads, not the heads dim); or the query's sequence dim
+  sharded, key and value replicated: each block of queries attends to every key (the local
+  kernel gets the block's global first row, so a causal mask stays the global one, and
+  the global offsets of its attention weights, so dropout draws the global mask), the
+  mask sharded alike on its query dim. Keys and values sharded on their sequence dim
+  (ring attention) are not a candidate: they are gathered.
 """
 
 from __future__ import annotations
 
 import math
 
-from ..errors import ArgumentError, ShardingError
+import numpy as np
+
+from ..errors import ArgumentError, DTypeError, ShardingError
 from ..meta import as_dtype, broadcast_shapes, check_embedding_indices, norm_dim, result_dtype
 from ._core import (
     Candidate,
@@ -44,9 +56,10 @@ from ._core import (
     S,
     pointwise_candidates,
     register_rule,
+    with_args,
 )
 
-__all__ = ["nn_rule"]
+__all__ = ["attention_shapes", "check_normalized_shape", "nn_rule"]
 
 _KINDS = ("sum", "avg", "max", "min")
 
@@ -65,21 +78,40 @@ def _softmax(schema: OpSchema) -> RuleResult:
     return RuleResult((a.shape,), (dt,), tuple(cands))  # type: ignore[union-attr]
 
 
-def _layer_norm(schema: OpSchema) -> RuleResult:
-    args = schema.args + (None,) * (3 - len(schema.args))
-    x, w, b = args[:3]
-    ns = schema.get("normalized_shape")
+def check_normalized_shape(op: str, shape: tuple[int, ...], normalized_shape: object) -> tuple:
+    """``normalized_shape`` of ``layer_norm``/``rms_norm`` (op ``op``) as a tuple, checked
+    against the input's ``shape``: it must be the trailing dims. **Local**.
+
+    Raises
+    ------
+    ShardingError
+        PyTorch's message: ``Given normalized_shape=[7], expected input with shape [*, 7],
+        but got input of size [5, 6]``, after the op's name.
+    """
+    ns = normalized_shape
     ns = (ns,) if isinstance(ns, int) else tuple(ns)  # type: ignore[arg-type]
-    ndim = len(x.shape)  # type: ignore[union-attr]
-    if ndim < len(ns) or tuple(x.shape[ndim - len(ns) :]) != ns:  # type: ignore[union-attr]
+    k = len(ns)
+    if not k or len(shape) < k or tuple(shape[len(shape) - k :]) != ns:
         raise ShardingError(
-            f"layer_norm: normalized_shape {list(ns)} does not match the trailing dims of the "
-            f"input of shape {x.shape}"  # type: ignore[union-attr]
+            f"{op}: given normalized_shape={list(ns)}, expected input with shape "
+            f"[*, {', '.join(map(str, ns))}], but got input of size {list(shape)}"
         )
-    wb = tuple(None if t is None else R for t in (w, b))
+    return ns
+
+
+#: The tensor arguments of the normalizations after the input (weight, bias)
+_NORM_PARAMS = {"layer_norm": 2, "rms_norm": 1}
+
+
+def _norm(schema: OpSchema) -> RuleResult:
+    x, *params = with_args(schema, 1 + _NORM_PARAMS[schema.op])
+    shape = x.shape  # type: ignore[union-attr]
+    ns = check_normalized_shape(schema.op, shape, schema.get("normalized_shape"))
+    ndim = len(shape)
+    wb = tuple(None if t is None else R for t in params)
     cands = [Candidate((R, R, *wb))]
     cands.extend(Candidate((S(d), S(d), *wb)) for d in range(ndim - len(ns)))
-    dtype = result_dtype((x, w, b), schema.default_float)
+    dtype = result_dtype((x, *params), schema.default_float)
     return RuleResult((x.shape,), (dtype,), tuple(cands))  # type: ignore[union-attr]
 
 
@@ -154,14 +186,109 @@ def _dropout(schema: OpSchema) -> RuleResult:
     return RuleResult((a.shape,), (a.dtype,), tuple(cands))  # type: ignore[union-attr]
 
 
+_SDPA = "scaled_dot_product_attention"
+
+
+def attention_shapes(query, key, value, attn_mask, enable_gqa: bool) -> tuple[tuple, tuple]:
+    """``(output shape, attention weights' shape)`` of ``scaled_dot_product_attention`` on
+    arguments that have a ``shape`` and a ``dtype`` (arrays, the rules' ``ArgMeta``;
+    ``attn_mask`` may be None), checked as PyTorch checks them. **Local**.
+
+    Query ``(..., L, E)``, key ``(..., S, E)`` and value ``(..., S, Ev)`` have as many dims
+    and batch dims that broadcast (with ``enable_gqa``, the key's and value's head counts,
+    dim -3, divide the query's); the output is ``(..., L, Ev)``, the weights
+    ``(..., L, S)``, and the mask broadcasts to the weights.
+
+    Raises
+    ------
+    DTypeError
+        query, key and value of different or non-floating dtypes; a mask neither bool nor
+        float32 nor of the query's dtype.
+    ShardingError
+        Shapes that do not fit.
+    """
+    q, k, v = query, key, value
+    if not q.dtype == k.dtype == v.dtype:
+        raise DTypeError(
+            f"{_SDPA}: Expected query, key, and value to have the same dtype, but got "
+            f"query.dtype: {q.dtype} key.dtype: {k.dtype} and value.dtype: {v.dtype} instead."
+        )
+    if q.dtype.kind != "f":
+        raise DTypeError(f"{_SDPA}: expected query, key and value of a floating point dtype, "
+                         f"got {q.dtype}")
+    nd = len(q.shape)
+    if min(nd, len(k.shape), len(v.shape)) < 2:
+        raise ShardingError(
+            f"{_SDPA}: Expected query, key, and value to all be  at least 2 dimensional, but "
+            f"got query.dim: {nd} key.dim: {len(k.shape)} and value.dim: {len(v.shape)} "
+            "instead."
+        )
+    shapes = f"query {list(q.shape)}, key {list(k.shape)} and value {list(v.shape)}"
+    if not nd == len(k.shape) == len(v.shape) or q.shape[-1] != k.shape[-1] or (
+            k.shape[-2] != v.shape[-2]):
+        raise ShardingError(
+            f"{_SDPA}: expected query (..., L, E), key (..., S, E) and value (..., S, Ev) "
+            f"with as many dims, got {shapes}"
+        )
+    kb, vb = list(k.shape[:-2]), list(v.shape[:-2])
+    if enable_gqa and nd >= 3:
+        heads = q.shape[-3]
+        if heads % max(k.shape[-3], 1) or heads % max(v.shape[-3], 1):
+            raise ShardingError(
+                f"{_SDPA}: Number of heads in key and value must divide the number of heads "
+                f"in query (enable_gqa=True), got {shapes}"
+            )
+        kb[-1] = vb[-1] = heads  # the key and value heads, each repeated for its group
+    batch = broadcast_shapes(_SDPA, [q.shape[:-2], tuple(kb), tuple(vb)])
+    weights = (*batch, q.shape[-2], k.shape[-2])
+    if attn_mask is not None:
+        m = attn_mask
+        if m.dtype.kind != "b" and m.dtype != np.float32 and m.dtype != q.dtype:
+            raise DTypeError(
+                f"{_SDPA}: Expected attn_mask dtype to be bool or float or to match query "
+                f"dtype, but got attn_mask.dtype: {m.dtype} and  query.dtype: {q.dtype} "
+                "instead."
+            )
+        tail = weights[len(weights) - len(m.shape) :]
+        if len(m.shape) > len(weights) or any(a not in (1, b) for a, b in zip(m.shape, tail)):
+            raise ShardingError(
+                f"{_SDPA}: attn_mask of shape {list(m.shape)} does not broadcast to the "
+                f"attention weights' shape {list(weights)} ({shapes})"
+            )
+    return (*batch, q.shape[-2], v.shape[-1]), weights
+
+
+def _attention(schema: OpSchema) -> RuleResult:
+    q, k, v, m = with_args(schema, 4)
+    gqa = bool(schema.get("enable_gqa", False))
+    out, weights = attention_shapes(q, k, v, m, gqa)
+    nd = len(out)
+
+    def along(a, d: int):  # ``a``'s placement when dim d of the weights is sharded
+        if a is None:
+            return None
+        ad = d - nd + len(a.shape)
+        return S(ad) if ad >= 0 and a.shape[ad] == weights[d] else R
+
+    cands = [Candidate((R, R, R, R, None if m is None else R))]
+    for d in range(nd - 2):
+        if gqa and d == nd - 3 and any(a.shape[d] not in (1, weights[d]) for a in (k, v)):
+            continue  # grouped heads: each key/value head serves several query heads
+        cands.append(Candidate((S(d), along(q, d), along(k, d), along(v, d), along(m, d))))
+    cands.append(Candidate((S(nd - 2), S(nd - 2), R, R, along(m, nd - 2))))
+    return RuleResult((out,), (q.dtype,), tuple(cands))  # type: ignore[union-attr]
+
+
 _NN = {
     "softmax": _softmax,
     "log_softmax": _softmax,
-    "layer_norm": _layer_norm,
+    "layer_norm": _norm,
+    "rms_norm": _norm,
     "embedding": _embedding,
     "cross_entropy": _cross_entropy,
     "mse_loss": _mse_loss,
     "dropout": _dropout,
+    _SDPA: _attention,
 }
 
 
@@ -170,9 +297,11 @@ _STATIC = {
     "softmax": ("dim", "dtype"),
     "log_softmax": ("dim", "dtype"),
     "layer_norm": ("normalized_shape",),
+    "rms_norm": ("normalized_shape",),
     "cross_entropy": ("reduction",),
     "mse_loss": ("reduction",),
     "dropout": ("training",),
+    _SDPA: ("enable_gqa",),
 }
 
 

@@ -2,15 +2,16 @@
 make their in-place forms and python operators.
 
 The kernels live in family modules (:mod:`.pointwise`, :mod:`.reduce`, :mod:`.linalg`,
-:mod:`.join`, :mod:`.nn`; shared machinery in :mod:`.base`). Every kernel is a **Local**
-plain function with PyTorch's name and argument names, so the distributed dispatcher can
-call it on local shards. The op table (:mod:`dtensor.ops`) declares which kernel serves
-which op, function, method, in-place form and operator; the unary elementwise kernels are
-made there from :func:`.pointwise.unary_function`.
+:mod:`.join`, :mod:`.nn`, :mod:`.attention`; shared machinery in :mod:`.base`). Every kernel
+is a **Local** plain function with PyTorch's name and argument names, so the distributed
+dispatcher can call it on local shards. The op table (:mod:`dtensor.ops`) declares which
+kernel serves which op, function, method, in-place form and operator; the unary elementwise
+kernels are made there from :func:`.pointwise.unary_function`.
 """
 
 from __future__ import annotations
 
+from .attention import scaled_dot_product_attention
 from .base import OperandTypeError, operand
 from .join import _dims_arg, cat, concat, flip, repeat, roll, stack, tile, tril, triu
 from .linalg import addmm, bmm, dot, einsum, linear, matmul, mm, outer
@@ -21,6 +22,7 @@ from .nn import (
     layer_norm,
     log_softmax,
     mse_loss,
+    rms_norm,
     softmax,
 )
 from .pointwise import (
@@ -89,9 +91,9 @@ __all__ = [
     "inplace_form", "inplace_operator", "layer_norm", "le", "leaky_relu", "lerp", "linear",
     "log_softmax", "logical_and", "logical_or", "logical_xor", "logsumexp", "lt", "matmul",
     "matmul_operator", "max", "maximum", "mean", "min", "minimum", "mm", "mse_loss", "mul",
-    "ne", "norm", "outer", "positive", "pow", "prod", "remainder", "repeat", "roll", "round",
-    "softmax", "softplus", "square", "stack", "std", "sub", "sum", "tensor_flip", "tile",
-    "tril", "triu", "var", "where",
+    "ne", "norm", "outer", "positive", "pow", "prod", "remainder", "repeat", "rms_norm", "roll",
+    "round", "scaled_dot_product_attention", "softmax", "softplus", "square", "stack", "std",
+    "sub", "sum", "tensor_flip", "tile", "tril", "triu", "var", "where",
 ]
 
 

@@ -1,5 +1,5 @@
-"""Neural-network local kernels: softmax, log_softmax, layer_norm, embedding, cross_entropy,
-dropout and mse_loss.
+"""Neural-network local kernels: softmax, log_softmax, layer_norm, rms_norm, embedding,
+cross_entropy, dropout and mse_loss (scaled_dot_product_attention: :mod:`.attention`).
 
 All are **Local** plain functions with the names and arguments of
 ``torch.nn.functional``. Softmax-like kernels subtract the maximum first (numerically
@@ -20,6 +20,7 @@ import numpy as np
 import fastpath as _fp
 from placements.errors import ArgumentError, DimError, DTypeError, ShardingError
 from placements.meta import check_embedding_indices
+from placements.rules.nn import check_normalized_shape
 
 from .. import rng as _random
 from ..dtypes import to_dtype
@@ -221,35 +222,70 @@ def layer_norm(
         if r is not None:
             return wrap_array(r)
     a = _float_input("layer_norm", input)
-    ns = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
-    k = len(ns)
-    if not k or a.ndim < k or tuple(a.shape[a.ndim - k:]) != ns:
-        raise ShardingError(
-            f"layer_norm: given normalized_shape={list(ns)}, expected input with shape "
-            f"[*, {', '.join(map(str, ns))}], but got input of size {list(a.shape)}"
-        )
+    ns = check_normalized_shape("layer_norm", a.shape, normalized_shape)
     xp = xp_of(a)
-    axes = tuple(range(a.ndim - k, a.ndim))
+    axes = tuple(range(a.ndim - len(ns), a.ndim))
     acc = acc_dtype(a.dtype)
     c = xp.subtract(a, xp.mean(a, axis=axes, keepdims=True, dtype=acc), dtype=acc)
     var = xp.mean(c * c, axis=axes, keepdims=True)
     var += acc.type(eps)
     c /= xp.sqrt(var, out=var)
     if weight is not None:
-        c *= _affine_param("weight", weight, ns)
+        c *= _affine_param("layer_norm", "weight", weight, ns)
     if bias is not None:
-        c += _affine_param("bias", bias, ns)
+        c += _affine_param("layer_norm", "bias", bias, ns)
     return wrap(c.astype(a.dtype, copy=False))
 
 
-def _affine_param(name: str, p, ns: tuple):
-    arr = as_array("layer_norm", p)
+def _affine_param(op: str, name: str, p, ns: tuple):
+    arr = as_array(op, p)
     if tuple(arr.shape) != ns:
         raise ShardingError(
-            f"layer_norm: {name} of shape {list(arr.shape)} does not match normalized_shape "
+            f"{op}: {name} of shape {list(arr.shape)} does not match normalized_shape "
             f"{list(ns)}"
         )
     return arr
+
+
+def rms_eps(dtype, eps: float | None) -> float:
+    """The ``eps`` of an ``rms_norm`` of ``dtype`` data: ``eps``, or when None the machine
+    epsilon of the dtype it computes in (float32 for float16, as PyTorch). **Local**."""
+    return float(np.finfo(acc_dtype(np.dtype(dtype))).eps) if eps is None else eps
+
+
+def rms_norm(input: Tensor, normalized_shape, weight: Tensor | None = None,
+             eps: float | None = None) -> Tensor:
+    """Root-mean-square normalisation over the trailing ``normalized_shape`` dims. **Local**.
+
+    ``x / sqrt(mean(x ** 2) + eps) * weight`` (PyTorch's ``rms_norm``): the normalised
+    value is computed in float32 for float16 input and cast to the input's dtype, then
+    multiplied by ``weight`` (so the result has the promoted dtype of both).
+
+    Parameters
+    ----------
+    input : Tensor
+        Floating, of shape ``(*, *normalized_shape)``.
+    normalized_shape : int or sequence of int
+    weight : Tensor, optional
+        Of shape ``normalized_shape``.
+    eps : float, optional
+        Added to the mean square; None: the machine epsilon of the computing dtype
+        (``torch.finfo(dtype).eps``).
+
+    Returns
+    -------
+    Tensor
+    """
+    a = _float_input("rms_norm", input)
+    ns = check_normalized_shape("rms_norm", a.shape, normalized_shape)
+    w = None if weight is None else _affine_param("rms_norm", "weight", weight, ns)
+    xp = xp_of(a)
+    acc = acc_dtype(a.dtype)
+    x = a.astype(acc, copy=False)
+    ms = xp.mean(x * x, axis=tuple(range(a.ndim - len(ns), a.ndim)), keepdims=True)
+    ms += acc.type(rms_eps(a.dtype, eps))
+    r = xp.divide(x, xp.sqrt(ms, out=ms)).astype(a.dtype, copy=False)
+    return wrap(r if w is None else xp.multiply(r, w))
 
 
 def check_index_range(idx, n: int) -> None:

@@ -6,7 +6,10 @@ slot (None for a tensor without autograd state: most tensors) and support ``+`` 
 ``_autograd_ones()``. :mod:`dtensor.dispatch` records nodes for the ops of the table (the
 backward formulas are in the op records); :mod:`dtensor.distributed` records
 ``redistribute``, ``from_local`` and ``to_local`` and plugs in how a DTensor leaf's
-gradient is laid out (:func:`set_leaf_layout`).
+gradient is laid out (:func:`set_leaf_layout`); :mod:`dtensor.autograd` records the calls
+of custom Functions (:class:`FunctionNode`) and :mod:`dtensor.utils` checkpointed calls,
+whose recomputation collects the gradients of the leaves it reaches
+(``run_backward(leaves=)``).
 
 The graph, as in PyTorch: a tensor that requires grad holds an :class:`AutogradMeta`; a
 leaf's accumulates ``.grad``, a non-leaf's points at the :class:`Node` that made it

@@ -9,7 +9,8 @@ The package is built in layers; imports point one way, down this list:
 - :mod:`dtensor.dispatch`: the dispatcher, the compiled front's glue and the installation
   of methods, operators and public functions from the table;
 - this module (the public API), :mod:`dtensor.autograd`, :mod:`dtensor.debug`,
-  :mod:`dtensor.checkpoint` (checkpoints, ``.npy`` files) and :mod:`dtensor.autoshard`.
+  :mod:`dtensor.checkpoint` (checkpoints, ``.npy`` files), :mod:`dtensor.utils`
+  (activation checkpointing) and :mod:`dtensor.autoshard`.
 """
 
 from placements import Partial, Placement, Replicate, Shard  # noqa: F401
@@ -79,6 +80,7 @@ from .dispatch.data_dependent import masked_select, nonzero  # noqa: F401
 
 from . import autograd, debug  # noqa: F401  (autograd; the debug tools)
 from . import nn, optim  # noqa: F401  (optimizers, clip_grad_norm_)
+from . import utils  # noqa: F401  (activation checkpointing)
 from .autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled  # noqa: F401
 from . import checkpoint  # noqa: F401  (checkpoints and parallel file IO)
 from .checkpoint import from_h5, from_npy, load, save, to_h5, to_npy  # noqa: F401

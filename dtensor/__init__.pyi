@@ -70,6 +70,7 @@ from . import autograd as autograd
 from . import debug as debug
 from . import nn as nn
 from . import optim as optim
+from . import utils as utils
 from .autograd import enable_grad as enable_grad
 from .autograd import is_grad_enabled as is_grad_enabled
 from .autograd import no_grad as no_grad

@@ -6,7 +6,10 @@ slot (None for a tensor without autograd state: most tensors) and support ``+`` 
 ``_autograd_ones()``. :mod:`dtensor.dispatch` records nodes for the ops of the table (the
 backward formulas are in the op records); :mod:`dtensor.distributed` records
 ``redistribute``, ``from_local`` and ``to_local`` and plugs in how a DTensor leaf's
-gradient is laid out (:func:`set_leaf_layout`).
+gradient is laid out (:func:`set_leaf_layout`); :mod:`dtensor.autograd` records the calls
+of custom Functions (:class:`FunctionNode`) and :mod:`dtensor.utils` checkpointed calls,
+whose recomputation collects the gradients of the leaves it reaches
+(``run_backward(leaves=)``).
 
 The graph, as in PyTorch: a tensor that requires grad holds an :class:`AutogradMeta`; a
 leaf's accumulates ``.grad``, a non-leaf's points at the :class:`Node` that made it
@@ -47,6 +50,7 @@ from .tensor import Tensor
 
 __all__ = [
     "AutogradMeta",
+    "FunctionNode",
     "Node",
     "activate",
     "backward",
@@ -57,6 +61,7 @@ __all__ = [
     "grad",
     "in_backward",
     "install_api",
+    "is_active",
     "is_grad_enabled",
     "make_leaf",
     "no_grad",
@@ -164,6 +169,11 @@ def on_activate(fn: Callable[[], None]) -> None:
     _ON_ACTIVATE.append(fn)
     if _ACTIVE:
         fn()
+
+
+def is_active() -> bool:
+    """Whether autograd is active (a tensor has required grad since the start). **Local**."""
+    return _ACTIVE
 
 
 def activate() -> None:
@@ -374,6 +384,16 @@ else:
                 unsave(saved)
 
 
+class FunctionNode(_SavingNode):
+    """The node of a call of a custom ``dt.autograd.Function`` (``op`` is the class name):
+    named as PyTorch names it, ``ExpBackward`` for a Function ``Exp``."""
+
+    __slots__ = ()
+
+    def name(self) -> str:
+        return f"{self.op}Backward"
+
+
 # -- leaf layout (DTensor leaves) -----------------------------------------------------------------
 _LEAF_LAYOUT: Callable | None = None
 
@@ -454,20 +474,24 @@ def _seed(t: object, g: object, i: int, op: str) -> object:
 
 def run_backward(tensors: Sequence, grad_tensors: Sequence, retain_graph: bool,
                  inputs: Sequence | None = None, op: str = "backward",
-                 allow_unused: bool = False, create_graph: bool = False) -> list | None:
+                 allow_unused: bool = False, create_graph: bool = False,
+                 leaves: dict | None = None) -> list | None:
     """Backpropagate from ``tensors`` (seeded with ``grad_tensors``, None for 1 of a
     one-element tensor). **Collective** when a DTensor's backward redistributes.
 
     Without ``inputs``: accumulates into the leaves' ``.grad`` (and retained non-leaves').
     With ``inputs``: returns their gradients (None where unused and ``allow_unused``)
     and touches no ``.grad``. ``create_graph``: the formulas run with grad mode on, so
-    the gradients have a graph of their own (higher-order gradients).
+    the gradients have a graph of their own (higher-order gradients). ``leaves`` (a dict,
+    without ``inputs``): every leaf's gradient goes there instead of its ``.grad``, as
+    ``id(meta) -> [meta, gradient]`` in the order the leaves are reached (a checkpoint's
+    recomputation finds the leaves its function read).
     """
     walk = _WALK
     prev = walk.active, walk.op
     walk.active, walk.op = True, None
     try:
-        results = _walk(tensors, grad_tensors, retain_graph, inputs, op, create_graph)
+        results = _walk(tensors, grad_tensors, retain_graph, inputs, op, create_graph, leaves)
     finally:
         walk.active, walk.op = prev
     if inputs is None:
@@ -482,7 +506,7 @@ def run_backward(tensors: Sequence, grad_tensors: Sequence, retain_graph: bool,
 
 
 def _walk(tensors: Sequence, grad_tensors: Sequence, retain_graph: bool,
-          inputs: Sequence | None, op: str, create_graph: bool) -> list:
+          inputs: Sequence | None, op: str, create_graph: bool, leaves: dict | None) -> list:
     """:func:`run_backward`'s walk; the gradients of ``inputs`` (empty without)."""
     walk = _WALK
     with set_grad_enabled(create_graph):
@@ -503,6 +527,13 @@ def _walk(tensors: Sequence, grad_tensors: Sequence, retain_graph: bool,
         results: list = [None] * (len(inputs) if inputs is not None else 0)
 
         def to_leaf(meta: AutogradMeta, g: object) -> None:
+            if leaves is not None and meta.grad_fn is None:
+                found = leaves.get(id(meta))
+                if found is None:
+                    leaves[id(meta)] = [meta, g]
+                else:
+                    found[1] = found[1] + g
+                return
             js = capture.get(id(meta))
             if js is not None:
                 for j in js:
@@ -746,10 +777,12 @@ def edge_of(x: object) -> AutogradMeta | None:
 
 
 def record(op: str, formula: Callable, edges: Sequence, outputs: Sequence, ctx: object = None,
-           out: object = None, saved: Sequence = ()) -> Node:
-    """Make the node of one op call and attach it to its floating outputs (the others do
-    not require grad). **Local**."""
-    node = (_SavingNode if saved else Node)(op, formula, edges, ctx, out, len(outputs), saved)
+           out: object = None, saved: Sequence = (), node_type: type | None = None) -> Node:
+    """Make the node of one op call and attach it to its floating outputs (the others, and
+    None entries, do not require grad). **Local**. ``node_type``: a subclass of
+    :class:`Node` to make (:class:`FunctionNode`)."""
+    kind = node_type or (_SavingNode if saved else Node)
+    node = kind(op, formula, edges, ctx, out, len(outputs), saved)
     if len(outputs) == 1:
         o = outputs[0]
         if o is not None and o.dtype.kind in "fc":

@@ -43,6 +43,7 @@ LAYERS = (
     ("dtensor.checkpoint", 9),
     ("dtensor.optim", 9),
     ("dtensor.nn", 9),
+    ("dtensor.utils", 9),
     ("dtensor.autoshard", 10),
     ("dtensor.parallel", 10),
     ("dtensor.pipelining", 10),

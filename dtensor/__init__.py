@@ -86,6 +86,17 @@ from . import checkpoint  # noqa: F401  (checkpoints and parallel file IO)
 from .checkpoint import from_h5, from_npy, load, save, to_h5, to_npy  # noqa: F401
 from . import autoshard  # noqa: F401  (whole-model sharding search)
 from .autoshard import auto_shard  # noqa: F401
+from . import parallel  # noqa: F401  (tensor and sequence parallel styles)
+from .parallel import (  # noqa: F401
+    ColwiseParallel,
+    ParallelStyle,
+    PrepareModuleInput,
+    PrepareModuleOutput,
+    RowwiseParallel,
+    SequenceParallel,
+    loss_parallel,
+    parallelize_module,
+)
 
 globals().update(_FACTORIES)  # dt.zeros(...), also with device_mesh= and placements=
 _entry_points.export(globals())

@@ -84,6 +84,15 @@ from .checkpoint import to_h5 as to_h5
 from .checkpoint import to_npy as to_npy
 from . import autoshard as autoshard
 from .autoshard import auto_shard as auto_shard
+from . import parallel as parallel
+from .parallel import ColwiseParallel as ColwiseParallel
+from .parallel import ParallelStyle as ParallelStyle
+from .parallel import PrepareModuleInput as PrepareModuleInput
+from .parallel import PrepareModuleOutput as PrepareModuleOutput
+from .parallel import RowwiseParallel as RowwiseParallel
+from .parallel import SequenceParallel as SequenceParallel
+from .parallel import loss_parallel as loss_parallel
+from .parallel import parallelize_module as parallelize_module
 
 def abs(input, *, out=...): ...
 def add(input, other, *, alpha=..., out=...): ...

@@ -54,10 +54,6 @@ def _fastpath_off() -> bool:
     return not fastpath.ENABLED
 
 
-def _new_op_missing() -> bool:
-    return not all(hasattr(dt, op) for op in ("rms_norm", "scaled_dot_product_attention"))
-
-
 def _no_torch() -> bool:
     return importlib.util.find_spec("torch") is None
 
@@ -123,9 +119,6 @@ EXPECTED: tuple[Expected, ...] = (
         "a debug check configured by the environment",
     ),
     Expected(r"torch is not installed", "no torch", _no_torch),
-    # ops added in a parallel branch (tests/unit/features/test_nn_new_ops.py)
-    Expected(r"op not yet in this build", "an op of dt.nn.functional not in the op table",
-             _new_op_missing),
 )
 
 

@@ -8,7 +8,9 @@
   Sequential, ModuleList, ModuleDict;
 - :mod:`dtensor.nn.functional`: ``torch.nn.functional``'s names over the op table;
 - :mod:`dtensor.nn.init`: initialisations, the same global values on any layout;
-- :mod:`dtensor.nn.utils`: ``clip_grad_norm_``.
+- :mod:`dtensor.nn.utils`: ``clip_grad_norm_``;
+- :func:`checkpoint_wrapper` (:mod:`dtensor.nn.checkpoint_wrapper`): a module whose calls
+  are checkpointed (:func:`dtensor.utils.checkpoint`).
 
 Modules hold Tensors or DTensors alike and know nothing of MPI: a model runs on DTensors
 once its parameters are DTensors (the ops' sharding rules place everything else).
@@ -17,6 +19,7 @@ once its parameters are DTensors (the ops' sharding rules place everything else)
 from __future__ import annotations
 
 from . import functional, init, utils
+from .checkpoint_wrapper import CheckpointWrapper, checkpoint_wrapper
 from .containers import ModuleDict, ModuleList, Sequential
 from .layers import (
     GELU,
@@ -35,6 +38,7 @@ from .parameter import Parameter
 
 __all__ = [
     "GELU",
+    "CheckpointWrapper",
     "CrossEntropyLoss",
     "Dropout",
     "Embedding",
@@ -50,6 +54,7 @@ __all__ = [
     "RemovableHandle",
     "Sequential",
     "SiLU",
+    "checkpoint_wrapper",
     "functional",
     "init",
     "utils",

@@ -1,9 +1,9 @@
-"""``dt.utils``: PyTorch's ``torch.utils`` helpers for training: activation checkpointing
-(:func:`checkpoint`, ``dt.utils.checkpoint(fn, *args)``, and the module wrapper
-:func:`checkpoint_wrapper`; see :mod:`dtensor.utils.checkpoint`)."""
+"""``dt.utils``: PyTorch's ``torch.utils`` helpers for training: activation checkpointing,
+``dt.utils.checkpoint(fn, *args)`` (:mod:`dtensor.utils.checkpoint`; the module wrapper is
+``dt.nn.checkpoint_wrapper``)."""
 
 from __future__ import annotations
 
-from .checkpoint import CheckpointWrapper, checkpoint, checkpoint_wrapper
+from .checkpoint import checkpoint
 
-__all__ = ["CheckpointWrapper", "checkpoint", "checkpoint_wrapper"]
+__all__ = ["checkpoint"]

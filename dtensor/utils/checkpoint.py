@@ -1,5 +1,5 @@
-"""Activation checkpointing: :func:`checkpoint` (PyTorch's ``torch.utils.checkpoint.checkpoint``)
-and the module wrapper :func:`checkpoint_wrapper`.
+"""Activation checkpointing: :func:`checkpoint` (PyTorch's ``torch.utils.checkpoint.checkpoint``;
+the module wrapper is :func:`dtensor.nn.checkpoint_wrapper`).
 
 A checkpointed call runs its function with grad mode off, so none of its intermediates is
 kept: its node (``CheckpointBackward0``) holds the function and its arguments only. Its
@@ -40,7 +40,7 @@ from ..local.grad_engine import enable_grad, no_grad
 from ..local.rng import get_rng_state, set_rng_state
 from ..local.tensor import Tensor
 
-__all__ = ["CheckpointWrapper", "checkpoint", "checkpoint_wrapper"]
+__all__ = ["checkpoint"]
 
 
 def _map(args: tuple, kwargs: Mapping[str, Any], fn: Callable) -> tuple[tuple, dict]:
@@ -161,53 +161,3 @@ def _recompute(node: _ag.Node, grads: list) -> list:
     n = len(inputs)
     node.edges = (*node.edges[:n], *(meta for meta, _ in found.values()))
     return res + [g for _, g in found.values()]
-
-
-class CheckpointWrapper:
-    """A module (or any callable) whose calls are checkpointed: ``wrapper(*args)`` is
-    ``checkpoint(module, *args)`` (PyTorch's ``CheckpointWrapper``). **Local** (as the
-    wrapped module).
-
-    The wrapped module is ``wrapper._checkpoint_wrapped_module``; every other attribute is
-    read from it (``wrapper.weight``, ``wrapper.parameters()``).
-    """
-
-    def __init__(self, module: Callable, checkpoint_fn: Callable | None = None,
-                 **checkpoint_fn_kwargs: Any) -> None:
-        self._checkpoint_wrapped_module = module
-        self._checkpoint_fn = checkpoint if checkpoint_fn is None else checkpoint_fn
-        self._checkpoint_fn_kwargs = checkpoint_fn_kwargs
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        """The wrapped module's call, checkpointed. **Local** (as the module)."""
-        return self._checkpoint_fn(self._checkpoint_wrapped_module, *args,
-                                   **self._checkpoint_fn_kwargs, **kwargs)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.forward(*args, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "_checkpoint_wrapped_module":  # (not set yet: copying, unpickling)
-            raise AttributeError(name)
-        return getattr(self._checkpoint_wrapped_module, name)
-
-    def __repr__(self) -> str:
-        return f"CheckpointWrapper({self._checkpoint_wrapped_module!r})"
-
-
-def checkpoint_wrapper(module: Callable, checkpoint_fn: Callable | None = None,
-                       **checkpoint_fn_kwargs: Any) -> CheckpointWrapper:
-    """``module`` wrapped so that its calls are checkpointed (PyTorch's
-    ``checkpoint_wrapper``, non-reentrant). **Local**.
-
-    Parameters
-    ----------
-    module : callable
-        A module (or any callable).
-    checkpoint_fn : callable, optional
-        What runs each call, ``checkpoint_fn(module, *args, **kwargs)``; default
-        :func:`checkpoint`.
-    **checkpoint_fn_kwargs
-        Passed to it on every call (``preserve_rng_state=False``...).
-    """
-    return CheckpointWrapper(module, checkpoint_fn, **checkpoint_fn_kwargs)

@@ -1,4 +1,4 @@
-"""``dt.utils.checkpoint`` and ``checkpoint_wrapper`` on local tensors: the gradients of a
+"""``dt.utils.checkpoint`` and ``dt.nn.checkpoint_wrapper`` on local tensors: the gradients of a
 checkpointed MLP with dropout are bitwise those of the unchecked run (same seed), with
 inputs that do not require grad, nested checkpoints, keyword arguments and
 ``autograd.grad``; an input changed in place raises; the peak allocated memory of forward
@@ -11,7 +11,8 @@ import pytest
 
 import dtensor as dt
 from dtensor.errors import AutogradError, SignatureError
-from dtensor.utils import checkpoint, checkpoint_wrapper
+from dtensor.nn import checkpoint_wrapper
+from dtensor.utils import checkpoint
 
 D, H, LAYERS = 16, 128, 4
 

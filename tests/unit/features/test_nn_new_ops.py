@@ -1,31 +1,21 @@
 """``dt.nn.RMSNorm``, ``F.rms_norm`` and ``F.scaled_dot_product_attention`` against numpy
-references: they run once the op table has the ops ``rms_norm`` and
-``scaled_dot_product_attention`` (each test skips, "op not yet in this build", while its op
-is missing)."""
+references."""
 
 from __future__ import annotations
 
 import math
 
 import numpy as np
-import pytest
 
 import dtensor as dt
-from dtensor.dispatch.entry_points import FUNCTIONS
-from dtensor.errors import UnavailableError
 
 nn, F = dt.nn, dt.nn.functional
-
-
-def needs(op):
-    return pytest.mark.skipif(op not in FUNCTIONS, reason="op not yet in this build")
 
 
 def rms_ref(x, w, eps, dims):
     return x / np.sqrt((x * x).mean(axis=dims, keepdims=True) + eps) * w
 
 
-@needs("rms_norm")
 def test_rms_norm_module_forward_and_grads():
     rng = np.random.default_rng(0)
     m = nn.RMSNorm((2, 3), eps=1e-6, dtype=dt.float64)
@@ -48,7 +38,6 @@ def test_rms_norm_module_forward_and_grads():
     np.testing.assert_allclose(m.weight.grad.numpy(), (g * x * r).sum(0), rtol=1e-8)
 
 
-@needs("rms_norm")
 def test_functional_rms_norm_default_eps():
     x = np.random.default_rng(1).standard_normal((3, 5)).astype(np.float32)
     y = F.rms_norm(dt.tensor(x), (5,))
@@ -66,7 +55,6 @@ def sdpa_ref(q, k, v, mask=None, is_causal=False, scale=None):
     return (p / p.sum(-1, keepdims=True)) @ v
 
 
-@needs("scaled_dot_product_attention")
 def test_scaled_dot_product_attention():
     rng = np.random.default_rng(2)
     q, k, v = (rng.standard_normal((2, 3, 4, 5)) for _ in range(3))
@@ -77,9 +65,3 @@ def test_scaled_dot_product_attention():
     out = F.scaled_dot_product_attention(dt.tensor(q), dt.tensor(k), dt.tensor(v),
                                          attn_mask=dt.tensor(mask), scale=0.3)
     np.testing.assert_allclose(out.numpy(), sdpa_ref(q, k, v, mask, scale=0.3), rtol=1e-10)
-
-
-def test_a_missing_op_says_so(monkeypatch):
-    monkeypatch.delitem(FUNCTIONS, "rms_norm", raising=False)
-    with pytest.raises(UnavailableError, match="'rms_norm' is not in this build"):
-        F.rms_norm(dt.ones(2), (2,))

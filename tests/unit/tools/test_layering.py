@@ -26,8 +26,9 @@ PACKAGES = ("placements", "redistribute", "fastpath", "dtensor", "launch")
 #: may not import each other. fastpath sits below redistribute: redistribute plugs its hook
 #: state into the compiled executor (``fastpath._redist``), and fastpath imports nothing of
 #: redistribute or dtensor. Above the dispatch layer the levels are the tools (testing, then
-#: debug with the validator, which uses it), then the features (checkpoint, optim, nn; then
-#: autoshard, which uses optim; parallel styles and pipelines come next), then the face
+#: debug with the validator, which uses it), then the features (utils' activation
+#: checkpointing; checkpoint, optim, nn, which wraps utils' checkpoint in a module; then
+#: autoshard, which uses optim, and the parallel styles, which use nn), then the face
 #: (``dtensor/__init__.py``, ``autograd.py``, ``validate.py``). Features reach the tools
 #: only through their faces (see the privacy rule below).
 LAYERS = (
@@ -40,15 +41,15 @@ LAYERS = (
     ("dtensor.dispatch", 6),
     ("dtensor.testing", 7),
     ("dtensor.debug", 8),
-    ("dtensor.checkpoint", 9),
-    ("dtensor.optim", 9),
-    ("dtensor.nn", 9),
     ("dtensor.utils", 9),
-    ("dtensor.autoshard", 10),
-    ("dtensor.parallel", 10),
-    ("dtensor.pipelining", 10),
-    ("dtensor", 11),
-    ("launch", 12),
+    ("dtensor.checkpoint", 10),
+    ("dtensor.optim", 10),
+    ("dtensor.nn", 10),
+    ("dtensor.autoshard", 11),
+    ("dtensor.parallel", 11),
+    ("dtensor.pipelining", 11),
+    ("dtensor", 12),
+    ("launch", 13),
 )
 #: The internal packages (layers, marked "Internal package" in their docstring): other
 #: subpackages import their modules directly, public names only. Every other subpackage of

@@ -1,0 +1,29 @@
+"""``dt.parallel``: tensor and sequence parallelism of ``dt.nn`` modules (PyTorch's
+``torch.distributed.tensor.parallel``): :func:`parallelize_module` with the styles
+:class:`ColwiseParallel`, :class:`RowwiseParallel`, :class:`SequenceParallel`,
+:class:`PrepareModuleInput` and :class:`PrepareModuleOutput`, and :func:`loss_parallel`.
+``dtensor`` exports them all (``dt.parallelize_module``...)."""
+
+from __future__ import annotations
+
+from ._api import parallelize_module
+from ._loss import loss_parallel
+from ._style import (
+    ColwiseParallel,
+    ParallelStyle,
+    PrepareModuleInput,
+    PrepareModuleOutput,
+    RowwiseParallel,
+    SequenceParallel,
+)
+
+__all__ = [
+    "ColwiseParallel",
+    "ParallelStyle",
+    "PrepareModuleInput",
+    "PrepareModuleOutput",
+    "RowwiseParallel",
+    "SequenceParallel",
+    "loss_parallel",
+    "parallelize_module",
+]

@@ -23,7 +23,14 @@ from dataclasses import asdict, dataclass, field, replace
 
 from placements.errors import DTypeError, NoRuleError, SignatureError
 from placements.layout import max_local_shape
-from placements.rules import OpSchema, OpStrategy, nd_valid, reduce_cost, rule_result
+from placements.rules import (
+    OpSchema,
+    OpStrategy,
+    defers_partial,
+    nd_valid,
+    reduce_cost,
+    rule_result,
+)
 from placements.spec import DTensorSpec
 from placements.types import Partial, Placement, Replicate, placement_list
 from redistribute import comm as _comm
@@ -263,7 +270,7 @@ def _candidates(
     n_out = len(result.out_shapes)
     cost_fn = _dispatch._cost_fn({}, mesh)
     dtype = result.out_dtypes[0]
-    # As the dispatcher does: never turn an input into a Partial kind no input holds there.
+    # As the dispatcher does: never turn an input into a Partial only to defer a reduction.
     held = [
         {v.placements[m].reduce_op for v in args if _is_partial(v, m)} for m in range(mesh_ndim)
     ]
@@ -286,7 +293,9 @@ def _candidates(
             target = tuple(
                 cur[m] if c.placements[j] is None else c.placements[j] for m, c in enumerate(combo)
             )
-            if any(p.kind == "P" and p.reduce_op not in held[m] for m, p in enumerate(target)):
+            if any(c.placements[j] is not None
+                   and defers_partial(c.placements, n_out, c.placements[j], held[m])
+                   for m, c in enumerate(combo)):
                 break
             cost += redistribute_cost(v._spec, target)
             ins.append(placement_list(target))

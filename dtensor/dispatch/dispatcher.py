@@ -29,6 +29,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
+import math
+
 import numpy as np
 
 from placements import Placement, Replicate
@@ -70,6 +72,7 @@ __all__ = [
     "current_op",
     "decide",
     "describe",
+    "keep_shards",
     "dispatch",
     "execute_move",
     "lookup",
@@ -529,6 +532,8 @@ def lookup(
     # Equal meshes built separately share no entry: outputs carry the inputs' mesh object.
     # (The entry's specs keep that mesh alive, so its id cannot be reused meanwhile.)
     key.append(id(mesh))
+    if _kept_shards and name in _kept_shards:
+        key.append(_KEEP_SHARDS)
     cache = _CACHE
     if _FRONT is not None:
         _FRONT.flush(cache.data)
@@ -701,11 +706,14 @@ def _build_entry(info: OpInfo, binder: _Binder, values: list, mesh: object) -> C
         info.name, metas, static, tuple(mesh.shape), _dtypes.get_default_dtype()
     )
     specs = {id(m): v._spec for m, v in zip(metas, args) if isinstance(v, DTensor)}
+    keep = bool(_kept_shards) and info.name in _kept_shards
     try:
-        strategy = propagate(schema, mesh, _cost_fn(specs, mesh))
+        strategy = propagate(schema, mesh, _cost_fn(specs, mesh, keep))
     except (NoRuleError, ShardingError, DimError, DTypeError) as e:
         inputs = ", ".join(describe(v) for v in args)
         raise type(e)(f"{e} [op {info.name}; inputs: {inputs}; mesh {mesh.shape}]") from e
+    if keep:
+        _check_kept_shards(info.name, args, strategy.input_placements)
     moves = []
     coord = mesh.get_coordinate()
     for v, target in zip(args, strategy.input_placements):
@@ -779,11 +787,12 @@ def _check_inplace(op: str, args: list, moves: list, out_specs: tuple) -> None:
 
 
 def _cost_fn(
-    specs: dict[int, DTensorSpec], mesh: object
+    specs: dict[int, DTensorSpec], mesh: object, keep: bool = False
 ) -> Callable[[ArgMeta, tuple], float]:
     """The cost function ``propagate`` asks: the planned redistribution cost of one input
     (0 for a local argument), or of metadata that is no argument (an all-reduce a
-    candidate implies, placed on ``mesh``).
+    candidate implies, placed on ``mesh``). With ``keep`` (:func:`keep_shards`), moving a
+    sharded input off its shards costs infinitely much.
 
     Costs come from the redistribute planner (cached with its plans) under the process-wide
     cost model; after replacing that model (``redistribute.set_default_cost_model``) call
@@ -793,6 +802,8 @@ def _cost_fn(
 
     def cost(meta: ArgMeta, target: tuple[Placement, ...]) -> float:
         spec = specs.get(id(meta))
+        if keep and spec is not None and _unshards(spec.placements, target):
+            return math.inf
         if spec is None:
             if meta.placements is None:
                 return 0.0
@@ -800,6 +811,43 @@ def _cost_fn(
         return redistribute_cost(spec, target, model)
 
     return cost
+
+
+def _unshards(current: tuple, target: tuple | None) -> bool:
+    """Whether moving from ``current`` to ``target`` placements gives up a Shard."""
+    return target is not None and any(
+        c.is_shard() and t != c for c, t in zip(current, target)
+    )
+
+
+def _check_kept_shards(name: str, args: list, targets: Sequence) -> None:
+    """Raise unless the chosen strategy keeps every sharded DTensor input's shards (under
+    :func:`keep_shards`)."""
+    for v, target in zip(args, targets):
+        if isinstance(v, DTensor) and _unshards(v._spec.placements, target):
+            raise ShardingError(
+                f"{name}: its sharded input must keep its shards here (loss_parallel), but "
+                f"no strategy of its rule does: {describe(v)} would move to "
+                f"{placement_list(tuple(target))}"
+            )
+
+
+#: Ops whose sharded DTensor inputs keep their shards (see :func:`keep_shards`).
+_kept_shards: frozenset = frozenset()
+#: The key part of a decision taken under :func:`keep_shards`.
+_KEEP_SHARDS = object()
+
+
+def keep_shards(ops: frozenset) -> frozenset:
+    """Make ``ops`` keep the shards of their sharded DTensor inputs (a strategy that would
+    gather them is refused, whatever it costs); returns the previous set, to restore.
+    **Local**. Decisions taken under it are cached apart (their key says so) and the
+    compiled front's entries are dropped on every change, so no decision crosses over."""
+    global _kept_shards
+    prev, _kept_shards = _kept_shards, frozenset(ops)
+    if _FRONT is not None:
+        _FRONT.invalidate()
+    return prev
 
 
 def run_entry(entry: CacheEntry, values: list, mesh: object) -> object:

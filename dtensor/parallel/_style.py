@@ -42,16 +42,27 @@ def _layouts(value: Placement | Sequence | None, default: tuple, what: str) -> t
     return value
 
 
-def _to_dtensor(x: Any, mesh: Any, layout: Placement, desired: Placement, what: str) -> Any:
+def _to_dtensor(x: Any, mesh: Any, layout: Placement, desired: Placement, what: str,
+                size: int | None = None) -> Any:
     """``x`` as a DTensor of ``desired`` placement: a local tensor is first taken as this
-    rank's shard of ``layout`` (``from_local``, Local), a DTensor is redistributed
-    (**Collective** when the layouts differ)."""
+    rank's shard of ``layout`` (``from_local``), a DTensor is redistributed (**Collective**
+    when the layouts differ). For a Shard layout the global size of the sharded dim is
+    ``size`` when the module knows it (a rowwise Linear's in_features: no exchange);
+    otherwise the ranks exchange their local shapes (**Collective**, a few ints), so uneven
+    shards are taken exactly (PyTorch assumes even ones)."""
     if isinstance(x, DTensor):
         if x.device_mesh != mesh:
             raise MeshError(f"{what}: an input DTensor lives on {x.device_mesh!r}, not on {mesh!r}")
         current = x
     elif isinstance(x, Tensor):
-        current = DTensor.from_local(x, mesh, [layout], run_check=False)
+        shape = None
+        if not layout.is_shard():
+            shape = tuple(x.shape)
+        elif size is not None and x.ndim:
+            shape = list(x.shape)
+            shape[layout.dim % len(shape)] = size
+            shape = tuple(shape)
+        current = DTensor.from_local(x, mesh, [layout], run_check=False, shape=shape)
     else:
         return x
     if current.placements != (desired,):
@@ -67,8 +78,9 @@ def _distribute_param(module: Module, name: str, mesh: Any, placement: Placement
         return
     if isinstance(p, DTensor):
         d = p.redistribute(mesh, [placement]) if p.placements != (placement,) else p
-    else:
-        d = distribute_tensor(p.detach(), mesh, [placement])
+    else:  # the values of the mesh's first rank, as PyTorch's group rank 0
+        d = distribute_tensor(p.detach(), mesh, [placement],
+                              src_data_rank=int(mesh.mesh.flat[0]))
     module.register_parameter(name, Parameter(d.detach(), requires_grad=p.requires_grad))
 
 
@@ -124,9 +136,11 @@ class _ShardedLinear(ParallelStyle):
             _distribute_param(module, name, mesh, placement)
         layout, desired = self.input_layouts[0], self._desired_input(module)
         what = f"{type(self).__name__} input"
+        # a Linear's input is sharded (if at all) on its features: in_features globally
+        size = module.in_features if isinstance(module, Linear) else None
 
         def pre_hook(mod: Module, args: tuple) -> tuple:
-            return (_to_dtensor(args[0], mesh, layout, desired, what), *args[1:])
+            return (_to_dtensor(args[0], mesh, layout, desired, what, size), *args[1:])
 
         out_layout, local = self.output_layouts[0], self.use_local_output
 

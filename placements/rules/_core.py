@@ -57,6 +57,7 @@ __all__ = [
     "RuleResult",
     "get_rule",
     "nd_valid",
+    "defers_partial",
     "propagate",
     "reduce_cost",
     "register_rule",
@@ -467,6 +468,15 @@ def _tensor_args(args: Sequence[ArgMeta | None], n_out: int) -> list[_Tensor]:
     ]
 
 
+def defers_partial(pl: tuple, n_out: int, target: Placement, held: set) -> bool:
+    """Whether moving an argument to ``target`` for a candidate with (one mesh dim's)
+    placements ``pl`` only defers communication: ``target`` is a Partial kind that no
+    argument holds there (``held``) and no argument of the candidate is sharded there (the
+    Partial would come from linearity alone). **Local**."""
+    return (target.kind == "P" and target.reduce_op not in held
+            and not any(p is not None and p.kind == "S" for p in pl[n_out:]))
+
+
 def _mesh_dim_candidates(
     schema: OpSchema, result: RuleResult, tensors: list[_Tensor], m: int
 ) -> tuple[list[_Ranked], list[Candidate]]:
@@ -474,7 +484,10 @@ def _mesh_dim_candidates(
     move nothing (in list order).
 
     A candidate is dropped when it would turn a tensor argument into a Partial kind that no
-    argument holds on mesh dim ``m`` (that never saves communication; it only defers it),
+    argument holds on mesh dim ``m`` and no argument of the candidate is sharded there (then
+    the Partial comes from linearity alone, which never saves communication; it only defers
+    it; with a sharded argument the Partial is the contraction's, and splitting a replicated
+    addend into it, ``linear``'s bias, costs nothing),
     or, for an in-place op, when it does not keep the first argument's placement (output
     and input). The rank of a kept one is ``(estimate, list index)``: the estimate sums,
     over the tensor arguments it moves and the all-reduces it implies
@@ -499,7 +512,7 @@ def _mesh_dim_candidates(
             t = pl[j]
             if t is None or t == cur[m]:
                 continue
-            if t.kind == "P" and t.reduce_op not in held:
+            if defers_partial(pl, n_out, t, held):
                 break
             est += size + 1
         else:

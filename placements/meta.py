@@ -57,6 +57,7 @@ __all__ = [
     "combine_categories",
     "complex_of",
     "dtype_kind",
+    "dtype_of_char",
     "expand_shape",
     "flatten_shape",
     "float_dtype",
@@ -257,6 +258,12 @@ def dtype_kind(dtype: np.dtype) -> str:
     """
     kind = dtype.kind
     return "f" if kind == "V" and dtype == BFLOAT16 else kind
+
+
+def dtype_of_char(char: str) -> np.dtype:
+    """The dtype whose ``dtype.char`` is ``char`` (``"E"``, which ``numpy.dtype`` does not
+    parse, is bfloat16): how a dtype crosses ranks in one integer."""
+    return BFLOAT16 if char == BFLOAT16.char else np.dtype(char)
 
 
 def is_floating(dtype: np.dtype) -> bool:

@@ -73,8 +73,8 @@ def scalar_dtype(value):
         return BOOL
     if isinstance(value, (int, np.integer)):
         return INT64
-    if isinstance(value, (float, np.floating)):
-        return _dtypes.get_default_dtype()
+    if isinstance(value, (float, np.floating)) or getattr(value, "dtype", None) == BFLOAT16:
+        return _dtypes.get_default_dtype()  # (an ml_dtypes bfloat16 scalar too)
     if isinstance(value, (complex, np.complexfloating)):
         return _dtypes.default_complex_dtype()
     raise DTypeError(f"unsupported scalar {value!r} of type {type(value).__name__}")

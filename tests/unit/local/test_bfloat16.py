@@ -77,6 +77,8 @@ def test_scalars_and_zero_dim_tensors_are_weak():
     assert (x + dt.tensor(1.0, dtype=dt.float64)).dtype == BF16  # 0-d of the same category
     assert (T(np.arange(3)) + dt.tensor(1.0, dtype=dt.bfloat16)).dtype == BF16
     assert (x > 0).dtype == B
+    assert (x + x.numpy()[0]).dtype == BF16  # an ml_dtypes scalar is a python float here
+    assert (T(np.arange(3)) * x.numpy()[0]).dtype == F32
     dt.set_default_dtype(dt.bfloat16)
     try:
         assert dt.tensor([1.0]).dtype == BF16 and (T(np.arange(3)) / 2).dtype == BF16

@@ -28,6 +28,7 @@ from .local.allocator import (  # noqa: F401
 from .local.backend import Device  # noqa: F401
 from .local.dlpack import from_dlpack, to_dlpack  # noqa: F401
 from .local.dtypes import (  # noqa: F401
+    bfloat16,
     bool_,
     cdouble,
     cfloat,

@@ -42,6 +42,7 @@ import weakref
 from collections.abc import Callable
 
 from placements.errors import AutogradError, SignatureError
+from placements.meta import dtype_kind
 
 from .dispatch.tape import sum_to
 from .distributed.dtensor import DTensor
@@ -254,7 +255,7 @@ def _record(cls: type, ctx: FunctionCtx, args: tuple, edges: tuple, out: object)
         if id(o) in inputs or o._ag is not None:  # an input, or a tensor with a history
             o = results[i] = o.detach()
         layouts.append(_layout(o))
-        graph.append(None if id(outs[i]) in plain or o.dtype.kind not in "fc" else o)
+        graph.append(None if id(outs[i]) in plain or dtype_kind(o.dtype) not in "fc" else o)
     if all(o is None for o in graph):
         return out
     saved = []

@@ -43,6 +43,7 @@ from cpython.object cimport PyObject, PyTypeObject
 from libc.string cimport memcpy
 from libc.stdint cimport uintptr_t
 cimport numpy as cnp
+from placements.meta import dtype_kind as _dtype_kind
 from fastpath._kernels cimport Unary, copy_c_order
 from fastpath._redist cimport RedistEntry, new_entry, reset_counts, run, run_count, traced
 

@@ -201,17 +201,18 @@ cdef int _note_views(object info, list values, object x, tuple outputs) except -
 
 
 cdef inline bint _floating(object o) except -1:
-    """Whether output ``o`` has a floating or complex dtype (it gets autograd state)."""
+    """Whether output ``o`` has a floating or complex dtype (it gets autograd state);
+    ml_dtypes' bfloat16 (numpy kind 'V') is floating (:func:`placements.meta.dtype_kind`)."""
     cdef type t = type(o)
     if t is _rec_T:
         arr = (<TensorBase>o)._arr
-        if type(arr) is _ndarray:
-            return (<cnp.ndarray>arr).descr.kind in b"fc"
+        if type(arr) is _ndarray and (<cnp.ndarray>arr).descr.kind in b"fc":
+            return True
     elif t is _rec_D:
         dtype = (<DTensorBase>o)._spec.dtype  # (DTensor's ``dtype``)
-        if isinstance(dtype, cnp.dtype):
-            return (<cnp.dtype>dtype).kind in b"fc"
-    return o.dtype.kind in "fc"
+        if isinstance(dtype, cnp.dtype) and (<cnp.dtype>dtype).kind in b"fc":
+            return True
+    return _dtype_kind(o.dtype) in "fc"
 
 
 cdef object _detached(object t):

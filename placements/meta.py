@@ -10,7 +10,8 @@ dtypes:
 - dtypes: PyTorch's type promotion (:func:`promote_types`, :func:`combine_categories`,
   :func:`scalar_dtype`, :func:`result_dtype`), :func:`can_cast`, ``dtype=`` arguments
   (:data:`TORCH_DTYPE_NAMES`, :func:`as_dtype`), :func:`float_dtype`, :func:`real_dtype`,
-  :func:`check_embedding_indices`;
+  :func:`check_embedding_indices`, and the kind of a dtype (:func:`dtype_kind`,
+  :func:`is_floating`: ``bfloat16``, from ml_dtypes, is a float whose numpy kind is 'V');
 - the shape checks of view ops, each returning the normalised values the op needs:
   :func:`infer_size` (view/reshape), :func:`expand_shape`, :func:`narrow_args`,
   :func:`select_args`, :func:`squeeze_dims`, :func:`permute_dims`,
@@ -23,7 +24,8 @@ out of range is a :class:`~placements.errors.DimError` (an IndexError), a bad vi
 :class:`~placements.errors.ViewError` (a RuntimeError), a value that is not an int where
 one is needed a :class:`~placements.errors.DTypeError` (a TypeError).
 
-Pure: numpy only (and the memo helper of :mod:`placements.cache`), no placements, no data.
+Pure: numpy only (with ml_dtypes, numpy's ``bfloat16``, and the memo helper of
+:mod:`placements.cache`), no placements, no data.
 Everything here is **Local**.
 """
 
@@ -34,13 +36,16 @@ import operator
 from collections.abc import Sequence
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from .cache import memoize
 from .errors import ArgumentError, DimError, DTypeError, ShardingError, ViewError
 
 __all__ = [
+    "BFLOAT16",
     "BOOL",
+    "FLOAT32",
     "INT64",
     "TORCH_DTYPE_NAMES",
     "as_dims",
@@ -51,12 +56,15 @@ __all__ = [
     "chunk_sizes",
     "combine_categories",
     "complex_of",
+    "dtype_kind",
+    "dtype_of_char",
     "expand_shape",
     "flatten_shape",
     "float_dtype",
     "index_shape",
     "infer_size",
     "is_advanced_entry",
+    "is_floating",
     "movedim_dims",
     "narrow_args",
     "nonscalar_dim",
@@ -232,9 +240,35 @@ def check_nonempty_reduction(op: str, shape: Sequence[int], axes: Sequence[int] 
 _CATEGORY = {"b": 0, "u": 1, "i": 1, "f": 2, "c": 3}
 BOOL = np.dtype(np.bool_)
 INT64 = np.dtype(np.int64)
+FLOAT32 = np.dtype(np.float32)
+_FLOAT16 = np.dtype(np.float16)
 _FLOAT64 = np.dtype(np.float64)
 _COMPLEX64 = np.dtype(np.complex64)
 _COMPLEX128 = np.dtype(np.complex128)
+#: ``bfloat16`` (8 exponent bits like float32, 8 significand bits), from ml_dtypes: a numpy
+#: dtype whose ``kind`` is 'V' (numpy has no kind letter for it); :func:`dtype_kind` says 'f'.
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def dtype_kind(dtype: np.dtype) -> str:
+    """numpy's kind letter of ``dtype`` ('b', 'i', 'u', 'f', 'c'...), 'f' for ``bfloat16``.
+
+    The one place that knows ml_dtypes' ``bfloat16`` is a float: every dtype check that
+    tells floats from the rest reads the kind through here (or :func:`is_floating`).
+    """
+    kind = dtype.kind
+    return "f" if kind == "V" and dtype == BFLOAT16 else kind
+
+
+def dtype_of_char(char: str) -> np.dtype:
+    """The dtype whose ``dtype.char`` is ``char`` (``"E"``, which ``numpy.dtype`` does not
+    parse, is bfloat16): how a dtype crosses ranks in one integer."""
+    return BFLOAT16 if char == BFLOAT16.char else np.dtype(char)
+
+
+def is_floating(dtype: np.dtype) -> bool:
+    """Whether ``dtype`` is a real floating dtype (float16, bfloat16, float32, float64)."""
+    return dtype_kind(dtype) == "f"
 
 
 def promote_types(a: np.dtype | None, b: np.dtype | None) -> np.dtype | None:
@@ -242,7 +276,9 @@ def promote_types(a: np.dtype | None, b: np.dtype | None) -> np.dtype | None:
 
     Within a category numpy's table is PyTorch's; across categories the higher category's
     dtype wins (``int64`` with ``float16`` is ``float16``), float with complex widens.
-    Results are memoised: the local kernels call this on every op.
+    ``bfloat16`` follows PyTorch: with ``float16`` it gives ``float32``, with a wider float
+    or a complex dtype that dtype, with bools and integers ``bfloat16``. Results are
+    memoised: the local kernels call this on every op.
     """
     if a is None or a == b:
         return b
@@ -254,8 +290,15 @@ def promote_types(a: np.dtype | None, b: np.dtype | None) -> np.dtype | None:
 @memoize("placements.meta.promote_types", 1024)
 def _promoted(a: np.dtype, b: np.dtype) -> np.dtype:
     """:func:`promote_types` of two different dtypes (memoised: pairs of dtypes are few)."""
-    ca, cb = _CATEGORY[a.kind], _CATEGORY[b.kind]
-    return np.promote_types(a, b) if ca == cb or min(ca, cb) >= 2 else (a if ca > cb else b)
+    ca, cb = _CATEGORY[dtype_kind(a)], _CATEGORY[dtype_kind(b)]
+    if ca != cb and min(ca, cb) < 2:
+        return a if ca > cb else b
+    if BFLOAT16 in (a, b):
+        # every float and complex dtype but float16 holds bfloat16's values (numpy has no
+        # promotion table for it; PyTorch's gives float32 with float16)
+        other = b if a == BFLOAT16 else a
+        return FLOAT32 if other == _FLOAT16 else other
+    return np.promote_types(a, b)
 
 
 def combine_categories(higher: np.dtype | None, lower: np.dtype | None) -> np.dtype | None:
@@ -265,7 +308,7 @@ def combine_categories(higher: np.dtype | None, lower: np.dtype | None) -> np.dt
         return lower
     if lower is None:
         return higher
-    ch, cl = _CATEGORY[higher.kind], _CATEGORY[lower.kind]
+    ch, cl = _CATEGORY[dtype_kind(higher)], _CATEGORY[dtype_kind(lower)]
     if ch == 3:
         return higher
     if cl == 3:
@@ -286,7 +329,7 @@ def complex_of(default_float: np.dtype) -> np.dtype:
 def scalar_dtype(dtype: np.dtype, default_float: np.dtype) -> np.dtype:
     """The dtype of a python scalar of ``dtype``'s kind as a "wrapped number": bool, int64,
     the default float dtype or the default complex dtype."""
-    kind = dtype.kind
+    kind = dtype_kind(dtype)
     if kind == "f":
         return default_float
     if kind == "c":
@@ -318,7 +361,7 @@ def result_dtype(args: Sequence[Any], default_float: np.dtype) -> np.dtype:
 
 def can_cast(src: np.dtype, dst: np.dtype) -> bool:
     """PyTorch's ``canCast``: no complex->real, float->integral or non-bool->bool."""
-    return _CATEGORY[src.kind] <= _CATEGORY[dst.kind]
+    return _CATEGORY[dtype_kind(src)] <= _CATEGORY[dtype_kind(dst)]
 
 
 # Note: dtype strings follow PyTorch ("float" is float32, "int" is int32), not numpy (where
@@ -327,7 +370,8 @@ def can_cast(src: np.dtype, dst: np.dtype) -> bool:
 TORCH_DTYPE_NAMES = {
     "float": np.dtype(np.float32),
     "double": _FLOAT64,
-    "half": np.dtype(np.float16),
+    "half": _FLOAT16,
+    "bfloat16": BFLOAT16,
     "int": np.dtype(np.int32),
     "long": INT64,
     "short": np.dtype(np.int16),
@@ -362,7 +406,7 @@ def as_dtype(value: object, default_float: np.dtype) -> np.dtype:
 
 def float_dtype(dtype: np.dtype, default_float: np.dtype) -> np.dtype:
     """``dtype`` if floating/complex, else the default float dtype (float ops on ints)."""
-    return dtype if dtype.kind in "fc" else default_float
+    return dtype if dtype_kind(dtype) in "fc" else default_float
 
 
 def real_dtype(dtype: np.dtype) -> np.dtype:

@@ -18,6 +18,7 @@ import numpy as np
 
 from .errors import DTypeError, ShardingError
 from .layout import _box, normalize_placements
+from .meta import dtype_kind
 from .types import Placement, placement_list, short_placements
 
 __all__ = ["DTensorSpec", "MeshShape", "check_partial_dtype"]
@@ -83,7 +84,7 @@ def check_partial_dtype(op: str, placements: Sequence[Placement], dtype: np.dtyp
     """
     # Note: PyTorch builds an integer Partial("avg") and fails at its first reduction (the
     # average cannot be cast back to the integer dtype); it is refused here when built.
-    if dtype.kind not in "fc" and any(
+    if dtype_kind(dtype) not in "fc" and any(
         p.kind == "P" and p.reduce_op == "avg" for p in placements
     ):
         raise DTypeError(

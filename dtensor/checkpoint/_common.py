@@ -1,6 +1,6 @@
 """What the checkpoint, ``.npy`` and HDF5 code share: agreeing on errors across ranks, the
 writer ranks of a DTensor's distinct blocks, Partial reduction before a write, native dtypes,
-and durable renames (fsync of files and folders).
+dtype names in metadata (bfloat16 by name), and durable renames (fsync of files and folders).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import placements.errors as _errors
 from placements import Replicate
 from placements.errors import CheckpointError, DTensorError
 from placements.layout import local_offsets, local_shape
+from placements.meta import BFLOAT16
 from redistribute.comm import Comm
 
 from ..distributed.dtensor import DTensor
@@ -102,6 +103,18 @@ def native(dtype: np.dtype) -> np.dtype:
     """``dtype`` in this machine's byte order, as numpy's builtin type of its kind (the one
     MPI reductions know: ``newbyteorder("=")`` gives an equal but not builtin type). **Local**."""
     return np.dtype(dtype.char)
+
+
+def dtype_name(dtype: np.dtype) -> str:
+    """How a checkpoint's metadata names ``dtype``: numpy's ``str`` (``"<f4"``), and
+    ``"bfloat16"`` for ml_dtypes' bfloat16 (whose ``str``, ``"<V2"``, says only "2 bytes").
+    **Local**."""
+    return "bfloat16" if dtype == BFLOAT16 else dtype.str
+
+
+def dtype_from_name(name: str) -> np.dtype:
+    """The dtype :func:`dtype_name` wrote as ``name``. **Local**."""
+    return BFLOAT16 if name == "bfloat16" else np.dtype(name)
 
 
 def sibling(path: str, tag: str) -> str:

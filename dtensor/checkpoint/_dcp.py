@@ -67,6 +67,8 @@ from ._common import (
     LOCAL_ERRORS,
     agree,
     box,
+    dtype_from_name,
+    dtype_name,
     fsync_path,
     reduce_partial,
     run_agreed,
@@ -115,7 +117,7 @@ def _describe(key: str, leaf: Any, world_size: int) -> dict[str, Any]:
             mesh_dim_names=None if mesh.mesh_dim_names is None else list(mesh.mesh_dim_names),
             placements_given=[p.short() for p in leaf.placements],
         )
-    entry.update(dtype=np.dtype(leaf.dtype).str, shape=[int(s) for s in leaf.shape])
+    entry.update(dtype=dtype_name(np.dtype(leaf.dtype)), shape=[int(s) for s in leaf.shape])
     return entry
 
 
@@ -144,7 +146,7 @@ def _plan_blocks(entries: list[dict], leaves: list, rank: int, chunk_bytes: int)
     offsets: dict[int, int] = {}  # writer rank -> end of its file so far
     writes, first_chunk, chunks = [], {}, 0
     for entry, (_, leaf) in zip(entries, leaves):
-        itemsize = np.dtype(entry["dtype"]).itemsize
+        itemsize = dtype_from_name(entry["dtype"]).itemsize
         shape = tuple(entry["shape"])
         if entry["kind"] == "dtensor":
             mesh_shape, placements = leaf.device_mesh.shape, leaf.placements
@@ -406,7 +408,7 @@ def _read_meta(folder: str) -> tuple[dict, int]:
 
 def _match(entry: dict, leaf: Any, folder: str) -> None:
     """Check that the state's leaf can take the saved tensor."""
-    shape, dtype = tuple(entry["shape"]), np.dtype(entry["dtype"])
+    shape, dtype = tuple(entry["shape"]), dtype_from_name(entry["dtype"])
     if tuple(leaf.shape) != shape:
         raise ShardingError(
             f"load: {entry['key']!r} has shape {tuple(leaf.shape)} in the state but "
@@ -455,7 +457,7 @@ def _read_block_part(fh: File, target: _Target, block: dict, chunk: int, algorit
     if any(h <= lo for lo, h in zip(lo_g, hi_g)):
         return
     entry = target.entry
-    dtype = np.dtype(entry["dtype"])
+    dtype = dtype_from_name(entry["dtype"])
     lengths = block["lengths"]
     strides = [dtype.itemsize] * len(lengths)  # C-order byte strides of the block
     for d in range(len(lengths) - 2, -1, -1):
@@ -644,7 +646,7 @@ def _materialize(meta: dict, world_size: int) -> list[tuple]:
             mesh = meshes[key]
             mesh_shape, coord = mesh.shape, mesh.get_coordinate()
         target = _Target(entry, None, placements, mesh_shape, coord)
-        target.dst = np.empty(target.lengths, np.dtype(entry["dtype"]))
+        target.dst = np.empty(target.lengths, dtype_from_name(entry["dtype"]))
         out.append((entry["kind"], target, mesh, placements))
     return out
 

@@ -13,6 +13,7 @@ import numpy as np
 from placements import Placement
 from placements.errors import CheckpointError, DTypeError, MeshError
 from placements.layout import normalize_placements, partial_fill
+from placements.meta import BFLOAT16
 from redistribute.comm import world
 from redistribute.fileio import File
 
@@ -162,6 +163,13 @@ def to_npy(x: object, path: str | os.PathLike) -> None:
             )
         if np.dtype(x.dtype).hasobject:
             raise DTypeError(f"to_npy: cannot write Python objects (dtype {x.dtype}) to {path!r}")
+        if x.dtype == BFLOAT16:
+            # Note: the .npy format has no bfloat16 (numpy would write it as 2 raw bytes,
+            # "<V2", that np.load gives back as void): refused rather than written unreadable.
+            raise DTypeError(
+                f"to_npy: the .npy format has no bfloat16 type; write x.to(dt.float32) (exact) "
+                f"to {path!r}, or keep bfloat16 in a checkpoint (dt.save)"
+            )
         if kind == "dtensor" and x.device_mesh.size() != comm.size:
             raise MeshError(
                 f"to_npy: a DTensor on a mesh of shape {x.device_mesh.shape} cannot be written "

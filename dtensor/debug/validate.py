@@ -42,6 +42,7 @@ import numpy as np
 
 from placements import Partial, Placement, Replicate, Shard
 from placements.layout import local_slices
+from placements.meta import BFLOAT16, dtype_kind
 from placements.rules import (
     ArgMeta,
     Candidate,
@@ -257,7 +258,7 @@ def _combine(
         key = tuple((s.start, s.stop) for s in sl)
         if key in seen:
             other_coord, other = seen[key]
-            if not np.array_equal(other, val, equal_nan=val.dtype.kind in "fc"):
+            if not np.array_equal(other, val, equal_nan=dtype_kind(val.dtype) in "fc"):
                 raise _Mismatch(
                     f"replicas differ: coordinates {other_coord} and {coord} hold different "
                     "values for the same block"
@@ -276,7 +277,7 @@ def _compare(got: np.ndarray, want: np.ndarray, tol: float) -> str | None:
         return f"shape {got.shape} != {want.shape}"
     if got.dtype != want.dtype:
         return f"dtype {got.dtype} != {want.dtype}"
-    if want.dtype.kind in "fc":
+    if dtype_kind(want.dtype) in "fc":
         if not np.allclose(got, want, rtol=tol, atol=tol, equal_nan=True):
             diff = np.nanmax(np.abs(got.astype(np.float64) - want.astype(np.float64)))
             return f"values differ (max abs diff {diff:.3g})"
@@ -297,7 +298,16 @@ def _outputs(out: object) -> list[np.ndarray]:
 
 
 # -- one op, one case ------------------------------------------------------------------------------
-_TOL = {2: 1e-2, 4: 1e-4, 8: 1e-10, 16: 1e-10}
+_TOL = {1: 5e-2, 2: 1e-2, 4: 1e-4, 8: 1e-10, 16: 1e-10}
+
+
+def _precision(dtype: np.dtype) -> int | None:
+    """The key of a float dtype's tolerance in :data:`_TOL` (bytes per real value; 1 for
+    bfloat16, which keeps 3 fewer significand bits than float16), None for other dtypes."""
+    kind = dtype_kind(dtype)
+    if kind not in "fc":
+        return None
+    return 1 if dtype == BFLOAT16 else dtype.itemsize // (2 if kind == "c" else 1)
 
 
 @dataclass
@@ -343,12 +353,9 @@ class SampleCall:
         """Relative and absolute tolerance of float outputs: that of the least precise float
         among inputs and outputs (Partial contributions are split in the input dtype,
         outputs reduced in theirs); 0.0 when none is a float. **Local**."""
-        sizes = [w.dtype.itemsize // (2 if w.dtype.kind == "c" else 1) for w in self.want
-                 if w.dtype.kind in "fc"]
-        for slot in self.slots:
-            v = self.arg(slot)
-            if isinstance(v, np.ndarray) and v.dtype.kind in "fc":
-                sizes.append(v.dtype.itemsize // (2 if v.dtype.kind == "c" else 1))
+        dtypes = [w.dtype for w in self.want] + [
+            v.dtype for v in map(self.arg, self.slots) if isinstance(v, np.ndarray)]
+        sizes = [p for p in map(_precision, dtypes) if p is not None]
         return _TOL[min(sizes)] if sizes else 0.0
 
 

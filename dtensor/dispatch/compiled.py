@@ -35,6 +35,7 @@ from ..distributed.dtensor import DTensor, PendingDTensor, normalize_placements,
 from ..local import allocator as _allocator
 from ..local import dtypes as _dtypes
 from ..local import grad_engine as _ag
+from ..local.kernels import linalg as _linalg
 from ..local.kernels import nn as _nn
 from ..local.kernels import pointwise as _pw
 from ..local.kernels.base import INT_RANGES, QUIET, quiet_call
@@ -343,12 +344,14 @@ def _raw_matmul(
 ) -> RawForm | None:
     """``matmul``/``mm`` of two host DTensors of one dtype, both at least 2-D:
     ``np.matmul(a, b)``, as the local kernel computes it (into a pooled output from the
-    pooling size on)."""
+    pooling size on); not for float16 and bfloat16, which the kernel computes in float32."""
     b = values[1]
     if type(b) is not DTensor or spec.mesh.device_type != "cpu":
         return None
     bs = b._spec
     if bs.dtype is not spec.dtype or len(spec.shape) < 2 or len(bs.shape) < 2:
+        return None
+    if spec.dtype not in _linalg.DIRECT_DTYPES:
         return None
     _, out = _out(entry)
     return RawForm(_RAW["binary"], np.matmul, quiet=spec.dtype.kind in "fc", out=out)

@@ -27,9 +27,8 @@ back to :func:`lookup` and :func:`run_entry`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-
 import math
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -46,6 +45,7 @@ from placements.errors import (
     SignatureError,
 )
 from placements.layout import partial_fill
+from placements.meta import dtype_kind
 from placements.rules import ArgMeta, OpSchema, OpStrategy, propagate
 from placements.spec import DTensorSpec
 from placements.types import placement_list
@@ -72,9 +72,9 @@ __all__ = [
     "current_op",
     "decide",
     "describe",
-    "keep_shards",
     "dispatch",
     "execute_move",
+    "keep_shards",
     "lookup",
     "move_input",
     "prop_cache_stats",
@@ -618,7 +618,7 @@ def _marker(op: str, v: object, holder: list, i: int) -> object:
     if isinstance(v, DTensor):
         return v._spec
     if isinstance(v, np.generic):
-        return _SCALAR_KIND[v.dtype.kind]
+        return _SCALAR_KIND[dtype_kind(v.dtype)]
     if isinstance(v, np.ndarray):
         v = wrap_array(v)
         if v.ndim == 0:
@@ -677,7 +677,7 @@ def _arg_meta(v: object) -> ArgMeta | None:
     if type(v) in _PY_SCALARS:
         return ArgMeta((), _dtypes.to_dtype(type(v)), None, True)
     if isinstance(v, np.generic):
-        return ArgMeta((), _dtypes.to_dtype(_SCALAR_KIND[v.dtype.kind]), None, True)
+        return ArgMeta((), _dtypes.to_dtype(_SCALAR_KIND[dtype_kind(v.dtype)]), None, True)
     return ArgMeta((), v.dtype, None)
 
 

@@ -26,7 +26,7 @@ from placements.errors import (
     SignatureError,
 )
 from placements.layout import local_shape as _layout_local_shape
-from placements.meta import norm_dim
+from placements.meta import dtype_of_char, norm_dim
 from placements.spec import DTensorSpec, check_partial_dtype
 from placements.types import placement_list
 from redistribute.execute import execute as _execute
@@ -908,7 +908,7 @@ def distribute_tensor(
     base.bcast_array(meta, src, "distribute_tensor: the source's shape and dtype")
     ndim = int(meta[0])
     shape = tuple(int(s) for s in meta[2 : 2 + ndim])
-    dtype = np.dtype(chr(int(meta[1])))
+    dtype = dtype_of_char(chr(int(meta[1])))
     spec = DTensorSpec(mesh, placements, shape, dtype)
     # on every rank, now that the source's dtype is known here
     check_partial_dtype("distribute_tensor", spec.placements, spec.dtype)

@@ -6,7 +6,11 @@ the exported names (``dt.float32`` ...), the process-wide default floating dtype
 what users write (dtypes, python types, strings) into a dtype, and the dtype inference
 of ``dt.tensor`` from python data.
 
-``bfloat16`` is not provided: numpy has no such dtype.
+``bfloat16`` is ml_dtypes' numpy dtype (a runtime dependency): numpy has no such type and
+gives it the kind 'V', so dtype checks read kinds through
+:func:`placements.meta.dtype_kind`. Kernels compute it in float32 and round on store
+(``dtensor.local.kernels``), and reductions over MPI widen it to float32 (MPI has no
+bfloat16 datatype).
 """
 
 from __future__ import annotations
@@ -16,9 +20,10 @@ import builtins
 import numpy as np
 
 from placements.errors import DTypeError
-from placements.meta import as_dtype, complex_of
+from placements.meta import BFLOAT16, as_dtype, complex_of, dtype_kind
 
 __all__ = [
+    "bfloat16",
     "bool_",
     "cdouble",
     "cfloat",
@@ -48,6 +53,7 @@ __all__ = [
 ]
 
 float16 = np.dtype(np.float16)
+bfloat16 = BFLOAT16
 float32 = np.dtype(np.float32)
 float64 = np.dtype(np.float64)
 complex64 = np.dtype(np.complex64)
@@ -72,7 +78,7 @@ cfloat = complex64
 cdouble = complex128
 
 _SUPPORTED_KINDS = frozenset("biufc")
-_FLOAT_DEFAULTS = (float16, float32, float64)
+_FLOAT_DEFAULTS = (float16, bfloat16, float32, float64)
 
 _default_float = float32
 
@@ -97,7 +103,7 @@ def set_default_dtype(dtype) -> None:
     Parameters
     ----------
     dtype : dtype-like
-        ``float16``, ``float32`` or ``float64``.
+        ``float16``, ``bfloat16``, ``float32`` or ``float64``.
 
     Raises
     ------
@@ -108,8 +114,8 @@ def set_default_dtype(dtype) -> None:
     d = to_dtype(dtype)
     if d not in _FLOAT_DEFAULTS:
         raise DTypeError(
-            f"set_default_dtype: only floating-point dtypes (float16, float32, float64) "
-            f"can be the default dtype, got {d}"
+            "set_default_dtype: only floating-point dtypes (float16, bfloat16, float32, "
+            f"float64) can be the default dtype, got {d}"
         )
     _default_float = d
 
@@ -133,7 +139,7 @@ def to_dtype(x) -> np.dtype:
         python ``float`` -> the default float dtype, ``int`` -> ``int64``,
         ``bool`` -> ``bool``, ``complex`` -> the default complex dtype. Strings use
         PyTorch's names where PyTorch has one (``"float"``, ``"int"``, ``"long"`` ...),
-        else numpy's (``"float64"``, ``"i4"`` ...).
+        else numpy's (``"float64"``, ``"i4"`` ...); ``"bfloat16"`` is ml_dtypes' bfloat16.
 
     Returns
     -------
@@ -148,7 +154,7 @@ def to_dtype(x) -> np.dtype:
     # default float dtype (float32 unless set_default_dtype changed it), and dtype strings
     # follow PyTorch ("float" is float32), as the sharding rules read them (placements.meta).
     d = x if isinstance(x, np.dtype) else as_dtype(x, _default_float)
-    if d.kind not in _SUPPORTED_KINDS or not d.isnative or d.fields is not None:
+    if dtype_kind(d) not in _SUPPORTED_KINDS or not d.isnative or d.fields is not None:
         raise DTypeError(
             f"unsupported dtype {d}: tensors hold native-byte-order boolean, integer, "
             "floating or complex values"

@@ -37,6 +37,7 @@ from placements.errors import (
     SignatureError,
     ViewError,
 )
+from placements.meta import is_floating
 
 from . import backend
 from . import dtypes as _dtypes
@@ -215,7 +216,7 @@ def _dtype_or_default(name: str, dtype) -> np.dtype:
     if dtype is None:
         return _dtypes.get_default_dtype()
     dtype = _dtypes.to_dtype(dtype)
-    if name in ("rand", "randn") and dtype.kind != "f":
+    if name in ("rand", "randn") and not is_floating(dtype):
         raise DTypeError(f"{name}: dtype must be a floating-point dtype, got {dtype}")
     return dtype
 

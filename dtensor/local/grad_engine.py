@@ -45,6 +45,7 @@ from collections.abc import Callable, Sequence
 
 import fastpath as _fp
 from placements.errors import AutogradError
+from placements.meta import dtype_kind
 
 from .tensor import Tensor
 
@@ -687,7 +688,7 @@ def _requires_grad_(self, requires_grad: bool = True):
                 "differentiation use var_no_grad = var.detach()."
             )
         return self
-    if requires_grad and self.dtype.kind not in "fc":
+    if requires_grad and dtype_kind(self.dtype) not in "fc":
         raise AutogradError(
             "requires_grad_: only Tensors of floating point and complex dtype can require "
             f"gradients (got {self.dtype})"
@@ -785,11 +786,11 @@ def record(op: str, formula: Callable, edges: Sequence, outputs: Sequence, ctx: 
     node = kind(op, formula, edges, ctx, out, len(outputs), saved)
     if len(outputs) == 1:
         o = outputs[0]
-        if o is not None and o.dtype.kind in "fc":
+        if o is not None and dtype_kind(o.dtype) in "fc":
             o._ag = AutogradMeta(True, node, 0)
         return node
     for i, o in enumerate(outputs):
-        if o is not None and o.dtype.kind in "fc":
+        if o is not None and dtype_kind(o.dtype) in "fc":
             o._ag = AutogradMeta(True, node, i)
     return node
 

@@ -19,6 +19,7 @@ import threading
 import numpy as np
 
 from placements.errors import ArgumentError, DTypeError
+from placements.meta import BFLOAT16
 
 from . import allocator as _allocator
 from . import backend
@@ -37,7 +38,10 @@ _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
 _MUL1 = 0xBF58476D1CE4E5B9
 _MUL2 = 0x94D049BB133111EB
-_FLOAT_BITS = {2: 11, 4: 24, 8: 53}  # significand bits of float16/32/64
+# significand bits of each floating dtype: a uniform value is a multiple of 2**-bits, exact
+# in the dtype (bfloat16's 8 bits, as PyTorch draws it; normal values round to it)
+_FLOAT_BITS = {np.dtype(np.float16): 11, BFLOAT16: 8, np.dtype(np.float32): 24,
+               np.dtype(np.float64): 53}
 
 _lock = threading.Lock()
 _seed = DEFAULT_SEED
@@ -200,13 +204,13 @@ def random_block(
 def _values(kind: str, counters, dtype: np.dtype, seed: int, xp, low: int, high: int | None):
     """Random values of ``kind`` for a 1-D array of counters."""
     if kind == "uniform":
-        nbits = _FLOAT_BITS.get(dtype.itemsize) if dtype.kind == "f" else None
+        nbits = _FLOAT_BITS.get(dtype)
         if nbits is None:
             raise DTypeError(f"uniform random values need a floating dtype, got {dtype}")
         top = _bits(counters, seed, 0, xp) >> xp.uint64(64 - nbits)
         return top.astype(dtype) * dtype.type(2.0**-nbits)
     if kind == "normal":
-        if dtype.kind != "f":
+        if dtype not in _FLOAT_BITS:
             raise DTypeError(f"normal random values need a floating dtype, got {dtype}")
         scale = 2.0**-53
         u1 = ((_bits(counters, seed, 0, xp) >> xp.uint64(11)) + xp.uint64(1)) * scale  # (0, 1]

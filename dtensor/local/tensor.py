@@ -40,10 +40,12 @@ from placements.errors import (
     ViewError,
 )
 from placements.meta import (
+    BFLOAT16,
     chunk_sizes,
     expand_shape,
     flatten_shape,
     index_shape,
+    is_floating,
     movedim_dims,
     narrow_args,
     nonscalar_dim,
@@ -484,8 +486,8 @@ class Tensor(_fp.TensorBase):
         return self._arr.flags.c_contiguous
 
     def is_floating_point(self) -> bool:
-        """True for floating dtypes. **Local.**"""
-        return self._arr.dtype.kind == "f"
+        """True for floating dtypes (bfloat16 included). **Local.**"""
+        return is_floating(self._arr.dtype)
 
     def is_complex(self) -> bool:
         """True for complex dtypes. **Local.**"""
@@ -503,14 +505,18 @@ class Tensor(_fp.TensorBase):
         return iter(self.unbind(0))
 
     def item(self):
-        """The value of a one-element tensor as a python scalar. **Local.**"""
+        """The value of a one-element tensor as a python scalar (a float for bfloat16).
+        **Local.**"""
         arr = self._arr
         check_one_element(arr.size, "item")
-        return arr.item()
+        value = arr.item()
+        # ml_dtypes' bfloat16 items are its own scalars, not python floats
+        return value if arr.dtype != BFLOAT16 else float(value)
 
     def tolist(self):
         """Nested python lists (a python scalar for a 0-d tensor). **Local.**"""
-        return backend.to_host(self._arr).tolist()
+        arr = backend.to_host(self._arr)
+        return (arr if arr.dtype != BFLOAT16 else arr.astype(np.float32)).tolist()
 
     def __bool__(self) -> bool:
         check_one_element(self._arr.size, "bool")
@@ -539,6 +545,9 @@ class Tensor(_fp.TensorBase):
 
     def __repr__(self) -> str:
         arr = backend.to_host(self._arr)
+        dtype = arr.dtype
+        if dtype == BFLOAT16:  # printed through float32, which holds its values exactly
+            arr = arr.astype(np.float32)
         kwargs = {"prefix": "tensor(", "separator": ", "}
         if arr.dtype.kind in "fc":
             finite = arr[np.isfinite(arr)]
@@ -550,7 +559,6 @@ class Tensor(_fp.TensorBase):
             extras.append(f"size={tuple(arr.shape)}")
         if not isinstance(self._arr, np.ndarray):
             extras.append(f"device='{self.device}'")
-        dtype = arr.dtype
         if dtype not in (
             _dtypes.get_default_dtype(),
             _dtypes.default_complex_dtype(),
@@ -1164,6 +1172,10 @@ class Tensor(_fp.TensorBase):
     def half(self) -> Tensor:
         """``to(float16)``. **Local.**"""
         return self.to(_dtypes.float16)
+
+    def bfloat16(self) -> Tensor:
+        """``to(bfloat16)`` (rounded to nearest even). **Local.**"""
+        return self.to(_dtypes.bfloat16)
 
     def int(self) -> Tensor:
         """``to(int32)``. **Local.**"""

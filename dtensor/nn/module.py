@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from placements.errors import ArgumentError, DTypeError
+from placements.meta import dtype_kind
 
 from ..distributed.dtensor import DTensor, distribute_tensor
 from ..local.dtypes import to_dtype
@@ -82,7 +83,7 @@ def _indent(text: str, spaces: int) -> str:
 
 
 def _is_float(t: Any) -> bool:
-    return t.dtype.kind in "fc"
+    return dtype_kind(t.dtype) in "fc"
 
 
 class Module:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 
+from placements.meta import dtype_kind
+
 from ..local import kernels as K
 from ..local.kernels.attention import attention_scale
 from ..local.kernels.nn import rms_eps
@@ -93,7 +95,7 @@ def _cross_entropy(g, v, o, need, fns):
     wshape = [1] * x.ndim
     wshape[cdim] = c
     wb = weight.reshape(wshape) if weight is not None else None
-    if target.dtype.kind in "fc":  # class probabilities
+    if dtype_kind(target.dtype) in "fc":  # class probabilities
         q = target * (1.0 - smoothing) + smoothing / c if smoothing else target
         a = q * wb if wb is not None else q
         denom = x.numel() // c if reduction == "mean" else 1

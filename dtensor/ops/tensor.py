@@ -73,7 +73,7 @@ declare("tile", K.tile, samples="view", cost="view", backward=Backward(_repeat))
 method("to", ("input", "dtype"), kernel=lambda input, dtype: input.to(dtype), samples="cast",
        backward=IDENTITY)
 method("type_as", ("input", "other"), ("input", "other"), samples="cast", backward=FIRST)
-for _name in ("float", "double", "half"):
+for _name in ("float", "double", "half", "bfloat16"):
     method(_name, samples="cast", backward=IDENTITY)
 for _name in ("int", "long", "short", "char", "byte", "bool"):
     method(_name, samples="cast", backward=NOT_DIFFERENTIABLE)

@@ -46,6 +46,7 @@ import numpy as np
 
 from ..cache import LRUCache
 from ..errors import ArgumentError, NoRuleError, ShardingError, SignatureError
+from ..meta import dtype_kind
 from ..spec import DTensorSpec
 from ..types import Partial, Placement, Replicate, Shard, placement_list
 
@@ -55,9 +56,9 @@ __all__ = [
     "OpSchema",
     "OpStrategy",
     "RuleResult",
+    "defers_partial",
     "get_rule",
     "nd_valid",
-    "defers_partial",
     "propagate",
     "reduce_cost",
     "register_rule",
@@ -383,7 +384,7 @@ def _dtype_valid(schema: OpSchema, result: RuleResult) -> RuleResult:
         for i, a in enumerate(schema.args)
         if a is not None and a.dtype == _BOOL and not a.is_scalar
     ]
-    int_outs = [k for k, d in enumerate(result.out_dtypes) if d.kind not in "fc"]
+    int_outs = [k for k, d in enumerate(result.out_dtypes) if dtype_kind(d) not in "fc"]
     if not bool_slots and not int_outs:
         return result
 

@@ -46,7 +46,14 @@ import math
 import numpy as np
 
 from ..errors import ArgumentError, DTypeError, ShardingError
-from ..meta import as_dtype, broadcast_shapes, check_embedding_indices, norm_dim, result_dtype
+from ..meta import (
+    as_dtype,
+    broadcast_shapes,
+    check_embedding_indices,
+    dtype_kind,
+    norm_dim,
+    result_dtype,
+)
 from ._core import (
     Candidate,
     OpSchema,
@@ -140,7 +147,7 @@ def _cross_entropy(schema: OpSchema) -> RuleResult:
         raise ArgumentError(f"cross_entropy: {reduction!r} is not a valid value for reduction")
     xs, ts = x.shape, t.shape  # type: ignore[union-attr]
     c_dim = 1 if len(xs) >= 2 else 0
-    probs = t.dtype.kind in "fc"  # type: ignore[union-attr]
+    probs = dtype_kind(t.dtype) in "fc"  # type: ignore[union-attr]
     per_sample = xs[:c_dim] + xs[c_dim + 1 :]
     if (ts != xs) if probs else (ts != per_sample):
         raise ShardingError(

@@ -25,7 +25,17 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import DTypeError, ShardingError
-from ..meta import BOOL, INT64, as_dtype, broadcast_shapes, can_cast, float_dtype, result_dtype
+from ..meta import (
+    BFLOAT16,
+    BOOL,
+    INT64,
+    as_dtype,
+    broadcast_shapes,
+    can_cast,
+    dtype_kind,
+    float_dtype,
+    result_dtype,
+)
 from ._core import (
     ArgMeta,
     Candidate,
@@ -48,7 +58,7 @@ _ANTI = (("min", ("max",)), ("max", ("min",)))
 def _neg_partials(a: ArgMeta, schema: OpSchema) -> tuple:
     # Note: an integer P(max)/P(min) may hold its reduction's identity (INT64_MIN on an
     # empty shard), which neg would overflow: only floats map max <-> min
-    anti = _ANTI if a.dtype.kind in "fc" else ()
+    anti = _ANTI if dtype_kind(a.dtype) in "fc" else ()
     return (("sum", ("sum",)), ("avg", ("avg",)), *anti)
 
 
@@ -143,7 +153,7 @@ def _binary_partials(op: str, args: tuple[ArgMeta | None, ...], schema: OpSchema
         return ()
     if op in _BOOL_PARTIALS:
         return _BOOL_PARTIALS[op] if all(a.dtype == BOOL for a in args) else ()  # type: ignore[union-attr]
-    if op in ("add", "sub") and _binary_dtype(op, args, schema).kind not in "fc":
+    if op in ("add", "sub") and dtype_kind(_binary_dtype(op, args, schema)) not in "fc":
         # integer P(max)/P(min) may hold the identity (INT64_MIN/MAX on an empty shard):
         # adding a value to it would wrap around, so only the linear partials stay
         return _LIN_ADD[:2]
@@ -181,7 +191,8 @@ def _ternary_dtype(op: str, args: tuple[ArgMeta | None, ...], schema: OpSchema) 
 
 # -- casts ----------------------------------------------------------------------------------
 _CAST_METHODS = {
-    "float": np.float32, "double": np.float64, "half": np.float16, "int": np.int32,
+    "float": np.float32, "double": np.float64, "half": np.float16, "bfloat16": BFLOAT16,
+    "int": np.int32,
     "long": np.int64, "short": np.int16, "char": np.int8, "byte": np.uint8, "bool": np.bool_,
 }
 
@@ -200,9 +211,10 @@ def cast_partials(src: np.dtype, dst: np.dtype) -> tuple:
     if dst == src:
         return _IDENTITY
     out = ()
-    if dst.kind in "fc":  # exact enough to commute with sums
+    dk = dtype_kind(dst)
+    if dk in "fc":  # exact enough to commute with sums
         out += (("sum", ("sum",)), ("avg", ("avg",)))
-    if src.kind != "c" and (dst.kind == "f" or (dst.kind in "iu" and np.can_cast(src, dst))):
+    if src.kind != "c" and (dk == "f" or (dk in "iu" and np.can_cast(src, dst))):
         out += _MONO  # monotone: to a float, or to an int that holds every value
     return out
 

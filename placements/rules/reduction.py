@@ -31,6 +31,7 @@ from ..meta import (
     INT64,
     as_dtype,
     check_nonempty_reduction,
+    dtype_kind,
     float_dtype,
     norm_dim,
     norm_dims,
@@ -82,7 +83,7 @@ def _out_dtype(op: str, schema: OpSchema) -> np.dtype:
         return INT64 if dt.kind in "biu" else dt
     if op == "mean":
         rt = dt if req is None else as_dtype(req, schema.default_float)
-        if rt.kind not in "fc":
+        if dtype_kind(rt) not in "fc":
             # Note: like PyTorch (unlike numpy), the mean of an integer tensor raises.
             raise DTypeError(
                 "mean(): could not infer output dtype. Input dtype must be either a floating "

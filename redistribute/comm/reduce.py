@@ -2,8 +2,21 @@
 ``prod``) and of a dtype to the MPI datatype and MPI op of a reducing collective.
 
 This module owns :data:`REDUCE_OPS`, :func:`reduction` (checked and cached per (dtype, op)
-in the ``redistribute.reductions`` cache) and the NaN-propagating max/min ops of floating
-data.
+in the ``redistribute.reductions`` cache), the NaN-propagating max/min ops of floating
+data, and :data:`WIDENED`: the dtypes MPI has no datatype for (ml_dtypes' ``bfloat16``),
+which reduce as a wider dtype (float32) and are rounded once at the end.
+
+Note: bfloat16 reductions widen to float32 rather than run a user-defined MPI op on 2-byte
+units. A user op rounds to bfloat16 after every pairwise step (the error grows with the
+ranks and depends on MPI's reduction order), runs a Python callback with three numpy
+conversions per step and segment, and cannot run on a CUDA-aware MPI's device buffers.
+Widening costs two cast passes and twice the bytes on the wire, uses MPI's own vectorised
+float32 sum and the shared-memory path, and rounds once: the result is the float32 sum of
+the bfloat16 contributions rounded to nearest even, what PyTorch's float32-accumulating
+reductions and a numpy float32 reference give. Measured (MPICH, this 2-core machine, sum
+all-reduce): at 2 ranks 14/223/3989 us widened against 15/243/5114 us with a user op for
+1Ki/64Ki/1Mi elements; at 4 ranks 85/843/11251 against 87/1375/21237 us, where the user op
+also left 32% of the elements one rounding off the float32 sum rounded once.
 """
 
 from __future__ import annotations
@@ -15,12 +28,17 @@ from mpi4py import MPI
 
 from placements.cache import LRUCache
 from placements.errors import DTypeError
+from placements.meta import BFLOAT16, FLOAT32
 
 from .hooks import render
 
-__all__ = ["REDUCE_OPS", "reduction"]
+__all__ = ["REDUCE_OPS", "WIDENED", "reduction"]
 
 REDUCE_OPS = ("sum", "avg", "max", "min", "prod")
+
+#: dtype -> the dtype its reductions run in: MPI has no bfloat16 datatype (moves are bytes
+#: and need none), so its data is widened to float32, reduced, and rounded once on return.
+WIDENED = {BFLOAT16: FLOAT32}
 
 _MPI_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD}
 # Note: on bool data, sum and max are logical or, prod and min logical and (PyTorch and
@@ -85,6 +103,11 @@ def _check_reduction(dtype: np.dtype, op: str, where: str) -> tuple[Any, Any]:
     # mpi4py's own table of predefined types by typecode (float16 included); the
     # ``mpi4py.util.dtlib`` alternative returns duplicated types on which MPICH's predefined
     # ops are not defined. Non-native byte orders are not builtin and are refused.
+    if dtype in WIDENED:
+        raise DTypeError(
+            f"{where}: MPI has no {dtype} datatype; reduce it widened to "
+            f"{WIDENED[dtype]} (Comm's blocking reductions and redistribute do)"
+        )
     mpi_type = MPI._typedict.get(dtype.char) if dtype.isbuiltin else None
     if mpi_type is None or dtype.kind not in "biufc":
         raise DTypeError(f"{where}: cannot reduce dtype {dtype} with op {op!r}")

@@ -34,7 +34,7 @@ from placements.errors import CommError
 from .datatypes import BYTES, byte_counts, displacements
 from .hooks import HOOKS, notify
 from .persistent import PersistentGather, free_pool, pooled_gather
-from .reduce import reduction
+from .reduce import WIDENED, reduction
 from .spmd import LEAVE, enter, forget, leave
 
 __all__ = ["Comm", "leave_check_block", "world"]
@@ -226,8 +226,14 @@ class Comm:
         **Collective**. ``op`` is one of sum, avg (sum, then divide by the size), max, min,
         prod. Buffers are contiguous and of the same shape and dtype. With ``start``, the
         nonblocking ``Iallreduce`` is started and its request returned (None otherwise); the
-        caller divides an avg once it has completed.
+        caller divides an avg once it has completed. bfloat16 data (blocking only) reduces
+        widened to float32 and is rounded once (:data:`~redistribute.comm.reduce.WIDENED`).
         """
+        if send.dtype in WIDENED and not start:
+            wide = _widened(send)
+            self.allreduce(wide, None, op, what)
+            np.copyto(send if recv is None else recv, wide, casting="unsafe")
+            return None
         mpi_type, mpi_op = reduction(send.dtype, op, "all_reduce", what)
         if recv is None:
             send_spec, recv_spec = MPI.IN_PLACE, [send, send.size, mpi_type]
@@ -264,8 +270,13 @@ class Comm:
         ``send`` holds ``sum(counts)`` elements, the blocks in rank order; ``recv`` gets
         ``counts[rank]`` elements. Zero counts are legal. ``op`` as in :meth:`allreduce`.
         Equal counts use ``Reduce_scatter_block``, others ``Reduce_scatter``; with ``start``
-        their nonblocking forms, as in :meth:`allreduce`.
+        their nonblocking forms, and bfloat16 data, as in :meth:`allreduce`.
         """
+        if send.dtype in WIDENED and not start:
+            wide = np.empty(recv.shape, WIDENED[send.dtype])
+            self.reduce_scatter(_widened(send), wide, counts, op, what)
+            np.copyto(recv, wide, casting="unsafe")
+            return None
         mpi_type, mpi_op = reduction(send.dtype, op, "reduce_scatter", what)
         counts = [int(c) for c in counts]
         mine = counts[self.rank]
@@ -463,6 +474,11 @@ class Comm:
         else:
             self.mpi.Allreduce(MPI.IN_PLACE, spec, MPI.MIN)
         return bool(value[0])
+
+
+def _widened(x: np.ndarray) -> np.ndarray:
+    """A contiguous copy of ``x`` in the dtype its reductions run in (:data:`WIDENED`)."""
+    return x.astype(WIDENED[x.dtype], order="C")
 
 
 def world() -> Comm:

@@ -26,7 +26,14 @@ from .. import comm as _comm
 from ..comm.datatypes import displacements
 from ..comm.reduce import reduction
 from ..plan import PartitionPartial
-from .programs import AllReduceRunner, ExchangeRunner, LocalRunner, Slab, get_program
+from .programs import (
+    AllReduceRunner,
+    ExchangeRunner,
+    LocalRunner,
+    Slab,
+    WidenedRunner,
+    get_program,
+)
 
 __all__ = ["compiled_form", "plug"]
 
@@ -66,8 +73,8 @@ def compiled_form(steps: Sequence[Any], spec: Any, coord: Sequence[int], comms: 
     (the dispatcher's compiled ``redistribute``) issues the MPI call the executor issues for
     a C-contiguous host input, with the same buffers' bytes, so every rank may take either
     path for the same call and the outputs are bytewise the executor's. Plans that take the
-    shared-memory path (:data:`redistribute.shm.MIN_BYTES`), a ``PartitionPartial`` (R -> P)
-    and plans of several steps give None. Returns ``(kind, comm, out_shape, fields)``: the
+    shared-memory path (:data:`redistribute.shm.MIN_BYTES`), a ``PartitionPartial`` (R -> P),
+    a reduction of a widened dtype (bfloat16) and plans of several steps give None. Returns ``(kind, comm, out_shape, fields)``: the
     :class:`~redistribute.comm.Comm` of the step, the local output shape, and by ``kind``:
 
     - ``"gather"`` (a small all-gather, :data:`~redistribute.execute.programs._MAX_ALLGATHER_BYTES`): ``(send bytes, byte
@@ -106,7 +113,7 @@ def compiled_form(steps: Sequence[Any], spec: Any, coord: Sequence[int], comms: 
         form = _gather_fields(runner, comm, isz) if runner.gather_counts is not None else (
             _all_to_all_fields(runner, comm, isz))  # fmt: skip
         return None if form is None else (form[0], comm, runner.out_shape, form[1])
-    if runner.shared:
+    if runner.shared or kind is WidenedRunner:  # (a widened reduction: Python's own)
         return None
     try:
         mpi_type, mpi_op = reduction(spec.dtype, runner.op, "reduce", runner.what)

@@ -33,6 +33,10 @@ communicating steps, ``start`` (the same as one MPI nonblocking collective).
   its slab of every rank's input, and an all-reduce is a reduce-scatter into the outputs
   followed by direct reads of the peers' reduced chunks. No pack is needed, so fewer bytes
   move than through MPI.
+- A reduction of a dtype MPI has no datatype for (bfloat16,
+  :data:`redistribute.comm.reduce.WIDENED`) runs the float32 program of its step on a widened
+  copy and rounds the result once (:class:`WidenedRunner`), on every path (MPI, nonblocking,
+  shared memory); the compiled executor leaves it to this one.
 - The figures behind these choices are in ``BENCHMARKS.md`` (Redistribute).
 - Programs are kept in a bounded cache (:data:`PROGRAMS`, ``redistribute.programs``,
   oldest first out): evicted or cleared programs free their datatypes, and the rest are
@@ -55,7 +59,7 @@ from placements.types import short_placements
 
 from .. import comm as _comm
 from .. import worker as _worker
-from ..comm.reduce import reduction
+from ..comm.reduce import WIDENED, reduction
 from ..plan import AllGather, AllReduce, AllToAll, LocalChunk, PartitionPartial, ReduceScatter
 from .shared import peer_array, reduce_into, shared_table, shares, tally, tries_shared
 
@@ -67,6 +71,7 @@ __all__ = [
     "LocalRunner",
     "ReduceScatterRunner",
     "Slab",
+    "WidenedRunner",
     "contiguous",
     "copy",
     "get_program",
@@ -493,6 +498,45 @@ def _averager(op: str, out: np.ndarray, k: int) -> Callable[[], Any] | None:
     return lambda: np.divide(out, k, out=out)
 
 
+class WidenedRunner:
+    """A reducing step on data of a dtype MPI cannot reduce (bfloat16): ``inner``, the
+    step's runner for the wider dtype (float32), runs on a widened copy of the input, and
+    its result is rounded to the dtype once. ``run`` and ``start`` are **Collective** over
+    the mesh dim's communicator, as ``inner``'s."""
+
+    __slots__ = ("dtype", "in_shape", "inner", "mesh_dim", "out_shape", "shared", "types",
+                 "what")  # fmt: skip
+
+    def __init__(self, inner: Any, dtype: np.dtype) -> None:
+        self.inner, self.dtype, self.what = inner, dtype, inner.what
+        self.mesh_dim, self.in_shape, self.out_shape = (
+            inner.mesh_dim, inner.in_shape, inner.out_shape)  # fmt: skip
+        self.shared, self.types = inner.shared, inner.types
+
+    def _widened(self, x: np.ndarray, alloc: Alloc) -> np.ndarray:
+        wide = alloc(x.shape, WIDENED[self.dtype])
+        copy(wide, x)
+        return wide
+
+    def run(self, x: np.ndarray, owned: bool, comm: _comm.Comm, alloc: Alloc) -> tuple:
+        wide, _ = self.inner.run(self._widened(x, alloc), True, comm, alloc)
+        out = alloc(self.out_shape, self.dtype)
+        np.copyto(out, wide, casting="unsafe")
+        return out, True
+
+    def start(self, x: np.ndarray, owned: bool, comm: _comm.Comm, alloc: Alloc) -> tuple:
+        """The inner step's nonblocking start; completing it rounds into the output."""
+        wide, request, complete = self.inner.start(self._widened(x, alloc), True, comm, alloc)
+        out = alloc(self.out_shape, self.dtype)
+
+        def finish() -> None:
+            if complete is not None:
+                complete()
+            np.copyto(out, wide, casting="unsafe")
+
+        return out, request, finish
+
+
 class LocalRunner:
     """A step without communication: a view of the input (LocalChunk), the input itself
     (PartitionPartial on a holder) or the op's identity (PartitionPartial on a non-holder).
@@ -616,15 +660,17 @@ def _describe(i: int, steps: tuple, spec: Any) -> str:
 def _compile(step: Any, spec: Any, coord: tuple, isz: int, what: str) -> Any:
     """The runner of one step. A collective over a mesh dim of size 1 moves nothing (this
     rank's block is already the whole group's), so it runs as the identity."""
+    reduces = step.communicates and hasattr(step, "reduce_op")
+    wide = WIDENED.get(spec.dtype) if reduces else None
     if step.communicates and spec.mesh_shape[step.mesh_dim] == 1:
-        if hasattr(step, "reduce_op"):  # the same dtype checks as on a larger group
-            reduction(spec.dtype, step.reduce_op, step.kind, what)
+        if reduces:  # the same dtype checks as on a larger group
+            reduction(spec.dtype if wide is None else wide, step.reduce_op, step.kind, what)
         _, shape = _region(spec, step.before, coord)
         return LocalRunner(step.mesh_dim, shape, shape, None, None)
-    runner = _COMPILERS[type(step)](step, spec, coord, isz)
+    runner = _COMPILERS[type(step)](step, spec, coord, isz if wide is None else wide.itemsize)
     if step.communicates:
         runner.what = what
-    return runner
+    return runner if wide is None else WidenedRunner(runner, spec.dtype)
 
 
 # -- program cache ------------------------------------------------------------------------

@@ -17,7 +17,15 @@ import math
 import numpy as np
 
 from placements.errors import DTypeError, ShardingError
-from placements.meta import BOOL, INT64, can_cast, combine_categories, promote_types
+from placements.meta import (
+    BFLOAT16,
+    BOOL,
+    FLOAT32,
+    INT64,
+    can_cast,
+    combine_categories,
+    promote_types,
+)
 from placements.meta import broadcast_shapes as _broadcast_shapes
 from placements.meta import float_dtype as _float_dtype
 
@@ -27,7 +35,6 @@ from ..backend import array_module_of, device_of, is_array
 from ..quiet import QUIET, quiet_call, quiet_function, quiet_run  # noqa: F401 (re-exported)
 from ..tensor import Tensor, _check_no_internal_overlap, wrap_array
 
-FLOAT32 = np.dtype(np.float32)
 FLOAT16 = np.dtype(np.float16)
 
 # Python scalar types (numpy scalars are treated as python scalars of their kind).
@@ -43,6 +50,7 @@ _TORCH_NAMES = {
     "int32": "Int",
     "int64": "Long",
     "float16": "Half",
+    "bfloat16": "BFloat16",
     "float32": "Float",
     "float64": "Double",
     "complex64": "ComplexFloat",
@@ -65,8 +73,8 @@ def scalar_dtype(value):
         return BOOL
     if isinstance(value, (int, np.integer)):
         return INT64
-    if isinstance(value, (float, np.floating)):
-        return _dtypes.get_default_dtype()
+    if isinstance(value, (float, np.floating)) or getattr(value, "dtype", None) == BFLOAT16:
+        return _dtypes.get_default_dtype()  # (an ml_dtypes bfloat16 scalar too)
     if isinstance(value, (complex, np.complexfloating)):
         return _dtypes.default_complex_dtype()
     raise DTypeError(f"unsupported scalar {value!r} of type {type(value).__name__}")
@@ -107,10 +115,31 @@ def float_dtype(dtype):
 
 
 def acc_dtype(dtype):
-    """Accumulation dtype of sums and normalisations: float16 accumulates in float32."""
-    # Note: like PyTorch on CPU, float16 reductions accumulate in float32 (numpy would
-    # accumulate in float16).
-    return FLOAT32 if dtype == FLOAT16 else dtype
+    """Accumulation dtype of sums and normalisations: float16 and bfloat16 accumulate in
+    float32."""
+    # Note: like PyTorch on CPU, float16 and bfloat16 reductions accumulate in float32
+    # (numpy would accumulate in float16; ml_dtypes' bfloat16 loops round every step).
+    return FLOAT32 if dtype == FLOAT16 or dtype == BFLOAT16 else dtype
+
+
+def opmath_dtype(dtype):
+    """The dtype elementwise math on ``dtype`` computes in (PyTorch's ``opmath_type``):
+    float32 for bfloat16, ``dtype`` itself otherwise."""
+    # Note: numpy has no bfloat16 loops; ml_dtypes' round after every operation, so a
+    # formula of several steps (gelu, lerp, addcdiv...) would round at each. Like PyTorch,
+    # bfloat16 math computes in float32 and rounds once, on store. float16 keeps numpy's
+    # loops (each op correctly rounded; float16 reductions accumulate in float32).
+    return FLOAT32 if dtype == BFLOAT16 else dtype
+
+
+def store(out, r, dtype):
+    """Result ``r`` (computed in :func:`opmath_dtype`) rounded to ``dtype``: written into
+    ``out`` when given (returned), else a new array (``r`` itself when already ``dtype``)."""
+    if out is None:
+        return r if r.dtype == dtype else r.astype(dtype)
+    if r is not out:
+        xp_of(r).copyto(out, r, casting="unsafe")
+    return out
 
 
 class OperandTypeError(DTypeError):

@@ -1,25 +1,35 @@
 """Linear-algebra local kernels: matmul (``@``), mm, bmm, addmm, dot, outer, einsum, linear.
 
 All are **Local** plain functions with PyTorch's names and arguments. As in PyTorch, the
-operands of a product must share one dtype (no promotion) and bool is refused.
+operands of a product must share one dtype (no promotion) and bool is refused. float16 and
+bfloat16 products multiply and sum in float32 (BLAS) and round the result once, as
+PyTorch's CPU kernels accumulate them.
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from placements.errors import DTypeError, ShardingError
 
 from ..tensor import Tensor
 from .base import (
+    acc_dtype,
     as_array,
     broadcast_shapes,
     cast_scalar,
     check_out,
     out_buffer,
+    store,
     tname,
     wrap,
     xp_of,
 )
 from .pointwise import mul
+
+#: The dtypes whose products numpy computes in the dtype itself, as PyTorch does (float16
+#: and bfloat16 accumulate in float32 instead; bool is refused).
+DIRECT_DTYPES = frozenset(np.dtype(t) for t in "fdFDbBhHiIlLqQ")
 
 
 def _same_dtype(op: str, *arrays):
@@ -57,12 +67,15 @@ def _matmul_shape(op: str, sa: tuple, sb: tuple) -> tuple:
 def _matmul(op: str, a, b, out=None):
     sa, sb = a.shape, b.shape
     if (out is None and len(sa) == 2 and len(sb) == 2 and sa[1] == sb[0]
-            and a.dtype is b.dtype and a.dtype.kind != "b"):
+            and a.dtype is b.dtype and a.dtype in DIRECT_DTYPES):
         # two matrices of one dtype (the common call): nothing to broadcast or check
         return xp_of(a).matmul(a, b, out=out_buffer((sa[0], sb[1]), a.dtype, a))
     dt = _same_dtype(op, a, b)
     shape = _matmul_shape(op, a.shape, b.shape)
     o = out_buffer(shape, dt, a) if out is None else check_out(op, out, shape, dt)
+    acc = acc_dtype(dt)
+    if acc != dt:
+        return store(o, xp_of(a).matmul(a.astype(acc), b.astype(acc)), dt)
     return xp_of(a).matmul(a, b, out=o)
 
 
@@ -145,16 +158,16 @@ def addmm(input: Tensor, mat1: Tensor, mat2: Tensor, *, beta=1, alpha=1, out=Non
         )
     o = None if out is None else check_out("addmm", out, shape, dt)
     xp = xp_of(a)
+    acc = acc_dtype(dt)  # float16/bfloat16: all of it in float32, rounded once
+    c = c.astype(acc, copy=False)
     # The product goes to a fresh buffer: ``out`` may be ``input`` itself.
-    r = _matmul("addmm", a, b)
+    r = _matmul("addmm", a.astype(acc, copy=False), b.astype(acc, copy=False))
     if alpha != 1:
-        xp.multiply(r, cast_scalar(alpha, dt), out=r)
+        xp.multiply(r, cast_scalar(alpha, acc), out=r)
     if beta != 0:
-        xp.add(r, c if beta == 1 else c * cast_scalar(beta, dt), out=r)
-    if o is None:
-        return wrap(r)
-    xp.copyto(o, r)
-    return out
+        xp.add(r, c if beta == 1 else c * cast_scalar(beta, acc), out=r)
+    r = store(o, r, dt)
+    return wrap(r) if o is None else out
 
 
 def dot(input: Tensor, other: Tensor) -> Tensor:
@@ -172,8 +185,10 @@ def dot(input: Tensor, other: Tensor) -> Tensor:
             f"dot: inconsistent tensor size, expected tensors to have the same number of "
             f"elements, but got {a.shape[0]} and {b.shape[0]} elements"
         )
-    _same_dtype("dot", a, b)
-    return wrap(xp_of(a).dot(a, b))
+    dt = _same_dtype("dot", a, b)
+    acc = acc_dtype(dt)
+    r = xp_of(a).dot(a.astype(acc, copy=False), b.astype(acc, copy=False))
+    return wrap(xp_of(a).asarray(r).astype(dt, copy=False))
 
 
 def outer(input: Tensor, vec2: Tensor) -> Tensor:
@@ -213,7 +228,9 @@ def einsum(equation: str, *operands) -> Tensor:
     if not operands:
         raise ShardingError(f"einsum: equation {equation!r} needs at least one operand")
     arrays = [as_array("einsum", x) for x in operands]
-    _same_dtype("einsum", *arrays)
+    dt = _same_dtype("einsum", *arrays)
+    acc = acc_dtype(dt)
+    arrays = [a.astype(acc, copy=False) for a in arrays]
     xp = xp_of(arrays[0])
     optimize = len(arrays) > 1 and sum(a.size for a in arrays) >= _EINSUM_OPTIMIZE_MIN
     try:
@@ -221,7 +238,7 @@ def einsum(equation: str, *operands) -> Tensor:
     except ValueError as exc:
         shapes = ", ".join(str(tuple(a.shape)) for a in arrays)
         raise ShardingError(f"einsum: {exc} (equation {equation!r}, shapes {shapes})") from exc
-    return wrap(r)
+    return wrap(xp.asarray(r).astype(dt, copy=False))
 
 
 def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -244,7 +261,9 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     x, w = as_array("linear", input), as_array("linear", weight)
     if w.ndim not in (1, 2):
         raise ShardingError(f"linear: weight must be 1-D or 2-D, got {w.ndim}-D")
-    r = _matmul("linear", x, w.T)
+    dt = _same_dtype("linear", x, w)
+    acc = acc_dtype(dt)  # float16/bfloat16: product and bias in float32, rounded once
+    r = _matmul("linear", x.astype(acc, copy=False), w.T.astype(acc, copy=False))
     if bias is not None:
         b = as_array("linear", bias)
         _same_dtype("linear", x, b)
@@ -253,5 +272,6 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
                 f"linear: bias of shape {tuple(b.shape)} does not broadcast to the output "
                 f"shape {tuple(r.shape)}"
             )
+        b = b.astype(acc, copy=False)
         r = xp_of(r).add(r, b, out=r) if r.ndim else r + b
-    return wrap(r)
+    return wrap(r.astype(dt, copy=False))

@@ -3,7 +3,7 @@ cross_entropy, dropout and mse_loss (scaled_dot_product_attention: :mod:`.attent
 
 All are **Local** plain functions with the names and arguments of
 ``torch.nn.functional``. Softmax-like kernels subtract the maximum first (numerically
-stable); float16 inputs compute in float32 and return float16. With the compiled
+stable); float16 and bfloat16 inputs compute in float32 and return their dtype. With the compiled
 extension enabled, softmax and log_softmax along the last axis of a contiguous
 float32/float64 host array, and layer_norm of a contiguous float32 host array, run one
 compiled loop each (``fastpath._kernels``; its notes say how sums accumulate); the numpy
@@ -19,7 +19,7 @@ import numpy as np
 
 import fastpath as _fp
 from placements.errors import ArgumentError, DimError, DTypeError, ShardingError
-from placements.meta import check_embedding_indices
+from placements.meta import check_embedding_indices, is_floating
 from placements.rules.nn import check_normalized_shape
 
 from .. import rng as _random
@@ -48,7 +48,7 @@ def _float_input(op: str, input, dtype=None):
     a = as_array(op, input)
     if dtype is not None:
         a = a.astype(to_dtype(dtype), copy=False)
-    if a.dtype.kind != "f":
+    if not is_floating(a.dtype):
         raise DTypeError(f"{op}: expected a floating point tensor, got {tname(a.dtype)}")
     return a
 
@@ -424,7 +424,7 @@ def sharded_cross_entropy(
     wb = None if w is None else (
         w[lo : lo + n_local].astype(acc).reshape((-1,) + (1,) * (x.ndim - 1 - cdim)))
     # Note: class-index targets may be of any integer dtype (PyTorch requires int64).
-    if t.dtype.kind == "f":
+    if is_floating(t.dtype):
         if t.shape != x.shape:
             raise ShardingError(
                 f"cross_entropy: probability target of shape {list(t.shape)} must match "

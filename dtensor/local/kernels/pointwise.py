@@ -8,7 +8,9 @@ in-place forms of :mod:`dtensor.local.kernels` use). An op's dtype handling foll
 promotion (see :func:`dtensor.local.kernels.base.result_type`). A spec object per op holds the
 kernel and its dtype rules; one generic path serves every op of a family, and a short fast
 path serves the common case (small tensors of one dtype, or a small tensor and a python
-number). relu, erf and gelu run the compiled loops of ``fastpath._kernels`` on contiguous
+number). bfloat16 operands compute in float32 and round once on store (PyTorch's opmath,
+:func:`~dtensor.local.kernels.base.opmath_dtype`); they take no short path. relu, erf and
+gelu run the compiled loops of ``fastpath._kernels`` on contiguous
 float32/float64 host arrays when the compiled extension is enabled (their array-module
 twins here serve everything else, and everything with ``DTENSOR_FASTPATH=0``).
 """
@@ -21,6 +23,7 @@ import numpy as np
 
 import fastpath as _fp
 from placements.errors import ArgumentError, DTypeError, SignatureError
+from placements.meta import dtype_kind, is_floating
 
 from .. import allocator as _allocator
 from ..tensor import Tensor, wrap_array
@@ -39,11 +42,13 @@ from .base import (
     float_dtype,
     new_array,
     operand,
+    opmath_dtype,
     out_buffer,
     quiet_call,
     quiet_run,
     result_type,
     shape_of,
+    store,
     tname,
     wrap,
     xp_of,
@@ -139,20 +144,24 @@ class UnarySpec:
     def _compute(self, a, out):
         dt = a.dtype
         kind = self.kind
-        if dt.kind in self.reject or (kind == "floatonly" and dt.kind not in "fc") or (
-            kind == "integral" and dt.kind not in "biu"
+        dk = dtype_kind(dt)
+        if dk in self.reject or (kind == "floatonly" and dk not in "fc") or (
+            kind == "integral" and dk not in "biu"
         ):
             raise DTypeError(f"{self.name}: not supported for {tname(dt)} tensors{self.hint}")
         ct = float_dtype(dt) if kind == "float" else dt
-        a = cast(a, ct)
         rt = BOOL if kind == "bool" else ct
         o = out_buffer(a.shape, rt, a) if out is None else check_out(self.name, out, a.shape, rt)
-        if kind == "round" and ct.kind in "biu":
-            return copy_to(o, a)
+        if kind == "round" and dtype_kind(ct) in "biu":
+            return copy_to(o, cast(a, ct))
+        wt = opmath_dtype(ct)
+        a = cast(a, wt)
+        direct = wt == ct or rt == BOOL  # else computed in float32, rounded on store
         try:
-            return _into(o, self.kernel(a, o))
+            r = self.kernel(a, o if direct else None)
         except TypeError as exc:  # a dtype the array module has no loop for (e.g. complex)
             raise DTypeError(f"{self.name}: not supported for {tname(dt)} tensors") from exc
+        return _into(o, r) if direct else store(o, r, rt)
 
 
 def _unary_fn(spec: UnarySpec):
@@ -375,12 +384,13 @@ def round(input: Tensor, *, decimals: int = 0, out=None) -> Tensor:
     if decimals == 0:
         return _round0(input, out=out)
     a = as_array("round", input)
-    if a.dtype.kind != "f":
-        raise DTypeError(f"round: decimals={decimals} is not supported for {tname(a.dtype)} "
+    dt = a.dtype
+    if not is_floating(dt):
+        raise DTypeError(f"round: decimals={decimals} is not supported for {tname(dt)} "
                          "tensors")
-    o = out_buffer(a.shape, a.dtype, a) if out is None else check_out("round", out, a.shape,
-                                                                       a.dtype)
-    r = xp_of(a).round(a, decimals, out=o)
+    o = out_buffer(a.shape, dt, a) if out is None else check_out("round", out, a.shape, dt)
+    wt = opmath_dtype(dt)
+    r = store(o, xp_of(a).round(cast(a, wt), decimals, out=o if wt == dt else None), dt)
     return out if out is not None else wrap(r)
 
 
@@ -509,29 +519,37 @@ class BinarySpec:
         kind = self.kind
         if kind == "float":
             ct = float_dtype(ct)
-        if ct.kind in self.reject or (kind == "bitwise" and ct.kind not in "biu"):
+        dk = dtype_kind(ct)
+        if dk in self.reject or (kind == "bitwise" and dk not in "biu"):
             raise DTypeError(f"{self.name}: not supported for {tname(ct)} tensors")
         return ct, (BOOL if kind in ("compare", "logical") else ct)
 
-    def compute(self, x, y, out):
-        """The op on operands (arrays or python scalars); ``out`` is a Tensor or None.
+    def compute(self, x, y, out, alpha=None):
+        """The op on operands (arrays or python scalars); ``out`` is a Tensor or None;
+        ``alpha`` (add and sub) multiplies ``y`` in the computation dtype first.
 
         Runs with numpy's floating-point errors ignored (:func:`quiet_call`)."""
-        return quiet_call(self._compute, x, y, out)
+        return quiet_call(self._compute, x, y, out, alpha)
 
-    def _compute(self, x, y, out):
+    def _compute(self, x, y, out, alpha):
         like = _array_like(x, y)
         ct, rt = self.dtypes(x, y)
         shape = broadcast_shapes(self.name, shape_of(x), shape_of(y))
-        if self.kind != "logical":
-            x, y = cast(x, ct, self.name), cast(y, ct, self.name)
+        wt = opmath_dtype(ct)
+        if self.kind != "logical" or wt != ct:
+            x, y = cast(x, wt, self.name), cast(y, wt, self.name)
+        if alpha is not None:
+            _check_alpha(self.name, ct, alpha)
+            y = y * cast_scalar(alpha, wt, self.name)
         if self.check is not None:
             self.check(self.name, x, y, ct)
         o = out_buffer(shape, rt, like) if out is None else check_out(self.name, out, shape, rt)
+        direct = wt == ct or rt == BOOL  # else computed in float32, rounded on store
         try:
-            return _into(o, self.kernel(x, y, o))
+            r = self.kernel(x, y, o if direct else None)
         except TypeError as exc:  # a dtype the array module has no loop for (e.g. complex)
             raise DTypeError(f"{self.name}: not supported for {tname(ct)} tensors") from exc
+        return _into(o, r) if direct else store(o, r, rt)
 
 
 def _ufunc2(ufunc):
@@ -743,11 +761,8 @@ logical_and, logical_or, logical_xor, bitwise_and, bitwise_or, bitwise_xor = (
 )
 
 
-def _scaled(name, x, y, alpha, what="alpha"):
-    """``y * alpha`` in the dtype of ``x op y`` (PyTorch's alpha/value rules), or ``y``."""
-    if alpha == 1 and not isinstance(alpha, bool):
-        return y
-    ct = result_type(x, y)
+def _check_alpha(name, ct, alpha, what="alpha"):
+    """PyTorch's rules for the ``alpha``/``value`` scalar of an op computing in ``ct``."""
     if ct.kind in "iu" and isinstance(alpha, (float, complex, np.inexact)):
         raise DTypeError(
             f"{name}: for integral input tensors, argument {what} must not be a floating "
@@ -755,19 +770,13 @@ def _scaled(name, x, y, alpha, what="alpha"):
         )
     if ct.kind == "b" and not isinstance(alpha, (bool, np.bool_)):
         raise DTypeError(f"{name}: boolean {what} only supported for Boolean results")
-    y = cast(y, ct, name)
-    return y * cast_scalar(alpha, ct, name)
 
 
 def _with_alpha(op: str, input: TensorLike, other: TensorLike, alpha, out) -> Tensor:
     """``input op alpha * other`` for add/sub with an ``alpha`` other than 1 (quietly)."""
     x, y = operand(op, input), operand(op, other)
-    r = quiet_call(_scaled_compute, op, x, y, alpha, out)
+    r = _BINARY_SPECS[op].compute(x, y, out, alpha)
     return out if out is not None else wrap(r)
-
-
-def _scaled_compute(op: str, x, y, alpha, out):
-    return _BINARY_SPECS[op].compute(x, _scaled(op, x, y, alpha), out)
 
 
 def add(input: TensorLike, other: TensorLike, *, alpha=1, out=None) -> Tensor:
@@ -913,10 +922,11 @@ def clamp(
     if ct == BOOL:
         raise DTypeError("clamp: not supported for Bool tensors")
     shape = broadcast_shapes("clamp", a.shape, *(shape_of(v) for v in bounds))
-    lo = None if min is None else cast(operand("clamp", min), ct, "clamp")
-    hi = None if max is None else cast(operand("clamp", max), ct, "clamp")
+    wt = opmath_dtype(ct)
+    lo = None if min is None else cast(operand("clamp", min), wt, "clamp")
+    hi = None if max is None else cast(operand("clamp", max), wt, "clamp")
     o = out_buffer(shape, ct, a) if out is None else check_out("clamp", out, shape, ct)
-    r = xp_of(a).clip(cast(a, ct), lo, hi, out=o)
+    r = store(o, xp_of(a).clip(cast(a, wt), lo, hi, out=o if wt == ct else None), ct)
     return out if out is not None else wrap(r)
 
 
@@ -940,16 +950,16 @@ def lerp(input: Tensor, end: TensorLike, weight: TensorLike, *, out=None) -> Ten
     Tensor
     """
     x, e, w = as_array("lerp", input), as_array("lerp", end), operand("lerp", weight)
-    if x.dtype.kind not in "fc":
+    if dtype_kind(x.dtype) not in "fc":
         raise DTypeError(f"lerp: expected a floating point input, got {tname(x.dtype)}")
     ct = result_type(x, e, w)
     shape = broadcast_shapes("lerp", shape_of(x), shape_of(e), shape_of(w))
-    x, e, w = cast(x, ct), cast(e, ct), cast(w, ct)
+    wt = opmath_dtype(ct)
+    x, e, w = cast(x, wt), cast(e, wt), cast(w, wt)
     o = out_buffer(shape, ct, x) if out is None else check_out("lerp", out, shape, ct)
     xp = xp_of(x, e)
     d = e - x
-    r = xp.where(xp.abs(w) < 0.5, x + w * d, e - d * (ct.type(1) - w))
-    r = _into(o, r)
+    r = store(o, xp.where(xp.abs(w) < 0.5, x + w * d, e - d * (wt.type(1) - w)), ct)
     return out if out is not None else wrap(r)
 
 
@@ -962,12 +972,15 @@ def _addc(name, input, tensor1, tensor2, value, out, divide):
             "tensor1 and tensor2"
         )
     shape = broadcast_shapes(name, shape_of(x), shape_of(t1), shape_of(t2))
-    x, t1, t2 = cast(x, ct), cast(t1, ct), cast(t2, ct)
+    wt = opmath_dtype(ct)
+    x, t1, t2 = cast(x, wt), cast(t1, wt), cast(t2, wt)
     xp = xp_of(x, t1, t2)
     p = xp.divide(t1, t2) if divide else xp.multiply(t1, t2)
-    p = _scaled(name, x, p, value, "value")
+    if value != 1 or isinstance(value, bool):
+        _check_alpha(name, ct, value, "value")
+        p = p * cast_scalar(value, wt, name)
     o = out_buffer(shape, ct, x) if out is None else check_out(name, out, shape, ct)
-    r = xp.add(x, p, out=o)
+    r = store(o, xp.add(x, p, out=o if wt == ct else None), ct)
     return out if out is not None else wrap(r)
 
 

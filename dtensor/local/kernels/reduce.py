@@ -4,7 +4,9 @@ argmax/argmin, var/std, norm, any/all, logsumexp, cumsum/cumprod, count_nonzero.
 All are **Local** plain functions with PyTorch's names and arguments. ``dim`` is None (every
 dim), an int or a sequence of ints (negative dims count from the end); ``keepdim`` keeps
 reduced dims as size 1. Dtypes follow PyTorch: sums and products of bool and integer
-tensors are int64; mean, var, std and norm need floating (or complex) tensors.
+tensors are int64; mean, var, std and norm need floating (or complex) tensors. float16 and
+bfloat16 sums, means, norms, variances, scans and logsumexp accumulate in float32 and round
+the result (:func:`~dtensor.local.kernels.base.acc_dtype`), as PyTorch's CPU kernels do.
 
 Sum, mean and amax of a contiguous float32 host array over its last dim or over every dim
 run one compiled loop (``fastpath._kernels.reduce_lastdim``); numpy serves everything else.
@@ -25,7 +27,13 @@ import numpy as np
 
 import fastpath as _fp
 from placements.errors import DTypeError, NoRuleError, ShardingError
-from placements.meta import check_nonempty_reduction, norm_dims, real_dtype, reduced_shape
+from placements.meta import (
+    check_nonempty_reduction,
+    dtype_kind,
+    norm_dims,
+    real_dtype,
+    reduced_shape,
+)
 
 from ..dtypes import to_dtype
 from ..tensor import Tensor, _norm_dim, wrap_array
@@ -153,7 +161,7 @@ def mean(input: Tensor, dim=None, keepdim: bool = False, *, dtype=None) -> Tenso
     # Note: like PyTorch (and unlike numpy, which gives float64), the mean of an integer
     # tensor raises unless a floating dtype is passed.
     rt = to_dtype(dtype) if dtype is not None else a.dtype
-    if rt.kind not in "fc":
+    if dtype_kind(rt) not in "fc":
         raise DTypeError(
             "mean(): could not infer output dtype. Input dtype must be either a floating "
             f"point or complex dtype. Got: {tname(rt)}"
@@ -166,7 +174,7 @@ def mean(input: Tensor, dim=None, keepdim: bool = False, *, dtype=None) -> Tenso
 
 def _var(op, input, dim, unbiased, keepdim, correction):
     a = as_array(op, input)
-    if a.dtype.kind not in "fc":
+    if dtype_kind(a.dtype) not in "fc":
         raise DTypeError(f"{op}: std and var only support floating point and complex dtypes, "
                          f"got {tname(a.dtype)}")
     # PyTorch's legacy overload var(input, unbiased: bool).
@@ -365,7 +373,7 @@ def norm(input: Tensor, p="fro", dim=None, keepdim: bool = False, *, dtype=None)
     a = as_array("norm", input)
     if dtype is not None:
         a = a.astype(to_dtype(dtype))
-    if a.dtype.kind not in "fc":
+    if dtype_kind(a.dtype) not in "fc":
         raise DTypeError(f"norm(): input dtype should be either floating point or complex, "
                          f"got {tname(a.dtype)}")
     if p == "fro":
@@ -414,17 +422,19 @@ def logsumexp(input: Tensor, dim, keepdim: bool = False) -> Tensor:
     Tensor
     """
     a = as_array("logsumexp", input)
-    a = a.astype(float_dtype(a.dtype), copy=False)
+    rt = float_dtype(a.dtype)
+    a = a.astype(acc_dtype(rt), copy=False)
     axes = norm_dims("logsumexp", dim, a.ndim)
     xp = xp_of(a)
     if a.size == 0:
-        return wrap(xp.log(_reduce(xp.sum, xp.exp(a), axes, keepdim)))
+        return wrap(xp.log(_reduce(xp.sum, xp.exp(a), axes, keepdim)).astype(rt, copy=False))
     m = _reduce(xp.max, a, axes, True)
     m = xp.where(xp.isfinite(m), m, a.dtype.type(0))
     e = xp.exp(a - m)
     r = xp.log(_reduce(xp.sum, e, axes, True))
     r += m
-    return wrap(r if keepdim else r.reshape(reduced_shape(a.shape, axes, False)))
+    r = r if keepdim else r.reshape(reduced_shape(a.shape, axes, False))
+    return wrap(r.astype(rt, copy=False))
 
 
 def _scan(op, input, dim, dtype):
@@ -435,6 +445,9 @@ def _scan(op, input, dim, dtype):
     fn = xp.cumsum if op == "cumsum" else xp.cumprod
     if a.ndim == 0:
         return wrap(a.astype(rt))
+    acc = acc_dtype(rt)
+    if acc != rt:  # a running float16/bfloat16 total accumulates in float32
+        return wrap(fn(a, axis=d, dtype=acc).astype(rt))
     return wrap(fn(a, axis=d, dtype=rt, out=out_buffer(a.shape, rt, a)))
 
 

@@ -42,6 +42,7 @@ from dtensor.ops import OPS
 from dtensor.testing import distribute_random
 from dtensor.validate import SampleCall, sample_calls
 from placements.errors import ShardingError
+from placements.meta import dtype_kind
 from placements.types import placement_list
 
 WORLD = MPI.COMM_WORLD
@@ -212,7 +213,7 @@ def _check_output(got: dt.Tensor, want: np.ndarray, tol: float, what: str) -> No
     g = got.numpy()
     assert g.shape == want.shape, f"{what}: shape {g.shape}, expected {want.shape}"
     assert g.dtype == want.dtype, f"{what}: dtype {g.dtype}, expected {want.dtype}"
-    if want.dtype.kind in "fc":
+    if dtype_kind(want.dtype) in "fc":  # (bfloat16 included)
         ok = np.isclose(g, want, rtol=tol, atol=tol, equal_nan=True)
         if not ok.all():
             bad = np.argwhere(~ok)[:3].tolist()

@@ -25,7 +25,7 @@ def test_dtype_names_are_numpy_dtypes():
     assert dt.float == dt.float32 and dt.double == dt.float64 and dt.half == dt.float16
     assert dt.int == dt.int32 and dt.long == dt.int64 and dt.short == dt.int16
     assert dt.bool == np.bool_ and dt.uint8 == np.uint8 and dt.int8 == np.int8
-    assert not hasattr(dt, "bfloat16")  # numpy has no bfloat16
+    assert dt.bfloat16.name == "bfloat16" and dt.bfloat16.itemsize == 2  # ml_dtypes
 
 
 def test_to_dtype_conversions():

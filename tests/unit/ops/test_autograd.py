@@ -46,7 +46,7 @@ def test_every_op_has_a_formula_or_is_marked():
 
 #: Casts to a lower precision (finite differences would measure the rounding): checked in
 #: test_accumulation_and_broadcasting.
-LOWER_PRECISION = frozenset({"float", "half"})
+LOWER_PRECISION = frozenset({"float", "half", "bfloat16"})
 
 
 def _differentiable():
@@ -329,7 +329,7 @@ def test_accumulation_and_broadcasting():
     x32 = dt.ones(3, requires_grad=True)  # float32 leaf, float64 computation
     (x32 * dt.ones(3, dtype=dt.float64)).sum().backward()
     assert x32.grad.dtype == dt.float32
-    for cast in ("float", "half"):
+    for cast in ("float", "half", "bfloat16"):
         x64 = _leaf(3)
         (getattr(x64, cast)() * 3).sum().backward()
         assert x64.grad.dtype == dt.float64 and np.all(x64.grad.numpy() == 3)

@@ -274,9 +274,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--timeout",
         type=float,
-        default=600.0,
+        default=900.0,
         metavar="S",
-        help="time limit of each stage in seconds (default 600)",
+        help="time limit of each stage in seconds (default 900)",
     )
     p.add_argument(
         "--tests-dir",

@@ -1,6 +1,7 @@
 """A user-defined op with its own sharding rule: ``python -m launch -n 4 launch/examples/custom_rule.py``.
 
-``rms_norm(x, eps)`` normalises each row of ``x`` by its root mean square. Row-wise ops can
+``row_rms_norm(x, eps)`` normalises each row of ``x`` by its root mean square (dtensor has a
+built-in ``dt.rms_norm``; this one shows how a program adds its own op). Row-wise ops can
 run on any sharding that keeps the last dim whole, so its rule (for one mesh dim) lists:
 
 - ``[R <- R]``: everything replicated;
@@ -26,12 +27,12 @@ from placements.rules import Candidate, OpSchema, RuleResult
 R, S = dt.Replicate(), dt.Shard
 
 
-def rms_norm_kernel(x: dt.Tensor, eps: float = 1e-6) -> dt.Tensor:
+def row_rms_norm_kernel(x: dt.Tensor, eps: float = 1e-6) -> dt.Tensor:
     """Local kernel: ``x / sqrt(mean(x**2, last dim) + eps)``."""
     return x * dt.rsqrt((x * x).mean(dim=-1, keepdim=True) + eps)
 
 
-def rms_norm_rule(schema: OpSchema) -> RuleResult:
+def row_rms_norm_rule(schema: OpSchema) -> RuleResult:
     """Sharding rule for one mesh dim: output same shape/dtype; R, or S(d) off the last dim."""
     x = schema.args[0]
     ndim = len(x.shape)
@@ -40,7 +41,8 @@ def rms_norm_rule(schema: OpSchema) -> RuleResult:
     return RuleResult((x.shape,), (x.dtype,), tuple(candidates))
 
 
-rms_norm = dt.register_op("rms_norm", rms_norm_kernel, rms_norm_rule, tensor_params=("x",))
+row_rms_norm = dt.register_op("row_rms_norm", row_rms_norm_kernel, row_rms_norm_rule,
+                              tensor_params=("x",))
 
 
 def reference(a: np.ndarray, eps: float = 1e-6) -> np.ndarray:
@@ -52,23 +54,23 @@ def main() -> None:
     mesh = dt.init_device_mesh((comm.size,))
     a = np.random.default_rng(2).standard_normal((6, 8)).astype(np.float32)
 
-    local = rms_norm(dt.from_numpy(a))  # plain local tensors work too
+    local = row_rms_norm(dt.from_numpy(a))  # plain local tensors work too
     np.testing.assert_allclose(local.numpy(), reference(a), rtol=1e-5, atol=1e-6)
 
     rows = dt.distribute_tensor(a, mesh, [S(0)])
     cols = dt.distribute_tensor(a, mesh, [S(1)])
     with dt.debug.CommDebugMode() as mode:
-        y_rows = rms_norm(rows)  # no communication: rows stay where they are
+        y_rows = row_rms_norm(rows)  # no communication: rows stay where they are
     assert mode.get_total_counts() == 0 and y_rows.placements == (S(0),)
-    plan = explain(rms_norm, cols)  # before running: the column shards must move
+    plan = explain(row_rms_norm, cols)  # before running: the column shards must move
     with dt.debug.CommDebugMode() as mode:
-        y_cols = rms_norm(cols, eps=1e-5)
+        y_cols = row_rms_norm(cols, eps=1e-5)
     assert mode.get_comm_counts() == plan.comm_counts()
     for y, eps in ((y_rows, 1e-6), (y_cols, 1e-5)):
         np.testing.assert_allclose(y.full_tensor().numpy(), reference(a, eps), rtol=1e-5, atol=1e-6)
     if comm.rank == 0:
-        print("rms_norm on [S(0)]:", y_rows.placements, "- no collectives")
-        print("explain(rms_norm, x on [S(1)]):")
+        print("row_rms_norm on [S(0)]:", y_rows.placements, "- no collectives")
+        print("explain(row_rms_norm, x on [S(1)]):")
         print(plan)
         print("observed:", mode.get_comm_counts() or "no collectives")
 

@@ -54,6 +54,7 @@ from placements.rules import (
     strategy_of,
 )
 
+from ..distributed.abstract import AbstractMesh
 from ..local import rng as _random
 from ..local.tensor import Tensor, wrap_array
 from ..ops import OPS, OpInfo
@@ -69,38 +70,6 @@ _I64 = np.dtype(np.int64)
 _BOOL = np.dtype(np.bool_)
 
 
-class _CoordMesh:
-    """A mesh of a given shape seen from one coordinate (what a ``local_fn`` may read), with
-    simulated communicators of its mesh dims (``comms``) for kernels that communicate."""
-
-    __slots__ = ("comms", "coord", "shape")
-
-    def __init__(
-        self, shape: tuple[int, ...], coord: tuple[int, ...], comms: tuple = ()
-    ) -> None:
-        self.shape = shape
-        self.coord = coord
-        self.comms = comms
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    def get_coordinate(self) -> tuple[int, ...]:
-        return self.coord
-
-    def get_group(self, mesh_dim: int) -> _SimComm:
-        return self.comms[mesh_dim]
-
-    def __hash__(self) -> int:
-        return hash((self.shape, self.coord))
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _CoordMesh) and (self.shape, self.coord) == (
-            other.shape, other.coord
-        )
-
-
 class _SimGroup:
     """The coordinates of one mesh-dim communicator, run as threads: a barrier and one slot
     per member."""
@@ -114,7 +83,8 @@ _SIM_REDUCE = {"sum": np.sum, "max": np.max, "min": np.min}
 
 
 class _SimComm:
-    """One coordinate's view of a :class:`_SimGroup`: the all-reduce kernels call."""
+    """One coordinate's view of a :class:`_SimGroup` (a group of its coordinate
+    :class:`AbstractMesh`): the all-reduce kernels call."""
 
     def __init__(self, group: _SimGroup, rank: int) -> None:
         self.group, self.rank = group, rank
@@ -144,9 +114,10 @@ def _sim_comms(mesh_shape: tuple[int, ...]) -> dict[tuple[int, ...], tuple[_SimC
 
 
 def _per_coordinate(run: Callable, mesh_shape: tuple[int, ...], threads: bool) -> None:
-    """``run(coord, comms)`` for every coordinate: in turn, or (``threads``) at once, one
-    thread each, with simulated communicators; the first exception is raised again (a
-    failing member aborts the barriers, so that the others do not wait for it)."""
+    """``run(coord, comms)`` for every coordinate: in turn (``comms`` empty), or
+    (``threads``) at once, one thread each, with simulated communicators; the first
+    exception is raised again (a failing member aborts the barriers, so that the others do
+    not wait for it)."""
     if not threads:
         for coord in np.ndindex(*mesh_shape):
             run(coord, ())
@@ -463,8 +434,8 @@ def _run_strategy(
     if [w.dtype for w in call.want] != list(result.out_dtypes):
         raise _Mismatch(f"rule dtypes {result.out_dtypes} != kernel {[w.dtype for w in call.want]}")
     # per argument, its target N-D placements (as the dispatcher would move it)
-    origin = _CoordMesh(mesh_shape, (0,) * len(mesh_shape))
-    targets = list(strategy_of(schema, origin, result, combo, 0.0, ()).input_placements)
+    targets = list(strategy_of(schema, AbstractMesh(mesh_shape), result, combo, 0.0, ())
+                   .input_placements)
     layouts = []
     for slot, target in zip(call.slots, targets):
         v = call.arg(slot)
@@ -472,7 +443,7 @@ def _run_strategy(
     locs: list[dict] = [{} for _ in range(n_out)]
 
     def run(coord: tuple[int, ...], comms: tuple) -> None:
-        mesh = _CoordMesh(mesh_shape, coord, comms)
+        mesh = AbstractMesh(mesh_shape, coord=coord, groups=comms or None)
         strategy: OpStrategy = strategy_of(schema, mesh, result, combo, 0.0, ())
         values = list(call.values)
         if info.variadic is not None:
@@ -638,8 +609,7 @@ def _check_op(
                 cur = _random_current(call, mesh_shape, rng)
                 schema = _schema(call, mesh_shape, cur)
                 try:
-                    st = propagate(schema, _CoordMesh(mesh_shape, (0,) * len(mesh_shape)),
-                                   _fake_cost)
+                    st = propagate(schema, AbstractMesh(mesh_shape), _fake_cost)
                 except Exception as exc:  # noqa: BLE001 - reported as a mismatch
                     if info.inplace and "in-place" in str(exc):
                         rep.refused += 1

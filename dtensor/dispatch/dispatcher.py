@@ -734,7 +734,7 @@ def _build_entry(info: OpInfo, binder: _Binder, values: list, mesh: object) -> C
         info.name, kernel, slots, tuple(moves), out_specs, info.inplace, strategy, schema,
         info.quiet,
     )
-    if type(mesh) is AbstractMesh:  # metadata only: run_entry hands it to the runner
+    if type(mesh) is AbstractMesh and mesh._abstract:  # metadata only: run_entry hands it on
         entry.abstract = EntryRunner(info.name, info.samples in MOVES_ONLY)
         entry.direct = None
     return entry

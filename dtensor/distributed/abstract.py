@@ -24,6 +24,11 @@ collectives the same way. Backward formulas are ordinary ops, so autograd works 
 What needs values (``to_local``, ``full_tensor``, ``item``, ``bool``, numpy conversion)
 raises :class:`~placements.errors.MetadataOnlyError` naming the op.
 
+``AbstractMesh(shape, coord=c)`` is the other use of the class: the mesh seen from one
+coordinate, whose DTensors are ordinary ones holding that coordinate's data (ops run their
+kernels; collectives run on the ``groups`` given, per mesh dim). The strategy validator and
+one-process tests run kernels per coordinate on it.
+
 Per-rank figures are those of mesh coordinate ``(0, ..., 0)``: under torch.chunk splits it
 holds the largest block of every tensor (:func:`placements.layout.max_local_shape`), so
 they are the worst rank's, and they equal what rank 0 (coordinate 0 of a row-major mesh)
@@ -72,20 +77,63 @@ __all__ = [
 
 
 # -- the mesh ------------------------------------------------------------------------------------
+#: What a communicator (:class:`redistribute.comm.Comm`) has (its collectives and MPI state):
+#: asking a stand-in for what it lacks of these raises (:meth:`AbstractGroup._refuse`).
+_COMM_ONLY = frozenset(n for n in dir(_comm.Comm) if not n.startswith("__"))
+
+
 class AbstractGroup:
     """Stands in for the communicator of one mesh dim of an :class:`AbstractMesh`: its mesh
-    dim and size (what the observers of :mod:`redistribute.comm` read); no MPI."""
+    dim, size and the rank of the coordinate the mesh is seen from (what the observers of
+    :mod:`redistribute.comm` and the redistribute executor read); no MPI.
 
-    __slots__ = ("mesh_dim", "size")
-    rank = 0  # the coordinate the abstract mesh's figures are those of
+    A collective on it (a :class:`~redistribute.comm.Comm` method, or a call of its ``mpi``)
+    raises :class:`~placements.errors.MeshError` naming the op that asked for it.
+    """
+
+    __slots__ = ("mesh_dim", "rank", "size")
     async_op = False
 
-    def __init__(self, mesh_dim: int, size: int) -> None:
+    def __init__(self, mesh_dim: int, size: int, rank: int = 0) -> None:
         self.mesh_dim = mesh_dim
         self.size = size
+        self.rank = rank
+
+    @property
+    def mpi(self) -> _NoMPI:
+        """A stand-in of the MPI communicator whose calls raise (compiled moves keep it for
+        the moves that communicate). **Local**."""
+        return _NoMPI(self)
+
+    def _refuse(self, call: str) -> MeshError:
+        op = _comm.HOOKS.op_source() or "redistribute"
+        return MeshError(
+            f"{op}: {call} over mesh dim {self.mesh_dim} (size {self.size}, seen from rank "
+            f"{self.rank}) needs a communicator, and an AbstractMesh has none: only "
+            "AbstractMesh(..., coord=c, groups=...) communicates, through its groups"
+        )
+
+    def __getattr__(self, name: str) -> object:
+        if name in _COMM_ONLY:
+            raise self._refuse(name)
+        raise AttributeError(f"'AbstractGroup' object has no attribute {name!r}")
 
     def __repr__(self) -> str:
-        return f"AbstractGroup(mesh_dim={self.mesh_dim}, size={self.size})"
+        return f"AbstractGroup(mesh_dim={self.mesh_dim}, size={self.size}, rank={self.rank})"
+
+
+class _NoMPI:
+    """The ``mpi`` of an :class:`AbstractGroup`: every MPI call raises."""
+
+    __slots__ = ("group",)
+
+    def __init__(self, group: AbstractGroup) -> None:
+        self.group = group
+
+    def __getattr__(self, name: str) -> object:
+        if name.startswith("__"):
+            raise AttributeError(f"'_NoMPI' object has no attribute {name!r}")
+        raise self.group._refuse(f"MPI {name}")
 
 
 class AbstractMesh:
@@ -94,10 +142,26 @@ class AbstractMesh:
     **Local** to construct, any size (``AbstractMesh((64, 8), ("dp", "tp"))`` is 512 ranks
     in one process). It serves wherever a :class:`DeviceMesh` serves as metadata: specs,
     sharding decisions, redistribute plans and their costs, ``explain``, and the DTensors
-    of :func:`abstract_tensor` / ``distribute_tensor`` on it (metadata only). Immutable and
-    hashable; equal to another AbstractMesh of the same shape, names and device type, never
-    to a DeviceMesh. Seen from coordinate ``(0, ..., 0)`` (:meth:`get_coordinate`), whose
-    shards are the largest.
+    of :func:`abstract_tensor` / ``distribute_tensor`` on it (metadata only). Seen from
+    coordinate ``(0, ..., 0)`` (:meth:`get_coordinate`), whose shards are the largest.
+
+    With ``coord``, it is a *coordinate mesh*: the mesh seen from that one coordinate, as a
+    DeviceMesh is seen from its rank, whose DTensors hold data (that coordinate's shards):
+    ``distribute_tensor`` takes the coordinate's block of the whole tensor (src_data_rank
+    is ignored: nothing is sent), factories fill it, and ops run their kernels, in one
+    process. A collective on it (a move that communicates, a kernel that all-reduces) runs
+    on ``groups[m]`` for mesh dim ``m``; by default these are :class:`AbstractGroup`
+    stand-ins that raise :class:`~placements.errors.MeshError` naming the op. The strategy
+    validator runs every coordinate this way, one thread each, with simulated groups.
+
+    Immutable and hashable. Equal to another AbstractMesh of the same shape, names, device
+    type and kind (abstract, or coordinate mesh), never to a DeviceMesh; the coordinate and
+    groups are where the mesh is seen from, not part of its identity (as the DeviceMeshes of
+    one mesh on different ranks are one mesh). The dispatcher's decisions hold
+    coordinate-dependent data (offsets, a Partial scalar's holder): a process that looks at
+    one mesh from several coordinates in turn should ``dt.debug.clear_prop_cache()`` in
+    between, unless each coordinate has its own mesh object (entries are cached per mesh
+    object).
 
     Parameters
     ----------
@@ -106,11 +170,23 @@ class AbstractMesh:
     mesh_dim_names : sequence of str, optional
         One unique name per mesh dim, for ``mesh["tp"]``.
     device_type : str
-        The device type the mesh stands for (``"cpu"``, ``"cuda"``); informative only.
+        The device type the mesh stands for (``"cpu"``, ``"cuda"``); informative only
+        without ``coord``; with it, where the shards are allocated.
+    coord : sequence of int, optional
+        The coordinate the mesh is seen from: a coordinate mesh (see above).
+    groups : sequence, optional
+        With ``coord`` only: one communicator per mesh dim (an object with the
+        :class:`~redistribute.comm.Comm` methods the collectives call, and ``rank``,
+        ``size``); default :class:`AbstractGroup` stand-ins.
+
+    Raises
+    ------
+    MeshError
+        A bad shape or names, a coordinate outside the shape, ``groups`` of the wrong length
+        or without ``coord``.
     """
 
-    __slots__ = ("_coord", "_dim_comms", "_hash", "_names", "_shape", "device_type")
-    _abstract = True  # (distribute_tensor's test: a mesh without ranks)
+    __slots__ = ("_abstract", "_coord", "_dim_comms", "_hash", "_names", "_shape", "device_type")
 
     def __init__(
         self,
@@ -118,10 +194,15 @@ class AbstractMesh:
         mesh_dim_names: Sequence[str] | None = None,
         *,
         device_type: str = "cpu",
+        coord: Sequence[int] | None = None,
+        groups: Sequence[object] | None = None,
     ) -> None:
-        self._init(shape, mesh_dim_names, device_type, None)
+        if groups is not None and coord is None:
+            raise MeshError("AbstractMesh: groups= needs coord= (an abstract mesh communicates "
+                            "nothing)")
+        self._init(shape, mesh_dim_names, device_type, coord, groups)
 
-    def _init(self, shape, names, device_type, groups) -> None:
+    def _init(self, shape, names, device_type, coord, groups) -> None:
         if isinstance(shape, (int, np.integer)):
             shape = (shape,)
         try:
@@ -138,12 +219,27 @@ class AbstractMesh:
                 f"AbstractMesh: mesh_dim_names {names} must be {len(shape)} unique names for a "
                 f"mesh of shape {shape}"
             )
+        self._abstract = coord is None  # (the test of distribute_tensor and the dispatcher)
+        if coord is not None:
+            try:
+                coord = tuple(int(c) for c in coord)
+            except (TypeError, ValueError):
+                coord = ()
+            if len(coord) != len(shape) or not all(0 <= c < s for c, s in zip(coord, shape)):
+                raise MeshError(f"AbstractMesh: coord {coord!r} is not a coordinate of a mesh "
+                                f"of shape {shape}")
+        self._coord = (0,) * len(shape) if coord is None else coord
+        if groups is None:
+            groups = tuple(AbstractGroup(m, k, c) for m, (k, c) in
+                           enumerate(zip(shape, self._coord)))
+        elif len(groups) != len(shape):
+            raise MeshError(f"AbstractMesh: groups must be {len(shape)}, one per mesh dim of "
+                            f"shape {shape}, got {len(groups)}")
         self._shape = shape
         self._names = names
-        self._coord = (0,) * len(shape)
-        self._dim_comms = groups or tuple(AbstractGroup(m, k) for m, k in enumerate(shape))
+        self._dim_comms = tuple(groups)
         self.device_type = str(device_type)
-        self._hash = hash(("AbstractMesh", self.device_type, shape, names))
+        self._hash = hash(("AbstractMesh", self.device_type, shape, names, self._abstract))
 
     @classmethod
     def from_mesh(cls, mesh: object) -> AbstractMesh:
@@ -178,7 +274,8 @@ class AbstractMesh:
         return self._shape[self._dim_index(mesh_dim)]
 
     def get_coordinate(self) -> tuple[int, ...]:
-        """``(0, ..., 0)``: the coordinate whose figures the abstract mesh gives. **Local**."""
+        """The coordinate the mesh is seen from: ``coord``, or ``(0, ..., 0)``, whose figures
+        an abstract mesh gives. **Local**."""
         return self._coord
 
     # the same name and index resolution as a DeviceMesh's
@@ -186,15 +283,17 @@ class AbstractMesh:
     get_local_rank = DeviceMesh.get_local_rank
 
     def get_rank(self) -> int:
-        """0: the rank of coordinate ``(0, ..., 0)``. **Local**."""
-        return 0
+        """The rank of :meth:`get_coordinate` in a row-major mesh (0 without ``coord``).
+        **Local**."""
+        return int(np.ravel_multi_index(self._coord, self._shape))
 
     def get_group(self, mesh_dim: int | str = 0) -> AbstractGroup:
-        """The stand-in of one mesh dim's communicator (no MPI: it has no ``.mpi``). **Local**."""
+        """One mesh dim's communicator: its stand-in (no MPI), or ``groups``' entry.
+        **Local**."""
         return self._dim_comms[self._dim_index(mesh_dim)]
 
     def get_all_groups(self) -> tuple[AbstractGroup, ...]:
-        """One :class:`AbstractGroup` per mesh dim. **Local**."""
+        """One communicator (or :class:`AbstractGroup`) per mesh dim. **Local**."""
         return self._dim_comms
 
     def __getitem__(self, names: str | int | tuple) -> AbstractMesh:
@@ -216,28 +315,32 @@ class AbstractMesh:
             tuple(self._shape[d] for d in dims),
             None if self._names is None else tuple(self._names[d] for d in dims),
             self.device_type,
+            None if self._abstract else tuple(self._coord[d] for d in dims),
             tuple(self._dim_comms[d] for d in dims),
         )
         return sub
 
     def _flatten(self, mesh_dim_name: str | None = None) -> AbstractMesh:
-        """A 1-D abstract mesh of all of this mesh's ranks (``DeviceMesh._flatten``). **Local**."""
+        """A 1-D abstract mesh of all of this mesh's ranks (``DeviceMesh._flatten``), seen
+        from this mesh's rank when it has a coordinate (its group a stand-in). **Local**."""
         name = mesh_dim_name
         if name is None and self._names is not None:
             name = "_".join(self._names)
         return AbstractMesh((self.size(),), None if name is None else (name,),
-                            device_type=self.device_type)
+                            device_type=self.device_type,
+                            coord=None if self._abstract else (self.get_rank(),))
 
     def _distribute(self, tensor: object, placements: Sequence[Placement] | None) -> AbstractDTensor:
-        """``distribute_tensor(tensor, self, placements)``: :func:`abstract_like`. **Local**."""
+        """``distribute_tensor(tensor, self, placements)`` without ``coord``:
+        :func:`abstract_like`. **Local**."""
         return abstract_like(tensor, self, placements)
 
     def _from_local(
         self, local: object, placements: Sequence[Placement] | None, shape: Sequence[int] | None
     ) -> AbstractDTensor:
-        """``DTensor.from_local(local, self, placements, shape=shape)``: an AbstractDTensor
-        of ``shape`` (``local``'s when no placement is a Shard) and ``local``'s dtype.
-        **Local**.
+        """``DTensor.from_local(local, self, placements, shape=shape)`` without ``coord``: an
+        AbstractDTensor of ``shape`` (``local``'s when no placement is a Shard) and
+        ``local``'s dtype. **Local**.
 
         Raises
         ------
@@ -271,20 +374,24 @@ class AbstractMesh:
             return True
         if not isinstance(other, AbstractMesh):
             return NotImplemented if not isinstance(other, DeviceMesh) else False
-        return (self._shape, self._names, self.device_type) == (
-            other._shape, other._names, other.device_type)
+        return (self._shape, self._names, self.device_type, self._abstract) == (
+            other._shape, other._names, other.device_type, other._abstract)
 
     def __reduce__(self) -> tuple:
-        return _rebuild, (self._shape, self._names, self.device_type)
+        """Pickled as its shape, names, device type and coordinate (the groups stay)."""
+        return _rebuild, (self._shape, self._names, self.device_type,
+                          None if self._abstract else self._coord)
 
     def __repr__(self) -> str:
         names = "" if self._names is None else f", mesh_dim_names={self._names}"
         device = "" if self.device_type == "cpu" else f", device_type={self.device_type!r}"
-        return f"AbstractMesh({self._shape}{names}{device})"
+        coord = "" if self._abstract else f", coord={self._coord}"
+        return f"AbstractMesh({self._shape}{names}{device}{coord})"
 
 
-def _rebuild(shape: tuple, names: tuple | None, device_type: str) -> AbstractMesh:
-    return AbstractMesh(shape, names, device_type=device_type)
+def _rebuild(shape: tuple, names: tuple | None, device_type: str,
+             coord: tuple | None = None) -> AbstractMesh:
+    return AbstractMesh(shape, names, device_type=device_type, coord=coord)
 
 
 # -- memory ------------------------------------------------------------------------------------
@@ -550,6 +657,7 @@ def abstract_tensor(
     shape : sequence of int
         The global shape.
     mesh : AbstractMesh
+        Without ``coord`` (a coordinate mesh's DTensors hold data).
     placements : sequence of Placement, optional
         One per mesh dim; default Replicate everywhere.
     dtype : dtype-like, optional
@@ -560,15 +668,15 @@ def abstract_tensor(
     Raises
     ------
     MeshError
-        ``mesh`` is not an AbstractMesh.
+        ``mesh`` is not an AbstractMesh, or has a coordinate.
     PlacementError, DTypeError
         As ``distribute_tensor`` for bad placements (and ``Partial("avg")`` of a dtype that
         is not floating).
     """
-    if not isinstance(mesh, AbstractMesh):
+    if not isinstance(mesh, AbstractMesh) or not mesh._abstract:
         raise MeshError(
-            f"abstract_tensor: mesh must be an AbstractMesh, got {mesh!r} "
-            "(AbstractMesh.from_mesh(mesh) makes one of a DeviceMesh's shape)"
+            f"abstract_tensor: mesh must be an AbstractMesh without coord, got {mesh!r} "
+            "(AbstractMesh.from_mesh(mesh) makes one of a mesh's shape)"
         )
     placements = normalize_placements(placements, mesh, "abstract_tensor")
     dtype = _dtypes.get_default_dtype() if dtype is None else _dtypes.to_dtype(dtype)
@@ -593,8 +701,8 @@ def abstract_like(
         What to take the shape and dtype from (a DTensor's global shape); its values are
         not read.
     mesh : AbstractMesh, optional
-        Default: the abstract mesh of a DTensor ``value``'s mesh
-        (:meth:`AbstractMesh.from_mesh`).
+        Default: a DTensor ``value``'s mesh if it is abstract, else the abstract mesh of its
+        shape (:meth:`AbstractMesh.from_mesh`).
     placements : sequence of Placement, optional
         Default: a DTensor ``value``'s placements, else Replicate everywhere.
     requires_grad : bool, optional
@@ -603,7 +711,7 @@ def abstract_like(
     if isinstance(value, DTensor):
         if mesh is None:
             m = value.device_mesh
-            mesh = m if isinstance(m, AbstractMesh) else AbstractMesh.from_mesh(m)
+            mesh = m if getattr(m, "_abstract", False) else AbstractMesh.from_mesh(m)
         if placements is None:
             placements = value.placements
     elif not isinstance(value, Tensor):

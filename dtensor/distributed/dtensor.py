@@ -850,7 +850,8 @@ def distribute_tensor(
     device_mesh : DeviceMesh or AbstractMesh, optional
         Default: a 1-D mesh over COMM_WORLD. On an ``AbstractMesh`` the result is a
         metadata-only DTensor of ``tensor``'s shape and dtype (**Local**; see
-        :func:`dtensor.distributed.abstract.abstract_like`).
+        :func:`dtensor.distributed.abstract.abstract_like`); on one with ``coord``, that
+        coordinate's shard of ``tensor``, as with ``src_data_rank=None``.
     placements : sequence of Placement, optional
         Default: Replicate on every mesh dim. ``Partial("sum")`` places the value on mesh
         coordinate 0 of that dim and zeros elsewhere; other Partial kinds place it everywhere.
@@ -870,8 +871,10 @@ def distribute_tensor(
     if device_mesh is None:
         device_mesh = init_device_mesh()
     mesh = device_mesh
-    if type(mesh) is not DeviceMesh and getattr(mesh, "_abstract", False):  # an AbstractMesh
-        return mesh._distribute(tensor, placements)
+    if type(mesh) is not DeviceMesh and hasattr(mesh, "_abstract"):  # an AbstractMesh
+        if mesh._abstract:
+            return mesh._distribute(tensor, placements)
+        src_data_rank = None  # seen from one coordinate, which has the tensor: nothing is sent
     placements = normalize_placements(placements, mesh, "distribute_tensor")
     alloc = allocator_for(mesh.device_type)
     if src_data_rank is None:

@@ -54,7 +54,7 @@ def distributed_factory(
         (:func:`dtensor.distributed.abstract.abstract_tensor`).
     """
     mesh = device_mesh
-    if type(mesh) is AbstractMesh:  # metadata only (the generator advances as on a mesh)
+    if type(mesh) is AbstractMesh and mesh._abstract:  # metadata only (the generator advances as on a mesh)
         _local.reserve(req)
         return abstract_tensor(req.size, mesh, placements, dtype=req.dtype)
     placements = normalize_placements(placements, mesh, f"dt.{req.name}")

@@ -18,7 +18,7 @@ import types
 
 import numpy as np
 import pytest
-from helpers.sim import SimMesh, dtensor_of
+from helpers.sim import dtensor_of
 
 import dtensor as dt
 from dtensor import errors
@@ -34,8 +34,8 @@ from redistribute.plan import plan
 R = Replicate()
 S0 = Shard(0)
 A = np.arange(24, dtype=np.float32).reshape(4, 6)
-MESH = SimMesh((2,))
-OTHER = SimMesh((2,), name="other")
+MESH = dt.AbstractMesh((2,), coord=(0,))
+OTHER = dt.AbstractMesh((2,), ("other",), coord=(0,))
 
 
 def t():

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers.sim import SimMesh, data, dtensor_of, local_part
+from helpers.sim import data, dtensor_of, local_part
 
 import dtensor as dt
 from dtensor.dispatch import dispatcher as _dispatch
@@ -36,7 +36,7 @@ def stats():
 
 # -- cache keys ------------------------------------------------------------------------------
 def test_same_signature_hits_and_counters_count():
-    mesh = SimMesh((2,))
+    mesh = dt.AbstractMesh((2,), coord=(0,))
     x = dtensor_of(data((4, 6)), mesh, [Shard(0)])
     y = dtensor_of(data((4, 6), seed=1), mesh, [Shard(0)])
     x + y
@@ -55,13 +55,15 @@ def test_same_signature_hits_and_counters_count():
         lambda m: dtensor_of(data((4, 6), np.float64), m, [Shard(0)]),  # dtype
         lambda m: dtensor_of(data((4, 6)), m, [Shard(1)]),  # placements
         lambda m: dtensor_of(data((4, 6)), m, [R]),  # placements
-        lambda m: dtensor_of(data((4, 6)), SimMesh((2,), name="other"), [Shard(0)]),  # mesh
-        lambda m: dtensor_of(data((4, 6)), SimMesh((1,)), [Shard(0)]),  # mesh shape
+        lambda m: dtensor_of(  # mesh
+            data((4, 6)), dt.AbstractMesh((2,), ("other",), coord=(0,)), [Shard(0)]),
+        lambda m: dtensor_of(  # mesh shape
+            data((4, 6)), dt.AbstractMesh((1,), coord=(0,)), [Shard(0)]),
     ],
     ids=["shape", "dtype", "shard-dim", "replicate", "mesh", "mesh-shape"],
 )
 def test_different_metadata_never_shares_an_entry(variant):
-    mesh = SimMesh((2,))
+    mesh = dt.AbstractMesh((2,), coord=(0,))
     base = dtensor_of(data((4, 6)), mesh, [Shard(0)])
     other = variant(mesh)
     a = base.relu()
@@ -83,7 +85,7 @@ def test_different_metadata_never_shares_an_entry(variant):
     ids=["dim1", "keepdim", "all", "dims", "mean0"],
 )
 def test_static_arguments_are_part_of_the_key(call):
-    x = dtensor_of(data((4, 6)), SimMesh((2,)), [Shard(0)])
+    x = dtensor_of(data((4, 6)), dt.AbstractMesh((2,), coord=(0,)), [Shard(0)])
     x.sum(dim=0)
     out = call(x)
     assert stats()["misses"] == 2
@@ -92,7 +94,7 @@ def test_static_arguments_are_part_of_the_key(call):
 
 
 def test_scalar_value_does_not_miss_but_its_type_does():
-    mesh = SimMesh((2,))
+    mesh = dt.AbstractMesh((2,), coord=(0,))
     g = data((4, 6))
     x = dtensor_of(g, mesh, [Shard(0)])
     y1 = x * 0.5
@@ -106,7 +108,8 @@ def test_scalar_value_does_not_miss_but_its_type_does():
 
 
 def test_default_dtype_is_part_of_the_key():
-    x = dtensor_of(np.arange(8, dtype=np.int64).reshape(4, 2), SimMesh((2,)), [Shard(0)])
+    x = dtensor_of(np.arange(8, dtype=np.int64).reshape(4, 2), dt.AbstractMesh((2,), coord=(0,)),
+                   [Shard(0)])
     assert (x * 1.5).dtype == np.float32
     old = dt.get_default_dtype()
     dt.set_default_dtype(np.float64)
@@ -118,7 +121,7 @@ def test_default_dtype_is_part_of_the_key():
 
 
 def test_varargs_and_tuple_sizes_share_an_entry():
-    x = dtensor_of(data((4, 6)), SimMesh((2,)), [R])
+    x = dtensor_of(data((4, 6)), dt.AbstractMesh((2,), coord=(0,)), [R])
     a = x.view(6, 4)
     b = x.view((6, 4))
     assert a.shape == b.shape == (6, 4)
@@ -127,7 +130,7 @@ def test_varargs_and_tuple_sizes_share_an_entry():
 
 def test_lru_bound_and_evictions():
     dt.debug.set_prop_cache_size(3)
-    mesh = SimMesh((2,))
+    mesh = dt.AbstractMesh((2,), coord=(0,))
     xs = [dtensor_of(data((2 * (i + 1), 3)), mesh, [Shard(0)]) for i in range(5)]
     for x in xs:
         x.relu()
@@ -151,7 +154,7 @@ def test_lru_bound_and_evictions():
 
 
 def test_clear_resets_counters_and_entries():
-    x = dtensor_of(data((4, 6)), SimMesh((2,)), [Shard(0)])
+    x = dtensor_of(data((4, 6)), dt.AbstractMesh((2,), coord=(0,)), [Shard(0)])
     x.relu()
     x.relu()
     dt.debug.clear_prop_cache()
@@ -176,7 +179,7 @@ def test_every_coordinate_takes_the_same_decision():
     strategies = []
     for coord in [(0, 0), (0, 1), (1, 0), (1, 1)]:
         dt.debug.clear_prop_cache()
-        mesh = SimMesh((2, 2), coord)
+        mesh = dt.AbstractMesh((2, 2), coord=coord)
         a = dtensor_of(g1, mesh, [Shard(0), Shard(1)])
         b = dtensor_of(g2, mesh, [R, Shard(0)])
         a @ b
@@ -191,7 +194,7 @@ def test_partial_sum_plus_scalar_adds_the_scalar_once():
     total = np.zeros_like(g)
     for coord in [(0,), (1,), (2,)]:
         dt.debug.clear_prop_cache()  # entries hold this process's coordinate-dependent data
-        mesh = SimMesh((3,), coord)
+        mesh = dt.AbstractMesh((3,), coord=coord)
         x = dtensor_of(g, mesh, [Partial("sum")])
         y = x + 2.0
         assert y.placements == (Partial("sum"),)
@@ -206,7 +209,7 @@ def test_partial_sum_times_scalar_stays_partial_without_identity():
     total = np.zeros_like(g)
     for coord in [(0,), (1,)]:
         dt.debug.clear_prop_cache()
-        x = dtensor_of(g, SimMesh((2,), coord), [Partial("sum")])
+        x = dtensor_of(g, dt.AbstractMesh((2,), coord=coord), [Partial("sum")])
         y = x * 3.0
         total += y.to_local().numpy()
     np.testing.assert_allclose(total, g * 3.0, rtol=1e-6)
@@ -215,7 +218,7 @@ def test_partial_sum_times_scalar_stays_partial_without_identity():
 # -- outputs ---------------------------------------------------------------------------------
 def test_multiple_outputs_keep_the_local_structure():
     g = data((4, 6))
-    mesh = SimMesh((2,))
+    mesh = dt.AbstractMesh((2,), coord=(0,))
     x = dtensor_of(g, mesh, [Shard(0)])
     out = x.max(dim=1)
     local = dt.from_numpy(local_part(g, mesh, [Shard(0)])).max(dim=1)
@@ -227,7 +230,7 @@ def test_multiple_outputs_keep_the_local_structure():
 
 def test_inplace_returns_its_input_and_writes_the_local_shard():
     g = data((4, 6))
-    mesh = SimMesh((2,))
+    mesh = dt.AbstractMesh((2,), coord=(0,))
     x = dtensor_of(g, mesh, [Shard(0)])
     local = x.to_local()
     y = x.mul_(2.0)
@@ -238,7 +241,7 @@ def test_inplace_returns_its_input_and_writes_the_local_shard():
 
 
 def test_inplace_that_would_change_placements_raises_and_leaves_input_unchanged():
-    mesh = SimMesh((2,))
+    mesh = dt.AbstractMesh((2,), coord=(0,))
     g = data((4, 6))
     p = dtensor_of(g, mesh, [Partial("sum")])
     before = p.to_local().numpy().copy()
@@ -251,7 +254,7 @@ def test_inplace_that_would_change_placements_raises_and_leaves_input_unchanged(
 
 # -- errors ----------------------------------------------------------------------------------
 def test_mixing_a_local_tensor_raises_a_sharding_error():
-    x = dtensor_of(data((8, 6)), SimMesh((2,)), [Shard(0)])
+    x = dtensor_of(data((8, 6)), dt.AbstractMesh((2,), coord=(0,)), [Shard(0)])
     local = dt.from_numpy(data((6,)))
     with pytest.raises(ShardingError) as e:
         dt.add(x, local)
@@ -266,7 +269,7 @@ def test_mixing_a_local_tensor_raises_a_sharding_error():
 
 def test_zero_dim_local_tensor_acts_as_a_replicated_value():
     g = data((4, 6))
-    mesh = SimMesh((2,))
+    mesh = dt.AbstractMesh((2,), coord=(0,))
     x = dtensor_of(g, mesh, [Shard(0)])
     y = x * dt.tensor(3.0)
     np.testing.assert_allclose(y.to_local().numpy(), local_part(g, mesh, [Shard(0)]) * 3.0)
@@ -274,8 +277,8 @@ def test_zero_dim_local_tensor_acts_as_a_replicated_value():
 
 
 def test_operands_on_different_meshes_raise_mesh_error():
-    a = dtensor_of(data((4, 6)), SimMesh((2,), name="a"), [Shard(0)])
-    b = dtensor_of(data((4, 6)), SimMesh((2,), name="b"), [Shard(0)])
+    a = dtensor_of(data((4, 6)), dt.AbstractMesh((2,), ("a",), coord=(0,)), [Shard(0)])
+    b = dtensor_of(data((4, 6)), dt.AbstractMesh((2,), ("b",), coord=(0,)), [Shard(0)])
     with pytest.raises(MeshError, match="different meshes"):
         a + b
 
@@ -285,7 +288,7 @@ def test_op_without_rule_raises_no_rule_error_naming_op_and_inputs():
         name="addd", kernel=OPS["add"].kernel, params=("input", "other"),
         tensor_params=("input", "other"),
     )
-    x = dtensor_of(data((4, 6)), SimMesh((2,)), [Shard(0)])
+    x = dtensor_of(data((4, 6)), dt.AbstractMesh((2,), coord=(0,)), [Shard(0)])
     with pytest.raises(NoRuleError) as e:
         _dispatch.dispatch(info, (x, x), {})
     msg = str(e.value)
@@ -294,7 +297,7 @@ def test_op_without_rule_raises_no_rule_error_naming_op_and_inputs():
 
 
 def test_binding_errors_name_the_op():
-    x = dtensor_of(data((4, 6)), SimMesh((2,)), [Shard(0)])
+    x = dtensor_of(data((4, 6)), dt.AbstractMesh((2,), coord=(0,)), [Shard(0)])
     with pytest.raises(TypeError, match="unexpected keyword"):
         dt.add(x, x, bogus=1)
     with pytest.raises(TypeError, match="missing required"):
@@ -310,7 +313,7 @@ def test_local_calls_do_not_touch_the_cache():
 
 
 def test_operators_methods_and_identity_hash():
-    mesh = SimMesh((2,))
+    mesh = dt.AbstractMesh((2,), coord=(0,))
     g = data((4, 6))
     x = dtensor_of(g, mesh, [Shard(0)])
     y = dtensor_of(g, mesh, [Shard(0)])
@@ -336,7 +339,7 @@ def test_operators_methods_and_identity_hash():
 
 def test_slices_are_key_parts_and_index_tensors_are_not_cached():
     g = data((6, 4))
-    x = dtensor_of(g, SimMesh((2,)), [R])
+    x = dtensor_of(g, dt.AbstractMesh((2,), coord=(0,)), [R])
     a = x[1:5:2]
     b = x[1:5:2]
     c = x[0:5:2]
@@ -354,7 +357,7 @@ def test_tensor_valued_static_arguments_are_decided_per_call():
         static_params=("tag",),
     )
     g = data((4, 6))
-    x = dtensor_of(g, SimMesh((2,)), [Shard(0)])
+    x = dtensor_of(g, dt.AbstractMesh((2,), coord=(0,)), [Shard(0)])
     for tag in (dt.tensor([1, 2]), [dt.tensor([3])], np.arange(2)):
         y = _dispatch.dispatch(info, (x, 2.0, tag), {})
         np.testing.assert_allclose(y.to_local().numpy(), x.to_local().numpy() * 2)
@@ -366,7 +369,7 @@ def test_tensor_valued_static_arguments_are_decided_per_call():
 
 
 def test_variadic_operands_bind_both_ways():
-    mesh = SimMesh((2,))
+    mesh = dt.AbstractMesh((2,), coord=(0,))
     a, b = data((4, 3)), data((3, 5), seed=1)
     x, w = dtensor_of(a, mesh, [Shard(0)]), dtensor_of(b, mesh, [R])
     y1 = dt.einsum("ij,jk->ik", x, w)
@@ -385,7 +388,7 @@ def test_an_optional_size_parameter_binds_as_given():
     """``roll``'s ``dims`` defaults to None: ``roll(x, 3, None)`` passes that None (only a
     required size parameter gathers trailing positionals, as in ``x.view(2, 3)``)."""
     g = data((5, 7))
-    x = dtensor_of(g, SimMesh((2,)), [R])
+    x = dtensor_of(g, dt.AbstractMesh((2,), coord=(0,)), [R])
     calls = [
         (dt.roll(x, 3, None), np.roll(g, 3)), (x.roll(3, None), np.roll(g, 3)),
         (x.roll(3), np.roll(g, 3)), (x.roll(2, 1), np.roll(g, 2, 1)),

@@ -13,7 +13,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from helpers.sim import SimMesh, dtensor_of
+from helpers.sim import dtensor_of
 
 import dtensor as dt
 from dtensor.dispatch import dispatcher as _dispatch
@@ -55,6 +55,33 @@ def test_abstract_mesh_metadata():
         mesh["pp"]
 
 
+def test_a_coordinate_mesh_holds_its_shards_and_runs_kernels():
+    g = np.arange(36, dtype=np.float32).reshape(6, 6)
+    mesh = dt.AbstractMesh((2, 3), ("dp", "tp"), coord=(1, 2))
+    assert (mesh.get_coordinate(), mesh.get_rank(), mesh.get_local_rank("tp")) == ((1, 2), 5, 2)
+    assert (mesh["tp"].get_coordinate(), mesh["tp"].get_group(0).rank) == ((2,), 2)
+    assert repr(mesh) == "AbstractMesh((2, 3), mesh_dim_names=('dp', 'tp'), coord=(1, 2))"
+    # one mesh seen from another coordinate; an abstract mesh (no data) is another mesh
+    other = dt.AbstractMesh((2, 3), ("dp", "tp"), coord=(0, 0))
+    assert mesh == other and hash(mesh) == hash(other) and mesh != dt.AbstractMesh((2, 3))
+    assert pickle.loads(pickle.dumps(mesh)).get_coordinate() == (1, 2)
+    x = dt.distribute_tensor(g, mesh, [S(0), S(1)])
+    assert type(x) is dt.DTensor
+    np.testing.assert_array_equal(x.to_local().numpy(), g[3:, 4:])
+    y = (x * 2).exp()  # the kernels run on this coordinate's block
+    assert y.placements == (S(0), S(1))
+    np.testing.assert_allclose(y.to_local().numpy(), np.exp(g[3:, 4:] * 2), rtol=1e-6)
+    assert dt.ones((6, 6), device_mesh=mesh, placements=[S(0), S(1)]).to_local().shape == (3, 2)
+    with pytest.raises(MeshError, match="redistribute: .*mesh dim 1.*needs a communicator"):
+        x.redistribute(mesh, [S(0), R])  # an all-gather over "tp": no groups were given
+    for bad in ({"coord": (2, 0)}, {"coord": (0,)}, {"groups": (None, None)},
+                {"coord": (0, 0), "groups": (None,)}):
+        with pytest.raises(MeshError):
+            dt.AbstractMesh((2, 3), **bad)
+    with pytest.raises(MeshError, match="without coord"):
+        dt.abstract_tensor((6, 6), mesh)
+
+
 # -- decisions: those of the dispatcher on data -----------------------------------------------------
 _LAYOUTS = ((S(0), R), (R, R), (R, S(-1)), (S(0), S(-1)))
 
@@ -88,7 +115,7 @@ def test_abstract_ops_take_the_dispatchers_decisions():
     inputs gives outputs of the specs the dispatcher decides for the same metadata on data
     (or raises the same error type), in the structure (DTensor, tuple, namedtuple) its
     kernel returns."""
-    sim, mesh = SimMesh((2, 2)), dt.AbstractMesh((2, 2))
+    sim, mesh = dt.AbstractMesh((2, 2), coord=(0, 0)), dt.AbstractMesh((2, 2))
     checked, structures = 0, 0
     for info in OPS.values():
         for n, call in enumerate(sample_calls(info)[:3]):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers.sim import SimMesh, data, dtensor_of
+from helpers.sim import data, dtensor_of
 
 import dtensor as dt
 from dtensor.dispatch import dispatcher as _dispatch
@@ -60,7 +60,7 @@ def test_a_new_unary_op_is_one_record():
     assert dt.log10(dt.tensor([1, 100])).dtype == dt.float32  # integers compute as floats
     with pytest.raises(dt.errors.DTypeError, match="Float can.t be cast to .* Long"):
         dt.tensor([1, 100]).log10_()
-    mesh = SimMesh((2,))
+    mesh = dt.AbstractMesh((2,), coord=(0,))
     x = dtensor_of(g, mesh, [Shard(0)])
     y = x.log10()
     assert y.placements == (Shard(0),) and y.dtype == np.float32
@@ -72,7 +72,7 @@ def test_a_new_unary_op_is_one_record():
 
 
 def test_listeners_see_every_dispatched_op_with_its_miss_flag():
-    x = dtensor_of(data((4, 6)), SimMesh((2,)), [Shard(0)])
+    x = dtensor_of(data((4, 6)), dt.AbstractMesh((2,), coord=(0,)), [Shard(0)])
     seen = []
 
     def listen(entry, miss, values, mesh):
@@ -96,7 +96,7 @@ def test_listeners_see_every_dispatched_op_with_its_miss_flag():
 
 
 def test_a_listener_may_stop_an_op_before_it_runs():
-    x = dtensor_of(data((4, 6)), SimMesh((2,)), [Shard(0)])
+    x = dtensor_of(data((4, 6)), dt.AbstractMesh((2,), coord=(0,)), [Shard(0)])
 
     def refuse(entry, miss, values, mesh):
         raise RuntimeError(f"refused {entry.name}")
@@ -111,7 +111,7 @@ def test_a_listener_may_stop_an_op_before_it_runs():
 
 
 def test_clear_caches_empties_every_cache_and_changes_no_result():
-    x = dtensor_of(data((6, 4)), SimMesh((2,)), [Shard(0)])
+    x = dtensor_of(data((6, 4)), dt.AbstractMesh((2,), coord=(0,)), [Shard(0)])
     before = (x.view(-1) * 3 + 1).sum(dim=0).to_local().numpy()
     stats = dt.debug.cache_stats()
     assert stats["dispatch.propagation"]["size"] > 0

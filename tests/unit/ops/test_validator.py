@@ -129,7 +129,7 @@ def test_mean_over_uneven_shards_is_exact():
     assert strategy.output_specs[0].placements == (Partial("sum"),)
     total = np.zeros(7, np.float32)
     for c in range(4):
-        mesh = V._CoordMesh((4,), (c,))
+        mesh = dt.AbstractMesh((4,), coord=(c,))
         st = _core.strategy_of(schema, mesh, _core.rule_result(schema),
                              strategy.candidates_considered[-1][0], 0.0, ())
         kernel = OPS["mean"].local_fn(schema, st)

@@ -761,6 +761,11 @@ def _gather_local_meta(local: Tensor, mesh: DeviceMesh) -> np.ndarray:
     """
     if local.ndim > _MAX_NDIM:
         raise ShardingError(f"DTensor.from_local: {local.ndim}-D tensors are not supported")
+    if getattr(mesh, "_base", None) is None:  # a mesh seen from one coordinate (AbstractMesh)
+        raise MeshError(
+            f"DTensor.from_local: give shape= on {mesh!r}: its other coordinates' local shapes "
+            "cannot be gathered"
+        )
     mine = np.full(2 + _MAX_NDIM, -1, dtype=np.int64)
     mine[0] = ord(local.dtype.char)
     mine[1] = local.ndim

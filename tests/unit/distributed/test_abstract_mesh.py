@@ -316,3 +316,12 @@ def test_abstract_plan_benchmark_reports_traces_and_a_search(tmp_path):
     assert set(search["placements"]) == {"w1", "b1", "w2", "b2", "x", "y"}
     with pytest.raises(SystemExit, match="unknown models"):
         abstract_plan.main(["--models", "nope"])
+
+
+def test_from_local_on_a_coordinate_mesh_needs_the_shape():
+    mesh = dt.AbstractMesh((2,), coord=(1,))
+    local = dt.ones(3, 2)
+    with pytest.raises(dt.errors.MeshError, match="give shape="):
+        dt.DTensor.from_local(local, mesh, [dt.Shard(0)])
+    d = dt.DTensor.from_local(local, mesh, [dt.Shard(0)], shape=(6, 2))
+    assert d.shape == (6, 2) and d.to_local().shape == (3, 2)

@@ -41,7 +41,7 @@ Process-wide switch: autograd is *active* from the first time a tensor requires 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import fastpath as _fp
 from placements.errors import AutogradError
@@ -75,6 +75,7 @@ __all__ = [
     "set_leaf_layout",
     "unsave",
     "version_of",
+    "zero_grads",
 ]
 
 
@@ -807,3 +808,16 @@ def save(t: object, name: str) -> tuple:
     e[1] += 1
     # (the owner keeps the key unique while the entry is counted)
     return (key, e[0], name, t, own)
+
+
+def zero_grads(params: Iterable, set_to_none: bool = True) -> None:
+    """Reset the gradients of ``params``: to None (default), or to zeros in place (what a
+    module's and an optimizer's ``zero_grad`` do). **Local**."""
+    for p in params:
+        if p.grad is None:
+            continue
+        if set_to_none:
+            p.grad = None
+        else:
+            with no_grad():
+                p.grad.zero_()

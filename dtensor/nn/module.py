@@ -30,7 +30,7 @@ from placements.meta import dtype_kind
 
 from ..distributed.dtensor import DTensor, distribute_tensor
 from ..local.dtypes import to_dtype
-from ..local.grad_engine import no_grad
+from ..local.grad_engine import no_grad, zero_grads
 from ..local.tensor import Tensor
 from .parameter import Parameter
 
@@ -541,15 +541,8 @@ class Module:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Reset the gradients of every parameter: to None (default), or to zeros in
-        place."""
-        for p in self.parameters():
-            if p.grad is None:
-                continue
-            if set_to_none:
-                p.grad = None
-            else:
-                with no_grad():
-                    p.grad.zero_()
+        place. **Local**."""
+        zero_grads(self.parameters(), set_to_none)
 
     def to(self, dtype: Any) -> Module:
         """Cast the floating-point parameters and buffers (and the parameters' gradients)

@@ -23,7 +23,7 @@ from typing import Any
 from placements.errors import ArgumentError
 
 from ..distributed.dtensor import DTensor, distribute_tensor
-from ..local.grad_engine import enable_grad, no_grad
+from ..local.grad_engine import enable_grad, no_grad, zero_grads
 from ..local.tensor import Tensor
 
 __all__ = ["SGD", "Adam", "AdamW", "Optimizer"]
@@ -110,15 +110,7 @@ class Optimizer:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Reset the gradients: to None (default), or to zeros in place. **Local**."""
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if set_to_none:
-                    p.grad = None
-                else:
-                    with no_grad():
-                        p.grad.zero_()
+        zero_grads(self._params(), set_to_none)
 
     def _params(self) -> list[Any]:
         return [p for group in self.param_groups for p in group["params"]]

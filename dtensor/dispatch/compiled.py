@@ -29,6 +29,7 @@ import fastpath as _fp
 from placements.meta import norm_dims
 from placements.spec import DTensorSpec
 from redistribute.execute import compiled_form as _compiled_form
+from redistribute.execute import executor_plug
 
 from ..distributed.abstract import AbstractDTensor
 from ..distributed.dtensor import DTensor, PendingDTensor, normalize_placements, redistribute_target
@@ -68,6 +69,7 @@ __all__ = [
     "make_operator",
     "make_recording",
     "plug",
+    "plug_executor",
     "raw_form",
     "redistribute_form",
     "set_flags",
@@ -530,8 +532,17 @@ def plug() -> Plug | None:
         py_redistribute=PY_REDISTRIBUTE, move_form=move_form, move_input=execute_move,
     )
     FRONT.plug(**{f.name: getattr(fields, f.name) for f in dataclass_fields(Plug)})
+    plug_executor()
     attach_front(FRONT)
     return fields
+
+
+def plug_executor() -> None:
+    """Plug the compiled executor (``fastpath._redist``) with redistribute's hook state,
+    ``MPI.BYTE`` and the MPI library's persistent-request functions
+    (:func:`redistribute.execute.executor_plug`). redistribute and fastpath import nothing
+    of each other; this module connects them. **Local**."""
+    _fp.redist.install(*executor_plug())
 
 
 def why_off() -> str:

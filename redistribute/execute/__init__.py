@@ -8,15 +8,16 @@ The package's modules, each owning one part:
 - :mod:`~redistribute.execute.shared`: exchanges through node-shared memory;
 - :mod:`~redistribute.execute.scatter`: :func:`scatter_from` (``distribute_tensor``);
 - :mod:`~redistribute.execute.compiled`: :func:`compiled_form`, one-step plans as the
-  compiled executor (``fastpath._redist``) runs them, and its plug.
+  compiled executor (``fastpath._redist``) runs them, and what that executor is plugged
+  with (:func:`executor_plug`).
 
 This package's namespace is the public face listed in ``__all__``.
 """
 
 from __future__ import annotations
 
-from .compiled import compiled_form
+from .compiled import compiled_form, executor_plug
 from .run import execute, execute_async
 from .scatter import scatter_from
 
-__all__ = ["compiled_form", "execute", "execute_async", "scatter_from"]
+__all__ = ["compiled_form", "execute", "execute_async", "executor_plug", "scatter_from"]

@@ -1,14 +1,15 @@
 """The compiled executor's side of redistribute: the forms of one-step plans that compiled
-code runs itself, and the plug of that code (``fastpath._redist``).
+code runs itself, and what that code (``fastpath._redist``) is plugged with.
 
 This module owns :func:`compiled_form` (what a one-step plan's program looks like as the
-MPI call it makes and the byte copies around it) and :func:`plug`, run at import, which
-hands ``fastpath._redist`` (when the compiled fast path is enabled) the one hook state of
-:mod:`redistribute.comm` (:data:`~redistribute.comm.HOOKS`: the compiled executor leaves
-every call to the Python one while an observer or a debug check is on, and runs small
-gathers through persistent requests while those are on), ``MPI.BYTE`` and
-:func:`~redistribute.comm.request_c_api`. dtensor's dispatcher
-(``dtensor.dispatch.front``) hands the same extension the forms of DTensor redistributes.
+MPI call it makes and the byte copies around it) and :func:`executor_plug`: the one hook
+state of :mod:`redistribute.comm` (:data:`~redistribute.comm.HOOKS`: the compiled executor
+leaves every call to the Python one while an observer or a debug check is on, and runs
+small gathers through persistent requests while those are on), ``MPI.BYTE`` and
+:func:`~redistribute.comm.request_c_api`. redistribute and fastpath sit side by side and
+import nothing of each other: dtensor's compiled glue (``dtensor.dispatch.compiled``), the
+one module that talks to the extension, hands it these fields and the forms of DTensor
+redistributes.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from typing import Any
 
 import numpy as np
 
-import fastpath as _fp
 from placements.errors import DTypeError
 
 from .. import comm as _comm
@@ -35,16 +35,14 @@ from .programs import (
     get_program,
 )
 
-__all__ = ["compiled_form", "plug"]
+__all__ = ["compiled_form", "executor_plug"]
 
 
-def plug() -> None:
-    """Plug the hook state of :mod:`redistribute.comm`, ``MPI.BYTE`` and the MPI library's
-    C functions of persistent requests into the compiled executor (``fastpath._redist``),
-    when the compiled fast path is enabled (built, and ``DTENSOR_FASTPATH`` not 0).
-    **Local**."""
-    if _fp.ENABLED:
-        _fp.redist.install(_comm.HOOKS, _comm.BYTES, _comm.request_c_api())
+def executor_plug() -> tuple:
+    """What the compiled executor (``fastpath._redist.install``) is plugged with: the hook
+    state of :mod:`redistribute.comm`, ``MPI.BYTE`` and the MPI library's C functions of
+    persistent requests (None where they are not found). **Local**."""
+    return _comm.HOOKS, _comm.BYTES, _comm.request_c_api()
 
 
 def _runs(s: Slab) -> tuple:
@@ -173,6 +171,3 @@ def _all_to_all_fields(runner: ExchangeRunner, comm: _comm.Comm, isz: int) -> tu
     fields = (own, pack, pack_len, list(runner.scounts), sdispls, stage, rcounts, rdispls,
               [_comm.BYTES] * k, _blocks(unstage) if staged else None)  # fmt: skip
     return "all_to_all", fields
-
-
-plug()

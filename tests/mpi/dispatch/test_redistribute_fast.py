@@ -250,7 +250,7 @@ def test_bad_arguments_raise_as_in_the_python_method():
 @pytest.mark.mpi(min_size=2)
 def test_persistent_gathers_without_the_mpi_c_functions():
     """Without ``request_c_api`` the compiled path starts and waits through mpi4py."""
-    from redistribute.execute import compiled
+    from dtensor.dispatch import compiled
 
     mesh = dt.init_device_mesh((WORLD.size,))
     x, data = _source((5, 3), [S(1)], mesh)
@@ -262,5 +262,5 @@ def test_persistent_gathers_without_the_mpi_c_functions():
         assert _kinds()["gather"] == before + 1
         np.testing.assert_array_equal(y.to_local().numpy(), data)
     finally:
-        compiled.plug()
+        compiled.plug_executor()
         rcomm.set_persistent(prev)

@@ -41,6 +41,7 @@ Process-wide switch: autograd is *active* from the first time a tensor requires 
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 
 import fastpath as _fp
@@ -68,6 +69,7 @@ __all__ = [
     "no_grad",
     "on_activate",
     "owner",
+    "queue_callback",
     "record",
     "run_backward",
     "save",
@@ -413,6 +415,53 @@ def _for_leaf(g: object, meta: AutogradMeta) -> object:
     return g
 
 
+# Post-accumulate-grad hooks, keyed by id() of a leaf's AutogradMeta: [weakref to the
+# leaf, {handle id: hook}] (the compiled AutogradMeta has no room for them; the entry keeps
+# the meta alive, so its id is not reused while hooks are registered).
+_POST_ACC: dict[int, list] = {}
+_HOOK_IDS = iter(range(1, 1 << 62))
+
+
+class _HookHandle:
+    """What ``register_post_accumulate_grad_hook`` returns: ``remove()`` unregisters."""
+
+    __slots__ = ("key", "n")
+
+    def __init__(self, key: int, n: int) -> None:
+        self.key, self.n = key, n
+
+    def remove(self) -> None:
+        entry = _POST_ACC.get(self.key)
+        if entry is not None:
+            entry[2].pop(self.n, None)
+            if not entry[2]:
+                del _POST_ACC[self.key]
+
+
+def _register_post_accumulate_grad_hook(self, hook: Callable) -> _HookHandle:
+    """Call ``hook(tensor)`` each time a backward pass has accumulated a gradient into
+    this leaf's ``.grad`` (PyTorch's ``register_post_accumulate_grad_hook``); returns a
+    handle whose ``remove()`` unregisters it. **Local**.
+
+    Raises
+    ------
+    AutogradError
+        ``self`` is not a leaf that requires grad.
+    """
+    meta = self._ag
+    if meta is None or not meta.requires_grad or meta.grad_fn is not None:
+        raise AutogradError(
+            "register_post_accumulate_grad_hook: post accumulate grad hooks cannot be "
+            "registered on non-leaf tensors or tensors that do not require grad"
+        )
+    entry = _POST_ACC.get(id(meta))
+    if entry is None:
+        entry = _POST_ACC[id(meta)] = [weakref.ref(self), meta, {}]
+    n = next(_HOOK_IDS)
+    entry[2][n] = hook
+    return _HookHandle(id(meta), n)
+
+
 def _accumulate(meta: AutogradMeta, g: object) -> None:
     g = _for_leaf(g, meta)
     if meta.grad is None:
@@ -420,6 +469,32 @@ def _accumulate(meta: AutogradMeta, g: object) -> None:
         meta.grad = g.clone() if hasattr(g, "clone") else g
     else:
         meta.grad = meta.grad + g
+    if _POST_ACC:
+        entry = _POST_ACC.get(id(meta))
+        if entry is not None:
+            t = entry[0]()
+            if t is not None:
+                for hook in list(entry[2].values()):
+                    hook(t)
+
+
+# Callbacks queued for the end of the outermost running backward pass (queue_callback)
+_CALLBACKS: list[Callable[[], None]] = []
+
+
+def queue_callback(fn: Callable[[], None]) -> None:
+    """Run ``fn()`` once the backward pass that runs now has finished its walk (PyTorch's
+    ``Variable._execution_engine.queue_callback``): in the order queued, after the last
+    node, before ``backward`` returns; a callback may queue another. **Local**.
+
+    Raises
+    ------
+    AutogradError
+        No backward pass is running.
+    """
+    if not _WALK.active:
+        raise AutogradError("queue_callback: no backward pass is running")
+    _CALLBACKS.append(fn)
 
 
 # -- the walk ---------------------------------------------------------------------------------------
@@ -491,11 +566,18 @@ def run_backward(tensors: Sequence, grad_tensors: Sequence, retain_graph: bool,
     """
     walk = _WALK
     prev = walk.active, walk.op
+    outer = not prev[0]
     walk.active, walk.op = True, None
     try:
         results = _walk(tensors, grad_tensors, retain_graph, inputs, op, create_graph, leaves)
+        if outer:
+            callbacks = _CALLBACKS
+            while callbacks:
+                callbacks.pop(0)()
     finally:
         walk.active, walk.op = prev
+        if outer:
+            _CALLBACKS.clear()
     if inputs is None:
         return None
     for j, r in enumerate(results):
@@ -543,8 +625,9 @@ def _walk(tensors: Sequence, grad_tensors: Sequence, retain_graph: bool,
             elif inputs is None and meta.grad_fn is None:
                 _accumulate(meta, g)
 
-        # dependencies: how many edges reach each node from the roots
+        # dependencies: how many edges reach each node (and each leaf) from the roots
         deps: dict = {}
+        leaf_deps: dict = {}
         seen = set()
         stack = [t for (t, _), _ in roots if isinstance(t, Node)]
         for n in stack:
@@ -552,12 +635,38 @@ def _walk(tensors: Sequence, grad_tensors: Sequence, retain_graph: bool,
         while stack:
             n = stack.pop()
             for e in n.edges:
-                m = None if e is None else e.grad_fn
+                if e is None:
+                    continue
+                m = e.grad_fn
                 if m is not None:
                     deps[m] = deps.get(m, 0) + 1
                     if m not in seen:
                         seen.add(m)
                         stack.append(m)
+                else:
+                    leaf_deps[id(e)] = leaf_deps.get(id(e), 0) + 1
+        # a leaf's gradients are summed until its last edge has delivered, then accumulated
+        # once (its hooks run once per pass, its layout is applied once)
+        leaf_sums: dict = {}
+
+        def deliver(meta: AutogradMeta, g: object) -> None:
+            key = id(meta)
+            if key not in leaf_deps:  # an edge added while the pass ran (a checkpoint's)
+                if g is not None:
+                    to_leaf(meta, g)
+                return
+            total = leaf_sums.get(key)
+            if g is not None:
+                total = g if total is None else total + g
+            left = leaf_deps[key] - 1
+            if left:
+                leaf_deps[key] = left
+                leaf_sums[key] = total
+                return
+            del leaf_deps[key]
+            leaf_sums.pop(key, None)
+            if total is not None:
+                to_leaf(meta, total)
         buffers: dict = {}
         for (target, nr), g in roots:
             if isinstance(target, Node):
@@ -595,8 +704,8 @@ def _walk(tensors: Sequence, grad_tensors: Sequence, retain_graph: bool,
                     deps[target] -= 1
                     if deps[target] == 0:
                         ready.append(target)
-                elif g is not None:
-                    to_leaf(e, g)
+                else:
+                    deliver(e, g)
             walk.op = None
         if not retain_graph:
             for node in done:
@@ -755,7 +864,8 @@ def _backward(self, gradient=None, retain_graph: bool | None = None, create_grap
 
 def install_api(cls: type) -> None:
     """Give ``cls`` (Tensor, DTensor) the autograd attributes: ``requires_grad``,
-    ``requires_grad_``, ``grad``, ``grad_fn``, ``is_leaf``, ``_version`` and ``backward``.
+    ``requires_grad_``, ``grad``, ``grad_fn``, ``is_leaf``, ``_version``, ``backward`` and
+    ``register_post_accumulate_grad_hook``.
     The class provides ``_grad_layout()`` (a leaf's gradient layout) and
     ``_autograd_ones()`` (the implicit gradient of a one-element tensor). **Local**."""
     cls.requires_grad = property(_requires_grad, _set_requires_grad, doc=_requires_grad.__doc__)
@@ -765,6 +875,7 @@ def install_api(cls: type) -> None:
     cls.is_leaf = property(_is_leaf, doc=_is_leaf.__doc__)
     cls._version = property(_version, doc=_version.__doc__)
     cls.backward = _backward
+    cls.register_post_accumulate_grad_hook = _register_post_accumulate_grad_hook
 
 
 install_api(Tensor)

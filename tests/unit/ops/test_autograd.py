@@ -622,3 +622,39 @@ def test_dtensor_ops_record_on_both_paths(fast):
     ly = (lx * lx + 2.0 * lx - lx.exp() / 3.0) @ lx.T
     (dt.relu(ly).sum() + (-lx).sum(dim=0).sum() + lx.where(lx > 0, 0.0).sum()).backward()
     np.testing.assert_allclose(x.grad.full_tensor().numpy(), lx.grad.numpy(), atol=1e-12)
+
+
+def test_post_accumulate_grad_hook_sees_the_accumulated_grad_and_removes():
+    w = dt.tensor([1.0, 2.0, 3.0]).requires_grad_()
+    seen = []
+    handle = w.register_post_accumulate_grad_hook(lambda t: seen.append(t.grad.numpy().copy()))
+    (w * 2).sum().backward()
+    (w * 3).sum().backward()
+    np.testing.assert_array_equal(seen[0], [2.0, 2.0, 2.0])
+    np.testing.assert_array_equal(seen[1], [5.0, 5.0, 5.0])  # after accumulation
+    handle.remove()
+    (w * 3).sum().backward()
+    assert len(seen) == 2
+    with pytest.raises(AutogradError, match="non-leaf"):
+        (w * 2).register_post_accumulate_grad_hook(lambda t: None)
+    with pytest.raises(AutogradError, match="non-leaf"):
+        dt.tensor([1.0]).register_post_accumulate_grad_hook(lambda t: None)
+
+
+def test_queue_callback_runs_after_the_last_node_in_order():
+    from dtensor.local import grad_engine
+
+    w = dt.tensor([1.0, 2.0]).requires_grad_()
+    order = []
+
+    def hook(t):
+        order.append("hook")
+        grad_engine.queue_callback(lambda: order.append(("first", t.grad.numpy().tolist())))
+        grad_engine.queue_callback(lambda: grad_engine.queue_callback(
+            lambda: order.append("queued by a callback")))
+
+    w.register_post_accumulate_grad_hook(hook)
+    (w * w).sum().backward()
+    assert order == ["hook", ("first", [2.0, 4.0]), "queued by a callback"]
+    with pytest.raises(AutogradError, match="no backward pass"):
+        grad_engine.queue_callback(lambda: None)

@@ -87,14 +87,17 @@ from . import checkpoint  # noqa: F401  (checkpoints and parallel file IO)
 from .checkpoint import from_h5, from_npy, load, save, to_h5, to_npy  # noqa: F401
 from . import autoshard  # noqa: F401  (whole-model sharding search)
 from .autoshard import auto_shard  # noqa: F401
-from . import parallel  # noqa: F401  (tensor and sequence parallel styles)
+from . import parallel  # noqa: F401  (tensor/sequence parallel styles, fully_shard)
 from .parallel import (  # noqa: F401
     ColwiseParallel,
+    FSDPModule,
+    MixedPrecisionPolicy,
     ParallelStyle,
     PrepareModuleInput,
     PrepareModuleOutput,
     RowwiseParallel,
     SequenceParallel,
+    fully_shard,
     loss_parallel,
     parallelize_module,
 )

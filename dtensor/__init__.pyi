@@ -87,11 +87,14 @@ from . import autoshard as autoshard
 from .autoshard import auto_shard as auto_shard
 from . import parallel as parallel
 from .parallel import ColwiseParallel as ColwiseParallel
+from .parallel import FSDPModule as FSDPModule
+from .parallel import MixedPrecisionPolicy as MixedPrecisionPolicy
 from .parallel import ParallelStyle as ParallelStyle
 from .parallel import PrepareModuleInput as PrepareModuleInput
 from .parallel import PrepareModuleOutput as PrepareModuleOutput
 from .parallel import RowwiseParallel as RowwiseParallel
 from .parallel import SequenceParallel as SequenceParallel
+from .parallel import fully_shard as fully_shard
 from .parallel import loss_parallel as loss_parallel
 from .parallel import parallelize_module as parallelize_module
 

@@ -249,3 +249,11 @@ cdef class BlockCache:
     def reset_peak(self):
         """Set the peak to the current allocated bytes."""
         self._peak = self._allocated
+
+    def adjust(self, Py_ssize_t delta):
+        """Count ``delta`` bytes (negative: given back) of memory held outside the pool in
+        the allocated and requested figures (the allocator's releasable buffers)."""
+        self._allocated += delta
+        self._requested += delta
+        if self._allocated > self._peak:
+            self._peak = self._allocated

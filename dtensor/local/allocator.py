@@ -64,6 +64,7 @@ On ``device="cuda"`` cupy's memory pool is the allocator: :func:`empty_array` re
 from __future__ import annotations
 
 import math
+import mmap
 import operator
 import os
 import sys
@@ -83,6 +84,7 @@ __all__ = [
     "POOL_MIN_BYTES",
     "Block",
     "CPUAllocator",
+    "ReleasableBuffer",
     "empty_array",
     "empty_cache",
     "memory_snapshot",
@@ -431,6 +433,20 @@ class CPUAllocator:
         finally:
             self._unlock()
 
+    def adjust(self, delta: int) -> None:
+        """Count ``delta`` bytes (negative: given back) of memory held outside the pool
+        (a :class:`ReleasableBuffer`'s) in the allocated, requested and reserved figures.
+        **Local**, thread-safe."""
+        self._acquire()
+        try:
+            self._allocated += delta
+            self._requested += delta
+            self._reserved += delta
+            self._peak_allocated = max(self._peak_allocated, self._allocated)
+            self._peak_reserved = max(self._peak_reserved, self._reserved)
+        finally:
+            self._unlock()
+
     def reset_peak_stats(self) -> None:
         """Set the peak statistics to the current values. **Local**."""
         self._acquire()
@@ -594,6 +610,60 @@ def _cuda_empty(shape: Any, dtype: Any, index: int) -> Any:
         out = cp.empty(shape, dtype)
     _cuda_peak = max(_cuda_peak, cp.get_default_memory_pool().used_bytes())
     return out
+
+
+class ReleasableBuffer:
+    """A host buffer whose memory can be given back and taken again at the same address:
+    what PyTorch does with ``storage.resize_(0)`` and ``resize_(n)``, so that every view of
+    the buffer (and every tensor a backward node saved) stays valid while the memory is
+    away. **Local**.
+
+    The buffer is a private anonymous mapping: :meth:`release` drops its pages
+    (``madvise(MADV_DONTNEED)``; reading it then gives zeros), the next write brings fresh
+    pages. :meth:`memory_stats` counts its bytes while it is committed. Used for the
+    unsharded parameters of ``fully_shard``; on a GPU (cupy) the memory stays allocated.
+
+    Attributes
+    ----------
+    array : ndarray
+        The whole buffer, ``nbytes`` uint8 (take typed views of it).
+    committed : bool
+        Whether the memory is counted as held (after :meth:`commit`, until :meth:`release`).
+    """
+
+    __slots__ = ("__weakref__", "_map", "array", "committed", "nbytes")
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = int(nbytes)
+        self._map = mmap.mmap(-1, max(self.nbytes, 1),
+                              flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        self.array = np.frombuffer(self._map, np.uint8, self.nbytes)
+        self.committed = False
+
+    def commit(self) -> None:
+        """Count the buffer's memory as held (before writing it). **Local**."""
+        if not self.committed:
+            self.committed = True
+            _adjust(self.nbytes)
+
+    def release(self) -> None:
+        """Give the buffer's pages back to the system; its contents become zeros.
+        **Local**."""
+        if self.committed:
+            if self.nbytes:
+                self._map.madvise(mmap.MADV_DONTNEED)
+            self.committed = False
+            _adjust(-self.nbytes)
+
+    def __del__(self) -> None:
+        if getattr(self, "committed", False):
+            _adjust(-self.nbytes)
+
+
+def _adjust(delta: int) -> None:
+    _CPU.adjust(delta)
+    if _CACHE is not None:
+        _CACHE.adjust(delta)
 
 
 def memory_stats(device: Any = "cpu") -> dict[str, int]:

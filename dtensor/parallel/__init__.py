@@ -1,12 +1,15 @@
 """``dt.parallel``: tensor and sequence parallelism of ``dt.nn`` modules (PyTorch's
 ``torch.distributed.tensor.parallel``): :func:`parallelize_module` with the styles
 :class:`ColwiseParallel`, :class:`RowwiseParallel`, :class:`SequenceParallel`,
-:class:`PrepareModuleInput` and :class:`PrepareModuleOutput`, and :func:`loss_parallel`.
+:class:`PrepareModuleInput` and :class:`PrepareModuleOutput`, and :func:`loss_parallel`;
+fully sharded data parallelism (FSDP2): :func:`fully_shard` with
+:class:`MixedPrecisionPolicy`.
 ``dtensor`` exports them all (``dt.parallelize_module``...)."""
 
 from __future__ import annotations
 
 from ._api import parallelize_module
+from ._fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from ._loss import loss_parallel
 from ._style import (
     ColwiseParallel,
@@ -19,11 +22,14 @@ from ._style import (
 
 __all__ = [
     "ColwiseParallel",
+    "FSDPModule",
+    "MixedPrecisionPolicy",
     "ParallelStyle",
     "PrepareModuleInput",
     "PrepareModuleOutput",
     "RowwiseParallel",
     "SequenceParallel",
+    "fully_shard",
     "loss_parallel",
     "parallelize_module",
 ]

@@ -111,6 +111,9 @@ class GPT(dt.nn.Module):
     def forward(self, idx, targets=None):
         s = idx.shape[1]
         pos = dt.arange(s)
+        if isinstance(idx, dt.DTensor):  # a sharded batch: the positions on every rank
+            pos = dt.DTensor.from_local(pos, idx.device_mesh,
+                                        [dt.Replicate()] * idx.device_mesh.ndim)
         x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))
         for block in self.blocks:
             x = block(x)
@@ -118,6 +121,39 @@ class GPT(dt.nn.Module):
         if targets is None:
             return logits
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def tp_plan(sequence_parallel: bool = False) -> dict:
+    """The Megatron plan of the blocks (attention heads and the MLP split over the tp
+    mesh); with ``sequence_parallel`` the LayerNorms and residuals between them hold
+    ``Shard(1)`` (sequence) shards: one all-gather before the attention and the MLP,
+    a reduce-scatter after wo and proj. Embeddings and the tied head stay whole."""
+    if not sequence_parallel:
+        return {
+            "blocks.*.attn.wq": dt.ColwiseParallel(),
+            "blocks.*.attn.wk": dt.ColwiseParallel(),
+            "blocks.*.attn.wv": dt.ColwiseParallel(),
+            "blocks.*.attn.wo": dt.RowwiseParallel(),
+            "blocks.*.mlp.fc": dt.ColwiseParallel(),
+            "blocks.*.mlp.proj": dt.RowwiseParallel(),
+        }
+    seq = dt.Shard(1)
+    gather = {"input_layouts": (seq,), "desired_input_layouts": (dt.Replicate(),)}
+    return {
+        "blocks.0": dt.PrepareModuleInput(input_layouts=(dt.Replicate(),),
+                                          desired_input_layouts=(seq,)),
+        "blocks.*.ln*": dt.SequenceParallel(),
+        "blocks.*.attn": dt.PrepareModuleInput(**gather),
+        "blocks.*.attn.wq": dt.ColwiseParallel(),
+        "blocks.*.attn.wk": dt.ColwiseParallel(),
+        "blocks.*.attn.wv": dt.ColwiseParallel(),
+        "blocks.*.attn.wo": dt.RowwiseParallel(output_layouts=seq, use_local_output=False),
+        "blocks.*.mlp": dt.PrepareModuleInput(**gather),
+        "blocks.*.mlp.fc": dt.ColwiseParallel(),
+        "blocks.*.mlp.proj": dt.RowwiseParallel(output_layouts=seq, use_local_output=False),
+        "ln_f": dt.PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(dt.Replicate(),),
+                                      use_local_output=True),
+    }
 
 
 def batch(cfg: GPTConfig, batch_size: int, seed: int) -> tuple:

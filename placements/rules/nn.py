@@ -220,7 +220,7 @@ def attention_shapes(query, key, value, attn_mask, enable_gqa: bool) -> tuple[tu
             f"{_SDPA}: Expected query, key, and value to have the same dtype, but got "
             f"query.dtype: {q.dtype} key.dtype: {k.dtype} and value.dtype: {v.dtype} instead."
         )
-    if q.dtype.kind != "f":
+    if dtype_kind(q.dtype) != "f":
         raise DTypeError(f"{_SDPA}: expected query, key and value of a floating point dtype, "
                          f"got {q.dtype}")
     nd = len(q.shape)
@@ -250,7 +250,7 @@ def attention_shapes(query, key, value, attn_mask, enable_gqa: bool) -> tuple[tu
     weights = (*batch, q.shape[-2], k.shape[-2])
     if attn_mask is not None:
         m = attn_mask
-        if m.dtype.kind != "b" and m.dtype != np.float32 and m.dtype != q.dtype:
+        if dtype_kind(m.dtype) != "b" and m.dtype != np.float32 and m.dtype != q.dtype:
             raise DTypeError(
                 f"{_SDPA}: Expected attn_mask dtype to be bool or float or to match query "
                 f"dtype, but got attn_mask.dtype: {m.dtype} and  query.dtype: {q.dtype} "

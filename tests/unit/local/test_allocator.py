@@ -548,3 +548,32 @@ def test_a_block_dying_at_interpreter_shutdown_returns_nothing_to_the_pool():
     assert released == []
     alloc.Block.__del__(block, lambda: False)
     assert released == ["span"]
+
+
+def test_releasable_buffer_gives_pages_back_at_the_same_address():
+    from dtensor.local.allocator import ReleasableBuffer, memory_stats
+
+    def rss():
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * 4096
+
+    nbytes = 64 << 20
+    buf = ReleasableBuffer(nbytes)
+    address = buf.array.ctypes.data
+    view = buf.array[1024:2048]
+    before, rss0 = memory_stats()["allocated_bytes"], rss()
+    buf.commit()
+    buf.array[:] = 7
+    assert memory_stats()["allocated_bytes"] - before == nbytes
+    assert rss() - rss0 > nbytes // 2
+    buf.release()
+    assert memory_stats()["allocated_bytes"] == before
+    assert rss() - rss0 < nbytes // 4  # the pages went back to the system
+    assert buf.array.ctypes.data == address and not view.any()  # views stay valid: zeros
+    buf.commit()
+    view[:] = 3
+    assert buf.array[1024] == 3 and buf.committed
+    del view
+    buf.release()
+    buf.release()  # twice is harmless
+    assert memory_stats()["allocated_bytes"] == before

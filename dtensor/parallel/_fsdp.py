@@ -39,7 +39,6 @@ Every rank runs the same groups in the same order, so they match.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -194,7 +193,8 @@ class _Group:
         self.is_root = False
         self.ctx: _Context | None = None
         self.swapped = False
-        self.handles: list = []
+        self.prefetch: list = [None, None]  # explicit forward / backward prefetch lists
+        self.current: list | None = None  # the unsharded tensors of the last forward
         self.sub_comm = None
         if isinstance(reshard_after_forward, int) and not isinstance(reshard_after_forward, bool):
             k = reshard_after_forward
@@ -377,6 +377,8 @@ def _post_backward(node: Any, grads: list) -> list:
     """The formula of a group's gather node: reduce-scatter, then give the buffer back."""
     group: _Group = node.ctx
     out = group.reduce_grads(list(grads))
+    if group.swapped:
+        group.swap_out()
     group.reshard()
     return out
 
@@ -390,11 +392,29 @@ def _pre_backward(node: Any, grads: list) -> list:
         ctx.backward_queued = True
         _ag.queue_callback(lambda: _finish_backward(ctx))
     group.unshard()
-    if ctx is not None and group in ctx.order:
-        i = ctx.order.index(group)
-        if i > 0:
-            ctx.order[i - 1].start_unshard()
+    if group.current is not None and not group.swapped:
+        # the module's parameters are the forward's unsharded tensors again while its
+        # backward runs: a checkpointed forward recomputed there reads them
+        group.swap_in(group.current)
+    if ctx is not None:
+        for nxt in _next_groups(group, ctx, -1):
+            nxt.start_unshard()
     return list(grads)
+
+
+def _next_groups(group: _Group, ctx: _Context, step: int) -> list:
+    """The groups whose all-gather ``group`` starts early: the explicit list of
+    ``set_modules_to_forward_prefetch`` / ``..._backward_prefetch`` when set, else the group
+    that ran after (``step`` +1, forward) or before (-1, backward) it in the last forward."""
+    explicit = group.prefetch[0 if step > 0 else 1]
+    if explicit is not None:
+        return explicit
+    order = ctx.order
+    if group in order:
+        i = order.index(group) + step
+        if 0 <= i < len(order):
+            return [order[i]]
+    return []
 
 
 def _finish_backward(ctx: _Context) -> None:
@@ -402,6 +422,9 @@ def _finish_backward(ctx: _Context) -> None:
     for g in ctx.order:
         if g.pending is not None:
             g.unshard()
+        if g.swapped:
+            g.swap_out()
+        g.current = None
         g.reshard()
     ctx.backward_queued = False
 
@@ -440,12 +463,10 @@ def _pre_forward(module: Module, args: tuple, kwargs: dict) -> tuple:
         ctx.running = []
     ctx.running.append(group)
     group.unshard()
-    order = ctx.order
-    if group in order:  # prefetch the group that ran after this one last time
-        i = order.index(group)
-        if i + 1 < len(order):
-            order[i + 1].start_unshard()
-    group.swap_in(group.make_unsharded())
+    for nxt in _next_groups(group, ctx, +1):
+        nxt.start_unshard()
+    group.current = group.make_unsharded()
+    group.swap_in(group.current)
     if group.mp.param_dtype is not None and group.mp.cast_forward_inputs:
         dt = group.param_dtype
         args = _floats(args, lambda t: t.to(dt) if t.dtype != dt else t)
@@ -535,6 +556,20 @@ class FSDPModule:
             if state is not None:
                 state.requires_gradient_sync = bool(requires_gradient_sync)
 
+    def set_modules_to_forward_prefetch(self, modules: list) -> None:
+        """Start the all-gathers of ``modules`` (``fully_shard`` modules) as this module's
+        forward begins, instead of the next module of the last forward's order; ``[]``
+        turns forward prefetch off for this module. **Local**."""
+        self._fsdp_state.prefetch[0] = [_state_of(m, "set_modules_to_forward_prefetch")
+                                        for m in modules]
+
+    def set_modules_to_backward_prefetch(self, modules: list) -> None:
+        """Start the all-gathers of ``modules`` as this module's backward begins, instead of
+        the module before it in the last forward's order; ``[]`` turns backward prefetch off
+        for this module. **Local**."""
+        self._fsdp_state.prefetch[1] = [_state_of(m, "set_modules_to_backward_prefetch")
+                                        for m in modules]
+
     def set_reshard_after_forward(self, reshard_after_forward: bool, *,
                                   recurse: bool = True) -> None:
         """Change ``reshard_after_forward`` (bool) of this module (and its FSDP
@@ -546,11 +581,11 @@ class FSDPModule:
                 state.reshard_after_forward = bool(reshard_after_forward)
 
 
-def _path_of(module: Module, sub: Module) -> str:
-    for path, m in module.named_modules():
-        if m is sub:
-            return path
-    return ""
+def _state_of(module: Module, op: str) -> _Group:
+    state = getattr(module, "_fsdp_state", None)
+    if state is None:
+        raise ArgumentError(f"{op}: {type(module).__name__} is not a fully_shard module")
+    return state
 
 
 def _combined_mesh(dp: DeviceMesh, tp: DeviceMesh, where: str) -> DeviceMesh:
@@ -793,10 +828,3 @@ def fully_shard(module: Module, *, mesh: DeviceMesh | None = None,
 
 
 _FSDP_CLASSES: dict[type, type] = {}
-
-
-def _iter_groups(module: Module) -> Iterable[_Group]:
-    for m in module.modules():
-        state = getattr(m, "_fsdp_state", None)
-        if state is not None:
-            yield state

@@ -143,15 +143,16 @@ def test_fsdp_gradient_accumulation_without_sync_equals_the_big_batch():
     loss.backward()
     want = {n: p.grad.numpy() for n, p in ref.model.named_parameters()}
     x, y = run.inputs(idx, tgt)
-    half = x.shape[0] // 2
-    parts = [(x[:half], y[:half]), (x[half:], y[half:])]
+    n = x.shape[0]
+    half = n // 2  # micro-batches weighted by their share of this rank's batch
+    parts = [(x[:half], y[:half], half / n), (x[half:], y[half:], (n - half) / n)]
     run.model.set_requires_gradient_sync(False)
     with dt.debug.CommDebugMode() as mode:
-        (run.model(*parts[0]) * 0.5).backward()
+        (run.model(*parts[0][:2]) * parts[0][2]).backward()
     assert "reduce_scatter" not in _counts(mode)
     assert all(p.grad is None for p in run.model.parameters())
     run.model.set_requires_gradient_sync(True)
-    (run.model(*parts[1]) * 0.5).backward()
+    (run.model(*parts[1][:2]) * parts[1][2]).backward()
     for n, p in run.model.named_parameters():
         np.testing.assert_allclose(_full(p.grad), want[n], rtol=1e-5, atol=1e-6, err_msg=n)
 
@@ -208,3 +209,24 @@ def test_fsdp_errors_name_the_module_and_change_nothing():
     with pytest.raises(DTypeError, match="different dtypes"):
         dt.fully_shard(half, mesh=mesh)
     assert not isinstance(half.tok_emb.weight, dt.DTensor)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_fsdp_of_checkpointed_blocks_gives_the_local_gradients(local):
+    dt.manual_seed(0)
+    model = GPT(CFG)
+    mesh = dt.init_device_mesh((WORLD.size,))
+    for i, block in enumerate(model.blocks):
+        model.blocks[i] = dt.fully_shard(dt.nn.checkpoint_wrapper(block), mesh=mesh)
+    dt.fully_shard(model, mesh=mesh)
+    idx, tgt = batch(CFG, BATCH, 0)
+    per = BATCH // WORLD.size
+    lo = WORLD.rank * per
+    with dt.debug.CommDebugMode() as mode:
+        loss = model(dt.tensor(idx[lo:lo + per]), dt.tensor(tgt[lo:lo + per]))
+        loss.backward()  # each block's forward runs again in backward, on its gathered weights
+    assert _counts(mode) == THEORY["fsdp"][1]
+    want = local[1]
+    for name, p in model.named_parameters():
+        key = name.replace("_checkpoint_wrapped_module.", "")
+        np.testing.assert_allclose(_full(p.grad), want[key], rtol=1e-5, atol=1e-6, err_msg=key)

@@ -780,7 +780,9 @@ def fully_shard(module: Module, *, mesh: DeviceMesh | None = None,
         start = min(coord * p.padded_rows, rows)
         m = min(p.padded_rows, rows - start)
         src = p.sharded.to_local() if isinstance(p.sharded, DTensor) else p.sharded
-        piece = np.ascontiguousarray(src._arr[start:start + m])
+        # a copy of its own (a view would keep the whole parameter alive)
+        piece = empty_array(src._arr[start:start + m].shape, src._arr.dtype)
+        np.copyto(piece, src._arr[start:start + m])
         if p.tp_mesh is not None:
             dmesh = combined
             placements: tuple[Placement, ...] = p.tp_placements + (Shard(0),)

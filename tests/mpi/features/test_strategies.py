@@ -230,3 +230,20 @@ def test_fsdp_of_checkpointed_blocks_gives_the_local_gradients(local):
     for name, p in model.named_parameters():
         key = name.replace("_checkpoint_wrapped_module.", "")
         np.testing.assert_allclose(_full(p.grad), want[key], rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_fsdp_shards_hold_no_reference_to_the_full_parameters():
+    import gc
+
+    dt.manual_seed(0)
+    model = GPT(CFG)
+    block = model.blocks[0]
+    total = sum(p.numel() * 4 for p in block.parameters())
+    gc.collect()
+    before = dt.memory_stats()["allocated_bytes"]
+    dt.fully_shard(block)
+    gc.collect()
+    freed = before - dt.memory_stats()["allocated_bytes"]
+    # the full parameters go; each rank keeps about 1/n of them (small ones are not pooled)
+    assert freed > 0.5 * total * (1 - 1 / WORLD.size), (freed, total)

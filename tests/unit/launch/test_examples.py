@@ -90,16 +90,13 @@ def test_examples_run(name, n, expect):
 
 
 # Small sizes and few steps: each job trains the local reference and every strategy.
-_TRAIN_SIZES = {"train_mlp.py": ["--dim", "8", "--hidden", "16"],
-                "train_transformer.py": ["--dim", "8", "--heads", "2", "--seq", "4",
-                                         "--vocab", "16"]}
+_TRAIN_SIZES = {"train_mlp.py": ["--dim", "8", "--hidden", "16"]}
 
 
 @pytest.mark.parametrize(
     ("name", "n", "strategies"),
-    # the MLP in both modes' stages; the transformer (the longer job) in the first one
-    [("train_mlp.py", 4, "dp,tp,2d"), ("train_mlp.py", 2, "dp,tp"),
-     pytest.param("train_transformer.py", 4, "dp,tp,2d", marks=pytest.mark.mode_independent)],
+    # the MLP in both modes' stages
+    [("train_mlp.py", 4, "dp,tp,2d"), ("train_mlp.py", 2, "dp,tp")],
 )
 def test_training_examples_match_the_local_run(name, n, strategies):
     out = launch(n, f"launch/examples/{name}", "--strategy", strategies, "--steps", "3",
@@ -110,6 +107,17 @@ def test_training_examples_match_the_local_run(name, n, strategies):
         assert found and float(found.group(1)) <= 1e-4, out
     assert ("strategy 2d on mesh (2, 2) ('dp', 'tp')" in out) is ("2d" in strategies)
     assert re.search(r"^step   2: loss \S+ \(local \S+\)$", out, re.MULTILINE)
+
+
+@pytest.mark.mode_independent  # the longer job: in the first mode's stage
+def test_gpt_training_example_runs_every_strategy_like_the_local_run():
+    out = launch(4, "launch/examples/train_transformer.py", "--steps", "3", "--layers", "1")
+    for s in ("dp", "replicate", "fsdp", "zero2", "fsdp_int", "tp", "tp_sp", "fsdp_tp",
+              "hsdp"):
+        found = re.search(rf"^{s}: max relative loss difference against the local run: "
+                          r"(\S+): losses agree$", out, re.MULTILINE)
+        assert found and float(found.group(1)) <= 1e-5, out
+    assert re.search(r"^fsdp step   2: loss \S+ \(local \S+\)$", out, re.MULTILINE)
 
 
 @pytest.mark.mode_independent  # the check of the losses, not how they were computed

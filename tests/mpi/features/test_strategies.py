@@ -26,7 +26,8 @@ HERE = [s for s in STRATEGIES if s != "local" and supported(s, WORLD.size)]
 
 
 def _full(t):
-    return (t.full_tensor() if isinstance(t, dt.DTensor) else t).numpy()
+    """The global values of ``t``, a copy (clipping scales gradients in place)."""
+    return (t.full_tensor() if isinstance(t, dt.DTensor) else t).numpy().copy()
 
 
 def _counts(mode):
@@ -37,8 +38,9 @@ def _counts(mode):
 
 
 def _train(run, steps=STEPS):
-    """Losses of ``steps`` AdamW steps, the gradients after the first backward, the final
-    state_dict (full arrays)."""
+    """Losses of ``steps`` AdamW steps (gradients clipped to norm 0.5), the gradients after
+    the first backward and every step's gradient norm (``"norms"``), the final state_dict
+    (full arrays)."""
     opt = dt.optim.AdamW(run.model.parameters(), lr=LR)
     losses, first = [], None
     for step in range(steps):
@@ -47,6 +49,9 @@ def _train(run, steps=STEPS):
         loss.backward()
         if first is None:
             first = {n: _full(p.grad) for n, p in run.model.named_parameters()}
+        # the global norm, whatever the gradients' layouts; it clips the first steps
+        norm = dt.nn.utils.clip_grad_norm_(run.model.parameters(), 0.5)
+        first.setdefault("norms", []).append(float(norm.numpy()))
         opt.step()
         opt.zero_grad()
         losses.append(run.loss_value(loss))
@@ -66,6 +71,9 @@ def test_strategy_trains_like_the_local_model(name, local):
     losses, grads, state = _train(build(name, CFG))
     np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
     assert grads.keys() == want_grads.keys()
+    assert want_grads["norms"][0] > 0.5  # clipping happened
+    # the norms of later steps carry the float noise of earlier Adam steps (see below)
+    np.testing.assert_allclose(grads.pop("norms"), want_grads["norms"], rtol=1e-4)
     for k, g in grads.items():
         np.testing.assert_allclose(g, want_grads[k], rtol=1e-5, atol=1e-6, err_msg=k)
     assert state.keys() == want_state.keys()

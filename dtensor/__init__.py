@@ -97,6 +97,7 @@ from .parallel import (  # noqa: F401
     SequenceParallel,
     loss_parallel,
     parallelize_module,
+    replicate,
 )
 
 globals().update(_FACTORIES)  # dt.zeros(...), also with device_mesh= and placements=

@@ -94,6 +94,7 @@ from .parallel import RowwiseParallel as RowwiseParallel
 from .parallel import SequenceParallel as SequenceParallel
 from .parallel import loss_parallel as loss_parallel
 from .parallel import parallelize_module as parallelize_module
+from .parallel import replicate as replicate
 
 def abs(input, *, out=...): ...
 def add(input, other, *, alpha=..., out=...): ...

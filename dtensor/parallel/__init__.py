@@ -1,13 +1,15 @@
 """``dt.parallel``: tensor and sequence parallelism of ``dt.nn`` modules (PyTorch's
 ``torch.distributed.tensor.parallel``): :func:`parallelize_module` with the styles
 :class:`ColwiseParallel`, :class:`RowwiseParallel`, :class:`SequenceParallel`,
-:class:`PrepareModuleInput` and :class:`PrepareModuleOutput`, and :func:`loss_parallel`.
-``dtensor`` exports them all (``dt.parallelize_module``...)."""
+:class:`PrepareModuleInput` and :class:`PrepareModuleOutput`, and :func:`loss_parallel`;
+data parallelism with bucketed gradient all-reduces, :func:`replicate` (PyTorch's composable
+DDP). ``dtensor`` exports them all (``dt.parallelize_module``...)."""
 
 from __future__ import annotations
 
 from ._api import parallelize_module
 from ._loss import loss_parallel
+from ._replicate import replicate
 from ._style import (
     ColwiseParallel,
     ParallelStyle,
@@ -26,4 +28,5 @@ __all__ = [
     "SequenceParallel",
     "loss_parallel",
     "parallelize_module",
+    "replicate",
 ]

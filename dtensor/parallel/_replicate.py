@@ -121,10 +121,7 @@ class _Bucket:
 class _State:
     """What :func:`replicate` hangs on a module (``module._replicate_state``)."""
 
-    def __init__(self, module: Module, name: str, mesh: DeviceMesh, comm: Any,
-                 params: list, buckets: list[_Bucket]) -> None:
-        self.name = name
-        self.mesh = mesh
+    def __init__(self, module: Module, comm: Any, params: list, buckets: list[_Bucket]) -> None:
         self.comm = comm
         self.host = type(comm) is Comm
         self.twin = comm.twin() if self.host else comm
@@ -140,12 +137,12 @@ class _State:
         self.queued = False  # the end-of-pass callback is queued
         self.next = 0  # the next bucket to start
         self.ready: set[int] = set()  # ids of the parameters ready in this pass
-        self.exposed_s = 0.0  # the last pass's wait for its all-reduces at the end
-        self.handles = [
-            p.register_post_accumulate_grad_hook(self._hook)
-            for p in params if p.requires_grad
-        ]
-        self.pre_hook = module.register_forward_pre_hook(self._pre_forward)
+        # the last pass's wait for its all-reduces at the end (launch.bench.ddp_buckets)
+        self.exposed_s = 0.0
+        for p in params:
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(self._hook)
+        module.register_forward_pre_hook(self._pre_forward)
 
     # -- forward -------------------------------------------------------------------------
     def _pre_forward(self, module: Module, args: tuple) -> None:
@@ -185,16 +182,17 @@ class _State:
 
     def _start(self, b: _Bucket) -> None:
         """Start bucket ``b``'s all-reduce (a sum). **Collective** over the mesh."""
-        flat = b.flat
+        flat, what = b.flat, ("replicate: gradient bucket", b.index)
         if not self.host:  # device buffers: a blocking all-reduce, in this thread
-            b.handle = worker.submit(lambda: self.comm.allreduce(flat), inline=True)
+            b.handle = worker.submit(lambda: self.comm.allreduce(flat, what=what), inline=True)
             return
         twin = self.twin
         if HOOKS.traced or ASYNC_PATH == "submit" or not worker.idle():
-            job = lambda: worker.Started(twin.allreduce(flat, start=True), _nothing).wait()
+            job = lambda: worker.Started(twin.allreduce(flat, what=what, start=True),
+                                         _nothing).wait()
             b.handle = worker.submit(job, inline=HOOKS.traced)
         else:
-            b.handle = worker.start(twin.allreduce(flat, start=True), _nothing)
+            b.handle = worker.start(twin.allreduce(flat, what=what, start=True), _nothing)
 
     def _finish(self) -> None:
         """End of a backward pass: start the incomplete buckets (zeros and count 0 for the
@@ -242,11 +240,11 @@ class _State:
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
-        self.sync = False
+        prev, self.sync = self.sync, False
         try:
             yield
         finally:
-            self.sync = True
+            self.sync = prev
 
 
 def _nothing() -> None:
@@ -397,7 +395,7 @@ def replicate(module: Module, mesh: DeviceMesh | None = None, *,
     name = type(module).__name__
     if mesh is None:
         mesh = init_device_mesh((world().size,))
-    if not isinstance(mesh, DeviceMesh) or mesh.get_coordinate() is None:
+    if not isinstance(mesh, DeviceMesh):
         raise MeshError(
             f"replicate({name}): the mesh must be a DeviceMesh that includes this rank "
             f"(a mesh of ranks, not a plan's AbstractMesh), got {mesh!r}"
@@ -439,7 +437,7 @@ def replicate(module: Module, mesh: DeviceMesh | None = None, *,
         _Bucket(k, members, [params[i].numel() for i in members], params[members[0]].dtype, xp)
         for k, members in enumerate(plan)
     ]
-    state = _State(module, name, mesh, comm, params, buckets)
+    state = _State(module, comm, params, buckets)
     for p in params:
         _claim(p, name)
     object.__setattr__(module, "_replicate_state", state)

@@ -352,7 +352,9 @@ def replicate(module: Module, mesh: DeviceMesh | None = None, *,
     as soon as their last gradient is ready, overlapped with the rest of backward (see the
     module docstring): after ``loss.backward()`` every rank's ``.grad`` is the mean of the
     ranks' gradients, and an optimizer step keeps the replicas equal. Buffers are broadcast
-    here only (PyTorch's DDP broadcasts them before every forward too).
+    here only (PyTorch's DDP broadcasts them before every forward too). The hooks sit on the
+    parameter objects: convert dtypes (``Module.to``, which puts new parameters in place)
+    before ``replicate``, and load state dicts in place (not ``assign=True``).
 
     The module's class becomes ``Replicate<Class>``, a subclass with ``no_sync()``: inside
     ``with module.no_sync():``, forwards run backward passes that do not communicate and

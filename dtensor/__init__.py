@@ -100,6 +100,7 @@ from .parallel import (  # noqa: F401
     fully_shard,
     loss_parallel,
     parallelize_module,
+    replicate,
 )
 
 globals().update(_FACTORIES)  # dt.zeros(...), also with device_mesh= and placements=

@@ -97,6 +97,7 @@ from .parallel import SequenceParallel as SequenceParallel
 from .parallel import fully_shard as fully_shard
 from .parallel import loss_parallel as loss_parallel
 from .parallel import parallelize_module as parallelize_module
+from .parallel import replicate as replicate
 
 def abs(input, *, out=...): ...
 def add(input, other, *, alpha=..., out=...): ...

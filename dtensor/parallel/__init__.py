@@ -3,14 +3,16 @@
 :class:`ColwiseParallel`, :class:`RowwiseParallel`, :class:`SequenceParallel`,
 :class:`PrepareModuleInput` and :class:`PrepareModuleOutput`, and :func:`loss_parallel`;
 fully sharded data parallelism (FSDP2): :func:`fully_shard` with
-:class:`MixedPrecisionPolicy`.
-``dtensor`` exports them all (``dt.parallelize_module``...)."""
+:class:`MixedPrecisionPolicy`; data parallelism with bucketed gradient all-reduces,
+:func:`replicate` (PyTorch's composable DDP). ``dtensor`` exports them all
+(``dt.parallelize_module``...)."""
 
 from __future__ import annotations
 
 from ._api import parallelize_module
 from ._fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from ._loss import loss_parallel
+from ._replicate import replicate
 from ._style import (
     ColwiseParallel,
     ParallelStyle,
@@ -32,4 +34,5 @@ __all__ = [
     "fully_shard",
     "loss_parallel",
     "parallelize_module",
+    "replicate",
 ]

@@ -443,6 +443,10 @@ def _register_post_accumulate_grad_hook(self, hook: Callable) -> _HookHandle:
     this leaf's ``.grad`` (PyTorch's ``register_post_accumulate_grad_hook``); returns a
     handle whose ``remove()`` unregisters it. **Local**.
 
+    The hook is kept until the tensor goes. Tensors are not tracked by the cycle
+    collector: a hook that holds the tensor (or the module that holds it) strongly keeps
+    both alive for good; hold such owners through a weak reference.
+
     Raises
     ------
     AutogradError
@@ -454,9 +458,12 @@ def _register_post_accumulate_grad_hook(self, hook: Callable) -> _HookHandle:
             "register_post_accumulate_grad_hook: post accumulate grad hooks cannot be "
             "registered on non-leaf tensors or tensors that do not require grad"
         )
-    entry = _POST_ACC.get(id(meta))
+    key = id(meta)
+    entry = _POST_ACC.get(key)
     if entry is None:
-        entry = _POST_ACC[id(meta)] = [weakref.ref(self), meta, {}]
+        # the entry goes with the tensor (a hook that held the tensor would keep it alive)
+        entry = _POST_ACC[key] = [weakref.ref(self, lambda _: _POST_ACC.pop(key, None)),
+                                  meta, {}]
     n = next(_HOOK_IDS)
     entry[2][n] = hook
     return _HookHandle(id(meta), n)

@@ -143,9 +143,18 @@ class _State:
         self.ready: set[int] = set()  # ids of the parameters ready in this pass
         # the last pass's wait for its all-reduces at the end (launch.bench.ddp_buckets)
         self.exposed_s = 0.0
+        # the hooks hold this state weakly (the module holds it): a tensor's hooks are not
+        # seen by the cycle collector, so a strong one would keep the model alive for good
+        ref = weakref.ref(self)
+
+        def hook(p: Tensor) -> None:
+            state = ref()
+            if state is not None:
+                state._hook(p)
+
         for p in params:
             if p.requires_grad:
-                p.register_post_accumulate_grad_hook(self._hook)
+                p.register_post_accumulate_grad_hook(hook)
         module.register_forward_pre_hook(self._pre_forward)
 
     # -- forward -------------------------------------------------------------------------

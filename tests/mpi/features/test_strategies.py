@@ -255,3 +255,21 @@ def test_fsdp_shards_hold_no_reference_to_the_full_parameters():
     freed = before - dt.memory_stats()["allocated_bytes"]
     # the full parameters go; each rank keeps about 1/n of them (small ones are not pooled)
     assert freed > 0.5 * total * (1 - 1 / WORLD.size), (freed, total)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("name", ["replicate", "fsdp"])
+def test_a_dropped_model_gives_its_memory_back(name):
+    import gc
+
+    gc.collect()
+    before = dt.memory_stats()["allocated_bytes"]
+    run = build(name, CFG)
+    opt = dt.optim.AdamW(run.model.parameters(), lr=LR)
+    idx, tgt = batch(CFG, BATCH, 0)
+    run.model(*run.inputs(idx, tgt)).backward()
+    opt.step()
+    assert dt.memory_stats()["allocated_bytes"] > before
+    del run, opt
+    gc.collect()
+    assert dt.memory_stats()["allocated_bytes"] == before

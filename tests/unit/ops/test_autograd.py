@@ -658,3 +658,14 @@ def test_queue_callback_runs_after_the_last_node_in_order():
     assert order == ["hook", ("first", [2.0, 4.0]), "queued by a callback"]
     with pytest.raises(AutogradError, match="no backward pass"):
         grad_engine.queue_callback(lambda: None)
+
+
+def test_post_accumulate_grad_hooks_go_with_their_tensor():
+    from dtensor.local import grad_engine
+
+    before = len(grad_engine._POST_ACC)
+    w = dt.tensor([1.0, 2.0]).requires_grad_()
+    w.register_post_accumulate_grad_hook(lambda t: None)
+    assert len(grad_engine._POST_ACC) == before + 1
+    del w
+    assert len(grad_engine._POST_ACC) == before

@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from placements import Partial, Placement, Replicate, Shard
-from placements.errors import ArgumentError, DTypeError, MeshError
+from placements.errors import ArgumentError, DTypeError, MeshError, UnavailableError
 from placements.layout import local_shape
 from placements.meta import is_floating
 from redistribute import comm as _comm
@@ -659,6 +659,8 @@ def fully_shard(module: Module, *, mesh: DeviceMesh | None = None,
         with ``mesh`` into one 2-D mesh; a parameter placement the FSDP mesh cannot take.
     DTypeError
         A parameter that is not floating; a mixed-precision dtype that is not floating.
+    UnavailableError
+        A parameter on a GPU (not supported yet).
     """
     name = type(module).__name__
     if not isinstance(module, Module):
@@ -703,6 +705,12 @@ def fully_shard(module: Module, *, mesh: DeviceMesh | None = None,
                 found[id(t)].slots.append((sub, pname))
                 continue
             full = f"{mpath}.{pname}" if mpath else pname
+            if str(t.device) != "cpu":
+                raise UnavailableError(
+                    f"fully_shard({name}): parameter {full} is on {t.device}; fully_shard "
+                    "keeps the gathered parameters in host memory it can give back, and runs "
+                    "on CPU meshes only for now"
+                )
             if not is_floating(t.dtype):
                 raise DTypeError(
                     f"fully_shard({name}): parameter {full} has dtype {t.dtype}; only floating "

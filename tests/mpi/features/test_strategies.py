@@ -273,3 +273,28 @@ def test_a_dropped_model_gives_its_memory_back(name):
     del run, opt
     gc.collect()
     assert dt.memory_stats()["allocated_bytes"] == before
+
+
+@pytest.mark.mpi(min_size=1)
+def test_mixed_precision_output_dtype_and_input_cast():
+    idx, _ = batch(CFG, BATCH, 0)
+    per = BATCH // WORLD.size
+    x = dt.tensor(idx[:per])
+    mesh = dt.init_device_mesh((WORLD.size,))
+    for output_dtype, want in ((None, dt.bfloat16), (np.float32, np.float32)):
+        dt.manual_seed(0)
+        model = GPT(CFG)
+        mp = dt.MixedPrecisionPolicy(param_dtype=dt.bfloat16)
+        for block in model.blocks:
+            dt.fully_shard(block, mesh=mesh, mp_policy=mp)
+        # the root's outputs (the logits) cast to output_dtype
+        root_mp = dt.MixedPrecisionPolicy(param_dtype=dt.bfloat16, output_dtype=output_dtype)
+        dt.fully_shard(model, mesh=mesh, mp_policy=root_mp)
+        seen = []
+        model.blocks[0].mlp.fc.register_forward_hook(
+            lambda m, a, out: seen.append((a[0].dtype, m.weight.dtype)))
+        logits = model(x)
+        assert logits.dtype == want
+        assert seen == [(dt.bfloat16, dt.bfloat16)]  # computed in param_dtype
+        logits.float().sum().backward()
+        assert model.blocks[0].mlp.fc.weight.grad.dtype == np.float32

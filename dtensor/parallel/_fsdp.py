@@ -429,29 +429,22 @@ def _finish_backward(ctx: _Context) -> None:
     ctx.backward_queued = False
 
 
-def _floats(obj: Any, fn: Any) -> Any:
-    """``obj`` with ``fn`` applied to every floating tensor in it (tuples, lists, dicts)."""
+def _map(obj: Any, fn: Any) -> Any:
+    """``obj`` with every tensor in it (in tuples, lists and dicts) replaced by ``fn(t)``."""
     if isinstance(obj, (Tensor, DTensor)):
-        return fn(obj) if is_floating(obj.dtype) else obj
+        return fn(obj)
     if isinstance(obj, tuple):
-        return tuple(_floats(o, fn) for o in obj)
+        return tuple(_map(o, fn) for o in obj)
     if isinstance(obj, list):
-        return [_floats(o, fn) for o in obj]
+        return [_map(o, fn) for o in obj]
     if isinstance(obj, dict):
-        return {k: _floats(v, fn) for k, v in obj.items()}
+        return {k: _map(v, fn) for k, v in obj.items()}
     return obj
 
 
-def _tensors(obj: Any, out: list) -> list:
-    if isinstance(obj, (Tensor, DTensor)):
-        out.append(obj)
-    elif isinstance(obj, (tuple, list)):
-        for o in obj:
-            _tensors(o, out)
-    elif isinstance(obj, dict):
-        for o in obj.values():
-            _tensors(o, out)
-    return out
+def _cast(obj: Any, dtype: Any) -> Any:
+    """``obj`` with its floating tensors cast to ``dtype`` (recorded casts)."""
+    return _map(obj, lambda t: t.to(dtype) if is_floating(t.dtype) and t.dtype != dtype else t)
 
 
 def _pre_forward(module: Module, args: tuple, kwargs: dict) -> tuple:
@@ -468,9 +461,8 @@ def _pre_forward(module: Module, args: tuple, kwargs: dict) -> tuple:
     group.current = group.make_unsharded()
     group.swap_in(group.current)
     if group.mp.param_dtype is not None and group.mp.cast_forward_inputs:
-        dt = group.param_dtype
-        args = _floats(args, lambda t: t.to(dt) if t.dtype != dt else t)
-        kwargs = _floats(kwargs, lambda t: t.to(dt) if t.dtype != dt else t)
+        args = _cast(args, group.param_dtype)
+        kwargs = _cast(kwargs, group.param_dtype)
     return args, kwargs
 
 
@@ -488,29 +480,17 @@ def _post_forward(module: Module, args: tuple, kwargs: dict, output: Any) -> Any
     elif raf is not False and raf > 1:
         group.reshard(keep=raf)
     if group.mp.output_dtype is not None:
-        od = to_dtype(group.mp.output_dtype)
-        output = _floats(output, lambda t: t.to(od) if t.dtype != od else t)
-    outs = [t for t in _tensors(output, []) if _ag.edge_of(t) is not None]
+        output = _cast(output, to_dtype(group.mp.output_dtype))
+    outs: list = []
+    _map(output, lambda t: outs.append(t) if _ag.edge_of(t) is not None else None)
     if outs and _ag.is_grad_enabled():
         with _ag.no_grad():
             fresh = [t.detach() for t in outs]
         _ag.record("fsdp_pre_backward", _pre_backward, [_ag.edge_of(t) for t in outs], fresh,
                    ctx=group)
         swap = {id(t): f for t, f in zip(outs, fresh)}
-        output = _replace(output, swap)
+        output = _map(output, lambda t: swap.get(id(t), t))
     return output
-
-
-def _replace(obj: Any, swap: dict) -> Any:
-    if isinstance(obj, (Tensor, DTensor)):
-        return swap.get(id(obj), obj)
-    if isinstance(obj, tuple):
-        return tuple(_replace(o, swap) for o in obj)
-    if isinstance(obj, list):
-        return [_replace(o, swap) for o in obj]
-    if isinstance(obj, dict):
-        return {k: _replace(v, swap) for k, v in obj.items()}
-    return obj
 
 
 def _lazy_init(root: _Group) -> None:

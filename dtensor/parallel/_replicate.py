@@ -31,7 +31,7 @@ thread (:func:`redistribute.worker.start`; the hooks of later parameters poll it
 MPICH moves it along, :func:`redistribute.worker.poll`) or, with :data:`ASYNC_PATH` set to
 ``"submit"``, started and waited for by the worker thread (:func:`redistribute.worker.submit`),
 which blocks in ``MPI_Wait`` and so moves it itself. Both make the same MPI calls, so ranks
-may differ in the choice. BENCH_DDP.md measures both: ``start``, the default, hid as much or
+may differ in the choice. BENCHMARKS.md measures both: ``start``, the default, hid as much or
 more with one bucket per parameter and never lost by much with larger buckets, and needs no
 thread spinning in MPI on the cores the ranks compute on. While a communication observer
 (``CommDebugMode``) or a debug check is on, each bucket runs in the backward's thread before

@@ -448,6 +448,8 @@ def _cast(obj: Any, dtype: Any) -> Any:
 
 
 def _pre_forward(module: Module, args: tuple, kwargs: dict) -> tuple:
+    """The forward pre-hook: gather the group (a prefetch may be in flight), start the
+    next group's gather, put the gathered parameters in the module, cast the inputs."""
     group: _Group = module._fsdp_state
     if group.ctx is None:  # the first forward under no running group: this is the root
         _lazy_init(group)
@@ -467,6 +469,9 @@ def _pre_forward(module: Module, args: tuple, kwargs: dict) -> tuple:
 
 
 def _post_forward(module: Module, args: tuple, kwargs: dict, output: Any) -> Any:
+    """The forward hook: the sharded parameters back in the module, the gathered ones
+    freed as ``reshard_after_forward`` says, the outputs cast and passed through the node
+    whose backward gathers the group again."""
     group: _Group = module._fsdp_state
     ctx = group.ctx
     group.swap_out()
@@ -503,6 +508,19 @@ def _lazy_init(root: _Group) -> None:
             state.ctx = ctx
 
 
+class _UnshardHandle:
+    """What ``unshard(async_op=True)`` returns: ``wait()`` waits for the all-gather."""
+
+    __slots__ = ("group",)
+
+    def __init__(self, group: _Group) -> None:
+        self.group = group
+
+    def wait(self) -> None:
+        """Wait for the all-gather to land in the module's parameters. **Collective**."""
+        self.group.unshard()
+
+
 class FSDPModule:
     """The methods ``fully_shard`` adds to a module (its class becomes ``FSDP<Class>``, as in
     PyTorch)."""
@@ -513,12 +531,7 @@ class FSDPModule:
         group: _Group = self._fsdp_state
         if async_op:
             group.start_unshard()
-
-            class _Handle:
-                def wait(self_inner) -> None:
-                    group.unshard()
-
-            return _Handle()
+            return _UnshardHandle(group)
         group.unshard()
         return None
 

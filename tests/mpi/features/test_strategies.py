@@ -298,3 +298,18 @@ def test_mixed_precision_output_dtype_and_input_cast():
         assert seen == [(dt.bfloat16, dt.bfloat16)]  # computed in param_dtype
         logits.float().sum().backward()
         assert model.blocks[0].mlp.fc.weight.grad.dtype == np.float32
+
+
+@pytest.mark.mpi(min_size=1)
+def test_unshard_async_handle_waits_for_the_gather():
+    run = build("fsdp", CFG)
+    block = run.model.blocks[1]
+    handle = block.unshard(async_op=True)
+    handle.wait()
+    state = block._fsdp_state
+    assert state.unsharded and state.buffer.committed
+    full = state.views[0]  # the first parameter, gathered
+    want = run.model.blocks[1].ln1.weight.full_tensor().numpy()
+    np.testing.assert_array_equal(full, want)
+    block.reshard()
+    assert not state.buffer.committed

@@ -40,6 +40,14 @@ class GPTConfig:
             4 * d * d + b * d)
         return v * d + self.block_size * d + self.n_layer * per_block + 2 * d
 
+    def flops_per_token(self) -> int:
+        """Training FLOPs per token (forward and backward): ``6 x parameters`` (every weight
+        is used in one multiply-add forward and two backward; the tied head's matmul is the
+        embedding's parameters) plus the attention scores and their weighted sum,
+        ``12 x layers x d_model x block_size`` (PaLM's count, causal masking not
+        discounted)."""
+        return 6 * self.n_params() + 12 * self.n_layer * self.d_model * self.block_size
+
 
 class CausalSelfAttention(dt.nn.Module):
     def __init__(self, cfg: GPTConfig) -> None:

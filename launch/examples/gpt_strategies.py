@@ -85,10 +85,23 @@ def _fsdp(model: GPT, mesh: Any, mp: Any, **kw: Any) -> None:
     dt.fully_shard(model, mesh=mesh, mp_policy=mp, **kw)
 
 
+def _checkpointed(model: GPT) -> None:
+    """Activation checkpointing: every block recomputed in backward."""
+    for i, block in enumerate(model.blocks):
+        model.blocks[i] = dt.nn.checkpoint_wrapper(block)
+
+
+FSDP = ("fsdp", "zero2", "fsdp_int", "fsdp_tp", "hsdp")
+
+
 def build(name: str, cfg: GPTConfig, seed: int = 0, mp_policy: Any = None,
-          bucket_cap_mb: float = 25) -> Run:
+          bucket_cap_mb: float = 25, ac: bool = False, dtype: Any = None) -> Run:
     """The GPT of ``cfg`` (initialized from ``seed``: the same global weights under every
-    strategy) laid out as strategy ``name``. **Collective** (except ``local``)."""
+    strategy) laid out as strategy ``name``; ``ac``: activation checkpointing of every
+    block (after tensor parallelism, before ``fully_shard``); ``dtype``: the parameters'
+    dtype (under FSDP: the gather and compute dtype of a ``MixedPrecisionPolicy`` with
+    float32 master weights and reductions, unless ``mp_policy`` is given). **Collective**
+    (except ``local``)."""
     from mpi4py import MPI  # lazy: launch-side MPI for the world size
 
     world, rank = MPI.COMM_WORLD.size, MPI.COMM_WORLD.rank
@@ -96,17 +109,30 @@ def build(name: str, cfg: GPTConfig, seed: int = 0, mp_policy: Any = None,
         raise ValueError(f"strategy {name!r} does not run at {world} ranks")
     dt.manual_seed(seed)
     model = GPT(cfg)
+    if dtype is not None and name in FSDP:
+        mp_policy = mp_policy or dt.MixedPrecisionPolicy(param_dtype=dtype,
+                                                         reduce_dtype="float32")
+    elif dtype is not None:
+        model.to(dtype)
     if name == "local":
+        if ac:
+            _checkpointed(model)
         return Run(name, model, 1, 0)
     if name in ("fsdp_tp", "hsdp"):
         mesh = dt.init_device_mesh((2, 2), mesh_dim_names=("dp", "tp"))
         if name == "hsdp":
+            if ac:
+                _checkpointed(model)
             _fsdp(model, mesh, mp_policy)
             return Run(name, model, 4, rank, mesh)
         dt.parallelize_module(model, mesh["tp"], tp_plan())
+        if ac:
+            _checkpointed(model)
         _fsdp(model, mesh["dp"], mp_policy)
         return Run(name, model, 2, mesh["dp"].get_local_rank(), mesh)
     mesh = dt.init_device_mesh((world,))
+    if ac and name not in ("tp", "tp_sp"):
+        _checkpointed(model)
     if name == "dp":
         for mod in model.modules():
             for pname, p in list(mod._parameters.items()):
@@ -125,4 +151,6 @@ def build(name: str, cfg: GPTConfig, seed: int = 0, mp_policy: Any = None,
         _fsdp(model, mesh, mp_policy, reshard_after_forward=raf)
         return Run(name, model, world, rank, mesh)
     dt.parallelize_module(model, mesh, tp_plan(sequence_parallel=name == "tp_sp"))
+    if ac:
+        _checkpointed(model)
     return Run(name, model, 1, 0, mesh)

@@ -12,6 +12,9 @@ estimates) is created like the parameter, on its mesh with its placements.
 ``state_dict()`` / ``load_state_dict()`` follow PyTorch's layout: ``{"state": {index:
 {...}}, "param_groups": [{..., "params": [indices]}]}``, parameters numbered in group
 order.
+
+:mod:`dtensor.optim.lr_scheduler` holds the learning-rate schedulers (``LinearLR``,
+``CosineAnnealingLR``, ``SequentialLR``, ...).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from ..distributed.dtensor import DTensor, distribute_tensor
 from ..local.grad_engine import enable_grad, no_grad, zero_grads
 from ..local.tensor import Tensor
 
-__all__ = ["SGD", "Adam", "AdamW", "Optimizer"]
+__all__ = ["SGD", "Adam", "AdamW", "Optimizer", "lr_scheduler"]
 
 _TENSORS = (Tensor, DTensor)
 
@@ -367,3 +370,7 @@ class AdamW(Adam):
     ) -> None:
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize,
                          decoupled_weight_decay=True)
+
+
+# last: the schedulers' module imports Optimizer from this package
+from . import lr_scheduler

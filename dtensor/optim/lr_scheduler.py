@@ -29,7 +29,7 @@ from typing import Any
 
 from placements.errors import ArgumentError, DTypeError
 
-from . import Optimizer
+from ._optimizers import Optimizer
 
 __all__ = [
     "CosineAnnealingLR",

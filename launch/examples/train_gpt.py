@@ -15,7 +15,8 @@ Every strategy sees the same global batch at every step (each data-parallel rank
 rows of it). Each step prints one line: step, loss, validation loss (every
 ``--eval-interval`` steps), tokens/s, MFU against this machine's float32 matmul peak per
 core (``launch/bench/peak.py``, measured at start unless ``--peak-gflops`` is given) times
-the ranks, the worst rank's peak memory and the bytes this rank's collectives moved in the
+the ranks that share the work (one for ``local``, which every rank runs whole), the worst
+rank's peak memory and the bytes this rank's collectives moved in the
 step (counted on the first step, whose pattern every step repeats). A final table compares
 the strategies, with each one's largest loss difference from the first. ``--json FILE``
 writes every figure per step; ``--png FILE`` the loss and throughput curves (matplotlib).
@@ -99,6 +100,7 @@ def train(name: str, cfg: GPTConfig, data: ByteData, args: argparse.Namespace,
     sched = _scheduler(opt, args.warmup, args.steps)
     tokens = args.batch * cfg.block_size * args.grad_accum
     flops = cfg.flops_per_token() * tokens
+    cores = 1 if name == "local" else COMM.size  # every rank runs the whole local model
     comm_bytes = 0
     rows = []
     for step in range(args.steps):
@@ -129,7 +131,7 @@ def train(name: str, cfg: GPTConfig, data: ByteData, args: argparse.Namespace,
         peak = COMM.allreduce(dt.memory_stats()["peak_allocated_bytes"], op=MPI.MAX)
         row = {"step": step, "loss": loss_sum / args.grad_accum, "seconds": seconds,
                "tokens_per_s": tokens / seconds,
-               "mfu": flops / seconds / (peak_flops * COMM.size),
+               "mfu": flops / seconds / (peak_flops * cores),
                "peak_bytes": int(peak), "comm_bytes": int(comm_bytes)}
         if (step + 1) % args.eval_interval == 0 or step == args.steps - 1:
             row["val_loss"] = _val_loss(run, data, cfg, args.batch, step)

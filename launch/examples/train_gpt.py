@@ -154,10 +154,10 @@ def _plot(results: dict, path: str) -> bool:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     for name, rows in results.items():
         steps = [r["step"] for r in rows]
-        ax1.plot(steps, [r["loss"] for r in rows], label=name)
+        (line,) = ax1.plot(steps, [r["loss"] for r in rows], label=name)
         vals = [(r["step"], r["val_loss"]) for r in rows if "val_loss" in r]
-        if vals:
-            ax1.plot(*zip(*vals), "o", markersize=3)
+        if vals:  # validation losses: dots of the strategy's colour
+            ax1.plot(*zip(*vals), "o", markersize=3, color=line.get_color())
         ax2.plot(steps[1:], [r["tokens_per_s"] for r in rows[1:]], label=name)
     ax1.set_xlabel("step")
     ax1.set_ylabel("loss (nats/byte)")

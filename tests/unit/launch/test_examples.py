@@ -406,12 +406,17 @@ status = dtensor.debug.fastpath_status()
 print("REPORT", dtensor.__file__, status["active"])
 """
 
+#: Arguments that keep an example's run short (its defaults train a real model).
+_SMALL_ARGS = {"train_gpt.py": " --model tiny --steps 2 --batch 2 --peak-gflops 50"}
+
+
 def _scripts(folder: Path, bench: bool = True) -> list[str]:
     """The scripts of a launch package folder (with the benchmarks' ``--help`` when
     ``bench``), each with small arguments."""
     return [
         *(["demo.py"] if (folder / "demo.py").exists() else []),
-        *(f"examples/{p.name}" for p in sorted((folder / "examples").glob("[!_]*.py"))),
+        *(f"examples/{p.name}{_SMALL_ARGS.get(p.name, '')}"
+          for p in sorted((folder / "examples").glob("[!_]*.py"))),
         "experiments/strategy_sweep.py --help",
         *(f"bench/{p.name} --help" for p in sorted((folder / "bench").glob("[!_]*.py")) if bench),
     ]

@@ -101,7 +101,6 @@ class _Param:
         "slots",
         "tp_mesh",
         "tp_placements",
-        "unsharded_offset",
     )
 
     def __init__(self) -> None:
@@ -181,10 +180,10 @@ class _Group:
         self.views: list[np.ndarray] = []
         if params:
             typed = self.buffer.array.view(self.param_dtype)
+            start = 0  # the parameters packed in order
             for p in params:
-                p.unsharded_offset = sum(q.numel for q in params[:params.index(p)])
-                self.views.append(
-                    typed[p.unsharded_offset:p.unsharded_offset + p.numel].reshape(p.full_shape))
+                self.views.append(typed[start:start + p.numel].reshape(p.full_shape))
+                start += p.numel
         self.unsharded = False  # the buffer holds the parameters
         self.pending: Any = None  # the handle of an all-gather in flight
         self.sub: tuple | None = None  # (comm, stash) of an int reshard_after_forward

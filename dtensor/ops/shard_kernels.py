@@ -17,6 +17,9 @@ from ``strategy.output_specs[0].mesh``):
   on the class dim (the vocab-parallel loss): the kernel all-reduces the per-row maximum
   and sums over the mesh dims that shard that dim (it communicates: its candidate says
   so, :attr:`placements.rules.Candidate.collective`);
+- ``cross_entropy(reduction='mean')`` with its batch (or spatial) dims sharded: the block's
+  summed loss over the whole batch's denominator, a ``P(sum)`` (class-index targets: the
+  kernel all-reduces one number, the summed weights of the non-ignored targets);
 - ``dropout`` on a sharded input: the mask is drawn for the global tensor's counters at
   the shard's global offsets, so the result equals the single-device one;
 - ``scaled_dot_product_attention`` with a sharded output (batch/head dims, or the query's
@@ -249,10 +252,30 @@ def kernel_op() -> str | None:
     return getattr(_kernel_state, "op", None)
 
 
+def _mesh_reduce(op: str, what: str, fixed: str | None, comms: list) -> Callable:
+    """``reduce(array[, op])``: the array all-reduced in place over ``comms`` (one mesh
+    dim's group each), reported as ``op``'s own collective (``fixed``: the reduction op,
+    else the second argument). **Collective** over those groups."""
+
+    def reduce(arr, red=None):
+        prev = getattr(_kernel_state, "op", None)
+        _kernel_state.op = op
+        try:
+            for comm in comms:
+                comm.allreduce(arr, op=fixed or red, what=(op, what))
+        finally:
+            _kernel_state.op = prev
+        return arr
+
+    return reduce
+
+
 def class_sharded_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
     """``softmax``/``log_softmax`` along a sharded dim, ``cross_entropy`` with the class dim
     sharded: the block's result, the per-row maximum and sums all-reduced over the mesh
-    dims that shard that dim (:class:`dtensor.local.kernels.nn.ClassShard`)."""
+    dims that shard that dim (:class:`dtensor.local.kernels.nn.ClassShard`); a mean
+    ``cross_entropy`` with its batch dims sharded: the block's sum over the whole batch's
+    denominator (:class:`dtensor.local.kernels.nn.BatchShard`)."""
     kernel = OPS[schema.op].kernel
     shape = schema.args[0].shape
     if schema.op == "cross_entropy":
@@ -261,28 +284,29 @@ def class_sharded_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
         d = norm_dim(schema.get("dim"), len(shape), schema.op) if shape else 0
     pl = strategy.input_placements[0]
     dims = [m for m, p in enumerate(pl) if p.is_shard(d)]
-    if not dims:
-        return kernel
     mesh = strategy.output_specs[0].mesh
-    comms = [mesh.get_group(m) for m in dims if schema.mesh_shape[m] > 1]
-    start = local_offsets(shape, schema.mesh_shape, pl, _coord(strategy))[d]
-
-    def reduce(arr, op):
-        prev = getattr(_kernel_state, "op", None)
-        _kernel_state.op = schema.op
-        try:
-            for comm in comms:
-                comm.allreduce(arr, op=op, what=(schema.op, "class shards"))
-        finally:
-            _kernel_state.op = prev
-        return arr
-
-    shard = _math_nn.ClassShard(start, shape[d], reduce)
+    batch = None
+    if schema.op == "cross_entropy" and schema.get("reduction", "mean") == "mean":
+        batch_dims = [m for m, p in enumerate(pl) if p.is_shard() and not p.is_shard(d)]
+        if batch_dims:
+            batch = _math_nn.BatchShard(
+                math.prod(shape[:d] + shape[d + 1:]),
+                _mesh_reduce(schema.op, "batch shards", "sum",
+                             [mesh.get_group(m) for m in batch_dims
+                              if schema.mesh_shape[m] > 1]))
+    if not dims and batch is None:
+        return kernel
+    shard = None
+    if dims:
+        start = local_offsets(shape, schema.mesh_shape, pl, _coord(strategy))[d]
+        comms = [mesh.get_group(m) for m in dims if schema.mesh_shape[m] > 1]
+        shard = _math_nn.ClassShard(start, shape[d], _mesh_reduce(schema.op, "class shards",
+                                                                  None, comms))
     if schema.op == "cross_entropy":
 
         def loss(input, target, weight, ignore_index, reduction, label_smoothing):
             return _math_nn.sharded_cross_entropy(input, target, weight, ignore_index,
-                                                  reduction, label_smoothing, shard)
+                                                  reduction, label_smoothing, shard, batch)
 
         return loss
     take_log = schema.op == "log_softmax"

@@ -10,9 +10,13 @@ embedding, cross_entropy, mse_loss, dropout, scaled_dot_product_attention.
   the local rows, masking indices outside them to zero (PyTorch's MaskPartial), so the sum
   over coordinates is the lookup; a Partial weight passes through (a lookup selects).
 - ``cross_entropy``: the batch (and spatial) dims of input and target shard alike:
-  ``reduction='none'`` keeps the Shard, ``'sum'`` gives ``P(sum)``. ``'mean'`` divides by
-  the number of non-ignored targets, which a shard cannot know without communication: it
-  needs the batch dims unsharded (documented choice). The class dim may stay sharded
+  ``reduction='none'`` keeps the Shard, ``'sum'`` gives ``P(sum)`` and so does ``'mean'``:
+  its local kernel divides the block's sum by the whole batch's denominator (the summed
+  weights of the non-ignored targets, which a block cannot know alone: the kernel
+  all-reduces that one number, and the candidate declares it; probability targets divide
+  by the sample count and do not communicate). The logits are never gathered for a mean
+  (PyTorch's rule averages the blocks' means, exact only for even shards without ignored
+  targets). The class dim may stay sharded
   (vocab-parallel, PyTorch's ``loss_parallel``): the kernel all-reduces the per-sample
   maximum, then in one all-reduce the sums of exponentials and the target logits (picked
   on the shard that holds the class, zero elsewhere), so every shard ends with the whole
@@ -155,13 +159,15 @@ def _cross_entropy(schema: OpSchema) -> RuleResult:
         )
     wp = None if w is None else R
     cands = [Candidate((R, R, R, wp, *rest))]
-    if reduction != "mean":
-        for d in range(len(xs)):
-            if d == c_dim:
-                continue
-            od = d if d < c_dim else d - 1
-            out_p = S(od) if reduction == "none" else P("sum")
-            cands.append(Candidate((out_p, S(d), S(d) if probs else S(od), wp, *rest)))
+    # a mean of class indices: the kernel all-reduces the block's denominator (one number)
+    count = (1,) if reduction == "mean" and not probs else ()
+    for d in range(len(xs)):
+        if d == c_dim:
+            continue
+        od = d if d < c_dim else d - 1
+        out_p = S(od) if reduction == "none" else P("sum")
+        cands.append(Candidate((out_p, S(d), S(d) if probs else S(od), wp, *rest),
+                               reduces=count, collective=bool(count)))
     # vocab-parallel: the class dim sharded, the target whole (probabilities: sharded
     # alike); the kernel all-reduces the per-sample maximum, then its sums
     n = math.prod(per_sample)

@@ -63,6 +63,17 @@ class ClassShard(NamedTuple):
     reduce: Callable
 
 
+class BatchShard(NamedTuple):
+    """The samples a shard of a mean loss holds, when its batch (or spatial) dims are
+    sharded: ``samples``, the number of samples of the whole batch, and ``reduce(array)``,
+    which sums an array over the batch shards (collective). The shard's loss is its own
+    sum divided by the whole batch's denominator, so the shards' results add up to the
+    mean (``P(sum)``)."""
+
+    samples: int
+    reduce: Callable
+
+
 def _shifted(a, d: int, shard: ClassShard | None):
     """``(a - max, sum(exp(a - max)))`` along axis ``d`` (the max and the sum kept as dims
     of size 1, in ``acc_dtype(a.dtype)``), over every class of ``shard`` when given (its
@@ -388,11 +399,16 @@ def sharded_cross_entropy(
     reduction: str,
     label_smoothing: float,
     shard: ClassShard | None,
+    batch: BatchShard | None = None,
 ) -> Tensor:
     """:func:`cross_entropy` of logits ``input`` that hold the block of classes ``shard``
-    describes (None: all of them). **Collective** over the class shards when ``shard`` is
-    given (two all-reduces of per-sample vectors: the maximum, then the sums), else
-    **Local**.
+    describes (None: all of them), and of the block of samples ``batch`` describes when
+    given (None: the whole batch). **Collective** over the class shards when ``shard`` is
+    given (two all-reduces of per-sample vectors: the maximum, then the sums), and with
+    ``batch`` and ``reduction='mean'`` over the batch shards: the block's summed loss is
+    divided by the whole batch's denominator (class indices: one all-reduce of one number,
+    the summed weights of the non-ignored targets; probabilities: ``batch.samples``, no
+    communication), so the blocks' results add up to the mean. Else **Local**.
 
     The loss of a sample is ``log(sum(exp(z))) - z[target]`` with ``z`` its logits less
     their maximum; the sum and the picked logit (zero on the shards that do not hold the
@@ -438,10 +454,12 @@ def sharded_cross_entropy(
         sums = [sumexp, xp.sum(p * z, axis=cdim), xp.sum(p, axis=cdim)]
         sumexp, pz, psum = _summed(sums, shard, xp)
         loss = xp.log(sumexp) * psum - pz
-        denom = loss.size
+        denom = loss.size if batch is None else batch.samples
     else:
         loss, denom = _nll(x, t, z, sumexp, wb, w, cdim, ignore_index, label_smoothing, lo,
                            n_classes, shard, xp)
+        if batch is not None and reduction == "mean":
+            denom = batch.reduce(xp.asarray(denom, dtype=acc).reshape(1))[0]
     if reduction == "none":
         r = loss
     else:

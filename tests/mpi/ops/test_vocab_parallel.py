@@ -148,3 +148,68 @@ def test_vocab_parallel_gradient_stays_sharded():
     hot[np.arange(6), np.where(valid, t, 0)] = 1
     want = (p - hot) * valid[:, None] / valid.sum()
     np.testing.assert_allclose(xd.grad.full_tensor().numpy(), want, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_mean_loss_of_batch_sharded_logits_gathers_nothing():
+    # A mean over batch-sharded logits: each block's sum over the whole batch's denominator
+    # (one all-reduce of one number forward, one backward); the logits never move, on
+    # uneven and empty blocks (3 rows at 4 ranks), ignored targets, weights,
+    # label smoothing, spatial dims and probability targets; 2-D meshes: batch on one dim,
+    # classes on the other.
+    mesh = dt.init_device_mesh((WORLD.size,))
+    rng = np.random.default_rng(3)
+    n = 4096
+    for rows in (16, 3):  # 3 rows: empty blocks at 4 ranks
+        x = rng.standard_normal((rows, n)).astype(np.float32)
+        t = _targets(rng, (rows,), n)
+        w = rng.random(n).astype(np.float32) + 0.5
+        for kw in ({}, {"weight": w}, {"label_smoothing": 0.1}):
+            args = {k: _r(mesh, v) if k == "weight" else v for k, v in kw.items()}
+            xd = dt.distribute_tensor(x, mesh, [S(0)]).requires_grad_()
+            td = dt.distribute_tensor(t, mesh, [S(0)])
+            with dt.debug.CommDebugMode() as mode:
+                loss = dt.cross_entropy(xd, td, **args)
+                loss.backward()
+            assert loss.placements == (dt.Partial("sum"),) or WORLD.size == 1, loss.placements
+            if WORLD.size > 1:
+                assert mode.get_comm_counts() == {"all_reduce": 2}, mode.table()
+                assert mode.get_total_bytes() <= 64, mode.table()
+            assert xd.grad.placements == (S(0),)
+            want = _np_ce(x, t, kw.get("weight"), smoothing=kw.get("label_smoothing", 0.0))
+            np.testing.assert_allclose(loss.full_tensor().numpy(), want, rtol=1e-5, atol=1e-6)
+            xt = x.astype(np.float64)
+            eps = 1e-3  # the gradient along one random direction, by central differences
+            d = rng.standard_normal(x.shape)
+            fd = (_np_ce(xt + eps * d, t, kw.get("weight"),
+                         smoothing=kw.get("label_smoothing", 0.0))
+                  - _np_ce(xt - eps * d, t, kw.get("weight"),
+                           smoothing=kw.get("label_smoothing", 0.0))) / (2 * eps)
+            got = float((xd.grad.full_tensor().numpy().astype(np.float64) * d).sum())
+            np.testing.assert_allclose(got, fd, rtol=2e-3, atol=1e-5)
+    # probability targets: the sample count is known, nothing moves at all
+    x = rng.standard_normal((5, 3, 4)).astype(np.float32)
+    p = rng.random((5, 3, 4)).astype(np.float32)
+    p /= p.sum(1, keepdims=True)
+    xd, pd = dt.distribute_tensor(x, mesh, [S(2)]), dt.distribute_tensor(p, mesh, [S(2)])
+    with dt.debug.CommDebugMode() as mode:
+        got = dt.cross_entropy(xd, pd, label_smoothing=0.2)
+    assert mode.get_comm_counts() == {}, mode.table()
+    np.testing.assert_allclose(got.full_tensor().numpy(), _np_ce(x, p, smoothing=0.2),
+                               rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.mpi(min_size=4)
+def test_mean_loss_batch_and_class_sharded_on_a_2d_mesh():
+    mesh = dt.init_device_mesh((2, WORLD.size // 2))
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((6, 8195)).astype(np.float32)
+    t = _targets(rng, (6,), 8195)
+    xd = dt.distribute_tensor(x, mesh, [S(0), S(1)]).requires_grad_()
+    td = dt.distribute_tensor(t, mesh, [S(0), R])
+    with dt.debug.CommDebugMode() as mode:
+        loss = dt.cross_entropy(xd, td, label_smoothing=0.1)
+    counts = mode.get_comm_counts()
+    assert "all_gather" not in counts and "all_to_all" not in counts, mode.table()
+    np.testing.assert_allclose(loss.full_tensor().numpy(), _np_ce(x, t, smoothing=0.1),
+                               rtol=1e-5, atol=1e-6)

@@ -225,9 +225,15 @@ def test_softmax_layer_norm_embedding_cross_entropy_candidates():
     c = cands(rule("cross_entropy", t((5, 7)), t((5,), I64), None, reduction="sum"))
     assert (P("sum"), S(0), S(0), None) in c and (R, S(1), R, None) in c
     res = rule("cross_entropy", t((5, 7)), t((5,), I64), None, reduction="mean")
-    assert cands(res) == {(R, R, R, None), (R, S(1), R, None)}
-    (vocab,) = [c for c in res.candidates if c.collective]  # vocab-parallel
+    assert cands(res) == {(R, R, R, None), (R, S(1), R, None), (P("sum"), S(0), S(0), None)}
+    batch, vocab = [c for c in res.candidates if c.collective]
+    # a batch-sharded mean all-reduces its denominator (one number); vocab-parallel
+    assert batch.placements == (P("sum"), S(0), S(0), None) and batch.reduces == (1,)
     assert vocab.placements == (R, S(1), R, None) and vocab.reduces == (5, 10)
+    # probability targets: the denominator is the sample count, nothing to reduce
+    res = rule("cross_entropy", t((5, 7)), t((5, 7)), None, reduction="mean")
+    (batch,) = [c for c in res.candidates if c.placements[0] == P("sum")]
+    assert batch.placements == (P("sum"), S(0), S(0), None) and not batch.collective
 
 
 def test_view_uneven_flatten_is_exact_only_when_chunks_match():

@@ -597,6 +597,22 @@ def run_plan(steps: Sequence, spec: DTensorSpec) -> _Block | None:
     return block
 
 
+def _kernel_collectives(entry: object) -> None:
+    """Report the all-reduces the chosen strategy's kernel runs itself (its candidates that
+    say :attr:`placements.rules.Candidate.collective`: a vocab-parallel loss, a mean loss's
+    denominator) as the real kernel's collectives report them. **Local**."""
+    considered = entry.strategy.candidates_considered
+    if not considered:
+        return
+    spec = entry.out_specs[0]
+    groups = spec.mesh._dim_comms
+    itemsize = np.dtype(spec.dtype).itemsize
+    for m, c in enumerate(considered[-1][0]):  # the chosen combination: the last best found
+        if c.collective and spec.mesh_shape[m] > 1:
+            for n in c.reduces:
+                _comm.notify("all_reduce", n * itemsize, groups[m])
+
+
 #: Ops whose kernels return a namedtuple of (values, indices).
 _NAMED = {"max": MaxResult, "min": MinResult, "sort": SortResult, "topk": TopkResult,
           "kthvalue": KthvalueResult}
@@ -625,6 +641,8 @@ class EntryRunner:
         for v, move in zip(args, entry.moves):
             steps = getattr(move, "steps", None)  # a Redist (an input's plan), or a scalar's
             moved.append(run_plan(steps, v._spec) if steps else None)
+        if _comm.HOOKS.observers:
+            _kernel_collectives(entry)
         if entry.inplace:
             return args[0]
         share = None

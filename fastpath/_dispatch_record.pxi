@@ -329,6 +329,12 @@ cdef object _record_fast(object info, object plain, tuple args, object kwargs, o
         edges.append(None)
     if not wants:
         return _DECLINE
+    for s in plan.save:  # a saved Partial input: the Python recorder saves it reduced
+        v = values[<Py_ssize_t>(<tuple>s)[0]]
+        if type(v) is _rec_D or type(v) is _rec_A:
+            for pl in (<DTensorBase>v)._spec.placements:
+                if pl.kind == "P":
+                    return _DECLINE
     _grad_mode.enabled = False
     try:
         out = plain(*args, **kwargs) if kwargs else plain(*args)
@@ -372,7 +378,14 @@ cdef object _record_fast(object info, object plain, tuple args, object kwargs, o
     node.op = plan.name
     node.formula = _rec_apply
     node.edges = edges
-    node.ctx = (plan.backward, values, slots)
+    layouts = None  # a DTensor output's placements: its Partial gradient is reduced to them
+    for o in outputs:
+        if type(o) is _rec_D or type(o) is _rec_A:
+            layouts = tuple([(<DTensorBase>e)._spec.placements
+                             if type(e) is _rec_D or type(e) is _rec_A else None
+                             for e in outputs])
+            break
+    node.ctx = (plan.backward, values, slots, layouts)
     node.out = saved_out
     node.n_outputs = len(outputs)
     node.saved = saved

@@ -30,6 +30,7 @@ from placements.rules import (
     nd_valid,
     reduce_cost,
     rule_result,
+    unshard_cost,
 )
 from placements.spec import DTensorSpec
 from placements.types import Partial, Placement, Replicate, placement_list
@@ -263,7 +264,8 @@ def _candidates(
     schema: OpSchema, args: Sequence[object], mesh: object
 ) -> tuple[list[tuple[str, float]], int]:
     """Every valid N-D candidate of the op's rule with its cost (the redistribution of its
-    inputs and the all-reduces it implies), cheapest first (ties in candidate-list order);
+    inputs, the all-reduces it implies and the gather a sharding it introduces implies:
+    :func:`placements.rules.unshard_cost`), cheapest first (ties in candidate-list order);
     at most :data:`MAX_CANDIDATES` are priced."""
     mesh_ndim = len(mesh.shape)
     result = rule_result(schema)
@@ -274,6 +276,9 @@ def _candidates(
     held = [
         {v.placements[m].reduce_op for v in args if _is_partial(v, m)} for m in range(mesh_ndim)
     ]
+    # As the dispatcher does: a Shard output where no argument is sharded costs its gather.
+    sharded = [any(isinstance(v, DTensor) and v.placements[m].is_shard() for v in args)
+               for m in range(mesh_ndim)]
     priced = []
     combos = itertools.islice(
         itertools.product(result.candidates, repeat=mesh_ndim), MAX_CANDIDATES
@@ -283,6 +288,8 @@ def _candidates(
             continue
         cost = sum(reduce_cost(cost_fn, m, mesh_ndim, n, dtype)
                    for m, c in enumerate(combo) for n in c.reduces)
+        cost += sum(unshard_cost(cost_fn, result, c, m, mesh_ndim)
+                    for m, c in enumerate(combo) if not sharded[m])
         ins = []
         for i, v in enumerate(args):
             j = n_out + i

@@ -44,6 +44,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from placements.errors import AutogradError
+from placements.types import Replicate
 
 from ..distributed.abstract import AbstractDTensor
 from ..distributed.dtensor import DTensor, PendingDTensor
@@ -52,7 +53,8 @@ from ..local.rng import get_rng_state
 from ..local.tensor import Tensor, wrap_array
 from ..ops import OpInfo
 from ..ops.view import VIEWS
-from .dispatcher import MISSING, binder_of
+from . import dispatcher as _dispatcher
+from .dispatcher import MISSING, binder_of, lookup
 
 __all__ = [
     "FUNCTIONS",
@@ -480,6 +482,50 @@ def _rebase(self: object, view: _View, op_node: _ag.Node) -> None:
     self._ag = _view_meta(view.on(view.base, bm))
 
 
+def _saves_partial(plan: _Plan, values: list, vi: int) -> bool:
+    """Whether a DTensor argument that the formula reads holds a Partial placement."""
+    for pi, _ in plan.save:
+        if pi != vi:
+            v = values[pi]
+            if (type(v) is DTensor or type(v) is AbstractDTensor) and v._spec.has_partial():
+                return True
+    return False
+
+
+def _reduce_saved_partials(info: OpInfo, plan: _Plan, args: tuple,
+                           kwargs: Mapping[str, object], values: list) -> tuple:
+    """The call with each saved Partial argument that the op's strategy moves already
+    moved (the gradient of the call still flows to the argument itself): the op then finds
+    it in place, and its backward formula reads the reduced value the kernel read, not the
+    pending sum, which it would reduce again (a layer norm's backward over a residual
+    stream left ``P(sum)``: three all-reduces of the activation per call). **Collective**
+    (the moves). Returns ``(args, kwargs, values)``."""
+    entry, _, mesh = lookup(info, list(values))
+    saved = {pi for pi, _ in plan.save}
+    swap: dict[int, object] = {}
+    for (pi, ei), move in zip(entry.slots, entry.moves):
+        v = values[pi]
+        if (move is None or ei >= 0 or pi not in saved
+                or (type(v) is not DTensor and type(v) is not AbstractDTensor)
+                or not v._spec.has_partial()):
+            continue
+        prev = _dispatcher._current_op
+        _dispatcher._current_op = info.name  # (CommDebugMode names the op, as in dispatch)
+        try:
+            # recorded: a backward that records (create_graph) differentiates the formula's
+            # reads of it back to v; the node's own edge stays v's
+            moved = v.redistribute(mesh, move.dst.placements)
+        finally:
+            _dispatcher._current_op = prev
+        swap[id(v)] = moved
+        values[pi] = moved
+    if swap:
+        args = tuple([swap.get(id(a), a) for a in args])
+        if kwargs:
+            kwargs = {k: swap.get(id(a), a) for k, a in kwargs.items()}
+    return args, kwargs, values
+
+
 def _unrecorded(plain: Callable, args: tuple, kwargs: Mapping[str, object]) -> object:
     """``plain(*args, **kwargs)`` with grad mode off (it was on: the call records)."""
     mode = _MODE
@@ -534,6 +580,8 @@ def record(info: OpInfo, plain: Callable, args: tuple, kwargs: Mapping[str, obje
         edges.append(None)
     saved = []
     if plan.save:
+        if self is None and _saves_partial(plan, values, vi):
+            args, kwargs, values = _reduce_saved_partials(info, plan, args, kwargs, values)
         if self is not None and "input" in bw.save:
             # the formula reads the value before the op
             values[0] = _unrecorded(_detached(self).clone, (), {})
@@ -584,7 +632,14 @@ def record(info: OpInfo, plain: Callable, args: tuple, kwargs: Mapping[str, obje
                     changed = True
     if changed:
         slots = [values[pi] for pi in binder.tensor_idx] if vi < 0 else _slots(binder, values)
-    node = _ag.record(name, _apply, edges, outputs, (bw, values, slots), saved_out, saved)
+    layouts = None  # a DTensor output's placements: its Partial gradient is reduced to them
+    for o in outputs:
+        if type(o) is DTensor or type(o) is AbstractDTensor:
+            layouts = tuple([e._spec.placements if isinstance(e, DTensor) else None
+                             for e in outputs])
+            break
+    node = _ag.record(name, _apply, edges, outputs, (bw, values, slots, layouts), saved_out,
+                      saved)
     if view is not None:
         _rebase(self, view, node)
     elif plan.view:
@@ -592,8 +647,29 @@ def record(info: OpInfo, plain: Callable, args: tuple, kwargs: Mapping[str, obje
     return out
 
 
+def _reduced_grads(grads: list, layouts: tuple) -> list:
+    """The outputs' gradients with each Partial one reduced to its output's layout
+    (Partial as Replicate) before the formula reads it. **Collective** when one is Partial.
+
+    A gradient sum left pending would travel on through the formula (linear ops keep it
+    Partial) and be reduced by whichever later op needs it whole, once per consumer: the
+    gradient of a replicated activation that feeds column-parallel matmuls (their input
+    gradients are Partial sums over the shards) would meet the row-parallel weights'
+    gradient matmul as ``P(sum)`` and gather the other operand instead. Reduced here, once
+    per output after its gradients are summed, it is Megatron's backward all-reduce."""
+    out = list(grads)
+    for i, (g, lay) in enumerate(zip(grads, layouts)):
+        if lay is not None and isinstance(g, DTensor) and g._spec.has_partial():
+            target = tuple([Replicate() if p.kind == "P" else p for p in lay])
+            if g._spec.placements != target:
+                out[i] = g.redistribute(g.device_mesh, target)
+    return out
+
+
 def _apply(node: _ag.Node, grads: list) -> list:
-    bw, values, slots = node.ctx
+    bw, values, slots, layouts = node.ctx
+    if layouts is not None:
+        grads = _reduced_grads(grads, layouts)
     need = [e is not None for e in node.edges]
     out = node.out
     if bw.out and _MODE.enabled:  # a backward that records (create_graph): the saved

@@ -66,6 +66,7 @@ __all__ = [
     "rule_result",
     "rule_statics",
     "strategy_of",
+    "unshard_cost",
 ]
 
 
@@ -551,8 +552,10 @@ def _cheapest_combo(
     ``cost_fn`` (memoised per argument and target placements) and abandoned as soon as it
     exceeds the best cost found; the all-reduces a candidate implies
     (:attr:`Candidate.reduces`) count as the move of a ``P(sum)`` vector of their size to
-    Replicate on their mesh dim. Returns the cheapest valid combination (ties: the smaller
-    tuple of list indices, mesh dim 0 first; None if nd_check rejects all), its cost and
+    Replicate on their mesh dim, and a Shard output on a mesh dim where no argument is
+    sharded as the gather that undoes it (:func:`unshard_cost`). Returns the cheapest valid
+    combination (ties: the smaller tuple of list indices, mesh dim 0 first; None if
+    nd_check rejects all), its cost and
     the successive best combinations with their costs.
     """
     nm = len(dims)
@@ -572,6 +575,8 @@ def _cheapest_combo(
     best_cost = math.inf
     best_idx: tuple[int, ...] = ()
     considered = []
+    sharded = [any(cur[m].is_shard() for _, _, cur, _ in tensors) for m in range(nm)]
+    unshard_memo: dict[tuple[int, Candidate], float] = {}
     for combo, *tgts in zip(combos, *targets):
         cost = 0.0
         for m, e in enumerate(combo):
@@ -580,6 +585,11 @@ def _cheapest_combo(
                 if c_red is None:
                     c_red = reduce_memo[m, n] = reduce_cost(cost_fn, m, nm, n, dtype)
                 cost += c_red
+            if not sharded[m]:
+                c_un = unshard_memo.get((m, e[2]))
+                if c_un is None:
+                    c_un = unshard_memo[m, e[2]] = unshard_cost(cost_fn, result, e[2], m, nm)
+                cost += c_un
         for (_, a, cur, _), target, memo in zip(tensors, tgts, memos):
             if target == cur:
                 continue
@@ -597,6 +607,35 @@ def _cheapest_combo(
                     best, best_cost, best_idx = cs, cost, idx
                     considered.append((cs, cost))
     return best, best_cost, considered
+
+
+def unshard_cost(
+    cost_fn: Callable[[ArgMeta, tuple[Placement, ...]], float],
+    result: RuleResult,
+    c: Candidate,
+    m: int,
+    nm: int,
+) -> float:
+    """The price of a sharding that candidate ``c`` introduces on mesh dim ``m``, where no
+    argument of the call is sharded: what gathering its sharded outputs back to Replicate
+    over that dim costs (``cost_fn`` of the move). The caller adds it only where no tensor
+    argument holds a Shard on ``m``.
+
+    Without it a greedy choice resolves a Partial input (a row-parallel matmul's output
+    added to a replicated residual) by a reduce-scatter into a Shard, the cheaper move
+    taken alone, and every later consumer that needs the whole tensor gathers it again
+    (the sequence-parallel pattern by accident, one gather per consumer and a backward to
+    match). Counted, the reduce-scatter plus its gather cost what the all-reduce does, so
+    Megatron's all-reduce to Replicate wins; a sharding a user asks for (explicit
+    redistribute, a sharded input) is unaffected."""
+    cost = 0.0
+    for k, p in enumerate(c.placements[: len(result.out_shapes)]):
+        if p is None or not p.is_shard() or not result.out_shapes[k]:
+            continue
+        pl = tuple(p if q == m else R for q in range(nm))
+        cost += float(cost_fn(ArgMeta(result.out_shapes[k], result.out_dtypes[k], pl),
+                              (R,) * nm))
+    return cost
 
 
 def reduce_cost(

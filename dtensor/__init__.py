@@ -97,6 +97,7 @@ from .parallel import (  # noqa: F401
     PrepareModuleOutput,
     RowwiseParallel,
     SequenceParallel,
+    distribute_module,
     fully_shard,
     loss_parallel,
     parallelize_module,

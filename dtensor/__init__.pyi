@@ -94,6 +94,7 @@ from .parallel import PrepareModuleInput as PrepareModuleInput
 from .parallel import PrepareModuleOutput as PrepareModuleOutput
 from .parallel import RowwiseParallel as RowwiseParallel
 from .parallel import SequenceParallel as SequenceParallel
+from .parallel import distribute_module as distribute_module
 from .parallel import fully_shard as fully_shard
 from .parallel import loss_parallel as loss_parallel
 from .parallel import parallelize_module as parallelize_module

@@ -298,7 +298,7 @@ def test_mixed_precision_output_dtype_and_input_cast():
         dt.fully_shard(model, mesh=mesh, mp_policy=root_mp)
         seen = []
         model.blocks[0].mlp.fc.register_forward_hook(
-            lambda m, a, out: seen.append((a[0].dtype, m.weight.dtype)))
+            lambda m, a, out, seen=seen: seen.append((a[0].dtype, m.weight.dtype)))
         logits = model(x)
         assert logits.dtype == want
         assert seen == [(dt.bfloat16, dt.bfloat16)]  # computed in param_dtype

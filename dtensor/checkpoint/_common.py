@@ -145,12 +145,15 @@ def mode_of(path: str) -> int | None:
         return None
 
 
-def create_temp(path: str) -> tuple[int, str]:
+def create_temp(path: str) -> tuple[int, str, int | None]:
     """A new, empty temporary file ``.<name>.dtensor-tmp-<random>`` beside ``path``, opened
-    for writing: ``(descriptor, name)``. **Local**.
+    for writing: ``(descriptor, name, mode)``. **Local**.
 
     Created exclusively (``O_EXCL | O_NOFOLLOW``: never a file or link that was there), with
-    the mode of ``path`` where it exists, else the default mode (``0o666`` less the umask).
+    the default mode (``0o666`` less the umask) where ``path`` does not exist, else with
+    ``path``'s mode (``mode``, None where there is none), readable and writable by its
+    owner while it is written: the caller gives it ``mode`` itself (:func:`settle_mode`)
+    once it is complete.
     """
     name = sibling(path, f"tmp-{token()}")
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
@@ -158,12 +161,19 @@ def create_temp(path: str) -> tuple[int, str]:
     try:
         mode = mode_of(path)
         if mode is not None:
-            os.fchmod(fd, mode)
+            os.fchmod(fd, mode | stat.S_IRUSR | stat.S_IWUSR)
     except BaseException:
         os.close(fd)
         os.unlink(name)
         raise
-    return fd, name
+    return fd, name, mode
+
+
+def settle_mode(name: str, mode: int | None) -> None:
+    """Give the complete temporary file ``name`` the ``mode`` :func:`create_temp` kept
+    (nothing where None). **Local**."""
+    if mode is not None:
+        os.chmod(name, mode)
 
 
 def remove_quietly(path: str | None) -> None:

@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import functools
 import itertools
 import json
 import math
@@ -312,8 +313,9 @@ def _begin(path: str, lock: _Lock) -> dict[str, Any]:
     Returns the save's plan: ``tmp`` (the folder the ranks write into), ``token`` (its
     random part, also the checkpoint's ``save_id``), ``link`` (the text of the link at
     ``path``, None where it is no link), ``drop`` (the checkpoint whose data files this save
-    removes once done, or None), ``dir_mode`` and ``file_mode`` (the permissions of the
-    checkpoint replaced, None where there is none).
+    removes once done, or None), ``dir_mode`` (the folder's mode once complete: the
+    replaced checkpoint's, else the default) and ``file_mode`` (the replaced checkpoint's
+    files' mode, None where there is none).
     """
     lock.take(path)
     parent, name = os.path.split(path)
@@ -334,12 +336,12 @@ def _begin(path: str, lock: _Lock) -> dict[str, Any]:
     tmp = sibling(path, f"tmp-{tok}")
     os.mkdir(tmp, 0o777)
     exists = os.path.isdir(current)
-    dir_mode = mode_of(current) if exists else None
+    # the folder's mode once complete: the replaced one's, else the default (umask's)
+    dir_mode = mode_of(current if exists else tmp)
+    os.chmod(tmp, stat.S_IRWXU)  # while the ranks write: the owner's alone
     meta_path = os.path.join(current, META)
     file_mode = stat.S_IMODE(os.lstat(meta_path).st_mode) if exists and os.path.isfile(
         meta_path) else None
-    if dir_mode is not None:  # while the ranks write: the old mode, writable by the owner
-        os.chmod(tmp, dir_mode | stat.S_IRWXU)
     if link is None:
         drop = path if exists else None
     else:  # a folder that an earlier save to this link made; any other target is kept
@@ -364,8 +366,7 @@ def _commit(path: str, plan: dict[str, Any], meta: dict, sync: bool) -> str | No
     if plan["file_mode"] is not None:
         for name in (META, *meta["files"]):
             os.chmod(os.path.join(tmp, name), plan["file_mode"])
-    if plan["dir_mode"] is not None:
-        os.chmod(tmp, plan["dir_mode"])
+    os.chmod(tmp, plan["dir_mode"])
     if sync:
         fsync_path(tmp, directory=True)
     parent, name = os.path.split(path)
@@ -590,6 +591,8 @@ def _tiling_gap(boxes: list[tuple], shape: list[int]) -> str | None:
     those intervals, once each."""
     if math.prod(shape) == 0:
         return None  # an empty tensor: its blocks would be empty, and none passes the checks
+    if len(boxes) == 1 and boxes[0] == ((0,) * len(shape), tuple(shape)):
+        return None  # the whole tensor
     if len(set(boxes)) != len(boxes):
         twice = next(b for i, b in enumerate(boxes) if b in boxes[:i])
         return f"list the block at offsets {list(twice[0])} twice"
@@ -606,6 +609,8 @@ def _tiling_gap(boxes: list[tuple], shape: list[int]) -> str | None:
         if end != shape[d]:
             return f"leave dim {d} from {end} to {shape[d]} uncovered"
         parts.append(intervals)
+    if len(boxes) == math.prod(len(p) for p in parts):
+        return None  # distinct blocks, each a combination of the intervals: all of them
     have = set(boxes)
     for combo in itertools.product(*parts):
         wanted = (tuple(o for o, _ in combo), tuple(n for _, n in combo))
@@ -629,6 +634,9 @@ def _check_meta(meta: Any, where: str) -> dict:
         return value
 
     def integers(value: Any, field: str, n: int | None, lo: int, hi: int) -> list[int]:
+        if type(value) is list and len(value) == (len(value) if n is None else n) <= MAX_NDIM \
+                and (not value or _ints_within(value, lo, hi)):
+            return value
         if not isinstance(value, list) or len(value) != (len(value) if n is None else n) or (
                 len(value) > MAX_NDIM):
             count = f"at most {MAX_NDIM}" if n is None else str(n)
@@ -708,12 +716,11 @@ def _check_meta(meta: Any, where: str) -> dict:
             ):
                 raise bad(f"{field}.mesh_dim_names", f"is {_show(names)}; expected None or "
                           f"{len(mesh_shape)} distinct str")
-            for what, form in (("placements", r"R|S\(([0-9]+)\)"),
-                               ("placements_given", r"R|S\(([0-9]+)\)|P\([a-z]+\)")):
+            for what, partial in (("placements", False), ("placements_given", True)):
                 texts = entry.get(what)
                 if not isinstance(texts, list) or len(texts) != len(mesh_shape) or not all(
-                    isinstance(t, str) and (m := re.fullmatch(form, t))
-                    and (m[1] is None or int(m[1]) < len(shape)) for t in texts
+                    isinstance(t, str) and -1 <= _placement_dim(t, partial) < len(shape)
+                    for t in texts
                 ):
                     raise bad(f"{field}.{what}", f"is {_show(texts)}; expected {len(mesh_shape)} "
                               f"of {'R, S(dim)' if what == 'placements' else 'R, S(dim), P(op)'}"
@@ -721,42 +728,100 @@ def _check_meta(meta: Any, where: str) -> dict:
         blocks = entry.get("blocks")
         if not isinstance(blocks, list):
             raise bad(f"{field}.blocks", f"is {_show(blocks)}; expected a list")
+        top = (1 << CHECKSUM_BITS[algorithm]) - 1
         boxes = []
         for j, block in enumerate(blocks):
-            bf = f"{field}.blocks[{j}]"
-            if not isinstance(block, dict):
-                raise bad(bf, f"is {_show(block)}; expected an object")
-            offsets = integers(block.get("offsets"), f"{bf}.offsets", len(shape), 0, MAX_BYTES)
-            lengths = integers(block.get("lengths"), f"{bf}.lengths", len(shape), 1, MAX_BYTES)
-            if any(o + n > s for o, n, s in zip(offsets, lengths, shape)):
-                raise bad(bf, f"(offsets {offsets}, lengths {lengths}) reaches outside the "
-                          f"tensor's shape {shape}")
-            file = block.get("file")
-            if not isinstance(file, str) or file not in files:
-                raise bad(f"{bf}.file", f"is {_show(file)}; expected one of the checkpoint's "
-                          f"data files {sorted(files)[:8]}")
-            if "writer" in block and (type(block["writer"]) is not int
-                                      or DATA.format(block["writer"]) != file):
-                raise bad(f"{bf}.writer", f"is {_show(block['writer'])}; its file is {file!r}")
-            size = math.prod(lengths) * dtype.itemsize
-            integer(block.get("nbytes"), f"{bf}.nbytes", size, size)
-            offset = integer(block.get("offset"), f"{bf}.offset", 0, MAX_BYTES)
-            if offset + size > files[file]:
-                raise bad(f"{bf}.offset", f"{offset} plus its {size} bytes runs past the "
-                          f"{files[file]} bytes of {file!r} (files)")
-            sums = block.get(algorithm)
-            if not isinstance(sums, list) or len(sums) != _nchunks(size, chunk):
-                raise bad(f"{bf}.{algorithm}", f"is {_show(sums)}; expected "
-                          f"{_nchunks(size, chunk)} checksums (one per chunk_bytes {chunk})")
-            top = (1 << CHECKSUM_BITS[algorithm]) - 1
-            for k, v in enumerate(sums):
-                integer(v, f"{bf}.{algorithm}[{k}]", 0, top)
-            boxes.append((tuple(offsets), tuple(lengths)))
+            if not _block_ok(block, shape, dtype.itemsize, files, algorithm, chunk, top):
+                _block_error(block, f"{field}.blocks[{j}]", shape, dtype.itemsize, files,
+                             algorithm, chunk, bad, integer, integers)
+            boxes.append((tuple(block["offsets"]), tuple(block["lengths"])))
         gap = _tiling_gap(boxes, shape)
         if gap is not None:
             raise bad(f"{field}.blocks", f"do not tile the tensor of shape {shape}: they {gap}")
     _check_structure(meta.get("structure"), tensors, bad)
     return meta
+
+
+def _block_ok(block: Any, shape: list[int], itemsize: int, files: dict, algorithm: str,
+              chunk: int, top: int) -> bool:
+    """Whether a saved block of a tensor of ``shape`` holds what a save writes (the fast
+    test of :func:`_check_meta`; :func:`_block_error` says what is wrong)."""
+    if type(block) is not dict:
+        return False
+    offsets, lengths = block.get("offsets"), block.get("lengths")
+    if type(offsets) is not list or type(lengths) is not list or not (
+            len(offsets) == len(lengths) == len(shape)):
+        return False
+    size = itemsize
+    for o, n, s in zip(offsets, lengths, shape):
+        if type(o) is not int or type(n) is not int or o < 0 or n < 1 or o + n > s:
+            return False
+        size *= n
+    file, offset, nbytes = block.get("file"), block.get("offset"), block.get("nbytes")
+    if type(file) is not str or file not in files or type(nbytes) is not int or nbytes != size:
+        return False
+    if "writer" in block and (type(block["writer"]) is not int
+                              or _data_name(block["writer"]) != file):
+        return False
+    if type(offset) is not int or offset < 0 or offset + size > files[file]:
+        return False
+    sums = block.get(algorithm)
+    if type(sums) is not list or len(sums) != _nchunks(size, chunk):
+        return False
+    return _ints_within(sums, 0, top)
+
+
+@functools.lru_cache(maxsize=4096)
+def _data_name(writer: int) -> str:
+    return DATA.format(writer)
+
+
+def _ints_within(values: list, lo: int, hi: int) -> bool:
+    """Whether the non-empty list ``values`` holds ints (not bools) from ``lo`` to ``hi``."""
+    return set(map(type, values)) == {int} and lo <= min(values) and max(values) <= hi
+
+
+@functools.lru_cache(maxsize=256)
+def _placement_dim(text: str, partial: bool) -> int:
+    """The tensor dim of a placement's short form in metadata (``S(1)``: 1), -1 for ``R``
+    (and ``P(op)`` where ``partial``), -2 for anything else."""
+    m = re.fullmatch(r"R|S\(([0-9]+)\)|(P\([a-z]+\))", text)
+    if m is None or (m[2] is not None and not partial):
+        return -2
+    return -1 if m[1] is None else int(m[1])
+
+
+def _block_error(block: Any, bf: str, shape: list[int], itemsize: int, files: dict,
+                 algorithm: str, chunk: int, bad: Any, integer: Any, integers: Any) -> None:
+    """Raise the CheckpointError that names what is wrong with a block that
+    :func:`_block_ok` refused (``bf``: its field)."""
+    if not isinstance(block, dict):
+        raise bad(bf, f"is {_show(block)}; expected an object")
+    offsets = integers(block.get("offsets"), f"{bf}.offsets", len(shape), 0, MAX_BYTES)
+    lengths = integers(block.get("lengths"), f"{bf}.lengths", len(shape), 1, MAX_BYTES)
+    if any(o + n > s for o, n, s in zip(offsets, lengths, shape)):
+        raise bad(bf, f"(offsets {offsets}, lengths {lengths}) reaches outside the tensor's "
+                  f"shape {shape}")
+    file = block.get("file")
+    if not isinstance(file, str) or file not in files:
+        raise bad(f"{bf}.file", f"is {_show(file)}; expected one of the checkpoint's data "
+                  f"files {sorted(files)[:8]}")
+    if "writer" in block and (type(block["writer"]) is not int
+                              or DATA.format(block["writer"]) != file):
+        raise bad(f"{bf}.writer", f"is {_show(block['writer'])}; its file is {file!r}")
+    size = math.prod(lengths) * itemsize
+    integer(block.get("nbytes"), f"{bf}.nbytes", size, size)
+    offset = integer(block.get("offset"), f"{bf}.offset", 0, MAX_BYTES)
+    if offset + size > files[file]:
+        raise bad(f"{bf}.offset", f"{offset} plus its {size} bytes runs past the "
+                  f"{files[file]} bytes of {file!r} (files)")
+    sums = block.get(algorithm)
+    if not isinstance(sums, list) or len(sums) != _nchunks(size, chunk):
+        raise bad(f"{bf}.{algorithm}", f"is {_show(sums)}; expected {_nchunks(size, chunk)} "
+                  f"checksums (one per chunk_bytes {chunk})")
+    for k, v in enumerate(sums):
+        integer(v, f"{bf}.{algorithm}[{k}]", 0, (1 << CHECKSUM_BITS[algorithm]) - 1)
+    raise bad(bf, f"is {_show(block)}; not a block a save writes")
 
 
 def _check_structure(node: Any, tensors: list[dict], bad: Any) -> None:

@@ -44,6 +44,7 @@ from ._common import (
     reduce_partial,
     remove_quietly,
     run_agreed,
+    settle_mode,
     writer_coords,
 )
 
@@ -185,15 +186,16 @@ def _copy_into(path: str, fd: int) -> None:
                 shutil.copyfileobj(src, out, 1 << 22)
 
 
-def _start(h5py: Any, path: str, dataset: str, shape: tuple, dtype: np.dtype) -> str:
-    """Rank 0: a new temporary file beside ``path`` (:func:`create_temp`: a random name,
-    the mode of ``path``), a copy of ``path`` where it exists, with ``dataset`` of
-    ``shape`` and ``dtype`` (created, or checked where it exists); its name."""
+def _start(h5py: Any, path: str, dataset: str, shape: tuple, dtype: np.dtype) -> tuple:
+    """Rank 0: a new temporary file beside ``path`` (:func:`create_temp`: a random name),
+    a copy of ``path`` where it exists, with ``dataset`` of ``shape`` and ``dtype``
+    (created, or checked where it exists); its name and the mode to give it once
+    complete (``path``'s)."""
     exists = os.path.lexists(path)
     if exists and not h5py.is_hdf5(path):
         raise CheckpointError(f"to_h5: {path!r} exists and is not an HDF5 file; refusing to "
                               "replace it")
-    fd, tmp = create_temp(path)
+    fd, tmp, mode = create_temp(path)
     try:
         try:
             if exists:
@@ -203,7 +205,7 @@ def _start(h5py: Any, path: str, dataset: str, shape: tuple, dtype: np.dtype) ->
         with _open(h5py, tmp, "a" if exists else "w", "to_h5") as f:
             if dataset not in f:
                 f.create_dataset(dataset, shape=shape, dtype=dtype)
-                return tmp
+                return tmp, mode
             ds = _dataset(f, h5py, path, dataset, "to_h5")
             if tuple(ds.shape) != shape:
                 raise ShardingError(
@@ -218,7 +220,7 @@ def _start(h5py: Any, path: str, dataset: str, shape: tuple, dtype: np.dtype) ->
     except BaseException:
         remove_quietly(tmp)
         raise
-    return tmp
+    return tmp, mode
 
 
 def _write_block(h5py: Any, tmp: str, dataset: str, offsets, lengths, data: np.ndarray) -> None:
@@ -226,8 +228,10 @@ def _write_block(h5py: Any, tmp: str, dataset: str, offsets, lengths, data: np.n
         f[dataset].write_direct(data, None, _selection(offsets, lengths) if data.ndim else None)
 
 
-def _commit(tmp: str, path: str) -> None:
-    """Rank 0: sync the complete temporary file and rename it into place."""
+def _commit(tmp: str, path: str, mode: int | None) -> None:
+    """Rank 0: give the complete temporary file its mode, sync it and rename it into
+    place."""
+    settle_mode(tmp, mode)
     fsync_path(tmp)
     os.replace(tmp, path)
     fsync_path(os.path.dirname(path), directory=True)
@@ -274,7 +278,7 @@ def to_h5(x: object, path: str | os.PathLike, dataset: str) -> None:
     path = os.path.abspath(os.fspath(path))
     kind = _state.kind_of(x)
 
-    made: list[str] = []  # rank 0: the temporary file, to remove where the write fails
+    made: list = []  # rank 0: the temporary file (to remove where the write fails), its mode
 
     def start() -> Any:
         h5py = _h5py("to_h5")
@@ -289,7 +293,7 @@ def to_h5(x: object, path: str | os.PathLike, dataset: str) -> None:
                 f"to {path!r}; it needs a mesh of all {comm.size} ranks"
             )
         if comm.rank == 0:
-            made.append(_start(h5py, path, dataset, tuple(int(s) for s in x.shape),
+            made.extend(_start(h5py, path, dataset, tuple(int(s) for s in x.shape),
                                np.dtype(x.dtype)))
         return h5py
 
@@ -315,7 +319,7 @@ def to_h5(x: object, path: str | os.PathLike, dataset: str) -> None:
             if comm.rank == rank and writes:
                 _write_block(h5py, tmp, dataset, offsets, lengths, data)
             if comm.rank == rank == 0:  # the last turn: every block is written
-                _commit(tmp, path)
+                _commit(tmp, path, made[1])
 
         for rank in [w for w in writers if w != 0] + [0]:
             run_agreed(comm, "to_h5", lambda r=rank: turn(r))

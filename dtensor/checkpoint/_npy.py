@@ -32,6 +32,7 @@ from ._common import (
     reduce_partial,
     remove_quietly,
     run_agreed,
+    settle_mode,
     writer_coords,
 )
 
@@ -201,17 +202,18 @@ def to_npy(x: object, path: str | os.PathLike) -> None:
         data = np.empty(0, dtype)
     data = np.ascontiguousarray(data)
     header = _header(dtype, shape)
-    made: list[str] = []  # rank 0: the temporary file, to remove where the write fails
+    made: list = []  # rank 0: the temporary file (to remove where the write fails), its mode
 
     def start() -> None:
         if comm.rank == 0:
-            fd, tmp = create_temp(path)
-            made.append(tmp)
+            fd, tmp, mode = create_temp(path)
+            made.extend((tmp, mode))
             with os.fdopen(fd, "wb") as fh:
                 fh.write(header)
 
     def commit() -> None:
         if comm.rank == 0:
+            settle_mode(*made)
             os.replace(made[0], path)
             fsync_path(os.path.dirname(path), directory=True)
 

@@ -372,22 +372,35 @@ def test_a_resave_keeps_the_permissions(folder):
     h5py = pytest.importorskip("h5py")
     dt.to_h5(x, h5, "x")
 
+    read_only = os.path.join(folder, "r.npy")
+    dt.to_npy(x, read_only)
+
     def private():
         os.chmod(path, 0o700)
         for name in os.listdir(path):
             os.chmod(os.path.join(path, name), 0o600)
         os.chmod(npy, 0o600)
         os.chmod(h5, 0o640)
+        os.chmod(read_only, 0o444)
 
     _on_rank0(private)
     _save(path, 1)
     dt.to_npy(x + 1, npy)
     dt.to_h5(x + 1, h5, "x")
+    dt.to_npy(x + 1, read_only)  # replaced (as np.save would not), and still read-only
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o700
     assert {stat.S_IMODE(os.stat(os.path.join(path, n)).st_mode) for n in os.listdir(path)} == {
         0o600}
     assert stat.S_IMODE(os.stat(npy).st_mode) == 0o600
     assert stat.S_IMODE(os.stat(h5).st_mode) == 0o640
+    assert stat.S_IMODE(os.stat(read_only).st_mode) == 0o444
+    np.testing.assert_array_equal(np.load(read_only), np.full((WORLD.size, 2), 2.0))
+    # a new checkpoint gets the default modes: a new folder's (the umask's)
+    fresh, probe = os.path.join(folder, "fresh"), os.path.join(folder, "probe")
+    _save(fresh, 2)
+    if WORLD.rank == 0:
+        os.mkdir(probe)
+        assert stat.S_IMODE(os.stat(fresh).st_mode) == stat.S_IMODE(os.stat(probe).st_mode)
     with h5py.File(h5, "r") as f:
         np.testing.assert_array_equal(f["x"][()], np.full((WORLD.size, 2), 2.0))
 

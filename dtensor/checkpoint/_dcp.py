@@ -3,8 +3,8 @@ numpy arrays and python values, resharding on load.
 
 A checkpoint is a folder of two files:
 
-- ``metadata.json`` (readable): the format name and version, the world size and chunk size
-  of the save, the state's structure (its python values included) and, per tensor, its
+- ``metadata.json`` (readable): the format name and version, the save's random
+  ``save_id``, the world size and chunk size of the save, the state's structure (its python values included) and, per tensor, its
   key, kind, global shape, dtype, mesh shape and dim names, the placements it was saved
   with (and those it had: Partial mesh dims are reduced to Replicate before the write), and
   its saved blocks: global offsets and lengths, the data file, the byte offset, the size,
@@ -32,6 +32,7 @@ folder is never read and the next save to ``<name>`` removes it. A save that fai
 disk, a rank's error) removes its temporary folder and leaves the previous checkpoint as
 it was. The new checkpoint keeps the permissions of the one it replaces (its folder's
 and its files' modes, as ``np.save`` keeps a file's); a new one gets the default ones.
+While the ranks write, the temporary folder is its owner's alone.
 
 One save at a time: rank 0 holds ``.<name>.dtensor-lock`` beside the target (``flock``)
 from the start of a save to its end. A save that finds it held fails at once on every rank

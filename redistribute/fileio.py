@@ -1,8 +1,9 @@
 """Parallel file IO for dtensor: MPI-IO files shared by the ranks of a communicator.
 
 This module owns :class:`File`, a thin wrapper over ``mpi4py.MPI.File`` for the checkpoint
-and ``.npy`` code of ``dtensor.checkpoint``: opening a file collectively, independent reads
-and writes of byte ranges (:meth:`File.read_at`, :meth:`File.write_at`), collective reads
+and ``.npy`` code of ``dtensor.checkpoint``: opening a file collectively, independent writes
+of byte ranges (:meth:`File.write_at`; a checkpoint's loads read with ``preadv`` on
+descriptors opened inside the checkpoint folder, which MPI-IO cannot offer), collective reads
 and writes of one N-D block of a C-ordered array stored at a byte offset
 (:meth:`File.read_block_all`, :meth:`File.write_block_all`, through a subarray file view),
 and syncing. It is, with :mod:`redistribute.comm`, the only library code that imports
@@ -86,10 +87,6 @@ class File:
     def _fail(self, what: str, e: MPI.Exception) -> CheckpointError:
         return CheckpointError(f"{self.op}: {what} of {self.path!r} failed: {_reason(e)}")
 
-    def size(self) -> int:
-        """The file's size in bytes. **Local**."""
-        return int(self._fh.Get_size())
-
     def write_at(self, offset: int, buf: np.ndarray) -> None:
         """Write the contiguous ``buf`` at byte ``offset``. **Local** (independent IO)."""
         data = _bytes_of(buf)
@@ -99,24 +96,6 @@ class File:
                 self._fh.Write_at(offset + start, [part, part.size, BYTES])
         except MPI.Exception as e:
             raise self._fail(f"writing {data.size} bytes at offset {offset}", e) from None
-
-    def read_at(self, offset: int, buf: np.ndarray) -> int:
-        """Fill the contiguous ``buf`` from byte ``offset``; returns the bytes read (fewer
-        than ``buf.nbytes`` where the file ends early). **Local** (independent IO)."""
-        data = _bytes_of(buf)
-        got = 0
-        status = MPI.Status()
-        try:
-            for start in range(0, data.size, _MAX_CALL):
-                part = data[start : start + _MAX_CALL]
-                self._fh.Read_at(offset + start, [part, part.size, BYTES], status)
-                n = status.Get_count(BYTES)
-                got += n
-                if n < part.size:
-                    break
-        except MPI.Exception as e:
-            raise self._fail(f"reading {data.size} bytes at offset {offset}", e) from None
-        return got
 
     def _block_view(
         self,
@@ -175,7 +154,7 @@ class File:
         ``buf.itemsize`` bytes) stored from byte ``disp`` into the contiguous ``buf``.
 
         **Collective** over the file's ranks (each reads its own block; a rank that reads
-        nothing passes an empty ``buf``). The file view is left set: use :meth:`read_at`/:meth:`write_at` after it
+        nothing passes an empty ``buf``). The file view is left set: use :meth:`write_at` after it
         only through a new :class:`File`.
         """
         self._block_all(True, disp, shape, offsets, lengths, buf)

@@ -1,11 +1,16 @@
 """What the checkpoint, ``.npy`` and HDF5 code share: agreeing on errors across ranks, the
 writer ranks of a DTensor's distinct blocks, Partial reduction before a write, native dtypes,
-dtype names in metadata (bfloat16 by name), and durable renames (fsync of files and folders).
+dtype names in metadata (bfloat16 by name), durable renames (fsync of files and folders),
+temporary files beside a target (random names, created exclusively, never through a link,
+with the mode of the file they replace) and broadcasting their names.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import secrets
+import stat
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
@@ -118,10 +123,79 @@ def dtype_from_name(name: str) -> np.dtype:
 
 
 def sibling(path: str, tag: str) -> str:
-    """``<parent>/.<name>.dtensor-<tag>``: the temporary (``tmp``) or previous (``old``)
-    version of checkpoint or file ``path``. **Local**."""
+    """``<parent>/.<name>.dtensor-<tag>``: a file or folder that belongs to checkpoint or
+    file ``path``: its previous version (``old``), its lock (``lock``), a temporary one
+    (``tmp-<token>``). **Local**."""
     parent, name = os.path.split(path)
     return os.path.join(parent, f".{name}.dtensor-{tag}")
+
+
+def token() -> str:
+    """A fresh random name part (16 hex digits) of a temporary file or folder. **Local**."""
+    return secrets.token_hex(8)
+
+
+def mode_of(path: str) -> int | None:
+    """The permission bits of the file or folder ``path`` (of a link's target), None where
+    it does not exist: what a file that replaces it keeps, as ``np.save`` keeps a file's
+    mode. **Local**."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        return None
+
+
+def create_temp(path: str) -> tuple[int, str, int | None]:
+    """A new, empty temporary file ``.<name>.dtensor-tmp-<random>`` beside ``path``, opened
+    for writing: ``(descriptor, name, mode)``. **Local**.
+
+    Created exclusively (``O_EXCL | O_NOFOLLOW``: never a file or link that was there), with
+    the default mode (``0o666`` less the umask) where ``path`` does not exist, else with
+    ``path``'s mode (``mode``, None where there is none), readable and writable by its
+    owner while it is written: the caller gives it ``mode`` itself (:func:`settle_mode`)
+    once it is complete.
+    """
+    name = sibling(path, f"tmp-{token()}")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(name, flags, 0o666)
+    try:
+        mode = mode_of(path)
+        if mode is not None:
+            os.fchmod(fd, mode | stat.S_IRUSR | stat.S_IWUSR)
+    except BaseException:
+        os.close(fd)
+        os.unlink(name)
+        raise
+    return fd, name, mode
+
+
+def settle_mode(name: str, mode: int | None) -> None:
+    """Give the complete temporary file ``name`` the ``mode`` :func:`create_temp` kept
+    (nothing where None). **Local**."""
+    if mode is not None:
+        os.chmod(name, mode)
+
+
+def remove_quietly(path: str | None) -> None:
+    """Remove the file ``path`` where it exists (cleanup after a failure: errors ignored).
+    **Local**."""
+    if path is None:
+        return
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def bcast_json(comm: Comm, value: object, root: int = 0) -> object:
+    """``value`` of rank ``root`` (any JSON value: names of temporary files) on every
+    rank. **Collective** over ``comm``."""
+    text = json.dumps(value).encode() if comm.rank == root else b""
+    size = comm.bcast_array(np.array([len(text)], np.int64), root=root, what="names")
+    buf = np.frombuffer(text, np.uint8).copy() if comm.rank == root else np.empty(
+        int(size[0]), np.uint8)
+    comm.bcast_array(buf, root=root, what="names")
+    return json.loads(buf.tobytes().decode())
 
 
 def fsync_path(path: str, directory: bool = False) -> None:

@@ -23,7 +23,6 @@ import numpy as np
 from placements import Placement
 from placements.errors import (
     CheckpointError,
-    DTensorError,
     DTypeError,
     MeshError,
     ShardingError,
@@ -37,12 +36,15 @@ from ..distributed.mesh import DeviceMesh
 from ..local.factory import from_numpy
 from . import _state
 from ._common import (
+    bcast_json,
     box,
+    create_temp,
     fsync_path,
     native,
     reduce_partial,
+    remove_quietly,
     run_agreed,
-    sibling,
+    settle_mode,
     writer_coords,
 )
 
@@ -166,30 +168,59 @@ def from_h5(
     return DTensor.from_local(from_numpy(arr), mesh, placements, shape=shape)
 
 
-def _start(h5py: Any, path: str, tmp: str, dataset: str, shape: tuple, dtype: np.dtype) -> None:
-    """Rank 0: the temporary file, a copy of ``path`` where it exists, with ``dataset`` of
-    ``shape`` and ``dtype`` (created, or checked where it exists)."""
+def _copy_into(path: str, fd: int) -> None:
+    """Copy the file ``path`` into the empty file open as ``fd`` (in the kernel where it
+    can: ``sendfile``)."""
+    with open(path, "rb") as src:
+        size, sent = os.fstat(src.fileno()).st_size, 0
+        try:
+            while sent < size:
+                n = os.sendfile(fd, src.fileno(), sent, size - sent)
+                if n == 0:
+                    break
+                sent += n
+        except (AttributeError, OSError):  # no sendfile between these files: a plain copy
+            src.seek(sent)
+            os.lseek(fd, sent, os.SEEK_SET)
+            with os.fdopen(os.dup(fd), "wb") as out:
+                shutil.copyfileobj(src, out, 1 << 22)
+
+
+def _start(h5py: Any, path: str, dataset: str, shape: tuple, dtype: np.dtype) -> tuple:
+    """Rank 0: a new temporary file beside ``path`` (:func:`create_temp`: a random name),
+    a copy of ``path`` where it exists, with ``dataset`` of ``shape`` and ``dtype``
+    (created, or checked where it exists); its name and the mode to give it once
+    complete (``path``'s)."""
     exists = os.path.lexists(path)
     if exists and not h5py.is_hdf5(path):
         raise CheckpointError(f"to_h5: {path!r} exists and is not an HDF5 file; refusing to "
                               "replace it")
-    if exists:
-        shutil.copyfile(path, tmp)
-    with _open(h5py, tmp, "a" if exists else "w", "to_h5") as f:
-        if dataset not in f:
-            f.create_dataset(dataset, shape=shape, dtype=dtype)
-            return
-        ds = _dataset(f, h5py, path, dataset, "to_h5")
-        if tuple(ds.shape) != shape:
-            raise ShardingError(
-                f"to_h5: dataset {dataset!r} of {path!r} has shape {tuple(ds.shape)}; cannot "
-                f"write a tensor of shape {shape} into it"
-            )
-        if np.dtype(ds.dtype) != dtype:
-            raise DTypeError(
-                f"to_h5: dataset {dataset!r} of {path!r} has dtype {np.dtype(ds.dtype)}; cannot "
-                f"write a tensor of dtype {dtype} into it"
-            )
+    fd, tmp, mode = create_temp(path)
+    try:
+        try:
+            if exists:
+                _copy_into(path, fd)
+        finally:
+            os.close(fd)
+        with _open(h5py, tmp, "a" if exists else "w", "to_h5") as f:
+            if dataset not in f:
+                f.create_dataset(dataset, shape=shape, dtype=dtype)
+                return tmp, mode
+            ds = _dataset(f, h5py, path, dataset, "to_h5")
+            if tuple(ds.shape) != shape:
+                raise ShardingError(
+                    f"to_h5: dataset {dataset!r} of {path!r} has shape {tuple(ds.shape)}; "
+                    f"cannot write a tensor of shape {shape} into it"
+                )
+            if np.dtype(ds.dtype) != dtype:
+                raise DTypeError(
+                    f"to_h5: dataset {dataset!r} of {path!r} has dtype {np.dtype(ds.dtype)}; "
+                    f"cannot write a tensor of dtype {dtype} into it"
+                )
+    except BaseException:
+        remove_quietly(tmp)
+        raise
+    return tmp, mode
 
 
 def _write_block(h5py: Any, tmp: str, dataset: str, offsets, lengths, data: np.ndarray) -> None:
@@ -197,8 +228,10 @@ def _write_block(h5py: Any, tmp: str, dataset: str, offsets, lengths, data: np.n
         f[dataset].write_direct(data, None, _selection(offsets, lengths) if data.ndim else None)
 
 
-def _commit(tmp: str, path: str) -> None:
-    """Rank 0: sync the complete temporary file and rename it into place."""
+def _commit(tmp: str, path: str, mode: int | None) -> None:
+    """Rank 0: give the complete temporary file its mode, sync it and rename it into
+    place."""
+    settle_mode(tmp, mode)
     fsync_path(tmp)
     os.replace(tmp, path)
     fsync_path(os.path.dirname(path), directory=True)
@@ -212,8 +245,11 @@ def to_h5(x: object, path: str | os.PathLike, dataset: str) -> None:
     written by rank 0. The writes go to a temporary copy of the file beside ``path`` (its
     other datasets kept), the writing ranks taking turns (h5py without MPI: see the module
     documentation), and the copy is synced and renamed into place once complete: a failed
-    or killed write leaves ``path`` as it was. The dataset is created (contiguous, not
-    compressed) or, where it exists, overwritten. Needs h5py.
+    or killed write leaves ``path`` as it was (a failed one removes the copy). The copy has
+    a name of its own (``.<name>.dtensor-tmp-`` and random letters, created exclusively,
+    never through a link) and the mode of ``path``, which the new file keeps (as with
+    ``np.save``); a symbolic link at ``path`` is replaced by the file. The dataset is
+    created (contiguous, not compressed) or, where it exists, overwritten. Needs h5py.
 
     Parameters
     ----------
@@ -242,7 +278,7 @@ def to_h5(x: object, path: str | os.PathLike, dataset: str) -> None:
     path = os.path.abspath(os.fspath(path))
     kind = _state.kind_of(x)
 
-    tmp = sibling(path, "tmp")
+    made: list = []  # rank 0: the temporary file (to remove where the write fails), its mode
 
     def start() -> Any:
         h5py = _h5py("to_h5")
@@ -257,11 +293,13 @@ def to_h5(x: object, path: str | os.PathLike, dataset: str) -> None:
                 f"to {path!r}; it needs a mesh of all {comm.size} ranks"
             )
         if comm.rank == 0:
-            _start(h5py, path, tmp, dataset, tuple(int(s) for s in x.shape), np.dtype(x.dtype))
+            made.extend(_start(h5py, path, dataset, tuple(int(s) for s in x.shape),
+                               np.dtype(x.dtype)))
         return h5py
 
     try:
         h5py = run_agreed(comm, "to_h5", start)
+        tmp = bcast_json(comm, made[0] if made else None)
         shape = tuple(int(s) for s in x.shape)
         if kind == "dtensor":
             x = reduce_partial(x)
@@ -281,11 +319,11 @@ def to_h5(x: object, path: str | os.PathLike, dataset: str) -> None:
             if comm.rank == rank and writes:
                 _write_block(h5py, tmp, dataset, offsets, lengths, data)
             if comm.rank == rank == 0:  # the last turn: every block is written
-                _commit(tmp, path)
+                _commit(tmp, path, made[1])
 
         for rank in [w for w in writers if w != 0] + [0]:
             run_agreed(comm, "to_h5", lambda r=rank: turn(r))
-    except DTensorError:
-        if comm.rank == 0 and os.path.lexists(tmp):
-            os.unlink(tmp)
+    except BaseException:
+        if made:  # every rank has closed the file (each turn's errors are agreed)
+            remove_quietly(made[0])
         raise

@@ -22,12 +22,17 @@ from ..distributed.mesh import DeviceMesh
 from ..local.factory import from_numpy
 from . import _state
 from ._common import (
+    LOCAL_ERRORS,
+    agree,
+    bcast_json,
     box,
+    create_temp,
     fsync_path,
     native,
     reduce_partial,
+    remove_quietly,
     run_agreed,
-    sibling,
+    settle_mode,
     writer_coords,
 )
 
@@ -134,7 +139,11 @@ def to_npy(x: object, path: str | os.PathLike) -> None:
     **Collective** over COMM_WORLD. Rank 0 writes the header; each distinct block of a
     DTensor is written once, by its holder, with one collective MPI-IO write (Partial mesh
     dims are reduced first). A local tensor or numpy array is written by rank 0. The file
-    is written under a temporary name beside ``path`` and renamed into place once complete.
+    is written under a temporary name of its own beside ``path`` (``.<name>.dtensor-tmp-``
+    and random letters, created exclusively, never through a link) and renamed into place
+    once complete; a write that fails removes it and leaves ``path`` as it was. The file
+    keeps the mode of the one it replaces, as with ``np.save``. A symbolic link at ``path``
+    is replaced by the file (its target is left as it was).
 
     Parameters
     ----------
@@ -193,24 +202,37 @@ def to_npy(x: object, path: str | os.PathLike) -> None:
         data = np.empty(0, dtype)
     data = np.ascontiguousarray(data)
     header = _header(dtype, shape)
-    tmp = sibling(path, "tmp")
+    made: list = []  # rank 0: the temporary file (to remove where the write fails), its mode
 
     def start() -> None:
         if comm.rank == 0:
-            with open(tmp, "wb") as fh:
+            fd, tmp, mode = create_temp(path)
+            made.extend((tmp, mode))
+            with os.fdopen(fd, "wb") as fh:
                 fh.write(header)
-
-    run_agreed(comm, "to_npy", start)
-    fh = File(comm, tmp, "w", "to_npy")
-    try:
-        fh.write_block_all(len(header), shape, offsets, lengths, data)
-        fh.sync()
-    finally:
-        fh.close()
 
     def commit() -> None:
         if comm.rank == 0:
-            os.replace(tmp, path)
+            settle_mode(*made)
+            os.replace(made[0], path)
             fsync_path(os.path.dirname(path), directory=True)
 
-    run_agreed(comm, "to_npy", commit)
+    try:
+        run_agreed(comm, "to_npy", start)
+        fh = File(comm, bcast_json(comm, made[0] if made else None), "w", "to_npy")
+        error = None
+        try:
+            fh.write_block_all(len(header), shape, offsets, lengths, data)
+            fh.sync()
+        except LOCAL_ERRORS as e:
+            error = e
+        try:
+            fh.close()
+        except LOCAL_ERRORS as e:
+            error = error or e
+        agree(comm, error, "to_npy")
+        run_agreed(comm, "to_npy", commit)
+    except BaseException:
+        if made:  # every rank has closed the file (errors are agreed after the close)
+            remove_quietly(made[0])
+        raise

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from placements.errors import DTypeError
+from placements.errors import ArgumentError, DTypeError
 
 from ..distributed.dtensor import DTensor
 from ..local.tensor import Tensor
@@ -59,10 +59,22 @@ def flatten(state: Any, op: str) -> tuple[Any, list[tuple[str, Any]]]:
     ------
     DTypeError
         A dict key that is not a str, or a leaf of another type.
+    ArgumentError
+        Two leaves with one key (``{"a.b": x, "a": {"b": y}}``: both are ``"a.b"``, and a
+        load would fill both from one saved tensor).
     """
     leaves: list[tuple[str, Any]] = []
+    paths: dict[str, str] = {}  # key -> the first leaf's path, as python indexing
 
-    def walk(node: Any, key: str) -> Any:
+    def leaf(key: str, path: str) -> None:
+        if key in paths:
+            raise ArgumentError(
+                f"{op}: the state's entries {paths[key]} and {path} both have the key {key!r} "
+                "(keys join the path's parts with dots); rename one of them"
+            )
+        paths[key] = path
+
+    def walk(node: Any, key: str, path: str) -> Any:
         if isinstance(node, dict):
             items = []
             for k, v in node.items():
@@ -71,17 +83,19 @@ def flatten(state: Any, op: str) -> tuple[Any, list[tuple[str, Any]]]:
                         f"{op}: dict key {k!r} ({type(k).__name__}) under {key or '<root>'!r} is "
                         "not a str"
                     )
-                items.append([k, walk(v, f"{key}.{k}" if key else k)])
+                items.append([k, walk(v, f"{key}.{k}" if key else k, f"{path}[{k!r}]")])
             return {"dict": items}
         if isinstance(node, (list, tuple)):
             kind = "list" if isinstance(node, list) else "tuple"
-            return {kind: [walk(v, f"{key}.{i}" if key else str(i)) for i, v in enumerate(node)]}
+            return {kind: [walk(v, f"{key}.{i}" if key else str(i), f"{path}[{i}]")
+                           for i, v in enumerate(node)]}
+        leaf(key, path)
         if kind_of(node) is not None:
             leaves.append((key, node))
             return {"tensor": len(leaves) - 1}
         return {"value": _value(node, key, op)}
 
-    return walk(state, ""), leaves
+    return walk(state, "", "state"), leaves
 
 
 def value_of(stored: Any) -> Any:

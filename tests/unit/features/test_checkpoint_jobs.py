@@ -1,7 +1,7 @@
 """Checkpoint jobs launched from a test (``python -m launch``): a checkpoint written by a
 4-rank job read by 1-, 2- and 3-rank jobs; a save killed mid-write (SIGKILL of one rank)
-leaves the previous checkpoint loadable; the resume example at 4 then 2 ranks; the
-checkpoint benchmark at a tiny size."""
+leaves the previous checkpoint loadable; two jobs saving to and loading from one folder at
+once; the resume example at 4 then 2 ranks; the checkpoint benchmark at a tiny size."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -96,6 +97,37 @@ assert state["step"] == 3 and np.array_equal(state["w"].to_local().numpy(), a + 
 print("previous checkpoint loaded")
 """
 
+# two jobs at once: each saves its own values and loads what is there, ROUNDS times
+_RACE = _COMMON + """
+from dtensor.errors import CheckpointError
+
+path, job = sys.argv[2], int(sys.argv[3])
+mesh = dt.init_device_mesh((N,))
+a = GLOBAL["a"]
+counts = dict(saved=0, refused=0, loaded=0, replaced=0)
+for i in range(int(sys.argv[4])):
+    value = job * 1000 + i
+    try:
+        dt.save({"w": dt.distribute_tensor(np.full_like(a, value), mesh, [S(0)]), "v": value},
+                path)
+        counts["saved"] += 1
+    except CheckpointError as e:  # the other job's save holds the lock
+        assert "another save to" in str(e) and "is in progress" in str(e), e
+        counts["refused"] += 1
+    state = {"w": dt.distribute_tensor(np.zeros_like(a), mesh, [R]), "v": -1}
+    try:
+        dt.load(state, path)
+    except CheckpointError as e:  # replaced during both reads, or none saved yet
+        assert "was replaced by another save while this load read it" in str(e) or (
+            "no checkpoint at" in str(e) and not counts["saved"]), e
+        counts["replaced"] += 1
+        continue
+    w = state["w"].to_local().numpy()
+    assert (w == state["v"]).all(), (state["v"], np.unique(w))  # one whole checkpoint
+    counts["loaded"] += 1
+print(f"job {job}: {counts}")
+"""
+
 
 def _launch(cwd: Path, n: int, *args: str, ok: bool = True) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "launch", "-n", str(n), "--timeout", str(LIMIT_S), *args]
@@ -124,11 +156,31 @@ def test_save_killed_mid_write_keeps_the_previous_checkpoint(tmp_path):
     ckpt = tmp_path / "ckpt"
     proc = _launch(tmp_path, 2, "job.py", "save", str(ckpt), ok=False)
     assert proc.returncode == 128 + 9, proc.stderr  # the launcher reports the SIGKILL
-    tmp = tmp_path / ".ckpt.dtensor-tmp"
+    (tmp,) = tmp_path.glob(".ckpt.dtensor-tmp-*")
     assert list(tmp.glob("data-*.bin")) and not (tmp / "metadata.json").exists()
     out = _launch(tmp_path, 2, "job.py", "load", str(ckpt)).stdout
     assert "previous checkpoint loaded" in out
-    assert not tmp.exists()  # the next save replaced the leftover
+    assert not tmp.exists()  # the next save removed the leftover
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "job.py"]
+
+
+@pytest.mark.mode_independent  # file IO, below the dispatch
+def test_two_jobs_saving_to_one_folder_at_once(tmp_path):
+    """Two 2-rank jobs save to and load from one checkpoint at once: a save that finds the
+    other's in progress fails cleanly on every rank, a load always gets one whole
+    checkpoint (or says it was replaced meanwhile), and the folder ends with one complete
+    checkpoint and nothing else."""
+    (tmp_path / "job.py").write_text(_RACE)
+    ckpt = str(tmp_path / "ckpt")
+    with ThreadPoolExecutor(2) as pool:
+        jobs = [pool.submit(_launch, tmp_path, 2, "job.py", "race", ckpt, str(job), "20")
+                for job in (1, 2)]
+        outs = [job.result().stdout for job in jobs]
+    assert all(f"job {job}: " in out for job, out in zip((1, 2), outs)), outs
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "job.py"]
+    meta = json.loads((tmp_path / "ckpt" / "metadata.json").read_text())
+    assert meta["structure"]["dict"][1][1]["value"] in {j * 1000 + i for j in (1, 2)
+                                                          for i in range(20)}
 
 
 def test_resume_example_at_4_then_2_ranks(tmp_path):

@@ -323,11 +323,13 @@ def fmt(value: Any) -> str:
         if not math.isfinite(value) or value == 0:
             return str(value) if value else "0"
         mag = abs(value)
-        if mag >= 100 or (value == int(value) and mag >= 10):
+        if mag >= 99.95 or (value == int(value) and mag >= 10):
             return f"{value:.0f}"
-        if mag >= 1:
-            return f"{value:.2f}" if mag < 10 else f"{value:.1f}"
-        if mag >= 0.01:
+        if mag >= 9.995:
+            return f"{value:.1f}"
+        if mag >= 0.9995:
+            return f"{value:.2f}"
+        if mag >= 0.00995:
             return f"{value:.3f}"
         return f"{value:.1e}"
     return str(value)

@@ -131,6 +131,7 @@ def test_table_aligns_numbers_right_and_text_left():
 @pytest.mark.parametrize(("value", "text"), [
     (None, "-"), (True, "yes"), (0.0, "0"), (12345.6, "12346"), (12.0, "12"), (12.34, "12.3"),
     (1.5, "1.50"), (0.1234, "0.123"), (1.2e-5, "1.2e-05"), (7, "7"), ("x", "x"),
+    (9.999, "10.0"), (99.97, "100"), (0.9999, "1.00"), (-3.25, "-3.25"),
 ])
 def test_cells(value, text):
     assert _common.fmt(value) == text

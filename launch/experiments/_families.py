@@ -312,10 +312,12 @@ SIZES = tuple(MLP_SIZES)
 
 register_family("mlp", lambda size: FunctionalFamily(mlp_model(*MLP_SIZES[size])),
                 "the two-layer MLP of the training examples (batch, dim, hidden: "
-                + ", ".join(f"{k} {v}" for k, v in MLP_SIZES.items()) + ")")
+                + "; ".join(",".join(map(str, v)) for v in MLP_SIZES.values()) + ")")
 register_family("transformer",
                 lambda size: FunctionalFamily(transformer_model(*TRANSFORMER_SIZES[size])),
-                "one transformer block of the training examples")
+                "a transformer block of the training examples (batch, seq, dim, heads, "
+                "vocab: " + "; ".join(",".join(map(str, v)) for v in TRANSFORMER_SIZES.values())
+                + ")")
 
 
 # -- users' models --------------------------------------------------------------------------------

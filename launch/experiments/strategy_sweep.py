@@ -288,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
                         "transformer) or package.module:function (see below)")
     p.add_argument("--size", choices=SIZES, default="small", help="model size")
     p.add_argument("--mesh", type=_shape, default=None,
-                   help="mesh shape, e.g. 2,2 (forward sweep and --auto; default: see above)")
+                   help="mesh shape, e.g. 2,2 (forward sweep: default (n/2, 2) on an even "
+                        "n >= 4 ranks, else (n,); --auto: default (n,))")
     p.add_argument("--all", action="store_true", help="every legal R/S(d) combination")
     p.add_argument("--limit", type=int, default=64, help="most combinations with --all")
     p.add_argument("--repeat", type=int, default=5, help="timing samples per strategy")

@@ -16,6 +16,13 @@ JSON output (stdout, and a file when asked).
 For calls that may communicate and whose cost spans orders of magnitude (an op from 8x8 to
 4096x4096), :func:`worst_rank_median_us` agrees on the calls per sample across the ranks
 (:func:`agreed_number`) and sizes the number of samples to a time budget.
+
+Reporting: :func:`bench_args` (or :func:`parser` for a script's own options) gives a command
+line whose ``--help`` shows every default (:class:`HelpFormatter`); :func:`table` lays out
+rows as an aligned text table (or a markdown one) and :func:`emit` prints the JSON document
+followed by that table, so a run ends with something a person can read; :class:`Progress`
+prints one line per finished piece of a long run on standard error (``--quiet`` silences
+it); :func:`save_png` draws a chart, or says clearly why it could not.
 :func:`torch_process_group` starts the gloo process group that PyTorch's DTensor runs on,
 for the benchmarks that compare with it. :func:`numpy_gelu`, :func:`numpy_softmax` and
 :func:`numpy_layer_norm` are the numpy twins the benchmarks time next to dtensor's ops.
@@ -25,13 +32,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -236,17 +244,160 @@ def ratio(numerator: float, denominator: float) -> float:
     return round(numerator / denominator, 2) if denominator else float("inf")
 
 
-def bench_args(description: str, argv: list[str] | None = None, **extra: Any) -> Any:
-    """Parse the options every benchmark has: ``--repeat`` and ``--out``. **Local**.
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` with every option's default after its help (not for flags that default
+    to off, nor for options without a default); list defaults are written as they are
+    typed (``8 2048`` for ``nargs``, ``64,256`` for a comma-separated option). The
+    description and the epilog keep their line breaks."""
 
-    ``extra`` maps further flag names (without dashes) to ``argparse`` keyword dicts.
+    def _get_help_string(self, action: argparse.Action) -> str:
+        help = action.help or ""
+        default = action.default
+        if ("%(default)" in help or not action.option_strings or default is None
+                or default is False or default is argparse.SUPPRESS):
+            return help
+        if isinstance(default, (list, tuple)):
+            sep = " " if action.nargs in ("+", "*") else ","
+            text = sep.join(str(v) for v in default)
+        else:
+            text = str(default)
+        return f"{help} (default: {text.replace('%', '%%')})"
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    """An argument parser whose ``--help`` shows the defaults (:class:`HelpFormatter`).
+    **Local**."""
+    return argparse.ArgumentParser(description=description, formatter_class=HelpFormatter)
+
+
+def bench_args(description: str, argv: list[str] | None = None, *, repeat: int = 30,
+               **extra: Any) -> Any:
+    """Parse the options every benchmark has: ``--repeat``, ``--out`` and ``--quiet``.
+    **Local**.
+
+    ``repeat`` is the default of ``--repeat``; ``extra`` maps further flag names (without
+    dashes; ``_`` becomes ``-``) to ``argparse`` keyword dicts. ``--help`` shows every
+    default.
     """
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--repeat", type=int, default=30, help="timing samples per figure")
-    parser.add_argument("--out", help="also write the JSON result to this file")
+    p = parser(description)
+    p.add_argument("--repeat", type=int, default=repeat, help="timing samples per figure")
+    p.add_argument("--out", help="also write the JSON result to this file")
+    p.add_argument("--quiet", action="store_true", help="no progress lines (on stderr)")
     for name, kwargs in extra.items():
-        parser.add_argument(f"--{name.replace('_', '-')}", **kwargs)
-    return parser.parse_args(argv)
+        p.add_argument(f"--{name.replace('_', '-')}", **kwargs)
+    return p.parse_args(argv)
+
+
+class Progress:
+    """Progress lines of a long run, on standard error: ``name: [i/total] what (12.3 s)``,
+    the seconds since the start. **Local**: create it on every rank, it prints on the
+    ranks where ``enabled`` (pass ``rank == 0 and not args.quiet``).
+
+    Call it with a message after each finished piece (``step`` advances the count; pass
+    ``step=False`` for a line about the piece under way). ``total`` may be set later.
+    """
+
+    def __init__(self, name: str, total: int | None = None, *, enabled: bool = True) -> None:
+        self.name, self.total, self.enabled = name, total, enabled
+        self.done = 0
+        self.start = time.perf_counter()
+
+    def __call__(self, message: str, *, step: bool = True) -> None:
+        self.done += step
+        if not self.enabled:
+            return
+        count = "" if not step else (
+            f"[{self.done}/{self.total}] " if self.total else f"[{self.done}] ")
+        seconds = time.perf_counter() - self.start
+        print(f"{self.name}: {count}{message} ({seconds:.1f} s)", file=sys.stderr, flush=True)
+
+
+def fmt(value: Any) -> str:
+    """One table cell: ``-`` for None, ``yes``/``no`` for booleans, floats to 3-4
+    significant digits (``1234``, ``12.3``, ``0.123``, ``1.2e-05``). **Local**."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if not math.isfinite(value) or value == 0:
+            return str(value) if value else "0"
+        mag = abs(value)
+        if mag >= 99.95 or (value == int(value) and mag >= 10):
+            return f"{value:.0f}"
+        if mag >= 9.995:
+            return f"{value:.1f}"
+        if mag >= 0.9995:
+            return f"{value:.2f}"
+        if mag >= 0.00995:
+            return f"{value:.3f}"
+        return f"{value:.1e}"
+    return str(value)
+
+
+def _numeric(text: str) -> bool:
+    try:
+        float(text.rstrip("x%"))
+    except ValueError:
+        return text == "-"
+    return True
+
+
+def table(head: Sequence[str], rows: Iterable[Sequence[Any]], *, title: str | None = None,
+          notes: Sequence[str] = (), markdown: bool = False, align: str | None = None) -> str:
+    """Rows as a compact table: a title line (optional), the header, a rule, the rows, then
+    notes (one line each). **Local**.
+
+    Cells go through :func:`fmt` unless they are strings. Columns whose cells are all
+    numbers are right-aligned; ``align`` sets each column instead (``l``, ``r``, or ``c``
+    for markdown's centred). Text tables separate columns by two spaces; ``markdown`` gives
+    ``| a | b |`` rows with an alignment rule (``|---|---:|``).
+    """
+    cells = [[c if isinstance(c, str) else fmt(c) for c in row] for row in rows]
+    if align is None:
+        align = "".join("r" if cells and all(_numeric(r[i]) for r in cells) else "l"
+                        for i in range(len(head)))
+    lines = [title] if title else []
+    if markdown:
+        rule = {"l": "---", "r": "---:", "c": ":---:"}
+        lines.append("| " + " | ".join(head) + " |")
+        lines.append("|" + "|".join(rule[a] for a in align) + "|")
+        lines += ["| " + " | ".join(r) + " |" for r in cells]
+    else:
+        widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(head)]
+
+        def line(row: Sequence[str]) -> str:
+            return "  ".join(c.rjust(w) if a == "r" else c.ljust(w)
+                             for c, w, a in zip(row, widths, align)).rstrip()
+
+        lines.append(line(head))
+        lines.append("  ".join("-" * w for w in widths))
+        lines += [line(r) for r in cells]
+    lines += list(notes)
+    return "\n".join(lines)
+
+
+def save_png(path: str, draw: Callable[[Any], Any], *, flag: str = "--png") -> bool:
+    """Draw a chart with ``draw(pyplot)`` (which returns the figure) and write it to
+    ``path``; print where it went. **Local** (call it on one rank).
+
+    Returns False, after printing why (``flag: matplotlib is not installed ...; no chart
+    written to path``), when matplotlib cannot be imported.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"{flag}: matplotlib is not installed (pip install 'dtensor[bench]'); "
+              f"no chart written to {path}", flush=True)
+        return False
+    fig = draw(plt)
+    fig.savefig(path, bbox_inches="tight")
+    plt.close(fig)
+    print(f"{flag}: chart written to {path}", flush=True)
+    return True
 
 
 def environment() -> dict[str, Any]:
@@ -259,10 +410,15 @@ def environment() -> dict[str, Any]:
     }
 
 
-def emit(result: dict[str, Any], out: str | None) -> None:
-    """Print ``result`` as JSON and, when ``out`` is given, write it there too. **Local**."""
+def emit(result: dict[str, Any], out: str | None, report: str | None = None) -> None:
+    """Print ``result`` as JSON and then ``report`` (the run's :func:`table`, so that it is
+    what a terminal shows last); when ``out`` is given, write the JSON there too.
+    **Local**."""
     text = json.dumps(result, indent=2, sort_keys=False)
     sys.stdout.write(text + "\n")
+    if report:
+        sys.stdout.write("\n" + report + "\n")
+    sys.stdout.flush()
     if out:
         with open(out, "w", encoding="utf-8") as handle:
             handle.write(text + "\n")

@@ -16,7 +16,8 @@ plan: candidates traced, predicted step time and peak, and the placements. ``--m
 picks models (comma-separated names of :data:`MODELS`).
 
 Output: JSON on stdout (``--out FILE`` too): per model and mesh, the median seconds of the
-step and of the traced step, the collectives, their bytes and the peak bytes.
+step and of the traced step, the collectives, their bytes and the peak bytes; then the same
+as a table.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
     del sys.path[0]
 
 import dtensor as dt
-from launch.bench._common import bench_args, emit, environment
+from launch.bench._common import Progress, bench_args, emit, environment, table
 from launch.examples import _training as T
 from placements.types import placement_list
 
@@ -105,8 +106,26 @@ def _search(model: T.TrainModel) -> dict:
     }
 
 
+def report(doc: dict) -> str:
+    """The figures as tables. **Local**."""
+    rows = [(name, r["step_s"], r["explain_s"], r["first_step_s"], r["ops_traced"],
+             r["collectives"], r["collective_bytes"], f"{r['peak_bytes'] / 2**20:.2f}")
+            for name, r in doc["results"].items()]
+    out = table(("model mesh", "step s", "explain s", "first step s", "ops traced",
+                 "collectives", "collective bytes", "peak MiB"), rows,
+                title="one training step on an abstract mesh (medians)")
+    if "auto_shard" in doc:
+        rows = [(name, s["auto_shard_s"], s["candidates_traced"], s["predicted_step_s"],
+                 f"{s['predicted_peak_bytes'] / 2**20:.2f}")
+                for name, s in doc["auto_shard"].items()]
+        out += "\n\n" + table(("model mesh", "auto_shard s", "traced", "predicted step s",
+                                "predicted peak MiB"), rows, title="auto_shard searches")
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Time the traces (and with ``--auto`` the searches) and print the JSON. **Local**."""
+    """Time the traces (and with ``--auto`` the searches) and print the JSON and the tables.
+    **Local**."""
     args = bench_args(
         __doc__.splitlines()[0], argv,
         auto={"action": "store_true", "help": "also time auto_shard on the (64, 8) mesh"},
@@ -116,19 +135,24 @@ def main(argv: list[str] | None = None) -> None:
     unknown = sorted(set(names) - set(MODELS))
     if unknown:
         raise SystemExit(f"abstract_plan: unknown models {unknown}; choose from {list(MODELS)}")
+    progress = Progress("abstract_plan", len(names) * (len(MESHES) + args.auto),
+                        enabled=not args.quiet)
     dt.debug.clear_caches()
     results, searches = {}, {}
     for name in names:
         model = MODELS[name]()
         for shape in MESHES:
             mesh = dt.AbstractMesh(shape, ("dp", "tp"))
-            results[f"{name} {shape[0]}x{shape[1]}"] = _figures(model, mesh, args.repeat)
+            key = f"{name} {shape[0]}x{shape[1]}"
+            results[key] = _figures(model, mesh, args.repeat)
+            progress(f"{key}: step {results[key]['step_s']} s")
         if args.auto:
             searches[f"{name} 64x8"] = _search(model)
+            progress(f"{name} 64x8: auto_shard {searches[f'{name} 64x8']['auto_shard_s']} s")
     doc = {"benchmark": "abstract_plan", "environment": environment(), "results": results}
     if args.auto:
         doc["auto_shard"] = searches
-    emit(doc, args.out)
+    emit(doc, args.out, report(doc))
 
 
 if __name__ == "__main__":

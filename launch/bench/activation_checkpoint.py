@@ -8,7 +8,7 @@ Run as ``python -m launch.bench.activation_checkpoint [--layers N] [--batch B] [
 ``dt.memory_stats()['peak_allocated_bytes']`` less what was allocated before (parameters and
 input), and whether the checkpointed gradients are bitwise those of the plain run.
 
-Output: JSON on stdout (``--out FILE`` too).
+Output: JSON on stdout (``--out FILE`` too), then a table.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
 import numpy as np
 
 import dtensor as dt
-from launch.bench._common import bench_args, emit, environment
+from launch.bench._common import Progress, bench_args, emit, environment, table
 
 
 def layer(x, w1, w2):
@@ -49,11 +49,13 @@ def step(params, x, checkpointed: bool) -> tuple[int, list]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    """Measure both variants; print the JSON. **Local**."""
+    """Measure both variants; print the JSON and a table. **Local**."""
     args = bench_args(
         __doc__.splitlines()[0], argv,
-        layers={"type": int, "default": 8}, batch={"type": int, "default": 1024},
-        width={"type": int, "default": 128}, hidden={"type": int, "default": 512},
+        layers={"type": int, "default": 8, "help": "layers of the MLP"},
+        batch={"type": int, "default": 1024, "help": "rows of the input"},
+        width={"type": int, "default": 128, "help": "width of the residual stream"},
+        hidden={"type": int, "default": 512, "help": "width of each layer's hidden part"},
     )
     rng = np.random.default_rng(0)
     params = []
@@ -62,8 +64,11 @@ def main(argv: list[str] | None = None) -> dict:
             w = (rng.standard_normal(shape) / np.sqrt(shape[0])).astype(np.float32)
             params.append(dt.tensor(w, requires_grad=True))
     x = dt.tensor(rng.standard_normal((args.batch, args.width)).astype(np.float32))
+    progress = Progress("activation_checkpoint", 2, enabled=not args.quiet)
     plain, want = step(params, x, False)
+    progress("plain")
     checked, got = step(params, x, True)
+    progress("checkpointed")
     result = {
         "benchmark": "activation_checkpoint",
         "layers": args.layers, "batch": args.batch, "width": args.width,
@@ -74,7 +79,12 @@ def main(argv: list[str] | None = None) -> dict:
         "gradients_bitwise_equal": all(np.array_equal(a, b) for a, b in zip(got, want)),
         "environment": environment(),
     }
-    emit(result, args.out)
+    rows = [("plain", f"{plain / 2**20:.2f}", "1.000", "-"),
+            ("checkpointed", f"{checked / 2**20:.2f}", f"{result['ratio']:.3f}",
+             result["gradients_bitwise_equal"])]
+    emit(result, args.out, table(("variant", "peak MiB", "/ plain", "same gradients"), rows,
+                                 title=f"forward + backward of {args.layers} layers, batch "
+                                       f"{args.batch}, width {args.width}, hidden {args.hidden}"))
     return result
 
 

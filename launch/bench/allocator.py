@@ -16,6 +16,9 @@ Two modes, one script (imports the installed dtensor, from any directory):
     ``np.empty``'d each iteration. Each figure is the worst rank's median (MPI MAX over
     the per-rank medians); rank 0 prints the JSON.
 
+Each mode prints the JSON document and then its figures as tables (``--out FILE`` writes
+the JSON too).
+
 Targets: warm-pool allocate+free of 16 MiB under 20 us; pooled Allgather at least 2x
 faster than the fresh-buffer one at 16 MiB total. Both are reported with ``met`` flags.
 
@@ -48,6 +51,7 @@ import numpy as np
 import dtensor as dt
 from dtensor.local.allocator import empty_array
 from launch.bench._common import (
+    Progress,
     bench_args,
     each_call_us,
     emit,
@@ -55,6 +59,7 @@ from launch.bench._common import (
     per_call_us,
     ratio,
     summary,
+    table,
     worst_rank,
 )
 
@@ -211,6 +216,42 @@ def bench_allgather(repeat: int) -> dict[str, Any]:
     return out
 
 
+def report(result: dict[str, Any]) -> str:
+    """The figures as tables, one per part that ran. **Local**."""
+    parts = []
+    if "alloc_free" in result:
+        rows = [(size, r["pooled_alloc_free"]["median_us"],
+                 r["pooled_alloc_touch_free"]["median_us"],
+                 r["np_empty_touch_free"]["median_us"], r["mmap_touch_free"]["median_us"],
+                 r["speedup_vs_np_empty"], r["speedup_vs_mmap"])
+                for size, r in result["alloc_free"].items() if size.endswith("MiB")]
+        target = result["alloc_free"]["target_warm_pool_16MiB_us"]
+        parts.append(table(("size", "pooled us", "pooled+touch us", "np.empty+touch us",
+                            "mmap+touch us", "x np.empty", "x mmap"), rows,
+                           title="allocate + free (median us)",
+                           notes=[(f"warm pool 16 MiB under {target['limit']} us: "
+                                  f"{'met' if target['met'] else 'MISSED'}")]))
+        sizes = result["alloc_free_by_size"]
+        rows = [(k, r["bytes"], r["empty_array_us"], r["np_empty_us"])
+                for k, r in sizes.items() if "bytes" in r]
+        target = sizes["target_up_to_1MiB_us"]
+        parts.append(table(("N x N float32", "bytes", "empty_array us", "np.empty us"), rows,
+                           notes=[(f"up to 1 MiB within {target['limit']} us: "
+                                  f"{'met' if target['met'] else 'MISSED'}")]))
+        rows = [(k, r["dtensor_us"], r["numpy_us"], r["ratio"])
+                for k, r in result["local_layer"].items()]
+        parts.append(table(("local op", "dtensor us", "numpy us", "ratio"), rows))
+    if "allgather" in result:
+        rows = [(k, r["total_MiB"], r["pooled_us"], r["np_empty_us"], r["mmap_us"],
+                 r["speedup_vs_np_empty"], r["speedup_vs_mmap"])
+                for k, r in result["allgather"].items() if isinstance(r, dict)]
+        parts.append(table(("per rank", "total MiB", "pooled us", "np.empty us", "mmap us",
+                            "x np.empty", "x mmap"), rows,
+                           title=f"Allgather over {result['allgather']['ranks']} ranks "
+                                 "(worst rank's median)"))
+    return "\n\n".join(parts)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = bench_args(
         "caching allocator benchmark",
@@ -225,11 +266,15 @@ def main(argv: list[str] | None = None) -> None:
         if MPI.COMM_WORLD.Get_rank() != 0:
             return
     else:
+        progress = Progress("allocator", 3, enabled=not args.quiet)
         result["alloc_free"] = bench_alloc(args.repeat)
+        progress("allocate + free at 16 and 64 MiB")
         result["alloc_free_by_size"] = bench_sizes(args.repeat)
+        progress("allocate + free by size")
         result["local_layer"] = bench_local(args.repeat)
+        progress("local layer")
     result["memory_stats"] = dt.memory_stats()
-    emit(result, args.out)
+    emit(result, args.out, report(result))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ sample by sample (the three calls of a sample run back to back) before the media
 the drift of an op's own cost between samples (an op with a collective) cancels
 (``paired_met``). Figures: medians per rank, then the worst rank.
 
-Output: JSON on stdout (``--out FILE`` too), from rank 0.
+Output: JSON on stdout (``--out FILE`` too), then a table, from rank 0.
 """
 
 from __future__ import annotations
@@ -35,7 +35,15 @@ import numpy as np
 from mpi4py import MPI
 
 import dtensor as dt
-from launch.bench._common import bench_args, emit, environment, per_call_us, worst_rank
+from launch.bench._common import (
+    Progress,
+    bench_args,
+    emit,
+    environment,
+    per_call_us,
+    table,
+    worst_rank,
+)
 
 #: Recording overhead per op allowed over the no-grad call (µs).
 TARGET_US = 3.0
@@ -68,6 +76,7 @@ def main(argv: list[str] | None = None) -> dict:
         return t.requires_grad_() if grad else t
 
     dt.from_numpy(a.copy()).requires_grad_()  # autograd active from here on
+    progress = Progress("autograd_overhead", 2, enabled=world.rank == 0 and not args.quiet)
     figures = {}
     for kind in ("local", "dtensor"):
         plain = make(kind, False), make(kind, False)
@@ -91,14 +100,27 @@ def main(argv: list[str] | None = None) -> dict:
             row["paired_overhead_us"] = round(worst_rank(statistics.median(paired), world), 3)
             row["paired_met"] = row["paired_overhead_us"] <= TARGET_US
             figures[f"{kind}.{name}"] = row
+        progress(f"{kind}: {len(OPS)} ops")
     doc = {
         "ranks": world.Get_size(), "environment": environment(), "target_us": TARGET_US,
         "figures": figures, "met": all(r["overhead_met"] for r in figures.values()),
         "paired_met": all(r["paired_met"] for r in figures.values()),
     }
     if world.Get_rank() == 0:
-        emit(doc, args.out)
+        emit(doc, args.out, report(doc))
     return doc
+
+
+def report(doc: dict) -> str:
+    """The figures as a table. **Local**."""
+    rows = [(name, r["no_grad_us"], r["leaf_us"], r["intermediate_us"], r["overhead_us"],
+             r["paired_overhead_us"], r["overhead_met"] and r["paired_met"])
+            for name, r in doc["figures"].items()]
+    return table(("op", "no_grad us", "leaf us", "intermediate us", "overhead us",
+                  "paired us", f"<= {doc['target_us']:g} us"), rows,
+                 title=f"autograd's recording overhead, 8x8 float32, {doc['ranks']} ranks",
+                 notes=[(f"every op within the target: median {doc['met']}, paired "
+                        f"{doc['paired_met']}")])
 
 
 if __name__ == "__main__":

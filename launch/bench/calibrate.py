@@ -16,7 +16,7 @@ rate``. The whole calibration (what ``dt.auto_shard`` reads) is stored at ``--ca
 its format (:class:`redistribute.cost.CostModel`: top-level ``alpha_s`` and
 ``beta_bytes_per_s``, the medians, ``per_kind`` and ``per_mesh_dim`` overrides); the
 collectives' measured points go to ``<out>.points.json`` (the cost model rejects unknown
-fields).
+fields). Rank 0 prints the cost model's JSON, then the fitted constants as a table.
 """
 
 from __future__ import annotations
@@ -30,12 +30,13 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
     del sys.path[0]
 
 import json
+import math
 
 from mpi4py import MPI
 
 import dtensor as dt
 from dtensor.autoshard import calibrate
-from launch.bench._common import bench_args, environment
+from launch.bench._common import Progress, bench_args, environment, table
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,11 +57,16 @@ def main(argv: list[str] | None = None) -> int:
     shape = tuple(int(s) for s in args.mesh.split(",")) if args.mesh else (comm.size,)
     mesh = dt.init_device_mesh(shape)
     sizes = tuple(int(s) for s in args.sizes.split(","))
+    progress = Progress("calibrate", 1, enabled=comm.rank == 0 and not args.quiet)
+    progress(f"measuring collectives, kernels and a small step on mesh {shape}", step=False)
     result = calibrate(mesh, args.calibration, sizes=sizes, repeat=args.repeat)
+    progress("done")
     if comm.rank == 0:
         text = json.dumps(result.cost_model, indent=2)
         print(text)
         print("kernels:", json.dumps(result.to_dict()["kernels"]))
+        print()
+        print(report(result))
         print("calibration stored at", args.calibration or dt.autoshard.default_path(comm.size))
         if args.out:
             with open(args.out, "w", encoding="utf-8") as f:
@@ -70,6 +76,21 @@ def main(argv: list[str] | None = None) -> int:
             with open(args.out + ".points.json", "w", encoding="utf-8") as f:
                 json.dump(points_doc, f, indent=2)
     return 0
+
+
+def report(result: dt.autoshard.Calibration) -> str:
+    """The fitted constants as tables. **Local**."""
+    per_dim = result.cost_model.get("per_mesh_dim", {})
+    rows = [(dim, kind, v["alpha_s"] * 1e6, v["beta_bytes_per_s"] / 1e9)
+            for dim, kinds in per_dim.items() for kind, v in kinds.items()]
+    out = table(("mesh dim", "collective", "alpha us", "beta GB/s"), rows,
+                title=f"calibration of {result.ranks} ranks, mesh {result.mesh_shape}")
+    rows = [(cls, k["alpha_s"] * 1e6, "-" if not math.isfinite(k["rate"]) else k["rate"] / 1e9)
+            for cls, k in result.kernels.items()]
+    return out + "\n\n" + table(
+        ("op class", "alpha us", "rate G/s"), rows,
+        notes=[(f"per traced entry of a step: {result.entry_s * 1e6:.1f} us; per collective in "
+               f"a step: {result.sync_s * 1e6:.1f} us")])
 
 
 if __name__ == "__main__":

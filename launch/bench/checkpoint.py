@@ -25,7 +25,7 @@ worst round). The date (UTC) and the load averages before and after the run come
 removed at the end (``--dir`` defaults to the temporary directory; the run needs about
 twice ``--mib`` free).
 
-Output: JSON on stdout (``--out FILE`` too), from rank 0.
+Output: JSON on stdout (``--out FILE`` too), then a table, from rank 0.
 """
 
 from __future__ import annotations
@@ -48,7 +48,15 @@ import numpy as np
 from mpi4py import MPI
 
 import dtensor as dt
-from launch.bench._common import bench_args, emit, environment, ratio, worst_rank
+from launch.bench._common import (
+    Progress,
+    bench_args,
+    emit,
+    environment,
+    ratio,
+    table,
+    worst_rank,
+)
 
 #: (ratio name, numerator, denominator)
 RATIOS = (
@@ -125,10 +133,12 @@ def main(argv: list[str] | None = None) -> None:
     }
     samples: dict[str, list[float]] = {k: [] for k in ops}
     started, load_before = datetime.now(timezone.utc), os.getloadavg()
+    progress = Progress("checkpoint", args.repeat, enabled=rank == 0 and not args.quiet)
     try:
         for _ in range(args.repeat):
             for name, fn in ops.items():
                 samples[name].append(_timed(fn, world))
+            progress("round of every operation")
     finally:
         world.Barrier()
         if rank == 0:
@@ -143,15 +153,21 @@ def main(argv: list[str] | None = None) -> None:
     per_round = {name: [ratio(a, b) for a, b in zip(rounds[num], rounds[den])]
                  for name, num, den in RATIOS}
     if rank == 0:
+        ratios = {name: statistics.median(r) for name, r in per_round.items()}
+        rows = [(name, f["median_s"], f["GB_per_s"]) for name, f in figures.items()]
+        report = table(("operation", "median s", "GB/s"), rows,
+                       title=f"{total / 2**20:.0f} MiB in {args.tensors} DTensors, {n} ranks",
+                       notes=["ratios (median round): " + ", ".join(
+                           f"{k} {v}" for k, v in ratios.items())])
         emit({
             "ranks": n, "bytes": total, "tensors": args.tensors, "repeat": args.repeat,
             "date": started.strftime("%Y-%m-%d %H:%M UTC"),
             "load_average": {"before": [round(x, 2) for x in load_before],
                              "after": [round(x, 2) for x in os.getloadavg()]},
             "environment": environment(), "figures": figures,
-            "ratios": {name: statistics.median(r) for name, r in per_round.items()},
+            "ratios": ratios,
             "worst_round_ratios": {name: max(r) for name, r in per_round.items()},
-        }, args.out)
+        }, args.out, report)
 
 
 if __name__ == "__main__":

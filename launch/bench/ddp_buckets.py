@@ -27,7 +27,8 @@ imbalance, not communication), ``allreduce_alone_ms``, the same buckets all-redu
 right after the step with no computation beside them (the ranks start together; the slowest
 rank's), and ``hidden_fraction``, the median over the rounds of 1 - exposed / alone: the
 share of the all-reduce time that backward hid. Exposed and alone are taken in the same
-round, so a load that comes and goes (a shared machine) meets both alike. The JSON document goes to stdout and, with ``--out FILE``, to a file.
+round, so a load that comes and goes (a shared machine) meets both alike. The JSON document
+goes to stdout (then the figures as a table) and, with ``--out FILE``, to a file.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from mpi4py import MPI
 
 import dtensor as dt
 from dtensor.parallel import _replicate
-from launch.bench._common import bench_args, emit, environment, worst_rank
+from launch.bench._common import Progress, bench_args, emit, environment, table, worst_rank
 from launch.examples.gpt import GPT, GPTConfig, batch
 
 PATHS = ("start", "submit")
@@ -116,8 +117,10 @@ def _ms(samples: list[float]) -> float:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = bench_args(
         __doc__.splitlines()[0], argv,
-        d_model={"type": int, "default": 256}, layers={"type": int, "default": 4},
-        block={"type": int, "default": 64}, vocab={"type": int, "default": 4096},
+        d_model={"type": int, "default": 256, "help": "model width"},
+        layers={"type": int, "default": 4, "help": "transformer blocks"},
+        block={"type": int, "default": 64, "help": "sequence length"},
+        vocab={"type": int, "default": 4096, "help": "vocabulary size"},
         batch={"type": int, "default": 8, "help": "sequences per rank"},
         caps={"default": "25,4,0", "help": "bucket caps in MiB, comma-separated"},
     )
@@ -150,10 +153,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         side.step_s.clear()
         side.exposed_s.clear()
         side.alone_s.clear()
+    progress = Progress("ddp_buckets", args.repeat, enabled=comm.rank == 0 and not args.quiet)
     for r in range(args.repeat):
         k = r % len(sides)
         for side in sides[k:] + sides[:k]:
             side.step(comm)
+        progress(f"round of {len(sides)} sides")
 
     local = sides[0].step_s
     results: dict[str, Any] = {}
@@ -181,13 +186,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "environment": environment(),
     }
     if comm.rank == 0:
-        print(f"{'side':<22}{'step ms':>9}{'+local':>8}{'buckets':>9}{'exposed':>9}"
-              f"{'alone':>8}{'hidden':>8}")
-        for name, e in results.items():
-            print(f"{name:<22}{e['step_ms']:>9}{e['over_local_ms']:>8}"
-                  f"{e.get('buckets', ''):>9}{e.get('exposed_ms', ''):>9}"
-                  f"{e.get('allreduce_alone_ms', ''):>8}{e.get('hidden_fraction', ''):>8}")
-        emit(result, args.out)
+        rows = [(name, e["step_ms"], e["over_local_ms"], e.get("buckets"), e.get("exposed_ms"),
+                 e.get("allreduce_alone_ms"), e.get("hidden_fraction"))
+                for name, e in results.items()]
+        report = table(("side", "step ms", "+local ms", "buckets", "exposed ms", "alone ms",
+                        "hidden"), rows,
+                       title=f"GPT d_model {cfg.d_model}, {cfg.n_layer} layers, {comm.size} ranks "
+                             "(medians)")
+        emit(result, args.out, report)
     return result
 
 

@@ -17,7 +17,7 @@ Run as ``python -m launch -n 2 -m launch.bench.fsdp [--d-model 256] [--layers 4]
   step's ``peak_allocated_bytes``; the theory of the first is 16 bytes per parameter
   (float32 parameter, gradient, two Adam moments) divided as the strategy divides them.
 
-Output: JSON on stdout (``--out FILE`` too).
+Output: JSON on stdout (``--out FILE`` too), then the figures as tables.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
 from mpi4py import MPI
 
 import dtensor as dt
-from launch.bench._common import bench_args, emit, environment, worst_rank
+from launch.bench._common import Progress, bench_args, emit, environment, table, worst_rank
 from launch.examples.gpt import GPTConfig, batch
 from launch.examples.gpt_strategies import build, supported
 
@@ -139,34 +139,56 @@ def memory(cfg, batch_size, names):
     return out
 
 
+def report(result: dict) -> str:
+    """The figures as tables. **Local**."""
+    pre = result["prefetch"]
+    rows = [(k, r["step_ms"], r["all_gather_ms"], r["waited_ms"], r["hidden"])
+            for k, r in pre.items() if isinstance(r, dict)]
+    m = result["model"]
+    out = table(("fsdp", "step ms", "all-gather ms", "waited ms", "hidden"), rows,
+                title=(f"GPT d_model {m['d_model']}, {m['layers']} layers, seq {m['seq']}, "
+                       f"{result['ranks']} ranks (medians, worst rank)"),
+                notes=[f"prefetch speedup: {pre['speedup']}"])
+    rows = [(k, r["model_state_mb"], r["theory_mb"], r["peak_mb"], r["at_rest_before_step_mb"])
+            for k, r in result["memory"].items()]
+    return out + "\n\n" + table(("strategy", "state MiB", "theory MiB", "peak MiB",
+                                  "at rest MiB"), rows, title="memory per rank (worst rank)")
+
+
 def main(argv=None) -> None:
     args = bench_args(
         __doc__.splitlines()[0],
         argv,
-        d_model={"type": int, "default": 256},
-        layers={"type": int, "default": 4},
-        seq={"type": int, "default": 128},
-        vocab={"type": int, "default": 4096},
+        repeat=10,
+        d_model={"type": int, "default": 256, "help": "model width"},
+        layers={"type": int, "default": 4, "help": "transformer blocks"},
+        seq={"type": int, "default": 128, "help": "sequence length"},
+        vocab={"type": int, "default": 4096, "help": "vocabulary size"},
         batch={"type": int, "default": 4, "help": "sequences per data-parallel rank"},
-        heads={"type": int, "default": 8},
+        heads={"type": int, "default": 8, "help": "attention heads"},
         strategies={"default": "replicate,dp,zero2,fsdp,tp",
                     "help": "the strategies of the memory table"},
     )
     cfg = GPTConfig(vocab_size=args.vocab, block_size=args.seq, n_layer=args.layers,
                     n_head=args.heads, d_model=args.d_model, bias=False)
-    repeat = args.repeat if args.repeat != 30 else 10
+    progress = Progress("fsdp", 2, enabled=COMM.rank == 0 and not args.quiet)
+    pre = prefetch(cfg, args.batch, args.repeat)
+    progress(f"prefetch: {pre['prefetch']['step_ms']} ms per step, without "
+             f"{pre['no_prefetch']['step_ms']} ms")
+    mem = memory(cfg, args.batch, args.strategies.split(","))
+    progress(f"memory of {len(mem)} strategies")
     result = {
         "benchmark": "fsdp",
         "ranks": COMM.size,
         "model": {"d_model": cfg.d_model, "layers": cfg.n_layer, "seq": cfg.block_size,
                   "vocab": cfg.vocab_size, "params": cfg.n_params(),
                   "batch_per_rank": args.batch},
-        "prefetch": prefetch(cfg, args.batch, repeat),
-        "memory": memory(cfg, args.batch, args.strategies.split(",")),
+        "prefetch": pre,
+        "memory": mem,
         "environment": environment(),
     }
     if COMM.rank == 0:
-        emit(result, args.out)
+        emit(result, args.out, report(result))
 
 
 if __name__ == "__main__":

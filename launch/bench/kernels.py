@@ -17,7 +17,8 @@ three calls are interleaved sample by sample so that they share the machine's lo
 at least ``DTENSOR_POOL_MIN_BYTES`` (4 KiB) come from dtensor's caching allocator, whose
 cost is part of ``ours`` (the footer gives it); run with a larger
 ``DTENSOR_POOL_MIN_BYTES`` to time the kernels on numpy's allocations. Output: a markdown
-table on stdout, and the JSON figures with ``--out FILE``.
+table on stdout, and the JSON figures with ``--out FILE`` (a progress line per op on
+stderr; ``--quiet`` silences them).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from dtensor.local import kernels as K
 from dtensor.local.kernels import pointwise as P
 from dtensor.local.kernels.base import out_buffer
 from dtensor.ops import OPS
-from launch.bench._common import bench_args, environment, per_call_us
+from launch.bench._common import Progress, bench_args, environment, per_call_us, table
 
 try:
     import torch
@@ -128,9 +129,10 @@ def _time(fn: Callable, repeat: int) -> float:
     return per_call_us(fn, repeat=repeat, warmup=3, target_s=0.002)
 
 
-def measure(ops: list[str] | None, sizes: list[int], repeat: int, stat=statistics.median
-            ) -> list[dict]:
-    """One row per (op, shape): ``stat`` of ours/numpy/torch samples in us. **Local**."""
+def measure(ops: list[str] | None, sizes: list[int], repeat: int, stat=statistics.median,
+            progress: Callable[[str], None] | None = None) -> list[dict]:
+    """One row per (op, shape): ``stat`` of ours/numpy/torch samples in us;
+    ``progress(message)`` after each shape. **Local**."""
     rows = []
     shapes = [s for n in sizes for s in ((n, n), (max(n // 2, 1), n))]
     for shape in shapes:
@@ -148,19 +150,18 @@ def measure(ops: list[str] | None, sizes: list[int], repeat: int, stat=statistic
             rows.append({"op": op, "shape": list(shape), "ours_us": med[0], "numpy_us": med[1],
                          "torch_us": med[2], "best_us": best,
                          "ok": med[0] <= FACTOR * best + SLACK_US})
+        if progress is not None:
+            progress(f"{shape[0]}x{shape[1]}")
     return rows
 
 
 def markdown(rows: list[dict]) -> str:
-    """The rows as a markdown table (``!`` marks a missed target)."""
-    out = ["| op | shape | ours | numpy | torch(1 thr) | ours/best |",
-           "|---|---|---:|---:|---:|---:|"]
-    for r in rows:
-        mark = "" if r["ok"] else " !"
-        torch_us = "-" if r["torch_us"] is None else f"{r['torch_us']:.1f}"
-        out.append(f"| {r['op']} | {r['shape'][0]}x{r['shape'][1]} | {r['ours_us']:.1f} | "
-                   f"{r['numpy_us']:.1f} | {torch_us} | {r['ours_us'] / r['best_us']:.2f}{mark} |")
-    return "\n".join(out)
+    """The rows as a markdown table (``!`` marks a missed target). **Local**."""
+    cells = [(r["op"], f"{r['shape'][0]}x{r['shape'][1]}", f"{r['ours_us']:.1f}",
+              f"{r['numpy_us']:.1f}", "-" if r["torch_us"] is None else f"{r['torch_us']:.1f}",
+              f"{r['ours_us'] / r['best_us']:.2f}" + ("" if r["ok"] else " !")) for r in rows]
+    return table(("op", "shape", "ours", "numpy", "torch(1 thr)", "ours/best"), cells,
+                 markdown=True, align="llrrrr")
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -175,7 +176,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if torch is not None:
         torch.set_num_threads(1)
     stat = min if args.stat == "min" else statistics.median
-    rows = measure(args.ops, args.sizes, args.repeat, stat)
+    sizes = len(args.sizes) * 2
+    rows = measure(args.ops, args.sizes, args.repeat, stat,
+                   Progress("kernels", sizes, enabled=not args.quiet))
     sys.stdout.write(markdown(rows) + "\n")
     missed = sum(not r["ok"] for r in rows)
     like = np.empty(1, np.float32)

@@ -7,7 +7,7 @@ so every rank starts it together; the median per rank, then the worst rank). The
 call of each shape is a warm-up: it is the one that creates the mesh's communicators, the
 later ones find them (identical meshes share their communicators).
 
-Output: JSON on stdout (``--out FILE`` too), from rank 0.
+Output: JSON on stdout (``--out FILE`` too), then a table, from rank 0.
 """
 
 from __future__ import annotations
@@ -23,7 +23,16 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
 from mpi4py import MPI
 
 import dtensor as dt
-from launch.bench._common import bench_args, each_call_us, emit, environment, summary, worst_rank
+from launch.bench._common import (
+    Progress,
+    bench_args,
+    each_call_us,
+    emit,
+    environment,
+    summary,
+    table,
+    worst_rank,
+)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -32,6 +41,7 @@ def main(argv: list[str] | None = None) -> None:
     world = MPI.COMM_WORLD
     n = world.Get_size()
     figures = {}
+    progress = Progress("mesh_create", 2, enabled=world.Get_rank() == 0 and not args.quiet)
     for shape in ((n,), (n, 1)):
         samples = each_call_us(
             lambda shape=shape: dt.init_device_mesh(shape), repeat=args.repeat, comm=world
@@ -39,8 +49,13 @@ def main(argv: list[str] | None = None) -> None:
         stats = summary(samples)
         stats["median_us"] = round(worst_rank(stats["median_us"], world), 3)
         figures[f"init_device_mesh{shape}"] = stats
+        progress(f"init_device_mesh{shape}")
     if world.Get_rank() == 0:
-        emit({"ranks": n, "environment": environment(), "figures": figures}, args.out)
+        rows = [(name, f["median_us"], f["min_us"], f["max_us"], f["samples"])
+                for name, f in figures.items()]
+        emit({"ranks": n, "environment": environment(), "figures": figures}, args.out,
+             table(("call", "median us", "min us", "max us", "samples"), rows,
+                   title=f"mesh creation on {n} ranks (median: worst rank)"))
 
 
 if __name__ == "__main__":

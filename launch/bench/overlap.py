@@ -32,7 +32,8 @@ stated for 2 ranks on one node). It reports, in microseconds (the worst rank's m
   is named (``worker_thread`` keeps the name of the first). Run it again with
   ``MPIR_CVAR_ASYNC_PROGRESS=1`` to time MPICH's progress thread (the JSON records it).
 
-The JSON document goes to stdout and, with ``--out FILE``, to a file.
+The JSON document goes to stdout (then the figures as tables) and, with ``--out FILE``, to a
+file.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ import numpy as np
 from mpi4py import MPI
 
 import dtensor as dt
-from launch.bench._common import bench_args, emit, environment, worst_rank
+from launch.bench._common import Progress, bench_args, emit, environment, table, worst_rank
 from redistribute import comm as rcomm
 from redistribute import execute as rexec
 from redistribute import worker
@@ -284,29 +285,63 @@ def main(argv: list[str] | None = None) -> dict:
         delay_ms={"type": float, "default": 2.0, "help": "lateness of the slow peer"},
     )
     repeat = args.repeat
+    progress = Progress("overlap", 9, enabled=WORLD.rank == 0 and not args.quiet)
+
+    def done(name: str, value: dict) -> dict:
+        progress(name)
+        return value
+
     doc = {
         "benchmark": "overlap",
         "ranks": WORLD.size,
         "env": environment(),
-        "persistent": persistent_case(repeat, args.number),
+        "persistent": done("persistent", persistent_case(repeat, args.number)),
         "overlap": [
-            overlap_case(args.matmul, rows, args.iters, repeat, 0.0)
+            done(f"overlap {rows} rows", overlap_case(args.matmul, rows, args.iters, repeat, 0.0))
             for rows in (args.small, args.large)
         ],
-        "slow_peer": overlap_case(args.matmul, args.small, args.iters, repeat, args.delay_ms),
-        "slow_peer_off_cpu": overlap_case(
+        "slow_peer": done("slow peer", overlap_case(args.matmul, args.small, args.iters, repeat,
+                                                    args.delay_ms)),
+        "slow_peer_off_cpu": done("slow peer off cpu", overlap_case(
             args.matmul, args.small, args.iters, repeat, args.delay_ms, off_cpu=True
-        ),
+        )),
         "medium": {
-            "overlap": overlap_case(args.matmul, args.medium, args.iters, repeat, 0.0),
-            "slow_peer": overlap_case(args.matmul, args.medium, args.iters, repeat, args.delay_ms),
+            "overlap": done("medium overlap", overlap_case(args.matmul, args.medium, args.iters,
+                                                           repeat, 0.0)),
+            "slow_peer": done("medium slow peer", overlap_case(
+                args.matmul, args.medium, args.iters, repeat, args.delay_ms)),
         },
-        "progress": progress_case(args.large, args.matmul, repeat),
-        "progress_medium": progress_case(args.medium, args.matmul, repeat),
+        "progress": done("progress", progress_case(args.large, args.matmul, repeat)),
+        "progress_medium": done("progress medium",
+                                progress_case(args.medium, args.matmul, repeat)),
     }
     if WORLD.rank == 0:
-        emit(doc, args.out)
+        emit(doc, args.out, report(doc))
     return doc
+
+
+def report(doc: dict) -> str:
+    """The figures as tables. **Local**."""
+    p = doc["persistent"]
+    out = table(("8x8 S(0)->R", "us"), [
+        (k.removesuffix("_us"), p[k]) for k in (
+            "dtensor_persistent_us", "dtensor_blocking_us", "raw_allgather_us",
+            "raw_persistent_us", "paired_over_raw_us", "paired_gain_us")],
+        title=f"persistent all-gathers, {doc['ranks']} ranks (worst rank's median)")
+    cases = [("overlap", c) for c in doc["overlap"]] + [
+        ("slow peer", doc["slow_peer"]), ("slow peer off cpu", doc["slow_peer_off_cpu"]),
+        ("medium overlap", doc["medium"]["overlap"]),
+        ("medium slow peer", doc["medium"]["slow_peer"])]
+    rows = [(name, c["redistribute"], c["async_path"], c["blocking_us_per_iter"],
+             c["async_us_per_iter"], c["saved"]) for name, c in cases]
+    out += "\n\n" + table(("case", "redistribute", "async path", "blocking us/iter",
+                            "async us/iter", "saved"), rows,
+                           title="matmul -> redistribute -> matmul loop")
+    keys = ("compute_only", "blocking", "wait_at_end", "polled", "dtensor_async",
+            "dtensor_polled")
+    rows = [(name, c["gather"], *(c[f"{k}_us"] for k in keys))
+            for name, c in (("large", doc["progress"]), ("medium", doc["progress_medium"]))]
+    return out + "\n\n" + table(("progress", "gather", *(f"{k} us" for k in keys)), rows)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ as ``python -m launch`` sets them for every rank). For square float32 matmuls of
 GFLOP/s = 2 n^3 / seconds; the peak is the best median. MFU of a run on ``k`` ranks (one
 core each) = model FLOPs per second / (peak x k).
 
-Output: a table, then JSON on stdout (``--out FILE`` too).
+Output: JSON on stdout (``--out FILE`` too), then a table.
 """
 
 from __future__ import annotations
@@ -24,10 +24,11 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
 
 import statistics
 import time
+from collections.abc import Callable
 
 import numpy as np
 
-from launch.bench._common import bench_args, emit, environment
+from launch.bench._common import Progress, bench_args, emit, environment, table
 
 SIZES = (256, 512, 1024, 2048)
 
@@ -47,22 +48,29 @@ def gflops(n: int, repeat: int) -> float:
     return 2 * n**3 / statistics.median(times) / 1e9
 
 
-def measure(repeat: int = 7) -> dict:
+def measure(repeat: int = 7, sizes: tuple[int, ...] = SIZES,
+            progress: Callable[[str], None] | None = None) -> dict:
     """``{"sizes": {n: GFLOP/s}, "peak_gflops_per_core": best}``. **Local**."""
-    sizes = {n: round(gflops(n, repeat if n < 2048 else max(3, repeat // 2)), 2) for n in SIZES}
-    return {"sizes": sizes, "peak_gflops_per_core": max(sizes.values())}
+    out = {}
+    for n in sizes:
+        out[n] = round(gflops(n, repeat if n < 2048 else max(3, repeat // 2)), 2)
+        if progress is not None:
+            progress(f"{n}: {out[n]} GFLOP/s")
+    return {"sizes": out, "peak_gflops_per_core": max(out.values())}
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = bench_args(__doc__.splitlines()[0], argv)
-    repeat = args.repeat if args.repeat != 30 else 7
-    result = {"benchmark": "peak", "threads": 1, **measure(repeat),
-              "environment": environment()}
-    print("n      GFLOP/s (float32 matmul, one thread)")
-    for n, g in result["sizes"].items():
-        print(f"{n:<6d} {g:8.2f}")
-    print(f"peak per core: {result['peak_gflops_per_core']:.2f} GFLOP/s")
-    emit(result, args.out)
+    args = bench_args(
+        __doc__.splitlines()[0], argv, repeat=7,
+        sizes={"type": int, "nargs": "+", "default": list(SIZES), "help": "n of the n x n matmuls"},
+    )
+    progress = Progress("peak", len(args.sizes), enabled=not args.quiet)
+    result = {"benchmark": "peak", "threads": 1,
+              **measure(args.repeat, tuple(args.sizes), progress), "environment": environment()}
+    emit(result, args.out, table(("n", "GFLOP/s"), list(result["sizes"].items()),
+                                 title="float32 matmul, one thread",
+                                 notes=[(f"peak per core: {result['peak_gflops_per_core']:.2f} "
+                                        "GFLOP/s")]))
 
 
 if __name__ == "__main__":

@@ -14,7 +14,8 @@ pointwise op and for matmul on small (8x8) operands it reports, in microseconds 
 - ``miss_overhead_us``: their difference, the price of one propagation.
 
 Each figure is the median over repeats of batched loops on each rank, then the worst rank
-(MAX over ranks). The JSON document goes to stdout and, with ``--out FILE``, to a file.
+(MAX over ranks). The JSON document goes to stdout (then a table) and, with ``--out FILE``,
+to a file.
 Target: a miss costs < 150 us on the 2x2 mesh.
 """
 
@@ -28,9 +29,7 @@ import sys
 if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
     del sys.path[0]
 
-import argparse
 import gc
-import json
 import statistics
 import time
 from collections.abc import Callable
@@ -39,6 +38,7 @@ import numpy as np
 from mpi4py import MPI
 
 import dtensor as dt
+from launch.bench._common import Progress, emit, parser, table
 
 R, S = dt.Replicate(), dt.Shard
 TARGET_MISS_US = 150.0
@@ -112,28 +112,36 @@ def measure(mesh: dt.DeviceMesh, number: int, repeat: int) -> dict[str, dict[str
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--number", type=int, default=200, help="calls per timed batch")
-    parser.add_argument("--repeat", type=int, default=7, help="timed batches per figure")
-    parser.add_argument("--out", help="also write the JSON document here")
-    args = parser.parse_args(argv)
+    p = parser(__doc__.splitlines()[0])
+    p.add_argument("--number", type=int, default=200, help="calls per timed batch")
+    p.add_argument("--repeat", type=int, default=7, help="timed batches per figure")
+    p.add_argument("--out", help="also write the JSON document here")
+    p.add_argument("--quiet", action="store_true", help="no progress lines (on stderr)")
+    args = p.parse_args(argv)
     world = MPI.COMM_WORLD
     meshes = {f"1-D ({world.size},)": dt.init_device_mesh((world.size,))}
     if world.size == 4:
         meshes["2x2"] = dt.init_device_mesh((2, 2))
+    progress = Progress("propagation", len(meshes), enabled=world.rank == 0 and not args.quiet)
+    figures = {}
+    for name, m in meshes.items():
+        figures[name] = measure(m, args.number, args.repeat)
+        progress(f"mesh {name}")
     result = {
         "benchmark": "propagation",
         "ranks": world.size,
         "unit": "microseconds per call, median of batches, worst rank",
         "target_miss_us_2x2": TARGET_MISS_US,
-        "meshes": {name: measure(m, args.number, args.repeat) for name, m in meshes.items()},
+        "meshes": figures,
     }
     if world.rank == 0:
-        text = json.dumps(result, indent=2)
-        print(text)
-        if args.out:
-            with open(args.out, "w", encoding="utf-8") as f:
-                f.write(text + "\n")
+        rows = [(mesh, op, r["cold_miss_us"], r["miss_us"], r["hit_us"], r["miss_overhead_us"])
+                for mesh, ops in figures.items() for op, r in ops.items()]
+        emit(result, args.out, table(("mesh", "call", "cold miss us", "miss us", "hit us",
+                                      "miss overhead us"), rows,
+                                     title=f"sharding propagation, {world.size} ranks",
+                                     notes=[(f"target: a miss under {TARGET_MISS_US:g} us on "
+                                            "the 2x2 mesh")]))
     return result
 
 

@@ -30,8 +30,8 @@ propagate NaN; dtensor's max does). Targets: at 2048, S(0)->R, P->R and P(max)->
 1.15x of raw and S(1)->R, S(0)->S(1) within
 1.5x; at 8, within raw + 5 us; R->S(0) under 5 us. The JSON records whether the ranks move
 tensors of ``shm_min_bytes`` and more through node-shared memory (``shared_memory``, off
-with ``DTENSOR_SHM=0``; see :mod:`redistribute.shm`). The JSON document goes to stdout and,
-with ``--out FILE``, to a file.
+with ``DTENSOR_SHM=0``; see :mod:`redistribute.shm`). The JSON document goes to stdout (then
+a table) and, with ``--out FILE``, to a file.
 """
 
 from __future__ import annotations
@@ -45,8 +45,6 @@ import sys
 if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
     del sys.path[0]
 
-import argparse
-import json
 import statistics
 import time
 from collections.abc import Callable
@@ -58,6 +56,7 @@ import dtensor as dt
 from dtensor.dispatch.compiled import PY_REDISTRIBUTE
 from dtensor.distributed.dtensor import allocator_for
 from dtensor.local.backend import array_module
+from launch.bench._common import Progress, emit, parser, table
 from redistribute import shm
 from redistribute.execute import execute
 from redistribute.plan import plan
@@ -232,21 +231,35 @@ def measure(
     return rows
 
 
+def report(doc: dict) -> str:
+    """The figures as a table. **Local**."""
+    rows = [(r["case"], f"{r['shape'][0]}x{r['shape'][1]}", r["dtensor_us"], r["python_us"],
+             r["execute_us"], r["raw"] or "-", r["raw_us"], r.get("ratio"), r["target"], r["ok"])
+            for r in doc["results"]]
+    return table(("case", "N x N", "dtensor us", "python us", "execute us", "raw", "raw us",
+                  "ratio", "target", "ok"), rows,
+                 title=f"redistribute on {doc['world_size']} ranks, {doc['device']}, "
+                       f"{doc['statistic']}")
+
+
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", help="also write the JSON document to this file")
-    parser.add_argument("--repeat", type=int, default=41, help="batches per figure")
-    parser.add_argument("--sizes", type=int, nargs="+", default=[8, 2048], help="N of NxN")
-    parser.add_argument("--batch-ms", type=float, default=1.0, help="length of one batch")
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="mesh device")
-    parser.add_argument(
-        "--cold", action="store_true", help="evict the CPU caches before every timed batch"
-    )
-    args = parser.parse_args(argv)
+    p = parser(__doc__.split("\n\n")[0])
+    p.add_argument("--out", help="also write the JSON document to this file")
+    p.add_argument("--repeat", type=int, default=41, help="batches per figure")
+    p.add_argument("--sizes", type=int, nargs="+", default=[8, 2048], help="N of NxN")
+    p.add_argument("--batch-ms", type=float, default=1.0, help="length of one batch")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="mesh device")
+    p.add_argument("--cold", action="store_true",
+                   help="evict the CPU caches before every timed batch")
+    p.add_argument("--quiet", action="store_true", help="no progress lines (on stderr)")
+    args = p.parse_args(argv)
     mesh = dt.init_device_mesh((WORLD.Get_size(),), device=args.device)
+    progress = Progress("redistribute", len(args.sizes),
+                        enabled=WORLD.Get_rank() == 0 and not args.quiet)
     results = []
     for n in args.sizes:
         results.extend(measure(mesh, n, args.repeat, args.batch_ms / 1e3, args.cold))
+        progress(f"{n}x{n}")
     doc = {
         "benchmark": "redistribute",
         "world_size": WORLD.Get_size(),
@@ -262,11 +275,7 @@ def main(argv: list[str] | None = None) -> dict:
         "results": results,
     }
     if WORLD.Get_rank() == 0:
-        text = json.dumps(doc, indent=2)
-        print(text)
-        if args.out:
-            with open(args.out, "w") as f:
-                f.write(text + "\n")
+        emit(doc, args.out, report(doc))
     return doc
 
 

@@ -9,7 +9,7 @@ propagates NaN, as numpy and PyTorch do) and ``op="sum"``. Each sample is a batc
 the four calls are interleaved sample by sample so that they share the machine's load.
 Figures: median and fastest sample per rank, then the worst rank.
 
-Output: JSON on stdout (``--out FILE`` too), from rank 0.
+Output: JSON on stdout (``--out FILE`` too), then a table, from rank 0.
 """
 
 from __future__ import annotations
@@ -25,7 +25,16 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
 import numpy as np
 from mpi4py import MPI
 
-from launch.bench._common import bench_args, emit, environment, per_call_us, summary, worst_rank
+from launch.bench._common import (
+    Progress,
+    bench_args,
+    emit,
+    environment,
+    per_call_us,
+    summary,
+    table,
+    worst_rank,
+)
 from redistribute import comm as _comm
 
 
@@ -36,6 +45,8 @@ def main(argv: list[str] | None = None) -> dict:
         sizes={"type": int, "nargs": "+", "default": [8, 64], "help": "N of NxN"},
     )
     world, comm = MPI.COMM_WORLD, _comm.world()
+    progress = Progress("reductions", len(args.sizes),
+                        enabled=world.Get_rank() == 0 and not args.quiet)
     figures = {}
     for n in args.sizes:
         x = np.random.default_rng(world.Get_rank()).standard_normal((n, n)).astype(np.float32)
@@ -56,9 +67,12 @@ def main(argv: list[str] | None = None) -> dict:
             stats["median_us"] = round(worst_rank(stats["median_us"], world), 3)
             stats["min_us"] = round(worst_rank(stats["min_us"], world), 3)
             figures[f"{name} {n}x{n}"] = stats
+        progress(f"{n}x{n}")
     doc = {"ranks": world.Get_size(), "environment": environment(), "figures": figures}
     if world.Get_rank() == 0:
-        emit(doc, args.out)
+        rows = [(name, f["median_us"], f["min_us"], f["samples"]) for name, f in figures.items()]
+        emit(doc, args.out, table(("all-reduce", "median us", "min us", "samples"), rows,
+                                  title=f"all-reduces on {doc['ranks']} ranks (worst rank)"))
     return doc
 
 

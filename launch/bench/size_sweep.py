@@ -27,9 +27,10 @@ agree on the calls per sample and the number of samples fits a time budget per f
 (``--budget``), so large sizes stay affordable. Rank 0 prints a markdown table with, per op
 and size, whether ``ours <= 1.1 * best local + 1 us`` (best local: the smaller of numpy and
 torch_local) and whether ``ours <= torch_dtensor``, and the count of misses of each.
-``--json`` writes the results, ``--png`` a log-log chart of cost against global bytes, one
-panel per op, one line per library and placement (needs matplotlib, the ``[bench]`` extra).
-``--quick``: sizes 8 to 1024 and a smaller budget.
+``--json`` (or ``--out``) writes the results, ``--png`` a log-log chart of cost against
+global bytes, one panel per op, one line per library and placement (needs matplotlib, the
+``[bench]`` extra; without it the run says so). ``--quick``: sizes 8 to 1024 and a smaller
+budget. A progress line per size and placement goes to stderr (``--quiet`` silences them).
 """
 
 from __future__ import annotations
@@ -51,11 +52,14 @@ import numpy as np
 from mpi4py import MPI
 
 import dtensor as dt
+from launch.bench import _common
 from launch.bench._common import (
+    Progress,
     environment,
     numpy_gelu,
     numpy_layer_norm,
     numpy_softmax,
+    parser,
     torch_process_group,
     worst_rank_median_us,
 )
@@ -222,6 +226,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     budget = args.budget or budget
     rng = np.random.default_rng(0)
     rows = []
+    progress = Progress("size_sweep", len(args.sizes) * len(args.placements),
+                        enabled=comm.rank == 0 and not getattr(args, "quiet", False))
     for n in args.sizes:
         g = rng.standard_normal((n, n), dtype=np.float32)
         h = rng.standard_normal((n, n), dtype=np.float32)
@@ -243,6 +249,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     row[f"{lib}_samples"] = repeat
                 _verdicts(row)
                 rows.append(row)
+            progress(f"{n}x{n} {placement}: {len(args.ops)} ops")
             del cases
     if teardown is not None:
         teardown()
@@ -282,64 +289,52 @@ def table(doc: dict[str, Any]) -> str:
     title = f"size sweep: mesh ({doc['ranks']},), float32 N x N, {doc['fastpath']} path"
     heads = ("op", "pl", "N", "ours", "numpy", "torch local", "torch DTensor",
              f"<= {LOCAL_FACTOR} x local + {LOCAL_SLACK_US:g} us", "<= torch DTensor")
-    lines = [
-        f"{title}; {doc['units']}",
-        "",
-        "| " + " | ".join(heads) + " |",
-        "|---|---|---:|---:|---:|---:|---:|:---:|:---:|",
-    ]
-    for r in doc["results"]:
-        lines.append(
-            f"| {r['op']} | {r['placement']} | {r['n']} | {us(r['ours_us'])} | "
-            f"{us(r['numpy_us'])} | {us(r['torch_local_us'])} | {us(r['torch_dtensor_us'])} | "
-            f"{mark(r['within_local'])} | {mark(r['within_torch_dtensor'])} |"
-        )
+    rows = [(r["op"], r["placement"], str(r["n"]), us(r["ours_us"]), us(r["numpy_us"]),
+             us(r["torch_local_us"]), us(r["torch_dtensor_us"]), mark(r["within_local"]),
+             mark(r["within_torch_dtensor"])) for r in doc["results"]]
     m, total = doc["misses"], len(doc["results"])
-    lines.append(f"\nmisses: {m['local']} of {total} against the best local; "
-                 f"{m['torch_dtensor']} against torch DTensor")
-    return "\n".join(lines)
+    return _common.table(heads, rows, title=f"{title}; {doc['units']}\n", markdown=True,
+                         align="llrrrrrcc",
+                         notes=[(f"\nmisses: {m['local']} of {total} against the best local; "
+                                 f"{m['torch_dtensor']} against torch DTensor")])
 
 
 def save_png(doc: dict[str, Any], path: str) -> bool:
     """Draw cost (us) against global bytes, log-log, one panel per op. **Local**.
 
-    Returns False (and draws nothing) when matplotlib is not installed.
+    Returns False (draws nothing, and says so) when matplotlib is not installed.
     """
-    try:
-        import matplotlib
-    except ImportError:
-        return False
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    ops = [op for op in doc["ops"] if any(r["op"] == op for r in doc["results"])]
-    cols = 4
-    fig, axes = plt.subplots((len(ops) + cols - 1) // cols, cols, squeeze=False,
-                             figsize=(4 * cols, 3.2 * ((len(ops) + cols - 1) // cols)))
-    styles = {"S0": "-", "R": "--"}
-    colors = dict(zip(LIBS, ("C0", "C1", "C2", "C3")))
-    for ax, op in zip(axes.flat, ops):
-        for placement in doc["placements"]:
-            rows = [r for r in doc["results"] if r["op"] == op and r["placement"] == placement]
-            for lib in doc["libraries"]:
-                points = [(r["bytes"], r[f"{lib}_us"]) for r in rows if r[f"{lib}_us"]]
-                if points:
-                    ax.plot(*zip(*points), styles.get(placement, ":"), marker=".",
-                            color=colors[lib], label=f"{lib} {placement}")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_title(op)
-        ax.set_xlabel("global bytes")
-        ax.set_ylabel("us per call")
-    for ax in list(axes.flat)[len(ops):]:
-        ax.set_visible(False)
-    fig.suptitle(f"op cost against size, mesh ({doc['ranks']},), slowest rank's median "
-                 "(solid: S0 operands, dashed: R)")
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
-    fig.legend(*axes.flat[0].get_legend_handles_labels(), loc="lower center", ncol=8)
-    fig.savefig(path)
-    plt.close(fig)
-    return True
+    def draw(plt: Any) -> Any:
+        ops = [op for op in doc["ops"] if any(r["op"] == op for r in doc["results"])]
+        cols = 4
+        fig, axes = plt.subplots((len(ops) + cols - 1) // cols, cols, squeeze=False,
+                                 figsize=(4 * cols, 3.2 * ((len(ops) + cols - 1) // cols)))
+        styles = {"S0": "-", "R": "--"}
+        colors = dict(zip(LIBS, ("C0", "C1", "C2", "C3")))
+        for ax, op in zip(axes.flat, ops):
+            for placement in doc["placements"]:
+                rows = [r for r in doc["results"]
+                        if r["op"] == op and r["placement"] == placement]
+                for lib in doc["libraries"]:
+                    points = [(r["bytes"], r[f"{lib}_us"]) for r in rows if r[f"{lib}_us"]]
+                    if points:
+                        ax.plot(*zip(*points), styles.get(placement, ":"), marker=".",
+                                color=colors[lib], label=f"{lib} {placement}")
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_title(op)
+            ax.set_xlabel("global bytes")
+            ax.set_ylabel("us per call")
+        for ax in list(axes.flat)[len(ops):]:
+            ax.set_visible(False)
+        fig.suptitle(f"op cost against size, mesh ({doc['ranks']},), slowest rank's median "
+                     "(solid: S0 operands, dashed: R)")
+        fig.tight_layout(rect=(0, 0.06, 1, 1))
+        fig.legend(*axes.flat[0].get_legend_handles_labels(), loc="lower center", ncol=8)
+        return fig
+
+    return _common.save_png(path, draw)
 
 
 def _names(choices: tuple[str, ...]) -> Callable[[str], tuple[str, ...]]:
@@ -365,7 +360,7 @@ def _sizes(text: str) -> tuple[int, ...]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line (see the module docstring). **Local**."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__doc__.splitlines()[0])
     p.add_argument("--sizes", type=_sizes, help="N values (default 8 to 4096; --quick: to 1024)")
     p.add_argument("--ops", type=_names(OPS), default=OPS, help=f"subset of {','.join(OPS)}")
     p.add_argument("--placements", type=_names(PLACEMENTS), default=PLACEMENTS,
@@ -373,8 +368,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="sizes 8 to 1024, smaller budget")
     p.add_argument("--budget", type=float, help="seconds of samples per figure")
     p.add_argument("--no-torch", action="store_true", help="leave out the torch columns")
-    p.add_argument("--json", help="write the results as JSON to this file")
+    p.add_argument("--json", "--out", dest="json", help="write the results as JSON to this file")
     p.add_argument("--png", help="draw the log-log chart into this PNG file (matplotlib)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines (on stderr)")
     args = p.parse_args(argv)
     args.sizes = args.sizes or (QUICK_SIZES if args.quick else SIZES)
     return args
@@ -389,9 +385,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             with open(args.json, "w", encoding="utf-8") as handle:
                 json.dump(doc, handle, indent=2)
-        if args.png and not save_png(doc, args.png):
-            print("--png: matplotlib is not installed (pip install 'dtensor[bench]'); "
-                  "no chart written")
+        if args.png:
+            save_png(doc, args.png)
     return 0
 
 

@@ -20,8 +20,8 @@ call (median over batched samples on each rank, then the worst rank):
 arrays, the wrap of the output (Tensor + DTensor), and the rest (argument binding, key build
 and lookup), plus the Python path's bind+key+lookup (host meshes only). ``--device cuda``
 builds the mesh on the GPUs and ends every timed call with a stream synchronize. Output:
-JSON on stdout (``--out FILE`` too) and, when matplotlib is installed, a bar chart
-(``--plot FILE.png``).
+JSON on stdout (``--out FILE`` too), then a table, and with ``--png FILE.png`` (or
+``--plot``) a bar chart (needs matplotlib; without it the run says so).
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from dtensor.dispatch import dispatcher as _dispatch
 from dtensor.local.backend import array_module
 from dtensor.local.tensor import wrap_array
 from launch.bench._common import (
+    Progress,
     bench_args,
     emit,
     environment,
@@ -52,6 +53,8 @@ from launch.bench._common import (
     numpy_softmax,
     per_call_us,
     ratio,
+    save_png,
+    table,
     torch_process_group,
     worst_rank,
 )
@@ -237,6 +240,7 @@ def run(args) -> dict:
         comm, mesh_shape
     )
     results = {}
+    progress = Progress("small_ops", len(cases), enabled=comm.rank == 0 and not args.quiet)
     for name, case in cases.items():
         row = {"expr": case["expr"]}
         row["numpy_us"], row["numpy_min_us"] = _time2(case["np"], args.repeat, comm)
@@ -259,6 +263,7 @@ def run(args) -> dict:
             row["overhead_target_us"] = limit
             row["overhead_met"] = row["overhead_us"] <= limit
         results[name] = row
+        progress(f"{name}: {row.get('fast_us', row['python_us'])} us")
     doc = {
         "benchmark": "small_ops",
         "shape": list(SHAPE),
@@ -283,30 +288,51 @@ def run(args) -> dict:
     return doc
 
 
-def _plot(doc: dict, path: str) -> None:
-    try:
-        import matplotlib
+def _plot(doc: dict, path: str) -> bool:
+    """The bar chart of every op's figures (log scale). **Local**. False (after saying so)
+    when matplotlib is not installed."""
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
-    names = list(doc["ops"])
+    def draw(plt):
+        names = list(doc["ops"])
+        cols = [c for c in ("numpy_us", "fast_us", "python_us", "torch_us")
+                if all(c in doc["ops"][n] for n in names)]
+        fig, ax = plt.subplots(figsize=(14, 5))
+        width = 0.8 / len(cols)
+        for i, c in enumerate(cols):
+            ax.bar([j + i * width for j in range(len(names))],
+                   [doc["ops"][n][c] for n in names], width, label=c[:-3])
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(names))], names, rotation=45,
+                      ha="right")
+        ax.set_ylabel("µs per call (worst rank median)")
+        ax.set_yscale("log")
+        ax.set_title(f"small ops, 8x8 float32, mesh {tuple(doc['mesh'])}")
+        ax.legend()
+        fig.tight_layout()
+        return fig
+
+    return save_png(path, draw)
+
+
+def report(doc: dict) -> str:
+    """The figures as a table. **Local**."""
+    ops = doc["ops"]
     cols = [c for c in ("numpy_us", "fast_us", "python_us", "torch_us")
-            if all(c in doc["ops"][n] for n in names)]
-    fig, ax = plt.subplots(figsize=(14, 5))
-    width = 0.8 / len(cols)
-    for i, c in enumerate(cols):
-        ax.bar([j + i * width for j in range(len(names))],
-               [doc["ops"][n][c] for n in names], width, label=c[:-3])
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(names))], names, rotation=45,
-                  ha="right")
-    ax.set_ylabel("µs per call (worst rank median)")
-    ax.set_yscale("log")
-    ax.set_title(f"small ops, 8x8 float32, mesh {tuple(doc['mesh'])}")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
+            if any(c in r for r in ops.values())]
+    rows = []
+    for name, r in ops.items():
+        met = r.get("overhead_met")
+        rows.append((name, *(r.get(c) for c in cols), r["overhead_us"],
+                     "-" if met is None else ("ok" if met else "MISS"), r["python_over_fast"],
+                     *((r.get("torch_over_fast"),) if "torch_us" in cols else ())))
+    head = ("op", *(c.replace("_us", " us") for c in cols), "overhead us", "target",
+            "python/fast", *(("torch/fast",) if "torch_us" in cols else ()))
+    missed = sum(r.get("overhead_met") is False for r in ops.values())
+    return table(head, rows,
+                 title=f"small ops, 8x8 float32, mesh {tuple(doc['mesh'])}, {doc['device']}; "
+                       f"{doc['units']}",
+                 notes=[(f"overhead (best path - numpy) targets: add "
+                        f"{doc['targets']['add_overhead_us']} us, others "
+                        f"{doc['targets']['other_overhead_us']} us; {missed} missed")])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -315,14 +341,15 @@ def main(argv: list[str] | None = None) -> None:
         argv,
         breakdown={"action": "store_true", "help": "also split fast-path calls into parts"},
         no_torch={"action": "store_true", "help": "skip the PyTorch DTensor comparison"},
-        plot={"help": "write a PNG bar chart here (needs matplotlib)"},
+        png={"help": "write a PNG bar chart here (needs matplotlib)"},
+        plot={"dest": "png", "help": "the same as --png"},
         device={"default": "cpu", "choices": ["cpu", "cuda"], "help": "mesh device"},
     )
     doc = run(args)
     if MPI.COMM_WORLD.rank == 0:
-        emit(doc, args.out)
-        if args.plot:
-            _plot(doc, args.plot)
+        emit(doc, args.out, report(doc))
+        if args.png:
+            _plot(doc, args.png)
 
 
 if __name__ == "__main__":

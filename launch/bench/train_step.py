@@ -17,8 +17,8 @@ microseconds:
 
 ``small_ops``: the small-op cases of :mod:`launch.bench.small_ops` (8x8 float32, no tensor
 requiring grad) timed before autograd becomes active in this process and again after the
-training steps: the no-grad path must not get slower. Output: a table, then JSON (``--out``
-too).
+training steps: the no-grad path must not get slower. Output: JSON (``--out`` too), then
+the tables; a progress line per size on stderr (``--quiet`` silences them).
 """
 
 from __future__ import annotations
@@ -40,12 +40,14 @@ from mpi4py import MPI
 
 import dtensor as dt
 from launch.bench._common import (
+    Progress,
     agreed_number,
     bench_args,
     emit,
     environment,
     per_call_us,
     ratio,
+    table,
     torch_process_group,
     worst_rank,
 )
@@ -151,6 +153,8 @@ def run(args: Any) -> dict[str, Any]:
 
         tmesh = init_device_mesh("cpu", (comm.size,))
     results = []
+    progress = Progress("train_step", len(args.sizes),
+                        enabled=comm.rank == 0 and not args.quiet)
     for n in args.sizes:
         model = mlp_model(args.batch, n, n)
         ours = _ours(model, mesh)
@@ -167,6 +171,7 @@ def run(args: Any) -> dict[str, Any]:
             row["speedup"] = ratio(row["torch_step_us"], row["ours_step_us"])
             row["forward_speedup"] = ratio(row["torch_forward_us"], row["ours_forward_us"])
         results.append(row)
+        progress(f"N {n}: ours {row['ours_step_us']:.0f} us per step")
     after = _small_ops(mesh, args.repeat, comm)
     if teardown is not None:
         teardown()
@@ -191,26 +196,27 @@ def run(args: Any) -> dict[str, Any]:
     }
 
 
-def table(doc: Mapping[str, Any]) -> str:
+def report(doc: Mapping[str, Any]) -> str:
     """The figures as markdown tables. **Local**."""
-    lines = [("| N | ours step | torch step | speedup | ours fwd no_grad | torch fwd no_grad "
-              "| ours fwd recording | loss ours / torch |"),
-             "|---|---:|---:|---:|---:|---:|---:|---|"]
-    for r in doc["results"]:
-        def get(k: str, r: Mapping[str, Any] = r) -> str:
-            return "-" if k not in r else f"{r[k]:.1f}"
-        loss = f"{r['loss_ours']:.6f} / " + (f"{r['loss_torch']:.6f}" if "loss_torch" in r
-                                               else "-")
-        lines.append(f"| {r['n']} | {get('ours_step_us')} | {get('torch_step_us')} | "
-                     f"{r.get('speedup', '-')} | {get('ours_forward_us')} | "
-                     f"{get('torch_forward_us')} | {get('ours_forward_grad_us')} | {loss} |")
-    lines += ["", ("| small op (no grad) | before autograd | after | after / before | "
-                   "fastest sample before / after |"), "|---|---:|---:|---:|---:|"]
-    for name, s in doc["small_ops"].items():
-        lines.append(f"| {name} | {s['before_us']:.2f} | {s['after_us']:.2f} | "
-                     f"{s['after_over_before']} | {s['before_min_us']:.2f} / "
-                     f"{s['after_min_us']:.2f} |")
-    return "\n".join(lines)
+
+    def get(r: Mapping[str, Any], k: str) -> str:
+        return "-" if k not in r else f"{r[k]:.1f}"
+
+    rows = [(str(r["n"]), get(r, "ours_step_us"), get(r, "torch_step_us"),
+             str(r.get("speedup", "-")), get(r, "ours_forward_us"), get(r, "torch_forward_us"),
+             get(r, "ours_forward_grad_us"),
+             f"{r['loss_ours']:.6f} / " + (f"{r['loss_torch']:.6f}" if "loss_torch" in r
+                                           else "-"))
+            for r in doc["results"]]
+    steps = table(("N", "ours step", "torch step", "speedup", "ours fwd no_grad",
+                   "torch fwd no_grad", "ours fwd recording", "loss ours / torch"), rows,
+                  markdown=True, align="lrrrrrrl")
+    rows = [(name, f"{s['before_us']:.2f}", f"{s['after_us']:.2f}", str(s["after_over_before"]),
+             f"{s['before_min_us']:.2f} / {s['after_min_us']:.2f}")
+            for name, s in doc["small_ops"].items()]
+    small = table(("small op (no grad)", "before autograd", "after", "after / before",
+                   "fastest sample before / after"), rows, markdown=True, align="lrrrr")
+    return steps + "\n\n" + small
 
 
 def _sizes(text: str) -> tuple[int, ...]:
@@ -228,8 +234,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     doc = run(args)
     if MPI.COMM_WORLD.rank == 0:
-        print(table(doc))
-        emit(doc, args.out)
+        emit(doc, args.out, report(doc))
 
 
 if __name__ == "__main__":

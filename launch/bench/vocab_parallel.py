@@ -15,7 +15,7 @@ that fills the caches emptied at the switch of cost model. Each sample starts af
 barrier and makes its own input. Figures: median milliseconds per rank, then the worst
 rank; the collectives one step issued (CommDebugMode), so the strategies are visible.
 
-Output: JSON on stdout (``--out FILE`` too), from rank 0.
+Output: JSON on stdout (``--out FILE`` too), then a table, from rank 0.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import numpy as np
 from mpi4py import MPI
 
 import dtensor as dt
-from launch.bench._common import bench_args, emit, environment, worst_rank
+from launch.bench._common import Progress, bench_args, emit, environment, table, worst_rank
 from redistribute.cost import CostModel, default_cost_model, set_default_cost_model
 
 #: Timed steps of one strategy in a row.
@@ -68,6 +68,8 @@ def main(argv: list[str] | None = None) -> dict:
     models = {"vocab_parallel": default_cost_model(), "gather": DATA_DEPENDENT}
     samples: dict[str, list[float]] = {name: [] for name in models}
     comm: dict[str, dict] = {}
+    progress = Progress("vocab_parallel", -(-args.repeat // BLOCK),
+                        enabled=world.Get_rank() == 0 and not args.quiet)
     try:
         while len(samples["gather"]) < args.repeat:
             for name, model in models.items():
@@ -77,6 +79,7 @@ def main(argv: list[str] | None = None) -> dict:
                 for _ in range(min(BLOCK, args.repeat - len(samples[name]))):
                     seconds, comm[name] = _step(x, t, mesh)
                     samples[name].append(seconds)
+            progress(f"{len(samples['gather'])} steps of each strategy")
     finally:
         set_default_cost_model(models["vocab_parallel"])
         dt.clear_caches()
@@ -88,7 +91,12 @@ def main(argv: list[str] | None = None) -> dict:
     doc = {"ranks": world.Get_size(), "rows": args.rows, "classes": args.classes,
            "environment": environment(), "figures": figures}
     if world.Get_rank() == 0:
-        emit(doc, args.out)
+        rows = [(name, f["median_ms"], ", ".join(f"{v} {k}" for k, v in
+                                                  f["collectives"].items()) or "none")
+                for name, f in figures.items()]
+        emit(doc, args.out, table(("strategy", "median ms", "collectives per step"), rows,
+                                  title=f"cross_entropy + backward of ({args.rows}, "
+                                        f"{args.classes}) logits, {doc['ranks']} ranks"))
     return doc
 
 

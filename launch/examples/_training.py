@@ -59,24 +59,32 @@ class TrainModel:
     name : str
     shapes : mapping of str to tuple
         The parameters' global shapes.
-    tp : mapping of str to Placement
+    tp : mapping of str to Placement, or None
         Per parameter, its placement over the tensor-parallel mesh dim (``tp`` and ``2d``;
-        the data-parallel dim replicates parameters).
+        the data-parallel dim replicates parameters). None: the model has no tensor-parallel
+        layout (only ``local`` and ``dp`` apply).
     batch : callable
         ``batch(step) -> dict of numpy arrays`` (the same on every rank).
     loss : callable
         ``loss(params, batch) -> 0-d tensor``, from ``dt`` ops.
+    seed : int
+    values : mapping of str to numpy array, optional
+        The initial parameters as given (a user's model); default: drawn from ``seed``.
     """
 
     name: str
     shapes: Mapping[str, tuple[int, ...]]
-    tp: Mapping[str, dt.Placement]
+    tp: Mapping[str, dt.Placement] | None
     batch: Callable[[int], dict[str, np.ndarray]]
     loss: Callable[[Mapping[str, Any], Mapping[str, Any]], Any]
     seed: int = 0
+    values: Mapping[str, np.ndarray] | None = None
 
     def init(self) -> dict[str, np.ndarray]:
-        """The initial parameters (float32, scaled by fan-in), the same on every rank."""
+        """The initial parameters, the same on every rank: copies of ``values`` when given,
+        else float32 drawn from ``seed`` and scaled by fan-in (norm gains 1, biases 0)."""
+        if self.values is not None:
+            return {n: np.array(a, copy=True) for n, a in self.values.items()}
         rng = np.random.default_rng(self.seed)
         out = {}
         for name, shape in self.shapes.items():
@@ -174,6 +182,9 @@ def layout(model: TrainModel, strategy: str, name: str) -> list[dt.Placement]:
     batch = name == "batch"
     if strategy == "dp":
         return [S(0) if batch else R]
+    if model.tp is None and not batch:
+        raise ValueError(f"{model.name}: strategy {strategy!r} needs the model's "
+                         "tensor-parallel placements (it has none: local and dp only)")
     if strategy == "tp":
         return [R if batch else model.tp[name]]
     return [S(0), R] if batch else [R, model.tp[name]]

@@ -15,10 +15,12 @@ runs every strategy on the real job and reports per strategy:
 - ``peak_bytes``: peak allocated bytes per rank during one forward (allocator stats);
 - ``max_error``: the largest absolute difference from numpy on the same global data.
 
-:func:`run_train_sweep` measures training steps (forward + backward + optimizer) of the
-training models of :mod:`launch.examples._training` under their strategies (``local``,
-``dp``, ``tp``, ``2d``) and reports per strategy:
+:func:`run_train_sweep` measures training steps (forward + backward + optimizer) of a
+model family (:mod:`launch.experiments._families`: the training models of
+:mod:`launch.examples._training` or a user's model, under ``local``, ``dp``, ``tp``, ``2d``;
+or a family registered with its own strategies and predictor) and reports per strategy:
 
+- ``mesh``: the strategy's mesh shape (None for ``local``);
 - ``step_us`` and ``phase_us`` (forward, backward, optimizer): medians on the slowest rank
   (each sample starts after a barrier);
 - ``comm``: per phase, collectives and bytes by kind (CommDebugMode, this rank; the
@@ -26,19 +28,23 @@ training models of :mod:`launch.examples._training` under their strategies (``lo
 - ``predicted_comm_us``: per phase, the cost model's prediction of the collectives that
   :func:`dtensor.debug.explain` traces for the forward and the backward (dispatched ops'
   inputs, explicit redistributes such as TP's all-reduce after the row-parallel matmul,
-  and backward's gradient moves); the optimizer phase is not traced (None);
+  and backward's gradient moves); the optimizer phase is not traced (None) (the family's
+  predictor: :meth:`~launch.experiments._families.Family.predict`);
+- ``predicted_step_us``: the predictor's price of the whole step, None when it prices
+  collectives only (the training models' predictor);
 - ``peak_bytes``: peak allocated bytes per rank during one step (allocator stats);
 - ``loss_error``: the first step's loss against the same step on local tensors.
 
 :func:`run_auto_sweep` sets predicted against measured step time: it runs
 :func:`dtensor.auto_shard` on a training model, then measures the plan it chose, the named
-layouts (replicated, dp, tp) and assignments spread over the range of the search's table
+layouts of the family (replicated, dp, tp; 2d on a 2-D mesh) and assignments spread over the range of the search's table
 (at least ``count`` in all), each with :func:`dtensor.autoshard.predict_step`'s prediction
 beside its measurement (``step_us``, ``peak_bytes``: the step's peak allocated bytes above
 what was allocated before its parameters were made, slowest rank; ``loss_error``). It
 reports the Spearman rank correlation of predicted and measured times, how far the chosen
 plan is from the best measured one, and a plan searched under a memory budget with its
-measured peak. :func:`save_prediction_png` draws the predicted/measured scatter.
+measured peak. :func:`save_png`, :func:`save_train_png` and :func:`save_prediction_png`
+draw each mode's chart (or say that matplotlib is missing).
 """
 
 from __future__ import annotations
@@ -56,7 +62,16 @@ from mpi4py import MPI
 
 import dtensor as dt
 from dtensor.debug import explain
-from launch.examples._training import TrainModel, layout, make_optimizer, mesh_for, place
+from launch.bench._common import fmt, table
+from launch.bench._common import save_png as save_chart
+from launch.examples._training import TrainModel, loss_value, make_optimizer
+from launch.experiments._families import (
+    PHASES,
+    Family,
+    FunctionalFamily,
+    FunctionalStep,
+    Step,
+)
 
 __all__ = [
     "Model",
@@ -71,6 +86,7 @@ __all__ = [
     "run_train_sweep",
     "save_png",
     "save_prediction_png",
+    "save_train_png",
     "spearman",
     "standard_strategies",
 ]
@@ -261,12 +277,14 @@ def run_sweep(
     seed: int = 0,
     repeat: int = 5,
     number: int = 3,
+    progress: Callable[[str], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Run ``model`` under every strategy on the same global data. **Collective**.
 
     Every rank draws the same inputs from ``seed``; each result is :func:`run_one`'s dict
-    plus ``name``. Strategies whose placements are illegal for the inputs are reported with
-    an ``error`` field instead of measurements.
+    plus ``name`` and ``mesh`` (the mesh's shape). Strategies whose placements are illegal
+    for the inputs are reported with an ``error`` field instead of measurements.
+    ``progress(message)`` is called after each strategy.
     """
     rng = np.random.default_rng(seed)
     arrays = {
@@ -283,120 +301,57 @@ def run_sweep(
                 "strategy": {n: [p.short() for p in pl] for n, pl in strategy.items()},
                 "error": str(exc),
             }
-        results.append({"name": name, **result})
+        results.append({"name": name, "mesh": list(mesh.shape), **result})
+        if progress is not None:
+            progress(f"{name} on mesh {tuple(mesh.shape)}: " + (
+                "not run" if "error" in result else f"{result['time_us']:.0f} us per forward"))
     return results
 
 
 def format_table(results: Sequence[Mapping[str, Any]]) -> str:
-    """The results as an aligned text table, fastest first. **Local**."""
-    head = ("strategy", "time us", "model us", "collectives", "comm bytes", "peak KiB", "max err")
-    rows = [head]
-    ok = sorted((r for r in results if "error" not in r), key=lambda r: r["time_us"])
-    for r in ok:
+    """The results as an aligned text table, fastest first (a ``mesh`` column when the
+    strategies ran on different meshes). **Local**."""
+    meshes = {tuple(r.get("mesh", ())) for r in results}
+    head = ("strategy", *(("mesh",) if len(meshes) > 1 else ()), "time us", "model us",
+            "collectives", "comm bytes", "peak KiB", "max err")
+    rows = []
+    for r in sorted((r for r in results if "error" not in r), key=lambda r: r["time_us"]):
         kinds = ", ".join(f"{v['count']} {k}" for k, v in r["comm"].items()) or "none"
-        rows.append(
-            (
-                r["name"],
-                f"{r['time_us']:.1f}",
-                f"{r['predicted_comm_us']:.1f}",
-                kinds,
-                str(r["comm_bytes"]),
-                f"{max(r['peak_bytes']) / 1024:.1f}",
-                f"{r['max_error']:.1e}",
-            )
-        )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    lines += [f"{r['name']}: not run ({r['error']})" for r in results if "error" in r]
-    lines.append(
-        "time us: median forward, slowest rank; model us: the cost model's prediction of the "
-        "forward's collectives; peak KiB: largest over ranks"
-    )
-    return "\n".join(lines)
+        mesh = (str(tuple(r["mesh"])),) if len(meshes) > 1 else ()
+        rows.append((r["name"], *mesh, f"{r['time_us']:.1f}", f"{r['predicted_comm_us']:.1f}",
+                     kinds, str(r["comm_bytes"]), f"{max(r['peak_bytes']) / 1024:.1f}",
+                     f"{r['max_error']:.1e}"))
+    notes = [f"{r['name']}: not run ({r['error']})" for r in results if "error" in r]
+    notes.append("time us: median forward, slowest rank; model us: the cost model's prediction "
+                 "of the forward's collectives; peak KiB: largest over ranks")
+    return table(head, rows, notes=notes)
 
 
 def save_png(results: Sequence[Mapping[str, Any]], path: str) -> bool:
     """Bar chart of measured time and predicted communication per strategy. **Local**.
 
-    Returns False (and writes nothing) when matplotlib is not installed.
+    Returns False (writes nothing, and says so) when matplotlib is not installed.
     """
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
     ok = [r for r in results if "error" not in r]
-    names = [r["name"] for r in ok]
-    pos = np.arange(len(ok))
-    fig, ax = plt.subplots(figsize=(max(6, len(ok) * 1.2), 4))
-    ax.bar(pos - 0.2, [r["time_us"] for r in ok], 0.4, label="measured forward (us)")
-    ax.bar(pos + 0.2, [r["predicted_comm_us"] for r in ok], 0.4, label="model: comm (us)")
-    ax.set_xticks(pos, names, rotation=30, ha="right")
-    ax.legend()
-    fig.savefig(path, bbox_inches="tight")
-    plt.close(fig)
-    return True
+
+    def draw(plt: Any) -> Any:
+        pos = np.arange(len(ok))
+        fig, ax = plt.subplots(figsize=(max(6, len(ok) * 1.2), 4))
+        ax.bar(pos - 0.2, [r["time_us"] for r in ok], 0.4, label="measured forward (us)")
+        ax.bar(pos + 0.2, [r["predicted_comm_us"] for r in ok], 0.4, label="model: comm (us)")
+        ax.set_xticks(pos, [r["name"] for r in ok], rotation=30, ha="right")
+        ax.legend()
+        return fig
+
+    return save_chart(path, draw)
 
 
 # -- training steps -------------------------------------------------------------------------------
-PHASES = ("forward", "backward", "optimizer")
+def _as_family(model: Family | TrainModel) -> Family:
+    return FunctionalFamily(model) if isinstance(model, TrainModel) else model
 
 
-class _Step:
-    """One training step of a model on placed parameters and batch, split into its
-    phases."""
-
-    def __init__(self, model: TrainModel, params: dict[str, Any], batch: dict[str, Any],
-                 optimizer: str, clip: float) -> None:
-        self.model = model
-        self.params = params
-        self.batch = batch
-        self.opt = make_optimizer(optimizer, list(self.params.values()), 1e-3)
-        self.clip = clip
-        self.loss: Any = None
-
-    @classmethod
-    def named(cls, model: TrainModel, strategy: str, mesh: dt.DeviceMesh | None,
-              optimizer: str, clip: float) -> _Step:
-        """The step of a named strategy of :mod:`launch.examples._training`."""
-        return cls(model, place(model, strategy, mesh, model.init()),
-                   place(model, strategy, mesh, model.batch(0), batch=True), optimizer, clip)
-
-    def forward(self) -> None:
-        self.opt.zero_grad()
-        self.loss = self.model.loss(self.params, self.batch)
-
-    def backward(self) -> None:
-        self.loss.backward()
-
-    def optimizer(self) -> None:
-        dt.nn.utils.clip_grad_norm_(list(self.params.values()), self.clip)
-        self.opt.step()
-
-    def run(self) -> None:
-        self.forward()
-        self.backward()
-        self.optimizer()
-
-
-def _loss_of(loss: Any) -> float:
-    return float(loss.full_tensor().item()) if isinstance(loss, dt.DTensor) else loss.item()
-
-
-def _predicted_step_us(step: _Step) -> dict[str, float | None]:
-    """Cost-model microseconds per phase of the collectives explain traces for one step."""
-    traced = explain(lambda: (step.forward(), step.backward()))
-    out: dict[str, float | None] = {"forward": 0.0, "backward": 0.0, "optimizer": None}
-    for o in traced.ops:
-        out[o.phase] += sum(c.seconds for c in o.collectives if c.communicates) * 1e6
-    step.optimizer()
-    return out
-
-
-def _time_step(step: _Step, repeat: int) -> dict[str, float]:
+def _time_step(step: Step, repeat: int) -> dict[str, float]:
     """Median microseconds of the whole step and of each phase, slowest rank (each sample
     starts after a barrier). **Collective**."""
     comm = MPI.COMM_WORLD
@@ -415,17 +370,19 @@ def _time_step(step: _Step, repeat: int) -> dict[str, float]:
     return {k: comm.allreduce(statistics.median(v), op=MPI.MAX) for k, v in samples.items()}
 
 
-def run_train_one(model: TrainModel, strategy: str, *, optimizer: str = "sgd",
-                  clip: float = 1.0, repeat: int = 5) -> dict[str, Any]:
-    """Measure training steps of ``model`` under ``strategy`` (see the module docstring for
-    the fields). **Collective**."""
+def run_train_one(model: Family | TrainModel, strategy: str, *, optimizer: str = "sgd",
+                  clip: float = 1.0, repeat: int = 5, reference: float | None = None
+                  ) -> dict[str, Any]:
+    """Measure training steps of ``model`` (a family, or a :class:`TrainModel`) under
+    ``strategy`` (see the module docstring for the fields); ``reference``: the reference
+    run's first loss (default: the family's). **Collective**."""
     comm = MPI.COMM_WORLD
-    mesh = mesh_for(strategy)
-    step = _Step.named(model, strategy, mesh, optimizer, clip)
+    family = _as_family(model)
+    if reference is None:
+        reference = family.reference_loss(optimizer=optimizer, clip=clip)
+    step = family.build(strategy, optimizer=optimizer, clip=clip)
     step.forward()
-    reference = _Step.named(model, "local", None, optimizer, clip)
-    reference.forward()
-    loss_error = abs(_loss_of(step.loss) - reference.loss.item())
+    loss_error = abs(loss_value(step.loss) - reference)
     step.backward()
     step.optimizer()
     step.run()  # warm the caches
@@ -439,12 +396,14 @@ def run_train_one(model: TrainModel, strategy: str, *, optimizer: str = "sgd",
     step.run()
     peak = dt.memory_stats()["peak_allocated_bytes"] - base
     medians = _time_step(step, repeat)
+    prediction = family.predict(strategy, step)
     return {
         "name": strategy,
-        "mesh": None if mesh is None else list(mesh.shape),
+        "mesh": None if step.mesh is None else list(step.mesh.shape),
         "step_us": medians["step"],
         "phase_us": {p: medians[p] for p in PHASES},
-        "predicted_comm_us": _predicted_step_us(step),
+        "predicted_comm_us": dict(prediction.comm_us),
+        "predicted_step_us": prediction.step_us,
         "comm": comm_by_phase,
         "comm_count": {p: sum(v["count"] for v in c.values()) for p, c in comm_by_phase.items()},
         "comm_bytes": {p: sum(v["bytes"] for v in c.values()) for p, c in comm_by_phase.items()},
@@ -453,17 +412,36 @@ def run_train_one(model: TrainModel, strategy: str, *, optimizer: str = "sgd",
     }
 
 
-def run_train_sweep(model: TrainModel, strategies: Sequence[str], **kwargs: Any
+def run_train_sweep(model: Family | TrainModel, strategies: Sequence[str] | None = None, *,
+                    progress: Callable[[str], None] | None = None, **kwargs: Any
                     ) -> list[dict[str, Any]]:
-    """:func:`run_train_one` for every strategy, in order. **Collective**."""
-    return [run_train_one(model, s, **kwargs) for s in strategies]
+    """:func:`run_train_one` for every strategy, in order (default: the family's strategies
+    at this many ranks); the reference loss is computed once. ``progress(message)`` is
+    called after each strategy. **Collective**."""
+    family = _as_family(model)
+    if strategies is None:
+        strategies = family.strategies(MPI.COMM_WORLD.size)
+    reference = family.reference_loss(optimizer=kwargs.get("optimizer", "sgd"),
+                                      clip=kwargs.get("clip", 1.0))
+    results = []
+    for s in strategies:
+        results.append(run_train_one(family, s, reference=reference, **kwargs))
+        if progress is not None:
+            mesh = results[-1]["mesh"]
+            where = "local" if mesh is None else f"mesh {tuple(mesh)}"
+            progress(f"{s} ({where}): {results[-1]['step_us']:.0f} us per step")
+    return results
 
 
 def format_train_table(results: Sequence[Mapping[str, Any]]) -> str:
-    """The training results as an aligned text table, in run order. **Local**."""
-    head = ("strategy", "step us", "fwd us", "bwd us", "opt us", "collectives fwd/bwd/opt",
-            "bytes fwd/bwd/opt", "model us fwd/bwd", "peak KiB", "loss err")
-    rows = [head]
+    """The training results as an aligned text table, in run order; when the family's
+    predictor priced whole steps, a column of them and their Spearman rank correlation with
+    the measured steps. **Local**."""
+    stepped = [r for r in results if r.get("predicted_step_us") is not None]
+    head = ("strategy", "mesh", "step us", *(("pred step us",) if stepped else ()), "fwd us",
+            "bwd us", "opt us", "collectives fwd/bwd/opt", "bytes fwd/bwd/opt",
+            "model us fwd/bwd", "peak KiB", "loss err")
+    rows = []
     for r in results:
         kinds = " / ".join(
             ", ".join(f"{v['count']} {k}" for k, v in r["comm"][p].items()) or "none"
@@ -471,28 +449,64 @@ def format_train_table(results: Sequence[Mapping[str, Any]]) -> str:
         )
         pred = r["predicted_comm_us"]
         rows.append((
-            r["name"], f"{r['step_us']:.0f}",
+            r["name"], "local" if r["mesh"] is None else str(tuple(r["mesh"])),
+            f"{r['step_us']:.0f}",
+            *((fmt(r.get("predicted_step_us")),) if stepped else ()),
             *(f"{r['phase_us'][p]:.0f}" for p in PHASES), kinds,
             "/".join(str(r["comm_bytes"][p]) for p in PHASES),
-            f"{pred['forward']:.1f}/{pred['backward']:.1f}",
+            "/".join(fmt(pred.get(p)) for p in ("forward", "backward")),
             f"{max(r['peak_bytes']) / 1024:.1f}", f"{r['loss_error']:.1e}",
         ))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    lines.append(
+    notes = []
+    if len(stepped) >= 3:
+        rho = spearman([r["predicted_step_us"] for r in stepped], [r["step_us"] for r in stepped])
+        notes.append(f"Spearman rank correlation predicted/measured step: {rho:.3f} over "
+                     f"{len(stepped)} strategies")
+    notes.append(
         "us: median per step and per phase, slowest rank; collectives and bytes: this rank, "
         "per phase (opt: clip_grad_norm_ + the optimizer step); model us: the cost model's "
         "prediction of the collectives explain traces in forward and backward (dispatched "
         "ops' inputs, gradient moves; not explicit redistributes); peak KiB: largest over "
         "ranks"
     )
-    return "\n".join(lines)
+    return table(head, rows, notes=notes)
+
+
+def save_train_png(results: Sequence[Mapping[str, Any]], path: str, title: str = "") -> bool:
+    """Bar chart of the training step per strategy, stacked by phase, beside the cost
+    model's prediction of the forward's and backward's collectives (and of the step, when
+    the family predicts steps). **Local**.
+
+    Returns False (writes nothing, and says so) when matplotlib is not installed."""
+
+    def draw(plt: Any) -> Any:
+        pos = np.arange(len(results))
+        fig, ax = plt.subplots(figsize=(max(6, len(results) * 1.3), 4))
+        bottom = np.zeros(len(results))
+        for phase in PHASES:
+            heights = np.array([r["phase_us"][phase] for r in results])
+            ax.bar(pos - 0.2, heights, 0.4, bottom=bottom, label=f"measured {phase}")
+            bottom += heights
+        comm = [sum(v or 0.0 for v in r["predicted_comm_us"].values()) for r in results]
+        ax.bar(pos + 0.2, comm, 0.4, color="0.6", label="model: fwd+bwd collectives")
+        steps = [(i, r["predicted_step_us"]) for i, r in enumerate(results)
+                 if r.get("predicted_step_us") is not None]
+        if steps:
+            ax.scatter(*zip(*steps), marker="_", s=400, color="k", label="predicted step",
+                       zorder=3)
+        ax.set_xticks(pos, [r["name"] if r["mesh"] is None else
+                            f"{r['name']}\n{tuple(r['mesh'])}" for r in results])
+        ax.set_ylabel("us (median, slowest rank)")
+        ax.set_title(title)
+        ax.legend(fontsize="small")
+        return fig
+
+    return save_chart(path, draw)
 
 
 # -- predicted against measured (auto_shard) --------------------------------------------------
 class _ClipStep:
-    """The optimizer phase of :class:`_Step` as one object: ``clip_grad_norm_`` then the
+    """The optimizer phase of :class:`FunctionalStep` as one object: ``clip_grad_norm_`` then the
     optimizer's step (what ``auto_shard`` traces as the step's optimizer)."""
 
     def __init__(self, params: list, optimizer: str, clip: float) -> None:
@@ -530,21 +544,8 @@ def _label(layouts: Mapping[str, Sequence[dt.Placement]]) -> str:
     return " ".join(parts) or "all replicated"
 
 
-def _named_layouts(model: TrainModel, mesh: dt.DeviceMesh) -> dict[str, dict[str, tuple]]:
-    """replicated, dp and tp (1-D mesh) or 2d (2-D mesh) as placements per tensor."""
-    names = [*model.shapes, *model.batch(0)]
-    rep = (R,) * mesh.ndim
-    out = {"replicated": {n: rep for n in names}}
-    for strategy in ("dp", "tp") if mesh.ndim == 1 else ("2d",):
-        lay = {n: tuple(layout(model, strategy, n)) for n in model.shapes}
-        for n in model.batch(0):
-            lay[n] = rep if n == "mask" else tuple(layout(model, strategy, "batch"))
-        out[strategy] = lay
-    return out
-
-
 def _placed_step(model: TrainModel, mesh: dt.DeviceMesh, layouts: Mapping[str, tuple],
-                 optimizer: str, clip: float, reference: float) -> tuple[_Step, dict]:
+                 optimizer: str, clip: float, reference: float) -> tuple[FunctionalStep, dict]:
     """``model``'s step in ``layouts``, warmed, with its peak bytes and first-loss error.
     **Collective**."""
     comm = MPI.COMM_WORLD
@@ -554,9 +555,9 @@ def _placed_step(model: TrainModel, mesh: dt.DeviceMesh, layouts: Mapping[str, t
               .requires_grad_() for n, a in model.init().items()}
     batch = {n: dt.distribute_tensor(a, mesh, list(layouts[n]), src_data_rank=None)
              for n, a in model.batch(0).items()}
-    step = _Step(model, params, batch, optimizer, clip)
+    step = FunctionalStep(model, params, batch, optimizer, clip, mesh)
     step.forward()
-    loss_error = abs(_loss_of(step.loss) - reference)
+    loss_error = abs(loss_value(step.loss) - reference)
     step.backward()
     step.optimizer()
     step.run()
@@ -567,7 +568,7 @@ def _placed_step(model: TrainModel, mesh: dt.DeviceMesh, layouts: Mapping[str, t
                   "loss_error": comm.allreduce(loss_error, op=MPI.MAX)}
 
 
-def _time_interleaved(steps: Sequence[_Step], repeat: int) -> list[float]:
+def _time_interleaved(steps: Sequence[Step], repeat: int) -> list[float]:
     """Median microseconds of a whole step of each, slowest rank; the steps take turns
     (one sample of each per pass, each after a barrier), so a machine whose load changes
     slows them alike. **Collective**."""
@@ -592,32 +593,46 @@ def _spread(candidates: Sequence[Any], count: int) -> list[Any]:
     return [candidates[i] for i in idx]
 
 
-def run_auto_sweep(model: TrainModel, mesh: dt.DeviceMesh, *, optimizer: str = "sgd",
+def run_auto_sweep(model: Family | TrainModel, mesh: dt.DeviceMesh, *, optimizer: str = "sgd",
                    clip: float = 1.0, repeat: int = 7, count: int = 14,
                    budget_quantile: float = 0.25,
                    calibration: dt.autoshard.Calibration | None = None,
-                   solver: str = "auto", fit_step: bool = False) -> dict[str, Any]:
+                   solver: str = "auto", fit_step: bool = False,
+                   progress: Callable[..., None] | None = None) -> dict[str, Any]:
     """Predicted against measured step times (see the module docstring). **Collective**.
 
-    ``budget_quantile`` picks the memory budget of the second search: that quantile of the
-    predicted peaks of the first search's table; ``solver`` and ``fit_step`` are
-    :func:`dtensor.auto_shard`'s. Every strategy is predicted with the calibration the
-    search priced with (with ``fit_step``, the one fitted to the step; the layouts it was
-    fitted to are measured again here, and the Spearman correlation is also given
-    without them)."""
+    ``model``: a family with a functional form (:meth:`Family.auto_model`; its
+    :meth:`Family.named_layouts` are measured beside the search's plans) or a
+    :class:`TrainModel`. ``budget_quantile`` picks the memory budget of the second search:
+    that quantile of the predicted peaks of the first search's table; ``solver`` and
+    ``fit_step`` are :func:`dtensor.auto_shard`'s. Every strategy is predicted with the
+    calibration the search priced with (with ``fit_step``, the one fitted to the step; the
+    layouts it was fitted to are measured again here, and the Spearman correlation is also
+    given without them). ``progress(message, step=True)`` is called as the work goes on
+    (``step=False`` for a line about the work under way)."""
+    family = _as_family(model)
+    model = family.auto_model()
+    if model is None:
+        raise ValueError(f"--auto: the model family {family.name!r} has no functional form "
+                         "for auto_shard")
+    say = progress or (lambda message, step=True: None)
     params, batch = model.init(), model.batch(0)
 
     def make_opt(ps: list) -> _ClipStep:
         return _ClipStep(ps, optimizer, clip)
 
+    say("auto_shard: searching" + (" (fitting the step first)" if fit_step else ""),
+        step=False)
     start = time.perf_counter()
     plan = dt.auto_shard(model.loss, params, batch, mesh, optimizer=make_opt,
                          calibration=calibration, solver=solver, fit_step=fit_step)
     search_s = time.perf_counter() - start
+    say(f"auto_shard: {len(plan.candidates)} assignments traced in {search_s:.1f} s",
+        step=False)
     calibration = plan.calibration
     chosen = {**plan.placements, **plan.input_placements}
     layouts: dict[str, dict[str, tuple]] = {"auto": chosen}
-    for name, lay in _named_layouts(model, mesh).items():
+    for name, lay in family.named_layouts(mesh).items():
         if lay not in layouts.values():
             layouts[name] = lay
     fitted = plan.step_fit.layouts if plan.step_fit is not None else []
@@ -638,10 +653,9 @@ def run_auto_sweep(model: TrainModel, mesh: dt.DeviceMesh, *, optimizer: str = "
         lay = {n: o[rng.integers(len(o))] for n, o in options.items()}
         if lay not in layouts.values():
             layouts[_label(lay)] = lay
-    reference = _Step.named(model, "local", None, optimizer, clip)
-    reference.forward()
-    ref_loss = reference.loss.item()
-    del reference
+    ref_loss = family.reference_loss(optimizer=optimizer, clip=clip)
+    if progress is not None and hasattr(progress, "total"):
+        progress.total = len(layouts) + 1
     rows, steps = [], []
     for name, lay in layouts.items():
         pred = dt.autoshard.predict_step(model.loss, params, batch, mesh, lay,
@@ -658,6 +672,8 @@ def run_auto_sweep(model: TrainModel, mesh: dt.DeviceMesh, *, optimizer: str = "
                                "model_comm_us": pred.model_comm_s * 1e6,
                                "collectives": pred.collectives},
                      "predicted_peak_bytes": pred.peak_bytes, **got})
+        say(f"{name}: predicted {pred.time_s * 1e6:.0f} us, placed and warmed")
+    say(f"timing {len(steps)} strategies, {repeat} passes", step=False)
     for r, us in zip(rows, _time_interleaved(steps, repeat)):
         r["step_us"] = us
     del steps
@@ -672,6 +688,7 @@ def run_auto_sweep(model: TrainModel, mesh: dt.DeviceMesh, *, optimizer: str = "
     blay = {**budget_plan.placements, **budget_plan.input_placements}
     bstep, bgot = _placed_step(model, mesh, blay, optimizer, clip, ref_loss)
     bgot["step_us"] = _time_interleaved([bstep], repeat)[0]
+    say(f"memory budget {budget / 1024:.1f} KiB: plan {_label(blay)}")
     return {
         "model": model.name, "mesh": list(mesh.shape), "shapes": dict(model.shapes),
         "search_s": search_s, "traced": len(plan.candidates), "solver": plan.solver,
@@ -701,14 +718,10 @@ def format_auto_table(doc: Mapping[str, Any]) -> str:
     first, then the summary. **Local**."""
     head = ("strategy", "measured us", "predicted us", "pred comm us", "peak KiB",
             "pred peak KiB", "loss err")
-    rows = [head]
-    for r in sorted(doc["results"], key=lambda r: r["step_us"]):
-        rows.append((r["name"][:70], f"{r['step_us']:.0f}", f"{r['predicted_us']:.0f}",
-                     f"{r['predicted_comm_us']:.0f}", f"{r['peak_bytes'] / 1024:.1f}",
-                     f"{r['predicted_peak_bytes'] / 1024:.1f}", f"{r['loss_error']:.1e}"))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    rows = [(r["name"][:70], f"{r['step_us']:.0f}", f"{r['predicted_us']:.0f}",
+             f"{r['predicted_comm_us']:.0f}", f"{r['peak_bytes'] / 1024:.1f}",
+             f"{r['predicted_peak_bytes'] / 1024:.1f}", f"{r['loss_error']:.1e}")
+            for r in sorted(doc["results"], key=lambda r: r["step_us"])]
     b = doc["budget"]
     f = doc.get("step_fit")
     fit_line = "no fit to the step: the calibration as it is" if f is None else (
@@ -717,52 +730,48 @@ def format_auto_table(doc: Mapping[str, Any]) -> str:
         f"{f['entry_us']:.1f} us per op entry, "
         f"{f['sync_us']:.1f} us per collective; Spearman without those layouts: "
         f"{doc['spearman_unfitted']:.3f} over {doc['unfitted_count']} strategies")
-    lines += [
+    notes = [
         (f"auto_shard chose: {doc['chosen']} (search {doc['search_s']:.1f} s, "
-        f"{doc['traced']} assignments traced, solver {doc['solver']})"),
+         f"{doc['traced']} assignments traced, solver {doc['solver']})"),
         (f"Spearman rank correlation predicted/measured: {doc['spearman']:.3f} "
-        f"over {len(doc['results'])} strategies"),
+         f"over {len(doc['results'])} strategies"),
         fit_line,
         f"chosen plan measured / best measured: {doc['chosen_over_best']:.3f}",
         (f"memory budget {b['bytes'] / 1024:.1f} KiB: plan {b['plan']}, predicted peak "
-        f"{b['predicted_peak_bytes'] / 1024:.1f} KiB, measured "
-        f"{b['measured_peak_bytes'] / 1024:.1f} KiB: "
-        f"{'respected' if b['respected'] else 'EXCEEDED'}"),
+         f"{b['predicted_peak_bytes'] / 1024:.1f} KiB, measured "
+         f"{b['measured_peak_bytes'] / 1024:.1f} KiB: "
+         f"{'respected' if b['respected'] else 'EXCEEDED'}"),
         ("measured us: median training step (forward, backward, clip_grad_norm_, optimizer), "
-        "slowest rank; peak KiB: step peak above the memory in use before the parameters, "
-        "largest rank"),
+         "slowest rank; peak KiB: step peak above the memory in use before the parameters, "
+         "largest rank"),
     ]
-    return "\n".join(lines)
+    return table(head, rows, notes=notes)
 
 
 def save_prediction_png(docs: Sequence[Mapping[str, Any]], path: str) -> bool:
     """Scatter of predicted against measured step time, one panel per report of
     :func:`run_auto_sweep`, the chosen plan and the named layouts labelled. **Local**.
 
-    Returns False (and writes nothing) when matplotlib is not installed."""
-    try:
-        import matplotlib
+    Returns False (writes nothing, and says so) when matplotlib is not installed."""
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    fig, axes = plt.subplots(1, len(docs), figsize=(6 * len(docs), 5), squeeze=False)
-    for ax, doc in zip(axes[0], docs):
-        rows = doc["results"]
-        x = [r["predicted_us"] / 1e3 for r in rows]
-        y = [r["step_us"] / 1e3 for r in rows]
-        ax.scatter(x, y, s=18)
-        for r, xi, yi in zip(rows, x, y):
-            if r["name"] in ("auto", "replicated", "dp", "tp", "2d"):
-                ax.annotate(r["name"], (xi, yi), textcoords="offset points", xytext=(4, 4))
-        lo, hi = min(x + y), max(x + y)
-        ax.plot([lo, hi], [lo, hi], "k--", lw=0.8, label="measured = predicted")
-        ax.set_xlabel("predicted step (ms)")
-        ax.set_ylabel("measured step (ms)")
-        ax.set_title(f"{doc['model']} on mesh {tuple(doc['mesh'])}: Spearman "
-                     f"{doc['spearman']:.2f}")
-        ax.legend(loc="upper left")
-    fig.savefig(path, bbox_inches="tight")
-    plt.close(fig)
-    return True
+    def draw(plt: Any) -> Any:
+        fig, axes = plt.subplots(1, len(docs), figsize=(6 * len(docs), 5), squeeze=False)
+        for ax, doc in zip(axes[0], docs):
+            rows = doc["results"]
+            x = [r["predicted_us"] / 1e3 for r in rows]
+            y = [r["step_us"] / 1e3 for r in rows]
+            ax.scatter(x, y, s=18)
+            for r, xi, yi in zip(rows, x, y):
+                if r["name"] in ("auto", "replicated", "dp", "tp", "2d"):
+                    ax.annotate(r["name"], (xi, yi), textcoords="offset points",
+                                xytext=(4, 4))
+            lo, hi = min(x + y), max(x + y)
+            ax.plot([lo, hi], [lo, hi], "k--", lw=0.8, label="measured = predicted")
+            ax.set_xlabel("predicted step (ms)")
+            ax.set_ylabel("measured step (ms)")
+            ax.set_title(f"{doc['model']} on mesh {tuple(doc['mesh'])}: Spearman "
+                         f"{doc['spearman']:.2f}")
+            ax.legend(loc="upper left")
+        return fig
+
+    return save_chart(path, draw)

@@ -1,8 +1,10 @@
 """Strategy sweeps on tiny sizes: every strategy's result matches numpy, and the reported
-communication matches each layout.
+communication matches each layout; every strategy runs at every world size (the 2-D ones on
+``(n/2, 2)``, ``(n, 1)`` or ``(1, 1)`` meshes), a user's model (``--model
+package.module:function``) included.
 
 Run: ``mpiexec -n 4 python -m pytest tests/mpi/launch/test_sweep.py --with-mpi`` (1-3 ranks use a
-1-D mesh and the three 1-D strategies).
+1-D mesh for the three 1-D strategies of the forward sweep).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import pytest
 from mpi4py import MPI
 
 import dtensor as dt
+from launch.experiments._families import resolve
 from launch.experiments._sweep import (
     all_strategies,
     attention_block,
@@ -103,14 +106,16 @@ def test_training_sweep_reports_phases_and_matches_local(tmp_path):
     doc = WORLD.bcast(doc)
     assert doc["mode"] == "train" and doc["model"] == "mlp" and doc["ranks"] == WORLD.size
     results = by_name(doc["results"])
-    four = WORLD.size >= 4 and WORLD.size % 2 == 0
-    assert list(results) == ["local", "dp", "tp", *(["2d"] if four else [])]
+    assert list(results) == ["local", "dp", "tp", "2d"]  # every strategy at every size
+    assert results["2d"]["mesh"] == list(strategy_sweep.two_d_mesh(WORLD.size))
+    assert results["local"]["mesh"] is None and results["dp"]["mesh"] == [WORLD.size]
     phases = ["forward", "backward", "optimizer"]
     for name, r in results.items():
         assert r["loss_error"] < 1e-5, name
         assert r["step_us"] > 0 and all(r["phase_us"][p] > 0 for p in phases), name
         assert list(r["comm"]) == phases and len(r["peak_bytes"]) == WORLD.size
         assert r["predicted_comm_us"]["optimizer"] is None
+        assert r["predicted_step_us"] is None  # the training models' predictor: collectives
         for p in phases:
             assert r["comm_count"][p] == sum(v["count"] for v in r["comm"][p].values())
     assert results["local"]["comm_count"] == {p: 0 for p in phases}
@@ -168,6 +173,90 @@ def test_auto_sweep_sets_predictions_beside_measurements(tmp_path):
         except ImportError:
             return
         assert Path(png).stat().st_size > 0
+
+
+@pytest.mark.mpi(min_size=1)
+def test_forward_sweep_runs_every_standard_strategy(tmp_path):
+    """``strategy_sweep.py`` (forward) at any world size: the four standard layouts, the 2-D
+    one on its own ``(n/2, 2)`` / ``(n, 1)`` mesh where the sweep's mesh is 1-D, each equal to
+    numpy."""
+    from launch.experiments import strategy_sweep
+
+    path = WORLD.bcast(str(tmp_path / "forward.json"))
+    assert strategy_sweep.main(["--size", "tiny", "--repeat", "1", "--out", path,
+                                "--quiet"]) == 0
+    doc = WORLD.bcast(json.loads(Path(path).read_text()) if WORLD.rank == 0 else None)
+    results = by_name(doc["results"])
+    assert set(results) == {"replicated", "data-parallel", "tensor-parallel", "2-D dp x tp"}
+    assert doc["mesh"] == list(strategy_sweep.default_mesh(WORLD.size))
+    two_d = doc["mesh"] if len(doc["mesh"]) == 2 else list(strategy_sweep.two_d_mesh(WORLD.size))
+    assert results["2-D dp x tp"]["mesh"] == two_d
+    for name, r in results.items():
+        assert "error" not in r and r["max_error"] < 1e-4, name
+        if name != "2-D dp x tp":
+            assert r["mesh"] == doc["mesh"], name
+
+
+@pytest.mark.mpi(min_size=1)
+def test_training_sweep_of_a_users_model(tmp_path, capsys):
+    """``--train --model launch.examples.sweep_model:build``: a model the sweep knows only
+    through its function (step_fn, params, inputs, tp) runs under local, dp, tp and 2d with
+    the local run's first loss; rank 0 prints one progress line per strategy on stderr."""
+    from launch.experiments import strategy_sweep
+
+    path = WORLD.bcast(str(tmp_path / "user.json"))
+    assert strategy_sweep.main(["--train", "--model", "launch.examples.sweep_model:build",
+                                "--size", "tiny", "--repeat", "1", "--out", path]) == 0
+    doc = WORLD.bcast(json.loads(Path(path).read_text()) if WORLD.rank == 0 else None)
+    assert doc["model"] == "launch.examples.sweep_model:build"
+    assert set(doc["shapes"]) == {"norm.g", "w1", "b1", "w2", "head"}
+    results = by_name(doc["results"])
+    assert list(results) == ["local", "dp", "tp", "2d"]
+    for name, r in results.items():
+        assert r["loss_error"] < 1e-5 and r["step_us"] > 0, name
+    if WORLD.size > 1:  # dp all-reduces every gradient in backward; tp moves activations
+        assert results["dp"]["comm_count"]["backward"] > 0
+        assert results["tp"]["comm_count"]["forward"] > 0
+    out, err = capsys.readouterr()
+    if WORLD.rank == 0:
+        for i, name in enumerate(results, 1):
+            assert f"strategy_sweep: [{i}/4] {name} (" in err, err
+        assert "training step of launch.examples.sweep_model:build" in out
+    else:
+        assert "strategy_sweep:" not in err and out == ""
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.mode_independent
+def test_auto_sweep_on_a_2d_mesh_measures_every_named_layout(tmp_path):
+    """``--train --auto --mesh a,b`` on a 2-D mesh (``(n/2, 2)``, ``(n, 1)`` for odd n):
+    replicated, dp (the batch over both mesh dims), tp (each weight over both) and 2d are
+    measured beside the search's plans, each with the local run's first loss."""
+    from launch.experiments import strategy_sweep
+
+    path = WORLD.bcast(str(tmp_path / "auto2d.json"))
+    mesh = ",".join(map(str, strategy_sweep.two_d_mesh(WORLD.size)))
+    assert strategy_sweep.main(["--train", "--auto", "--size", "tiny", "--repeat", "1",
+                                "--count", "5", "--solver", "bnb", "--mesh", mesh, "--quiet",
+                                "--out", path, "--calibration", str(_calibration(tmp_path))]
+                               ) == 0
+    doc = WORLD.bcast(json.loads(Path(path).read_text()) if WORLD.rank == 0 else None)
+    assert doc["mesh"] == list(strategy_sweep.two_d_mesh(WORLD.size))
+    assert doc["calibration"]["source"] == "stored"
+    rows = by_name(doc["results"])
+    family = resolve("mlp", "tiny")
+    shape = strategy_sweep.two_d_mesh(WORLD.size)
+    named = family.named_layouts(dt.AbstractMesh(shape))
+    assert list(named) == ["replicated", "dp", "tp", "2d"]
+    for name, lay in named.items():
+        short = {n: [p.short() for p in pl] for n, pl in lay.items()}
+        # measured under its name, or it is the plan auto_shard chose (measured as "auto")
+        assert rows.get(name, rows["auto"])["placements"] == short, name
+    assert named["2d"]["w1"] == (dt.Replicate(), dt.Shard(1))
+    assert named["dp"]["x"] == (dt.Shard(0), dt.Shard(0))
+    assert named["tp"]["w2"] == (dt.Shard(0), dt.Shard(0))
+    for r in rows.values():
+        assert r["loss_error"] < 1e-5 and r["step_us"] > 0, r["name"]
 
 
 def _calibration(tmp_path):

@@ -165,6 +165,7 @@ def test_strategy_sweep_script_writes_json(tmp_path):
         ["replicated", "data-parallel", "tensor-parallel", "2-D dp x tp"]
     )
     assert all(r["max_error"] < 1e-4 for r in doc["results"])
+    assert re.search(r"^strategy +time us +model us +collectives", out, re.MULTILINE), out
     for name in names:
         assert name in out
     try:
@@ -177,8 +178,10 @@ def test_strategy_sweep_script_writes_json(tmp_path):
 
 def test_calibrate_writes_a_usable_cost_model(tmp_path):
     path, stored = tmp_path / "costs.json", tmp_path / "calibration.json"
-    launch(2, "launch/bench/calibrate.py", "--sizes", "8,64", "--repeat", "3", "--out", str(path),
-           "--calibration", str(stored))
+    out = launch(2, "launch/bench/calibrate.py", "--sizes", "8,64", "--repeat", "3", "--out",
+                 str(path), "--calibration", str(stored))
+    assert re.search(r"^mesh dim +collective +alpha us +beta GB/s$", out, re.MULTILINE), out
+    assert re.search(r"^op class +alpha us +rate G/s$", out, re.MULTILINE), out
     doc = json.loads(path.read_text())
     # the whole calibration (what auto_shard reads): kernels per op class, fixed costs
     cal = load_calibration(stored)
@@ -213,8 +216,13 @@ def test_calibration_fit_recovers_alpha_and_beta():
 
 def test_small_ops_benchmark_reports_every_op_and_path(tmp_path):
     path = tmp_path / "small_ops.json"
-    launch(2, "-m", "launch.bench.small_ops", "--no-torch", "--repeat", "2", "--out", str(path))
+    out = launch(2, "-m", "launch.bench.small_ops", "--no-torch", "--repeat", "2", "--out",
+                 str(path))
     doc = json.loads(path.read_text())
+    # the JSON, then a table of one row per op (what a terminal shows last)
+    table = out[out.rindex("small ops, 8x8 float32, mesh (2,)"):]
+    assert re.search(r"^op +numpy us +(fast us +)?python us +overhead us", table, re.MULTILINE)
+    assert all(re.search(rf"^{name} +[\d.]+ ", table, re.MULTILINE) for name in doc["ops"])
     assert doc["device"] == "cpu" and doc["mesh"] == [2] and not doc["torch"]
     assert {"add", "relu", "view", "gelu", "mean", "softmax", "from_local"} <= set(doc["ops"])
     for name, row in doc["ops"].items():

@@ -35,7 +35,7 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
 from mpi4py import MPI
 
 import dtensor as dt
-from launch.bench._common import bench_args, emit, environment
+from launch.bench._common import Progress, bench_args, emit, environment, table
 from launch.examples.gpt import GPT, GPTConfig, batch, tp_plan
 
 COLWISE = ("wq", "wk", "wv", "fc")
@@ -85,6 +85,7 @@ def main(argv: list[str] | None = None) -> dict:
         seq={"type": int, "default": 128, "help": "sequence length"},
         vocab={"type": int, "default": 256, "help": "vocabulary"},
         batch={"type": int, "default": 8, "help": "sequences per step"},
+        repeat=10,
     )
     world = MPI.COMM_WORLD
     cfg = GPTConfig(vocab_size=args.vocab, block_size=args.seq, n_layer=args.layers,
@@ -100,6 +101,7 @@ def main(argv: list[str] | None = None) -> dict:
         model.zero_grad()
         losses[name] = _loss(loss)
         comm[name] = {"counts": mode.get_comm_counts(), "bytes": mode.get_total_bytes()}
+    progress = Progress("implicit_tp", args.repeat, enabled=world.rank == 0 and not args.quiet)
     for _ in range(args.repeat):
         for name, (model, inputs) in runs.items():
             world.Barrier()
@@ -108,6 +110,7 @@ def main(argv: list[str] | None = None) -> dict:
             loss.backward()
             model.zero_grad()
             times[name].append(time.perf_counter() - start)
+        progress("one step of each layout")
     act = args.batch * args.seq * args.dim * 4
     result = {
         "benchmark": "implicit_tp",
@@ -129,13 +132,12 @@ def main(argv: list[str] | None = None) -> dict:
     if rel > 1e-4:
         raise SystemExit(f"implicit_tp: the layouts' losses differ: {losses}")
     if world.rank == 0:
-        emit(result, args.out)
-        print(f"{'layout':10s} {'step ms':>9s} {'collectives':>11s} {'MB':>8s}")
-        for name, r in result["layouts"].items():
-            print(f"{name:10s} {r['step_ms']:9.1f} {sum(r['collectives'].values()):11d} "
-                  f"{r['bytes'] / 1e6:8.2f}")
+        rows = [(name, r["step_ms"], sum(r["collectives"].values()), r["bytes"] / 1e6)
+                for name, r in result["layouts"].items()]
         m = result["megatron"]
-        print(f"{'megatron':10s} {'':>9s} {m['all_reduce']:11d} {m['bytes'] / 1e6:8.2f}")
+        rows.append(("megatron", None, m["all_reduce"], m["bytes"] / 1e6))
+        emit(result, args.out, table(("layout", "step ms", "collectives", "MB per step"), rows,
+                                     title=f"GPT tensor parallelism at {world.size} ranks"))
     return result
 
 

@@ -31,8 +31,11 @@ learning-rate schedule (its length, warmup and state), the step counter and the 
 position (micro-batches drawn, and the data seed). ``--steps`` counts the steps of this run;
 ``--total-steps`` the schedule's length (default ``--steps``; a resumed run keeps the
 checkpoint's), so ``--steps 100 --total-steps 200 --save DIR`` then ``--resume DIR --steps
-100`` trains what ``--steps 200`` trains. The configs have no dropout: there is no random
-state to carry. A resumed parameter of another dtype (``--dtype`` differs) is cast.
+100`` trains what ``--steps 200`` trains. A resumed run takes the checkpoint's learning
+rates and AdamW options (``--lr`` is not read), and casts a saved tensor of another dtype
+to its own (``--dtype`` may differ). The configs have no dropout: there is no random state
+to carry. A checkpoint of another model config is refused, naming each parameter whose
+shape differs.
 """
 
 from __future__ import annotations
@@ -139,7 +142,7 @@ def _named_params(model: object) -> dict[str, object]:
     return out
 
 
-def save_checkpoint(path: str, run: object, opt: object, sched: object, meta: dict) -> float:
+def save_checkpoint(path: str, run: object, opt: object, meta: dict) -> float:
     """Save the model, the optimizer (by parameter name, global tensors in the strategy's
     layout) and ``meta`` (the step, data position, schedule and model description) with
     ``dt.save``; the seconds it took. **Collective**."""
@@ -263,11 +266,12 @@ def train(name: str, cfg: GPTConfig, data: ByteData, args: argparse.Namespace,
     def save(step: int) -> None:
         meta = {"format": list(CKPT_FORMAT), "model": args.model,
                 "config": dataclasses.asdict(cfg), "step": step + 1,
-                "data": {"position": position, "seed": data.seed},
+                "data": {"position": position, "seed": data.seed,
+                         "source": args.data or "docstrings"},
                 "schedule": {"warmup": warmup, "total_steps": total,
                              "state": sched.state_dict()},
                 "strategy": name, "ranks": COMM.size, "dtype": args.dtype}
-        seconds = save_checkpoint(args.save, run, opt, sched, meta)
+        seconds = save_checkpoint(args.save, run, opt, meta)
         _say(f"{name:>9} saved step {step + 1} to {args.save} in {seconds:.2f} s")
 
     tokens = args.batch * cfg.block_size * args.grad_accum
@@ -354,13 +358,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument("--ac", action="store_true", help="activation checkpointing of the blocks")
     p.add_argument("--steps", type=int, default=200, help="steps of this run")
-    p.add_argument("--total-steps", type=int,
+    p.add_argument("--total-steps", type=int, default=argparse.SUPPRESS,
                    help="the learning-rate schedule's length (default: --steps; a resumed "
                         "run keeps its checkpoint's)")
     p.add_argument("--batch", type=int, default=8, help="global batch in sequences")
     p.add_argument("--grad-accum", type=int, default=1)
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--warmup", type=int, help="linear warmup steps (default 20)")
+    p.add_argument("--warmup", type=int, default=argparse.SUPPRESS,
+                   help="linear warmup steps (default: 20; a resumed run keeps its "
+                        "checkpoint's)")
     p.add_argument("--eval-interval", type=int, default=25)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--peak-gflops", type=float, help="matmul peak per core (default: measure)")
@@ -381,7 +387,9 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Parse the command line and train every strategy. **Collective**."""
     args = parser().parse_args(argv)
-    args.warmup_given, args.warmup = args.warmup, 20 if args.warmup is None else args.warmup
+    args.warmup_given = getattr(args, "warmup", None)  # None: not given
+    args.warmup = 20 if args.warmup_given is None else args.warmup_given
+    args.total_steps = getattr(args, "total_steps", None)
     cfg = CONFIGS[args.model]
     names = [ALIASES.get(s, s) for s in args.strategy.split(",") if s]
     for s in names:

@@ -133,3 +133,18 @@ def test_resume_rejects_a_schedule_that_differs(tmp_path, straight, capsys):
                  "--resume", str(ckpt)) == 2
     assert "--total-steps 9 differs from the checkpoint's schedule (--total-steps 4)" in \
         capsys.readouterr().out
+
+
+def test_resume_in_another_dtype_casts_the_saved_tensors(tmp_path, straight, capsys):
+    """A float32 checkpoint resumed with --dtype bfloat16 (local: bfloat16 parameters and
+    moments): the first resumed loss is the straight run's to bfloat16's precision."""
+    data, ref = straight
+    ckpt = tmp_path / "ckpt"
+    assert _main(*_common(data), "--steps", str(N), "--total-steps", str(N + M),
+                 "--save", str(ckpt)) == 0
+    assert _main(*_common(data), "--steps", "1", "--dtype", "bfloat16", "--resume", str(ckpt),
+                 "--json", str(tmp_path / "b.json")) == 0
+    capsys.readouterr()
+    (row,) = _losses(tmp_path / "b.json", "local")
+    assert row["step"] == N
+    np.testing.assert_allclose(row["loss"], ref[N]["loss"], rtol=1e-2)

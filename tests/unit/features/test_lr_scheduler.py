@@ -1,11 +1,13 @@
 """``dt.optim.lr_scheduler``: each scheduler's learning rates against hand-computed values
 (and step by step against ``torch.optim.lr_scheduler`` where torch is installed), the
-warmup-then-cosine recipe through SequentialLR, state dict round trips, and PyTorch's
+warmup-then-cosine recipe through SequentialLR, state dict round trips (and torch's state
+dicts, through JSON, continuing the schedule as torch does), and PyTorch's
 errors."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 
 import numpy as np
@@ -152,6 +154,42 @@ def test_state_dict_round_trip_continues_the_schedule(case, at):
     assert restored.get_last_lr() == rest[0]
     assert _run(restored, 10) == rest
     assert set(state) == set(sched.state_dict())  # loading left the dict as it was
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+@pytest.mark.parametrize("case", sorted(_cases()))
+@pytest.mark.parametrize("at", [3, 8])
+def test_state_dicts_are_torchs_and_load_from_torch_through_json(case, at):
+    """The state dict holds torch's keys (but torch's transient
+    ``_get_lr_called_within_step``); torch's state dict, after a JSON round trip (what a
+    checkpoint's metadata does to it), continues the schedule here as torch continues it."""
+    import torch
+
+    make = _cases()[case]
+    t_opt = torch.optim.SGD(
+        [{"params": [torch.zeros(2, requires_grad=True)], "lr": lr} for lr in LRS])
+    t_sched = make(torch.optim.lr_scheduler, t_opt)
+    _run(t_sched, at)
+    t_state = json.loads(json.dumps(t_sched.state_dict()))
+    t_groups = t_opt.state_dict()["param_groups"]
+    want = _run(t_sched, 12)
+
+    sched = make(L, _opt())
+    _run(sched, at)
+
+    def keys(state):
+        out = set(state) - {"_get_lr_called_within_step"}
+        return out, [keys(s) for s in state.get("_schedulers", [])]
+
+    assert keys(sched.state_dict()) == keys(t_state)
+    opt = _opt((1.0, 2.0))
+    restored = make(L, opt)
+    for mine, theirs in zip(opt.param_groups, t_groups):
+        mine.update(lr=theirs["lr"], initial_lr=theirs["initial_lr"])
+    restored.load_state_dict({k: v for k, v in t_state.items()
+                              if k != "_get_lr_called_within_step"})
+    np.testing.assert_allclose(np.array(_run(restored, 12)), np.array(want), rtol=1e-14,
+                               atol=0)
 
 
 class _Warmup:

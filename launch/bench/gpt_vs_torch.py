@@ -4,7 +4,7 @@ torch counterpart.
 
 Run as ``python -m launch -n 2 launch/bench/gpt_vs_torch.py --model small --steps 12
 --warmup 3 --strategy local,dp,fsdp,tp [--out FILE] [--profile]`` (``--repeat R`` instead
-of ``--steps``: R timed steps after the warm-up).
+of ``--steps``: R timed steps after the warm-up, 9 by default).
 
 Modes (``--strategy``, comma-separated), dtensor's layout (``gpt_strategies.build``) against
 torch's (``launch/bench/_torch_gpt.py``), all on MPI ranks; torch on gloo:
@@ -66,8 +66,9 @@ relative difference over all steps.
 mode with cProfile and prints the functions with the most own time (the other ranks run
 the same steps unprofiled).
 
-Output: a markdown table, then JSON (``--out`` too). Without torch installed it says so and
-exits 0.
+Output: JSON, then markdown tables (``--out`` writes the JSON too); a progress line per
+step and per mode on stderr (``--quiet`` silences them). ``--no-torch`` runs dtensor's
+side alone; without torch installed the script says so and does the same (exit status 0).
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ import numpy as np
 from mpi4py import MPI
 
 import dtensor as dt
-from launch.bench._common import bench_args, emit, environment, ratio
+from launch.bench._common import Progress, bench_args, emit, environment, ratio, table
 from launch.examples.gpt import GPTConfig
 from launch.examples.gpt_strategies import build
 from launch.examples.text_data import VOCAB, ByteData, docstring_text
@@ -355,20 +356,25 @@ def profile_dt(mode: str, cfg: GPTConfig, args: Any, batches: list, top: int = 3
     return buf.getvalue()
 
 
-def run_mode(mode: str, cfg: GPTConfig, args: Any, batches: list) -> dict[str, Any]:
-    """Time both sides of ``mode`` in turns, then measure their memory. **Collective**."""
+def run_mode(mode: str, cfg: GPTConfig, args: Any, batches: list,
+             progress: Callable[..., None]) -> dict[str, Any]:
+    """Time both sides of ``mode`` in turns (dtensor's alone with ``args.no_torch``), then
+    measure their memory. **Collective**."""
     ours = DtSide(mode, cfg, args)
     weights = full_weights(ours.run.model)
-    theirs = TorchSide(mode, cfg, args, weights)
+    theirs = None if args.no_torch else TorchSide(mode, cfg, args, weights)
+    sides = [s for s in (ours, theirs) if s is not None]
     for i, (idx, tgt) in enumerate(batches):
-        for side in ((ours, theirs) if i % 2 == 0 else (theirs, ours)):
+        for side in (sides if i % 2 == 0 else sides[::-1]):
             COMM.Barrier()
             loss = side.step(idx, tgt)
             side.losses.append(side.loss_value(loss))
             del loss
+        progress(f"{mode}: step {i + 1} of {len(batches)}", step=False)
     tokens = args.batch * cfg.block_size
-    row: dict[str, Any] = {"dtensor": MODES[mode][0], "torch": MODES[mode][1]}
-    for side in (ours, theirs):
+    row: dict[str, Any] = {"dtensor": MODES[mode][0],
+                           "torch": None if theirs is None else MODES[mode][1]}
+    for side in sides:
         step, phases = _median_worst(side.times, args.warmup)
         key = side.name
         row[f"{key}_step_ms"] = round(step * 1e3, 2)
@@ -379,72 +385,75 @@ def run_mode(mode: str, cfg: GPTConfig, args: Any, batches: list) -> dict[str, A
             statistics.median(side.cpu[args.warmup:]), op=MPI.MAX), 2)
         row[f"{key}_page_faults"] = int(COMM.allreduce(
             statistics.median(side.faults[args.warmup:]), op=MPI.MAX))
-    row["ratio"] = ratio(row["dtensor_tokens_per_s"], row["torch_tokens_per_s"])
-    row["loss0_dtensor"], row["loss0_torch"] = ours.losses[0], theirs.losses[0]
-    row["loss0_rel_diff"] = _rel(ours.losses[0], theirs.losses[0])
-    row["max_rel_loss_diff"] = max(_rel(a, b) for a, b in zip(ours.losses, theirs.losses))
-    del ours, theirs
+    row["loss0_dtensor"] = ours.losses[0]
+    if theirs is not None:
+        row["ratio"] = ratio(row["dtensor_tokens_per_s"], row["torch_tokens_per_s"])
+        row["loss0_torch"] = theirs.losses[0]
+        row["loss0_rel_diff"] = _rel(ours.losses[0], theirs.losses[0])
+        row["max_rel_loss_diff"] = max(_rel(a, b) for a, b in zip(ours.losses, theirs.losses))
+    del ours, theirs, sides
     if not args.no_memory:
+        progress(f"{mode}: memory", step=False)
         grown, method, stats = _memory_of(lambda: DtSide(mode, cfg, args), batches)
         row["dtensor_rss_mib"] = round(grown / MiB, 1)
         row["dtensor_peak_allocated_mib"] = round(stats["peak_allocated"] / MiB, 1)
         row["dtensor_reserved_mib"] = round(stats["reserved"] / MiB, 1)
         row["dtensor_shmem_mib"] = round(stats["shmem"] / MiB, 1)
-        grown, method, _ = _memory_of(lambda: TorchSide(mode, cfg, args, weights), batches)
-        row["torch_rss_mib"] = round(grown / MiB, 1)
+        if not args.no_torch:
+            grown, method, _ = _memory_of(lambda: TorchSide(mode, cfg, args, weights), batches)
+            row["torch_rss_mib"] = round(grown / MiB, 1)
         row["rss_method"] = method
-    row["target_met"] = row["ratio"] >= TARGET_RATIO
+    if "ratio" in row:
+        row["target_met"] = row["ratio"] >= TARGET_RATIO
     return row
 
 
-def _table(rows: dict[str, dict[str, Any]]) -> str:
-    head = ("| mode | dtensor | torch | dtensor ms | torch ms | dtensor tok/s | torch tok/s | "
-            "ratio | dtensor RSS MiB | torch RSS MiB | loss0 rel diff |")
-    lines = [head, "|" + "---|" * (head.count("|") - 1)]
-    for mode, r in rows.items():
-        lines.append(
-            f"| {mode} | {r['dtensor']} | {r['torch']} | {r['dtensor_step_ms']:.1f} | "
-            f"{r['torch_step_ms']:.1f} | {r['dtensor_tokens_per_s']:.0f} | "
-            f"{r['torch_tokens_per_s']:.0f} | {r['ratio']:.2f} | "
-            f"{r.get('dtensor_rss_mib', float('nan')):.1f} | "
-            f"{r.get('torch_rss_mib', float('nan')):.1f} | {r['loss0_rel_diff']:.1e} |")
-    lines.append("")
-    lines.append("| mode | side | forward ms | backward ms | optimizer ms | CPU ms | page faults |")
-    lines.append("|---|---|---|---|---|---|---|")
-    for mode, r in rows.items():
-        for side in ("dtensor", "torch"):
-            ph = r[f"{side}_phases_ms"]
-            lines.append(f"| {mode} | {side} | {ph['forward']:.1f} | {ph['backward']:.1f} | "
-                         f"{ph['optimizer']:.1f} | {r[f'{side}_cpu_ms']:.1f} | "
-                         f"{r[f'{side}_page_faults']} |")
-    return "\n".join(lines)
+def report(result: dict[str, Any]) -> str:
+    """The tables of a result: per mode the step figures, then per side the phases."""
+    rows = result["modes"]
+    main = table(
+        ("mode", "dtensor", "torch", "dtensor ms", "torch ms", "dtensor tok/s", "torch tok/s",
+         "ratio", "dtensor RSS MiB", "torch RSS MiB", "loss0 rel diff"),
+        [(m, r["dtensor"], r["torch"] or "-", r["dtensor_step_ms"], r.get("torch_step_ms"),
+          r["dtensor_tokens_per_s"], r.get("torch_tokens_per_s"), r.get("ratio"),
+          r.get("dtensor_rss_mib"), r.get("torch_rss_mib"), r.get("loss0_rel_diff"))
+         for m, r in rows.items()],
+        markdown=True, title=result["title"])
+    phases = table(
+        ("mode", "side", "forward ms", "backward ms", "optimizer ms", "CPU ms", "page faults"),
+        [(m, side, *(r[f"{side}_phases_ms"][p] for p in PHASES), r[f"{side}_cpu_ms"],
+          r[f"{side}_page_faults"])
+         for m, r in rows.items() for side in ("dtensor", "torch") if f"{side}_cpu_ms" in r],
+        markdown=True)
+    return main + "\n\n" + phases
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse the command line, run every mode, print the table and the JSON. **Collective**."""
+    """Parse the command line, run every mode, print the JSON and the tables.
+    **Collective**."""
     blas = int(os.environ.get("OPENBLAS_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS")
                or os.cpu_count() or 1)
     args = bench_args(
-        __doc__.splitlines()[0], argv,
-        model={"choices": sorted(CONFIGS), "default": "small"},
+        __doc__.split("\n\n")[0], argv, repeat=9,
+        model={"choices": sorted(CONFIGS), "default": "small", "help": "the GPT's sizes"},
         strategy={"default": "local,dp,fsdp,tp",
                   "help": f"comma-separated modes of {', '.join(MODES)}"},
-        steps={"type": int, "help": "steps per side, warm-up included (default: --warmup "
-               "plus --repeat when --repeat is given, else --warmup plus 9)"},
+        steps={"type": int, "help": "steps per side, warm-up included (instead of "
+               "--warmup plus --repeat)"},
         warmup={"type": int, "default": 3, "help": "first steps left out of the timing"},
         batch={"type": int, "default": 8, "help": "global batch in sequences"},
-        lr={"type": float, "default": 1e-3},
-        seed={"type": int, "default": 0},
+        lr={"type": float, "default": 1e-3, "help": "AdamW's learning rate"},
+        seed={"type": int, "default": 0,
+              "help": "the seed of the weights and the batches (default: %(default)s)"},
         torch_threads={"type": int, "default": blas,
-                       "help": "torch intra-op threads (default: dtensor's BLAS threads)"},
+                       "help": "torch intra-op threads (dtensor's BLAS threads)"},
+        no_torch={"action": "store_true", "help": "dtensor's side only"},
         no_memory={"action": "store_true", "help": "skip the memory phase"},
         profile={"action": "store_true", "help": "cProfile dtensor steps of each mode"},
-        profile_steps={"type": int, "default": 3},
+        profile_steps={"type": int, "default": 3, "help": "steps --profile profiles"},
     )
-    if args.steps is None:  # --repeat (the benchmarks' common option): the timed steps
-        given = sys.argv[1:] if argv is None else argv
-        repeat = any(a == "--repeat" or a.startswith("--repeat=") for a in given)
-        args.steps = args.warmup + (args.repeat if repeat else 9)
+    if args.steps is None:
+        args.steps = args.warmup + args.repeat
     cfg = CONFIGS[args.model]
     modes = [m for m in args.strategy.split(",") if m]
     for m in modes:
@@ -456,52 +465,54 @@ def main(argv: list[str] | None = None) -> int:
     if args.batch % COMM.size and any(m in ("dp", "replicate", "fsdp") for m in modes):
         raise SystemExit(f"gpt_vs_torch: --batch {args.batch} does not split over "
                          f"{COMM.size} ranks")
-    if importlib.util.find_spec("torch") is None:
-        _say("gpt_vs_torch: torch is not installed; nothing to compare (pip install torch, "
-             "CPU wheel). Skipped.")
-        if COMM.rank == 0:
-            emit({"benchmark": "gpt_vs_torch", "torch": None,
-                  "skipped": "torch is not installed"}, args.out)
-        return 0
-    import torch
+    torch_version = None
+    if not args.no_torch and importlib.util.find_spec("torch") is None:
+        _say("gpt_vs_torch: torch is not installed, so there is nothing to compare with "
+             "(pip install torch, the CPU wheel); dtensor's side only.")
+        args.no_torch = True
+    teardown = None
+    if not args.no_torch:
+        import torch
 
-    teardown = torch_init(args.torch_threads)
+        torch_version = torch.__version__
+        teardown = torch_init(args.torch_threads)
     data = ByteData(docstring_text(), seed=args.seed)
     batches = [data.batch(i, args.batch, cfg.block_size) for i in range(args.steps)]
     tokens = args.batch * cfg.block_size
-    _say(f"GPT {args.model}: {cfg.n_params()} parameters, batch {args.batch} x "
-         f"{cfg.block_size} ({tokens} tokens per step), {COMM.size} ranks; "
-         f"{args.steps - args.warmup} timed steps after {args.warmup} warm-up, in turns; "
-         f"torch {torch.__version__} with {args.torch_threads} thread(s) per rank "
-         f"(dtensor's BLAS threads: {blas})")
+    title = (f"GPT {args.model}: {cfg.n_params()} parameters, batch {args.batch} x "
+             f"{cfg.block_size} ({tokens} tokens per step), {COMM.size} ranks; "
+             f"{args.steps - args.warmup} timed steps after {args.warmup} warm-up, in turns; "
+             + (f"torch {torch_version} with {args.torch_threads} thread(s) per rank "
+                f"(dtensor's BLAS threads: {blas})" if torch_version else "no torch"))
+    progress = Progress("gpt_vs_torch", len(modes), enabled=COMM.rank == 0 and not args.quiet)
     rows: dict[str, dict[str, Any]] = {}
     profiles: dict[str, str] = {}
     try:
         for mode in modes:
-            rows[mode] = run_mode(mode, cfg, args, batches)
-            r = rows[mode]
-            _say(f"{mode}: dtensor {r['dtensor_step_ms']:.1f} ms, torch "
-                 f"{r['torch_step_ms']:.1f} ms per step; ratio {r['ratio']:.2f}; loss0 "
-                 f"{r['loss0_dtensor']:.6f} / {r['loss0_torch']:.6f}")
+            rows[mode] = r = run_mode(mode, cfg, args, batches, progress)
+            versus = ("" if args.no_torch else
+                      f", torch {r['torch_step_ms']:.1f} ms; ratio {r['ratio']:.2f}")
+            progress(f"{mode}: dtensor {r['dtensor_step_ms']:.1f} ms per step{versus}")
             if args.profile:
                 profiles[mode] = profile_dt(mode, cfg, args, batches)
                 _say(f"-- cProfile of dtensor {mode}, {args.profile_steps} steps, rank 0\n"
                      f"{profiles[mode]}")
     finally:
-        teardown()
+        if teardown is not None:
+            teardown()
     result = {
-        "benchmark": "gpt_vs_torch", "model": args.model, "config": asdict(cfg),
-        "n_params": cfg.n_params(), "ranks": COMM.size, "batch": args.batch,
-        "seq": cfg.block_size, "tokens_per_step": tokens, "steps": args.steps,
-        "warmup": args.warmup, "lr": args.lr, "weight_decay": WEIGHT_DECAY,
-        "torch": torch.__version__, "torch_threads": args.torch_threads,
+        "benchmark": "gpt_vs_torch", "title": title, "model": args.model,
+        "config": asdict(cfg), "n_params": cfg.n_params(), "ranks": COMM.size,
+        "batch": args.batch, "seq": cfg.block_size, "tokens_per_step": tokens,
+        "steps": args.steps, "warmup": args.warmup, "lr": args.lr,
+        "weight_decay": WEIGHT_DECAY, "torch": torch_version,
+        "torch_threads": None if args.no_torch else args.torch_threads,
         "blas_threads": blas, "memory_steps": MEMORY_STEPS, "target_ratio": TARGET_RATIO,
-        "targets_met": {m: r["target_met"] for m, r in rows.items()},
+        "targets_met": {m: r["target_met"] for m, r in rows.items() if "target_met" in r},
         "modes": rows, "environment": environment(),
     }
     if COMM.rank == 0:
-        print(_table(rows), flush=True)
-        emit(result, args.out)
+        emit(result, args.out, report(result))
     return 0
 
 

@@ -1,7 +1,7 @@
 """``launch/bench/gpt_vs_torch.py``: the torch twin of the GPT has dtensor's parameter names
 and shapes and computes the same loss from the same weights; the benchmark at 2 ranks runs
 every mode with the tiny model, both sides' first-step losses agree to float32 rounding and
-its JSON has every field; without torch it says so and exits 0."""
+its JSON has every field; without torch it says so and times dtensor alone (exit 0)."""
 
 from __future__ import annotations
 
@@ -79,9 +79,9 @@ def test_every_mode_at_2_ranks_agrees_with_torch_and_reports_every_field(tmp_pat
         assert 5.0 < row["loss0_dtensor"] < 6.0  # about ln(256): an untrained byte model
     losses = {m: r["loss0_dtensor"] for m, r in doc["modes"].items()}
     assert max(losses.values()) - min(losses.values()) < 1e-5  # one model under every layout
-    table = proc.stdout[:proc.stdout.index("{\n")]
+    tables = proc.stdout[proc.stdout.rindex("\n}\n"):]  # after the JSON
     for mode in MODES:
-        assert f"| {mode} | " in table
+        assert f"| {mode} | " in tables
 
 
 _NO_TORCH = """
@@ -92,11 +92,17 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-def test_without_torch_it_says_so_and_exits_0(tmp_path):
+def test_without_torch_it_says_so_and_runs_dtensor_alone(tmp_path):
     path = tmp_path / "out.json"
     script = str(ROOT / "launch" / "bench" / "gpt_vs_torch.py")
-    proc = run_group([sys.executable, "-c", _NO_TORCH, script, "--model", "tiny", "--out",
+    proc = run_group([sys.executable, "-c", _NO_TORCH, script, "--model", "tiny", "--steps",
+                      "2", "--warmup", "1", "--strategy", "local,tp", "--no-memory", "--out",
                       str(path)], ROOT, 120, child_env())
     assert proc.returncode == 0, proc.stderr
     assert "torch is not installed" in proc.stdout
-    assert json.loads(path.read_text())["torch"] is None
+    doc = json.loads(path.read_text())
+    assert doc["torch"] is None and doc["targets_met"] == {}
+    for mode in ("local", "tp"):
+        row = doc["modes"][mode]
+        assert row["torch"] is None and row["dtensor_step_ms"] > 0 and "ratio" not in row
+        assert f"| {mode} | {mode} | - | " in proc.stdout

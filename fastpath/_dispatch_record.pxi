@@ -353,7 +353,7 @@ cdef object _record_fast(object info, object plain, tuple args, object kwargs, o
         pi = i
         v = values[pi]
         t = type(v)
-        if t is _rec_T or t is _rec_D or t is _rec_P:
+        if t is _rec_T or t is _rec_D or t is _rec_P or t is _rec_A:
             m = _meta_of(v, t)
             if m is not None and (<AutogradMeta>m).grad_fn is not None:
                 values[pi] = _stand_in(v, t)

@@ -247,7 +247,8 @@ def _stand_in(v: object) -> object:
     ``v``'s shape and dtype (a DTensor: of its spec) over one zero (a read-only, zero-stride
     array), so that the formula can still ask for its layout and build zeros like it while
     ``v``'s memory goes when the program drops ``v``. Arrays off the host are kept as
-    they are."""
+    they are. A metadata-only DTensor's stand-in is a handle of its spec over no block, so
+    that the abstract memory model frees its bytes as the real one does."""
     if type(v) is Tensor:
         arr = v._arr
         if type(arr) is not np.ndarray:
@@ -257,6 +258,12 @@ def _stand_in(v: object) -> object:
         if s is not None:
             return s
         s = wrap_array(np.broadcast_to(np.zeros((), arr.dtype), arr.shape), None)
+    elif type(v) is AbstractDTensor:  # its spec over no memory (the block goes with v)
+        key = v._spec
+        s = _STAND_INS.get(key)
+        if s is not None:
+            return s
+        s = v.stand_in()
     else:
         key = v._spec
         s = _STAND_INS.get(key)
@@ -278,7 +285,7 @@ def _unread(v: object) -> object:
     program holds them (its parameters and inputs), and the index and mask tensors that
     formulas read are among them."""
     t = type(v)
-    if t is Tensor or t is DTensor or t is PendingDTensor:
+    if t is Tensor or t is DTensor or t is PendingDTensor or t is AbstractDTensor:
         m = v._ag
         if m is not None and m.grad_fn is not None:
             return _stand_in(v)
@@ -625,7 +632,7 @@ def record(info: OpInfo, plain: Callable, args: tuple, kwargs: Mapping[str, obje
             changed = True
         else:
             t = type(v)
-            if t is Tensor or t is DTensor or t is PendingDTensor:
+            if t is Tensor or t is DTensor or t is PendingDTensor or t is AbstractDTensor:
                 m = v._ag
                 if m is not None and m.grad_fn is not None:
                     values[pi] = _stand_in(v)

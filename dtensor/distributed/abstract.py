@@ -64,6 +64,7 @@ from .dtensor import DTensor, _as_local_tensor, normalize_placements
 from .mesh import DeviceMesh
 
 __all__ = [
+    "ALIASES",
     "AbstractDTensor",
     "AbstractGroup",
     "AbstractMesh",
@@ -429,6 +430,10 @@ class _Block:
         _memory.live -= self.nbytes
 
 
+#: The block of stand-ins (:meth:`AbstractDTensor.stand_in`): no bytes.
+_NO_BLOCK = _Block(0)
+
+
 class _MetaShard:
     """What an AbstractDTensor holds in place of a local tensor: coordinate 0's shard
     shape and dtype, and its block; no data."""
@@ -557,6 +562,12 @@ class AbstractDTensor(DTensor):
         """Refused: there are no values. **Local** (raises MetadataOnlyError)."""
         raise self._no_data("tolist")
 
+    def stand_in(self) -> AbstractDTensor:
+        """A handle of this tensor's spec over no memory: what an autograd node keeps of an
+        argument whose value its formula does not read (the layout, not the block), as the
+        stand-ins of data-holding tensors hold one zero. **Local**."""
+        return AbstractDTensor._new(self._spec, _NO_BLOCK)
+
     def _planned(self, dst: DTensorSpec, steps: tuple) -> AbstractDTensor:
         """``redistribute``'s move to ``dst`` along ``steps`` (:func:`run_plan`). **Local**."""
         return AbstractDTensor._new(dst, run_plan(steps, self._spec))
@@ -618,6 +629,8 @@ _NAMED = {"max": MaxResult, "min": MinResult, "sort": SortResult, "topk": TopkRe
           "kthvalue": KthvalueResult}
 #: Ops whose kernels return a tuple whatever the number of outputs.
 _SEQUENCES = frozenset(("split", "chunk", "unbind"))
+#: Ops whose output is their input's memory without being a view op: a new handle.
+ALIASES = frozenset(("detach",))
 
 
 class EntryRunner:
@@ -627,7 +640,8 @@ class EntryRunner:
     while the dispatcher names the op: runs the plans of the moved inputs
     (:func:`run_plan`) and returns the outputs, in the structure of the op's kernel (a
     DTensor, a tuple, or the kernel's namedtuple); an in-place op returns its first
-    argument. ``view``: the outputs share the block of the first argument (after its move).
+    argument. ``view``: the outputs share the block of the first argument (after its move):
+    view ops, and the ops of :data:`ALIASES`.
     """
 
     __slots__ = ("name", "view")
@@ -665,10 +679,12 @@ def abstract_tensor(
     *,
     dtype: object = None,
     requires_grad: bool = False,
+    memory: bool = True,
 ) -> AbstractDTensor:
     """A metadata-only DTensor of global ``shape`` laid out as ``placements`` on ``mesh``.
 
-    **Local**; nothing is allocated (its block counts in :func:`abstract_memory_stats`).
+    **Local**; nothing is allocated (its block counts in :func:`abstract_memory_stats`,
+    unless ``memory=False``).
 
     Parameters
     ----------
@@ -682,6 +698,9 @@ def abstract_tensor(
         Default :func:`dtensor.get_default_dtype`.
     requires_grad : bool
         Make it a leaf that requires grad (a parameter).
+    memory : bool
+        False: a handle that holds no bytes (a view into memory that is counted elsewhere,
+        e.g. a buffer whose own tensor a program drops when the real buffer is freed).
 
     Raises
     ------
@@ -700,7 +719,7 @@ def abstract_tensor(
     dtype = _dtypes.get_default_dtype() if dtype is None else _dtypes.to_dtype(dtype)
     spec = DTensorSpec(mesh, placements, tuple(int(s) for s in shape), dtype)
     check_partial_dtype("abstract_tensor", spec.placements, spec.dtype)
-    out = AbstractDTensor._new(spec)
+    out = AbstractDTensor._new(spec, None if memory else _NO_BLOCK)
     return out.requires_grad_() if requires_grad else out
 
 

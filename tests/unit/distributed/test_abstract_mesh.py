@@ -206,8 +206,11 @@ def test_autograd_moves_gradients_and_counts_saved_tensors():
     w = dt.abstract_tensor((6, 4), mesh, [R, S(1)], requires_grad=True)
     dt.reset_abstract_peak()
     base = dt.abstract_memory_stats()["live_bytes"]
-    y = (x @ w).relu()  # x @ w: 4 x 2 floats; relu saves its output
-    assert dt.abstract_memory_stats()["live_bytes"] - base == 2 * 32
+    # x @ w: 4 x 2 floats, gone after relu (whose node keeps only a stand-in of its input,
+    # as on a real mesh); relu's output stays (its formula reads it)
+    y = (x @ w).relu()
+    assert dt.abstract_memory_stats()["live_bytes"] - base == 32
+    assert dt.abstract_memory_stats()["peak_bytes"] - base == 2 * 32
     loss = y.sum()
     with dt.debug.CommDebugMode() as mode:
         loss.backward()
@@ -218,6 +221,56 @@ def test_autograd_moves_gradients_and_counts_saved_tensors():
     assert mode.records[0].nbytes == 6 * 2 * 4
     del loss, y
     assert dt.abstract_memory_stats()["live_bytes"] - base == 6 * 2 * 4  # w.grad
+
+
+def test_abstract_memory_frees_what_the_real_allocator_frees():
+    """A node keeps stand-ins of the intermediates its formula does not read, so an
+    abstract program holds the bytes a real one holds (the allocator's count is the
+    oracle, on both recording paths); ``detach`` shares its input's block."""
+    shape = (64, 256)  # 64 KiB float32 blocks, well above the allocator's small requests
+
+    def program(a, b, c):
+        h = (a * b) + c  # add's formula reads neither input: the product goes
+        t = h.tanh()  # its node keeps its output; h goes
+        g = t.detach()  # no new memory
+        return (t + g).sum(), g  # the sum's formula reads only the shape of t + g
+
+    rng = np.random.default_rng(0)
+    real = [dt.tensor(rng.standard_normal(shape).astype(np.float32)).requires_grad_()
+            for _ in range(3)]
+    base = dt.memory_stats()["allocated_bytes"]
+    out = program(*real)
+    real_held = dt.memory_stats()["allocated_bytes"] - base
+    assert real_held == 64 * 256 * 4  # t alone (the scalar is below the pool's minimum)
+    del out
+    mesh = dt.AbstractMesh((1,))
+    abstract = [dt.abstract_tensor(shape, mesh, requires_grad=True) for _ in range(3)]
+    base = dt.abstract_memory_stats()["live_bytes"]
+    out = program(*abstract)
+    assert dt.abstract_memory_stats()["live_bytes"] - base == real_held + 4  # + the scalar
+    del out
+
+
+def test_class_sharded_losses_report_the_all_reduces_of_their_kernels():
+    """Cross entropy and softmax over a sharded class dim all-reduce the per-row maximum and
+    sums inside their kernel: on an abstract mesh those collectives are reported with the
+    bytes the kernel's arrays have (rows x the input's itemsize, then the stacked sums)."""
+    mesh = dt.AbstractMesh((2, 2))
+    logits = dt.abstract_tensor((6, 10), mesh, [R, S(1)], requires_grad=True)
+    target = dt.abstract_tensor((6,), mesh, [R, R], dtype="int64")
+    with dt.loss_parallel(), dt.debug.CommDebugMode() as mode:
+        dt.nn.functional.cross_entropy(logits, target)
+        dt.nn.functional.cross_entropy(logits, target, label_smoothing=0.1)
+        logits.softmax(-1)
+    got = [(r.op, r.kind, r.mesh_dim, r.nbytes) for r in mode.records]
+    rows = 6 * 4  # one float32 per row
+    assert got == [
+        ("cross_entropy", "all_reduce", 1, rows), ("cross_entropy", "all_reduce", 1, 2 * rows),
+        ("cross_entropy", "all_reduce", 1, rows), ("cross_entropy", "all_reduce", 1, 3 * rows),
+        ("softmax", "all_reduce", 1, rows), ("softmax", "all_reduce", 1, rows)]
+    with dt.debug.CommDebugMode() as mode:  # the class dim whole: no kernel all-reduce
+        dt.nn.functional.cross_entropy(dt.abstract_tensor((6, 10), mesh, [S(0), R]), target)
+    assert "all_reduce" not in mode.get_comm_counts()
 
 
 # -- whole training steps -------------------------------------------------------------------------

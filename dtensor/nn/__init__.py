@@ -4,7 +4,8 @@
   submodules, traversal, state dicts, train/eval, hooks; :class:`Parameter`
   (:mod:`dtensor.nn.parameter`: a mark on a Tensor or DTensor, not a subclass);
 - layers (:mod:`dtensor.nn.layers`): Linear, Embedding, LayerNorm, RMSNorm, Dropout, GELU,
-  SiLU, ReLU, CrossEntropyLoss, MSELoss; containers (:mod:`dtensor.nn.containers`):
+  SiLU, ReLU, CrossEntropyLoss, MSELoss; :func:`abstract_parameters` builds them with
+  metadata-only parameters (models of any size, for planning); containers (:mod:`dtensor.nn.containers`):
   Sequential, ModuleList, ModuleDict;
 - :mod:`dtensor.nn.functional`: ``torch.nn.functional``'s names over the op table;
 - :mod:`dtensor.nn.init`: initialisations, the same global values on any layout;
@@ -32,6 +33,7 @@ from .layers import (
     ReLU,
     RMSNorm,
     SiLU,
+    abstract_parameters,
 )
 from .module import Module, RemovableHandle
 from .parameter import Parameter
@@ -54,6 +56,7 @@ __all__ = [
     "RemovableHandle",
     "Sequential",
     "SiLU",
+    "abstract_parameters",
     "checkpoint_wrapper",
     "functional",
     "init",

@@ -10,11 +10,15 @@ DTensor parameter lives where its mesh does.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
+from contextvars import ContextVar
 from typing import Any
 
-from placements.errors import ArgumentError
+from placements.errors import ArgumentError, MeshError
 
+from ..distributed.abstract import AbstractMesh
 from ..distributed.factory import FACTORIES
 from ..local.grad_engine import no_grad
 from . import functional as F
@@ -33,11 +37,59 @@ __all__ = [
     "RMSNorm",
     "ReLU",
     "SiLU",
+    "abstract_parameters",
 ]
 
 
+#: The abstract mesh of :func:`abstract_parameters` while one is active (else None).
+_ABSTRACT: ContextVar[Any] = ContextVar("abstract_parameters", default=None)
+
+
 def _empty(*shape: int, dtype: Any = None) -> Any:
+    mesh = _ABSTRACT.get()
+    if mesh is not None:
+        return FACTORIES["empty"](*shape, dtype=dtype, device_mesh=mesh)
     return FACTORIES["empty"](*shape, dtype=dtype)
+
+
+@contextlib.contextmanager
+def abstract_parameters(mesh: Any = None) -> Iterator[Any]:
+    """Build models with metadata-only parameters: a model of any size for planning, without
+    memory. **Local**.
+
+    Inside the ``with`` block, the layers of ``dt.nn`` (Linear, Embedding, LayerNorm,
+    RMSNorm) create their parameters as :class:`~dtensor.AbstractDTensor` s replicated on
+    ``mesh``, and their initialisations (and any ``dt.nn.init`` call on them) run on
+    metadata only. Such a model runs forward, backward and optimizer steps as the programs
+    of :mod:`dtensor.autoshard` do on abstract meshes: every op's sharding decision,
+    collectives (``CommDebugMode``), and per-rank memory (:func:`dtensor.abstract_memory_stats`),
+    no kernel. Values (``.numpy()``, ``.item()``) are refused.
+
+    Parameters
+    ----------
+    mesh : AbstractMesh, optional
+        Without ``coord``. Default ``AbstractMesh((1,))``: one process's model, whose
+        parameters stand for local tensors.
+
+    Yields
+    ------
+    AbstractMesh
+        The mesh the parameters live on.
+
+    Raises
+    ------
+    MeshError
+        ``mesh`` is not an AbstractMesh without ``coord``.
+    """
+    mesh = AbstractMesh((1,)) if mesh is None else mesh
+    if not isinstance(mesh, AbstractMesh) or not mesh._abstract:
+        raise MeshError(f"abstract_parameters: mesh must be an AbstractMesh without coord, got "
+                        f"{mesh!r}")
+    token = _ABSTRACT.set(mesh)
+    try:
+        yield mesh
+    finally:
+        _ABSTRACT.reset(token)
 
 
 def _shape(normalized_shape: int | tuple[int, ...] | list[int]) -> tuple[int, ...]:
@@ -215,7 +267,8 @@ class RMSNorm(_Norm):
 
 class Dropout(Module):
     """Zero each element with probability ``p`` in training mode and scale the others by
-    ``1 / (1 - p)``; the identity in evaluation mode. PyTorch's ``nn.Dropout``.
+    ``1 / (1 - p)``; the identity in evaluation mode and for ``p == 0`` (the input itself is
+    returned). PyTorch's ``nn.Dropout``.
 
     Raises
     ------
@@ -231,6 +284,8 @@ class Dropout(Module):
         self.inplace = inplace
 
     def forward(self, input: Any) -> Any:
+        if not self.training or self.p == 0:  # the input itself, as the kernel returns it
+            return input  # (a DTensor too: no dispatch, no graph node, no new handle)
         return F.dropout(input, self.p, self.training, self.inplace)
 
     def extra_repr(self) -> str:

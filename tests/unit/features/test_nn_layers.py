@@ -303,3 +303,35 @@ def test_gains_fans_and_errors():
         init.kaiming_uniform_(dt.empty(0, 3))
     with pytest.warns(UserWarning, match="more than 2 std"):
         init.trunc_normal_(dt.empty(2), mean=5.0)
+
+
+def test_dropout_of_p_0_and_in_eval_mode_is_the_input_itself():
+    x = dt.randn(4, 5).requires_grad_()
+    assert nn.Dropout(0.0)(x) is x and nn.Dropout(0.5).eval()(x) is x
+    y = nn.Dropout(0.5)(x)
+    assert y is not x and y.grad_fn is not None
+
+
+def test_abstract_parameters_build_layers_without_data():
+    before = dt.abstract_memory_stats()["live_bytes"]
+    with nn.abstract_parameters() as mesh:
+        model = nn.Sequential(nn.Embedding(50, 8), nn.LayerNorm(8), nn.Linear(8, 12))
+    assert mesh == dt.AbstractMesh((1,))
+    params = list(model.parameters())
+    assert all(isinstance(p, dt.AbstractDTensor) and p.device_mesh == mesh for p in params)
+    assert [tuple(p.shape) for p in params] == [(50, 8), (8,), (8,), (12, 8), (12,)]
+    # the blocks the parameters would hold, nothing more (the inits ran on metadata)
+    assert dt.abstract_memory_stats()["live_bytes"] - before == 4 * (400 + 16 + 96 + 12)
+    with pytest.raises(dt.errors.MetadataOnlyError):
+        params[0].item()
+    out = model(dt.abstract_tensor((3, 7), mesh, dtype="int64"))
+    assert out.shape == (3, 7, 12) and isinstance(out, dt.AbstractDTensor)
+    mesh2 = dt.AbstractMesh((2,))
+    with nn.abstract_parameters(mesh2):
+        lin = nn.Linear(4, 6)
+    assert lin.weight.device_mesh == mesh2 and lin.weight.placements == (dt.Replicate(),)
+    assert not isinstance(nn.Linear(4, 6).weight, dt.DTensor)  # only inside the block
+    with pytest.raises(dt.errors.MeshError, match="AbstractMesh without coord"), \
+            nn.abstract_parameters(dt.AbstractMesh((2,), coord=(0,))):
+        pass
+

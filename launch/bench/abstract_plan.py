@@ -18,14 +18,32 @@ picks models (comma-separated names of :data:`MODELS`).
 Output: JSON on stdout (``--out FILE`` too): per model and mesh, the median seconds of the
 step and of the traced step, the collectives, their bytes and the peak bytes; then the same
 as a table.
+
+The GPT under every strategy: ``python -m launch.bench.abstract_plan --model gpt2-124m
+--mesh 64x8`` (``--model`` one of :data:`launch.examples.gpt_predict.CONFIGS`: GPT-2 124M,
+12 layers, d 768, 12 heads, seq 1024, vocab 50257; ``gpt-1.3b``, 24 layers, d 2048, 16
+heads, seq 2048; the training example's ``tiny`` and ``small``) predicts one training step
+(forward, backward, AdamW) of each strategy of :mod:`launch.examples.gpt_strategies` on the
+mesh (``D x T``: ``D`` data-parallel groups of ``T`` ranks, e.g. 64 nodes of 8; see
+:func:`launch.examples.gpt_predict.layout` for how each strategy uses it; a strategy the
+model's sizes do not allow is listed with the reason) with
+:func:`launch.examples.gpt_predict.predict`: per-rank peak memory, the collectives' bytes
+per step by kind, the step time (``--calibration FILE``, default built-in constants), and
+the search's choice: the fastest strategy whose predicted peak fits ``--memory-budget``
+(default 80GB; ``GB`` 1e9 bytes, ``GiB`` 2**30, or bytes). ``--batch``: the global batch in
+sequences (default: one per rank of the mesh); ``--dtype bfloat16`` computes in bfloat16
+(FSDP: float32 master weights and reductions). Output: JSON, then a table.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import sys
 import time
+from collections.abc import Sequence
+from typing import Any
 
 # Run as a script, this file's folder is sys.path[0], where the sibling benchmark
 # ``redistribute.py`` would shadow the ``redistribute`` package.
@@ -35,6 +53,7 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
 import dtensor as dt
 from launch.bench._common import Progress, bench_args, emit, environment, table
 from launch.examples import _training as T
+from launch.examples.gpt_strategies import STRATEGIES
 from placements.types import placement_list
 
 MODELS = {
@@ -123,14 +142,125 @@ def report(doc: dict) -> str:
     return out
 
 
+_UNITS = {"kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10, "mib": 2**20,
+          "gib": 2**30, "tib": 2**40, "b": 1}
+
+
+def parse_bytes(text: str) -> int:
+    """``"80GB"`` (1e9), ``"80GiB"`` (2**30), ``"1e9"`` (bytes) as bytes. **Local**."""
+    t = text.strip().lower()
+    for unit in sorted(_UNITS, key=len, reverse=True):
+        if t.endswith(unit):
+            return int(float(t[: -len(unit)]) * _UNITS[unit])
+    return int(float(t))
+
+
+def parse_mesh(text: str) -> tuple[int, ...]:
+    """``"64x8"`` as ``(64, 8)``. **Local**."""
+    try:
+        shape = tuple(int(v) for v in text.lower().split("x"))
+    except ValueError:
+        shape = ()
+    if not shape or len(shape) > 2 or min(shape) < 1:
+        raise SystemExit(f"abstract_plan: --mesh {text!r} is not D or DxT (e.g. 64x8)")
+    return shape
+
+
+def plan_gpt(model: str, mesh: tuple[int, ...], batch: int, budget: int, dtype: Any = None,
+             calibration: Any = None, strategies: Sequence[str] = STRATEGIES,
+             progress: Any = None) -> dict:
+    """Predict each strategy's training step of GPT ``model`` on ``mesh`` and choose the
+    fastest whose predicted peak fits ``budget`` bytes per rank. **Local**.
+
+    Returns ``{"strategies": {name: StepPrediction.to_dict() | {"error": why}},
+    "choice": name or None, "seconds": ...}``.
+    """
+    from launch.examples.gpt_predict import CONFIGS, predict  # lazy: only this mode needs it
+
+    cfg = CONFIGS[model]
+    start = time.perf_counter()
+    rows: dict[str, dict] = {}
+    for name in strategies:
+        t0 = time.perf_counter()
+        try:
+            p = predict(cfg, name, mesh, batch, dtype=dtype, calibration=calibration)
+        except ValueError as e:
+            rows[name] = {"error": str(e)}
+            if progress is not None:
+                progress(f"{name}: n/a")
+            continue
+        row = p.to_dict()
+        row["fits"] = p.peak_bytes <= budget
+        row["predict_s"] = round(time.perf_counter() - t0, 3)
+        rows[name] = row
+        if progress is not None:
+            progress(f"{name}: peak {p.peak_bytes / 2**30:.2f} GiB, step {p.time_s:.3g} s")
+    fitting = [n for n, r in rows.items() if r.get("fits")]
+    choice = min(fitting, key=lambda n: rows[n]["time_s"]) if fitting else None
+    return {"strategies": rows, "choice": choice,
+            "seconds": round(time.perf_counter() - start, 2)}
+
+
+def gpt_report(doc: dict) -> str:
+    """The GPT's predictions as a table, and the choice. **Local**."""
+    g = 2**30
+    rows, notes = [], []
+    for name, r in doc["strategies"].items():
+        if "error" in r:
+            notes.append(f"{name}: n/a ({r['error']})")
+            continue
+        kinds = r["comm_bytes"]
+        rows.append((name, r["ranks"], r["local_batch"], f"{r['peak_bytes'] / g:.2f}",
+                     r["fits"], f"{r['state_bytes'] / g:.3f}", f"{r['activation_bytes'] / g:.2f}",
+                     f"{r['comm_total_bytes'] / g:.3f}",
+                     *(f"{kinds.get(k, 0) / g:.3f}" for k in (
+                         "all_gather", "reduce_scatter", "all_reduce", "all_to_all")),
+                     f"{r['time_s']:.3f}", f"{r['exposed_comm_s']:.3f}"))
+    notes.append(f"choice: {doc['choice'] or 'none fits'} (the fastest predicted step within "
+                 f"the budget); {doc['seconds']:.1f} s for the predictions")
+    title = (f"GPT {doc['model']} on a {'x'.join(map(str, doc['mesh']))} mesh, batch "
+             f"{doc['batch']} sequences, {doc['dtype']}, budget "
+             f"{doc['memory_budget'] / 1e9:g} GB per rank (GiB, seconds)")
+    return table(("strategy", "ranks", "seq/rank", "peak", "fits", "state", "act", "comm",
+                  "AG", "RS", "AR", "A2A", "step s", "exposed s"), rows, title=title,
+                 notes=notes, align="lrrrlrrrrrrrrr")
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Time the traces (and with ``--auto`` the searches) and print the JSON and the tables.
-    **Local**."""
+    """Time the traces (and with ``--auto`` the searches) and print the JSON and the tables;
+    with ``--model``, predict the GPT's strategies and choose one. **Local**."""
     args = bench_args(
         __doc__.splitlines()[0], argv,
         auto={"action": "store_true", "help": "also time auto_shard on the (64, 8) mesh"},
         models={"default": ",".join(MODELS), "help": "comma-separated model names"},
+        model={"help": "a GPT of launch.examples.gpt_predict.CONFIGS (gpt2-124m, gpt-1.3b, "
+                       "tiny, small): predict its strategies instead"},
+        mesh={"default": "64x8", "help": "the GPT's mesh, D or DxT"},
+        batch={"type": int, "help": "the GPT's global batch (default: one per rank)"},
+        memory_budget={"default": "80GB", "help": "per-rank bytes (80GB, 80GiB, bytes)"},
+        dtype={"default": "float32", "choices": ("float32", "bfloat16")},
+        calibration={"help": "a calibration JSON file (default: built-in constants)"},
+        strategies={"default": ",".join(STRATEGIES), "help": "the GPT's strategies"},
     )
+    if args.model is not None:
+        from launch.examples.gpt_predict import CONFIGS  # lazy: only this mode needs it
+
+        if args.model not in CONFIGS:
+            raise SystemExit(f"abstract_plan: unknown --model {args.model!r}; choose from "
+                             f"{list(CONFIGS)}")
+        mesh = parse_mesh(args.mesh)
+        batch = args.batch or math.prod(mesh)
+        budget = parse_bytes(args.memory_budget)
+        cal = dt.autoshard.load_calibration(args.calibration) if args.calibration else None
+        dtype = dt.bfloat16 if args.dtype == "bfloat16" else None
+        strategies = args.strategies.split(",")
+        progress = Progress("abstract_plan", len(strategies), enabled=not args.quiet)
+        doc = {"benchmark": "abstract_plan", "model": args.model, "mesh": list(mesh),
+               "batch": batch, "dtype": args.dtype, "memory_budget": budget,
+               **plan_gpt(args.model, mesh, batch, budget, dtype, cal, strategies, progress),
+               "environment": environment()}
+        emit(doc, args.out, gpt_report(doc))
+        return
     names = args.models.split(",")
     unknown = sorted(set(names) - set(MODELS))
     if unknown:

@@ -70,7 +70,12 @@ backward, the end of backward). A flattened data-parallel mesh (all ranks of an
 
 Limits: kernels' internal scratch buffers, the allocator's rounding and its small requests
 (below ``DTENSOR_POOL_MIN_BYTES``, which the allocator does not count) are not modelled;
-a reshape that copies counts as a view (its input's block stays instead).
+a reshape that copies counts as a view (its input's block stays instead). Outputs that a
+kernel has numpy allocate outside the pool (``masked_fill``'s; on the Python path also
+``layer_norm``'s and others) are counted here but not by ``dt.memory_stats()``: there the
+prediction lies above the allocator's figure (a few percent on the fast path, up to about
+20 % on the Python path). Kernel-internal collectives (a class-sharded loss's all-reduces)
+are counted in the bytes but not priced in the time.
 """
 
 from __future__ import annotations
@@ -196,7 +201,8 @@ class StepPrediction:
 
     Time (seconds): ``time_s`` the step; ``compute_s`` its kernels and per-entry costs;
     ``comm_s`` every collective's cost-model time; ``exposed_comm_s`` the part of it the
-    step waits for (``time_s - compute_s``); ``flops`` the matmul FLOPs of the rank.
+    step waits for (``time_s - compute_s``); ``flops`` the matmul-class work of the rank as
+    the calibration prices it (``2 x output x K`` per product).
     """
 
     strategy: str

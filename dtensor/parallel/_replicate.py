@@ -93,7 +93,8 @@ def _reduce_dtype(dtype: np.dtype) -> np.dtype:
     """The dtype a bucket of ``dtype`` gradients is summed in: float32 for the dtypes MPI
     has no datatype for (bfloat16), else the gradients' own."""
     dtype = np.dtype(dtype)
-    return dtype if dtype.isbuiltin else np.dtype(np.float32)
+    # isbuiltin: 1 for numpy's own types, 2 for registered ones such as ml_dtypes' bfloat16
+    return dtype if dtype.isbuiltin == 1 else np.dtype(np.float32)
 
 
 class _Bucket:

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from dtensor.parallel._replicate import _bucket_plan
+import dtensor as dt
+from dtensor.parallel._replicate import _bucket_plan, _reduce_dtype
 
 F32, F64 = np.dtype(np.float32), np.dtype(np.float64)
 
@@ -51,3 +52,12 @@ def test_the_first_bucket_has_a_cap_of_its_own():
     assert _bucket_plan(SIZES, 1 << 30, 4000) == [[4], [3, 2, 1, 0]]
     assert _bucket_plan(SIZES, 1 << 30, 0) == [[4], [3, 2, 1, 0]]
     assert _bucket_plan(SIZES, 1 << 30, 1 << 30) == [[4, 3, 2, 1, 0]]
+
+
+def test_buckets_of_bfloat16_sum_in_float32():
+    """MPI has no bfloat16: its buckets are float32 (ml_dtypes' type is a registered one,
+    ``isbuiltin == 2``); numpy's own floating types keep their dtype."""
+    assert _reduce_dtype(np.dtype(dt.bfloat16)) == F32
+    for dtype in (F32, F64, np.dtype(np.float16)):
+        assert _reduce_dtype(dtype) == dtype
+

@@ -96,7 +96,7 @@ from dtensor.autoshard import Calibration
 from dtensor.autoshard._calibrate import op_class, op_work
 from dtensor.dispatch import dispatcher as _dispatcher
 from dtensor.local.dtypes import to_dtype
-from dtensor.parallel._replicate import _bucket_plan
+from dtensor.parallel._replicate import _bucket_plan, _reduce_dtype
 from launch.examples.gpt import GPT, GPTConfig
 from launch.examples.gpt import batch as make_batch
 from launch.examples.gpt_strategies import STRATEGIES, build
@@ -644,8 +644,7 @@ def _replicate(model: GPT, em: _Emulation, lay: Layout) -> None:
     plan = _bucket_plan(params, 25 * 2**20, 2**20)
     where, sizes = {}, []
     for k, members in enumerate(plan):
-        dtype = np.dtype(params[members[0]].dtype)
-        isz = dtype.itemsize if dtype.isbuiltin else 4  # buckets of bfloat16 sum in float32
+        isz = _reduce_dtype(params[members[0]].dtype).itemsize  # bfloat16 sums in float32
         sizes.append((sum(params[i].numel() for i in members) + len(members)) * isz)
         for i in members:
             where[id(params[i])] = k

@@ -40,11 +40,13 @@ from typing import Any
 
 from placements.errors import ConfigError
 from placements.layout import max_local_shape
+from placements.meta import BFLOAT16, FLOAT32
 from placements.spec import DTensorSpec
 from placements.types import Placement
 
 __all__ = [
     "COMM_KINDS",
+    "WIDENED",
     "CostModel",
     "block_bytes",
     "buffer_bytes",
@@ -56,6 +58,10 @@ __all__ = [
     "transfer_bytes",
     "transfer_cost",
 ]
+
+#: dtype -> the dtype its reductions run in: MPI has no bfloat16 datatype (moves are bytes
+#: and need none), so its data is widened to float32, reduced, and rounded once on return.
+WIDENED = {BFLOAT16: FLOAT32}
 
 #: Collective kinds a cost model prices (the ``kind`` of the communicating steps).
 COMM_KINDS: tuple[str, ...] = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
@@ -369,13 +375,16 @@ def buffer_bytes(step: Any, spec: DTensorSpec) -> int:
 
     This is what :class:`dtensor.debug.CommDebugMode` counts for the collective (the
     gathered output of an all-gather, the input of a reduce-scatter, the block of an
-    all-reduce, the larger side of an all-to-all), so a plan shown by ``explain`` and the
-    record of running it agree. :func:`step_bytes` is the traffic the cost model prices.
-    0 for steps without communication.
+    all-reduce, the larger side of an all-to-all; a reduction of a dtype of
+    :data:`WIDENED` in the widened dtype, as the executor runs it), so a plan shown by
+    ``explain`` and the record of running it agree. :func:`step_bytes` is the traffic the
+    cost model prices. 0 for steps without communication.
     """
     if not step.communicates:
         return 0
-    return max(block_bytes(spec, step.before), block_bytes(spec, step.after))
+    nbytes = max(block_bytes(spec, step.before), block_bytes(spec, step.after))
+    wide = WIDENED.get(spec.dtype) if hasattr(step, "reduce_op") else None
+    return nbytes if wide is None else nbytes // spec.dtype.itemsize * wide.itemsize
 
 
 def step_cost(step: Any, spec: DTensorSpec, cost_model: CostModel | None = None) -> float:

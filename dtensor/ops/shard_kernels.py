@@ -55,6 +55,7 @@ from placements.index_meta import (
 from placements.layout import local_offsets, local_shape, local_slices
 from placements.meta import norm_dim, norm_dims, squeeze_dims
 from placements.rules import OpSchema, OpStrategy
+from redistribute.cost import WIDENED
 
 from ..local import kernels as _math
 from ..local import rng as _random
@@ -321,7 +322,7 @@ def class_shard_reductions(schema: OpSchema, strategy: OpStrategy,
                            label_smoothing: float = 0.0) -> list[tuple[int, int]]:
     """``(mesh dim, bytes)`` of each all-reduce that the kernel of
     :func:`class_sharded_local` runs on this coordinate, in order: the per-row maximum (the
-    input's dtype), then the per-row sums (one stacked array in the accumulation dtype:
+    input's dtype, bfloat16 widened to float32 as the reduction runs), then the per-row sums (one stacked array in the accumulation dtype:
     softmax's sum; cross_entropy's sum and picked logit, with the smoothing sum when
     ``label_smoothing``, or the three sums of probability targets). Empty when the class
     dim is not sharded. What an abstract mesh reports for the kernel. **Local**."""
@@ -345,7 +346,8 @@ def class_shard_reductions(schema: OpSchema, strategy: OpStrategy,
         target = schema.args[1]
         floating = np.dtype(target.dtype).kind in "fc"
         parts = 3 if floating or label_smoothing else 2
-    out = [(m, rows * dtype.itemsize) for m in dims]
+    wide = WIDENED.get(dtype, dtype)  # a bfloat16 maximum reduces widened to float32
+    out = [(m, rows * wide.itemsize) for m in dims]
     return out + [(m, parts * rows * acc.itemsize) for m in dims]
 
 

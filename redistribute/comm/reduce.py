@@ -3,7 +3,8 @@
 
 This module owns :data:`REDUCE_OPS`, :func:`reduction` (checked and cached per (dtype, op)
 in the ``redistribute.reductions`` cache), the NaN-propagating max/min ops of floating
-data, and :data:`WIDENED`: the dtypes MPI has no datatype for (ml_dtypes' ``bfloat16``),
+data, and :data:`WIDENED` (defined in :mod:`redistribute.cost`, which counts the bytes of
+such reductions widened): the dtypes MPI has no datatype for (ml_dtypes' ``bfloat16``),
 which reduce as a wider dtype (float32) and are rounded once at the end.
 
 Note: bfloat16 reductions widen to float32 rather than run a user-defined MPI op on 2-byte
@@ -28,17 +29,14 @@ from mpi4py import MPI
 
 from placements.cache import LRUCache
 from placements.errors import DTypeError
-from placements.meta import BFLOAT16, FLOAT32
 
+from ..cost import WIDENED
 from .hooks import render
 
 __all__ = ["REDUCE_OPS", "WIDENED", "reduction"]
 
 REDUCE_OPS = ("sum", "avg", "max", "min", "prod")
 
-#: dtype -> the dtype its reductions run in: MPI has no bfloat16 datatype (moves are bytes
-#: and need none), so its data is widened to float32, reduced, and rounded once on return.
-WIDENED = {BFLOAT16: FLOAT32}
 
 _MPI_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD}
 # Note: on bool data, sum and max are logical or, prod and min logical and (PyTorch and

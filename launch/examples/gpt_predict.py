@@ -101,7 +101,7 @@ from launch.examples.gpt import GPT, GPTConfig
 from launch.examples.gpt import batch as make_batch
 from launch.examples.gpt_strategies import STRATEGIES, build
 from redistribute.comm import notify
-from redistribute.cost import default_cost_model, transfer_bytes, transfer_cost
+from redistribute.cost import WIDENED, default_cost_model, transfer_bytes, transfer_cost
 
 __all__ = ["CONFIGS", "Layout", "StepPrediction", "layout", "measure", "predict"]
 
@@ -328,6 +328,12 @@ def _nbytes(t: Any) -> int:
     return math.prod(t._local.shape) * np.dtype(t.dtype).itemsize
 
 
+def _reduced_bytes(t: Any) -> int:
+    """The bytes a reduction of ``t`` reports: bfloat16 reduces widened to float32."""
+    dtype = np.dtype(t.dtype)
+    return _nbytes(t) // dtype.itemsize * WIDENED.get(dtype, dtype).itemsize
+
+
 # -- tensor parallelism: each rank's local program -------------------------------------------
 class _Through(dt.autograd.Function):
     """Forward: ``fwd(x)``; backward: ``bwd(g)`` (the collectives of a TP hook)."""
@@ -356,14 +362,14 @@ class _TP:
     def all_reduce_fwd(self, x: Any) -> Any:  # P -> R of a rowwise output
         def fwd(y: Any) -> Any:
             out = _alloc(y.shape, y.dtype)
-            self.em.comm("all_reduce", _nbytes(y), self.k, self.dim, moves=True)
+            self.em.comm("all_reduce", _reduced_bytes(y), self.k, self.dim, moves=True)
             return out
         return _Through.apply(x, fwd, _same)
 
     def all_reduce_bwd(self, x: Any) -> Any:  # a colwise input (or an SP norm parameter)
         def bwd(g: Any) -> Any:
             out = _alloc(g.shape, g.dtype)
-            self.em.comm("all_reduce", _nbytes(g), self.k, self.dim, moves=True)
+            self.em.comm("all_reduce", _reduced_bytes(g), self.k, self.dim, moves=True)
             return out
         return _Through.apply(x, _same, bwd)
 
@@ -376,7 +382,7 @@ class _TP:
     def _scatter(self, x: Any) -> Any:  # P -> S(1): a new buffer of the shard
         b, s, d = x.shape
         out = _alloc((b, s // self.k, d), x.dtype)
-        self.em.comm("reduce_scatter", _nbytes(x), self.k, self.dim, moves=True)
+        self.em.comm("reduce_scatter", _reduced_bytes(x), self.k, self.dim, moves=True)
         return out
 
     def _chunk(self, x: Any) -> Any:  # R -> S(1) without communication: a view

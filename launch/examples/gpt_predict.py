@@ -86,7 +86,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -202,7 +202,8 @@ class StepPrediction:
     Time (seconds): ``time_s`` the step; ``compute_s`` its kernels and per-entry costs;
     ``comm_s`` every collective's cost-model time; ``exposed_comm_s`` the part of it the
     step waits for (``time_s - compute_s``); ``flops`` the matmul-class work of the rank as
-    the calibration prices it (``2 x output x K`` per product).
+    the calibration prices it (``2 x output x K`` per product); ``ops_traced`` the entries
+    of the traced step.
     """
 
     strategy: str
@@ -227,7 +228,6 @@ class StepPrediction:
     exposed_comm_s: float
     flops: float
     ops_traced: int = 0
-    notes: tuple[str, ...] = field(default_factory=tuple)
 
     @property
     def state_bytes(self) -> int:
@@ -242,7 +242,6 @@ class StepPrediction:
         """A JSON-ready dict of every field (and ``state_bytes``, ``comm_total_bytes``)."""
         d = asdict(self)
         d["mesh_shape"] = list(self.mesh_shape)
-        d["notes"] = list(self.notes)
         d["state_bytes"] = self.state_bytes
         d["comm_total_bytes"] = self.comm_total_bytes
         return d

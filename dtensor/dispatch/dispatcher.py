@@ -49,8 +49,6 @@ from placements.meta import dtype_kind
 from placements.rules import ArgMeta, OpSchema, OpStrategy, propagate
 from placements.spec import DTensorSpec
 from placements.types import placement_list
-from redistribute.comm import HOOKS as _comm_hooks
-from redistribute.comm import notify as _comm_notify
 from redistribute.cost import default_cost_model
 from redistribute.execute import execute as _execute
 from redistribute.plan import plan as _plan
@@ -61,7 +59,7 @@ from ..distributed.dtensor import DTensor, allocator_for
 from ..local import dtypes as _dtypes
 from ..local.kernels.base import quiet_call
 from ..local.tensor import Tensor, wrap_array
-from ..ops.shard_kernels import class_shard_reductions, kernel_op
+from ..ops.shard_kernels import kernel_op
 from ..ops.table import MOVES_ONLY, OpInfo
 
 __all__ = [
@@ -894,27 +892,13 @@ def run_entry(entry: CacheEntry, values: list, mesh: object) -> object:
     return wrap_outputs(out, entry.out_specs)
 
 
-#: Ops whose class-sharded kernels all-reduce (:func:`~dtensor.ops.shard_kernels.class_sharded_local`).
-_CLASS_SHARDED = frozenset(("cross_entropy", "softmax", "log_softmax"))
-
-
 def _run_abstract(entry: CacheEntry, values: list) -> object:
-    """Run an entry of an abstract mesh (no kernel, no collective) while naming its op; the
-    all-reduces a class-sharded kernel would run are reported as the kernel reports them."""
+    """Run an entry of an abstract mesh (no kernel, no collective) while naming its op."""
     global _current_op
     prev = _current_op
     _current_op = entry.name
     try:
-        out = entry.abstract(entry, entry.arguments(values))
-        if entry.name in _CLASS_SHARDED and _comm_hooks.observers:
-            smoothing = 0.0
-            if entry.name == "cross_entropy":
-                b = _BINDERS.get(entry.name)
-                smoothing = values[b.index["label_smoothing"]] if b is not None else 0.0
-            mesh = entry.out_specs[0].mesh
-            for m, nbytes in class_shard_reductions(entry.schema, entry.strategy, smoothing):
-                _comm_notify("all_reduce", nbytes, mesh.get_group(m))
-        return out
+        return entry.abstract(entry, entry.arguments(values))
     finally:
         _current_op = prev
 

@@ -54,7 +54,7 @@ from placements.errors import MeshError, MetadataOnlyError
 from placements.spec import DTensorSpec, check_partial_dtype
 from placements.types import placement_list
 from redistribute import comm as _comm
-from redistribute.cost import buffer_bytes
+from redistribute.cost import WIDENED, buffer_bytes
 
 from ..local import dtypes as _dtypes
 from ..local.kernels.index import KthvalueResult, SortResult, TopkResult
@@ -611,13 +611,15 @@ def run_plan(steps: Sequence, spec: DTensorSpec) -> _Block | None:
 def _kernel_collectives(entry: object) -> None:
     """Report the all-reduces the chosen strategy's kernel runs itself (its candidates that
     say :attr:`placements.rules.Candidate.collective`: a vocab-parallel loss, a mean loss's
-    denominator) as the real kernel's collectives report them. **Local**."""
+    denominator) as the real kernel's collectives report them (a bfloat16 reduction widened
+    to float32, as it runs). **Local**."""
     considered = entry.strategy.candidates_considered
     if not considered:
         return
     spec = entry.out_specs[0]
     groups = spec.mesh._dim_comms
-    itemsize = np.dtype(spec.dtype).itemsize
+    dtype = np.dtype(spec.dtype)
+    itemsize = WIDENED.get(dtype, dtype).itemsize
     for m, c in enumerate(considered[-1][0]):  # the chosen combination: the last best found
         if c.collective and spec.mesh_shape[m] > 1:
             for n in c.reduces:

@@ -55,7 +55,6 @@ from placements.index_meta import (
 from placements.layout import local_offsets, local_shape, local_slices
 from placements.meta import norm_dim, norm_dims, squeeze_dims
 from placements.rules import OpSchema, OpStrategy
-from redistribute.cost import WIDENED
 
 from ..local import kernels as _math
 from ..local import rng as _random
@@ -316,39 +315,6 @@ def class_sharded_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
         return _math_nn.sharded_softmax(input, dim, dtype, take_log, shard)
 
     return local
-
-
-def class_shard_reductions(schema: OpSchema, strategy: OpStrategy,
-                           label_smoothing: float = 0.0) -> list[tuple[int, int]]:
-    """``(mesh dim, bytes)`` of each all-reduce that the kernel of
-    :func:`class_sharded_local` runs on this coordinate, in order: the per-row maximum (the
-    input's dtype, bfloat16 widened to float32 as the reduction runs), then the per-row sums (one stacked array in the accumulation dtype:
-    softmax's sum; cross_entropy's sum and picked logit, with the smoothing sum when
-    ``label_smoothing``, or the three sums of probability targets). Empty when the class
-    dim is not sharded. What an abstract mesh reports for the kernel. **Local**."""
-    meta = schema.args[0]
-    shape = meta.shape
-    if schema.op == "cross_entropy":
-        d = 1 if len(shape) >= 2 else 0
-        dtype = np.dtype(meta.dtype)
-    else:
-        d = norm_dim(schema.get("dim"), len(shape), schema.op) if shape else 0
-        dtype = np.dtype(schema.get("dtype") or meta.dtype)
-    pl = strategy.input_placements[0]
-    dims = [m for m, p in enumerate(pl) if p.is_shard(d) and schema.mesh_shape[m] > 1]
-    if not dims:
-        return []
-    block = local_shape(shape, schema.mesh_shape, pl, _coord(strategy))
-    rows = math.prod(block[:d]) * math.prod(block[d + 1:]) if block else 1
-    acc = np.dtype(_math_nn.acc_dtype(dtype))
-    parts = 1
-    if schema.op == "cross_entropy":
-        target = schema.args[1]
-        floating = np.dtype(target.dtype).kind in "fc"
-        parts = 3 if floating or label_smoothing else 2
-    wide = WIDENED.get(dtype, dtype)  # a bfloat16 maximum reduces widened to float32
-    out = [(m, rows * wide.itemsize) for m in dims]
-    return out + [(m, parts * rows * acc.itemsize) for m in dims]
 
 
 def dropout_local(schema: OpSchema, strategy: OpStrategy) -> Callable:

@@ -254,20 +254,20 @@ def test_abstract_memory_frees_what_the_real_allocator_frees():
 def test_class_sharded_losses_report_the_all_reduces_of_their_kernels():
     """Cross entropy and softmax over a sharded class dim all-reduce the per-row maximum and
     sums inside their kernel: on an abstract mesh those collectives are reported with the
-    bytes the kernel's arrays have (rows x the input's itemsize, then the stacked sums)."""
+    bytes the kernel's arrays have (a float per row, then the stacked sums; bfloat16
+    reductions widened to float32, as they run)."""
     mesh = dt.AbstractMesh((2, 2))
-    logits = dt.abstract_tensor((6, 10), mesh, [R, S(1)], requires_grad=True)
     target = dt.abstract_tensor((6,), mesh, [R, R], dtype="int64")
-    with dt.loss_parallel(), dt.debug.CommDebugMode() as mode:
-        dt.nn.functional.cross_entropy(logits, target)
-        dt.nn.functional.cross_entropy(logits, target, label_smoothing=0.1)
-        logits.softmax(-1)
-    got = [(r.op, r.kind, r.mesh_dim, r.nbytes) for r in mode.records]
-    rows = 6 * 4  # one float32 per row
-    assert got == [
-        ("cross_entropy", "all_reduce", 1, rows), ("cross_entropy", "all_reduce", 1, 2 * rows),
-        ("cross_entropy", "all_reduce", 1, rows), ("cross_entropy", "all_reduce", 1, 3 * rows),
-        ("softmax", "all_reduce", 1, rows), ("softmax", "all_reduce", 1, rows)]
+    rows = 6 * 4
+    for dtype in (dt.float32, dt.bfloat16):
+        logits = dt.abstract_tensor((6, 10), mesh, [R, S(1)], dtype=dtype, requires_grad=True)
+        with dt.loss_parallel(), dt.debug.CommDebugMode() as mode:
+            dt.nn.functional.cross_entropy(logits, target)
+            logits.softmax(-1)
+        got = [(r.op, r.kind, r.mesh_dim, r.nbytes) for r in mode.records]
+        assert got == [
+            ("cross_entropy", "all_reduce", 1, rows), ("cross_entropy", "all_reduce", 1, 2 * rows),
+            ("softmax", "all_reduce", 1, rows), ("softmax", "all_reduce", 1, rows)], dtype
     with dt.debug.CommDebugMode() as mode:  # the class dim whole: no kernel all-reduce
         dt.nn.functional.cross_entropy(dt.abstract_tensor((6, 10), mesh, [S(0), R]), target)
     assert "all_reduce" not in mode.get_comm_counts()

@@ -238,7 +238,8 @@ def main(argv: list[str] | None = None) -> None:
         mesh={"default": "64x8", "help": "the GPT's mesh, D or DxT"},
         batch={"type": int, "help": "the GPT's global batch (default: one per rank)"},
         memory_budget={"default": "80GB", "help": "per-rank bytes (80GB, 80GiB, bytes)"},
-        dtype={"default": "float32", "choices": ("float32", "bfloat16")},
+        dtype={"default": "float32", "choices": ("float32", "bfloat16"),
+               "help": "compute dtype (FSDP: float32 master weights and reductions)"},
         calibration={"help": "a calibration JSON file (default: built-in constants)"},
         strategies={"default": ",".join(STRATEGIES), "help": "the GPT's strategies"},
     )

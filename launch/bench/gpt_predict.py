@@ -100,7 +100,8 @@ def main(argv: list[str] | None = None) -> None:
         models={"default": "tiny,small", "help": "comma-separated names of CONFIGS"},
         batch={"type": int, "default": 8, "help": "global batch in sequences"},
         strategies={"default": ",".join(STRATEGIES), "help": "comma-separated strategies"},
-        dtype={"default": "float32", "choices": ("float32", "bfloat16")},
+        dtype={"default": "float32", "choices": ("float32", "bfloat16"),
+               "help": "compute dtype (FSDP: float32 master weights and reductions)"},
         calibration={"help": "a calibration JSON file (default: built-in constants)"},
     )
     world = MPI.COMM_WORLD

@@ -2,7 +2,7 @@
 ranks: for every strategy that runs at this world size, the predicted collectives (count
 and bytes per kind) equal ``CommDebugMode``'s, the predicted per-rank peak of
 ``dt.memory_stats()`` is within 10 % (FSDP) or 15 % (the others) of the measured one, the
-model state within 2 %; and FSDP's measured model state is at most ``1 / world + 0.1`` of
+model state within 2 % (and the allocator's rounding of its blocks); and FSDP's measured model state is at most ``1 / world + 0.1`` of
 DTensor data parallelism's (0.6 at 2 ranks).
 
 On the Python path (``DTENSOR_FASTPATH=0``) some kernels return arrays that numpy allocates
@@ -27,6 +27,9 @@ CFG = GPTConfig(vocab_size=256, block_size=48, n_layer=2, n_head=12, d_model=96,
 BATCH = 12  # splits over 1, 2, 3 and 4 data-parallel ranks
 HERE = [s for s in STRATEGIES if supported(s, WORLD.size)]
 FAST = dt.debug.fastpath_status()["active"]  # the kernels whose outputs the allocator counts
+#: The allocator's rounding of each block to 512 bytes (every block, under the test runner's
+#: DTENSOR_POOL_MIN_BYTES=1): a bound for the 4 state blocks of each of the ~24 parameters.
+ROUNDING = 4 * 32 * 512
 
 
 def _mesh(name):
@@ -43,7 +46,7 @@ def test_predicted_step_matches_the_measured_one(name):
     tolerance = (0.10 if name in FSDP else 0.15) if FAST else 0.30
     assert abs(p.peak_bytes - m["peak_bytes"]) <= tolerance * m["peak_bytes"], (
         p.peak_bytes, m["peak_bytes"])
-    assert abs(p.state_bytes - m["state_bytes"]) <= 0.02 * m["state_bytes"], (
+    assert abs(p.state_bytes - m["state_bytes"]) <= 0.02 * m["state_bytes"] + ROUNDING, (
         p.state_bytes, m["state_bytes"])
 
 
@@ -67,5 +70,5 @@ def test_bfloat16_collectives_and_state_match(name):
     m = measure(CFG, name, BATCH, dtype=dt.bfloat16)
     assert p.comm_counts == m["comm_counts"]
     assert p.comm_bytes == m["comm_bytes"]
-    assert abs(p.state_bytes - m["state_bytes"]) <= 0.02 * m["state_bytes"], (
+    assert abs(p.state_bytes - m["state_bytes"]) <= 0.02 * m["state_bytes"] + ROUNDING, (
         p.state_bytes, m["state_bytes"])

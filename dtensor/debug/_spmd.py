@@ -61,6 +61,10 @@ def check_spmd(enabled: bool = True) -> Iterator[None]:
     ...     y = (x @ w).sum()
     """
     prev = _comm.set_check_spmd(enabled)
+    # calls served by the compiled front skip the dispatcher's checks that the SPMD check
+    # adds (every index of x[idx] compared across ranks): it starts again from the
+    # propagation cache
+    _dispatch.drop_front_entries()
     try:
         yield
     except BaseException as exc:

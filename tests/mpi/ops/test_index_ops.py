@@ -9,7 +9,7 @@ import pytest
 from mpi4py import MPI
 
 import dtensor as dt
-from dtensor.errors import DimError, DTypeError, ShardingError
+from dtensor.errors import CommError, DimError, DTypeError, ShardingError
 from dtensor.testing import distribute_random
 
 WORLD = MPI.COMM_WORLD
@@ -32,6 +32,13 @@ def _x(mesh, pl, seed=0):
 
 def _idx(mesh, arr, pl=(R,)):
     return dt.distribute_tensor(arr, mesh, list(pl))
+
+
+def _only_index_checks(mode, n):
+    """No data moved: only ``n`` index checks (an all-gather of a digest each, which the
+    ranks compare before indexing a sharded DTensor with an index array) when ranks > 1."""
+    assert mode.get_comm_counts() == ({"all_gather_ints": n} if WORLD.size > 1 else {}), (
+        mode.get_comm_counts())
 
 
 def _check(got, want):
@@ -249,7 +256,8 @@ def test_setitem_writes_each_ranks_part():
             want[key] = value
             assert x.placements == tuple(pl)
             _check(x, want)
-    # a scalar written into shards, and a value laid out like the kept dims: no communication
+    # a scalar written into shards, and a value laid out like the kept dims: no data moves
+    # (with more than one rank, the two index arrays are checked: one digest exchange each)
     a, x = _x(mesh, [S(0)])
     v = dt.distribute_tensor(np.ones((5, 2), np.float32), mesh, [S(0)])
     with dt.debug.CommDebugMode() as mode:
@@ -257,7 +265,7 @@ def test_setitem_writes_each_ranks_part():
         x[np.array([0, 4])] = 1.0
         x[:, 5:] = v
         x[[0, 3], [1, 2]] = 2.0
-    assert mode.get_total_counts() == 0
+    _only_index_checks(mode, 2)
     want = a.copy()
     want[1:4] = 0
     want[[0, 4]] = 1
@@ -341,13 +349,14 @@ def test_index_add_and_index_put_match_numpy():
             assert y.placements == tuple(pl)
             _check(y, want)
     # the indexed dims sharded, source and value replicated: each shard writes its block's
-    # entries, nothing moves
+    # entries, no data moves (with more than one rank, index_put's indices are checked)
     a, x = _x(mesh, [S(0)])
     idx, src = _idx(mesh, np.array([4, 0, 4])), _idx(mesh, np.ones((3, 7), np.float32))
     with dt.debug.CommDebugMode() as mode:
         y = dt.index_add(x, 0, idx, src)
         x.index_put_((dt.tensor([1, 3, 1]), dt.tensor([0, 6, 0])), 5.0, accumulate=True)
-    assert mode.get_total_counts() == 0 and y.placements == x.placements == (S(0),)
+    _only_index_checks(mode, 1)
+    assert y.placements == x.placements == (S(0),)
     want = a.copy()
     want[[0, 4]] += [[1], [2]]
     _check(y, want)
@@ -394,7 +403,7 @@ def test_getitem_on_a_sharded_dim_chosen_by_cost():
                 np.arange(256) % 97 == 0):
         with dt.debug.CommDebugMode() as mode:
             y = x[key]
-        assert mode.get_total_counts() == 0
+        _only_index_checks(mode, 1)
         if WORLD.size > 1:
             assert y.placements == (P("sum"),), key
         _check(y, tall[key])
@@ -435,7 +444,7 @@ def test_getitem_with_several_index_arrays_on_sharded_dims():
         for key in _multi_keys():
             with dt.debug.CommDebugMode() as mode:
                 y = x[key]
-            assert mode.get_total_counts() == 0, (pl, key)
+            _only_index_checks(mode, 1)
             if WORLD.size > 1:
                 assert P("sum") in y.placements, (pl, key)
             _check(y, tall[key])
@@ -449,3 +458,74 @@ def test_getitem_with_several_index_arrays_on_sharded_dims():
     if WORLD.size > 1:
         assert mode.get_comm_counts().get("all_gather", 0) > 0
     _check(y, small[key])
+
+
+def _per_rank(*choices):
+    """This rank's pick of ``choices`` (rank 0 the first, the others the second)."""
+    return choices[0] if WORLD.rank == 0 else choices[1]
+
+
+def _divergent_calls(mesh, x):
+    """Index calls whose index differs between rank 0 and the others, one per case."""
+    rows = SHAPE[0]
+    same_len = _per_rank([0, 3], [1, 4])
+    mask = np.zeros(rows, bool)
+    mask[_per_rank([0, 1], [2, 3])] = True
+    longer = _per_rank([0, 1], [0, 1, 2])
+    values = dt.distribute_tensor(np.ones(2, np.float32), mesh, [R])
+
+    def put():
+        x.index_put_((dt.tensor(np.array(same_len)),), values)
+
+    return {
+        "read, same length": lambda: x[same_len],
+        "read, other lengths": lambda: x[longer],
+        "read, mask": lambda: x[mask],
+        "read, tensor index": lambda: x[:, dt.tensor(np.array(_per_rank([0, 6], [6, 0])))],
+        "read, two arrays": lambda: x[same_len, [1, 2]],
+        "write, same length": lambda: x.__setitem__(same_len, 5.0),
+        "write, other lengths": lambda: x.__setitem__(longer, 5.0),
+        "write, mask": lambda: x.__setitem__(mask, 5.0),
+        "index_put_": put,
+    }
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("pl", [[S(0)], [S(1)], [P("sum")]], ids=str)
+def test_rank_divergent_index_raises_on_every_rank(pl):
+    """Each rank passing its own index gave rows that were no rank's answer (S(0) read),
+    replicas that differ after a write, or a hang (different lengths): every rank raises
+    CommError instead, before any data moves, and the next ops run as usual."""
+    mesh = _mesh()
+    a, x = _x(mesh, pl)
+    for name, call in _divergent_calls(mesh, x).items():
+        for _ in range(3):  # also once the compiled front has seen the call
+            with pytest.raises(CommError, match="passed different index arguments") as err:
+                call()
+            assert "Every rank raises" in str(err.value), name
+        _check(x, a)  # nothing was written, and the ranks are still in step
+    # the same index on every rank: served as before, repeatedly (front hits included)
+    for _ in range(3):
+        _check(x[[0, 3]], a[[0, 3]])
+        _check(x[:, np.array([6, 0])], a[:, [6, 0]])
+
+
+@pytest.mark.mpi(min_size=2)
+def test_rank_divergent_index_on_a_replicated_input_raises_under_check_spmd():
+    """On a replicated input the op is purely local: the index is compared only while the
+    SPMD check is on (where every index counts, ints and slices too)."""
+    mesh = _mesh()
+    a, x = _x(mesh, [R])
+    with dt.debug.CommDebugMode() as mode:
+        y = x[[0, 3]]
+        x[[1]] = 2.0
+    assert mode.get_total_counts() == 0 and y.placements == (R,)
+    a[[1]] = 2.0
+    _check(x, a)
+    with dt.debug.check_spmd():
+        for call in (*_divergent_calls(mesh, x).values(), lambda: x[_per_rank(0, 1)],
+                     lambda: x.__setitem__((slice(None), _per_rank(2, 3)), 1.0)):
+            with pytest.raises(CommError, match="passed different index arguments"):
+                call()
+        _check(x[[0, 3]], a[[0, 3]])
+    _check(x, a)

@@ -60,8 +60,15 @@ from ..local import dtypes as _dtypes
 from ..local.kernels.base import quiet_call
 from ..local.tensor import Tensor, wrap_array
 from ..ops.shard_kernels import kernel_op
-from ..ops.table import MOVES_ONLY, OpInfo
-from .index_args import INDEX_PARAMS, check_index_args
+from ..ops.table import MOVES_ONLY, OPS, OpInfo
+from .index_args import (
+    INDEX_PARAMS,
+    INDEX_TENSOR_PARAMS,
+    check_index_args,
+    gather_dtensor_index,
+    mask_fill,
+    replicate_local_index,
+)
 
 __all__ = [
     "CacheEntry",
@@ -530,15 +537,29 @@ def lookup(
     except _LocalOperand as e:
         if _implicit_replication and _replicate_locals(binder, values):
             return lookup(info, values, args, kwargs)
+        if name in INDEX_TENSOR_PARAMS and replicate_local_index(
+                name, values, binder.index[INDEX_TENSOR_PARAMS[name]],
+                [values[pi] for pi in binder.tensor_idx]):
+            return lookup(info, values, args, kwargs)[0], None, mesh or _mesh_of(values)
         raise _mixed_error(name, e.args[0], args or values, kwargs or {}) from None
     if mesh is None:
         params = ", ".join(binder.params[i] for i in binder.tensor_idx)
         raise DTypeError(f"{name}: no DTensor among the tensor arguments ({params})")
-    # Ranks that pass different indices would decide differently: they raise first, all of
-    # them (a checked call gets no key, so that the compiled front sends each one here).
-    checked = name in INDEX_PARAMS and check_index_args(
-        name, values[binder.index[INDEX_PARAMS[name]]],
-        [values[pi] for pi in binder.tensor_idx], mesh)
+    checked = False
+    if name in INDEX_PARAMS:
+        pos = binder.index[INDEX_PARAMS[name]]
+        if name == "setitem":  # x[mask] = scalar with a DTensor mask: masked_fill_
+            mask = mask_fill(values[0], values[pos], values[2])
+            if mask is not None:
+                values[pos] = mask
+                return lookup(OPS["masked_fill_"], values)[0], None, mesh
+        # a DTensor in the index: gathered (then the same on every rank, unchecked)
+        values[pos], checked = gather_dtensor_index(values[pos])
+        # Ranks that pass different indices would decide differently: they raise first,
+        # all of them (a checked call gets no key, so that the compiled front sends each
+        # one here).
+        checked = checked or check_index_args(
+            name, values[pos], [values[pi] for pi in binder.tensor_idx], mesh)
     # Equal meshes built separately share no entry: outputs carry the inputs' mesh object.
     # (The entry's specs keep that mesh alive, so its id cannot be reused meanwhile.)
     key.append(id(mesh))
@@ -599,6 +620,11 @@ def _freeze(v: object) -> object:
     if t is slice:
         return (slice, v.start, v.stop, v.step)
     raise _Uncacheable(v)
+
+
+def _mesh_of(values: list) -> object:
+    """The mesh of the first DTensor among ``values``."""
+    return next(v._spec.mesh for v in values if isinstance(v, DTensor))
 
 
 def _same_mesh(op: str, mesh: object, spec: DTensorSpec) -> object:

@@ -27,6 +27,19 @@ communicates:
 
 A call that is checked is never served from the compiled front's table (its key is not
 handed out), so that each call reaches the check.
+
+This module also owns the index arguments that are not static lists or arrays:
+
+- a DTensor inside the index of ``x[idx]``, ``x[idx] = value`` or ``index_put`` (a mask
+  ``x > 0``, an integer index) is gathered (its ``full_tensor()``, **Collective**, as
+  ``nonzero`` gathers) and indexes as the local tensor of its values
+  (:func:`gather_dtensor_index`); ``x[mask] = scalar`` with a bool DTensor mask over the
+  leading dims of ``x`` is ``x.masked_fill_(mask, scalar)`` instead, which moves nothing
+  when the mask is laid out like ``x`` (:func:`mask_fill`);
+- a local tensor (or ndarray) as the index of ``index_select``, ``gather``,
+  ``take_along_dim``, ``scatter(_add)(_)`` and ``index_add(_)`` on a DTensor is taken as a
+  Replicate DTensor of the same values, as ``x[idx]`` takes it, after the check above
+  (:func:`replicate_local_index`).
 """
 
 from __future__ import annotations
@@ -36,18 +49,32 @@ import numpy as np
 from placements.errors import CommError
 from placements.index_meta import index_digest
 from placements.meta import is_advanced_entry
-from placements.types import placement_list
+from placements.spec import DTensorSpec
+from placements.types import Replicate, placement_list
 from redistribute.comm import HOOKS
 
 from ..distributed.abstract import AbstractMesh
 from ..distributed.dtensor import DTensor
-from ..local.tensor import Tensor
+from ..local.tensor import Tensor, wrap_array
 
-__all__ = ["INDEX_PARAMS", "check_index_args"]
+__all__ = [
+    "INDEX_PARAMS",
+    "INDEX_TENSOR_PARAMS",
+    "check_index_args",
+    "gather_dtensor_index",
+    "mask_fill",
+    "replicate_local_index",
+]
 
 #: The ops whose index argument is checked, and the name of that parameter.
 INDEX_PARAMS = {"getitem": "idx", "setitem": "idx", "index_put": "indices",
                 "index_put_": "indices"}
+#: The ops whose index is a tensor parameter that may be a local tensor (replicated).
+INDEX_TENSOR_PARAMS = {
+    "index_select": "index", "gather": "index", "take_along_dim": "indices",
+    "scatter": "index", "scatter_": "index", "scatter_add": "index", "scatter_add_": "index",
+    "index_add": "index", "index_add_": "index",
+}
 
 
 def _host_array(v: object) -> np.ndarray | None:
@@ -130,3 +157,62 @@ def check_index_args(op: str, index: object, args: list, mesh: object) -> bool:
         "pass alike (SPMD); a per-rank selection is x.to_local()[idx] on the local tensor, "
         "or an index that is itself a DTensor. Every rank raises."
     )
+
+
+def _has_dtensor(index: object) -> bool:
+    t = type(index)
+    if t is tuple or t is list:
+        return any(_has_dtensor(e) for e in index)  # type: ignore[attr-defined]
+    return isinstance(index, DTensor)
+
+
+def gather_dtensor_index(index: object) -> tuple[object, bool]:
+    """``(index, gathered)``: ``index`` with each DTensor in it replaced by the local tensor
+    of its global values (``full_tensor()``), and whether it held one. **Collective** over
+    the DTensors' meshes when it does (in the order they appear), Local otherwise."""
+    if not _has_dtensor(index):
+        return index, False
+
+    def whole(v: object) -> object:
+        t = type(v)
+        if t is tuple or t is list:
+            return t(whole(e) for e in v)  # type: ignore[attr-defined]
+        return v.full_tensor() if isinstance(v, DTensor) else v
+
+    return whole(index), True
+
+
+def mask_fill(x: object, index: object, value: object) -> DTensor | None:
+    """For ``x[index] = value``: the mask to give ``masked_fill_`` (the bool DTensor
+    ``index`` viewed with trailing size-1 dims up to ``x``'s), when ``index`` is a bool
+    DTensor over the leading dims of the DTensor ``x`` and ``value`` a python scalar or a
+    0-d tensor; None otherwise. **Local** (the view moves nothing)."""
+    if not (isinstance(index, DTensor) and isinstance(x, DTensor)) or index.dtype != np.bool_:
+        return None
+    if not (isinstance(value, (bool, int, float, np.generic)) or (
+            isinstance(value, Tensor) and value.ndim == 0)):
+        return None
+    shape, n = tuple(x.shape), index.ndim
+    if not 0 < n <= len(shape) or tuple(index.shape) != shape[:n]:
+        return None
+    return index if n == len(shape) else index.reshape(tuple(index.shape) + (1,) * (
+        len(shape) - n))
+
+
+def replicate_local_index(op: str, values: list, pos: int, args: list) -> bool:
+    """For ``op`` of :data:`INDEX_TENSOR_PARAMS` whose index (``values[pos]``) is a local
+    tensor or ndarray: check it across the mesh of the DTensors among ``args`` (see
+    :func:`check_index_args`) and replace it by a Replicate DTensor of it (no copy).
+    Returns whether it did. **Collective** when the index is checked, Local otherwise."""
+    v = values[pos]
+    if isinstance(v, np.ndarray):
+        v = wrap_array(v)
+    if not isinstance(v, Tensor) or isinstance(v, DTensor) or v.ndim == 0:
+        return False
+    mesh = next((a._spec.mesh for a in args if isinstance(a, DTensor)), None)
+    if mesh is None:
+        return False
+    check_index_args(op, v, args, mesh)
+    spec = DTensorSpec(mesh, (Replicate(),) * mesh.ndim, tuple(v.shape), v.dtype)
+    values[pos] = DTensor._make(v, spec)
+    return True

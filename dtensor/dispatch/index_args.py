@@ -134,15 +134,14 @@ def check_index_args(op: str, index: object, args: list, mesh: object) -> bool:
     if isinstance(mesh, AbstractMesh) or mesh.size() == 1:
         return False
     digest, entries = index_digest(index, _host_array)
-    comm = mesh._group_comm(tuple(range(mesh.ndim)))
-    table = comm.allgather_ints([digest, entries, mesh._world[mesh._coord]],
-                                what=(op, "index digest"))
-    if (table[:, 0] == digest).all():
+    me = int(mesh._world[mesh._coord])
+    comm = mesh._dim_comms[0] if mesh.ndim == 1 else mesh._group_comm(tuple(range(mesh.ndim)))
+    table = comm.allgather_ints([digest, entries, me], what=(op, "index digest")).tolist()
+    if all(row[0] == digest for row in table):
         return True
     rows = "; ".join(
-        f"world rank {int(w)}: digest {int(d):#018x}, {int(n)} entries"
-        + (" (this rank)" if int(w) == int(mesh._world[mesh._coord]) else "")
-        for d, n, w in table.tolist()
+        f"world rank {w}: digest {d:#018x}, {n} entries" + (" (this rank)" if w == me else "")
+        for d, n, w in table
     )
     text = repr(index)
     text = text if len(text) <= 200 else text[:200] + "..."

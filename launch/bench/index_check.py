@@ -64,7 +64,7 @@ def _cases(mesh: dt.DeviceMesh) -> dict[str, Callable[[], Any] | None]:
     def setitem() -> None:
         w[mask] = 0.0
 
-    try:
+    try:  # lazy: the same script times a checkout without the check (no index_digest)
         from placements.index_meta import index_digest
     except ImportError:  # a build without the check
         index_digest = None

@@ -180,9 +180,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     opts = parser.parse_args(own)
     if opts.info:
         # lazy: only --info initialises MPI in the launcher's own process
-        from ._info import collect_info, format_info
+        from ._info import collect_info, fastpath_off_by_accident, format_info
 
         print(format_info(collect_info()))
+        problem = fastpath_off_by_accident()
+        if problem is not None:
+            bar = "!" * 79
+            print(f"{bar}\n{problem}\n{bar}", file=sys.stderr)
         return 0
     mesh_shape = _mesh_shape(parser, opts.mesh)
     if opts.nprocs is None:

@@ -16,7 +16,30 @@ from typing import Any
 
 from ._mpiexec import find_mpiexec
 
-__all__ = ["collect_info", "format_info"]
+__all__ = ["collect_info", "fastpath_off_by_accident", "format_info"]
+
+
+def fastpath_off_by_accident() -> str | None:
+    """Why the dtensor this process imports runs on the Python path without being asked
+    to, as a loud message; None when the compiled fast path is built, or turned off on
+    purpose (``DTENSOR_FASTPATH=0``). **Local**.
+
+    The usual cause: running from a source checkout whose extension was never built (its
+    folder comes first on ``sys.path`` and shadows an installed build).
+    """
+    import fastpath  # lazy: the launcher imports the library only when asked
+
+    if fastpath.AVAILABLE or os.environ.get("DTENSOR_FASTPATH", "").strip() == "0":
+        return None
+    where = os.path.dirname(os.path.abspath(fastpath.__file__))
+    return (
+        "WARNING: dtensor's compiled fast path is NOT BUILT in the copy imported from "
+        f"{os.path.dirname(where)} ({fastpath.IMPORT_ERROR}): every op runs on the Python "
+        "path, about 5x slower at small sizes. From a source checkout, build it in place "
+        "(pip install -e . or python setup.py build_ext --inplace) or run from another "
+        "folder so that the installed dtensor is imported; set DTENSOR_FASTPATH=0 to use "
+        "the Python path on purpose."
+    )
 
 
 def _loaded_libmpi() -> str | None:
@@ -97,7 +120,8 @@ def collect_info() -> dict[str, Any]:
     except FileNotFoundError as exc:
         mpiexec = f"not found ({exc})"
     if not fastpath.AVAILABLE:
-        fast = f"not built: {fastpath.IMPORT_ERROR}"
+        where = os.path.dirname(os.path.dirname(os.path.abspath(fastpath.__file__)))
+        fast = f"NOT BUILT in {where}: {fastpath.IMPORT_ERROR} (the Python path runs)"
     elif not fastpath.ENABLED:
         fast = f"compiled, disabled by DTENSOR_FASTPATH={os.environ.get('DTENSOR_FASTPATH')}"
     else:

@@ -6,27 +6,53 @@ a timeout that kills the whole process group, tied to the launcher's life (the j
 with it, even by SIGKILL), in a private folder made for the job and removed after it, and
 with the exit status of a rank killed by a signal reported as ``128 + signal``. It uses
 the standard library only and never initialises MPI.
+
+Every process of a job carries the job's token in ``DTENSOR_JOB_TOKENS`` (a nested job
+adds its own), so that once the job ends, however it ends, the launcher ends whatever
+still runs with it (on Linux, read from ``/proc``): the ranks of a proxy that died, the
+processes a rank started in a session of its own. Each job's folder holds a lock held by
+its launcher for the job's life; a launcher that starts removes the folders of earlier
+launchers that died without removing theirs (SIGKILL), never one whose lock is held. The
+ranks leave records there (:func:`launch._rank.record_start`, :func:`launch._rank.
+record_exit`), from which a signal that Hydra reports is checked against the rank it names
+(a program can print Hydra's words; it cannot fake a rank that never ended through the
+bootstrap), and the shared-memory files of the ranks' MPI library that an aborted job
+leaves in ``/dev/shm`` are removed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import re
+import secrets
 import shutil
 import signal
+import socket
+import stat
 import subprocess
 import sys
 import sysconfig
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
+from ._rank import LAUNCH_DIR_VAR
+
+try:
+    import fcntl
+except ImportError:  # not on POSIX: no locks, dead folders are left alone
+    fcntl = None  # type: ignore[assignment]
+
 __all__ = [
     "JOB_DIR_VAR",
+    "JOB_TOKENS_VAR",
+    "LAUNCH_DIR_VAR",
     "TIMEOUT_EXIT_CODE",
     "JobInterrupted",
     "find_mpiexec",
@@ -53,6 +79,13 @@ RANK_ENV_DEFAULTS: Mapping[str, str] = {
 #: state there, see :mod:`redistribute.comm`).
 JOB_DIR_VAR = "DTENSOR_WATCHDOG_DIR"
 
+#: The variable that lists the tokens of the jobs a process belongs to (``:``-separated).
+JOB_TOKENS_VAR = "DTENSOR_JOB_TOKENS"
+#: Name prefix of the jobs' private folders (in the temporary folder).
+_JOB_PREFIX = "dtensor-job-"
+#: The lock file of a job's folder, held by its launcher while the job runs.
+_LOCK = "lock"
+
 _KILL_GRACE_S = 5.0
 #: How long the output relay may take to drain once ``mpiexec`` has ended.
 _DRAIN_S = 5.0
@@ -65,6 +98,8 @@ _HYDRA_SIGNALED = re.compile(
     rb"This typically refers to a problem with your application\.\r?\n"
     rb"Please see the FAQ page for debugging suggestions\r?\n?\Z"
 )
+#: The process Hydra's report names (``PID 123 RUNNING AT host``).
+_HYDRA_PID = re.compile(rb"=\s+PID (\d+) RUNNING AT (\S+)")
 
 
 def _executable(path: str | os.PathLike[str]) -> str | None:
@@ -281,10 +316,164 @@ class _Relay(threading.Thread):
         os.close(self.pipe)
 
 
-def _signal_of(output_tail: bytes) -> int | None:
-    """The signal that killed a rank, from the end of Hydra's output; None when none did."""
+def _records(folder: str) -> tuple[dict[int, dict], dict[int, dict]]:
+    """The ranks' start and exit records in a job's folder (by world rank)."""
+    starts: dict[int, dict] = {}
+    exits: dict[int, dict] = {}
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return starts, exits
+    for name in names:
+        kind, _, rest = name.partition("-")
+        if kind not in ("rank", "exit") or not rest.endswith(".json"):
+            continue
+        try:
+            with open(os.path.join(folder, name), "rb") as f:
+                record = json.loads(f.read(1 << 20))
+            rank = int(rest[: -len(".json")])
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict):
+            (starts if kind == "rank" else exits)[rank] = record
+    return starts, exits
+
+
+def _signal_of(output_tail: bytes, starts: Mapping[int, dict] | None = None,
+               exits: Mapping[int, dict] | None = None) -> int | None:
+    """The signal that killed a rank, from the end of Hydra's output; None when none did.
+
+    Hydra's words are believed only where the ranks' records (``starts``, ``exits``) cannot
+    contradict them: a report that names a process of this host that is no rank of the job,
+    or a rank that ended through the bootstrap (its exit record), is a program's output.
+    Without records (not run by :func:`run_job`, or ranks on other hosts) the words stand.
+    """
     found = _HYDRA_SIGNALED.search(output_tail)
-    return None if found is None else int(found.group(1))
+    if found is None:
+        return None
+    signum = int(found.group(1))
+    if not starts:
+        return signum
+    here = socket.gethostname()
+    ours = {int(r.get("pid", -1)): rank for rank, r in starts.items() if r.get("host") == here}
+    named = _HYDRA_PID.findall(output_tail[: found.start()])
+    if not named:
+        return signum if any(rank not in (exits or {}) for rank in starts) else None
+    pid, host = int(named[-1][0]), named[-1][1].decode(errors="replace")
+    if pid in ours:
+        return None if ours[pid] in (exits or {}) else signum
+    if host.split(".")[0] != here.split(".")[0]:
+        return signum  # a rank on another host: nothing here to check it against
+    return None
+
+
+def _clear_dead_job_dirs(base: str) -> None:
+    """Remove the folders that launchers which died (SIGKILL) left in ``base``: this user's
+    ``dtensor-job-*`` folders whose lock no process holds. A folder without a lock (being
+    made, or of another version) and one whose lock is held are left alone."""
+    if fcntl is None:
+        return
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return
+    for entry in entries:
+        if not entry.name.startswith(_JOB_PREFIX):
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+                continue
+            fd = os.open(os.path.join(entry.path, _LOCK), os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held: a live job
+            os.close(fd)
+            continue
+        try:
+            shutil.rmtree(entry.path, ignore_errors=True)
+        finally:
+            os.close(fd)
+
+
+def _make_job_dir() -> tuple[str, int | None]:
+    """A private folder (0700) for one job, with its lock held: ``(path, lock fd)``. The
+    lock is taken before its file gets its name, so no other launcher sees it free."""
+    folder = tempfile.mkdtemp(prefix=_JOB_PREFIX)
+    if fcntl is None:
+        return folder, None
+    tmp = os.path.join(folder, f"{_LOCK}.{os.getpid()}")
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        os.rename(tmp, os.path.join(folder, _LOCK))
+    except BaseException:
+        os.close(fd)
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return folder, fd
+
+
+def _job_processes(token: str) -> list[int]:
+    """The pids of this user's processes whose environment lists job ``token`` (Linux:
+    read from ``/proc``; none elsewhere), this process excepted."""
+    mark = token.encode()
+    me = os.getpid()
+    found = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return found
+    for name in names:
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                env = f.read()
+        except OSError:  # gone, or another user's
+            continue
+        for item in env.split(b"\0"):
+            if item.startswith(JOB_TOKENS_VAR.encode() + b"=") and mark in item.split(b"=", 1)[
+                    1].split(b":"):
+                found.append(int(name))
+                break
+    return found
+
+
+def _end_job_processes(token: str) -> None:
+    """SIGKILL every process still carrying job ``token`` (rounds until none is left, as a
+    process may start another meanwhile; a few at most)."""
+    for _ in range(10):
+        pids = _job_processes(token)
+        if not pids:
+            return
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.05)
+
+
+def _remove_shared_leftovers(starts: Mapping[int, dict]) -> None:
+    """Unlink the /dev/shm files that the job's ranks on this host mapped at start (their
+    MPI library's segments) and that are still there, the same files (device and inode):
+    an aborted job leaves them, unmapped, for good."""
+    here = socket.gethostname()
+    for record in starts.values():
+        if record.get("host") != here:
+            continue
+        for item in record.get("shm") or ():
+            try:
+                path, dev, ino = str(item[0]), int(item[1]), int(item[2])
+                if not path.startswith("/dev/shm/") or "/" in path[len("/dev/shm/"):]:
+                    continue
+                st = os.lstat(path)
+                if stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) == (dev, ino):
+                    os.unlink(path)
+            except (OSError, ValueError, TypeError, IndexError):
+                continue
 
 
 def _die_with_this_thread() -> Callable[[], None] | None:
@@ -326,16 +515,22 @@ def run_job(
     SIGHUP sent to this process while the job runs end the whole group the same way (SIGINT
     or SIGTERM first), then raise :class:`JobInterrupted`, so that a caller running several
     jobs stops instead of starting the next; on Linux the job also dies when this process is
-    killed outright (SIGKILL), or when the calling thread ends. The job gets a private folder (mode 0700) in ``$DTENSOR_WATCHDOG_DIR``
-    unless ``env`` names one already, removed when the job ends, however it ends.
-    ``started`` gets the job's process as soon as it runs (another thread may then end
-    the job early with :func:`stop_job`).
+    killed outright (SIGKILL), or when the calling thread ends. When the job has ended,
+    however it ended, every process still carrying its token (see the module docstring)
+    is killed: ranks orphaned by a dead proxy, processes a rank started elsewhere. The job
+    gets a private folder (mode 0700) in ``$DTENSOR_LAUNCH_DIR`` (and
+    ``$DTENSOR_WATCHDOG_DIR`` unless ``env`` names one already), removed when the job
+    ends, however it ends, together with the MPI library's shared-memory files the ranks
+    left; the folders of earlier launchers that died are removed first. ``started`` gets
+    the job's process as soon as it runs (another thread may then end the job early with
+    :func:`stop_job`).
 
     Returns
     -------
     int
         The exit status; a job killed by signal ``s``, or whose rank was (as Hydra's
-        ``mpiexec`` reports it, with a message naming the signal), gives ``128 + s``.
+        ``mpiexec`` reports it, with a message naming the signal, checked against the
+        ranks' records), gives ``128 + s``.
 
     Raises
     ------
@@ -344,14 +539,21 @@ def run_job(
         killed); its ``status`` is ``128 + signal``.
     """
     job_env = dict(os.environ if env is None else env)
-    made = None if job_env.get(JOB_DIR_VAR) else tempfile.mkdtemp(prefix="dtensor-job-")
-    if made is not None:
+    _clear_dead_job_dirs(tempfile.gettempdir())
+    made, lock = _make_job_dir()
+    token = secrets.token_hex(8)
+    job_env[LAUNCH_DIR_VAR] = made
+    if not job_env.get(JOB_DIR_VAR):
         job_env[JOB_DIR_VAR] = made
+    job_env[JOB_TOKENS_VAR] = ":".join(filter(None, (job_env.get(JOB_TOKENS_VAR), token)))
     try:
-        return _run(cmd, job_env, cwd, timeout, output, started)
+        return _run(cmd, job_env, cwd, timeout, output, started, made)
     finally:
-        if made is not None:
-            shutil.rmtree(made, ignore_errors=True)
+        _end_job_processes(token)
+        _remove_shared_leftovers(_records(made)[0])
+        shutil.rmtree(made, ignore_errors=True)
+        if lock is not None:
+            os.close(lock)
 
 
 def stop_job(proc: subprocess.Popen[bytes]) -> None:
@@ -367,6 +569,7 @@ def _run(
     timeout: float | None,
     output: IO[bytes] | None = None,
     started: Callable[[subprocess.Popen[bytes]], None] | None = None,
+    folder: str | None = None,
 ) -> int:
     read_end, write_end = os.pipe()
     try:
@@ -408,7 +611,10 @@ def _run(
         relay.join(_DRAIN_S)
     if rc < 0:
         return 128 - rc
-    signum = _signal_of(relay.tail) if rc != 0 else None
+    signum = None
+    if rc != 0:
+        starts, exits = _records(folder) if folder is not None else ({}, {})
+        signum = _signal_of(relay.tail, starts, exits)
     if signum is None:
         return rc
     try:

@@ -45,6 +45,9 @@ Which type for which check:
   grad, a second backward through freed nodes, an in-place op on a leaf that requires
   grad, an in-place change to a tensor saved for backward, an op without a backward
   formula, mismatched ``grad_placements``.
+- :class:`AllocationError` (also a MemoryError): a tensor that cannot be allocated (more
+  bytes than the address space, or than the memory the allocator can get); the message
+  names the op, the shape, the dtype and the bytes (``dt.empty(2**62)``).
 - :class:`MetadataOnlyError` (also a RuntimeError): a value asked of a DTensor on an
   abstract mesh (``dt.AbstractMesh``: metadata only, no data): ``to_local``,
   ``full_tensor``, ``item``, ``bool``, numpy conversion; the message names the op.
@@ -53,6 +56,7 @@ Which type for which check:
 from __future__ import annotations
 
 __all__ = [
+    "AllocationError",
     "ArgumentError",
     "AutogradError",
     "CheckpointError",
@@ -152,3 +156,8 @@ class AutogradError(DTensorError, RuntimeError):
 
 class MetadataOnlyError(DTensorError, RuntimeError):
     """A value asked of a DTensor that has metadata only (on a ``dt.AbstractMesh``)."""
+
+
+class AllocationError(DTensorError, MemoryError):
+    """A tensor that cannot be allocated: also a MemoryError, so ``except MemoryError``
+    keeps working."""

@@ -12,6 +12,10 @@ holds whole (the rules keep index arguments replicated), so every rank raises al
 
 from __future__ import annotations
 
+import struct
+import zlib
+from collections.abc import Callable
+
 import numpy as np
 
 from .errors import ArgumentError, DimError, DTypeError, ShardingError
@@ -22,6 +26,7 @@ __all__ = [
     "check_index_values",
     "gather_shape",
     "index_add_check",
+    "index_digest",
     "index_plan",
     "index_put_check",
     "index_put_index",
@@ -36,6 +41,82 @@ __all__ = [
     "topk_shape",
     "write_check",
 ]
+
+
+_PLAIN = frozenset((int, bool, type(None), type(Ellipsis)))
+
+
+def _plain(v: object) -> bool:
+    """Whether an index holds only ints, bools, slices, None and ``...`` (in tuples and
+    lists): its repr then says all of it."""
+    t = type(v)
+    if t in _PLAIN:
+        return True
+    if t is tuple or t is list:
+        return all(_plain(e) for e in v)  # type: ignore[attr-defined]
+    return t is slice and _plain((v.start, v.stop, v.step))  # type: ignore[attr-defined]
+
+
+def _count(v: object) -> int:
+    """The ints and bools of the lists inside a plain index (its index entries)."""
+    t = type(v)
+    if t is list:
+        return sum(_count(e) if type(e) in (list, tuple) else 1 for e in v)  # type: ignore[attr-defined]
+    if t is tuple:
+        return sum(_count(e) for e in v)  # type: ignore[attr-defined]
+    return 0
+
+
+def index_digest(
+    index: object, as_array: Callable[[object], np.ndarray | None] = lambda v: None
+) -> tuple[int, int]:
+    """``(digest, entries)`` of an index argument (``x[index]``, ``index_put``'s indices):
+    a 63-bit digest of its structure and values, and the number of elements of its arrays
+    and lists. **Local**.
+
+    Two indices have equal digests when they are built alike: the same nesting of tuples
+    and lists, the same ints, slices, ``None`` and ``...``, and arrays of the same dtype,
+    shape and values (``as_array(v)`` gives the array of a tensor ``v``, or None for an
+    object that is described by its repr, such as a DTensor, whose values no rank holds
+    alone). Different indices get different digests but for a chance of about 2**-63.
+    """
+    if _plain(index):
+        text = repr(index).encode()
+        return (zlib.crc32(text) << 31 ^ zlib.adler32(text)) & _MASK63, _count(index)
+    crc, adler = 0, 1
+    entries = 0
+
+    def feed(data: bytes | np.ndarray) -> None:
+        nonlocal crc, adler
+        crc, adler = zlib.crc32(data, crc), zlib.adler32(data, adler)
+
+    def walk(v: object, in_list: bool) -> None:
+        nonlocal entries
+        t = type(v)
+        if t is tuple or t is list:
+            feed(struct.pack("<cq", b"T" if t is tuple else b"L", len(v)))  # type: ignore[arg-type]
+            for e in v:  # type: ignore[attr-defined]
+                walk(e, in_list or t is list)
+            return
+        if _plain(v) or isinstance(v, (np.integer, np.bool_)):
+            entries += in_list and v is not None and v is not Ellipsis and t is not slice
+            feed(repr(v if t is slice else v.item() if isinstance(v, np.generic) else v)
+                 .encode())
+            return
+        arr = v if isinstance(v, np.ndarray) else as_array(v)
+        if arr is None or arr.dtype.hasobject:
+            feed(b"?" + repr(v).encode())
+            return
+        arr = np.ascontiguousarray(arr)
+        entries += arr.size
+        feed(b"A" + arr.dtype.str.encode() + repr(arr.shape).encode())
+        feed(arr.reshape(-1).view(np.uint8))
+
+    walk(index, False)
+    return (crc << 31 ^ adler) & _MASK63, entries
+
+
+_MASK63 = (1 << 63) - 1
 
 
 def check_index_dtype(op: str, dtype: np.dtype, what: str = "index") -> None:

@@ -34,7 +34,8 @@ JSON file::
      "entry_s": 2e-05, "sync_s": 1e-4, "compute_scale": 1.0,
      "points": {...the measured points...}}
 
-The default file is ``$DTENSOR_CALIBRATION`` when set, else
+The default file is ``$DTENSOR_CALIBRATION`` when set (the path of a ``.json`` file,
+which need not exist yet; anything else raises ``ConfigError``), else
 ``$XDG_CACHE_HOME/dtensor/calibration-<ranks>.json`` (``~/.cache`` without XDG_CACHE_HOME).
 """
 
@@ -225,10 +226,23 @@ class Calibration:
 
 def default_path(ranks: int) -> Path:
     """Where calibrations of ``ranks`` ranks are stored and looked up (see the module
-    docstring). **Local**."""
+    docstring). **Local**.
+
+    Raises
+    ------
+    ConfigError
+        ``$DTENSOR_CALIBRATION`` that does not name a ``.json`` file (a missing file is
+        no calibration; a folder, or a name without ``.json``, is refused).
+    """
     env = os.environ.get(ENV_VAR, "").strip()
     if env:
-        return Path(env)
+        path = Path(env).expanduser()
+        if path.suffix.lower() != ".json" or path.is_dir():
+            raise ConfigError(
+                f"environment variable {ENV_VAR}={env!r} is not the path of a calibration "
+                "file: it must name a .json file (one that `python -m launch.bench.calibrate "
+                "--calibration FILE` writes), which need not exist yet")
+        return path
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "dtensor" / f"calibration-{ranks}.json"
 

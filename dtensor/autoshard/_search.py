@@ -15,6 +15,11 @@ given placements):
 4. the best traced assignment that fits the budget becomes the next base; stop when it
    does not change.
 
+With a budget, the rounds also run without it (every trace shared): their tables' memory
+is an estimate from single and pairwise moves, so the rounds under the budget may prune
+their way off a plan that fits; the answer is the fastest traced assignment that fits,
+so a budget met by the plan found without one gives that plan or a faster one.
+
 Every reported prediction is that of a trace, so the chosen plan's predicted time is that
 of the ops the dispatcher runs for it, never the cost table's estimate.
 
@@ -32,6 +37,8 @@ The search then prices with the fitted calibration.
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -126,6 +133,23 @@ class _Search:
         fitting = [k for k, p in self.seen.items() if self.fits(p)]
         return min(fitting, key=lambda k: (self.seen[k].time_s, k)) if fitting else None
 
+    def rounds(self, base: tuple[int, ...], rounds: int, top_k: int, pairs: int, backend: str,
+               budget: float | None) -> Problem:
+        """Search rounds from ``base`` (module docstring, steps 1-4) under ``budget`` (None:
+        none), which stays this search's budget; returns the last round's cost table.
+        **Collective** (it traces)."""
+        self.budget = budget
+        problem = None
+        for _ in range(rounds):
+            problem = self.table(base, pairs)
+            for s in solve(problem, top_k, backend):
+                self.evaluate(s.choice, "solver")
+            best = self.best()
+            if best is None or best == base:
+                break
+            base = best
+        return problem
+
     def table(self, base: tuple[int, ...], pairs: int) -> Problem:
         """The pairwise cost table around ``base``. **Collective** (it traces)."""
         b = self.evaluate(base, "base")
@@ -167,6 +191,20 @@ def _layout(value: Any, name: str, mesh: Any) -> Layout:
     return pl
 
 
+def _check_budget(memory_budget: object) -> None:
+    """Refuse a ``memory_budget`` that is not a finite number of bytes > 0 (None: none)."""
+    if memory_budget is None:
+        return
+    if isinstance(memory_budget, bool) or not isinstance(memory_budget, numbers.Real):
+        raise DTypeError(
+            f"auto_shard: memory_budget={memory_budget!r} ({type(memory_budget).__name__}) "
+            "must be a number of bytes per rank (an int such as 2 * 2**30), or None")
+    if not (math.isfinite(memory_budget) and memory_budget > 0):
+        raise ArgumentError(
+            f"auto_shard: memory_budget={memory_budget!r} must be a finite number of bytes "
+            "per rank > 0, or None")
+
+
 def auto_shard(step_fn: Callable, params: Mapping[str, Any], inputs: Mapping[str, Any],
                mesh: Any, memory_budget: int | None = None, *,
                optimizer: Callable | None = None, calibration: Calibration | None = None,
@@ -203,7 +241,9 @@ def auto_shard(step_fn: Callable, params: Mapping[str, Any], inputs: Mapping[str
         arrays), so a layout for a mesh far larger than this machine can be planned in one
         process.
     memory_budget : int, optional
-        Per-rank peak bytes the plan's predicted step may use.
+        Per-rank peak bytes the plan's predicted step may use (a finite number > 0). When
+        the plan returned without a budget meets it, the plan returned with it is that one
+        or a faster one.
     optimizer : callable, optional
         ``optimizer(list_of_params)`` makes an optimizer (e.g. ``lambda ps:
         dt.optim.Adam(ps, lr=1e-3)``) whose ``step()`` is part of the traced step (its
@@ -243,13 +283,15 @@ def auto_shard(step_fn: Callable, params: Mapping[str, Any], inputs: Mapping[str
     ------
     ArgumentError
         When no plan's predicted peak fits ``memory_budget`` (the message names the
-        smallest predicted peak and its placements), or for bad options.
+        smallest predicted peak and its placements), for a ``memory_budget`` that is NaN,
+        infinite or not > 0, or for bad options.
+    DTypeError
+        A ``memory_budget`` that is not a number (``"2GB"``).
     """
     if top_k < 1 or rounds < 1 or pairs < 0 or fit_repeat < 1:
         raise ArgumentError(f"auto_shard: top_k={top_k}, rounds={rounds}, "
                             f"fit_repeat={fit_repeat} must be >= 1 and pairs={pairs} >= 0")
-    if memory_budget is not None and memory_budget <= 0:
-        raise ArgumentError(f"auto_shard: memory_budget={memory_budget} must be > 0")
+    _check_budget(memory_budget)
     backend = ("milp" if has_milp() else "bnb") if solver == "auto" else solver
     if backend not in ("milp", "bnb"):
         raise ArgumentError(f"auto_shard: unknown solver {solver!r}; use auto, milp or bnb")
@@ -293,15 +335,14 @@ def auto_shard(step_fn: Callable, params: Mapping[str, Any], inputs: Mapping[str
     if fit_step and not isinstance(mesh, AbstractMesh) and mesh.size() > 1:
         step_fit = search.fit(base, fit_repeat)
     search.evaluate(base, "start")
-    problem = None
-    for _ in range(rounds):
-        problem = search.table(base, pairs)
-        for s in solve(problem, top_k, backend):
-            search.evaluate(s.choice, "solver")
-        best = search.best()
-        if best is None or best == base:
-            break
-        base = best
+    problem = search.rounds(base, rounds, top_k, pairs, backend, memory_budget)
+    if memory_budget is not None:
+        # The rounds under a budget prune with the cost table's estimates of memory and may
+        # not reach what the rounds without one reach (the plan returned without a budget):
+        # those run too (sharing every trace), so a budget that plan meets returns it or a
+        # faster one.
+        search.rounds(base, rounds, top_k, pairs, backend, None)
+        search.budget = memory_budget
     best = search.best()
     if best is None:
         smallest = solve(Problem(problem.memory, problem.pair_memory, problem.memory,

@@ -9,7 +9,9 @@ fingerprints instead of hanging. Leaving the block is checked the same way (norm
 raising which exception type). ``DTENSOR_CHECK_SPMD=1`` turns the check on for a whole run.
 
 Importing this module also tells :mod:`redistribute.comm` which op the dispatcher is
-running, so fingerprints name it.
+running, so fingerprints (and the watchdog's reports) name it, as ``CommDebugMode`` does:
+a collective of a backward pass names the op whose backward issued it and the phase
+(``"matmul (backward)"``).
 """
 
 from __future__ import annotations
@@ -20,10 +22,23 @@ from contextlib import contextmanager
 from redistribute import comm as _comm
 
 from ..dispatch import dispatcher as _dispatch
+from ..local import grad_engine as _ag
 
-__all__ = ["check_spmd"]
+__all__ = ["check_spmd", "op_label"]
 
-_comm.set_op_source(_dispatch.current_op)
+
+def op_label() -> str | None:
+    """The op a collective issued now belongs to, as ``CommDebugMode`` labels it: the op
+    being dispatched, or during a backward pass the op whose backward runs with
+    `` (backward)`` (``"matmul (backward)"``; ``"redistribute (backward)"`` for a move
+    outside any op); None outside ops. **Local**."""
+    if _ag.in_backward():
+        op = _ag.current_backward() or _dispatch.current_op() or "redistribute"
+        return f"{op} (backward)"
+    return _dispatch.current_op()
+
+
+_comm.set_op_source(op_label)
 
 
 @contextmanager
@@ -61,6 +76,10 @@ def check_spmd(enabled: bool = True) -> Iterator[None]:
     ...     y = (x @ w).sum()
     """
     prev = _comm.set_check_spmd(enabled)
+    # calls served by the compiled front skip the dispatcher's checks that the SPMD check
+    # adds (every index of x[idx] compared across ranks): it starts again from the
+    # propagation cache
+    _dispatch.drop_front_entries()
     try:
         yield
     except BaseException as exc:

@@ -60,7 +60,15 @@ from ..local import dtypes as _dtypes
 from ..local.kernels.base import quiet_call
 from ..local.tensor import Tensor, wrap_array
 from ..ops.shard_kernels import kernel_op
-from ..ops.table import MOVES_ONLY, OpInfo
+from ..ops.table import MOVES_ONLY, OPS, OpInfo
+from .index_args import (
+    INDEX_PARAMS,
+    INDEX_TENSOR_PARAMS,
+    check_index_args,
+    gather_dtensor_index,
+    mask_fill,
+    replicate_local_index,
+)
 
 __all__ = [
     "CacheEntry",
@@ -73,6 +81,7 @@ __all__ = [
     "decide",
     "describe",
     "dispatch",
+    "drop_front_entries",
     "execute_move",
     "keep_shards",
     "lookup",
@@ -488,10 +497,13 @@ def lookup(
     args: Sequence[object] = (),
     kwargs: Mapping[str, object] | None = None,
 ) -> tuple[CacheEntry, tuple | None, object]:
-    """The cache entry for bound ``values`` (propagating sharding on a miss). **Local**.
+    """The cache entry for bound ``values`` (propagating sharding on a miss). **Local**,
+    except for the index check of ``x[idx]``, ``x[idx] = value`` and ``index_put``
+    (:mod:`dtensor.dispatch.index_args`), **Collective** over the mesh when it runs.
 
     Counts the hit or miss. Returns ``(entry, key, mesh)``; ``key`` is None when the call
-    cannot be cached (a tensor-valued static argument). ``args``/``kwargs`` (the original
+    cannot be cached (a tensor-valued static argument) or must reach this function each
+    time (a checked index). ``args``/``kwargs`` (the original
     call) only serve error messages. Normalises ``values`` as the kernel needs them.
     """
     name = info.name
@@ -525,10 +537,29 @@ def lookup(
     except _LocalOperand as e:
         if _implicit_replication and _replicate_locals(binder, values):
             return lookup(info, values, args, kwargs)
+        if name in INDEX_TENSOR_PARAMS and replicate_local_index(
+                name, values, binder.index[INDEX_TENSOR_PARAMS[name]],
+                [values[pi] for pi in binder.tensor_idx]):
+            return lookup(info, values, args, kwargs)[0], None, mesh or _mesh_of(values)
         raise _mixed_error(name, e.args[0], args or values, kwargs or {}) from None
     if mesh is None:
         params = ", ".join(binder.params[i] for i in binder.tensor_idx)
         raise DTypeError(f"{name}: no DTensor among the tensor arguments ({params})")
+    checked = False
+    if name in INDEX_PARAMS:
+        pos = binder.index[INDEX_PARAMS[name]]
+        if name == "setitem":  # x[mask] = scalar with a DTensor mask: masked_fill_
+            mask = mask_fill(values[0], values[pos], values[2])
+            if mask is not None:
+                values[pos] = mask
+                return lookup(OPS["masked_fill_"], values)[0], None, mesh
+        # a DTensor in the index: gathered (then the same on every rank, unchecked)
+        values[pos], checked = gather_dtensor_index(values[pos])
+        # Ranks that pass different indices would decide differently: they raise first,
+        # all of them (a checked call gets no key, so that the compiled front sends each
+        # one here).
+        checked = checked or check_index_args(
+            name, values[pos], [values[pi] for pi in binder.tensor_idx], mesh)
     # Equal meshes built separately share no entry: outputs carry the inputs' mesh object.
     # (The entry's specs keep that mesh alive, so its id cannot be reused meanwhile.)
     key.append(id(mesh))
@@ -561,7 +592,7 @@ def lookup(
         cache.data.move_to_end(key)
         if _listeners:
             return _heard(entry, mesh, False)
-    return entry, key, mesh
+    return entry, None if checked else key, mesh
 
 
 def _heard(entry: CacheEntry, mesh: object, miss: bool) -> tuple:
@@ -589,6 +620,11 @@ def _freeze(v: object) -> object:
     if t is slice:
         return (slice, v.start, v.stop, v.step)
     raise _Uncacheable(v)
+
+
+def _mesh_of(values: list) -> object:
+    """The mesh of the first DTensor among ``values``."""
+    return next(v._spec.mesh for v in values if isinstance(v, DTensor))
 
 
 def _same_mesh(op: str, mesh: object, spec: DTensorSpec) -> object:
@@ -837,6 +873,13 @@ def _check_kept_shards(name: str, args: list, targets: Sequence) -> None:
 _kept_shards: frozenset = frozenset()
 #: The key part of a decision taken under :func:`keep_shards`.
 _KEEP_SHARDS = object()
+
+
+def drop_front_entries() -> None:
+    """Make the compiled front forget its entries, so that the next call of each op reaches
+    :func:`lookup` (the propagation cache keeps them). **Local**."""
+    if _FRONT is not None:
+        _FRONT.invalidate()
 
 
 def keep_shards(ops: frozenset) -> frozenset:

@@ -61,7 +61,9 @@ def distributed_factory(
     spec = DTensorSpec(mesh, placements, req.size, req.dtype)
     check_partial_dtype(f"dt.{req.name}", spec.placements, spec.dtype)
     coord = mesh.get_coordinate()
-    out = _allocator.empty_array(spec.local_shape(coord), req.dtype, mesh.device_type)
+    local_shape = spec.local_shape(coord)
+    with _allocator.allocating(f"dt.{req.name}", local_shape, req.dtype):
+        out = _allocator.empty_array(local_shape, req.dtype, mesh.device_type)
     counters = _local.reserve(req)
     if req.name != "empty":
         fill = partial_fill(spec.placements, coord)

@@ -70,6 +70,8 @@ import os
 import sys
 import threading
 from bisect import bisect_left, insort
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
@@ -77,7 +79,7 @@ import numpy as np
 
 import fastpath as _fp
 from placements.env import env_int
-from placements.errors import ArgumentError, ConfigError
+from placements.errors import AllocationError, ArgumentError, ConfigError
 from redistribute import shm as _shm
 
 __all__ = [
@@ -85,6 +87,7 @@ __all__ = [
     "Block",
     "CPUAllocator",
     "ReleasableBuffer",
+    "allocating",
     "empty_array",
     "empty_cache",
     "memory_snapshot",
@@ -584,6 +587,33 @@ def empty_array(shape: Any, dtype: Any, device: Any = "cpu") -> Any:
     if nbytes < POOL_MIN_BYTES or dtype.hasobject or min(shape, default=0) < 0:
         return np.empty(shape, dtype)  # numpy raises for negative dimensions
     return _pool_array(nbytes, shape, dtype)
+
+
+#: The most bytes one array may span (numpy's limit: the largest signed size).
+_MAX_ARRAY_BYTES = np.iinfo(np.intp).max
+
+
+@contextmanager
+def allocating(op: str, shape: tuple[int, ...], dtype: Any) -> Iterator[None]:
+    """Around the allocation of a tensor of ``shape`` and ``dtype`` by ``op``: a size beyond
+    the address space, and a MemoryError of the allocation, raise :class:`AllocationError`
+    naming the op, the shape, the dtype and the bytes. **Local**."""
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+
+    def error(why: str) -> AllocationError:
+        return AllocationError(
+            f"{op}: cannot allocate a tensor of shape {tuple(shape)} and dtype {dtype} "
+            f"({nbytes} bytes, {nbytes / 2**30:.4g} GiB): {why}")
+
+    if nbytes > _MAX_ARRAY_BYTES:
+        raise error(f"more than the largest array of this platform ({_MAX_ARRAY_BYTES} bytes)")
+    try:
+        yield
+    except MemoryError as e:
+        if isinstance(e, AllocationError):
+            raise
+        raise error(str(e) or "out of memory") from e
 
 
 def _pool_array(nbytes: int, shape: tuple, dtype: np.dtype) -> np.ndarray:

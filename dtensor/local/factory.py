@@ -39,6 +39,7 @@ from placements.errors import (
 )
 from placements.meta import is_floating
 
+from . import allocator as _allocator
 from . import backend
 from . import dtypes as _dtypes
 from . import grad_engine as _grad_engine  # noqa: F401  (installs the autograd API on Tensor)
@@ -451,13 +452,14 @@ def fill_block(req: Request, out, offsets: tuple[int, ...], counters: tuple[int,
 def build(req: Request) -> Tensor:
     """The local tensor of a request. **Local**."""
     like = req.like
-    if like is not None and isinstance(like, Tensor):
-        arr = like._arr
-        dev = backend.device_of(arr) if req.device is None else backend.as_device(req.device)
-        out = _empty_like_arr(arr, req.dtype, dev)
-    else:
-        dev = backend.CPU if req.device is None else backend.as_device(req.device)
-        out = _alloc(req.size, req.dtype, dev)
+    with _allocator.allocating(req.name, req.size, req.dtype):
+        if like is not None and isinstance(like, Tensor):
+            arr = like._arr
+            dev = backend.device_of(arr) if req.device is None else backend.as_device(req.device)
+            out = _empty_like_arr(arr, req.dtype, dev)
+        else:
+            dev = backend.CPU if req.device is None else backend.as_device(req.device)
+            out = _alloc(req.size, req.dtype, dev)
     fill_block(req, out, (0,) * len(req.size), reserve(req))
     return wrap_array(out)
 

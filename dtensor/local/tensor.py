@@ -295,22 +295,60 @@ def _non_overlapping_and_dense(shape: tuple, strides: tuple) -> bool:
     return True
 
 
+def _infer_dense_strides(shape: tuple, strides: tuple) -> tuple:
+    """PyTorch's ``infer_dense_strides``: dense strides whose order follows ``strides``
+    (dims sorted by stride, a smaller size first among equal strides, a stride of 0 kept in
+    place, by the insertion sort TensorIterator uses; a size-0 dim counts as 1)."""
+    ndim = len(shape)
+    if ndim < 2:
+        return (1,) * ndim
+    perm = list(range(ndim - 1, -1, -1))
+
+    def should_swap(d0: int, d1: int) -> int:
+        s0, s1 = strides[d0], strides[d1]
+        if s0 == 0 or s1 == 0:
+            return 0
+        if s0 != s1:
+            return -1 if s0 < s1 else 1
+        return 1 if shape[d0] > shape[d1] else 0
+
+    for i in range(1, ndim):
+        d1 = i
+        for j in range(1, i + 1):
+            d0 = i - j
+            c = should_swap(perm[d0], perm[d1])
+            if c > 0:
+                perm[d0], perm[d1] = perm[d1], perm[d0]
+                d1 = d0
+            elif c < 0:
+                break
+    out = [0] * ndim
+    step = 1
+    for d in perm:
+        out[d] = step
+        if shape[d] > 1:
+            step *= shape[d]
+    return tuple(out)
+
+
 def _empty_like_arr(arr, dtype, device):
     """Uninitialised array like ``arr`` with PyTorch's ``preserve_format`` (``empty_like``).
 
     A non-overlapping and dense ``arr`` keeps its strides exactly, size-1 dims included,
-    and so does a tensor without elements (PyTorch calls it contiguous); anything else
-    (overlapping, with holes, negative strides) gets row-major strides.
+    and so does a tensor without elements (PyTorch calls it contiguous); an input with
+    holes or overlaps gets dense strides in the order of its own, as PyTorch's
+    ``infer_dense_strides`` gives them; one with a negative stride (which PyTorch has not)
+    gets row-major strides.
     """
-    # Note: PyTorch gives an input with holes or overlaps dense strides in the order of its
-    # own (infer_dense_strides); dtensor gives it row-major ones.
     shape = arr.shape
     if arr.flags.c_contiguous and arr.size and 1 not in shape:  # row-major strides
         return _alloc(shape, dtype, device)
     isz = arr.itemsize
     strides = tuple(s // isz for s in arr.strides)
     if arr.size and not _non_overlapping_and_dense(shape, strides):
-        return _alloc(shape, dtype, device)
+        if min(strides) < 0:
+            return _alloc(shape, dtype, device)
+        strides = _infer_dense_strides(shape, strides)
     extent = 1 + sum((n - 1) * s for n, s in zip(shape, strides)) if arr.size else 0
     flat = _alloc((extent,), dtype, device)
     isz = flat.itemsize

@@ -75,7 +75,8 @@ def clip_grad_norm_(parameters: Iterable[Any] | Any, max_norm: float, norm_type:
                     error_if_nonfinite: bool = False, foreach: bool | None = None) -> Tensor:
     """Scale the gradients of ``parameters`` in place so that their total norm (as if all
     were one vector) is at most ``max_norm``, as PyTorch's ``torch.nn.utils.
-    clip_grad_norm_``: each gradient is multiplied by ``min(1, max_norm / (total + 1e-6))``.
+    clip_grad_norm_``: each gradient is multiplied by ``min(1, max_norm / (total + 1e-6))``
+    (NaN when the total norm is NaN, as PyTorch's clamp gives).
     Parameters without a gradient are skipped; ``foreach`` is accepted and ignored.
 
     **Collective** when a gradient is a DTensor (see :func:`get_total_norm`); the scaling
@@ -90,8 +91,10 @@ def clip_grad_norm_(parameters: Iterable[Any] | Any, max_norm: float, norm_type:
         parameters = [parameters]
     grads = [p.grad for p in parameters if p.grad is not None]
     total = get_total_norm(grads, norm_type, error_if_nonfinite)
-    coef = min(1.0, float(max_norm) / (float(total.numpy()) + 1e-6))
-    if coef < 1.0:
+    coef = float(max_norm) / (float(total.numpy()) + 1e-6)
+    # Note: PyTorch clamps with a NaN-propagating min, so a NaN norm scales every gradient
+    # by NaN (python's min(1.0, nan) is 1.0 and would leave them unchanged).
+    if not coef >= 1.0:
         with no_grad():
             for g in grads:
                 g.mul_(coef)

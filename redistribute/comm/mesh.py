@@ -20,6 +20,7 @@ from mpi4py import MPI
 from placements.errors import ConfigError, MeshError
 
 from .hooks import HOOKS
+from .persistent import make_channel
 from .process import world_ranks
 from .settings import configure_from_env
 from .wrapper import Comm
@@ -282,6 +283,8 @@ def shared_mesh_comms(
             _shared_comms[keys[m]] = _split(base, grid, coord, m, what)
         comms.append(_shared_comms[keys[m]])
     _layouts[name] = layout
+    if base.size == MPI.COMM_WORLD.Get_size():
+        make_channel()  # every rank is here: set_persistent's calls can meet from now on
     return coord, tuple(comms)
 
 

@@ -8,6 +8,16 @@ oldest-made-first-out, and freed when dropped, when the communicator is freed an
 no faster persistent than blocking); ``DTENSOR_PERSISTENT=1`` or :func:`set_persistent`
 turns them on (the setting lives in :data:`redistribute.comm.hooks.HOOKS`).
 
+MPI never matches a persistent all-gather with a blocking one, so a rank that turned them
+on alone would hang at the next small redistribute. :func:`set_persistent` is therefore
+collective over ``COMM_WORLD`` once a mesh spans it: the ranks meet on a private duplicate
+of ``COMM_WORLD`` (made at the first such mesh's creation, :func:`make_channel`), compare
+the settings they would run with, and change them only together; ranks that ask for
+different settings all raise ``ConfigError``, and a rank whose peers do not call it within
+its ``timeout`` raises ``CommError`` (its setting unchanged, so it stays in step with
+them). A call that timed out is completed by the next call of that rank (it meets the
+others' next call), so the ranks' calls keep pairing in order.
+
 It also owns :func:`request_c_api`: the MPI library's ``MPI_Start``/``MPI_Wait`` and
 mpi4py's request accessor, with which compiled code runs a persistent request without
 Python calls.
@@ -17,12 +27,14 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import time
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
 from placements.env import env_flag
+from placements.errors import CommError, ConfigError
 
 from .datatypes import BYTES, displacements
 from .hooks import HOOKS, update
@@ -30,6 +42,7 @@ from .hooks import HOOKS, update
 __all__ = [
     "PersistentGather",
     "free_pool",
+    "make_channel",
     "persistent_enabled",
     "pooled_gather",
     "read_env",
@@ -48,6 +61,77 @@ _persistent_forced: bool | None = None  # set_persistent; None follows DTENSOR_P
 # The pools that hold requests, freed at exit (registered after mpi4py's finalizer was, so
 # this runs first)
 _pools: list[dict] = []
+# The private duplicate of COMM_WORLD on which set_persistent's calls meet (None until a
+# mesh spans COMM_WORLD), and the request of a call that timed out, still pending (its
+# kind, the request, the buffers MPI owns until it completes): the next call completes it
+_channel: Any = None
+_pending: Any = None
+#: How long set_persistent waits for the other ranks by default (seconds).
+AGREE_TIMEOUT_S = 30.0
+
+
+def make_channel() -> None:
+    """Make the channel of :func:`set_persistent`'s agreement, once. **Collective** over
+    ``COMM_WORLD`` the first time (a mesh over every rank calls it at its creation)."""
+    global _channel
+    if _channel is None and MPI.COMM_WORLD.Get_size() > 1:
+        _channel = MPI.COMM_WORLD.Dup()
+
+
+def _wait(request: Any, deadline: float) -> bool:
+    """Poll ``request`` until it completes (True) or ``deadline`` passes (False)."""
+    pause = 1e-5
+    while not request.Test():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(pause)
+        pause = min(2 * pause, 0.01)
+    return True
+
+
+def _agree(on: bool | None, timeout: float | None) -> None:
+    """The ranks' meeting of :func:`set_persistent` on the channel: every rank arrives
+    (a nonblocking barrier), then they exchange the setting each would run with and raise
+    alike when those differ. **Collective** over ``COMM_WORLD``."""
+    global _pending
+    deadline = float("inf") if timeout is None else time.monotonic() + timeout
+    arrival = None
+    if _pending is not None:
+        kind, request, buffers = _pending
+        _pending = None
+        if kind == "arrival":  # this call is that one's: it meets the others' next call
+            arrival = request
+        elif not _wait(request, deadline):  # an exchange that the others left: end it first
+            _pending = (kind, request, buffers)
+            raise CommError("set_persistent: an earlier exchange of settings with the other "
+                            f"ranks did not complete within {timeout:g} s")
+    wanted = int(_HAS_PERSISTENT and (env_flag("DTENSOR_PERSISTENT", False) if on is None
+                                      else on))
+    arrival = arrival or _channel.Ibarrier()
+    if not _wait(arrival, deadline):
+        _pending = ("arrival", arrival, ())
+        raise CommError(
+            f"set_persistent: the other ranks of COMM_WORLD did not call set_persistent "
+            f"within {timeout:g} s; every rank must call it at the same point of the "
+            "program (MPI never matches a persistent all-gather with a blocking one: a rank "
+            "that switched alone would hang at the next redistribute). This rank's setting "
+            "is unchanged; its next set_persistent call completes this one."
+        )
+    mine, values = np.array([wanted], np.int64), np.empty(_channel.Get_size(), np.int64)
+    request = _channel.Iallgather([mine, MPI.INT64_T], [values, MPI.INT64_T])
+    if not _wait(request, deadline):
+        _pending = ("exchange", request, (mine, values))  # MPI still owns the buffers
+        raise CommError(
+            f"set_persistent: the other ranks did not exchange their setting within "
+            f"{timeout:g} s (this rank's setting is unchanged)")
+    if (values != wanted).any():
+        on_ranks = np.flatnonzero(values).tolist()
+        off_ranks = np.flatnonzero(values == 0).tolist()
+        raise ConfigError(
+            f"set_persistent: the ranks asked for different settings (persistent all-gathers "
+            f"on for world ranks {on_ranks}, off for world ranks {off_ranks}); every rank "
+            "must ask for the same (settings unchanged on every rank)"
+        )
 
 
 def read_env() -> None:
@@ -76,25 +160,38 @@ def persistent_enabled() -> bool:
     return HOOKS.persistent
 
 
-def set_persistent(on: bool | None) -> bool | None:
-    """Turn the persistent all-gathers of redistributes on or off for this process. **Local**.
-
-    MPI does not match a persistent collective with a blocking one, so call this at the
-    same point of the program on every rank (``DTENSOR_PERSISTENT`` is compared between
-    the ranks at mesh creation). Without MPI 4 persistent collectives they stay off.
+def set_persistent(on: bool | None, timeout: float | None = AGREE_TIMEOUT_S) -> bool | None:
+    """Turn the persistent all-gathers of redistributes on or off. **Collective** over
+    ``COMM_WORLD`` once a mesh spans it (every rank calls it at the same point of the
+    program; see the module docstring), **Local** before that (``DTENSOR_PERSISTENT`` and
+    this setting are then compared between the ranks at mesh creation). Without MPI 4
+    persistent collectives they stay off.
 
     Parameters
     ----------
     on : bool or None
         True or False forces the setting; None follows ``DTENSOR_PERSISTENT`` (default off).
+    timeout : float or None
+        Seconds to wait for the other ranks' calls (None: no limit).
 
     Returns
     -------
     bool or None
         The previous forced setting (pass it back to restore).
+
+    Raises
+    ------
+    ConfigError
+        On every rank, when the ranks ask for different settings (none changes).
+    CommError
+        On this rank, when the other ranks do not call it within ``timeout`` (its setting
+        unchanged).
     """
     global _persistent_forced
-    prev, _persistent_forced = _persistent_forced, None if on is None else bool(on)
+    forced = None if on is None else bool(on)
+    if _channel is not None:
+        _agree(forced, timeout)
+    prev, _persistent_forced = _persistent_forced, forced
     read_env()
     return prev
 

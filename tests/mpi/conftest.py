@@ -2,7 +2,9 @@
 
 - A test that fails on one rank of a multi-rank run ends the whole job: the failure is
   printed to stderr with a ``[rank R]`` prefix, then ``MPI_Abort`` — the other ranks would
-  otherwise wait forever in the test's next collective.
+  otherwise wait forever in the test's next collective. Each rank leaves the launcher's
+  start record (:func:`launch._rank.record_start`), so that the runner removes the MPI
+  library's shared-memory files that such an abort leaves.
 - Only rank 0 writes pytest's terminal report (the others would repeat it); failures on
   any rank are still shown by the abort above.
 - Hypothesis draws the same examples on every rank (derandomized, no example database,
@@ -29,6 +31,8 @@ import pytest
 import skips
 from hypothesis import settings
 from mpi4py import MPI
+
+from launch._rank import record_start
 
 #: The session seed, set in pytest_configure (the same value on every rank).
 SEED: int = 0
@@ -61,6 +65,9 @@ def pytest_configure(config: pytest.Config) -> None:
     global SEED
     world = MPI.COMM_WORLD
     SEED = world.bcast(int(os.environ.get("DTENSOR_TEST_SEED", secrets.randbits(32))), root=0)
+    # as the launcher's rank bootstrap does: the stage's runner (python -m launch test)
+    # then removes the MPI library's /dev/shm files when a failure aborts the stage
+    record_start(world.Get_rank())
     skips.register(config, label=f"[rank {world.Get_rank()}] ")
     if world.Get_rank() != 0:
         reporter = config.pluginmanager.get_plugin("terminalreporter")

@@ -9,7 +9,7 @@ import pytest
 from mpi4py import MPI
 
 import dtensor as dt
-from dtensor.errors import DimError, DTypeError, ShardingError
+from dtensor.errors import CommError, DimError, DTypeError, ShardingError
 from dtensor.testing import distribute_random
 
 WORLD = MPI.COMM_WORLD
@@ -32,6 +32,13 @@ def _x(mesh, pl, seed=0):
 
 def _idx(mesh, arr, pl=(R,)):
     return dt.distribute_tensor(arr, mesh, list(pl))
+
+
+def _only_index_checks(mode, n):
+    """No data moved: only ``n`` index checks (an all-gather of a digest each, which the
+    ranks compare before indexing a sharded DTensor with an index array) when ranks > 1."""
+    assert mode.get_comm_counts() == ({"all_gather_ints": n} if WORLD.size > 1 else {}), (
+        mode.get_comm_counts())
 
 
 def _check(got, want):
@@ -210,8 +217,6 @@ def test_bad_advanced_indices_raise_on_every_rank():
         x[np.array([1.0], np.float32)]
     with pytest.raises(DimError, match=r"shape of the mask \(4,\)"):
         x[np.ones(4, bool)]
-    with pytest.raises(DTypeError, match="full_tensor"):
-        x[_idx(mesh, np.array([0, 1]))]
 
 
 def _set_cases(rng):
@@ -249,7 +254,8 @@ def test_setitem_writes_each_ranks_part():
             want[key] = value
             assert x.placements == tuple(pl)
             _check(x, want)
-    # a scalar written into shards, and a value laid out like the kept dims: no communication
+    # a scalar written into shards, and a value laid out like the kept dims: no data moves
+    # (with more than one rank, the two index arrays are checked: one digest exchange each)
     a, x = _x(mesh, [S(0)])
     v = dt.distribute_tensor(np.ones((5, 2), np.float32), mesh, [S(0)])
     with dt.debug.CommDebugMode() as mode:
@@ -257,7 +263,7 @@ def test_setitem_writes_each_ranks_part():
         x[np.array([0, 4])] = 1.0
         x[:, 5:] = v
         x[[0, 3], [1, 2]] = 2.0
-    assert mode.get_total_counts() == 0
+    _only_index_checks(mode, 2)
     want = a.copy()
     want[1:4] = 0
     want[[0, 4]] = 1
@@ -341,13 +347,14 @@ def test_index_add_and_index_put_match_numpy():
             assert y.placements == tuple(pl)
             _check(y, want)
     # the indexed dims sharded, source and value replicated: each shard writes its block's
-    # entries, nothing moves
+    # entries, no data moves (with more than one rank, index_put's indices are checked)
     a, x = _x(mesh, [S(0)])
     idx, src = _idx(mesh, np.array([4, 0, 4])), _idx(mesh, np.ones((3, 7), np.float32))
     with dt.debug.CommDebugMode() as mode:
         y = dt.index_add(x, 0, idx, src)
         x.index_put_((dt.tensor([1, 3, 1]), dt.tensor([0, 6, 0])), 5.0, accumulate=True)
-    assert mode.get_total_counts() == 0 and y.placements == x.placements == (S(0),)
+    _only_index_checks(mode, 1)
+    assert y.placements == x.placements == (S(0),)
     want = a.copy()
     want[[0, 4]] += [[1], [2]]
     _check(y, want)
@@ -394,7 +401,7 @@ def test_getitem_on_a_sharded_dim_chosen_by_cost():
                 np.arange(256) % 97 == 0):
         with dt.debug.CommDebugMode() as mode:
             y = x[key]
-        assert mode.get_total_counts() == 0
+        _only_index_checks(mode, 1)
         if WORLD.size > 1:
             assert y.placements == (P("sum"),), key
         _check(y, tall[key])
@@ -435,7 +442,7 @@ def test_getitem_with_several_index_arrays_on_sharded_dims():
         for key in _multi_keys():
             with dt.debug.CommDebugMode() as mode:
                 y = x[key]
-            assert mode.get_total_counts() == 0, (pl, key)
+            _only_index_checks(mode, 1)
             if WORLD.size > 1:
                 assert P("sum") in y.placements, (pl, key)
             _check(y, tall[key])
@@ -449,3 +456,147 @@ def test_getitem_with_several_index_arrays_on_sharded_dims():
     if WORLD.size > 1:
         assert mode.get_comm_counts().get("all_gather", 0) > 0
     _check(y, small[key])
+
+
+def _per_rank(*choices):
+    """This rank's pick of ``choices`` (rank 0 the first, the others the second)."""
+    return choices[0] if WORLD.rank == 0 else choices[1]
+
+
+def _divergent_calls(mesh, x):
+    """Index calls whose index differs between rank 0 and the others, one per case."""
+    rows = SHAPE[0]
+    same_len = _per_rank([0, 3], [1, 4])
+    mask = np.zeros(rows, bool)
+    mask[_per_rank([0, 1], [2, 3])] = True
+    longer = _per_rank([0, 1], [0, 1, 2])
+    values = dt.distribute_tensor(np.ones(2, np.float32), mesh, [R])
+
+    def put():
+        x.index_put_((dt.tensor(np.array(same_len)),), values)
+
+    return {
+        "read, same length": lambda: x[same_len],
+        "read, other lengths": lambda: x[longer],
+        "read, mask": lambda: x[mask],
+        "read, tensor index": lambda: x[:, dt.tensor(np.array(_per_rank([0, 6], [6, 0])))],
+        "read, two arrays": lambda: x[same_len, [1, 2]],
+        "write, same length": lambda: x.__setitem__(same_len, 5.0),
+        "write, other lengths": lambda: x.__setitem__(longer, 5.0),
+        "write, mask": lambda: x.__setitem__(mask, 5.0),
+        "index_put_": put,
+    }
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("pl", [[S(0)], [S(1)], [P("sum")]], ids=str)
+def test_rank_divergent_index_raises_on_every_rank(pl):
+    """Each rank passing its own index gave rows that were no rank's answer (S(0) read),
+    replicas that differ after a write, or a hang (different lengths): every rank raises
+    CommError instead, before any data moves, and the next ops run as usual."""
+    mesh = _mesh()
+    a, x = _x(mesh, pl)
+    for name, call in _divergent_calls(mesh, x).items():
+        for _ in range(3):  # also once the compiled front has seen the call
+            with pytest.raises(CommError, match="passed different index arguments") as err:
+                call()
+            assert "Every rank raises" in str(err.value), name
+        _check(x, a)  # nothing was written, and the ranks are still in step
+    # the same index on every rank: served as before, repeatedly (front hits included)
+    for _ in range(3):
+        _check(x[[0, 3]], a[[0, 3]])
+        _check(x[:, np.array([6, 0])], a[:, [6, 0]])
+
+
+@pytest.mark.mpi(min_size=2)
+def test_rank_divergent_index_on_a_replicated_input_raises_under_check_spmd():
+    """On a replicated input the op is purely local: the index is compared only while the
+    SPMD check is on (where every index counts, ints and slices too)."""
+    mesh = _mesh()
+    a, x = _x(mesh, [R])
+    with dt.debug.CommDebugMode() as mode:
+        y = x[[0, 3]]
+        x[[1]] = 2.0
+    assert mode.get_total_counts() == 0 and y.placements == (R,)
+    a[[1]] = 2.0
+    _check(x, a)
+    with dt.debug.check_spmd():
+        for call in (*_divergent_calls(mesh, x).values(), lambda: x[_per_rank(0, 1)],
+                     lambda: x.__setitem__((slice(None), _per_rank(2, 3)), 1.0)):
+            with pytest.raises(CommError, match="passed different index arguments"):
+                call()
+        _check(x[[0, 3]], a[[0, 3]])
+    _check(x, a)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("pl", [[S(0)], [S(1)], [R], [P("sum")]], ids=str)
+def test_dtensor_masks_and_indices(pl):
+    """x[x > 0] = 0, the commonest idiom, raised a numpy-conversion DTypeError: a mask laid
+    out like x writes locally (masked_fill_); a read gathers the mask (as nonzero does); a
+    DTensor integer index is gathered too."""
+    mesh = _mesh()
+    a, x = _x(mesh, pl)
+    want = a.copy()
+    want[want > 0] = 0
+    with dt.debug.CommDebugMode() as mode:
+        m = x > 0
+        moved = mode.get_total_counts()  # a Partial x is reduced for the comparison
+        x[m] = 0
+    if not pl[0].is_partial():
+        assert mode.get_total_counts() == moved == 0, mode.get_comm_counts()
+    assert x.placements == tuple(pl)
+    _check(x, want)
+    a, x = _x(mesh, pl)
+    _check(x[x < 0], a[a < 0])
+    _check(x[x < 0].sum(), a[a < 0].sum())
+    rows = a[:, 0] > 0
+    for layout in ([R], [S(0)]):
+        r = _idx(mesh, rows, layout)
+        _check(x[r], a[rows])
+        y = distribute_random(a, mesh, pl, seed=1)
+        y[r] = -3.0  # a mask over the leading dims: still masked_fill_
+        w = a.copy()
+        w[rows] = -3.0
+        _check(y, w)
+        y[r] = _idx(mesh, np.arange(7 * rows.sum(), dtype=np.float32).reshape(-1, 7))
+        w[rows] = np.arange(7 * rows.sum()).reshape(-1, 7)
+        _check(y, w)
+    i = _idx(mesh, np.array([4, 0, 4]))
+    _check(x[i], a[[4, 0, 4]])
+    _check(x[:, _idx(mesh, np.array([6, 1]))], a[:, [6, 1]])
+    # the gradient through a DTensor mask
+    g = distribute_random(a, mesh, [S(0)], seed=5).requires_grad_()
+    (g[g > 0] * 2.0).sum().backward()
+    np.testing.assert_allclose(g.grad.full_tensor().numpy(), 2.0 * (a > 0))
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("pl", [[S(0)], [S(1)], [R]], ids=str)
+def test_index_ops_take_a_local_index(pl):
+    """index_select / gather / take_along_dim / scatter(_add) / index_add with a local
+    tensor index (replicated, as x[idx] takes it) raised "cannot mix"."""
+    mesh = _mesh()
+    a, x = _x(mesh, pl)
+    rng = np.random.default_rng(21)
+    for dim in (0, 1):
+        n = SHAPE[dim]
+        sel = rng.integers(0, n, (4,))
+        _check(dt.index_select(x, dim, dt.tensor(sel)), np.take(a, sel, axis=dim))
+        _check(x.index_select(dim, sel), np.take(a, sel, axis=dim))  # an ndarray too
+        g = rng.integers(0, n, SHAPE)
+        _check(x.gather(dim, dt.tensor(g)), np.take_along_axis(a, g, axis=dim))
+        _check(dt.take_along_dim(x, dt.tensor(g), dim), np.take_along_axis(a, g, axis=dim))
+        perm = np.argsort(rng.random(SHAPE), axis=dim)
+        src = rng.standard_normal(SHAPE).astype(np.float32)
+        want = a.copy()
+        np.put_along_axis(want, perm, src, axis=dim)
+        _check(x.scatter(dim, dt.tensor(perm), _idx(mesh, src, pl)), want)
+        want = a.copy()
+        np.add.at(want, (slice(None),) * dim + (sel,),
+                  np.take(src, range(4), axis=dim))
+        source = _idx(mesh, np.ascontiguousarray(np.take(src, range(4), axis=dim)))
+        _check(dt.index_add(x, dim, dt.tensor(sel), source), want)
+    if WORLD.size > 1 and pl[0].is_shard():  # a local index is checked like x[idx]
+        with pytest.raises(CommError, match="passed different index arguments"):
+            dt.index_select(x, 0, dt.tensor(np.array([WORLD.rank % 2, 2])))

@@ -288,3 +288,34 @@ def test_persistent_and_blocking_agree_when_switched_together():
     finally:
         rcomm.set_persistent(prev)
     np.testing.assert_array_equal(x.redistribute(mesh, [R]).to_local().numpy(), data)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_set_persistent_on_one_rank_raises_instead_of_hanging():
+    """set_persistent(True) on one rank alone hung the next S(0)->R (MPI never matches a
+    persistent all-gather with a blocking one): it is collective, the lone rank raises
+    CommError after its timeout with its setting unchanged, and ranks asking for different
+    settings all raise ConfigError."""
+    from dtensor.errors import CommError, ConfigError
+
+    mesh = dt.init_device_mesh((WORLD.size,))
+    x, data = _source((8, 8), [S(0)], mesh)
+    prev = rcomm.set_persistent(False)
+    try:
+        if WORLD.rank == 0:
+            with pytest.raises(CommError, match="did not call set_persistent within 1 s"):
+                rcomm.set_persistent(True, timeout=1.0)
+        assert not rcomm.persistent_enabled()
+        for _ in range(2):  # every rank still runs the blocking all-gather
+            np.testing.assert_array_equal(x.redistribute(mesh, [R]).to_local().numpy(), data)
+        rcomm.set_persistent(False)  # every rank's next call: it completes rank 0's
+        if rcomm.persistent._HAS_PERSISTENT:
+            with pytest.raises(ConfigError, match="asked for different settings"):
+                rcomm.set_persistent(WORLD.rank == 0)
+            assert not rcomm.persistent_enabled()
+        np.testing.assert_array_equal(x.redistribute(mesh, [R]).to_local().numpy(), data)
+        rcomm.set_persistent(True)  # together: both on
+        assert rcomm.persistent_enabled() == rcomm.persistent._HAS_PERSISTENT
+        np.testing.assert_array_equal(x.redistribute(mesh, [R]).to_local().numpy(), data)
+    finally:
+        rcomm.set_persistent(prev)

@@ -22,6 +22,7 @@ import dtensor as dt
 from dtensor.debug._spmd import check_spmd
 from dtensor.errors import CommError
 from redistribute import comm as _comm
+from redistribute.comm import spmd as _spmd
 
 WORLD = MPI.COMM_WORLD
 R, S, P = dt.Replicate(), dt.Shard, dt.Partial
@@ -206,3 +207,38 @@ def test_watchdog_context_manager_reports_a_late_rank(capsys):
         assert "stuck for" in err and "world rank 1: not in a dtensor collective" in err
     else:
         assert "[dtensor watchdog]" not in err
+
+
+@pytest.mark.mpi(min_size=2)
+def test_watchdog_names_the_op_and_phase_of_a_backward_collective(capsys):
+    """A collective of backward reads ``"matmul (backward)"`` in the watchdog's report (and
+    the SPMD check's fingerprints), as in CommDebugMode, instead of the op of the formula's
+    inner call or none."""
+    from dtensor.debug._watchdog import watchdog
+
+    mesh = dt.init_device_mesh((WORLD.size,))
+    rng = np.random.default_rng(0)
+    x = dt.distribute_tensor(rng.standard_normal((4 * WORLD.size, 3)).astype(np.float32),
+                             mesh, [dt.Shard(0)])
+    w = dt.distribute_tensor(rng.standard_normal((3, 2)).astype(np.float32), mesh,
+                             [dt.Replicate()]).requires_grad_()
+    loss = (x @ w).sum()
+    slots = []
+    with watchdog(3600.0):
+        wd = _comm.HOOKS.watchdog
+        enter = wd.enter
+
+        def keep(comm, kind, fp):
+            enter(comm, kind, fp)
+            slots.append(wd.slot)
+
+        wd.enter = keep
+        with dt.debug.CommDebugMode() as mode:
+            loss.backward()
+        backward = [s for s in slots if "(backward)" in _spmd.fingerprint(s[3])]
+        assert backward, [_spmd.fingerprint(s[3]) for s in slots]
+        wd._report(backward[0])  # what a hang there would print
+    labels = {r.label for r in mode.records}
+    assert "matmul (backward)" in labels, labels
+    err = capsys.readouterr().err
+    assert "op matmul (backward)" in err, err

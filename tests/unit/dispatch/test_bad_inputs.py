@@ -358,6 +358,7 @@ def test_catalogue_types_subclass_the_builtins():
         (errors.CheckpointError, OSError),
         (errors.AutogradError, RuntimeError),
         (errors.MetadataOnlyError, RuntimeError),
+        (errors.AllocationError, MemoryError),
     ]
     for sub, builtin in pairs:
         assert issubclass(sub, errors.DTensorError) and issubclass(sub, builtin)

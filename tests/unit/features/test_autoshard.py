@@ -22,7 +22,7 @@ from dtensor.autoshard import (
     solve,
 )
 from dtensor.autoshard._calibrate import op_class, op_work
-from placements.errors import ArgumentError, ConfigError
+from placements.errors import ArgumentError, ConfigError, DTypeError
 
 R, S = dt.Replicate(), dt.Shard
 pytestmark = pytest.mark.mode_independent
@@ -131,6 +131,12 @@ def test_calibration_file_round_trip(tmp_path, monkeypatch):
     assert load_calibration(ranks=2) is None
     with pytest.raises(ConfigError, match="no file"):
         load_calibration(tmp_path / "none.json")
+    # a value that names no .json file is refused, as every DTENSOR_* setting is
+    for bad in ("banana", str(tmp_path)):
+        monkeypatch.setenv("DTENSOR_CALIBRATION", bad)
+        with pytest.raises(ConfigError, match=f"DTENSOR_CALIBRATION={bad!r} is not the path"):
+            load_calibration(ranks=2)
+    monkeypatch.delenv("DTENSOR_CALIBRATION")
     path.write_text(json.dumps({"version": 1, "kernels": {"gemm": {"alpha_s": 1}}}))
     with pytest.raises(ConfigError, match="unknown op class 'gemm'"):
         load_calibration(path)
@@ -232,7 +238,47 @@ def test_auto_shard_budget_no_plan_meets_names_the_smallest_peak():
     plan = dt.auto_shard(_mlp_step, params, inputs, mesh, memory_budget=smallest,
                          calibration=Calibration(), rounds=1)
     assert plan.predicted_peak_bytes <= smallest
-    with pytest.raises(ArgumentError, match="must be > 0"):
+    with pytest.raises(ArgumentError, match="bytes per rank > 0"):
         dt.auto_shard(_mlp_step, params, inputs, mesh, memory_budget=0)
     with pytest.raises(ArgumentError, match="unknown solver"):
         dt.auto_shard(_mlp_step, params, inputs, mesh, solver="greedy")
+
+
+def _deep_step(p, b):
+    h = (b["x"] @ p["w1"]).relu()
+    return ((h @ p["w2"]).relu() @ p["w3"]).square().mean()
+
+
+@pytest.mark.parametrize("shape", [(2,), (4,)])
+def test_auto_shard_budget_met_by_the_unconstrained_plan_returns_it_or_better(shape):
+    # a budget between 1.0x and 1.1x of the peak of the plan found without one: the rounds
+    # under the budget alone pruned their way to "no plan fits"
+    mesh = dt.AbstractMesh(shape)
+    params = {"w1": np.zeros((32, 64), np.float32), "w2": np.zeros((64, 64), np.float32),
+              "w3": np.zeros((64, 8), np.float32)}
+    inputs = {"x": np.zeros((1024, 32), np.float32)}
+    kw = {"calibration": Calibration(), "optimizer": lambda ps: dt.optim.Adam(ps, lr=1e-3),
+          "solver": "bnb"}
+    free = dt.auto_shard(_deep_step, params, inputs, mesh, **kw)
+    peak = free.predicted_peak_bytes
+    for budget in (peak, int(peak * 1.05), int(peak * 1.1)):
+        plan = dt.auto_shard(_deep_step, params, inputs, mesh, memory_budget=budget, **kw)
+        assert plan.predicted_peak_bytes <= budget
+        assert plan.predicted_time <= free.predicted_time
+
+
+@pytest.mark.parametrize("budget,error,match", [
+    (math.nan, ArgumentError, "finite number of bytes"),
+    (math.inf, ArgumentError, "finite number of bytes"),
+    (-5, ArgumentError, "finite number of bytes"),
+    ("2GB", DTypeError, r"memory_budget='2GB' \(str\) must be a number of bytes"),
+    (True, DTypeError, "must be a number of bytes"),
+])
+def test_auto_shard_refuses_a_bad_budget_up_front(budget, error, match):
+    def never(p, b):
+        raise AssertionError("the step ran before the budget was checked")
+
+    mesh = dt.AbstractMesh((2,))
+    with pytest.raises(error, match=match):
+        dt.auto_shard(never, {"w": np.zeros((4, 4), np.float32)}, {}, mesh,
+                      memory_budget=budget)

@@ -231,3 +231,21 @@ def test_clip_grad_norm_edge_cases():
         dt.nn.utils.clip_grad_norm_(p, 1.0, error_if_nonfinite=True)
     with pytest.raises(ArgumentError, match="norm_type"):
         dt.nn.utils.get_total_norm([p.grad], -1.0)
+
+
+def test_clip_grad_norm_nan_norm_scales_by_nan_as_torch():
+    # torch: clip_coef_clamped = clamp(max_norm / (nan + 1e-6), max=1.0) is NaN, and every
+    # gradient is multiplied by it (python's min(1.0, nan) is 1.0)
+    p = dt.tensor(np.zeros(3, np.float32), requires_grad=True)
+    q = dt.tensor(np.zeros(2, np.float32), requires_grad=True)
+    p.grad = dt.tensor(np.array([np.nan, 1.0, 2.0], np.float32))
+    q.grad = dt.tensor(np.array([3.0, 4.0], np.float32))
+    total = dt.nn.utils.clip_grad_norm_([p, q], 1.0)
+    assert np.isnan(float(total.numpy()))
+    assert np.isnan(p.grad.numpy()).all() and np.isnan(q.grad.numpy()).all()
+    # an infinite norm gives a factor of 0: finite gradients become 0 (as in torch)
+    q.grad = dt.tensor(np.array([3.0, 4.0], np.float32))
+    r = dt.tensor(np.zeros(1, np.float32), requires_grad=True)
+    r.grad = dt.tensor(np.array([np.inf], np.float32))
+    dt.nn.utils.clip_grad_norm_([q, r], 1.0)
+    np.testing.assert_array_equal(q.grad.numpy(), [0.0, 0.0])

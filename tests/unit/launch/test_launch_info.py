@@ -45,12 +45,46 @@ def test_info_lists_mpi_gpu_and_fastpath(tmp_path):
     assert lines["MPI library"] == first
     assert lines["MPI standard"] == "{}.{}".format(*MPI.Get_version())
     assert lines["CUDA-aware MPI"] in ("yes", "no", "unknown")
-    assert lines["fast path"].startswith("compiled" if fastpath.AVAILABLE else "not built")
+    assert lines["fast path"].startswith("compiled" if fastpath.AVAILABLE else "NOT BUILT")
     from redistribute import shm
 
     assert lines["shared memory"].startswith("on (" if shm.enabled() else "off (")
     assert lines["cupy"] == "not installed" or re.match(r"\d+\.", lines["cupy"])
     assert Path(lines["mpiexec"]).name in ("mpiexec", "mpirun", "mpiexec.hydra")
+
+
+#: Run ``code`` as a program whose import of the compiled extension fails, as in a source
+#: checkout that was never built.
+UNBUILT = ("import sys, warnings; warnings.simplefilter('ignore'); "
+           "sys.modules['fastpath._strides'] = None\n")
+
+
+@pytest.mark.parametrize("fastpath_env", [None, "0"])
+def test_info_and_benchmarks_refuse_an_unbuilt_fast_path_loudly(tmp_path, fastpath_env):
+    # run from a checkout without the extension, a benchmark measured the Python path and
+    # --info said "not built" in one quiet line; DTENSOR_FASTPATH=0 is the path on purpose
+    env = child_env({} if fastpath_env is None else {"DTENSOR_FASTPATH": fastpath_env})
+    bench = UNBUILT + (
+        "sys.argv = ['small_ops', '--repeat', '1']\n"
+        "import launch.bench._common\n"
+        "print('MEASURING')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", bench], cwd=tmp_path, env=env, check=False,
+                         capture_output=True, text=True, timeout=LIMIT_S)
+    main = "from launch.__main__ import main; sys.exit(main(['--info']))"
+    info = subprocess.run([sys.executable, "-c", UNBUILT + main], cwd=tmp_path, env=env,
+                          check=False, capture_output=True, text=True, timeout=LIMIT_S)
+    assert info.returncode == 0, info.stderr
+    if fastpath_env is None:
+        assert out.returncode == 2 and "MEASURING" not in out.stdout, out.stdout + out.stderr
+        assert "refusing to measure" in out.stderr and "NOT BUILT" in out.stderr
+        assert "pip install -e ." in out.stderr and "DTENSOR_FASTPATH=0" in out.stderr
+        assert "WARNING: dtensor's compiled fast path is NOT BUILT" in info.stderr
+        assert "!!!!!" in info.stderr
+    else:
+        assert out.returncode == 0 and "MEASURING" in out.stdout, out.stderr
+        assert "WARNING" not in info.stderr
+    assert re.search(r"fast path\s+NOT BUILT in ", info.stdout), info.stdout
 
 
 def test_info_says_when_shared_memory_is_off(tmp_path):

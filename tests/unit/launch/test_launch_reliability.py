@@ -9,7 +9,13 @@ of its own, killed when it outlives its limit) and checks:
 - the ranks get a private (0700) folder for the watchdog's state in
   ``DTENSOR_WATCHDOG_DIR``, which the launcher removes when the job ends, aborted or not;
 - SIGTERM or SIGINT to the test runner (``python -m launch test``) kills the running
-  stage's job and ends the run with ``128 + signal``, no later stage started.
+  stage's job and ends the run with ``128 + signal``, no later stage started;
+- ranks die with Hydra's proxy when it is killed, and the launcher ends every process of
+  the job (a process a rank started in a session of its own) at its end or timeout;
+- ``sys.exit(256)`` is a failure (clamped to 255), and output that imitates Hydra's report
+  of a signal is not taken for one;
+- the folders of launchers killed by SIGKILL are removed by the next launch (never a live
+  job's), and an aborted job leaves none of its MPI library's files in ``/dev/shm``.
 """
 
 from __future__ import annotations
@@ -245,3 +251,171 @@ def test_a_signal_to_the_test_runner_stops_the_whole_run(tmp_path, sig):
         if runner.poll() is None:
             os.killpg(runner.pid, signal.SIGKILL)
             runner.wait()
+
+
+def _ranks_up(tmp_path: Path, launcher: subprocess.Popen, n: int = 2) -> dict[int, str]:
+    """Wait for the ``pid<r>`` files of :data:`SLEEPER`; ``{pid: start time}`` of the ranks."""
+    files = [tmp_path / f"pid{r}" for r in range(n)]
+    _poll(lambda: all(f.exists() for f in files) or launcher.poll() is not None,
+          "the ranks did not start")
+    assert launcher.poll() is None, "the job ended early"
+    return {int(f.read_text()): _start_time(int(f.read_text())) for f in files}
+
+
+def _kill_survivors(procs: dict[int, str | None]) -> None:
+    for pid, start in procs.items():  # only the processes of this test, by id
+        if start and _start_time(pid) == start:
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_ranks_die_with_their_proxy(tmp_path):
+    # each rank has a session of its own: when Hydra's proxy is killed outright, nothing
+    # else ended them (the parent-death signal of the rank bootstrap does)
+    (tmp_path / "job.py").write_text(SLEEPER)
+    cmd = [sys.executable, "-m", "launch", "--timeout", "300", "-n", "2", "job.py", str(tmp_path)]
+    launcher = subprocess.Popen(cmd, cwd=tmp_path, env=_env(tmp_path), start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ranks: dict[int, str | None] = {}
+    try:
+        ranks = _ranks_up(tmp_path, launcher)
+        with open(f"/proc/{next(iter(ranks))}/stat") as f:
+            proxy = int(f.read().rsplit(")", 1)[1].split()[1])
+        assert "proxy" in Path(f"/proc/{proxy}/cmdline").read_text(), "not Hydra's proxy"
+        os.kill(proxy, signal.SIGKILL)
+        _poll(lambda: all(_start_time(p) != st for p, st in ranks.items()),
+              "the ranks did not end with their proxy")
+        _poll(lambda: launcher.poll() is not None, "the launcher did not end")
+    finally:
+        _kill_survivors(ranks)
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+
+
+DETACHED = """\
+import os, subprocess, sys, time
+from mpi4py import MPI
+if MPI.COMM_WORLD.Get_rank() == 0:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"],
+                             start_new_session=True, stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with open(os.path.join(sys.argv[1], "child.tmp"), "w") as f:
+        f.write(str(child.pid))
+    os.replace(os.path.join(sys.argv[1], "child.tmp"), os.path.join(sys.argv[1], "child"))
+{end}
+"""
+
+
+@pytest.mark.parametrize("end", ["time.sleep(300)", "MPI.COMM_WORLD.Barrier()"],
+                         ids=["timeout", "normal end"])
+def test_the_launcher_ends_every_process_of_the_job(tmp_path, end):
+    # a process a rank started in a session of its own outlived the job (its --timeout
+    # killed mpiexec's process group only); the launcher ends it by the job's token
+    (tmp_path / "job.py").write_text(DETACHED.format(end=end))
+    cmd = [sys.executable, "-m", "launch", "--timeout", "8", "-n", "2", "job.py", str(tmp_path)]
+    child: dict[int, str | None] = {}
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=_env(tmp_path), start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _poll(lambda: (tmp_path / "child").exists() or proc.poll() is not None,
+              "the job did not start its process")
+        pid = int((tmp_path / "child").read_text())
+        child = {pid: _start_time(pid)}
+        out, err = proc.communicate(timeout=LIMIT_S)
+        assert proc.returncode == (124 if "sleep" in end else 0), out + err
+        _poll(lambda: _start_time(pid) != child[pid], "the job's process outlived the job")
+    finally:
+        _kill_survivors(child)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.mark.parametrize("code,status", [(256, 255), (512 + 7, 255), (-1, 1), (255, 255)])
+def test_exit_status_is_clamped_to_a_failure(tmp_path, code, status):
+    out = _launch(tmp_path, KILL_RANK_1.format(action=f"sys.exit({code})"))
+    assert out.returncode == status, out.stdout + out.stderr
+
+
+FAKE_REPORT = """\
+import os, socket, sys
+from mpi4py import MPI
+c = MPI.COMM_WORLD
+if c.rank == 1:
+    pid = {pid}
+    print("=" * 83)
+    print("=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES")
+    print(f"=   PID {{pid}} RUNNING AT {{socket.gethostname()}}")
+    print("=   EXIT CODE: 9")
+    print("=" * 83)
+    print("YOUR APPLICATION TERMINATED WITH THE EXIT STRING: Killed (signal 9)")
+    print("This typically refers to a problem with your application.")
+    print("Please see the FAQ page for debugging suggestions", flush=True)
+    sys.exit(9)
+c.Barrier()
+"""
+
+
+@pytest.mark.parametrize("pid", ["os.getpid()", "1"], ids=["own pid", "no rank's pid"])
+def test_printed_signal_report_is_not_taken_for_a_signal(tmp_path, pid):
+    # the launcher read "killed by signal 9" from the output's last lines, which a program
+    # prints too (a job that reports a sub-job's end): the ranks' records tell
+    out = _launch(tmp_path, FAKE_REPORT.format(pid=pid))
+    assert out.returncode == 9, out.stdout + out.stderr
+    assert "killed by signal" not in out.stderr
+
+
+def test_folders_of_killed_launchers_are_removed_by_the_next_launch(tmp_path):
+    import fcntl
+
+    tmp = tmp_path / "tmp"
+    (tmp_path / "job.py").write_text(SLEEPER)
+    cmd = [sys.executable, "-m", "launch", "--timeout", "300", "-n", "2", "job.py", str(tmp_path)]
+    launcher = subprocess.Popen(cmd, cwd=tmp_path, env=_env(tmp_path), start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ranks: dict[int, str | None] = {}
+    try:
+        ranks = _ranks_up(tmp_path, launcher)
+        os.kill(launcher.pid, signal.SIGKILL)
+        launcher.wait()
+        _poll(lambda: all(_start_time(p) != st for p, st in ranks.items()), "ranks survived")
+    finally:
+        _kill_survivors(ranks)
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+    (dead,) = tmp.glob("dtensor-job-*")  # a SIGKILLed launcher cannot remove its own
+    # a live job's folder (its lock held) and one without a lock stay
+    live, lockless = tmp / "dtensor-job-live", tmp / "dtensor-job-nolock"
+    live.mkdir(mode=0o700)
+    lockless.mkdir(mode=0o700)
+    with open(live / "lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        out = _launch(tmp_path, "print('ok')\n")
+        assert out.returncode == 0, out.stderr
+        assert not dead.exists()
+        assert live.exists() and lockless.exists()
+    assert sorted(p.name for p in tmp.iterdir()) == ["dtensor-job-live", "dtensor-job-nolock"]
+
+
+SHM_JOB = """\
+import sys
+from mpi4py import MPI
+paths = sorted({line.split(None, 5)[5].strip() for line in open("/proc/self/maps")
+                if "/dev/shm/" in line and "(deleted)" not in line})
+print("SHM", MPI.COMM_WORLD.rank, *paths, flush=True)
+MPI.COMM_WORLD.Barrier()
+if MPI.COMM_WORLD.rank == 1:
+    raise RuntimeError("abort the job")
+MPI.COMM_WORLD.Barrier()
+"""
+
+
+def test_an_aborted_job_leaves_no_shared_memory_files(tmp_path):
+    out = _launch(tmp_path, SHM_JOB)
+    assert out.returncode == 1, out.stdout + out.stderr
+    paths = {p for line in out.stdout.splitlines() if line.startswith("SHM ")
+             for p in line.split()[2:]}
+    assert paths, "the MPI library mapped no /dev/shm file (nothing to check)"
+    left = [p for p in paths if os.path.exists(p)]
+    assert not left, f"the aborted job left {left}"

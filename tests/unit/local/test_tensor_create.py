@@ -281,8 +281,8 @@ def test_like_factories_inherit_and_preserve_strides():
     assert e.dtype == dt.int32 and meta(e) == ((4, 3), (1, 4), 0)
     z = dt.zeros_like(src, dtype=dt.float64)
     assert z.dtype == dt.float64 and meta(z) == ((4, 3), (1, 4), 0) and (z.numpy() == 0).all()
-    o = dt.ones_like(src[:, ::2])  # not dense: contiguous
-    assert meta(o) == ((4, 2), (2, 1), 0) and (o.numpy() == 1).all()
+    o = dt.ones_like(src[:, ::2])  # not dense: dense strides in its own order, as torch
+    assert meta(o) == ((4, 2), (1, 4), 0) and (o.numpy() == 1).all()
     f = dt.full_like(src, 7)
     assert f.dtype == dt.int32 and (f.numpy() == 7).all()
     r = dt.rand_like(dt.zeros(3, 2, dtype=dt.float64))
@@ -468,3 +468,20 @@ def test_factories_match_random_block_from_the_reserved_offset():
     assert _random._reserve(0) == (seed, offset + 24)
     s = dt.rand(())
     assert s.shape == () and 0 <= s.item() < 1
+
+
+@pytest.mark.parametrize("make,op", [
+    (lambda: dt.empty(2**62), "empty"),
+    (lambda: dt.zeros(2**40, 2**30), "zeros"),
+    (lambda: dt.full((2**31, 2**31), 1.0), "full"),
+    (lambda: dt.rand(2**62, dtype=dt.float64), "rand"),
+    (lambda: dt.empty(1 << 40), "empty"),  # 4 TiB: fits the address space, not the machine
+    (lambda: dt.empty(2**62, device_mesh=dt.init_device_mesh((1,))), "dt.empty"),
+])
+def test_a_tensor_too_large_to_allocate_raises_naming_the_op(make, op):
+    # numpy's "array is too big" ValueError (and a bare MemoryError) named no op
+    from dtensor.errors import AllocationError
+
+    with pytest.raises(AllocationError, match=rf"^{op}: cannot allocate a tensor of shape") as e:
+        make()
+    assert isinstance(e.value, MemoryError) and " bytes" in str(e.value)

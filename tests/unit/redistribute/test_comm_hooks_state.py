@@ -93,7 +93,8 @@ SETTERS = {
     ),
 }
 #: Setters that change a hook's content but turn none on.
-NOT_A_SWITCH = {"hooks.set_op_source": "names the op in the fingerprints of the checks"}
+NOT_A_SWITCH = {"hooks.set_op_source": "names the op in the fingerprints of the checks",
+                "persistent.make_channel": "makes the channel where set_persistent's calls meet"}
 
 
 def _setters_in(module: str, source: str) -> set[str]:

@@ -15,38 +15,20 @@ from mpi4py import MPI
 
 import dtensor as dt
 from dtensor.errors import ArgumentError, MeshError
+from launch.bench.implicit_tp import megatron_partition
 from launch.examples.gpt import GPT, GPTConfig, batch
 
 WORLD = MPI.COMM_WORLD
 # 12 heads and a 192-wide MLP: whole heads on every rank at 1-4 ranks
 CFG = GPTConfig(vocab_size=64, block_size=16, n_layer=3, n_head=12, d_model=48)
 BATCH = 4
-COLWISE = ("wq", "wk", "wv", "fc")
-ROWWISE = ("wo", "proj")
-
-
-def _megatron(name, module, mesh):
-    """Column-parallel weights and biases Shard(0), row-parallel weights Shard(1); the rest
-    is left to distribute_module (replicated)."""
-    leaf = name.rsplit(".", 1)[-1]
-    for pname, p in list(module.named_parameters(recurse=False)):
-        if leaf in COLWISE:
-            pl = [dt.Shard(0)]
-        elif leaf in ROWWISE and pname == "weight":
-            pl = [dt.Shard(1)]
-        else:
-            continue
-        d = dt.distribute_tensor(p.detach(), mesh, pl)
-        module.register_parameter(pname, dt.nn.Parameter(d))
-
-
 def _models():
     dt.manual_seed(0)
     local = GPT(CFG)
     dt.manual_seed(0)
     model = GPT(CFG)
     mesh = dt.init_device_mesh((WORLD.size,))
-    dt.distribute_module(model, mesh, _megatron)
+    dt.distribute_module(model, mesh, megatron_partition)
     return local, model, mesh
 
 

@@ -269,9 +269,9 @@ class TorchSide(Side):
     def __init__(self, mode: str, cfg: GPTConfig, args: Any,
                  weights: dict[str, np.ndarray]) -> None:
         super().__init__("torch")
-        import torch
+        import torch  # lazy: torch is never a dependency; only the torch side needs it
 
-        from launch.bench import _torch_gpt
+        from launch.bench import _torch_gpt  # lazy: it imports torch
 
         self.torch = torch
         self.model, self.n_data, self.data_rank = _torch_gpt.build(

@@ -40,6 +40,7 @@ from mpi4py import MPI
 
 import dtensor as dt
 from launch.bench._common import (
+    Progress,
     agreed_number,
     bench_args,
     emit,
@@ -85,9 +86,13 @@ def run(args: Any) -> dict[str, Any]:
     mesh = dt.init_device_mesh((comm.size,))
     figures: dict[str, float | None] = {}
     fastest: dict[str, float | None] = {}
-    for name, fn in _cases(mesh).items():
+    cases = _cases(mesh)
+    progress = Progress("index_check", len(cases),
+                        enabled=comm.rank == 0 and not getattr(args, "quiet", False))
+    for name, fn in cases.items():
         if fn is None:
             figures[name] = fastest[name] = None
+            progress(f"{name}: not at this rank count")
             continue
         for _ in range(20):
             fn()
@@ -96,6 +101,7 @@ def run(args: Any) -> dict[str, Any]:
         samples = per_call_us(fn, repeat=args.repeat, number=number, warmup=0)
         figures[name] = round(worst_rank(statistics.median(samples), comm), 3)
         fastest[name] = round(worst_rank(min(samples), comm), 3)
+        progress(f"{name}: {figures[name]} us")
     return {"benchmark": "index_check", "ranks": comm.size, "shape": list(SHAPE),
             "dtensor": os.path.dirname(os.path.dirname(dt.__file__)), "us": figures,
             "min_us": fastest, "environment": environment()}

@@ -39,6 +39,7 @@ SMALLEST = {
                     "model  strategy  peak pred  peak meas"),
     "gpt_vs_torch": (("--model tiny --steps 2 --warmup 1 --strategy local --no-memory "
                       "--no-torch"), "| mode | dtensor | torch | dtensor ms |"),
+    "index_check": ("--repeat 2", "| case | µs per call (median) | fastest sample |"),
     "implicit_tp": ("--layers 1 --dim 32 --heads 2 --seq 8 --vocab 32 --batch 2 --repeat 1",
                     "layout    step ms  collectives"),
     "kernels": ("--sizes 8 --repeat 1 --ops exp", "| op | shape | ours | numpy |"),

@@ -63,7 +63,9 @@ UNBUILT = ("import sys, warnings; warnings.simplefilter('ignore'); "
 def test_info_and_benchmarks_refuse_an_unbuilt_fast_path_loudly(tmp_path, fastpath_env):
     # run from a checkout without the extension, a benchmark measured the Python path and
     # --info said "not built" in one quiet line; DTENSOR_FASTPATH=0 is the path on purpose
-    env = child_env({} if fastpath_env is None else {"DTENSOR_FASTPATH": fastpath_env})
+    # (the Python-path test stage exports DTENSOR_FASTPATH=0: the None case must not see it)
+    env = child_env({} if fastpath_env is None else {"DTENSOR_FASTPATH": fastpath_env},
+                    drop=["DTENSOR_FASTPATH"] if fastpath_env is None else [])
     bench = UNBUILT + (
         "sys.argv = ['small_ops', '--repeat', '1']\n"
         "import launch.bench._common\n"

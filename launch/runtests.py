@@ -274,9 +274,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--timeout",
         type=float,
-        default=900.0,
+        default=1500.0,
         metavar="S",
-        help="time limit of each stage in seconds (default 900)",
+        help="time limit of each stage in seconds (default 1500)",
     )
     p.add_argument(
         "--tests-dir",

@@ -46,6 +46,7 @@ from launch.bench._common import (
     emit,
     environment,
     per_call_us,
+    table,
     worst_rank,
 )
 
@@ -107,23 +108,18 @@ def run(args: Any) -> dict[str, Any]:
             "min_us": fastest, "environment": environment()}
 
 
-def table(doc: dict[str, Any]) -> str:
-    """The figures as a markdown table. **Local**."""
-    lines = [f"index check, {doc['ranks']} ranks, 8x8 float32 ({doc['dtensor']})", "",
-             "| case | µs per call (median) | fastest sample |", "|---|---:|---:|"]
-    for name, us in doc["us"].items():
-        low = doc["min_us"][name]
-        lines.append(f"| {name} | {'-' if us is None else f'{us:.2f}'} | "
-                     f"{'-' if low is None else f'{low:.2f}'} |")
-    return "\n".join(lines)
+def report(doc: dict[str, Any]) -> str:
+    """The figures as a markdown table (the shared :func:`table`). **Local**."""
+    rows = [(name, us, doc["min_us"][name]) for name, us in doc["us"].items()]
+    return table(("case", "µs per call (median)", "fastest sample"), rows, markdown=True,
+                 title=f"index check, {doc['ranks']} ranks, 8x8 float32 ({doc['dtensor']})\n")
 
 
 def main(argv: list[str] | None = None) -> None:
     args = bench_args(__doc__.splitlines()[0], argv)
     doc = run(args)
     if MPI.COMM_WORLD.rank == 0:
-        emit(doc, args.out)
-        print(table(doc))
+        emit(doc, args.out, report(doc))
 
 
 if __name__ == "__main__":

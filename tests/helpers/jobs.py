@@ -33,6 +33,18 @@ def child_env(extra: Mapping[str, str] | None = None, drop: Iterable[str] = ()) 
     return env
 
 
+def job_cwd(cwd: Path | str, args: Sequence[str]) -> Path | str:
+    """The folder to start a launcher job ``args`` in: ``python -m pkg.mod`` puts its working
+    folder first on ``sys.path``, so a module job started in the checkout would import the
+    source tree (whose extension may not be built) instead of the installed packages; such a
+    job starts in the ``tests`` folder. Script jobs (``path.py``) keep ``cwd``."""
+    from helpers import ROOT, TESTS  # lazy: helpers/__init__ is the package's own root
+
+    if "-m" in args and Path(cwd).resolve() == ROOT:
+        return TESTS
+    return cwd
+
+
 def run_group(
     argv: Sequence[str], cwd: Path | str, limit: float, env: Mapping[str, str] | None = None
 ) -> subprocess.CompletedProcess:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from helpers import ROOT
-from helpers.jobs import child_env, run_group
+from helpers.jobs import child_env, job_cwd, run_group
 
 LIMIT_S = 120
 
@@ -131,7 +131,7 @@ print(f"job {job}: {counts}")
 
 def _launch(cwd: Path, n: int, *args: str, ok: bool = True) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "launch", "-n", str(n), "--timeout", str(LIMIT_S), *args]
-    proc = run_group(cmd, cwd, LIMIT_S + 30, child_env(drop=["DTENSOR_MESH"]))
+    proc = run_group(cmd, job_cwd(cwd, args), LIMIT_S + 30, child_env(drop=["DTENSOR_MESH"]))
     if ok:
         assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stdout}\n{proc.stderr}"
     return proc

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers import ROOT
-from helpers.jobs import PKG_ROOT, child_env, run_group
+from helpers.jobs import PKG_ROOT, child_env, job_cwd, run_group
 
 import fastpath
 from dtensor.autoshard import load_calibration
@@ -33,7 +33,8 @@ INSTALLED = Path(PKG_ROOT) / "launch"
 def launch(n: int, *args: str, cwd: Path = ROOT, env: dict | None = None) -> str:
     """Run ``python -m launch -n n args...``; assert it succeeds; its standard output."""
     cmd = [sys.executable, "-m", "launch", "-n", str(n), "--timeout", str(LIMIT_S), *args]
-    proc = run_group(cmd, cwd, LIMIT_S + 30, child_env(env, drop=["DTENSOR_MESH"]))
+    proc = run_group(cmd, job_cwd(cwd, args), LIMIT_S + 30,
+                     child_env(env, drop=["DTENSOR_MESH"]))
     assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stdout}\n{proc.stderr}"
     return proc.stdout
 

@@ -96,6 +96,20 @@ def _dataset(f: Any, h5py: Any, path: str, name: str, op: str) -> Any:
     return node
 
 
+def _outside_storage(ds: Any) -> str | None:
+    """What other files the dataset ``ds`` keeps its data in, in words, or None: HDF5
+    *external raw storage* (the bytes live in files the dataset names, at any path) and
+    *virtual datasets* (mapped from datasets of other files)."""
+    external = ds.external
+    if external:
+        files = sorted({os.fsdecode(entry[0]) for entry in external})
+        return f"external raw storage in {files[:5]}"
+    if getattr(ds, "is_virtual", False):
+        files = sorted({os.fsdecode(src.file_name) for src in ds.virtual_sources()})
+        return f"a virtual dataset mapped from {files[:5]}"
+    return None
+
+
 def _check_dtype(dtype: np.dtype, what: str, op: str) -> None:
     if dtype.kind not in _KINDS or dtype.fields is not None:
         raise DTypeError(
@@ -105,14 +119,22 @@ def _check_dtype(dtype: np.dtype, what: str, op: str) -> None:
 
 
 def from_h5(
-    path: str | os.PathLike, dataset: str, mesh: DeviceMesh, placements: Sequence[Placement]
+    path: str | os.PathLike,
+    dataset: str,
+    mesh: DeviceMesh,
+    placements: Sequence[Placement],
+    *,
+    allow_external: bool = False,
 ) -> DTensor:
     """A DTensor of the HDF5 dataset ``dataset`` of file ``path``, placed on ``mesh``.
 
     **Collective** over COMM_WORLD: every rank opens the file read-only and reads its own
     hyperslab into its shard (h5py's ``read_direct``); nothing else of the dataset is read
     (of a chunked dataset: the chunks that hold the hyperslab).
-    Datasets of another byte order come back native. A Partial placement puts the value on
+    Datasets of another byte order come back native. A dataset whose data lives in other
+    files (HDF5 external raw storage, which may name any path on the machine, or a virtual
+    dataset) is refused unless ``allow_external=True``: a file from elsewhere could
+    otherwise make every rank read files it never named. A Partial placement puts the value on
     the holding coordinates and the reduction's identity elsewhere, as
     ``distribute_tensor``. Needs h5py.
 
@@ -126,11 +148,14 @@ def from_h5(
         The target mesh.
     placements : sequence of Placement
         One placement per mesh dim.
+    allow_external : bool, default False
+        Read a dataset stored in other files (external raw storage, virtual datasets).
 
     Raises
     ------
     CheckpointError
-        A missing or unreadable file, a file that is not HDF5, or no dataset ``dataset``.
+        A missing or unreadable file, a file that is not HDF5, no dataset ``dataset``, or
+        a dataset stored in other files without ``allow_external=True``.
     DTypeError
         A dataset of another dtype than bool, integers, floats and complex.
     PlacementError
@@ -146,6 +171,12 @@ def from_h5(
         with _open(h5py, path, "r", "from_h5") as f:
             ds = _dataset(f, h5py, path, dataset, "from_h5")
             shape, dtype = tuple(int(s) for s in ds.shape), np.dtype(ds.dtype)
+            outside = None if allow_external else _outside_storage(ds)
+        if outside is not None:
+            raise CheckpointError(
+                f"from_h5: dataset {dataset!r} of {path!r} keeps its data in other files "
+                f"({outside}); refusing to follow them (pass allow_external=True to read it)"
+            )
         _check_dtype(dtype, f"dataset {dataset!r} of {path!r}", "from_h5")
         return h5py, shape, dtype, normalize_placements(placements, shape, mesh.shape)
 
@@ -207,6 +238,12 @@ def _start(h5py: Any, path: str, dataset: str, shape: tuple, dtype: np.dtype) ->
                 f.create_dataset(dataset, shape=shape, dtype=dtype)
                 return tmp, mode
             ds = _dataset(f, h5py, path, dataset, "to_h5")
+            outside = _outside_storage(ds)
+            if outside is not None:
+                raise CheckpointError(
+                    f"to_h5: dataset {dataset!r} of {path!r} keeps its data in other files "
+                    f"({outside}); refusing to write through it into them"
+                )
             if tuple(ds.shape) != shape:
                 raise ShardingError(
                     f"to_h5: dataset {dataset!r} of {path!r} has shape {tuple(ds.shape)}; "
@@ -270,7 +307,8 @@ def to_h5(x: object, path: str | os.PathLike, dataset: str) -> None:
     MeshError
         A DTensor on a mesh of fewer than all ranks.
     CheckpointError
-        ``path`` exists and is not an HDF5 file, or a file cannot be written.
+        ``path`` exists and is not an HDF5 file, its dataset ``dataset`` keeps its data in
+        other files (external raw storage, virtual), or a file cannot be written.
     UnavailableError
         h5py is not installed.
     """

@@ -17,6 +17,7 @@ import re
 import shutil
 import stat
 import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -505,3 +506,43 @@ def test_ranks_that_read_different_checkpoints_read_again(folder, monkeypatch):
         monkeypatch.setattr(dcp, "_open_folder", stale)
     w, _ = _load(path)
     np.testing.assert_array_equal(w, a if WORLD.size > 1 else a_other)
+
+
+def test_h5_data_kept_in_other_files_is_refused_unless_allowed(folder):
+    """An HDF5 dataset with external raw storage names any file of the machine as its data;
+    a virtual dataset maps datasets of other files. ``from_h5`` refuses both (naming the
+    files) unless ``allow_external=True``; ``to_h5`` never writes through them."""
+    h5py = pytest.importorskip("h5py")
+    mesh = dt.init_device_mesh((WORLD.size,))
+    src, raw = os.path.join(folder, "ext.h5"), os.path.join(folder, "secret.bin")
+    other = os.path.join(folder, "other.h5")
+    n = 4 * WORLD.size
+    secret = np.arange(n, dtype=np.float32) * 3
+    if WORLD.rank == 0:
+        secret.tofile(raw)
+        with h5py.File(other, "w") as f:
+            f["y"] = secret + 1
+        with h5py.File(src, "w") as f:
+            f.create_dataset("x", shape=(n,), dtype="f4", external=[(raw, 0, 4 * n)])
+            layout = h5py.VirtualLayout(shape=(n,), dtype="f4")
+            layout[:] = h5py.VirtualSource(other, "y", shape=(n,))
+            f.create_virtual_dataset("v", layout)
+            f["plain"] = secret
+    WORLD.Barrier()
+    for name, words in (("x", "external raw storage in .*secret\\.bin"),
+                        ("v", "a virtual dataset mapped from .*other\\.h5")):
+        with pytest.raises(CheckpointError, match=f"from_h5: dataset '{name}' of .*ext\\.h5' "
+                                                  f"keeps its data in other files \\({words}"):
+            dt.from_h5(src, name, mesh, [S(0)])
+    got = dt.from_h5(src, "x", mesh, [S(0)], allow_external=True).full_tensor().numpy()
+    np.testing.assert_array_equal(got, secret)
+    got = dt.from_h5(src, "v", mesh, [R], allow_external=True).full_tensor().numpy()
+    np.testing.assert_array_equal(got, secret + 1)
+    np.testing.assert_array_equal(dt.from_h5(src, "plain", mesh, [S(0)]).full_tensor().numpy(),
+                                  secret)  # a dataset stored in the file itself reads as ever
+    before = Path(raw).read_bytes()
+    with pytest.raises(CheckpointError, match="to_h5: dataset 'x' of .* keeps its data in "
+                                              "other files"):
+        dt.to_h5(dt.distribute_tensor(np.zeros(n, np.float32), mesh, [S(0)]), src, "x")
+    assert Path(raw).read_bytes() == before  # nothing written through the external file
+    assert not [f for f in os.listdir(folder) if f.startswith(".")]  # no temporary left

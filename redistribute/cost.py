@@ -27,6 +27,14 @@ point ``DTENSOR_COST_MODEL`` at it (or put the JSON itself in the variable)::
 Lookup order for (kind, mesh dim): ``per_mesh_dim[m][kind]``, ``per_mesh_dim[m]["default"]``,
 ``per_kind[kind]``, the top-level values; a missing field falls through to the next level.
 
+Two link tiers: the values above price collectives among the ranks of one host (shared
+memory). A mesh dim whose groups hold ranks of several hosts (``mesh.dim_spans_hosts``, see
+:mod:`redistribute.hosts`) crosses the network and is priced with ``inter_host`` (default
+20 us and 1.25 GB/s, a 10 Gb/s Ethernet link; calibrate it for InfiniBand), unless
+``per_mesh_dim`` names that dim::
+
+    {"inter_host": {"alpha_s": 3e-6, "beta_bytes_per_s": 2.4e10}}
+
 Pure: no communication.
 """
 
@@ -53,6 +61,7 @@ __all__ = [
     "default_cost_model",
     "plan_cost",
     "set_default_cost_model",
+    "spans_hosts",
     "step_bytes",
     "step_cost",
     "transfer_bytes",
@@ -69,6 +78,10 @@ COMM_KINDS: tuple[str, ...] = ("all_gather", "reduce_scatter", "all_reduce", "al
 ENV_VAR = "DTENSOR_COST_MODEL"
 
 _FIELDS = ("alpha_s", "beta_bytes_per_s")
+
+#: The default network tier (a 10 Gb/s Ethernet link) and its key in a model's table.
+_INTER_HOST = {"alpha_s": 2e-5, "beta_bytes_per_s": 1.25e9}
+_NET = "inter_host"
 
 # kind -> (traffic factor for a group of k, which local block sizes T)
 _TRAFFIC: dict[str, tuple[Callable[[int], float], str]] = {
@@ -133,9 +146,14 @@ class CostModel:
         :data:`COMM_KINDS` (either field may be left out).
     per_mesh_dim : mapping, optional
         ``{mesh_dim: {kind or "default": {...}}}`` overrides for one mesh dim.
+    inter_host : mapping, optional
+        ``{"alpha_s": a, "beta_bytes_per_s": b}`` of the network between hosts: the tier of
+        a mesh dim that spans hosts (either field may be left out; defaults 20 us and
+        1.25 GB/s).
     """
 
-    __slots__ = ("_hash", "_overrides", "_table", "alpha_s", "beta_bytes_per_s", "local_s")
+    __slots__ = ("_hash", "_overrides", "_table", "alpha_s", "beta_bytes_per_s", "inter_host",
+                 "local_s")
 
     def __init__(
         self,
@@ -145,12 +163,14 @@ class CostModel:
         local_s: float = 1e-7,
         per_kind: Mapping[str, Mapping[str, float]] | None = None,
         per_mesh_dim: Mapping[int | str, Mapping[str, Mapping[str, float]]] | None = None,
+        inter_host: Mapping[str, float] | None = None,
     ) -> None:
         top = {
             "alpha_s": _check_number("alpha_s", alpha_s),
             "beta_bytes_per_s": _check_number("beta_bytes_per_s", beta_bytes_per_s, True),
         }
         local_s = _check_number("local_s", local_s)
+        net = {**_INTER_HOST, **_check_entry("inter_host", inter_host or {})}
         kinds = {
             _check_kind("per_kind", k): _check_entry(f"per_kind[{k!r}]", v)
             for k, v in (per_kind or {}).items()
@@ -173,6 +193,7 @@ class CostModel:
         for kind in COMM_KINDS:
             base = {**top, **kinds.get(kind, {})}
             table[kind, None] = (base["alpha_s"], base["beta_bytes_per_s"])
+            table[kind, _NET] = (net["alpha_s"], net["beta_bytes_per_s"])
             for m, entries in dims.items():
                 merged = {**base, **entries.get("default", {}), **entries.get(kind, {})}
                 table[kind, m] = (merged["alpha_s"], merged["beta_bytes_per_s"])
@@ -189,9 +210,11 @@ class CostModel:
         setter(self, "alpha_s", top["alpha_s"])
         setter(self, "beta_bytes_per_s", top["beta_bytes_per_s"])
         setter(self, "local_s", local_s)
+        setter(self, "inter_host", (net["alpha_s"], net["beta_bytes_per_s"]))
         setter(self, "_overrides", overrides)
         setter(self, "_table", table)
-        setter(self, "_hash", hash((top["alpha_s"], top["beta_bytes_per_s"], local_s, overrides)))
+        setter(self, "_hash", hash((top["alpha_s"], top["beta_bytes_per_s"], local_s, overrides,
+                                    self.inter_host)))
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"CostModel is immutable; cannot set {name!r}")
@@ -202,28 +225,39 @@ class CostModel:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, CostModel):
             return NotImplemented
-        return (self.alpha_s, self.beta_bytes_per_s, self.local_s, self._overrides) == (
+        return (self.alpha_s, self.beta_bytes_per_s, self.local_s, self._overrides,
+                self.inter_host) == (
             other.alpha_s,
             other.beta_bytes_per_s,
             other.local_s,
             other._overrides,
+            other.inter_host,
         )
 
     def __repr__(self) -> str:
         return f"CostModel.from_dict({self.to_dict()!r})"
 
-    def params(self, kind: str, mesh_dim: int | None = None) -> tuple[float, float]:
-        """``(alpha_s, beta_bytes_per_s)`` of collective ``kind`` on ``mesh_dim``. **Local**."""
+    def params(
+        self, kind: str, mesh_dim: int | None = None, inter_host: bool = False
+    ) -> tuple[float, float]:
+        """``(alpha_s, beta_bytes_per_s)`` of collective ``kind`` on ``mesh_dim``; of the
+        ``inter_host`` tier when the dim spans hosts and ``per_mesh_dim`` does not name it.
+        **Local**."""
         found = self._table.get((kind, mesh_dim))
+        if inter_host and found is None:
+            found = self._table.get((kind, _NET))
         if found is None:
             found = self._table.get((kind, None))
             if found is None:
                 _check_kind("params()", kind)
         return found
 
-    def collective_time(self, kind: str, nbytes: float, mesh_dim: int | None = None) -> float:
-        """Estimated seconds of one collective moving ``nbytes`` per rank. **Local**."""
-        alpha, beta = self.params(kind, mesh_dim)
+    def collective_time(
+        self, kind: str, nbytes: float, mesh_dim: int | None = None, inter_host: bool = False
+    ) -> float:
+        """Estimated seconds of one collective moving ``nbytes`` per rank (over the network
+        tier when ``inter_host``). **Local**."""
+        alpha, beta = self.params(kind, mesh_dim, inter_host)
         return alpha + nbytes / beta
 
     def to_dict(self) -> dict[str, Any]:
@@ -235,6 +269,7 @@ class CostModel:
             "local_s": self.local_s,
             "per_kind": {k: dict(v) for k, v in per_kind},
             "per_mesh_dim": {str(m): {k: dict(v) for k, v in e} for m, e in per_dim},
+            "inter_host": dict(zip(_FIELDS, self.inter_host)),
         }
 
     @classmethod
@@ -242,7 +277,8 @@ class CostModel:
         """Build a model from a dict in the JSON format of this module. **Local**."""
         if not isinstance(data, Mapping):
             raise ConfigError(f"cost model: expected a JSON object, got {data!r}")
-        allowed = ("alpha_s", "beta_bytes_per_s", "local_s", "per_kind", "per_mesh_dim")
+        allowed = ("alpha_s", "beta_bytes_per_s", "local_s", "per_kind", "per_mesh_dim",
+                   "inter_host")
         unknown = set(data) - set(allowed)
         if unknown:
             raise ConfigError(
@@ -334,15 +370,28 @@ def transfer_bytes(kind: str, group_size: int, before_bytes: int, after_bytes: i
 
 
 def transfer_cost(
-    kind: str, mesh_dim: int, group_size: int, nbytes: int, cost_model: CostModel
+    kind: str,
+    mesh_dim: int,
+    group_size: int,
+    nbytes: int,
+    cost_model: CostModel,
+    inter_host: bool = False,
 ) -> float:
-    """Seconds of a step of ``kind`` moving ``nbytes`` per rank on ``mesh_dim``. **Local**.
+    """Seconds of a step of ``kind`` moving ``nbytes`` per rank on ``mesh_dim`` (a dim
+    that spans hosts when ``inter_host``). **Local**.
 
     Local kinds, and collectives over a single coordinate, cost ``cost_model.local_s``.
     """
     if kind not in _TRAFFIC or group_size == 1:
         return cost_model.local_s
-    return cost_model.collective_time(kind, nbytes, mesh_dim)
+    return cost_model.collective_time(kind, nbytes, mesh_dim, inter_host)
+
+
+def spans_hosts(mesh: Any, mesh_dim: int) -> bool:
+    """Whether mesh dim ``mesh_dim`` of ``mesh`` crosses hosts (its ``dim_spans_hosts``;
+    False for a mesh without it). **Local**."""
+    spans = getattr(mesh, "dim_spans_hosts", None)
+    return bool(spans) and bool(spans[mesh_dim])
 
 
 def step_bytes(step: Any, spec: DTensorSpec) -> int:
@@ -407,6 +456,7 @@ def step_cost(step: Any, spec: DTensorSpec, cost_model: CostModel | None = None)
         spec.mesh_shape[step.mesh_dim],
         step_bytes(step, spec),
         cost_model or default_cost_model(),
+        spans_hosts(spec.mesh, step.mesh_dim),
     )
 
 

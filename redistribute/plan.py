@@ -49,7 +49,14 @@ from placements.layout import normalize_placements
 from placements.spec import DTensorSpec
 from placements.types import Placement, Replicate, short_placements
 
-from .cost import CostModel, block_bytes, default_cost_model, transfer_bytes, transfer_cost
+from .cost import (
+    CostModel,
+    block_bytes,
+    default_cost_model,
+    spans_hosts,
+    transfer_bytes,
+    transfer_cost,
+)
 
 __all__ = [
     "AllGather",
@@ -238,6 +245,7 @@ def _search(
     replicate = Replicate()
     domains = [tuple(dict.fromkeys((s, d, replicate))) for s, d in zip(src, dst)]
     mesh_shape = src_spec.mesh_shape
+    network = tuple(spans_hosts(src_spec.mesh, m) for m in range(len(mesh_shape)))
     blocks: dict[tuple[Placement, ...], int] = {}
 
     def block(state: tuple[Placement, ...]) -> int:
@@ -275,7 +283,7 @@ def _search(
                 nbytes = (
                     transfer_bytes(cls.kind, k, block(cur), block(after)) if cls.communicates else 0
                 )
-                new_cost = cost + transfer_cost(cls.kind, m, k, nbytes, model)
+                new_cost = cost + transfer_cost(cls.kind, m, k, nbytes, model, network[m])
                 if new_cost < best.get(after, float("inf")):
                     best[after] = new_cost
                     heapq.heappush(

@@ -36,7 +36,6 @@ ordinary memory and every exchange goes through MPI); ``DTENSOR_SHM_MIN_BYTES`` 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import mmap
 import os
 import sys
@@ -331,14 +330,10 @@ def clear_peer_maps() -> None:
 
 
 def _node_id() -> int:
-    """A number that differs between machines (boot id and host name), below 2**62."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id", "rb") as f:
-            boot = f.read()
-    except OSError:
-        boot = b""
-    digest = hashlib.blake2b(boot + os.uname().nodename.encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 2
+    """This process's host (:func:`redistribute.comm.process.my_host`), below 2**62."""
+    from .comm.process import my_host  # lazy: probe runs after MPI is up; import is early
+
+    return my_host()
 
 
 def disable() -> None:
@@ -352,7 +347,8 @@ def probe(comm: Any) -> bool:
 
     Every rank makes a one-page segment holding a random token; each maps every peer's and
     compares the token (this also rejects a peer on another node whose process id happens to
-    exist here). ``comm`` is a :class:`redistribute.comm.Comm`.
+    exist here). Ranks of different hosts (:mod:`redistribute.hosts`, simulated ones
+    included) never share. ``comm`` is a :class:`redistribute.comm.Comm`.
 
     When the ranks are on one node but cannot map each other's segments (the kernel's
     ptrace policy forbids opening a sibling's descriptors, for instance), shared segments
@@ -373,7 +369,8 @@ def probe(comm: Any) -> bool:
         mine = [0, 0, 0, 0, 0, _node_id()]
     try:
         table = comm.shared_exchange(mine, "probe", what="shared-memory probe")
-        ok = bool(table[:, 0].all())
+        # ranks of several hosts never share segments (a simulated host could map them)
+        ok = bool(table[:, 0].all()) and len(set(table[:, 5].tolist())) == 1
         for j in range(comm.size):
             if not ok:
                 break

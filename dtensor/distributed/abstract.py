@@ -54,6 +54,7 @@ from placements.errors import MeshError, MetadataOnlyError
 from placements.spec import DTensorSpec, check_partial_dtype
 from placements.types import placement_list
 from redistribute import comm as _comm
+from redistribute import hosts as _hosts
 from redistribute.cost import WIDENED, buffer_bytes
 
 from ..local import dtypes as _dtypes
@@ -179,6 +180,11 @@ class AbstractMesh:
         With ``coord`` only: one communicator per mesh dim (an object with the
         :class:`~redistribute.comm.Comm` methods the collectives call, and ``rank``,
         ``size``); default :class:`AbstractGroup` stand-ins.
+    ranks_per_host : int, optional
+        The ranks of one host, consecutive in row-major order (``AbstractMesh((64, 8),
+        ranks_per_host=8)``: 64 hosts of 8). A mesh dim whose groups hold ranks of several
+        hosts crosses the network (:attr:`dim_spans_hosts`) and the cost model prices its
+        collectives with its ``inter_host`` tier. Default: one host.
 
     Raises
     ------
@@ -187,7 +193,8 @@ class AbstractMesh:
         or without ``coord``.
     """
 
-    __slots__ = ("_abstract", "_coord", "_dim_comms", "_hash", "_names", "_shape", "device_type")
+    __slots__ = ("_abstract", "_coord", "_dim_comms", "_hash", "_names", "_shape", "_spans",
+                 "device_type")
 
     def __init__(
         self,
@@ -197,11 +204,28 @@ class AbstractMesh:
         device_type: str = "cpu",
         coord: Sequence[int] | None = None,
         groups: Sequence[object] | None = None,
+        ranks_per_host: int | None = None,
     ) -> None:
         if groups is not None and coord is None:
             raise MeshError("AbstractMesh: groups= needs coord= (an abstract mesh communicates "
                             "nothing)")
         self._init(shape, mesh_dim_names, device_type, coord, groups)
+        if ranks_per_host is not None:
+            n = int(ranks_per_host) if isinstance(ranks_per_host, (int, np.integer)) else 0
+            if n < 1:
+                raise MeshError(f"AbstractMesh: ranks_per_host must be a positive int, got "
+                                f"{ranks_per_host!r}")
+            self._set_spans(_hosts.spans_of(self.mesh // n))
+
+    def _set_spans(self, spans: tuple[bool, ...]) -> None:
+        self._spans = tuple(bool(b) for b in spans)
+        self._hash = hash(("AbstractMesh", self.device_type, self._shape, self._names,
+                           self._abstract, self._spans))
+
+    @property
+    def dim_spans_hosts(self) -> tuple[bool, ...]:
+        """Per mesh dim: whether its collectives cross hosts (``ranks_per_host``). **Local**."""
+        return self._spans
 
     def _init(self, shape, names, device_type, coord, groups) -> None:
         if isinstance(shape, (int, np.integer)):
@@ -240,7 +264,7 @@ class AbstractMesh:
         self._names = names
         self._dim_comms = tuple(groups)
         self.device_type = str(device_type)
-        self._hash = hash(("AbstractMesh", self.device_type, shape, names, self._abstract))
+        self._set_spans((False,) * len(shape))
 
     @classmethod
     def from_mesh(cls, mesh: object) -> AbstractMesh:
@@ -319,6 +343,7 @@ class AbstractMesh:
             None if self._abstract else tuple(self._coord[d] for d in dims),
             tuple(self._dim_comms[d] for d in dims),
         )
+        sub._set_spans(tuple(self._spans[d] for d in dims))
         return sub
 
     def _flatten(self, mesh_dim_name: str | None = None) -> AbstractMesh:
@@ -327,9 +352,11 @@ class AbstractMesh:
         name = mesh_dim_name
         if name is None and self._names is not None:
             name = "_".join(self._names)
-        return AbstractMesh((self.size(),), None if name is None else (name,),
+        flat = AbstractMesh((self.size(),), None if name is None else (name,),
                             device_type=self.device_type,
                             coord=None if self._abstract else (self.get_rank(),))
+        flat._set_spans((any(self._spans),))
+        return flat
 
     def _distribute(self, tensor: object, placements: Sequence[Placement] | None) -> AbstractDTensor:
         """``distribute_tensor(tensor, self, placements)`` without ``coord``:
@@ -375,24 +402,28 @@ class AbstractMesh:
             return True
         if not isinstance(other, AbstractMesh):
             return NotImplemented if not isinstance(other, DeviceMesh) else False
-        return (self._shape, self._names, self.device_type, self._abstract) == (
-            other._shape, other._names, other.device_type, other._abstract)
+        return (self._shape, self._names, self.device_type, self._abstract, self._spans) == (
+            other._shape, other._names, other.device_type, other._abstract, other._spans)
 
     def __reduce__(self) -> tuple:
         """Pickled as its shape, names, device type and coordinate (the groups stay)."""
         return _rebuild, (self._shape, self._names, self.device_type,
-                          None if self._abstract else self._coord)
+                          None if self._abstract else self._coord, self._spans)
 
     def __repr__(self) -> str:
         names = "" if self._names is None else f", mesh_dim_names={self._names}"
         device = "" if self.device_type == "cpu" else f", device_type={self.device_type!r}"
         coord = "" if self._abstract else f", coord={self._coord}"
-        return f"AbstractMesh({self._shape}{names}{device}{coord})"
+        spans = f", dim_spans_hosts={self._spans}" if any(self._spans) else ""
+        return f"AbstractMesh({self._shape}{names}{device}{coord}{spans})"
 
 
 def _rebuild(shape: tuple, names: tuple | None, device_type: str,
-             coord: tuple | None = None) -> AbstractMesh:
-    return AbstractMesh(shape, names, device_type=device_type, coord=coord)
+             coord: tuple | None = None, spans: tuple | None = None) -> AbstractMesh:
+    mesh = AbstractMesh(shape, names, device_type=device_type, coord=coord)
+    if spans is not None:
+        mesh._set_spans(spans)
+    return mesh
 
 
 # -- memory ------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ import numpy as np
 
 from placements.errors import ConfigError, MeshError, SignatureError
 from redistribute import comm as _comm
+from redistribute import hosts as _hosts
 from redistribute import shm as _shm
 from redistribute.cost import CostModel, default_cost_model
 
@@ -84,6 +85,7 @@ class DeviceMesh:
         "_names",
         "_root_grid",
         "_root_rank",
+        "_spans",
         "_world",
         "device_type",
     )
@@ -145,6 +147,7 @@ class DeviceMesh:
         self._dim_comms = dim_comms
         self._group_comms: dict[tuple[int, ...], _comm.Comm] = {}
         self._root_rank = int(root_grid[coord])
+        self._spans = _hosts.spans_hosts(world)
         self._hash = hash((self.device_type, world.shape, tuple(world.ravel().tolist()), names))
 
     @classmethod
@@ -184,6 +187,14 @@ class DeviceMesh:
     def mesh_dim_names(self) -> tuple[str, ...] | None:
         """The mesh dim names, or None. **Local**."""
         return self._names
+
+    @property
+    def dim_spans_hosts(self) -> tuple[bool, ...]:
+        """Per mesh dim: whether its collectives cross hosts (some group of the dim holds
+        ranks of more than one host; :mod:`redistribute.hosts`, ``DTENSOR_SIM_HOSTS``
+        simulates hosts on one machine). The cost model prices such a dim with its
+        ``inter_host`` link tier. **Local**."""
+        return self._spans
 
     def size(self, mesh_dim: int | str | None = None) -> int:
         """Number of ranks in the mesh, or along one mesh dim. **Local**."""

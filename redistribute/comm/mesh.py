@@ -19,9 +19,10 @@ from mpi4py import MPI
 
 from placements.errors import ConfigError, MeshError
 
+from ..hosts import note_hosts
 from .hooks import HOOKS
 from .persistent import make_channel
-from .process import world_ranks
+from .process import my_host, world_ranks
 from .settings import configure_from_env
 from .wrapper import Comm
 
@@ -97,8 +98,9 @@ def _agree_mesh(
     """The agreement that starts every mesh creation. **Collective** over ``base``.
 
     One all-gather of this rank's grid ``digest`` (:func:`_digest`), the mask of the
-    requested dims whose shared communicator it holds (``hits``, at most 64 dims) and its
-    values of ``settings`` (the SPMD check's first; None: unreadable on this rank). It is a
+    requested dims whose shared communicator it holds (``hits``, at most 64 dims), its
+    values of ``settings`` (the SPMD check's first; None: unreadable on this rank) and its
+    host (:func:`redistribute.hosts.note_hosts` records every rank's, for the link tiers). It is a
     plain MPI call, neither shown to observers nor checked, because the ranks' debug checks
     may still differ.
 
@@ -116,10 +118,12 @@ def _agree_mesh(
     """
     named = [("DTENSOR_CHECK_SPMD", int(HOOKS.spmd)), *settings]
     values = [_UNREADABLE if v is None else int(v) for _, v in named]
-    mine = [digest, hits & 0xFFFFFFFF, hits >> 32, *values]
+    mine = [digest, hits & 0xFFFFFFFF, hits >> 32, *values, my_host()]
     table = np.empty((base.size, len(mine)), dtype=np.int64)
     base.mpi.Allgather([np.array(mine, dtype=np.int64), MPI.INT64_T], [table, MPI.INT64_T])
-    rows = table.tolist()  # a few values per rank: plain lists compare faster than arrays
+    note_hosts(world_ranks(base), table[:, -1].tolist())
+    mine.pop()
+    rows = [row[:-1] for row in table.tolist()]  # plain lists compare faster than arrays
     if all(row == mine for row in rows):
         return hits
     differ = [j for j in range(len(values)) if any(row[3 + j] != values[j] for row in rows)]

@@ -1,8 +1,8 @@
 """What MPI says about this process: the library's thread level and CUDA support, the world
 ranks of a communicator's ranks, and this rank's place on its node.
 
-This module owns :func:`thread_multiple`, :func:`cuda_aware`, :func:`world_ranks` and
-:func:`local_rank`. They take any :class:`~redistribute.comm.Comm` (they read its ``mpi``,
+This module owns :func:`thread_multiple`, :func:`cuda_aware`, :func:`world_ranks`,
+:func:`my_host` and :func:`local_rank`. They take any :class:`~redistribute.comm.Comm` (they read its ``mpi``,
 ``rank`` and ``size``).
 """
 
@@ -14,7 +14,9 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ["cuda_aware", "local_rank", "thread_multiple", "world_ranks"]
+from ..hosts import host_id, simulated_host
+
+__all__ = ["cuda_aware", "local_rank", "my_host", "thread_multiple", "world_ranks"]
 
 
 def thread_multiple() -> bool:
@@ -37,12 +39,28 @@ def cuda_aware() -> bool:
     return bool(query())
 
 
+def my_host() -> int:
+    """This process's host id (:func:`redistribute.hosts.host_id`: the machine, and the
+    simulated host of ``DTENSOR_SIM_HOSTS``). **Local**."""
+    world = MPI.COMM_WORLD
+    return host_id(world.Get_rank(), world.Get_size())
+
+
 def local_rank(base: Any) -> int:
-    """This process's rank among the ranks of ``base`` on its node. **Collective** over
-    ``base`` (a shared-memory split)."""
+    """This process's rank among the ranks of ``base`` on its host. **Collective** over
+    ``base`` (a shared-memory split; under ``DTENSOR_SIM_HOSTS``, split again by simulated
+    host)."""
     node = base.mpi.Split_type(MPI.COMM_TYPE_SHARED, base.rank)
+    world = MPI.COMM_WORLD
+    sim = simulated_host(world.Get_rank(), world.Get_size())
     try:
-        return node.Get_rank()
+        if sim is None:
+            return node.Get_rank()
+        host = node.Split(sim, base.rank)
+        try:
+            return host.Get_rank()
+        finally:
+            host.Free()
     finally:
         node.Free()
 

@@ -8,18 +8,20 @@ import math
 from placements.meta import dtype_kind
 
 from ..local import kernels as K
+from ..local.grad_engine import is_grad_enabled
 from ..local.kernels.attention import attention_scale
 from ..local.kernels.nn import rms_eps
 from ..local.rng import get_rng_state, set_rng_state
 from ._grad import arange
 from .shard_kernels import (
+    attention_backward_local,
     attention_local,
     class_sharded_local,
     dropout_local,
     embedding_local,
     mse_local,
 )
-from .table import Backward, declare
+from .table import NOT_DIFFERENTIABLE, Backward, declare
 
 __all__: list[str] = []
 
@@ -157,10 +159,24 @@ def _grouped(a, heads: int):
     return a.unsqueeze(-3).expand(*a.shape[:-2], heads // n, *a.shape[-2:]).flatten(-4, -3)
 
 
+def _fused_backward_fits(q, k, val, gqa: bool) -> bool:
+    """Whether ``scaled_dot_product_attention_backward`` takes these: no batch dim
+    broadcast (with grouped-query attention, fewer key and value heads)."""
+    lead = q.shape[:-3] if gqa and q.ndim >= 3 else q.shape[:-2]
+    return all(tuple(a.shape[: len(lead)]) == tuple(lead) and a.ndim == q.ndim
+               and (a.ndim < 3 or a.shape[-3] == q.shape[-3] or gqa) for a in (k, val))
+
+
 def _attention(g, v, state, need, fns):
-    """Recomputes the attention weights from query and key (nothing of the forward's kept)
-    and redraws its dropout mask from the generator's state before the call."""
+    """Without mask and dropout, and unless the backward records (``create_graph``), the
+    fused ``scaled_dot_product_attention_backward``; otherwise recomputes the attention
+    weights from query and key with ordinary ops (nothing of the forward's kept) and redraws
+    its dropout mask from the generator's state before the call."""
     q, k, val, mask, p, causal, scale, gqa = v
+    if (mask is None and p == 0 and not is_grad_enabled() and g.dtype == q.dtype
+            and _fused_backward_fits(q, k, val, gqa)):
+        grads = fns.scaled_dot_product_attention_backward(g, q, k, val, causal, scale, gqa)
+        return (*grads, None)
     if gqa and q.ndim >= 3:
         k_, v_ = _grouped(k, q.shape[-3]), _grouped(val, q.shape[-3])
     else:
@@ -213,4 +229,7 @@ nn_op("rms_norm", Backward(_rms_norm, ("input", "weight")), ("input", "weight"),
 nn_op("scaled_dot_product_attention",
       Backward(_attention, ("query", "key", "value", "attn_mask"), rng=True),
       ("query", "key", "value", "attn_mask"), local_fn=attention_local, method=False,
+      cost="matmul")
+nn_op("scaled_dot_product_attention_backward", NOT_DIFFERENTIABLE,
+      ("grad", "query", "key", "value"), local_fn=attention_backward_local, method=False,
       cost="matmul")

@@ -318,6 +318,8 @@ def _nn_cases(g: Gen, shapes, name: str) -> Iterator[Case]:
                     "weight": g.arr((2,), _F64)}, "f64(3,5,2)")
     elif name == "scaled_dot_product_attention":
         yield from _attention_cases(g)
+    elif name == "scaled_dot_product_attention_backward":
+        yield from _attention_backward_cases(g)
 
 
 def _attention_cases(g: Gen) -> Iterator[Case]:
@@ -343,6 +345,24 @@ def _attention_cases(g: Gen) -> Iterator[Case]:
     yield Case({**qkv((1, 3), 5, 6), "key": g.arr((2, 1, 6, 4), _F32),
                 "attn_mask": g.arr((1, 6), _BOOL) | True}, "broadcast-batch")
     yield Case(qkv((), 6, 5), "2-D")
+
+
+def _attention_backward_cases(g: Gen) -> Iterator[Case]:
+    """Causal and not, L != S (causal with L > S and L < S), scale, float64, grouped-query
+    heads, a single query, plain 2-D calls."""
+
+    def args(batch, n_q, n_k, e=4, ev=3, heads=None, dt=_F32):
+        kv = batch if heads is None else (*batch[:-1], heads)
+        return {"grad": g.arr((*batch, n_q, ev), dt), "query": g.arr((*batch, n_q, e), dt),
+                "key": g.arr((*kv, n_k, e), dt), "value": g.arr((*kv, n_k, ev), dt)}
+
+    yield Case({**args((3, 2), 5, 5), "is_causal": True}, "causal")
+    yield Case({**args((2, 3), 5, 6), "scale": 0.3}, "L<S")
+    yield Case({**args((2,), 7, 4, dt=_F64), "is_causal": True, "scale": 0.7}, "f64-causal-L>S")
+    yield Case({**args((2, 3), 4, 6), "is_causal": True}, "causal-L<S")
+    yield Case({**args((2, 4), 5, 6, heads=2), "is_causal": True, "enable_gqa": True}, "gqa")
+    yield Case({**args((3,), 1, 1), "is_causal": True}, "one")
+    yield Case(args((), 6, 5), "2-D")
 
 
 def _cast_cases(g: Gen, shapes, name: str) -> Iterator[Case]:

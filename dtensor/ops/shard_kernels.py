@@ -25,7 +25,8 @@ from ``strategy.output_specs[0].mesh``):
 - ``scaled_dot_product_attention`` with a sharded output (batch/head dims, or the query's
   sequence dim): the kernel is told the block's global first query row (a causal mask is
   the global one) and the global offsets of its attention weights (dropout draws the
-  global mask);
+  global mask); ``scaled_dot_product_attention_backward`` likewise gets the block's first
+  query row;
 - ``gather``/``scatter``/``scatter_add``/``take_along_dim`` with the data sharded on a dim
   the op does not index: the (replicated) index is cut to this shard's rows of that dim;
 - ``x[idx]`` with dims of its advanced entries (integer arrays, masks, ints among them)
@@ -67,6 +68,7 @@ from .table import OPS
 R = Replicate()
 
 __all__ = [
+    "attention_backward_local",
     "attention_local",
     "class_sharded_local",
     "dropout_local",
@@ -353,6 +355,22 @@ def attention_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
     def local(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
         return _math_attention.attention_block(query, key, value, attn_mask, dropout_p,
                                                is_causal, scale, enable_gqa, block)
+
+    return local
+
+
+def attention_backward_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
+    """``scaled_dot_product_attention_backward`` with the query's gradient sharded on its
+    sequence dim: this block's global first query row goes to the kernel (the causal mask
+    is the global one)."""
+    spec = strategy.output_specs[0]  # the query's gradient (..., L, E)
+    row = spec.local_offsets(_coord(strategy))[-2] if spec.is_sharded() else 0
+    if not row:
+        return _math.scaled_dot_product_attention_backward
+
+    def local(grad, query, key, value, is_causal, scale, enable_gqa):
+        return _math_attention.attention_backward_block(grad, query, key, value, is_causal,
+                                                        scale, enable_gqa, row)
 
     return local
 

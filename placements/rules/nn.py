@@ -41,6 +41,11 @@ embedding, cross_entropy, mse_loss, dropout, scaled_dot_product_attention.
   the global offsets of its attention weights, so dropout draws the global mask), the
   mask sharded alike on its query dim. Keys and values sharded on their sequence dim
   (ring attention) are not a candidate: they are gathered.
+- ``scaled_dot_product_attention_backward(grad, query, key, value)`` (the fused gradients
+  of an attention without mask and dropout; no batch dim broadcast): a batch dim sharded
+  alike everywhere (not the heads of grouped-query attention), or the query's sequence dim
+  sharded on grad, query and the query's gradient, key and value replicated: each block
+  of queries gives ``P(sum)`` key and value gradients (its part of the sums over queries).
 """
 
 from __future__ import annotations
@@ -70,7 +75,7 @@ from ._core import (
     with_args,
 )
 
-__all__ = ["attention_shapes", "check_normalized_shape", "nn_rule"]
+__all__ = ["attention_backward_shapes", "attention_shapes", "check_normalized_shape", "nn_rule"]
 
 _KINDS = ("sum", "avg", "max", "min")
 
@@ -271,6 +276,53 @@ def attention_shapes(query, key, value, attn_mask, enable_gqa: bool) -> tuple[tu
     return (*batch, q.shape[-2], v.shape[-1]), weights
 
 
+def attention_backward_shapes(grad, query, key, value, enable_gqa: bool) -> tuple[tuple, ...]:
+    """The gradients' shapes (query's, key's, value's) of
+    ``scaled_dot_product_attention_backward``, checked: the forward's checks, then no batch
+    dim broadcast (only the key and value heads, with ``enable_gqa``, may be fewer: a
+    divisor of the query's) and ``grad`` of the output's shape and the query's dtype.
+    **Local**.
+
+    Raises
+    ------
+    DTypeError
+        Mixed or non-floating dtypes.
+    ShardingError
+        Shapes that do not fit.
+    """
+    q, k, v, g = query, key, value, grad
+    name = f"{_SDPA}_backward"
+    out, _ = attention_shapes(q, k, v, None, enable_gqa)
+    if g.dtype != q.dtype:
+        raise DTypeError(f"{name}: expected grad of the query's dtype {q.dtype}, got {g.dtype}")
+    lead = q.shape[:-3] if enable_gqa and len(q.shape) >= 3 else q.shape[:-2]
+    same = all(tuple(a.shape[: len(lead)]) == tuple(lead) for a in (k, v))
+    if not same or tuple(out[:-2]) != tuple(q.shape[:-2]) or tuple(g.shape) != tuple(out):
+        raise ShardingError(
+            f"{name}: expected query (..., L, E), key (..., S, E), value (..., S, Ev) with the "
+            f"same batch dims (no broadcasting) and grad (..., L, Ev), got query "
+            f"{list(q.shape)}, key {list(k.shape)}, value {list(v.shape)}, grad "
+            f"{list(g.shape)}"
+        )
+    return tuple(q.shape), tuple(k.shape), tuple(v.shape)
+
+
+def _attention_backward(schema: OpSchema) -> RuleResult:
+    g, q, k, v = with_args(schema, 4)
+    gqa = bool(schema.get("enable_gqa", False))
+    shapes = attention_backward_shapes(g, q, k, v, gqa)
+    nd = len(q.shape)
+    cands = [Candidate((R,) * 7)]
+    for d in range(nd - 2):
+        if gqa and d == nd - 3 and k.shape[d] != q.shape[d]:
+            continue  # grouped heads: each key/value head serves several query heads
+        cands.append(Candidate((S(d),) * 7))
+    # a block of queries: its own query gradient, its part of the key and value gradients
+    L = S(nd - 2)
+    cands.append(Candidate((L, P("sum"), P("sum"), L, L, R, R)))
+    return RuleResult(shapes, (q.dtype,) * 3, tuple(cands))
+
+
 def _attention(schema: OpSchema) -> RuleResult:
     q, k, v, m = with_args(schema, 4)
     gqa = bool(schema.get("enable_gqa", False))
@@ -302,6 +354,7 @@ _NN = {
     "mse_loss": _mse_loss,
     "dropout": _dropout,
     _SDPA: _attention,
+    f"{_SDPA}_backward": _attention_backward,
 }
 
 
@@ -315,6 +368,7 @@ _STATIC = {
     "mse_loss": ("reduction",),
     "dropout": ("training",),
     _SDPA: ("enable_gqa",),
+    f"{_SDPA}_backward": ("enable_gqa",),
 }
 
 

@@ -11,7 +11,7 @@ kernels are made there from :func:`.pointwise.unary_function`.
 
 from __future__ import annotations
 
-from .attention import scaled_dot_product_attention
+from .attention import scaled_dot_product_attention, scaled_dot_product_attention_backward
 from .base import OperandTypeError, operand
 from .join import _dims_arg, cat, concat, flip, repeat, roll, stack, tile, tril, triu
 from .linalg import addmm, bmm, dot, einsum, linear, matmul, mm, outer
@@ -92,7 +92,8 @@ __all__ = [
     "log_softmax", "logical_and", "logical_or", "logical_xor", "logsumexp", "lt", "matmul",
     "matmul_operator", "max", "maximum", "mean", "min", "minimum", "mm", "mse_loss", "mul",
     "ne", "norm", "outer", "positive", "pow", "prod", "remainder", "repeat", "rms_norm", "roll",
-    "round", "scaled_dot_product_attention", "softmax", "softplus", "square", "stack", "std",
+    "round", "scaled_dot_product_attention",
+    "scaled_dot_product_attention_backward", "softmax", "softplus", "square", "stack", "std",
     "sub", "sum", "tensor_flip", "tile", "tril", "triu", "var", "where",
 ]
 

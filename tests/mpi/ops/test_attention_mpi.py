@@ -1,7 +1,7 @@
 """``dt.scaled_dot_product_attention`` and ``dt.rms_norm`` on DTensors at 1-4 ranks: query, key
 and value sharded on the batch and head dims, or the query on its sequence dim with key and
 value replicated (causal: the mask stays the global one on every block of queries; uneven
-and empty blocks), on the 1-D mesh and the 2x2 one; forward and gradients against the numpy
+and empty blocks; sequences longer than a block of the blocked kernels), on the 1-D mesh and the 2x2 one; forward and gradients against the numpy
 references of ``helpers.attention`` on the global data; the sharded forward moves nothing;
 dropout draws the single-device mask."""
 
@@ -28,6 +28,12 @@ LAYOUTS = {
                      ((S(2), R, None), (S(0), S(0), None))),
     "query-causal-gqa": (((1, 4, 5, 2), (1, 2, 5, 2), (1, 2, 5, 3)), None, True, True,
                          ((S(2), R, None), (S(2), R, None))),
+    # longer than a block of the blocked kernels (64 queries): causal blocks of queries
+    # that start inside a block and skip keys, and the fused backward on heads and batch
+    "query-causal-long": (((2, 2, 150, 4), (2, 2, 150, 4), (2, 2, 150, 3)), None, True,
+                          False, ((S(2), R, None), (S(0), S(0), None))),
+    "heads-long": (((2, 3, 70, 4), (2, 3, 90, 4), (2, 3, 90, 2)), None, False, False,
+                   ((S(1), S(1), None), (S(0), S(0), None))),
 }
 
 

@@ -2,8 +2,8 @@
 ``torch.nn.utils.clip_grad_norm_`` on the global gradients, at 1-4 ranks.
 
 Norm types 1, 2, 3, inf (and 0.5); gradients Shard on either dim (uneven at 3 ranks, an
-empty shard at 4), Replicate and Partial (random per-rank contributions; sum, and the max
-and min kinds), on the world's 1-D mesh and, at 4 ranks, 2x2 layouts, mixed with a local
+empty shard at 4), Replicate and Partial (random per-rank contributions; sum, avg, and the
+max and min kinds), on the world's 1-D mesh and, at 4 ranks, 2x2 layouts, mixed with a local
 (non-distributed) gradient; clipping or not. Every rank must return the same total (it is
 gathered and compared) and hold torch's clipped gradients.
 """
@@ -26,7 +26,7 @@ R, S, P = dt.Replicate(), dt.Shard, dt.Partial
 NORMS = [1.0, 2.0, 3.0, math.inf, 0.5]
 # (shape, placements on the 1-D mesh): uneven rows, one row (empty shards), columns
 ONE_D = [((5, 3), [S(0)]), ((1, 4), [S(0)]), ((3, 7), [S(1)]), ((4,), [R]),
-         ((2, 5), [P("sum")]), ((6,), [P("max")]), ((3, 2), [P("min")])]
+         ((2, 5), [P("sum")]), ((2, 3), [P("avg")]), ((6,), [P("max")]), ((3, 2), [P("min")])]
 TWO_D = [((5, 3), [S(0), S(1)]), ((3, 5), [P("sum"), S(1)]), ((4, 3), [S(0), P("sum")]),
          ((1, 6), [S(0), S(0)]), ((3,), [R, P("max")])]
 

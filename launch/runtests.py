@@ -204,9 +204,29 @@ def stage_environment(stage: Stage, env: dict[str, str]) -> dict[str, str]:
     return out
 
 
+def _merge_markers(pytest_args: Sequence[str]) -> tuple[tuple[str, ...], list[str]]:
+    """A repeat stage's marker expression joined with the user's ``-m EXPR`` (pytest keeps
+    only the last ``-m``, so ``-- -m "not torch"`` would otherwise bring the
+    ``mode_independent`` tests back), and the other arguments."""
+    rest, user = [], []
+    args = list(pytest_args)
+    i = 0
+    while i < len(args):
+        if args[i] == "-m" and i + 1 < len(args):
+            user.append(args[i + 1])
+            i += 2
+            continue
+        rest.append(args[i])
+        i += 1
+    expr = " and ".join([f"({e})" for e in user] + [REPEAT_MARKERS[1]])
+    return ("-m", expr), rest
+
+
 def _command(stage: Stage, mpiexec: str, pytest_args: Sequence[str]) -> list[str]:
     pytest = [sys.executable, "-m", "pytest", str(stage.path), *PYTEST_OPTIONS]
-    marks = REPEAT_MARKERS if stage.repeat else ()
+    marks: tuple[str, ...] = ()
+    if stage.repeat:
+        marks, pytest_args = _merge_markers(pytest_args)
     if stage.ranks is None:
         return [*pytest, *marks, *pytest_args]
     return [mpiexec, "-n", str(stage.ranks), *pytest, "--with-mpi", *marks, *pytest_args]

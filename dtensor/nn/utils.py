@@ -80,7 +80,8 @@ def clip_grad_norm_(parameters: Iterable[Any] | Any, max_norm: float, norm_type:
     Parameters without a gradient are skipped; ``foreach`` is accepted and ignored.
 
     **Collective** when a gradient is a DTensor (see :func:`get_total_norm`); the scaling
-    itself moves no data.
+    itself moves no data (each rank scales its local shard or Partial contribution, so
+    gradients of any placements, ``P(max)`` and ``P(min)`` included, are clipped).
 
     Returns
     -------
@@ -97,5 +98,8 @@ def clip_grad_norm_(parameters: Iterable[Any] | Any, max_norm: float, norm_type:
     if not coef >= 1.0:
         with no_grad():
             for g in grads:
-                g.mul_(coef)
+                # every shard and every Partial contribution (sum, avg, max, min alike) scales
+                # by one positive factor: local whatever the placements (a dispatched mul_
+                # finds no rule that keeps P(max) or P(min) under a scalar of unknown sign)
+                (g.to_local() if isinstance(g, DTensor) else g).mul_(coef)
     return total

@@ -127,8 +127,8 @@ def _cross_entropy(g, v, o, need, fns):
 def _mse(g, v, o, need, fns):
     x, t, reduction = v[0], v[1], v[2]
     d = (x - t) * 2.0
-    if reduction == "mean":
-        d = d * (g / max(x.numel(), 1))
+    if reduction == "mean":  # over the broadcast shape of input and target (d's), as forward
+        d = d * (g / max(d.numel(), 1))
     else:
         d = d * g
     return (d if need[0] else None, -d if need[1] else None)

@@ -6,7 +6,6 @@ errors."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 
@@ -17,7 +16,6 @@ import dtensor as dt
 from dtensor.errors import ArgumentError, DTypeError
 from dtensor.optim import lr_scheduler as L
 
-HAS_TORCH = importlib.util.find_spec("torch") is not None
 LRS = (0.1, 0.03)
 
 
@@ -125,7 +123,7 @@ def _cases():
     }
 
 
-@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+@pytest.mark.torch
 @pytest.mark.parametrize("case", sorted(_cases()))
 def test_schedulers_match_torch(case):
     import torch
@@ -156,7 +154,7 @@ def test_state_dict_round_trip_continues_the_schedule(case, at):
     assert set(state) == set(sched.state_dict())  # loading left the dict as it was
 
 
-@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+@pytest.mark.torch
 @pytest.mark.parametrize("case", sorted(_cases()))
 @pytest.mark.parametrize("at", [3, 8])
 def test_state_dicts_are_torchs_and_load_from_torch_through_json(case, at):

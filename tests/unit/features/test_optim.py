@@ -4,7 +4,6 @@ state dicts, ``zero_grad``, gradient clipping, and PyTorch's errors."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 
 import numpy as np
@@ -13,7 +12,6 @@ import pytest
 import dtensor as dt
 from dtensor.errors import ArgumentError
 
-HAS_TORCH = importlib.util.find_spec("torch") is not None
 STEPS = 4
 
 
@@ -96,7 +94,7 @@ def test_adam_matches_its_formula(name, kwargs):
     np.testing.assert_allclose(got, want, rtol=1e-12)
 
 
-@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+@pytest.mark.torch
 @pytest.mark.parametrize(("name", "kwargs"), [("SGD", k) for k in SGD_CASES] + ADAM_CASES,
                          ids=str)
 def test_optimizers_match_torch(name, kwargs):

@@ -23,12 +23,10 @@ MODES = ("local", "dp", "replicate", "fsdp", "tp")
 pytestmark = pytest.mark.mode_independent  # a benchmark job and a torch model, not dispatch
 
 
-def _torch():
-    return pytest.importorskip("torch", reason="torch is not installed")
-
-
+@pytest.mark.torch
 def test_torch_twin_has_the_names_and_shapes_and_gives_the_same_loss():
-    torch = _torch()
+    import torch  # lazy: the tests' oracle, marked torch
+
     from launch.bench._torch_gpt import TorchGPT, load_numpy
 
     cfg = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=4, d_model=32, bias=True)
@@ -50,8 +48,8 @@ def test_torch_twin_has_the_names_and_shapes_and_gives_the_same_loss():
         load_numpy(theirs, {n: a for n, a in weights.items() if n != "ln_f.bias"})
 
 
+@pytest.mark.torch
 def test_every_mode_at_2_ranks_agrees_with_torch_and_reports_every_field(tmp_path):
-    _torch()
     path = tmp_path / "gpt_vs_torch.json"
     cmd = [sys.executable, "-m", "launch", "-n", "2", "--timeout", str(LIMIT_S),
            "launch/bench/gpt_vs_torch.py", "--model", "tiny", "--steps", "3", "--warmup", "1",

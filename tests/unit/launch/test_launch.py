@@ -470,6 +470,11 @@ def test_mode_independent_tests_run_in_the_first_mode_only(tmp_path):
     assert runtests._command(stages[2], "mpiexec", ["-x"])[-1] == "-x"
     mpi = runtests._command(stages[3], "mpiexec", ["-x"])
     assert mpi[:3] == ["mpiexec", "-n", "2"] and mpi[-3:] == [*runtests.REPEAT_MARKERS, "-x"]
+    # the user's -m joins the repeat stage's (pytest keeps only the last -m)
+    user = ["-m", "not torch", "-x"]
+    assert runtests._command(stages[0], "mpiexec", user)[-3:] == user
+    assert runtests._command(stages[2], "mpiexec", user)[-3:] == [
+        "-m", "(not torch) and not mode_independent", "-x"]
     # pytest's side: this module is marked, so its tests are deselected, not skipped
     cmd = [sys.executable, "-m", "pytest", "unit/launch/test_launch.py",
            "unit/local/test_allocator.py", "--collect-only", "-q",

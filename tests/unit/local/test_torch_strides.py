@@ -11,15 +11,12 @@ are compared with it too.
 
 from __future__ import annotations
 
-import importlib.util
 import random
 
 import numpy as np
 import pytest
 
 import dtensor as dt
-
-HAS_TORCH = importlib.util.find_spec("torch") is not None
 
 
 def _base(*shape):
@@ -112,7 +109,7 @@ def _chain(rng: random.Random):
     return a, b
 
 
-@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+@pytest.mark.torch
 def test_new_tensor_strides_match_torch_on_random_view_chains():
     import torch
 

@@ -4,15 +4,12 @@ gradients in float64."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import numpy as np
 import pytest
 
 import dtensor as dt
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
-                                reason="torch is not installed")
+pytestmark = pytest.mark.torch
 
 # name -> (program of (namespace, class-index target, *inputs), input shapes)
 PROGRAMS = {

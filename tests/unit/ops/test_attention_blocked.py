@@ -10,8 +10,6 @@ formula."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import numpy as np
 import pytest
 
@@ -20,8 +18,7 @@ from dtensor.local.kernels import attention as attn
 from placements import Partial, Replicate, Shard
 from placements.rules import ArgMeta, OpSchema, rule_result
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
-                                reason="torch is not installed")
+pytestmark = pytest.mark.torch  # torch is the oracle of most tests here
 
 R = Replicate()
 TOL = {np.float32: {"rtol": 2e-4, "atol": 2e-5}, np.float64: {"rtol": 1e-10, "atol": 1e-12}}
@@ -43,7 +40,7 @@ CASES = [
 
 
 def _torch_attention(q, k, v, g, causal, scale, gqa):
-    import torch  # lazy: an optional test dependency (the module skips without it)
+    import torch  # lazy: an optional test dependency (the module is marked torch)
 
     tq, tk, tv = (torch.from_numpy(a.copy()).requires_grad_() for a in (q, k, v))
     out = torch.nn.functional.scaled_dot_product_attention(
@@ -85,7 +82,7 @@ def test_any_block_size_gives_the_same_result(rows, monkeypatch):
 
 def test_gpt_layout_views_match_torch():
     # the projections of launch/examples/gpt.py: (B, S, H, hd) viewed as (B, H, S, hd)
-    import torch  # lazy: an optional test dependency (the module skips without it)
+    import torch  # lazy: an optional test dependency (the module is marked torch)
 
     rng = np.random.default_rng(5)
     x = [rng.standard_normal((2, 100, 3, 8)).astype(np.float32) for _ in range(3)]
@@ -126,7 +123,7 @@ def test_fused_backward_rejects_broadcast_batch_dims():
 
 
 def test_double_backward_keeps_the_differentiable_formula():
-    import torch  # lazy: an optional test dependency (the module skips without it)
+    import torch  # lazy: an optional test dependency (the module is marked torch)
 
     rng = np.random.default_rng(9)
     q, k, v = (rng.standard_normal((2, 70, 4)) for _ in range(3))

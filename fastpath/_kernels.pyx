@@ -7,7 +7,9 @@ several passes over memory or more call overhead than arithmetic on a small arra
 (``maximum(x, 0)``: NaN stays NaN, -0 becomes 0), ``erf``, ``gelu`` (exact and tanh forms),
 ``softmax`` / ``log_softmax`` along the last axis, and for float32 only ``layer_norm`` over
 the trailing dims and the ``sum`` / ``mean`` / ``amax`` of rows (the last axis, or the whole
-array). Each kernel serves C-contiguous, aligned, native-order numpy arrays of the dtypes it
+array). The backward side: ``gelu_backward`` (both forms) and ``layer_norm_backward`` (one
+fused pass per row instead of a dozen array passes), and ``adam_step``, the whole Adam(W)
+update of one parameter in one pass (float32 and float64 each). Each kernel serves C-contiguous, aligned, native-order numpy arrays of the dtypes it
 names; the elementwise ones write into an optional output array of the same kind, shape and
 dtype, the row ones into an array from the caller's allocator. Any other input (another
 dtype, strides, a cupy array) goes to the array-module twin the kernel was built with, or

@@ -279,6 +279,12 @@ class Adam(Optimizer):
     The state holds ``step`` (a python int here; PyTorch keeps a 0-d tensor), ``exp_avg``,
     ``exp_avg_sq`` and, with amsgrad, ``max_exp_avg_sq``.
 
+    Without amsgrad, with the compiled extension enabled, a parameter whose data, gradient
+    and moments are contiguous float32/float64 host arrays of one dtype (local Tensors, or
+    DTensors of one spec without Partial) is updated in one compiled pass
+    (``fastpath._kernels.adam_step``: the same arithmetic, element by element); the tensor
+    ops serve every other parameter, and all with ``DTENSOR_FASTPATH=0``.
+
     Parameters
     ----------
     params : iterable

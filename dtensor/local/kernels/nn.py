@@ -6,8 +6,10 @@ All are **Local** plain functions with the names and arguments of
 stable); float16 and bfloat16 inputs compute in float32 and return their dtype. With the compiled
 extension enabled, softmax and log_softmax along the last axis of a contiguous
 float32/float64 host array, and layer_norm of a contiguous float32 host array, run one
-compiled loop each (``fastpath._kernels``; its notes say how sums accumulate); the numpy
-code here serves everything else, and everything with ``DTENSOR_FASTPATH=0``.
+compiled loop each (``fastpath._kernels``; its notes say how sums accumulate), as does
+``layer_norm_backward`` (the fused gradient layer_norm's backward formula runs) on contiguous
+float32/float64; the numpy code here serves everything else, and everything with
+``DTENSOR_FASTPATH=0``.
 """
 
 from __future__ import annotations

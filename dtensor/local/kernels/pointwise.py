@@ -10,8 +10,8 @@ kernel and its dtype rules; one generic path serves every op of a family, and a 
 path serves the common case (small tensors of one dtype, or a small tensor and a python
 number). bfloat16 operands compute in float32 and round once on store (PyTorch's opmath,
 :func:`~dtensor.local.kernels.base.opmath_dtype`); they take no short path. relu, erf and
-gelu run the compiled loops of ``fastpath._kernels`` on contiguous
-float32/float64 host arrays when the compiled extension is enabled (their array-module
+gelu (and ``gelu_backward``, the fused gradient gelu's backward formula runs) run the
+compiled loops of ``fastpath._kernels`` on contiguous float32/float64 host arrays when the compiled extension is enabled (their array-module
 twins here serve everything else, and everything with ``DTENSOR_FASTPATH=0``).
 """
 

@@ -537,11 +537,10 @@ cdef extern from *:
        (PyTorch's single-tensor order): p *= decay; m = beta1 m + (1 - beta1) g;
        v = beta2 v + (1 - beta2) g g; p -= step (m / (sqrt(v) / bc2_sqrt + eps)).
        `sign` -1 negates g (maximize); `l2` adds l2 * p to g first (Adam's weight decay). */
-    #define DTK_ADAM_BODY(T, SQRT)                                                     \
-        Py_ssize_t i;                                                                  \
+    #define DTK_ADAM_LOOP(T, SQRT, L2)                                                 \
         for (i = 0; i < n; i++) {                                                      \
             T pi = p[i], gi = g[i] * (T)sign;                                          \
-            if (l2 != 0.0) gi = gi + pi * (T)l2;                                       \
+            L2                                                                         \
             pi = pi * (T)decay;                                                        \
             T mi = m[i] * (T)beta1 + gi * (T)(1.0 - beta1);                            \
             T vi = v[i] * (T)beta2 + gi * gi * (T)(1.0 - beta2);                       \
@@ -549,17 +548,26 @@ cdef extern from *:
             v[i] = vi;                                                                 \
             p[i] = pi + (T)(-step) * (mi / (SQRT(vi) / (T)bc2_sqrt + (T)eps));         \
         }
+    #define DTK_ADAM_BODY(T, SQRT)                                                     \
+        Py_ssize_t i;                                                                  \
+        if (l2 != 0.0) {                                                               \
+            DTK_ADAM_LOOP(T, SQRT, gi = gi + pi * (T)l2;)                              \
+        } else {                                                                       \
+            DTK_ADAM_LOOP(T, SQRT, )                                                   \
+        }
+    /* (sqrt is the vector instruction under -fno-math-errno, setup.py's flags; one loop
+       per case of l2, so that no branch stays in the loop) */
     DTK_CLONES static void dtk_adam_f32(float* p, const float* g, float* m, float* v,
                                         Py_ssize_t n, double sign, double l2, double decay,
                                         double beta1, double beta2, double step,
                                         double bc2_sqrt, double eps) {
-        DTK_ADAM_BODY(float, sqrtf)
+        DTK_ADAM_BODY(float, __builtin_sqrtf)
     }
     static void dtk_adam_f64(double* p, const double* g, double* m, double* v,
                              Py_ssize_t n, double sign, double l2, double decay,
                              double beta1, double beta2, double step,
                              double bc2_sqrt, double eps) {
-        DTK_ADAM_BODY(double, sqrt)
+        DTK_ADAM_BODY(double, __builtin_sqrt)
     }
     """
     int DTK_RELU, DTK_ERF, DTK_GELU, DTK_GELU_TANH

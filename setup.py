@@ -34,9 +34,10 @@ KERNEL_PARTS = [os.path.join("fastpath", "_kernels_simd.pxi")]
 # -fno-trapping-math lets the compiler evaluate both sides of a select (x86-64's baseline
 # SSE2 has no other way to vectorise them). Neither changes a result: IEEE semantics (NaN,
 # inf, -0.0, subnormals, rounding) stay; only floating-point exception flags, which nothing
-# reads after these loops, may differ. No machine-specific flag: the loops pick the CPU's
+# reads after these loops, may differ. -fno-math-errno lets sqrt (Adam's step) be the vector
+# instruction: nothing reads errno either. No machine-specific flag: the loops pick the CPU's
 # vector width at load time (target_clones in ``_kernels_simd.pxi``).
-KERNEL_FLAGS = ["-O3", "-fno-trapping-math"]
+KERNEL_FLAGS = ["-O3", "-fno-trapping-math", "-fno-math-errno"]
 
 
 def _warn(reason: str) -> None:

@@ -7,7 +7,9 @@ several passes over memory or more call overhead than arithmetic on a small arra
 (``maximum(x, 0)``: NaN stays NaN, -0 becomes 0), ``erf``, ``gelu`` (exact and tanh forms),
 ``softmax`` / ``log_softmax`` along the last axis, and for float32 only ``layer_norm`` over
 the trailing dims and the ``sum`` / ``mean`` / ``amax`` of rows (the last axis, or the whole
-array). Each kernel serves C-contiguous, aligned, native-order numpy arrays of the dtypes it
+array). The backward side: ``gelu_backward`` (both forms) and ``layer_norm_backward`` (one
+fused pass per row instead of a dozen array passes), and ``adam_step``, the whole Adam(W)
+update of one parameter in one pass (float32 and float64 each). Each kernel serves C-contiguous, aligned, native-order numpy arrays of the dtypes it
 names; the elementwise ones write into an optional output array of the same kind, shape and
 dtype, the row ones into an array from the caller's allocator. Any other input (another
 dtype, strides, a cupy array) goes to the array-module twin the kernel was built with, or
@@ -40,8 +42,8 @@ cnp.import_array()
 
 include "_kernels_simd.pxi"
 
-__all__ = ["Unary", "fast_path", "layer_norm", "reduce_lastdim", "short_binary",
-           "softmax_lastdim"]
+__all__ = ["Unary", "adam_step", "fast_path", "gelu_backward", "layer_norm",
+           "layer_norm_backward", "reduce_lastdim", "short_binary", "softmax_lastdim"]
 
 cdef Py_ssize_t NOGIL_MIN = 65536    # elements from which a loop releases the GIL
 
@@ -688,3 +690,143 @@ def short_binary(ufunc, frozenset fast, Py_ssize_t limit, a, b):
     if a.dtype is b.dtype and _short(fast, limit, a, b):
         return ufunc(a, b)
     return None
+
+
+# -- backward kernels and the optimizer step --------------------------------------------------
+cdef inline bint _same_plain(object a, cnp.ndarray x):
+    """``a`` a plain array (:func:`_plain`) of ``x``'s dtype and size."""
+    return (_plain(a) and cnp.PyArray_TYPE(<cnp.ndarray>a) == cnp.PyArray_TYPE(x)
+            and cnp.PyArray_SIZE(<cnp.ndarray>a) == cnp.PyArray_SIZE(x))
+
+
+def gelu_backward(grad, a, bint tanh_form, alloc=None):
+    """The gradient of ``gelu`` at ``a`` times ``grad`` (exact form, or PyTorch's tanh
+    approximation with ``tanh_form``), in one pass, as a new array from
+    ``alloc(shape, dtype, a)`` (as for :func:`softmax_lastdim`); None when not served:
+    ``a`` and ``grad`` must be C-contiguous float32/float64 arrays of one dtype and shape.
+    **Local**.
+
+    float32 evaluates the terms of the formula with the polynomial erf, exp and tanh of
+    ``_kernels_simd.pxi`` (a few ulp from the numpy twin's); float64 with libm.
+    """
+    if not _plain(a):
+        return None
+    cdef cnp.ndarray x = <cnp.ndarray>a
+    if not _same_plain(grad, x) or grad.shape != a.shape:
+        return None
+    cdef Py_ssize_t n = cnp.PyArray_SIZE(x)
+    y = _allocated(alloc, x, a.shape, n)
+    if y is None:
+        return None
+    cdef void* pg = cnp.PyArray_DATA(<cnp.ndarray>grad)
+    cdef void* px = cnp.PyArray_DATA(x)
+    cdef void* py = cnp.PyArray_DATA(<cnp.ndarray>y)
+    cdef bint f32 = cnp.PyArray_TYPE(x) == cnp.NPY_FLOAT32
+    with nogil:
+        if f32:
+            dtk_gelu_backward_f32(tanh_form, <const float*>pg, <const float*>px, <float*>py, n)
+        else:
+            dtk_gelu_backward_f64(tanh_form, <const double*>pg, <const double*>px,
+                                  <double*>py, n)
+    return y
+
+
+def layer_norm_backward(grad, a, weight, Py_ssize_t n, double eps, bint want_weight,
+                        alloc=None):
+    """The backward of ``layer_norm`` of ``a`` over rows of its trailing ``n`` elements
+    (weight ``weight`` or None) at output gradient ``grad``: ``(grad_input, grad_weight)``,
+    ``grad_weight`` (float64, ``n`` elements, the sum over rows of ``grad * xhat``) None
+    unless ``want_weight``; ``grad_input`` from ``alloc`` (as for :func:`softmax_lastdim`).
+    None when not served: ``a`` and ``grad`` C-contiguous float32/float64 arrays of one
+    dtype and shape, non-empty, rows of ``n``; ``weight`` None or such an array of ``n``.
+    **Local**.
+
+    One row at a time: its mean and rstd as the forward takes them (float32: the forward's
+    own sums, so the same values bit for bit), then two passes over the row (while it is in
+    cache) for ``grad_input`` and the row's share of ``grad_weight``.
+    """
+    if not _plain(a):
+        return None
+    cdef cnp.ndarray x = <cnp.ndarray>a
+    cdef Py_ssize_t size = cnp.PyArray_SIZE(x)
+    if n <= 0 or size == 0 or size % n or not _same_plain(grad, x) or grad.shape != a.shape:
+        return None
+    if weight is not None and (not _plain(weight)
+                               or cnp.PyArray_TYPE(<cnp.ndarray>weight) != cnp.PyArray_TYPE(x)
+                               or cnp.PyArray_SIZE(<cnp.ndarray>weight) != n):
+        return None
+    y = _allocated(alloc, x, a.shape, size)
+    if y is None:
+        return None
+    cdef cnp.ndarray gw_arr = None
+    cdef double* gw = NULL
+    cdef cnp.npy_intp dn = n
+    if want_weight:
+        gw_arr = cnp.PyArray_ZEROS(1, &dn, cnp.NPY_FLOAT64, 0)
+        gw = <double*>cnp.PyArray_DATA(gw_arr)
+    cdef const void* pw = NULL if weight is None else cnp.PyArray_DATA(<cnp.ndarray>weight)
+    cdef char* pg = <char*>cnp.PyArray_DATA(<cnp.ndarray>grad)
+    cdef char* px = <char*>cnp.PyArray_DATA(x)
+    cdef char* py = <char*>cnp.PyArray_DATA(<cnp.ndarray>y)
+    cdef Py_ssize_t rows = size // n, r, i, off
+    cdef float m32, rs32
+    cdef double m64, rs64, s
+    cdef const double* xr
+    with nogil:
+        if cnp.PyArray_TYPE(x) == cnp.NPY_FLOAT32:
+            for r in range(rows):
+                off = r * n * 4
+                m32 = <float>(dtk_sum(<const float*>(px + off), n) / <double>n)
+                rs32 = <float>(1.0 / sqrt(dtk_sumsq(<const float*>(px + off), n, m32)
+                                          / <double>n + eps))
+                dtk_layer_norm_backward_f32(<const float*>(pg + off), <const float*>(px + off),
+                                            &m32, &rs32, <const float*>pw,
+                                            <float*>(py + off), gw, 1, n)
+        else:
+            for r in range(rows):
+                off = r * n * 8
+                xr = <const double*>(px + off)
+                s = 0.0
+                for i in range(n):
+                    s = s + xr[i]
+                m64 = s / <double>n
+                s = 0.0
+                for i in range(n):
+                    s = s + (xr[i] - m64) * (xr[i] - m64)
+                rs64 = 1.0 / sqrt(s / <double>n + eps)
+                dtk_layer_norm_backward_f64(<const double*>(pg + off), xr, &m64, &rs64,
+                                            <const double*>pw, <double*>(py + off), gw, 1, n)
+    return y, gw_arr
+
+
+def adam_step(p, grad, exp_avg, exp_avg_sq, double sign, double l2, double decay,
+              double beta1, double beta2, double step, double bc2_sqrt, double eps):
+    """One Adam(W) update of parameter array ``p`` in place, with ``grad`` and the moments
+    ``exp_avg`` / ``exp_avg_sq`` (updated in place), in one pass: ``g = sign * grad
+    (+ l2 * p)``; ``p *= decay``; ``m = beta1 m + (1 - beta1) g``; ``v = beta2 v +
+    (1 - beta2) g g``; ``p -= step * m / (sqrt(v) / bc2_sqrt + eps)``. Returns True, or
+    False (nothing written) unless all four are C-contiguous writeable (``grad``: readable)
+    float32/float64 arrays of one dtype and size. **Local**.
+    """
+    if not _plain(p):
+        return False
+    cdef cnp.ndarray x = <cnp.ndarray>p
+    if not (_same_plain(grad, x) and _same_plain(exp_avg, x) and _same_plain(exp_avg_sq, x)):
+        return False
+    if not (cnp.PyArray_ISWRITEABLE(x) and cnp.PyArray_ISWRITEABLE(<cnp.ndarray>exp_avg)
+            and cnp.PyArray_ISWRITEABLE(<cnp.ndarray>exp_avg_sq)):
+        return False
+    cdef Py_ssize_t n = cnp.PyArray_SIZE(x)
+    cdef void* pp = cnp.PyArray_DATA(x)
+    cdef void* pg = cnp.PyArray_DATA(<cnp.ndarray>grad)
+    cdef void* pm = cnp.PyArray_DATA(<cnp.ndarray>exp_avg)
+    cdef void* pv = cnp.PyArray_DATA(<cnp.ndarray>exp_avg_sq)
+    cdef bint f32 = cnp.PyArray_TYPE(x) == cnp.NPY_FLOAT32
+    with nogil:
+        if f32:
+            dtk_adam_f32(<float*>pp, <const float*>pg, <float*>pm, <float*>pv, n, sign, l2,
+                         decay, beta1, beta2, step, bc2_sqrt, eps)
+        else:
+            dtk_adam_f64(<double*>pp, <const double*>pg, <double*>pm, <double*>pv, n, sign,
+                         l2, decay, beta1, beta2, step, bc2_sqrt, eps)
+    return True

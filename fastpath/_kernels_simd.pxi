@@ -438,6 +438,137 @@ cdef extern from *:
                 for (i = 0; i < n; i++) y[i] = (x[i] - m) * rs;
         }
     }
+
+    /* The gradient of gelu: g * d/dx gelu(x) over n elements. Exact form:
+       Phi(x) + x phi(x) = (1 + erf(x / sqrt(2))) / 2 + x exp(-x^2 / 2) / sqrt(2 pi); tanh form
+       (t = tanh(k (x + c x^3)), k = sqrt(2 / pi)): (1 + t) / 2 + x / 2 (1 - t^2) k (1 + 3 c x^2),
+       the terms of the formula dtensor's numpy twin evaluates, in one pass. */
+    DTK_CLONES static void dtk_gelu_backward_f32(int tanh_form, const float* g, const float* x,
+                                                 float* y, Py_ssize_t n) {
+        Py_ssize_t i;
+        const float s2 = 0.79788456080286536f, c = 0.044715f;
+        const float r2 = 0.70710678118654752f, rpi = 0.39894228040143268f;
+        if (tanh_form) {
+            for (i = 0; i < n; i++) {
+                float v = x[i], v2 = v * v;
+                float t = dtk_tanhf((v + v2 * v * c) * s2);
+                float d = (1.0f - t * t) * s2 * (v2 * (3.0f * c) + 1.0f);
+                y[i] = g[i] * ((t + 1.0f) * 0.5f + v * 0.5f * d);
+            }
+        } else {
+            for (i = 0; i < n; i++) {
+                float v = x[i];
+                float cdf = (dtk_erff(v * r2) + 1.0f) * 0.5f;
+                float pdf = dtk_expf(v * v * -0.5f) * rpi;
+                y[i] = g[i] * (cdf + v * pdf);
+            }
+        }
+    }
+
+    static void dtk_gelu_backward_f64(int tanh_form, const double* g, const double* x,
+                                      double* y, Py_ssize_t n) {
+        Py_ssize_t i;
+        const double s2 = 0.79788456080286536, c = 0.044715;
+        const double r2 = 0.70710678118654752, rpi = 0.39894228040143268;
+        if (tanh_form) {
+            for (i = 0; i < n; i++) {
+                double v = x[i], v2 = v * v;
+                double t = tanh((v + v2 * v * c) * s2);
+                double d = (1.0 - t * t) * s2 * (v2 * (3.0 * c) + 1.0);
+                y[i] = g[i] * ((t + 1.0) * 0.5 + v * 0.5 * d);
+            }
+        } else {
+            for (i = 0; i < n; i++) {
+                double v = x[i];
+                y[i] = g[i] * ((erf(v * r2) + 1.0) * 0.5 + v * exp(v * v * -0.5) * rpi);
+            }
+        }
+    }
+
+    /* The backward of layer_norm over `rows` contiguous rows of n >= 1, from the forward's
+       per-row mean and rstd: with gh = g [* w] and xh = (x - mean) * rstd,
+       gx = rstd (gh - mean(gh) - xh mean(gh xh)); gw (n doubles, added to) += g xh summed
+       over the rows (NULL: not wanted). The row means accumulate in float64. */
+    DTK_CLONES_NARROW static void dtk_layer_norm_backward_f32(
+            const float* g, const float* x, const float* mean, const float* rstd,
+            const float* w, float* gx, double* gw, Py_ssize_t rows, Py_ssize_t n) {
+        Py_ssize_t r, i;
+        for (r = 0; r < rows; r++, g += n, x += n, gx += n) {
+            float m = mean[r], rs = rstd[r];
+            double a = 0.0, b = 0.0;
+            for (i = 0; i < n; i++) {
+                float gh = w != NULL ? g[i] * w[i] : g[i];
+                float xh = (x[i] - m) * rs;
+                a += gh;
+                b += gh * xh;
+                if (gw != NULL) gw[i] += g[i] * xh;
+            }
+            float ma = (float)(a / (double)n), mb = (float)(b / (double)n);
+            for (i = 0; i < n; i++) {
+                float gh = w != NULL ? g[i] * w[i] : g[i];
+                float xh = (x[i] - m) * rs;
+                gx[i] = rs * (gh - ma - xh * mb);
+            }
+        }
+    }
+
+    static void dtk_layer_norm_backward_f64(
+            const double* g, const double* x, const double* mean, const double* rstd,
+            const double* w, double* gx, double* gw, Py_ssize_t rows, Py_ssize_t n) {
+        Py_ssize_t r, i;
+        for (r = 0; r < rows; r++, g += n, x += n, gx += n) {
+            double m = mean[r], rs = rstd[r], a = 0.0, b = 0.0;
+            for (i = 0; i < n; i++) {
+                double gh = w != NULL ? g[i] * w[i] : g[i];
+                double xh = (x[i] - m) * rs;
+                a += gh;
+                b += gh * xh;
+                if (gw != NULL) gw[i] += g[i] * xh;
+            }
+            double ma = a / (double)n, mb = b / (double)n;
+            for (i = 0; i < n; i++) {
+                double gh = w != NULL ? g[i] * w[i] : g[i];
+                gx[i] = rs * (gh - ma - (x[i] - m) * rs * mb);
+            }
+        }
+    }
+
+    /* One Adam(W) step over n elements of a parameter p with gradient g and moments m, v
+       (PyTorch's single-tensor order): p *= decay; m = beta1 m + (1 - beta1) g;
+       v = beta2 v + (1 - beta2) g g; p -= step (m / (sqrt(v) / bc2_sqrt + eps)).
+       `sign` -1 negates g (maximize); `l2` adds l2 * p to g first (Adam's weight decay). */
+    #define DTK_ADAM_LOOP(T, SQRT, L2)                                                 \
+        for (i = 0; i < n; i++) {                                                      \
+            T pi = p[i], gi = g[i] * (T)sign;                                          \
+            L2                                                                         \
+            pi = pi * (T)decay;                                                        \
+            T mi = m[i] * (T)beta1 + gi * (T)(1.0 - beta1);                            \
+            T vi = v[i] * (T)beta2 + gi * gi * (T)(1.0 - beta2);                       \
+            m[i] = mi;                                                                 \
+            v[i] = vi;                                                                 \
+            p[i] = pi + (T)(-step) * (mi / (SQRT(vi) / (T)bc2_sqrt + (T)eps));         \
+        }
+    #define DTK_ADAM_BODY(T, SQRT)                                                     \
+        Py_ssize_t i;                                                                  \
+        if (l2 != 0.0) {                                                               \
+            DTK_ADAM_LOOP(T, SQRT, gi = gi + pi * (T)l2;)                              \
+        } else {                                                                       \
+            DTK_ADAM_LOOP(T, SQRT, )                                                   \
+        }
+    /* (sqrt is the vector instruction under -fno-math-errno, setup.py's flags; one loop
+       per case of l2, so that no branch stays in the loop) */
+    DTK_CLONES static void dtk_adam_f32(float* p, const float* g, float* m, float* v,
+                                        Py_ssize_t n, double sign, double l2, double decay,
+                                        double beta1, double beta2, double step,
+                                        double bc2_sqrt, double eps) {
+        DTK_ADAM_BODY(float, __builtin_sqrtf)
+    }
+    static void dtk_adam_f64(double* p, const double* g, double* m, double* v,
+                             Py_ssize_t n, double sign, double l2, double decay,
+                             double beta1, double beta2, double step,
+                             double bc2_sqrt, double eps) {
+        DTK_ADAM_BODY(double, __builtin_sqrt)
+    }
     """
     int DTK_RELU, DTK_ERF, DTK_GELU, DTK_GELU_TANH
     int DTK_SUM, DTK_MEAN, DTK_MAX
@@ -448,3 +579,21 @@ cdef extern from *:
                          int take_log) noexcept nogil
     void dtk_layer_norm_f32(const float* x, float* y, Py_ssize_t rows, Py_ssize_t n,
                             const float* w, const float* b, double eps) noexcept nogil
+    void dtk_gelu_backward_f32(int tanh_form, const float* g, const float* x, float* y,
+                               Py_ssize_t n) noexcept nogil
+    void dtk_gelu_backward_f64(int tanh_form, const double* g, const double* x, double* y,
+                               Py_ssize_t n) noexcept nogil
+    void dtk_layer_norm_backward_f32(const float* g, const float* x, const float* mean,
+                                     const float* rstd, const float* w, float* gx, double* gw,
+                                     Py_ssize_t rows, Py_ssize_t n) noexcept nogil
+    void dtk_layer_norm_backward_f64(const double* g, const double* x, const double* mean,
+                                     const double* rstd, const double* w, double* gx,
+                                     double* gw, Py_ssize_t rows, Py_ssize_t n) noexcept nogil
+    void dtk_adam_f32(float* p, const float* g, float* m, float* v, Py_ssize_t n,
+                      double sign, double l2, double decay, double beta1, double beta2,
+                      double step, double bc2_sqrt, double eps) noexcept nogil
+    void dtk_adam_f64(double* p, const double* g, double* m, double* v, Py_ssize_t n,
+                      double sign, double l2, double decay, double beta1, double beta2,
+                      double step, double bc2_sqrt, double eps) noexcept nogil
+    double dtk_sum(const float* p, Py_ssize_t n) noexcept nogil
+    double dtk_sumsq(const float* p, Py_ssize_t n, float m) noexcept nogil

@@ -10,7 +10,7 @@ from placements.meta import dtype_kind
 from ..local import kernels as K
 from ..local.grad_engine import is_grad_enabled
 from ..local.kernels.attention import attention_scale
-from ..local.kernels.nn import rms_eps
+from ..local.kernels.nn import layer_norm_backward, rms_eps
 from ..local.rng import get_rng_state, set_rng_state
 from ._grad import arange
 from .shard_kernels import (
@@ -44,6 +44,9 @@ def _normalized_dims(x, normalized_shape) -> tuple[int, ...]:
 
 def _layer_norm(g, v, o, need, fns):
     x, normalized_shape, w, eps = v[0], v[1], v[2], v[4]
+    if not is_grad_enabled():  # one fused pass per row; the composite when it is recorded
+        gx, gw = fns._layer_norm_backward(g, x, normalized_shape, w, eps)
+        return (gx if need[0] else None, gw if need[1] else None, g if need[2] else None)
     dims = _normalized_dims(x, normalized_shape)
     mu = x.mean(dim=dims, keepdim=True)
     xc = x - mu
@@ -207,10 +210,12 @@ def _attention(g, v, state, need, fns):
 
 
 def nn_op(name: str, backward: Backward, tensors: tuple[str, ...] = ("input",),
-          cost: str = "nn", **kw: object) -> None:
-    """Declare the nn op ``name`` over its kernel in :mod:`dtensor.local.kernels`, with its
-    formula ``backward`` and compute class ``cost``. **Local**."""
-    declare(name, getattr(K, name), tensors, samples="nn", backward=backward, cost=cost, **kw)
+          cost: str = "nn", fn=None, **kw: object) -> None:
+    """Declare the nn op ``name`` over its kernel ``fn`` (by default ``name`` in
+    :mod:`dtensor.local.kernels`), with its formula ``backward`` and compute class ``cost``.
+    **Local**."""
+    declare(name, fn or getattr(K, name), tensors, samples="nn", backward=backward, cost=cost,
+            **kw)
 
 
 nn_op("softmax", Backward(_softmax, out=True), local_fn=class_sharded_local, raw="softmax")
@@ -218,6 +223,10 @@ nn_op("log_softmax", Backward(_log_softmax, out=True), local_fn=class_sharded_lo
       raw="softmax")
 nn_op("layer_norm", Backward(_layer_norm, ("input", "weight")), ("input", "weight", "bias"),
       method=False)
+# the fused gradient of layer_norm that its formula runs (rule: placements.rules.nn); not
+# differentiable itself: under a recorded backward the formula uses the composite form
+nn_op("_layer_norm_backward", NOT_DIFFERENTIABLE, ("grad", "input", "weight"),
+      method=False, fn=layer_norm_backward)
 nn_op("embedding", Backward(_embedding, ("input",)), ("input", "weight"),
       local_fn=embedding_local, method=False)
 nn_op("cross_entropy", Backward(_cross_entropy, ("input", "target", "weight")),

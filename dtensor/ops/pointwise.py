@@ -19,6 +19,7 @@ from placements.errors import SignatureError
 from placements.rules.pointwise import unary_rule
 
 from ..local import kernels as K
+from ..local.grad_engine import is_grad_enabled
 from ..local.kernels import pointwise as pw
 from ..local.kernels.pointwise import BOOLS, FLOATS, INTS, NUMERIC, REAL
 from ._grad import is_tensor, scaled
@@ -185,6 +186,8 @@ declare("positive", pw.positive, rule=unary_rule("same", "copy"),
 
 def _gelu(g, v, o, need, fns):
     x, approximate = v[0], v[1]
+    if not is_grad_enabled():  # one fused pass; the composite below when it is recorded
+        return (fns._gelu_backward(g, x, approximate),)
     if approximate == "tanh":
         k = math.sqrt(2.0 / math.pi)
         x2 = x * x
@@ -204,6 +207,11 @@ def _softplus(g, v, o, need, fns):
 
 declare("gelu", pw.gelu, rule=unary_rule("floatonly", "none"), method=False, samples="unary",
         backward=Backward(_gelu, ("input",)))
+# the fused gradient of gelu (PyTorch's aten::gelu_backward) that gelu's formula runs; its rule
+# is in placements.rules.nn. Not differentiable itself: under a recorded backward
+# (create_graph) gelu's formula uses the composite form instead.
+declare("_gelu_backward", pw.gelu_backward, ("grad", "input"), method=False, samples="nn",
+        backward=NOT_DIFFERENTIABLE)
 declare("softplus", pw.softplus, rule=unary_rule("floatonly", "monotone"), method=False,
         samples="unary", backward=Backward(_softplus, ("input",)))
 declare("leaky_relu", pw.leaky_relu, rule=unary_rule("floatonly", "leaky_relu"),

@@ -282,6 +282,16 @@ def _nn_cases(g: Gen, shapes, name: str) -> Iterator[Case]:
         yield Case({"input": g.arr((5, 7), _F32), "normalized_shape": (7,),
                     "weight": g.arr((7,), _F32), "bias": g.arr((7,), _F32)}, "(5,7)")
         yield Case({"input": g.arr((2, 3, 4), _F32), "normalized_shape": (3, 4)}, "(2,3,4)")
+    elif name == "_layer_norm_backward":
+        yield Case({"grad": g.arr((5, 7), _F32), "input": g.arr((5, 7), _F32),
+                    "normalized_shape": (7,), "weight": g.arr((7,), _F32)}, "(5,7)")
+        yield Case({"grad": g.arr((2, 3, 4), _F32), "input": g.arr((2, 3, 4), _F32),
+                    "normalized_shape": (3, 4)}, "(2,3,4)")
+    elif name == "_gelu_backward":
+        for shape in shapes:
+            for approximate in ("none", "tanh"):
+                yield Case({"grad": g.arr(shape, _F32), "input": g.arr(shape, _F32),
+                            "approximate": approximate}, f"{shape}{approximate}")
     elif name == "embedding":
         for idx_shape, (vocab, d) in (((5,), (10, 6)), ((3, 4), (3, 5)), ((7,), (8, 12))):
             idx = g.rng.integers(0, vocab, idx_shape)

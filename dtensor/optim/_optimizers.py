@@ -7,15 +7,18 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import fastpath as _fp
 from placements.errors import ArgumentError
 
 from ..distributed.dtensor import DTensor, distribute_tensor
-from ..local.grad_engine import enable_grad, no_grad, zero_grads
+from ..local.grad_engine import bump_version, enable_grad, no_grad, zero_grads
 from ..local.tensor import Tensor
 
 __all__ = ["SGD", "Adam", "AdamW", "Optimizer"]
 
 _TENSORS = (Tensor, DTensor)
+# the compiled Adam(W) update (one pass per parameter), or None (the tensor ops serve)
+_KERNELS = _fp.kernels if _fp.ENABLED else None
 
 
 class _Required:
@@ -276,6 +279,12 @@ class Adam(Optimizer):
     The state holds ``step`` (a python int here; PyTorch keeps a 0-d tensor), ``exp_avg``,
     ``exp_avg_sq`` and, with amsgrad, ``max_exp_avg_sq``.
 
+    Without amsgrad, with the compiled extension enabled, a parameter whose data, gradient
+    and moments are contiguous float32/float64 host arrays of one dtype (local Tensors, or
+    DTensors of one spec without Partial) is updated in one compiled pass
+    (``fastpath._kernels.adam_step``: the same arithmetic, element by element); the tensor
+    ops serve every other parameter, and all with ``DTENSOR_FASTPATH=0``.
+
     Parameters
     ----------
     params : iterable
@@ -321,6 +330,8 @@ class Adam(Optimizer):
             if group["amsgrad"]:
                 state["max_exp_avg_sq"] = p.detach().clone().zero_()
         t = state["step"] = int(state["step"]) + 1  # a loaded 0-d tensor too
+        if not group["amsgrad"] and _fused_adam(p, grad, state, group, t):
+            return
         if wd != 0:
             if group["decoupled_weight_decay"]:
                 p.mul_(1 - lr * wd)
@@ -335,6 +346,48 @@ class Adam(Optimizer):
             v = vmax
         denom = v.sqrt().div_(math.sqrt(1 - beta2**t)).add_(eps)
         p.addcdiv_(m, denom, value=-lr / (1 - beta1**t))
+
+
+def _local_arrays(p: Any, *others: Any) -> list | None:
+    """The local arrays of ``p`` and ``others``: local Tensors, or DTensors of ``p``'s spec
+    without a Partial placement (each rank's shard is then updated as the ops would update
+    it); None otherwise."""
+    if type(p) is Tensor:
+        return [t._arr for t in (p, *others)] if all(type(t) is Tensor for t in others) else None
+    if not isinstance(p, DTensor):
+        return None
+    spec = p._spec
+    if any(pl.is_partial() for pl in spec.placements):
+        return None
+    if not all(isinstance(t, DTensor) and t._spec == spec for t in others):
+        return None
+    return [t._local._arr for t in (p, *others)]
+
+
+def _fused_adam(p: Any, grad: Any, state: dict[str, Any], group: dict[str, Any],
+                t: int) -> bool:
+    """One Adam(W) step of ``p`` (step count ``t``) in one compiled pass over its (local)
+    data, when the compiled extension is enabled and ``p``, its gradient and its moments are
+    contiguous float32/float64 host arrays of one dtype and layout; False (nothing done)
+    otherwise, and the ops of :meth:`Adam._update` serve. The same arithmetic in the same
+    order, element by element (equal within float32 rounding). **Local**."""
+    if _KERNELS is None:
+        return False
+    m, v = state["exp_avg"], state["exp_avg_sq"]
+    arrays = _local_arrays(p, grad, m, v)
+    if arrays is None:
+        return False
+    lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
+    beta1, beta2 = group["betas"]
+    decoupled = group["decoupled_weight_decay"]
+    ok = _KERNELS.adam_step(
+        *arrays, -1.0 if group["maximize"] else 1.0,
+        0.0 if decoupled else wd, 1 - lr * wd if decoupled and wd != 0 else 1.0,
+        beta1, beta2, lr / (1 - beta1**t), math.sqrt(1 - beta2**t), eps)
+    if ok:
+        for x in (p, m, v):
+            bump_version(x._local if isinstance(x, DTensor) else x)
+    return ok
 
 
 class AdamW(Adam):

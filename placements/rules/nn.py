@@ -344,6 +344,36 @@ def _attention(schema: OpSchema) -> RuleResult:
     return RuleResult((out,), (q.dtype,), tuple(cands))  # type: ignore[union-attr]
 
 
+def _gelu_backward(schema: OpSchema) -> RuleResult:
+    """``gelu_backward(grad, input)``: elementwise over equal shapes, linear in ``grad``
+    (a Partial sum/avg gradient with the input replicated stays Partial)."""
+    g, x = with_args(schema, 2)
+    if g is None or x is None or tuple(g.shape) != tuple(x.shape):
+        raise ShardingError(f"{schema.op}: grad of shape {None if g is None else list(g.shape)}"
+                            f" does not match input of shape "
+                            f"{None if x is None else list(x.shape)}")
+    cands = pointwise_candidates(x.shape, (g, x), (("sum", ("sum", None)),
+                                                   ("avg", ("avg", None))))
+    return RuleResult((x.shape,), (x.dtype,), tuple(cands))
+
+
+def _layer_norm_backward(schema: OpSchema) -> RuleResult:
+    """``layer_norm_backward(grad, input, weight)``: as ``layer_norm``, the normalized dims
+    unsharded; the weight's gradient (a sum over the leading dims) Partial(sum) where a
+    leading dim is sharded."""
+    g, x, w = with_args(schema, 3)
+    shape = x.shape  # type: ignore[union-attr]
+    ns = check_normalized_shape(schema.op, shape, schema.get("normalized_shape"))
+    if g is None or tuple(g.shape) != tuple(shape):
+        raise ShardingError(f"{schema.op}: grad of shape {None if g is None else list(g.shape)}"
+                            f" does not match input of shape {list(shape)}")
+    wb = None if w is None else R
+    cands = [Candidate((R, R, R, R, wb))]
+    cands.extend(Candidate((S(d), P("sum"), S(d), S(d), wb))
+                 for d in range(len(shape) - len(ns)))
+    return RuleResult((shape, ns), (x.dtype, x.dtype), tuple(cands))  # type: ignore[union-attr]
+
+
 _NN = {
     "softmax": _softmax,
     "log_softmax": _softmax,
@@ -355,6 +385,8 @@ _NN = {
     "dropout": _dropout,
     _SDPA: _attention,
     f"{_SDPA}_backward": _attention_backward,
+    "_gelu_backward": _gelu_backward,
+    "_layer_norm_backward": _layer_norm_backward,
 }
 
 
@@ -364,6 +396,7 @@ _STATIC = {
     "log_softmax": ("dim", "dtype"),
     "layer_norm": ("normalized_shape",),
     "rms_norm": ("normalized_shape",),
+    "_layer_norm_backward": ("normalized_shape",),
     "cross_entropy": ("reduction",),
     "mse_loss": ("reduction",),
     "dropout": ("training",),

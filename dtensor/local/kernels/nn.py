@@ -6,12 +6,15 @@ All are **Local** plain functions with the names and arguments of
 stable); float16 and bfloat16 inputs compute in float32 and return their dtype. With the compiled
 extension enabled, softmax and log_softmax along the last axis of a contiguous
 float32/float64 host array, and layer_norm of a contiguous float32 host array, run one
-compiled loop each (``fastpath._kernels``; its notes say how sums accumulate); the numpy
-code here serves everything else, and everything with ``DTENSOR_FASTPATH=0``.
+compiled loop each (``fastpath._kernels``; its notes say how sums accumulate), as does
+``layer_norm_backward`` (the fused gradient layer_norm's backward formula runs) on contiguous
+float32/float64; the numpy code here serves everything else, and everything with
+``DTENSOR_FASTPATH=0``.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -246,6 +249,58 @@ def layer_norm(
     if bias is not None:
         c += _affine_param("layer_norm", "bias", bias, ns)
     return wrap(c.astype(a.dtype, copy=False))
+
+
+def _layer_norm_backward_twin(g, a, ns: tuple, w, eps: float):
+    """The array-module twin of ``fastpath._kernels.layer_norm_backward``: ``(grad_input,
+    grad_weight)`` in ``acc_dtype(a.dtype)``, the row statistics taken once."""
+    xp = xp_of(a)
+    acc = acc_dtype(a.dtype)
+    axes = tuple(range(a.ndim - len(ns), a.ndim))
+    rows = tuple(range(a.ndim - len(ns)))
+    if a.size == 0:
+        return xp.zeros(a.shape, acc), xp.zeros(ns, acc)
+    xc = xp.subtract(a, xp.mean(a, axis=axes, keepdims=True, dtype=acc), dtype=acc)
+    var = xp.mean(xc * xc, axis=axes, keepdims=True)
+    var += acc.type(eps)
+    rstd = xp.sqrt(var, out=var)
+    xp.reciprocal(rstd, out=rstd)
+    xc *= rstd  # xhat
+    gf = g.astype(acc, copy=False)
+    gh = gf * w.astype(acc, copy=False) if w is not None else gf
+    gw = xp.sum(gf * xc, axis=rows) if rows else gf * xc
+    gx = gh - xp.mean(gh, axis=axes, keepdims=True)
+    gx -= xc * xp.mean(gh * xc, axis=axes, keepdims=True)
+    gx *= rstd
+    return gx, gw
+
+
+def layer_norm_backward(grad: Tensor, input: Tensor, normalized_shape,
+                        weight: Tensor | None = None, eps: float = 1e-5):
+    """``(grad_input, grad_weight)`` of :func:`layer_norm` at output gradient ``grad``,
+    ``grad_weight`` (of shape ``normalized_shape``: ``grad * xhat`` summed over the leading
+    dims) computed whether or not ``weight`` is given. **Local**.
+
+    Each row's mean and rstd are taken once, as the forward takes them (the compiled loop:
+    the forward's own float32 sums), then the gradient in one fused pass per row: a
+    contiguous float32/float64 host ``input`` and ``grad`` of one dtype (and such a weight)
+    run ``fastpath._kernels.layer_norm_backward`` with the extension enabled; everything
+    else its array-module twin.
+    """
+    g = _float_input("layer_norm_backward", grad)
+    a = _float_input("layer_norm_backward", input)
+    ns = check_normalized_shape("layer_norm_backward", a.shape, normalized_shape)
+    if g.shape != a.shape:
+        raise ShardingError(f"layer_norm_backward: grad of shape {list(g.shape)} does not "
+                            f"match input of shape {list(a.shape)}")
+    w = None if weight is None else _affine_param("layer_norm_backward", "weight", weight, ns)
+    if _KERNELS is not None:
+        r = _KERNELS.layer_norm_backward(g, a, w, math.prod(ns), eps, True, out_buffer)
+        if r is not None:
+            gx, gw = r
+            return wrap_array(gx), wrap(gw.astype(a.dtype).reshape(ns))
+    gx, gw = _layer_norm_backward_twin(g, a, ns, w, eps)
+    return wrap(gx.astype(a.dtype, copy=False)), wrap(gw.astype(a.dtype, copy=False))
 
 
 def _affine_param(op: str, name: str, p, ns: tuple):

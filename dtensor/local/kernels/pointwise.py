@@ -10,8 +10,8 @@ kernel and its dtype rules; one generic path serves every op of a family, and a 
 path serves the common case (small tensors of one dtype, or a small tensor and a python
 number). bfloat16 operands compute in float32 and round once on store (PyTorch's opmath,
 :func:`~dtensor.local.kernels.base.opmath_dtype`); they take no short path. relu, erf and
-gelu run the compiled loops of ``fastpath._kernels`` on contiguous
-float32/float64 host arrays when the compiled extension is enabled (their array-module
+gelu (and ``gelu_backward``, the fused gradient gelu's backward formula runs) run the
+compiled loops of ``fastpath._kernels`` on contiguous float32/float64 host arrays when the compiled extension is enabled (their array-module
 twins here serve everything else, and everything with ``DTENSOR_FASTPATH=0``).
 """
 
@@ -328,6 +328,7 @@ def erf_kernel(a, out):
 
 _SQRT1_2 = math.sqrt(0.5)
 _SQRT_2_PI = math.sqrt(2.0 / math.pi)
+_1_SQRT2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
 def _gelu_erf(a, out):
@@ -421,6 +422,73 @@ _GELU = {
     "none": unary_function("gelu", _gelu_erf, "floatonly", FLOATS),
     "tanh": unary_function("gelu", _gelu_tanh, "floatonly", FLOATS),
 }
+
+
+def _gelu_backward_twin(g, a, tanh_form: bool):
+    """The array-module twin of ``fastpath._kernels.gelu_backward``: the gradient formula in
+    separate array passes (float16/bfloat16 compute in float32)."""
+    xp = xp_of(a)
+    work = opmath_dtype(a.dtype)
+    x = a.astype(work, copy=False)
+    half = work.type(0.5)
+    if tanh_form:
+        k = work.type(_SQRT_2_PI)
+        x2 = x * x
+        inner = x2 * work.type(0.044715)
+        inner += work.type(1)
+        inner *= x
+        inner *= k
+        t = xp.tanh(inner, out=inner)
+        d = t * t
+        xp.subtract(work.type(1), d, out=d)
+        d *= k
+        d *= x2 * work.type(3 * 0.044715) + work.type(1)
+        d *= x
+        d *= half
+        t += work.type(1)
+        t *= half
+        t += d
+        r = t
+    else:
+        r = erf_kernel(x * work.type(_SQRT1_2), None)
+        r += work.type(1)
+        r *= half
+        pdf = x * x
+        pdf *= work.type(-0.5)
+        xp.exp(pdf, out=pdf)
+        pdf *= work.type(_1_SQRT2PI)
+        pdf *= x
+        r += pdf
+    r *= g.astype(work, copy=False)
+    return r.astype(a.dtype, copy=False)
+
+
+def gelu_backward(grad: Tensor, input: Tensor, approximate: str = "none") -> Tensor:
+    """The gradient of :func:`gelu` at ``input`` times ``grad`` (of ``input``'s shape), in
+    ``input``'s dtype: PyTorch's ``aten::gelu_backward``. **Local**.
+
+    A contiguous float32/float64 host pair of one dtype runs one compiled pass with the
+    extension enabled (``fastpath._kernels.gelu_backward``); everything else (strides,
+    other dtypes, cupy arrays, ``DTENSOR_FASTPATH=0``) the array-module twin, which computes
+    the same terms in separate passes.
+    """
+    if approximate not in _GELU:
+        raise ArgumentError(
+            f"gelu_backward: approximate must be 'none' or 'tanh', got {approximate!r}")
+    g = as_array("gelu_backward", grad)
+    a = as_array("gelu_backward", input)
+    for name, arr in (("grad", g), ("input", a)):
+        if not is_floating(arr.dtype):
+            raise DTypeError(f"gelu_backward: {name} must be floating, got {tname(arr.dtype)}")
+    if g.shape != a.shape:
+        raise ArgumentError(f"gelu_backward: grad of shape {list(g.shape)} does not match "
+                            f"input of shape {list(a.shape)}")
+    tanh_form = approximate == "tanh"
+    if _fp.ENABLED:
+        r = _fp.kernels.gelu_backward(g, a, tanh_form, out_buffer)
+        if r is not None:
+            return wrap_array(r)
+    return wrap(_gelu_backward_twin(g, a, tanh_form))
 
 
 def softplus(

@@ -4,7 +4,6 @@ loops against their array-module twins, and (where torch is installed) against
 
 from __future__ import annotations
 
-import importlib.util
 
 import numpy as np
 import pytest
@@ -15,8 +14,6 @@ from dtensor.local.kernels import nn as knn
 from dtensor.local.kernels import pointwise as kpw
 from dtensor.optim import _optimizers
 
-needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
-                                 reason="torch is not installed")
 TOL = {np.float32: {"rtol": 2e-5, "atol": 1e-5}, np.float64: {"rtol": 1e-12, "atol": 1e-13}}
 DTYPES = (np.float32, np.float64)
 
@@ -81,7 +78,7 @@ def _dt_grads(fn_d, x, g, extra=()):
     return [xd.grad.numpy()] + [e.grad.numpy() for e in ed]
 
 
-@needs_torch
+@pytest.mark.torch
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 @pytest.mark.parametrize("strided", [False, True])
@@ -95,7 +92,7 @@ def test_gelu_grad_matches_torch(dtype, approximate, strided):
     np.testing.assert_allclose(got[0], want[0], **TOL[dtype])
 
 
-@needs_torch
+@pytest.mark.torch
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("affine", ["none", "weight", "both"])
 @pytest.mark.parametrize("strided", [False, True])
@@ -154,7 +151,7 @@ def test_fused_adam_serves_plain_arrays_only():
     np.testing.assert_array_equal(p, before)
 
 
-@needs_torch
+@pytest.mark.torch
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("cls,kw", _ADAM_CASES)
 def test_adam_matches_torch(dtype, cls, kw):

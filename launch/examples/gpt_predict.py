@@ -727,9 +727,10 @@ def _local_batch(name: str, lay: Layout, batch: int) -> int:
 
 
 def _simulate(ops: Sequence[Any], events: list[_Event], cal: Calibration, cost: Any,
-              group_size: int) -> tuple[float, float, float, float]:
+              group_size: int, overlap: bool = True) -> tuple[float, float, float, float]:
     """(time, compute, all comm, matmul flops) of a traced step: entries and events on one
-    clock, the second lane's collectives waited for where the program waits."""
+    clock, the second lane's collectives waited for where the program waits (without
+    ``overlap``, they take the clock where they start, as blocking ones do)."""
     clock = compute = comm = flops = 0.0
     lane_free = 0.0
     done: dict[Any, float] = {}
@@ -742,7 +743,11 @@ def _simulate(ops: Sequence[Any], events: list[_Event], cal: Calibration, cost: 
         while j < len(ev) and events[ev[j]].pos <= upto:
             e = events[ev[j]]
             j += 1
-            if e.what == "async":
+            if e.what == "async" and not overlap:
+                clock += e.seconds
+                comm += e.seconds
+                done[e.key] = clock
+            elif e.what == "async":
                 start = max(clock, lane_free)
                 lane_free = start + e.seconds
                 done[e.key] = lane_free
@@ -796,7 +801,7 @@ def _clip(leaves: Sequence[Any], em: _Emulation) -> None:
 def predict(cfg: GPTConfig, strategy: str, mesh_shape: Sequence[int], batch: int,
             dtype: Any = None, calibration: Calibration | None = None,
             optimizer: Callable[[list], Any] | None = None,
-            clip: float | None = None) -> StepPrediction:
+            clip: float | None = None, overlap: bool = True) -> StepPrediction:
     """Predict one training step (forward, backward, ``AdamW.step()``) of ``GPT(cfg)`` laid
     out as ``strategy`` on a mesh of ``mesh_shape`` (see :func:`layout`), for a global
     batch of ``batch`` sequences. **Local**: one process, no data, any mesh size.
@@ -824,6 +829,11 @@ def predict(cfg: GPTConfig, strategy: str, mesh_shape: Sequence[int], batch: int
         ``clip_grad_norm_(parameters, clip)`` before the optimizer's step: its kernels, and
         the all-reduce of the norm of each gradient that is a sharded DTensor in the real
         run (FSDP's, TP's sharded weights), as ``clip_grad_norm_`` reduces them one by one.
+    overlap : bool
+        Whether the second lane (FSDP's prefetched all-gathers, DDP's buckets) runs beside
+        the compute. Those collectives progress in a worker thread (or in the caller's MPI
+        calls), which needs a core of its own: where each rank has one core (or less), pass
+        False and they take the step's clock where they start.
 
     Returns
     -------
@@ -886,7 +896,8 @@ def predict(cfg: GPTConfig, strategy: str, mesh_shape: Sequence[int], batch: int
         counts[r.kind] = counts.get(r.kind, 0) + 1
         nbytes[r.kind] = nbytes.get(r.kind, 0) + r.nbytes
     group = lay.ranks if strategy == "dp" else 1
-    time_s, compute_s, comm_s, flops = _simulate(expl.ops, em.events, cal, cost, group)
+    time_s, compute_s, comm_s, flops = _simulate(expl.ops, em.events, cal, cost, group,
+                                                 overlap)
     return StepPrediction(
         strategy, lay.mesh_shape, lay.ranks, int(batch), local_batch,
         str(np.dtype(dtype)) if dtype is not None else "float32", int(peak), params, params,

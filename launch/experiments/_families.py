@@ -43,6 +43,12 @@ The interface (:class:`Family`; any object with these members will do):
     ``--train`` then finds or measures one as ``--auto`` does (``--calibration``,
     ``--no-calibrate``, ``--recalibrate``) and hands it over before the sweep (``fit``:
     False under ``--no-fit``).
+``calibration_sizes``, ``calibration_repeat`` (optional)
+    The N of the N x N tensors and the samples per point of the calibration ``--train``
+    measures for such a family when none is stored (default: ``--auto``'s quick one).
+``interleave`` (optional)
+    True: ``--train`` builds every strategy first and times their steps in turns (as
+    ``--interleave``), for steps long enough that the machine's load changes between them.
 ``fit_step(strategy, step, step_us)`` and ``fitted`` (optional)
     Called with each strategy's measured step (median microseconds, slowest rank) before
     its prediction: the family may fit its predictor's terms to it. ``fitted`` names the

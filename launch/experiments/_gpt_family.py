@@ -13,7 +13,9 @@ The predictor is :func:`launch.examples.gpt_predict.predict` (metadata only): th
 time (kernels from the calibration's throughputs, collectives from its cost model, FSDP's
 prefetch on a second lane) and its peak memory on the largest rank, counted from before the
 model was built, with the sweep's optimizer and ``clip_grad_norm_``. The sweep hands it the
-calibration of this machine (:meth:`GPTFamily.use_calibration`), as ``--auto`` does.
+calibration of this machine (:meth:`GPTFamily.use_calibration`), as ``--auto`` does
+(measured, when none is stored, at the sizes of ``launch/bench/calibrate.py``:
+:data:`CALIBRATION_SIZES`).
 
 The calibration times each kernel class in short samples, which see a core while the process
 holds it; a step of a GPT takes seconds, and on a machine whose cores are shared (other jobs,
@@ -21,7 +23,9 @@ more ranks than cores) it gets only the process's share of them. So, unless ``--
 the calibration's ``compute_scale`` is fitted to the measured step of ``local`` (the first
 strategy, which runs no collective: its step is kernels and op entries only):
 :meth:`GPTFamily.fit_step`. Every other strategy's step is then predicted with it; the report
-gives the Spearman correlation without ``local`` as well. For the same reason the sweep
+gives the Spearman correlation without ``local`` as well. FSDP's prefetched all-gathers run
+beside the compute only where a rank has a spare core (they progress in a worker thread);
+with one core per rank (or fewer) they are priced in line (``predict(overlap=False)``). For the same reason the sweep
 times the strategies in turns (``interleave``: all built first, then one step of each per
 pass), so that a load that changes over the minutes of a sweep slows them alike.
 
@@ -36,6 +40,7 @@ tens of seconds per rank on a small CPU machine, and the sweep runs about ten pe
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from typing import Any
 
@@ -51,6 +56,11 @@ __all__ = ["BATCH", "GPTFamily", "GPTStep"]
 
 #: The strategies the sweep runs, in report order (those that run at the job's size).
 SWEPT = ("local", "dp", "fsdp", "tp", "tp_sp", "fsdp_tp", "hsdp")
+#: The calibration a sweep measures for the GPT when none is stored: the N x N float32
+#: tensors and samples of ``launch/bench/calibrate.py`` (the GPT's collectives move MiBs;
+#: the quick calibration of ``--auto``, up to 384 x 384 in 15 samples, priced its collectives
+#: several times too high on a loaded machine).
+CALIBRATION_SIZES, CALIBRATION_REPEAT = (64, 256, 1024), 30
 #: Global batch (sequences) per family: divisible by 2 and 4 data-parallel ranks.
 BATCH = {"tiny": 8, "small": 4}
 LR = 1e-3
@@ -108,7 +118,9 @@ class GPTFamily:
         self.name = f"gpt-{size}"
         self.calibration: dt.autoshard.Calibration | None = None
         self.fit = True
+        self.overlap: bool | None = None  # FSDP's prefetch beside the compute: a spare core
         self.interleave = True  # steps of seconds: timed in turns (see the module docstring)
+        self.calibration_sizes, self.calibration_repeat = CALIBRATION_SIZES, CALIBRATION_REPEAT
         self.fitted: list[str] = []
         self.fit_info: dict[str, float] | None = None
         with dt.nn.abstract_parameters():  # the shapes, without data
@@ -151,6 +163,20 @@ class GPTFamily:
         self.calibration = calibration
         self.fit = fit
 
+    def _spare_core(self) -> bool:
+        """Whether each rank of this node has more than one core (**Collective** on the
+        first call: the node's ranks are counted once)."""
+        if self.overlap is None:
+            from mpi4py import MPI  # lazy: launch-side MPI for the node's ranks
+
+            node = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
+            ranks = node.size
+            node.Free()
+            cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                     else os.cpu_count() or 1)
+            self.overlap = cores > ranks
+        return self.overlap
+
     def _predict(self, strategy: str, step: GPTStep, calibration: Any) -> Any:
         from mpi4py import MPI  # lazy: launch-side MPI for the world size
 
@@ -158,7 +184,7 @@ class GPTFamily:
                        self.batch, calibration=calibration,
                        optimizer=lambda params: make_optimizer(step.optimizer_name, params,
                                                                LR),
-                       clip=step.clip)
+                       clip=step.clip, overlap=self._spare_core())
 
     def fit_step(self, strategy: str, step: GPTStep, step_us: float) -> None:
         """Fit the calibration's ``compute_scale`` to the measured step of ``local`` (see
@@ -196,6 +222,9 @@ class GPTFamily:
         parts = [f"{s} not run ({why})" for s, why in self._skipped.items()]
         parts.append(f"batch {self.batch} x {self.cfg.block_size} tokens; predictor: "
                      "launch/examples/gpt_predict.py (whole step and peak memory)")
+        if self.overlap is False:
+            parts.append("one core (or less) per rank: FSDP's prefetched all-gathers priced "
+                         "in line with the compute, not beside it")
         f = self.fit_info
         if f is not None:
             parts.append(f"compute scale fitted to the measured local step: "

@@ -283,6 +283,9 @@ class _Emulation:
         self.buffers_max = 0
         self.untracked = 0
         self.end_of_backward: Callable[[], list] = list  # the keys the end of backward waits for
+        # id of a parameter (leaf) -> the (size, mesh dim) of each mesh dim that shards it in
+        # the real run: a sharded DTensor's norm is all-reduced over them (clip_grad_norm_)
+        self.sharded: dict[int, list[tuple[int, int]]] = {}
 
     def listener(self, entry: Any, miss: bool, values: list, mesh: Any) -> None:
         self.ops += 1
@@ -400,14 +403,17 @@ class _TP:
         return _Through.apply(x, self._chunk, self._gather)
 
 
-def _shard_linear(lin: Any, colwise: bool, k: int) -> None:
+def _shard_linear(lin: Any, colwise: bool, tp: _TP) -> None:
     """A Linear's parameters replaced by this rank's shards (TP's local shapes)."""
-    w = lin.weight
+    w, k = lin.weight, tp.k
     out_f, in_f = w.shape
     lin._parameters["weight"] = _leaf((out_f // k, in_f) if colwise else (out_f, in_f // k),
                                       w.dtype)
+    tp.em.sharded[id(lin._parameters["weight"])] = [(k, tp.dim)]
     if lin._parameters.get("bias") is not None:
         lin._parameters["bias"] = _leaf((out_f // k,) if colwise else (out_f,), w.dtype)
+        if colwise:
+            tp.em.sharded[id(lin._parameters["bias"])] = [(k, tp.dim)]
 
 
 def _parallelize(model: GPT, tp: _TP) -> None:
@@ -421,11 +427,11 @@ def _parallelize(model: GPT, tp: _TP) -> None:
                          f"({cfg.block_size}) divisible by {k}")
     for block in model.blocks:
         for lin in (block.attn.wq, block.attn.wk, block.attn.wv, block.mlp.fc):
-            _shard_linear(lin, True, k)
+            _shard_linear(lin, True, tp)
             if not tp.sp:
                 lin.register_forward_pre_hook(lambda m, a: (tp.all_reduce_bwd(a[0]), *a[1:]))
         for lin in (block.attn.wo, block.mlp.proj):
-            _shard_linear(lin, False, k)
+            _shard_linear(lin, False, tp)
             lin.register_forward_hook(
                 lambda m, a, out: tp.scatter_gather(out) if tp.sp else tp.all_reduce_fwd(out))
         if tp.sp:
@@ -612,6 +618,7 @@ def _fully_shard(ctx: _FSDP, module: Any, managed: set, n: int, dim: int, rep: i
             p.numel = rows * rest
             p.local_shape = (min(padded, rows), *p.full_shape[1:])
             p.leaf = _leaf(p.local_shape, t.dtype)
+            ctx.em.sharded[id(p.leaf)] = [(n, dim), *ctx.em.sharded.get(id(t), [])]
             found[id(t)] = p
             params.append(p)
     for p in params:
@@ -720,9 +727,10 @@ def _local_batch(name: str, lay: Layout, batch: int) -> int:
 
 
 def _simulate(ops: Sequence[Any], events: list[_Event], cal: Calibration, cost: Any,
-              group_size: int) -> tuple[float, float, float, float]:
+              group_size: int, overlap: bool = True) -> tuple[float, float, float, float]:
     """(time, compute, all comm, matmul flops) of a traced step: entries and events on one
-    clock, the second lane's collectives waited for where the program waits."""
+    clock, the second lane's collectives waited for where the program waits (without
+    ``overlap``, they take the clock where they start, as blocking ones do)."""
     clock = compute = comm = flops = 0.0
     lane_free = 0.0
     done: dict[Any, float] = {}
@@ -735,7 +743,11 @@ def _simulate(ops: Sequence[Any], events: list[_Event], cal: Calibration, cost: 
         while j < len(ev) and events[ev[j]].pos <= upto:
             e = events[ev[j]]
             j += 1
-            if e.what == "async":
+            if e.what == "async" and not overlap:
+                clock += e.seconds
+                comm += e.seconds
+                done[e.key] = clock
+            elif e.what == "async":
                 start = max(clock, lane_free)
                 lane_free = start + e.seconds
                 done[e.key] = lane_free
@@ -769,8 +781,27 @@ def _simulate(ops: Sequence[Any], events: list[_Event], cal: Calibration, cost: 
     return clock, compute, comm, flops
 
 
+def _clip(leaves: Sequence[Any], em: _Emulation) -> None:
+    """``clip_grad_norm_`` on the abstract gradients (its norm is a number the abstract step
+    has not): each gradient's ``|g|^2`` summed, and for a gradient that is a sharded DTensor
+    in the real run, the all-reduce of that float64 sum over each mesh dim that shards it
+    (one blocking collective per gradient and dim); then each gradient scaled, as when the
+    norm exceeds the limit."""
+    grads = [(p, p.grad) for p in leaves if p.grad is not None]
+    with dt.no_grad():
+        for p, g in grads:
+            a = g.detach().abs()
+            (a * a).sum(dtype=np.float64)
+            for size, dim in em.sharded.get(id(p), []):
+                em.comm("all_reduce", 8, size, dim, moves=True)
+        for _, g in grads:
+            g.mul_(0.5)
+
+
 def predict(cfg: GPTConfig, strategy: str, mesh_shape: Sequence[int], batch: int,
-            dtype: Any = None, calibration: Calibration | None = None) -> StepPrediction:
+            dtype: Any = None, calibration: Calibration | None = None,
+            optimizer: Callable[[list], Any] | None = None,
+            clip: float | None = None, overlap: bool = True) -> StepPrediction:
     """Predict one training step (forward, backward, ``AdamW.step()``) of ``GPT(cfg)`` laid
     out as ``strategy`` on a mesh of ``mesh_shape`` (see :func:`layout`), for a global
     batch of ``batch`` sequences. **Local**: one process, no data, any mesh size.
@@ -791,6 +822,18 @@ def predict(cfg: GPTConfig, strategy: str, mesh_shape: Sequence[int], batch: int
     calibration : Calibration, optional
         Kernel throughputs and the collective cost model (default: built-in constants and
         the dispatcher's cost model).
+    optimizer : callable, optional
+        ``optimizer(parameters)``: the optimizer of the step (default: ``AdamW``, the
+        training example's); its state's DTensors are ``optimizer_bytes``.
+    clip : float, optional
+        ``clip_grad_norm_(parameters, clip)`` before the optimizer's step: its kernels, and
+        the all-reduce of the norm of each gradient that is a sharded DTensor in the real
+        run (FSDP's, TP's sharded weights), as ``clip_grad_norm_`` reduces them one by one.
+    overlap : bool
+        Whether the second lane (FSDP's prefetched all-gathers, DDP's buckets) runs beside
+        the compute. Those collectives progress in a worker thread (or in the caller's MPI
+        calls), which needs a core of its own: where each rank has one core (or less), pass
+        False and they take the step's clock where they start.
 
     Returns
     -------
@@ -811,7 +854,8 @@ def predict(cfg: GPTConfig, strategy: str, mesh_shape: Sequence[int], batch: int
     local_batch = _local_batch(strategy, lay, batch)
     dtype = None if dtype is None else to_dtype(dtype)
     model, leaves, (idx, tgt) = _build(cfg, strategy, lay, dtype, em, int(batch), local_batch)
-    opt = dt.optim.AdamW(leaves, lr=_LR, weight_decay=_WD)
+    opt = (optimizer(leaves) if optimizer is not None
+           else dt.optim.AdamW(leaves, lr=_LR, weight_decay=_WD))
     marks: dict[str, dict] = {}
 
     def step() -> None:
@@ -822,6 +866,8 @@ def predict(cfg: GPTConfig, strategy: str, mesh_shape: Sequence[int], batch: int
         marks["backward"] = dt.abstract_memory_stats()
         for key in em.end_of_backward():
             em.wait(key)
+        if clip is not None:
+            _clip(leaves, em)
         opt.step()
         opt.zero_grad()
 
@@ -850,7 +896,8 @@ def predict(cfg: GPTConfig, strategy: str, mesh_shape: Sequence[int], batch: int
         counts[r.kind] = counts.get(r.kind, 0) + 1
         nbytes[r.kind] = nbytes.get(r.kind, 0) + r.nbytes
     group = lay.ranks if strategy == "dp" else 1
-    time_s, compute_s, comm_s, flops = _simulate(expl.ops, em.events, cal, cost, group)
+    time_s, compute_s, comm_s, flops = _simulate(expl.ops, em.events, cal, cost, group,
+                                                 overlap)
     return StepPrediction(
         strategy, lay.mesh_shape, lay.ranks, int(batch), local_batch,
         str(np.dtype(dtype)) if dtype is not None else "float32", int(peak), params, params,

@@ -38,6 +38,27 @@ The interface (:class:`Family`; any object with these members will do):
     of every parameter and input on ``mesh``.
 ``note() -> str | None``
     A line for the report (e.g. why a strategy does not run), or None.
+``use_calibration(calibration, fit=True)`` (optional)
+    A family whose predictor prices steps from a calibration of this machine has it:
+    ``--train`` then finds or measures one as ``--auto`` does (``--calibration``,
+    ``--no-calibrate``, ``--recalibrate``) and hands it over before the sweep (``fit``:
+    False under ``--no-fit``).
+``calibration_sizes``, ``calibration_repeat`` (optional)
+    The N of the N x N tensors and the samples per point of the calibration ``--train``
+    measures for such a family when none is stored (default: ``--auto``'s quick one).
+``interleave`` (optional)
+    True: ``--train`` builds every strategy first and times their steps in turns (as
+    ``--interleave``), for steps long enough that the machine's load changes between them.
+``fit_step(strategy, step, step_us)`` and ``fitted`` (optional)
+    Called with each strategy's measured step (median microseconds, slowest rank) before
+    its prediction: the family may fit its predictor's terms to it. ``fitted`` names the
+    strategies it was fitted to; the report gives the Spearman correlation without them.
+
+When every strategy's prediction has a step time, ``--train`` also *chooses* a strategy
+by the predictor, as :func:`dtensor.auto_shard` would for a model without a functional
+form: the smallest predicted step among those whose predicted peak (``Prediction.
+peak_bytes``; None: not predicted, it fits) is within ``--memory-budget``, and reports the
+choice's measured step against the best measured one.
 
 :func:`register_family` adds a family under a name that ``--model`` then accepts;
 :func:`resolve` turns ``--model`` into a family: a registered name, or
@@ -132,10 +153,13 @@ class Step(Protocol):
 class Prediction:
     """What a family's predictor expects of one strategy: ``comm_us``, the collectives'
     microseconds per phase (None where not predicted); ``step_us``, the whole step's
-    (None when the predictor does not price steps)."""
+    (None when the predictor does not price steps); ``peak_bytes``, the step's peak
+    allocated bytes on the largest rank counted from before the model was built (the
+    sweep's ``peak_with_state_bytes``; None when not predicted)."""
 
     comm_us: Mapping[str, float | None]
     step_us: float | None = None
+    peak_bytes: int | None = None
 
 
 class Family(Protocol):

@@ -33,7 +33,16 @@ or a family registered with its own strategies and predictor) and reports per st
 - ``predicted_step_us``: the predictor's price of the whole step, None when it prices
   collectives only (the training models' predictor);
 - ``peak_bytes``: peak allocated bytes per rank during one step (allocator stats);
+- ``peak_with_state_bytes``: the same peak per rank counted from before the model was
+  built (parameters, gradients, optimizer state and batch included), and
+  ``predicted_peak_bytes``, the predictor's figure of it on the largest rank (None when not
+  predicted);
 - ``loss_error``: the first step's loss against the same step on local tensors.
+
+When the predictor prices whole steps, :func:`train_spearman` gives the rank correlation of
+predicted and measured steps and :func:`predicted_choice` the strategy the predictor picks
+(the smallest predicted step whose predicted peak fits a memory budget) against the best
+measured; :func:`save_train_prediction_png` draws predicted against measured.
 
 :func:`run_auto_sweep` sets predicted against measured step time: it runs
 :func:`dtensor.auto_shard` on a training model, then measures the plan it chose, the named
@@ -49,6 +58,7 @@ draw each mode's chart (or say that matplotlib is missing).
 
 from __future__ import annotations
 
+import gc
 import itertools
 import math
 import statistics
@@ -77,18 +87,22 @@ __all__ = [
     "Model",
     "all_strategies",
     "attention_block",
+    "choice_line",
     "format_auto_table",
     "format_table",
     "format_train_table",
     "mlp_block",
+    "predicted_choice",
     "run_auto_sweep",
     "run_sweep",
     "run_train_sweep",
     "save_png",
     "save_prediction_png",
     "save_train_png",
+    "save_train_prediction_png",
     "spearman",
     "standard_strategies",
+    "train_spearman",
 ]
 
 R, S = dt.Replicate(), dt.Shard
@@ -351,38 +365,44 @@ def _as_family(model: Family | TrainModel) -> Family:
     return FunctionalFamily(model) if isinstance(model, TrainModel) else model
 
 
-def _time_step(step: Step, repeat: int) -> dict[str, float]:
-    """Median microseconds of the whole step and of each phase, slowest rank (each sample
-    starts after a barrier). **Collective**."""
+def _phase_sample(step: Step) -> tuple[float, ...]:
+    """Microseconds of one step and of each phase on this rank, after a barrier."""
+    MPI.COMM_WORLD.Barrier()
+    t0 = time.perf_counter()
+    step.forward()
+    t1 = time.perf_counter()
+    step.backward()
+    t2 = time.perf_counter()
+    step.optimizer()
+    t3 = time.perf_counter()
+    return tuple(v * 1e6 for v in (t3 - t0, t1 - t0, t2 - t1, t3 - t2))
+
+
+def _time_steps(steps: Sequence[Step], repeat: int) -> list[dict[str, float]]:
+    """Median microseconds of the whole step and of each phase of each of ``steps``, slowest
+    rank; each sample starts after a barrier, and the steps take turns (one sample of each
+    per pass), so a machine whose load changes slows them alike. **Collective**."""
     comm = MPI.COMM_WORLD
-    samples: dict[str, list[float]] = {p: [] for p in ("step", *PHASES)}
+    keys = ("step", *PHASES)
+    samples = [{k: [] for k in keys} for _ in steps]
     for _ in range(repeat):
-        comm.Barrier()
-        t0 = time.perf_counter()
-        step.forward()
-        t1 = time.perf_counter()
-        step.backward()
-        t2 = time.perf_counter()
-        step.optimizer()
-        t3 = time.perf_counter()
-        for name, dt_s in zip(samples, (t3 - t0, t1 - t0, t2 - t1, t3 - t2)):
-            samples[name].append(dt_s * 1e6)
-    return {k: comm.allreduce(statistics.median(v), op=MPI.MAX) for k, v in samples.items()}
+        for step, got in zip(steps, samples):
+            for k, v in zip(keys, _phase_sample(step)):
+                got[k].append(v)
+    return [{k: comm.allreduce(statistics.median(v), op=MPI.MAX) for k, v in got.items()}
+            for got in samples]
 
 
-def run_train_one(model: Family | TrainModel, strategy: str, *, optimizer: str = "sgd",
-                  clip: float = 1.0, repeat: int = 5, reference: float | None = None
-                  ) -> dict[str, Any]:
-    """Measure training steps of ``model`` (a family, or a :class:`TrainModel`) under
-    ``strategy`` (see the module docstring for the fields); ``reference``: the reference
-    run's first loss (default: the family's). **Collective**."""
+def _prepare_train(family: Family, strategy: str, optimizer: str, clip: float,
+                   reference: float) -> tuple[Step, dict[str, Any]]:
+    """``strategy``'s step built and warmed, with its collectives per phase, peak memory
+    and first-loss error. **Collective**."""
     comm = MPI.COMM_WORLD
-    family = _as_family(model)
-    if reference is None:
-        reference = family.reference_loss(optimizer=optimizer, clip=clip)
+    gc.collect()  # earlier strategies' models (in reference cycles) go first
+    start = dt.memory_stats()["allocated_bytes"]
     step = family.build(strategy, optimizer=optimizer, clip=clip)
     step.forward()
-    loss_error = abs(loss_value(step.loss) - reference)
+    loss_error = abs(_step_loss(step) - reference)
     step.backward()
     step.optimizer()
     step.run()  # warm the caches
@@ -394,53 +414,174 @@ def run_train_one(model: Family | TrainModel, strategy: str, *, optimizer: str =
     dt.reset_peak_memory_stats()
     base = dt.memory_stats()["allocated_bytes"]
     step.run()
-    peak = dt.memory_stats()["peak_allocated_bytes"] - base
-    medians = _time_step(step, repeat)
-    prediction = family.predict(strategy, step)
-    return {
+    peak_allocated = dt.memory_stats()["peak_allocated_bytes"]
+    return step, {
         "name": strategy,
         "mesh": None if step.mesh is None else list(step.mesh.shape),
-        "step_us": medians["step"],
-        "phase_us": {p: medians[p] for p in PHASES},
-        "predicted_comm_us": dict(prediction.comm_us),
-        "predicted_step_us": prediction.step_us,
         "comm": comm_by_phase,
         "comm_count": {p: sum(v["count"] for v in c.values()) for p, c in comm_by_phase.items()},
         "comm_bytes": {p: sum(v["bytes"] for v in c.values()) for p, c in comm_by_phase.items()},
-        "peak_bytes": comm.allgather(int(peak)),
+        "peak_bytes": comm.allgather(int(peak_allocated - base)),
+        "peak_with_state_bytes": comm.allgather(int(peak_allocated - start)),
         "loss_error": comm.allreduce(loss_error, op=MPI.MAX),
     }
 
 
+def _finish_train(family: Family, step: Step, got: dict[str, Any],
+                  medians: Mapping[str, float]) -> dict[str, Any]:
+    """The measured times, the family's fit to them (when it fits) and its prediction.
+    **Collective** (the predictor may be)."""
+    fit = getattr(family, "fit_step", None)
+    if callable(fit):
+        fit(got["name"], step, medians["step"])
+    prediction = family.predict(got["name"], step)
+    return {
+        **got,
+        "step_us": medians["step"],
+        "phase_us": {p: medians[p] for p in PHASES},
+        "predicted_comm_us": dict(prediction.comm_us),
+        "predicted_step_us": prediction.step_us,
+        "predicted_peak_bytes": prediction.peak_bytes,
+    }
+
+
+def run_train_one(model: Family | TrainModel, strategy: str, *, optimizer: str = "sgd",
+                  clip: float = 1.0, repeat: int = 5, reference: float | None = None
+                  ) -> dict[str, Any]:
+    """Measure training steps of ``model`` (a family, or a :class:`TrainModel`) under
+    ``strategy`` (see the module docstring for the fields); ``reference``: the reference
+    run's first loss (default: the family's). **Collective**."""
+    family = _as_family(model)
+    if reference is None:
+        reference = family.reference_loss(optimizer=optimizer, clip=clip)
+    step, got = _prepare_train(family, strategy, optimizer, clip, reference)
+    return _finish_train(family, step, got, _time_steps([step], repeat)[0])
+
+
+def _step_loss(step: Step) -> float:
+    """The step's loss as a float: the step's own ``loss_value()`` when it has one (a loss
+    that each data-parallel rank holds for its rows), else :func:`loss_value`."""
+    own = getattr(step, "loss_value", None)
+    return float(own()) if callable(own) else loss_value(step.loss)
+
+
+def predicted_choice(results: Sequence[Mapping[str, Any]], budget_bytes: int | None = None
+                     ) -> dict[str, Any] | None:
+    """The strategy a predictor chooses among the measured ones: the smallest predicted step
+    among those whose predicted peak (``predicted_peak_bytes``; None fits) is at most
+    ``budget_bytes`` (None: no limit), against the best measured step among those whose
+    measured peak (``peak_with_state_bytes``, largest rank) fits. None when a strategy has
+    no predicted step. **Local**."""
+    if not results or any(r.get("predicted_step_us") is None for r in results):
+        return None
+
+    def fits(peak: int | None) -> bool:
+        return budget_bytes is None or peak is None or peak <= budget_bytes
+
+    ok = [r for r in results if fits(r.get("predicted_peak_bytes"))]
+    measured_ok = [r for r in results if fits(max(r["peak_with_state_bytes"]))] or results
+    best = min(measured_ok, key=lambda r: r["step_us"])
+    out: dict[str, Any] = {
+        "budget_bytes": budget_bytes, "best": best["name"], "best_step_us": best["step_us"],
+        "excluded": [r["name"] for r in results if r not in ok]}
+    if not ok:
+        return {**out, "chosen": None}
+    chosen = min(ok, key=lambda r: r["predicted_step_us"])
+    ratio = chosen["step_us"] / best["step_us"]
+    return {**out, "chosen": chosen["name"], "predicted_step_us": chosen["predicted_step_us"],
+            "measured_step_us": chosen["step_us"], "over_best": ratio,
+            "within_10pct": ratio <= 1.1}
+
+
+def choice_line(choice: Mapping[str, Any]) -> str:
+    """One line of :func:`predicted_choice`'s answer. **Local**."""
+    budget = ("no memory budget" if choice["budget_bytes"] is None
+              else f"memory budget {choice['budget_bytes'] / 2**20:.0f} MiB per rank")
+    excluded = (f"; over the budget by prediction: {', '.join(choice['excluded'])}"
+                if choice["excluded"] else "")
+    if choice["chosen"] is None:
+        return f"predictor's choice: none ({budget}: no strategy's predicted peak fits)"
+    return (f"predictor's choice ({budget}{excluded}): {choice['chosen']} (predicted "
+            f"{choice['predicted_step_us'] / 1e3:.1f} ms), measured "
+            f"{choice['measured_step_us'] / 1e3:.1f} ms = {choice['over_best']:.3f} x the best "
+            f"measured ({choice['best']}, {choice['best_step_us'] / 1e3:.1f} ms): "
+            + ("within 10%" if choice["within_10pct"] else "NOT within 10%"))
+
+
 def run_train_sweep(model: Family | TrainModel, strategies: Sequence[str] | None = None, *,
-                    progress: Callable[[str], None] | None = None, **kwargs: Any
+                    progress: Callable[..., None] | None = None, interleave: bool = False,
+                    optimizer: str = "sgd", clip: float = 1.0, repeat: int = 5
                     ) -> list[dict[str, Any]]:
     """:func:`run_train_one` for every strategy, in order (default: the family's strategies
     at this many ranks); the reference loss is computed once. ``progress(message)`` is
-    called after each strategy. **Collective**."""
+    called after each strategy. With ``interleave`` every strategy's step is built and
+    warmed first (all of them held at once) and then timed in turns, one sample of each per
+    pass, so that a machine whose load changes slows them alike (``progress`` also says
+    when each is ready, with ``step=False``). **Collective**."""
     family = _as_family(model)
     if strategies is None:
         strategies = family.strategies(MPI.COMM_WORLD.size)
-    reference = family.reference_loss(optimizer=kwargs.get("optimizer", "sgd"),
-                                      clip=kwargs.get("clip", 1.0))
+    reference = family.reference_loss(optimizer=optimizer, clip=clip)
+    say = progress or (lambda message, step=True: None)
+
+    def done(r: Mapping[str, Any]) -> None:
+        where = "local" if r["mesh"] is None else f"mesh {tuple(r['mesh'])}"
+        say(f"{r['name']} ({where}): {r['step_us']:.0f} us per step")
+
     results = []
+    if not interleave:
+        for s in strategies:
+            results.append(run_train_one(family, s, reference=reference, optimizer=optimizer,
+                                         clip=clip, repeat=repeat))
+            done(results[-1])
+        return results
+    prepared = []
     for s in strategies:
-        results.append(run_train_one(family, s, reference=reference, **kwargs))
-        if progress is not None:
-            mesh = results[-1]["mesh"]
-            where = "local" if mesh is None else f"mesh {tuple(mesh)}"
-            progress(f"{s} ({where}): {results[-1]['step_us']:.0f} us per step")
+        prepared.append(_prepare_train(family, s, optimizer, clip, reference))
+        say(f"{s}: built and warmed", step=False)
+    say(f"timing {len(prepared)} strategies in turns, {repeat} passes", step=False)
+    medians = _time_steps([step for step, _ in prepared], repeat)
+    for (step, got), m in zip(prepared, medians):
+        results.append(_finish_train(family, step, got, m))
+        done(results[-1])
     return results
 
 
-def format_train_table(results: Sequence[Mapping[str, Any]]) -> str:
+def train_spearman(results: Sequence[Mapping[str, Any]], without: Sequence[str] = ()
+                   ) -> float | None:
+    """Spearman rank correlation of predicted and measured steps over the strategies with a
+    predicted step (less those named in ``without``), when there are at least three (else
+    None). **Local**."""
+    stepped = [r for r in results
+               if r.get("predicted_step_us") is not None and r["name"] not in without]
+    if len(stepped) < 3:
+        return None
+    return spearman([r["predicted_step_us"] for r in stepped], [r["step_us"] for r in stepped])
+
+
+def _peak_columns(r: Mapping[str, Any]) -> tuple[str, str, str]:
+    """Measured and predicted peak with the model state (MiB, largest rank) and the error."""
+    meas = max(r["peak_with_state_bytes"])
+    pred = r["predicted_peak_bytes"]
+    err = f"{100 * (pred - meas) / meas:+.1f}%" if meas else "-"
+    return f"{meas / 2**20:.2f}", f"{pred / 2**20:.2f}", err
+
+
+def format_train_table(results: Sequence[Mapping[str, Any]],
+                       choice: Mapping[str, Any] | None = None,
+                       fitted: Sequence[str] = ()) -> str:
     """The training results as an aligned text table, in run order; when the family's
     predictor priced whole steps, a column of them and their Spearman rank correlation with
-    the measured steps. **Local**."""
+    the measured steps (also without the strategies ``fitted`` names, whose measured steps
+    the predictor was fitted to); when it predicted peaks, the measured and predicted peak
+    with the model state; ``choice``: :func:`predicted_choice`'s answer, as a line.
+    **Local**."""
     stepped = [r for r in results if r.get("predicted_step_us") is not None]
+    peaks = bool(results) and all(r.get("predicted_peak_bytes") is not None for r in results)
     head = ("strategy", "mesh", "step us", *(("pred step us",) if stepped else ()), "fwd us",
             "bwd us", "opt us", "collectives fwd/bwd/opt", "bytes fwd/bwd/opt",
-            "model us fwd/bwd", "peak KiB", "loss err")
+            "model us fwd/bwd", "peak KiB",
+            *(("peak+state MiB", "pred MiB", "peak err") if peaks else ()), "loss err")
     rows = []
     for r in results:
         kinds = " / ".join(
@@ -455,13 +596,27 @@ def format_train_table(results: Sequence[Mapping[str, Any]]) -> str:
             *(f"{r['phase_us'][p]:.0f}" for p in PHASES), kinds,
             "/".join(str(r["comm_bytes"][p]) for p in PHASES),
             "/".join(fmt(pred.get(p)) for p in ("forward", "backward")),
-            f"{max(r['peak_bytes']) / 1024:.1f}", f"{r['loss_error']:.1e}",
+            f"{max(r['peak_bytes']) / 1024:.1f}",
+            *(_peak_columns(r) if peaks else ()), f"{r['loss_error']:.1e}",
         ))
     notes = []
-    if len(stepped) >= 3:
-        rho = spearman([r["predicted_step_us"] for r in stepped], [r["step_us"] for r in stepped])
+    rho = train_spearman(results)
+    if rho is not None:
         notes.append(f"Spearman rank correlation predicted/measured step: {rho:.3f} over "
                      f"{len(stepped)} strategies")
+    if fitted:
+        rest = train_spearman(results, fitted)
+        notes.append(f"the predictor was fitted to the measured step of {', '.join(fitted)}; "
+                     "Spearman without it: "
+                     + ("- (fewer than 3 strategies)" if rest is None else
+                        f"{rest:.3f} over {len(stepped) - len(fitted)} strategies"))
+    if choice is not None:
+        notes.append(choice_line(choice))
+    if peaks:
+        notes.append("peak+state MiB: the step's peak allocated bytes counted from before the "
+                     "model was built (parameters, gradients, optimizer state, batch), largest "
+                     "rank; pred MiB: the predictor's; peak err: (predicted - measured) / "
+                     "measured")
     notes.append(
         "us: median per step and per phase, slowest rank; collectives and bytes: this rank, "
         "per phase (opt: clip_grad_norm_ + the optimizer step); model us: the cost model's "
@@ -499,6 +654,55 @@ def save_train_png(results: Sequence[Mapping[str, Any]], path: str, title: str =
         ax.set_ylabel("us (median, slowest rank)")
         ax.set_title(title)
         ax.legend(fontsize="small")
+        return fig
+
+    return save_chart(path, draw)
+
+
+def save_train_prediction_png(results: Sequence[Mapping[str, Any]], path: str, title: str = "",
+                              choice: Mapping[str, Any] | None = None,
+                              fitted: Sequence[str] = ()) -> bool:
+    """Scatter of predicted against measured step time per strategy (the predictor's choice
+    ringed; the strategies it was ``fitted`` to marked so), and of predicted against
+    measured peak memory when predicted. **Local**.
+
+    Returns False (writes nothing, and says so) when matplotlib is not installed."""
+    rows = [r for r in results if r.get("predicted_step_us") is not None]
+    peaks = [r for r in rows if r.get("predicted_peak_bytes") is not None]
+
+    def panel(ax: Any, pairs: list[tuple[str, float, float]], unit: str, what: str,
+              marks: Sequence[str] = ()) -> None:
+        x, y = [p[1] for p in pairs], [p[2] for p in pairs]
+        ax.scatter(x, y, s=24)
+        for name, xi, yi in pairs:
+            label = f"{name} (fitted)" if name in marks else name
+            ax.annotate(label, (xi, yi), textcoords="offset points", xytext=(4, 4))
+            if choice is not None and name == choice.get("chosen"):
+                ax.scatter([xi], [yi], s=160, facecolors="none", edgecolors="r",
+                           label="predictor's choice")
+        lo, hi = min(x + y), max(x + y)
+        ax.plot([lo, hi], [lo, hi], "k--", lw=0.8, label="measured = predicted")
+        ax.set_xlabel(f"predicted {what} ({unit})")
+        ax.set_ylabel(f"measured {what} ({unit})")
+        ax.legend(loc="best", fontsize="small")
+
+    def draw(plt: Any) -> Any:
+        n = 2 if peaks else 1
+        fig, axes = plt.subplots(1, n, figsize=(6 * n, 5), squeeze=False)
+        panel(axes[0][0], [(r["name"], r["predicted_step_us"] / 1e3, r["step_us"] / 1e3)
+                           for r in rows], "ms", "step", fitted)
+        rho, rest = train_spearman(rows), train_spearman(rows, fitted) if fitted else None
+        axes[0][0].set_title(f"{title}\nstep: Spearman "
+                             + ("-" if rho is None else f"{rho:.2f}")
+                             + (f", {rest:.2f} without {', '.join(fitted)}"
+                                if rest is not None else ""), fontsize="small")
+        if peaks:
+            panel(axes[0][1], [(r["name"], r["predicted_peak_bytes"] / 2**20,
+                                max(r["peak_with_state_bytes"]) / 2**20) for r in peaks],
+                  "MiB", "peak")
+            axes[0][1].set_title("peak memory with the model state, largest rank",
+                                 fontsize="small")
+        fig.tight_layout()
         return fig
 
     return save_chart(path, draw)

@@ -18,6 +18,17 @@ and the time of each phase, collectives and bytes per phase, the family's predic
 cost model's price of the forward's and the backward's collectives), peak memory and the
 first loss against the local run.
 
+``--train --model gpt-tiny`` (or ``gpt-small``) sweeps the GPT of
+``launch/examples/gpt.py`` under its strategies (local, dp, fsdp, tp, tp_sp; fsdp_tp and
+hsdp at 4 ranks; ``launch/experiments/_gpt_family.py``) against the GPT predictor
+(``launch/examples/gpt_predict.py``): per strategy the predicted and measured step and peak
+memory, the Spearman rank correlation of the steps, and, since the GPT has no functional
+form for ``auto_shard``, the predictor's choice (the smallest predicted step whose
+predicted peak fits ``--memory-budget``) against the best measured step. Its predictor
+prices with this machine's calibration (found or measured as for ``--auto``), its compute
+scale fitted to the measured local step unless ``--no-fit``; ``--png`` draws predicted
+against measured.
+
 ``--train --auto`` sets predictions against measurements: :func:`dtensor.auto_shard`
 searches the model's placements on a 1-D mesh of all ranks (``--mesh 2,2`` for another
 shape), then the chosen plan, the named layouts (replicated, dp, tp; 2d on a 2-D mesh) and
@@ -46,6 +57,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -55,6 +67,7 @@ from mpi4py import MPI
 import dtensor as dt
 from launch.bench._common import Progress, parser
 from launch.examples._training import OPTIMIZERS
+from launch.experiments import _gpt_family  # noqa: F401 (registers gpt-tiny, gpt-small)
 from launch.experiments._families import (
     MLP_SIZES,
     SIZES,
@@ -71,13 +84,16 @@ from launch.experiments._sweep import (
     format_table,
     format_train_table,
     mlp_block,
+    predicted_choice,
     run_auto_sweep,
     run_sweep,
     run_train_sweep,
     save_png,
     save_prediction_png,
     save_train_png,
+    save_train_prediction_png,
     standard_strategies,
+    train_spearman,
 )
 from placements.errors import ConfigError
 from redistribute.cost import default_cost_model, set_default_cost_model
@@ -156,37 +172,90 @@ def forward(args) -> int:
     return 0
 
 
+def memory_budget(args) -> int:
+    """The memory budget per rank of the predictor's choice: ``--memory-budget`` MiB, else
+    this node's physical memory shared by its ranks. **Collective**."""
+    if args.memory_budget is not None:
+        return int(args.memory_budget * 2**20)
+    node = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
+    ranks = node.size
+    node.Free()
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // ranks
+
+
+def _oversubscribed(comm) -> str:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    ranks = node.size
+    node.Free()
+    if cores and ranks > cores:
+        return f" (OVERSUBSCRIBED: {ranks} ranks share {cores} cores)"
+    return ""
+
+
 def train(args, family: Family) -> int:
-    """The ``--train`` sweep; report on rank 0. **Collective**."""
+    """The ``--train`` sweep; report on rank 0. **Collective**. A family with
+    ``use_calibration`` gets this machine's calibration (as ``--auto`` finds or measures
+    it); when every strategy has a predicted step, the predictor's choice is reported."""
     comm = MPI.COMM_WORLD
     progress = _progress(args)
+    cal_info = None
+    use_calibration = getattr(family, "use_calibration", None)
+    if callable(use_calibration):
+        try:
+            cal, cal_info = calibration_for(
+                args, dt.init_device_mesh((comm.size,)), progress,
+                getattr(family, "calibration_sizes", CALIBRATION_SIZES),
+                getattr(family, "calibration_repeat", CALIBRATION_REPEAT))
+        except ConfigError as e:
+            if comm.rank == 0:
+                print(f"strategy_sweep: {e}", file=sys.stderr)
+            return 2
+        use_calibration(cal, fit=not args.no_fit)
     strategies = family.strategies(comm.size)
     progress.total = len(strategies)
     results = run_train_sweep(family, strategies, optimizer=args.optimizer, clip=args.clip,
-                              repeat=args.repeat, progress=progress)
+                              repeat=args.repeat, progress=progress,
+                              interleave=args.interleave or getattr(family, "interleave", False))
+    choice = predicted_choice(results, memory_budget(args))
+    crowded = _oversubscribed(comm)
+    fitted = list(getattr(family, "fitted", []))
     if comm.rank == 0:
-        print(f"training step of {family.name} on {comm.size} ranks, {args.optimizer}, "
-              f"clip_grad_norm_ {args.clip} ({_sizes_line(family.shapes)})")
-        print(format_train_table(results))
+        print(f"training step of {family.name} on {comm.size} ranks{crowded}, "
+              f"{args.optimizer}, clip_grad_norm_ {args.clip} ({_sizes_line(family.shapes)})")
+        line = cal_info.pop("line") if cal_info else None
+        if line:
+            print(line)
+        print(format_train_table(results, choice, fitted))
         note = family.note()
         if note:
             print(note)
         if args.out:
             doc = {"mode": "train", "model": family.name, "ranks": comm.size,
-                   "optimizer": args.optimizer, "shapes": family.shapes, "results": results}
+                   "oversubscribed": bool(crowded), "optimizer": args.optimizer,
+                   "shapes": family.shapes, "results": results,
+                   "spearman": train_spearman(results), "fitted": fitted,
+                   "spearman_unfitted": train_spearman(results, fitted) if fitted else None,
+                   "choice": choice, "calibration": cal_info}
             Path(args.out).write_text(json.dumps(doc, indent=2))
         if args.png:
-            save_train_png(results, args.png,
-                           f"{family.name}: training step on {comm.size} ranks")
+            title = f"{family.name}: training step on {comm.size} ranks{crowded}"
+            if any(r.get("predicted_step_us") is not None for r in results):
+                save_train_prediction_png(results, args.png, title, choice, fitted)
+            else:
+                save_train_png(results, args.png, title)
     return 0
 
 
-def calibration_for(args, mesh: dt.DeviceMesh, progress: Progress
+def calibration_for(args, mesh: dt.DeviceMesh, progress: Progress,
+                    sizes: tuple[int, ...] = CALIBRATION_SIZES,
+                    repeat: int = CALIBRATION_REPEAT
                     ) -> tuple[dt.autoshard.Calibration | None, dict]:
     """The calibration of the ``--auto`` sweep and what the report says of it: the stored
     one (``--calibration`` or the default path of this many ranks), else (or with
-    ``--recalibrate``) one measured now and stored there, else (``--no-calibrate``) None
-    with a warning. Rank 0 reads the file and every rank gets its answer. **Collective**.
+    ``--recalibrate``) one measured now (N x N tensors of ``sizes``, ``repeat`` samples per
+    point) and stored there, else (``--no-calibrate``) None with a warning. Rank 0 reads the
+    file and every rank gets its answer. **Collective**.
 
     Raises
     ------
@@ -225,12 +294,13 @@ def calibration_for(args, mesh: dt.DeviceMesh, progress: Progress
     progress(f"{why}: calibrating this machine on mesh {tuple(mesh.shape)} "
              "(--no-calibrate skips this)", step=False)
     start = time.perf_counter()
-    cal = dt.autoshard.calibrate(mesh, path, sizes=CALIBRATION_SIZES, repeat=CALIBRATION_REPEAT)
+    cal = dt.autoshard.calibrate(mesh, path, sizes=sizes, repeat=repeat)
     seconds = comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
     line = (f"calibration: {why}; measured now in {seconds:.1f} s on mesh {tuple(mesh.shape)} "
-            f"and stored at {path} (`{command}` measures one with more samples)")
+            f"and stored at {path}" + (f" (`{command}` measures one with more samples)"
+                                       if sizes == CALIBRATION_SIZES else ""))
     return cal, {"source": "measured", "path": str(path), "seconds": round(seconds, 2),
-                 "sizes": list(CALIBRATION_SIZES), "repeat": CALIBRATION_REPEAT, "line": line}
+                 "sizes": list(sizes), "repeat": repeat, "line": line}
 
 
 def auto(args, family: Family) -> int:
@@ -305,16 +375,28 @@ def main(argv: list[str] | None = None) -> int:
                    help="with --train: auto_shard, predicted against measured")
     p.add_argument("--count", type=int, default=14, help="with --auto: strategies measured")
     p.add_argument("--calibration",
-                   help="with --auto: the calibration JSON to read (measured and written "
-                        "there when absent; default: the stored one of this many ranks)")
+                   help="with --auto (and --train of a family that prices steps from one, "
+                        "gpt-*): the calibration JSON to read (measured and written there "
+                        "when absent; default: the stored one of this many ranks)")
     p.add_argument("--no-calibrate", action="store_true",
-                   help="with --auto: when no calibration is stored, use the built-in "
-                        "constants instead of measuring one (warns)")
+                   help="with --auto (and gpt-*): when no calibration is stored, use the "
+                        "built-in constants instead of measuring one (warns)")
     p.add_argument("--recalibrate", action="store_true",
-                   help="with --auto: measure the calibration again and store it")
+                   help="with --auto (and gpt-*): measure the calibration again and store it")
+    p.add_argument("--memory-budget", type=float, default=None, metavar="MiB",
+                   help="with --train of a family that predicts steps: the predictor chooses "
+                        "among the strategies whose predicted peak is within this many MiB "
+                        "per rank (default: the node's memory over its ranks)")
     p.add_argument("--fit", action="store_true",
                    help="with --auto: auto_shard(fit_step=True), the calibration fitted to "
                         "the step")
+    p.add_argument("--interleave", action="store_true",
+                   help="with --train: build every strategy first, then time their steps in "
+                        "turns (a changing load slows them alike; default for gpt-*)")
+    p.add_argument("--no-fit", action="store_true",
+                   help="with --train of gpt-*: price every step with the calibration as it "
+                        "is (by default its compute scale is fitted to the measured local "
+                        "step)")
     p.add_argument("--solver", choices=("auto", "milp", "bnb"), default="auto",
                    help="with --auto: auto_shard's solver")
     args = p.parse_args(argv)

@@ -16,9 +16,9 @@ import pytest
 from mpi4py import MPI
 
 import dtensor as dt
-from launch.examples.gpt import GPTConfig
+from launch.examples.gpt import GPTConfig, batch
 from launch.examples.gpt_predict import measure, predict
-from launch.examples.gpt_strategies import FSDP, STRATEGIES, supported
+from launch.examples.gpt_strategies import FSDP, STRATEGIES, build, supported
 
 WORLD = MPI.COMM_WORLD
 # 12 heads, d 96 and 48 positions split over 1-4 tensor-parallel ranks (sequence parallel
@@ -72,3 +72,38 @@ def test_bfloat16_collectives_and_state_match(name):
     assert p.comm_bytes == m["comm_bytes"]
     assert abs(p.state_bytes - m["state_bytes"]) <= 0.02 * m["state_bytes"] + ROUNDING, (
         p.state_bytes, m["state_bytes"])
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("name", [s for s in ("dp", "fsdp", "tp", "tp_sp", "fsdp_tp", "hsdp")
+                                  if s in HERE])
+def test_clip_grad_norm_collectives_match(name):
+    """With ``clip_grad_norm_`` and SGD (the strategy sweep's step), the predicted
+    collectives equal those of the real step, the norm's all-reduce of every gradient that
+    is a sharded DTensor included."""
+
+    def sgd(params):
+        return dt.optim.SGD(params, lr=1e-3, momentum=0.9)
+
+    p = predict(CFG, name, _mesh(name), BATCH, optimizer=sgd, clip=1.0)
+    run = build(name, CFG, seed=0)
+    opt = sgd(list(run.model.parameters()))
+    inputs = run.inputs(*batch(CFG, BATCH, 0))
+
+    def step():
+        opt.zero_grad()
+        run.model(*inputs).backward()
+        dt.nn.utils.clip_grad_norm_(list(run.model.parameters()), 1.0)
+        opt.step()
+
+    step()
+    step()
+    with dt.debug.CommDebugMode() as mode:
+        step()
+    counts, nbytes = {}, {}
+    for r in mode.records:
+        counts[r.kind] = counts.get(r.kind, 0) + 1
+        nbytes[r.kind] = nbytes.get(r.kind, 0) + r.nbytes
+    counts, nbytes = WORLD.bcast((counts, nbytes), root=0)
+    assert p.comm_counts == counts
+    assert p.comm_bytes == nbytes

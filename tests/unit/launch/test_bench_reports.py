@@ -255,6 +255,8 @@ def test_charts_without_matplotlib_say_so(no_matplotlib, tmp_path, capsys):
     for draw in (lambda: _sweep.save_png(forward, str(path)),
                  lambda: _sweep.save_train_png(train, str(path)),
                  lambda: _sweep.save_prediction_png(auto, str(path)),
+                 lambda: _sweep.save_train_prediction_png(
+                     [{"name": "dp", "predicted_step_us": 1.0, "step_us": 1.0}], str(path)),
                  lambda: size_sweep.save_png(sweep, str(path)),
                  lambda: small_ops._plot(small, str(path))):
         assert draw() is False

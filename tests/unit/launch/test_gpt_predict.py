@@ -199,3 +199,18 @@ def test_the_1_3b_gpt_builds_without_memory():
     assert sum(p.numel() for p in params) == cfg.n_params()
     held = dt.abstract_memory_stats()["live_bytes"] - before
     assert held == 4 * cfg.n_params()  # the blocks the parameters would hold, nothing more
+
+
+def test_without_overlap_the_prefetched_gathers_take_the_clock():
+    """``overlap=False`` (one core per rank): FSDP's prefetched all-gathers are priced in line,
+    so the step is its compute plus all of its collectives; strategies without a second lane
+    are priced alike either way."""
+    cal = dt.autoshard.Calibration(ranks=2, mesh_shape=(2,))
+    beside = predict(TINY, "fsdp", (2,), B, calibration=cal)
+    inline = predict(TINY, "fsdp", (2,), B, calibration=cal, overlap=False)
+    assert inline.comm_s == pytest.approx(beside.comm_s)
+    assert inline.time_s == pytest.approx(inline.compute_s + inline.comm_s)
+    assert beside.time_s < inline.time_s
+    for name in ("local", "dp", "tp"):
+        assert predict(TINY, name, (2,), B, calibration=cal, overlap=False).time_s == \
+            pytest.approx(predict(TINY, name, (2,), B, calibration=cal).time_s)

@@ -4,7 +4,6 @@ loops against their array-module twins, and (where torch is installed) against
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 

@@ -26,6 +26,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from placements.env import env_int
 from placements.errors import ConfigError
 
 __all__ = [
@@ -47,15 +48,7 @@ _hosts: dict[int, int] = {}
 def simulated_host(world_rank: int, world_size: int) -> int | None:
     """The simulated host of ``world_rank`` under ``DTENSOR_SIM_HOSTS``, or None when the
     knob is unset (or 1). **Local**."""
-    value = os.environ.get(SIM_HOSTS_VAR, "").strip()
-    if not value:
-        return None
-    try:
-        n = int(value)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise ConfigError(f"{SIM_HOSTS_VAR}={value!r}: expected a number of hosts >= 1")
+    n = env_int(SIM_HOSTS_VAR, 1, minimum=1)
     if n > world_size:
         raise ConfigError(
             f"{SIM_HOSTS_VAR}={n}: more simulated hosts than the job's {world_size} ranks"

@@ -32,9 +32,10 @@ def test_simulated_hosts_split_the_world_into_consecutive_groups(monkeypatch):
     assert ids[0] == ids[1] != ids[2] == ids[3] and all(0 <= i < 2**62 for i in ids)
     monkeypatch.setenv(hosts.SIM_HOSTS_VAR, "4")
     assert len({hosts.host_id(r, 4) for r in range(4)}) == 4
-    for bad in ("0", "two", "-1"):
+    for bad, words in (("0", "must be at least 1"), ("two", "is not an integer"),
+                       ("-1", "must be at least 1")):
         monkeypatch.setenv(hosts.SIM_HOSTS_VAR, bad)
-        with pytest.raises(ConfigError, match=f"DTENSOR_SIM_HOSTS={bad!r}: expected a number"):
+        with pytest.raises(ConfigError, match=f"DTENSOR_SIM_HOSTS={bad!r} {words}"):
             hosts.simulated_host(0, 4)
     monkeypatch.setenv(hosts.SIM_HOSTS_VAR, "5")
     with pytest.raises(ConfigError, match="5: more simulated hosts than the job's 4 ranks"):

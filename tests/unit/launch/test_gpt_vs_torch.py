@@ -95,7 +95,7 @@ def test_without_torch_it_says_so_and_runs_dtensor_alone(tmp_path):
     script = str(ROOT / "launch" / "bench" / "gpt_vs_torch.py")
     proc = run_group([sys.executable, "-c", _NO_TORCH, script, "--model", "tiny", "--steps",
                       "2", "--warmup", "1", "--strategy", "local,tp", "--no-memory", "--out",
-                      str(path)], ROOT, 120, child_env())
+                      str(path)], tmp_path, 120, child_env())  # not ROOT: its source tree
     assert proc.returncode == 0, proc.stderr
     assert "torch is not installed" in proc.stdout
     doc = json.loads(path.read_text())

@@ -184,6 +184,10 @@ def test_second():
 """
 
 
+def _sigint_as_at_a_terminal() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _read_until(proc: subprocess.Popen, marker: bytes, deadline: float) -> bytes:
     """What ``proc`` wrote to its stdout up to the first line holding ``marker``."""
     seen = b""
@@ -226,8 +230,11 @@ def test_a_signal_to_the_test_runner_stops_the_whole_run(tmp_path, sig):
     (tests / "mpi" / "test_second.py").write_text(SECOND_STAGE)
     cmd = [sys.executable, "-m", "launch", "test", "--tests-dir", str(tests), "--quick",
            "--ranks", "1", "--timeout", str(LIMIT_S), "--", "-s"]
+    # a shell without job control starts background jobs with SIGINT ignored, and Python then
+    # keeps it ignored: the runner gets Ctrl-C's default here, as at a terminal
     runner = subprocess.Popen(cmd, cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, start_new_session=True)
+                              stderr=subprocess.PIPE, start_new_session=True,
+                              preexec_fn=_sigint_as_at_a_terminal)  # noqa: PLW1509 (one syscall)
     pids: dict[int, str | None] = {}
     try:
         deadline = time.monotonic() + LIMIT_S

@@ -1,9 +1,9 @@
 """What MPI says about this process: the library's thread level and CUDA support, the world
-ranks of a communicator's ranks, and this rank's place on its node.
+ranks of a communicator's ranks, this process's host and its place on it.
 
 This module owns :func:`thread_multiple`, :func:`cuda_aware`, :func:`world_ranks`,
-:func:`my_host` and :func:`local_rank`. They take any :class:`~redistribute.comm.Comm` (they read its ``mpi``,
-``rank`` and ``size``).
+:func:`my_host` and :func:`local_rank`. They take any :class:`~redistribute.comm.Comm`
+(they read its ``mpi``, ``rank`` and ``size``).
 """
 
 from __future__ import annotations

@@ -43,6 +43,8 @@ SIM_HOSTS_VAR = "DTENSOR_SIM_HOSTS"
 
 # world rank -> host id, from the all-gathers that start mesh creations
 _hosts: dict[int, int] = {}
+# (shape, bytes) of a grid of world ranks -> spans_hosts' answer, while the hosts stand
+_spans: dict[tuple, tuple[bool, ...]] = {}
 
 
 def simulated_host(world_rank: int, world_size: int) -> int | None:
@@ -82,16 +84,19 @@ def _host_id(world_rank: int, world_size: int, _knob: str) -> int:
 
 def note_hosts(world_ranks: Iterable[int], ids: Iterable[int]) -> None:
     """Record the host of each world rank (gathered by the caller's collective). **Local**."""
-    for r, h in zip(world_ranks, ids):
-        _hosts[int(r)] = int(h)
+    for r, h in zip(np.asarray(world_ranks).tolist(), ids):
+        if _hosts.get(r) != h:
+            _hosts[r] = h
+            _spans.clear()  # a host changed (a test's simulated hosts): answers change
 
 
 def hosts_of(world_ranks: np.ndarray) -> np.ndarray | None:
     """The host ids of ``world_ranks`` (same shape), or None when one is not known. **Local**."""
-    try:
-        return np.vectorize(_hosts.__getitem__, otypes=[np.int64])(world_ranks)
-    except KeyError:
+    grid = np.asarray(world_ranks)
+    ids = [_hosts.get(r) for r in grid.ravel().tolist()]
+    if None in ids:
         return None
+    return np.array(ids, dtype=np.int64).reshape(grid.shape)
 
 
 def spans_hosts(world_grid: np.ndarray) -> tuple[bool, ...]:
@@ -99,8 +104,17 @@ def spans_hosts(world_grid: np.ndarray) -> tuple[bool, ...]:
     than one host (its collectives cross the network). All False when a host is not known
     (a mesh whose ranks were never gathered). **Local**."""
     grid = np.asarray(world_grid)
+    key = (grid.shape, grid.tobytes())
+    found = _spans.get(key)
+    if found is not None:
+        return found
     hosts = hosts_of(grid) if grid.size else None
-    return (False,) * grid.ndim if hosts is None else spans_of(hosts)
+    if hosts is None:
+        return (False,) * grid.ndim
+    found = spans_of(hosts)
+    if len(_spans) < 4096:
+        _spans[key] = found
+    return found
 
 
 def spans_of(host_grid: np.ndarray) -> tuple[bool, ...]:

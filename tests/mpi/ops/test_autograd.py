@@ -1,8 +1,10 @@
-"""Autograd on DTensors: the gradients of DTensor programs equal those of the same program
-on local tensors of the global values, over sampled input placements (uneven and empty
+"""Autograd on DTensors: the gradients of DTensor programs equal torch's gradients of the
+same program on the global values (float64), over sampled input placements (uneven and empty
 shards, Partial inputs with real per-rank contributions), redistribute chains,
 ``from_local``/``to_local`` with ``grad_placements``, and the backward collectives that
-CommDebugMode sees."""
+CommDebugMode sees. The programs are written once against a namespace (``dtensor`` or
+``torch``); where torch has no equal (scatter with repeated indices, dtensor's own dropout
+mask) the oracle is numpy or the definition itself."""
 
 from __future__ import annotations
 
@@ -32,18 +34,25 @@ def grad_placements(placements):
     return tuple(R if isinstance(p, dt.Partial) else p for p in placements)
 
 
-# program name -> (function of tensors, shapes); the same code runs on Tensor and DTensor
+def _nn(F):
+    """Where the functional nn ops live: ``dtensor`` itself, ``torch.nn.functional``."""
+    return F if F is dt else F.nn.functional
+
+
+# program name -> (function of a namespace and tensors, shapes); the same code runs on torch
+# tensors (the oracle, on the global values) and on DTensors
 PROGRAMS = {
-    "mlp": (lambda x, w1, b1, w2: ((x @ w1 + b1).relu() @ w2).tanh().sum(),
+    "mlp": (lambda F, x, w1, b1, w2: ((x @ w1 + b1).relu() @ w2).tanh().sum(),
             ((5, 6), (6, 7), (7,), (7, 3))),
-    "pointwise": (lambda x, y: (x * y).exp().mean() + (x - y * 2.0).sigmoid().sum()
+    "pointwise": (lambda F, x, y: (x * y).exp().mean() + (x - y * 2.0).sigmoid().sum()
                   + (x / (y * y + 1.0)).sum(), ((5, 6), (5, 6))),
-    "broadcast": (lambda x, b: ((x + b) * b).square().sum(), ((5, 6), (6,))),
-    "reductions": (lambda x: x.amax(dim=1).sum() + x.var(dim=0).sum() + x.logsumexp(1).sum()
-                   + x.norm() + x.mean(dim=0).pow(2.0).sum(), ((5, 6),)),
-    "nn": (lambda x, w, b: dt.layer_norm(x.softmax(-1) * 3.0, (6,), w, b).log_softmax(0).sum(),
-           ((5, 6), (6,), (6,))),
-    "views": (lambda x, y: (x.T @ y).sum() + dt.cat([x, y], 0).sum(0).square().sum()
+    "broadcast": (lambda F, x, b: ((x + b) * b).square().sum(), ((5, 6), (6,))),
+    "reductions": (lambda F, x: x.amax(dim=1).sum() + x.var(dim=0).sum()
+                   + x.logsumexp(1).sum() + x.norm() + x.mean(dim=0).pow(2.0).sum(),
+                   ((5, 6),)),
+    "nn": (lambda F, x, w, b: _nn(F).layer_norm(x.softmax(-1) * 3.0, (6,), w, b)
+           .log_softmax(0).sum(), ((5, 6), (6,), (6,))),
+    "views": (lambda F, x, y: (x.T @ y).sum() + F.cat([x, y], 0).sum(0).square().sum()
               + x.reshape(-1).cumsum(0).sum() + x[1:4].sum() + x.transpose(0, 1)[2].sum(),
               ((5, 6), (5, 6))),
 }
@@ -54,17 +63,20 @@ def _global(shapes, seed):
     return [rng.standard_normal(s) for s in shapes]
 
 
-def _local_grads(fn, arrays):
-    leaves = [dt.from_numpy(a.copy()).requires_grad_() for a in arrays]
-    fn(*leaves).backward()
+def _torch_grads(fn, arrays, *args):
+    """torch's gradients of ``fn(torch, *args, *leaves)`` at ``arrays`` (float64)."""
+    import torch  # lazy: the oracle (the tests using it are marked torch)
+
+    leaves = [torch.from_numpy(a.copy()).requires_grad_() for a in arrays]
+    fn(torch, *args, *leaves).backward()
     return [t.grad.numpy() for t in leaves]
 
 
 def _check_program(fn, arrays, mesh, placements, seed):
-    want = _local_grads(fn, arrays)
+    want = _torch_grads(fn, arrays)
     leaves = [distribute_random(a, mesh, pl, seed=seed + i).requires_grad_()
               for i, (a, pl) in enumerate(zip(arrays, placements))]
-    loss = fn(*leaves)
+    loss = fn(dt, *leaves)
     loss.backward()
     for a, d, pl, w in zip(arrays, leaves, placements, want):
         assert d.grad is not None
@@ -73,9 +85,10 @@ def _check_program(fn, arrays, mesh, placements, seed):
                                    err_msg=f"placements {placements}")
 
 
+@pytest.mark.torch
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
-def test_program_gradients_match_local(name, rng):
+def test_program_gradients_match_torch(name, rng):
     fn, shapes = PROGRAMS[name]
     arrays = _global(shapes, 3)
     for mesh in meshes():
@@ -85,19 +98,22 @@ def test_program_gradients_match_local(name, rng):
             _check_program(fn, arrays, mesh, placements, seed=10 * k)
 
 
+def _ce_embedding(F, t, i, x, w):
+    return _nn(F).cross_entropy(x + _nn(F).embedding(i, w), t)
+
+
+@pytest.mark.torch
 @pytest.mark.mpi(min_size=1)
-def test_cross_entropy_and_embedding_gradients_match_local(rng):
+def test_cross_entropy_and_embedding_gradients_match_torch():
+    import torch  # lazy: the oracle (marked torch)
+
     rng_data = np.random.default_rng(5)
     logits = rng_data.standard_normal((6, 5))
     target = rng_data.integers(0, 5, (6,))
     weight = rng_data.standard_normal((7, 5))
     idx = rng_data.integers(0, 7, (6,))
-
-    def fn(x, w, t, i):
-        return dt.cross_entropy(x + dt.embedding(i, w), t)
-
-    lx, lw = (dt.from_numpy(a.copy()).requires_grad_() for a in (logits, weight))
-    fn(lx, lw, dt.from_numpy(target), dt.from_numpy(idx)).backward()
+    want_x, want_w = _torch_grads(_ce_embedding, (logits, weight), torch.from_numpy(target),
+                                  torch.from_numpy(idx))
     for mesh in meshes():
         reps = [R] * mesh.ndim
         for pl in ([S(0)] + [R] * (mesh.ndim - 1), reps):
@@ -105,20 +121,24 @@ def test_cross_entropy_and_embedding_gradients_match_local(rng):
             w = distribute_random(weight, mesh, reps, seed=2).requires_grad_()
             t = dt.distribute_tensor(dt.from_numpy(target), mesh, pl, src_data_rank=None)
             i = dt.distribute_tensor(dt.from_numpy(idx), mesh, pl, src_data_rank=None)
-            fn(x, w, t, i).backward()
-            np.testing.assert_allclose(x.grad.full_tensor().numpy(), lx.grad.numpy(),
-                                       atol=1e-12)
-            np.testing.assert_allclose(w.grad.full_tensor().numpy(), lw.grad.numpy(),
-                                       atol=1e-12)
+            _ce_embedding(dt, t, i, x, w).backward()
+            np.testing.assert_allclose(x.grad.full_tensor().numpy(), want_x, atol=1e-12)
+            np.testing.assert_allclose(w.grad.full_tensor().numpy(), want_w, atol=1e-12)
 
 
 _IDX = np.array([[0, 2, 1], [4, 0, 0], [1, 1, 3], [2, 5, 0], [3, 3, 3]])
+#: Fixed weights of the scatter term: its output enters the loss linearly, so no gradient
+#: depends on which of several writes to one position torch keeps.
+_SCATTER_W = np.random.default_rng(12).standard_normal((5, 6))
+#: The entries of ``_IDX`` whose write a scatter keeps (the last of equal indices in a row).
+_KEPT = np.array([[j == max(k for k in range(3) if row[k] == row[j]) for j in range(3)]
+                  for row in _IDX])
 
 
-def _index_program(x, src, mk):
+def _index_program(F, mk, x, src):
     """Indexing ops (gather, sort, topk, kthvalue, masked_fill, index_select, scatter,
     scatter_add, x[idx] = v) of ``x`` (5, 6) and ``src`` (5, 3); ``mk`` makes an index
-    tensor of the program's kind from an array."""
+    (or constant) tensor of the program's kind from an array."""
     i = mk(_IDX)
     y = x * 1.0
     y[1:3, 2] = src[0, 0] * 2.0 + src[1:3, 1:].sum()  # two ints: a DTensor getitem backward
@@ -126,23 +146,27 @@ def _index_program(x, src, mk):
             + x.topk(2, 0)[0].exp().sum() + x.kthvalue(2, 1)[0].sum()
             + x.masked_fill(x > 0.5, 0.0).square().sum()
             + x.index_select(0, mk(np.array([4, 1, 1]))).sum() * 3.0
-            + x.scatter(1, i, src).square().sum() + x.scatter_add(1, i, src * src).sum()
-            + y.tanh().sum())
+            + (x.scatter(1, i, src) * mk(_SCATTER_W)).sum()
+            + x.scatter_add(1, i, src * src).sum() + y.tanh().sum())
 
 
+@pytest.mark.torch
 @pytest.mark.mpi(min_size=1)
-def test_index_op_gradients_match_local(rng):
+def test_index_op_gradients_match_torch(rng):
+    import torch  # lazy: the oracle (marked torch)
+
     a, s = rng.standard_normal((5, 6)), rng.standard_normal((5, 3))
-    leaves = [dt.from_numpy(a.copy()).requires_grad_(), dt.from_numpy(s.copy()).requires_grad_()]
-    _index_program(*leaves, dt.from_numpy).backward()
-    want = [t.grad.numpy() for t in leaves]
+    want = _torch_grads(_index_program, (a, s), torch.from_numpy)
+    # torch gives every entry of ``src`` the gradient of its position, also an overwritten
+    # one; dtensor gives an overwritten entry none (its value reaches no output)
+    want[1] = want[1] - np.take_along_axis(_SCATTER_W, _IDX, 1) * ~_KEPT
     for mesh in meshes():
         choices = placement_choices(mesh, 2)
         for k, pl in enumerate(choices[:: 3 if mesh.ndim > 1 else 1]):
             x = distribute_random(a, mesh, pl, seed=k).requires_grad_()
             src = distribute_random(s, mesh, [R] * mesh.ndim, seed=k).requires_grad_()
             index = lambda n, mesh=mesh: dt.distribute_tensor(n, mesh, [R] * mesh.ndim)
-            _index_program(x, src, index).backward()
+            _index_program(dt, index, x, src).backward()
             for d, w in zip((x, src), want):
                 np.testing.assert_allclose(d.grad.full_tensor().numpy(), w, rtol=1e-9,
                                            atol=1e-9, err_msg=f"placements {pl}")
@@ -263,30 +287,41 @@ def test_errors_name_the_op_on_dtensors():
 
 
 @pytest.mark.mpi(min_size=1)
-def test_dropout_gradient_matches_local():
+def test_dropout_gradient_is_the_kept_mask_over_one_minus_p():
+    """The gradient of ``sum(dropout(x, p))`` is ``1 / (1 - p)`` exactly where the output
+    kept the input and 0 where it dropped it (the definition, on the global values); the
+    DTensor draws the single-device mask of the same seed (dtensor's own generator, so
+    that part compares with the local op)."""
+    p = 0.4
     value = np.random.default_rng(6).standard_normal((9, 4))
     dt.manual_seed(3)
-    lx = dt.from_numpy(value.copy()).requires_grad_()
-    dt.dropout(lx, 0.4).sum().backward()
+    local_out = dt.dropout(dt.from_numpy(value.copy()), p).numpy()
     for mesh in meshes():
         for pl in placement_choices(mesh, 2, partial=False)[:3]:
             dt.manual_seed(3)
             x = dt.distribute_tensor(value, mesh, pl).requires_grad_()
-            dt.dropout(x, 0.4).sum().backward()
-            np.testing.assert_allclose(x.grad.full_tensor().numpy(), lx.grad.numpy())
+            out = dt.dropout(x, p)
+            out.sum().backward()
+            got_out = out.full_tensor().numpy()
+            kept = got_out != 0
+            assert 0 < kept.sum() < kept.size, f"{pl}: a mask of all {kept.flat[0]}"
+            np.testing.assert_allclose(got_out[kept], value[kept] / (1 - p), rtol=1e-12)
+            np.testing.assert_allclose(x.grad.full_tensor().numpy(), kept / (1 - p),
+                                       rtol=1e-12, err_msg=f"{pl}")
+            np.testing.assert_array_equal(got_out, local_out)
 
 
-def _penalty(x, w1, b1, w2):
+def _penalty(F, x, w1, b1, w2):
     """A loss plus the squared norm of its gradient (``create_graph=True``)."""
     h = (x @ w1 + b1).tanh()
-    out = dt.gelu(h @ w2, approximate="tanh")
+    out = _nn(F).gelu(h @ w2, approximate="tanh")
     loss = ((out.softmax(-1) * out.exp().sigmoid()).sum() + h.relu().pow(3).mean()
             + (x.sin() * x).sum() + x[1:, 2].exp().sum())
-    (g,) = dt.autograd.grad(loss, x, create_graph=True)
+    (g,) = F.autograd.grad(loss, x, create_graph=True)
     return (g * g).sum() + loss
 
 
-def _write_through_views(a, x):
+def _write_through_views(F, a, x):
     """In-place writes through views (of dim 1: local on a row-sharded base) of a
     non-leaf; ``v`` is used after later writes to its base."""
     b = a.clone()
@@ -298,8 +333,9 @@ def _write_through_views(a, x):
     return (b * b).sum() + (v * v.exp()).sum()
 
 
+@pytest.mark.torch
 @pytest.mark.mpi(min_size=2)
-def test_second_derivatives_and_writes_through_views_match_local(rng):
+def test_second_derivatives_and_writes_through_views_match_torch(rng):
     """Higher-order gradients (a gradient penalty, sampled placements with Partial inputs)
     and in-place writes through views of a row-sharded or replicated base."""
     shapes = ((5, 4), (4, 6), (6,), (6, 3))
@@ -321,29 +357,33 @@ def test_second_derivatives_and_writes_through_views_match_local(rng):
 
 
 #: Index keys whose gradient writes into zeros (stepped slices, masks, integer arrays,
-#: repeated entries along one dim): functions of the global value (for the mask).
+#: repeated entries along one dim): functions of the global value (for the mask) and of a
+#: maker of index tensors (``dt.from_numpy`` or ``torch.from_numpy``).
 _ADVANCED_KEYS = (
-    lambda v: (slice(None, None, 2),),
-    lambda v: ([0, 3, 1],),
-    lambda v: (slice(None), [1, 3, 1]),
-    lambda v: (dt.from_numpy(v > 0),),
-    lambda v: ([0, 1], [2, 3]),
-    lambda v: (np.array([[2], [0]]), np.array([3, 1, 0])),  # broadcast; dims kept sharded
-    lambda v: (np.array([4, 1]), -1),  # an int among the arrays
-    lambda v: (Ellipsis, dt.from_numpy(np.array([2, 2, 0]))),
+    lambda v, mk: (slice(None, None, 2),),
+    lambda v, mk: ([0, 3, 1],),
+    lambda v, mk: (slice(None), [1, 3, 1]),
+    lambda v, mk: (mk(v > 0),),
+    lambda v, mk: ([0, 1], [2, 3]),
+    lambda v, mk: (np.array([[2], [0]]), np.array([3, 1, 0])),  # broadcast; dims kept sharded
+    lambda v, mk: (np.array([4, 1]), -1),  # an int among the arrays
+    lambda v, mk: (Ellipsis, mk(np.array([2, 2, 0]))),
 )
 
 
 @pytest.mark.mpi(min_size=2)
-def test_advanced_index_gradients_match_local():
+def test_advanced_index_gradients_match_numpy():
+    """The gradient of ``x[k].exp().sum()`` is ``exp(x[k])`` added into zeros at ``k``
+    (numpy's ``add.at``: repeated entries add up)."""
     mesh = dt.init_device_mesh((WORLD.size,))
     value = np.random.default_rng(9).standard_normal((2 * WORLD.size + 1, 4))
     for key in _ADVANCED_KEYS:
-        k = key(value)
-        lx = dt.from_numpy(value.copy()).requires_grad_()
-        lx[k].exp().sum().backward()
+        k_np = key(value, lambda a: a)
+        want = np.zeros_like(value)
+        np.add.at(want, k_np, np.exp(value[k_np]))
+        k = key(value, dt.from_numpy)
         for pl in ([R], [S(0)], [S(1)]):
             x = dt.distribute_tensor(value, mesh, pl).requires_grad_()
             x[k].exp().sum().backward()
-            np.testing.assert_allclose(x.grad.full_tensor().numpy(), lx.grad.numpy(),
+            np.testing.assert_allclose(x.grad.full_tensor().numpy(), want,
                                        atol=1e-12, err_msg=f"{k} {pl}")

@@ -36,10 +36,17 @@ def _norm_of(g: Any, norm_type: float) -> float:
     return float(s.full_tensor().numpy()) ** (1.0 / norm_type)
 
 
+def _norm_dtype(tensors: list) -> np.dtype:
+    """The dtype of a total norm of ``tensors``, as PyTorch's: float64 when a tensor is
+    float64, else float32 (also for none, integer and half-precision tensors)."""
+    return np.dtype(np.float64 if any(t.dtype == np.float64 for t in tensors) else np.float32)
+
+
 def get_total_norm(tensors: Iterable[Any] | Any, norm_type: float = 2.0,
                    error_if_nonfinite: bool = False) -> Tensor:
     """The ``norm_type``-norm of all ``tensors`` together (as if concatenated), as a 0-d
-    float32 local Tensor holding the same value on every rank.
+    local Tensor holding the same value on every rank: float64 when a tensor is float64,
+    else float32.
 
     **Collective** when a tensor is a DTensor: every rank of its mesh must call it (the
     norm of each DTensor is reduced over its mesh; tensors on different meshes are
@@ -53,6 +60,7 @@ def get_total_norm(tensors: Iterable[Any] | Any, norm_type: float = 2.0,
     """
     if isinstance(tensors, (Tensor, DTensor)):
         tensors = [tensors]
+    tensors = list(tensors)
     p = float(norm_type)
     if not (p > 0 or math.isinf(p)) or math.isnan(p):
         raise ArgumentError(f"get_total_norm: norm_type must be positive or inf, got {norm_type}")
@@ -68,7 +76,7 @@ def get_total_norm(tensors: Iterable[Any] | Any, norm_type: float = 2.0,
             f"get_total_norm: the total norm of order {norm_type} of the gradients is "
             f"{total}; the gradients can not be clipped (error_if_nonfinite=True)"
         )
-    return _tensor(np.float32(total))
+    return _tensor(_norm_dtype(tensors).type(total))
 
 
 def clip_grad_norm_(parameters: Iterable[Any] | Any, max_norm: float, norm_type: float = 2.0,
@@ -86,13 +94,16 @@ def clip_grad_norm_(parameters: Iterable[Any] | Any, max_norm: float, norm_type:
     Returns
     -------
     Tensor
-        The total norm before clipping, a 0-d float32 local Tensor, the same on every rank.
+        The total norm before clipping, a 0-d local Tensor (float64 when a gradient is
+        float64, else float32), the same on every rank.
     """
     if isinstance(parameters, (Tensor, DTensor)):
         parameters = [parameters]
     grads = [p.grad for p in parameters if p.grad is not None]
     total = get_total_norm(grads, norm_type, error_if_nonfinite)
-    coef = float(max_norm) / (float(total.numpy()) + 1e-6)
+    # the coefficient in the norm's precision, as PyTorch's (a float32 norm rounds it)
+    kind = _norm_dtype(grads).type
+    coef = float(kind(max_norm) / (kind(total.numpy()) + kind(1e-6)))
     # Note: PyTorch clamps with a NaN-propagating min, so a NaN norm scales every gradient
     # by NaN (python's min(1.0, nan) is 1.0 and would leave them unchanged).
     if not coef >= 1.0:

@@ -159,3 +159,30 @@ GROUPS = {
 @pytest.mark.parametrize("name", sorted(GROUPS))
 def test_param_groups_take_their_own_options_as_torch(name, feed):
     _run(name, GROUPS[name], feed, seed=11)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("norm_type", [1.0, 2.0, 3.0, float("inf")])
+def test_clip_grad_norm_total_and_scaling_in_the_gradients_precision_as_torch(dtype,
+                                                                             norm_type):
+    """The total norm has torch's dtype (float64 for float64 gradients: a float32 total
+    rounded the clipping coefficient, 1e-8 off torch's) and value, and the clipped
+    gradients equal torch's to the last bits."""
+    import torch  # lazy: the oracle (the module is marked torch)
+
+    rng = np.random.default_rng(4)
+    grads = [(rng.standard_normal(s) * 3).astype(dtype) for s in SHAPES]
+    ps = [dt.zeros(s, dtype=dtype).requires_grad_() for s in SHAPES]
+    ts = [torch.zeros(s, dtype=getattr(torch, np.dtype(dtype).name), requires_grad=True)
+          for s in SHAPES]
+    for p, t, g in zip(ps, ts, grads):
+        p.grad = dt.from_numpy(g.copy())
+        t.grad = torch.from_numpy(g.copy())
+    total = dt.nn.utils.clip_grad_norm_(ps, 0.5, norm_type)
+    want = torch.nn.utils.clip_grad_norm_(ts, 0.5, norm_type)
+    assert total.dtype == np.dtype(dtype)
+    np.testing.assert_allclose(total.numpy(), want.numpy(), rtol=1e-6 if dtype == np.float32
+                               else 1e-14)
+    for p, t in zip(ps, ts):
+        np.testing.assert_allclose(p.grad.numpy(), t.grad.numpy(),
+                                   rtol=1e-6 if dtype == np.float32 else 1e-14)

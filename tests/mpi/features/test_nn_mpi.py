@@ -1,6 +1,6 @@
 """``dt.nn`` with DTensor parameters: ``dt.nn.init`` gives the global values a local tensor
 gets for the same seed on every layout, an MLP of ``Linear`` layers with sharded or
-replicated weights computes the local module's forward and gradients, and state dicts
+replicated weights computes torch's forward and gradients of the same weights (float64), and state dicts
 load across placements and between local and distributed modules, and a dtype cast keeps
 the placements."""
 
@@ -67,29 +67,44 @@ def mlp():
                          nn.Linear(5, 3, dtype=dt.float64))
 
 
+def _torch_mlp(params, x, target):
+    """The oracle: torch's Linear-GELU-Linear with the weights ``params`` (name -> array),
+    its output and the gradients of the MSE loss (name -> array)."""
+    import torch  # lazy: the oracle (the test using it is marked torch)
+
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5, dtype=torch.float64), torch.nn.GELU(),
+                                torch.nn.Linear(5, 3, dtype=torch.float64))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(torch.from_numpy(params[name]))
+    out = model(torch.from_numpy(x))
+    torch.nn.MSELoss()(out, torch.from_numpy(target)).backward()
+    return out.detach().numpy(), {n: p.grad.numpy() for n, p in model.named_parameters()}
+
+
+@pytest.mark.torch
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("layout", list(MLP_LAYOUTS))
-def test_mlp_with_dtensor_weights_matches_the_local_module(layout):
+def test_mlp_with_dtensor_weights_matches_torch(layout):
     rng = np.random.default_rng(0)
     x, target = rng.standard_normal((4, 6)), rng.standard_normal((4, 3))
     dt.manual_seed(1)
     local = mlp()
-    out = local(dt.tensor(x))
-    nn.MSELoss()(out, dt.tensor(target)).backward()
+    out, grads = _torch_mlp({n: p.detach().numpy() for n, p in local.named_parameters()},
+                            x, target)
     for mesh in meshes():
         dt.manual_seed(1)
         model = distributed(mlp(), mesh, MLP_LAYOUTS[layout])
         rep = layouts(mesh, R)
         y = model(dt.distribute_tensor(x, mesh, rep, src_data_rank=None))
         where = f"{layout} on {mesh.shape}"
-        np.testing.assert_allclose(y.full_tensor().numpy(), out.detach().numpy(),
-                                   rtol=1e-12, err_msg=where)
+        np.testing.assert_allclose(y.full_tensor().numpy(), out, rtol=1e-12, err_msg=where)
         loss = nn.MSELoss()(y, dt.distribute_tensor(target, mesh, rep, src_data_rank=None))
         loss.backward()
-        for (name, p), (_, q) in zip(model.named_parameters(), local.named_parameters()):
+        for name, p in model.named_parameters():
             assert isinstance(p, nn.Parameter) and isinstance(p, dt.DTensor)
             assert tuple(p.grad.placements) == tuple(p.placements), where
-            np.testing.assert_allclose(p.grad.full_tensor().numpy(), q.grad.numpy(),
+            np.testing.assert_allclose(p.grad.full_tensor().numpy(), grads[name],
                                        rtol=1e-10, atol=1e-14, err_msg=f"{where}: {name}")
 
 

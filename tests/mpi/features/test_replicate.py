@@ -193,20 +193,48 @@ class Two(dt.nn.Module):
         return (y * y).sum()
 
 
+def _torch_mean_grads(module, forward, xs):
+    """The oracle: torch's gradients of ``forward(layers, x, rank)`` with ``module``'s initial
+    weights (``layers``: name -> torch Linear), averaged over the ranks' inputs ``xs``, as
+    name -> array; a parameter no rank used is absent."""
+    import torch  # lazy: the oracle (the tests using it are marked torch)
+
+    want = {}
+    for r, x in enumerate(xs):
+        layers = {}
+        for name, child in module.named_children():
+            lin = torch.nn.Linear(4, 4)
+            with torch.no_grad():
+                lin.weight.copy_(torch.from_numpy(child.weight.detach().numpy()))
+                lin.bias.copy_(torch.from_numpy(child.bias.detach().numpy()))
+            layers[name] = lin
+        forward(layers, torch.from_numpy(x), r).backward()
+        for name, lin in layers.items():
+            for leaf in ("weight", "bias"):
+                g = getattr(lin, leaf).grad
+                if g is not None:
+                    key = f"{name}.{leaf}"
+                    want[key] = want.get(key, 0) + g.numpy() / len(xs)
+    return want
+
+
+def _two_forward(layers, x, rank):
+    y = layers["a"](x)
+    if rank == 0:
+        y = layers["b"](y)
+    return (y * y).sum()
+
+
+@pytest.mark.torch
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("cap_mb", [0, 25])
 def test_parameters_that_some_or_no_rank_used(path, cap_mb):
     xs = [np.random.default_rng(r).standard_normal((3, 4)).astype(np.float32)
           for r in range(WORLD.size)]
-    # oracle: each rank's gradients from a local copy, averaged over the ranks
-    want = {"a.weight": 0, "a.bias": 0, "b.weight": 0, "b.bias": 0}
-    for r, x in enumerate(xs):
-        dt.manual_seed(0)
-        m = Two()
-        m(dt.tensor(x), r == 0).backward()
-        for name, acc in want.items():
-            g = m.get_parameter(name).grad
-            want[name] = acc + (0 if g is None else g.numpy() / WORLD.size)
+    dt.manual_seed(0)
+    # oracle: torch's gradients of each rank's pass, averaged over the ranks
+    want = _torch_mean_grads(Two(), _two_forward, xs)
+    assert sorted(want) == ["a.bias", "a.weight", "b.bias", "b.weight"]
     dt.manual_seed(0)
     model = dt.replicate(Two(), bucket_cap_mb=cap_mb)
     for _ in range(2):  # the second pass starts from the first's state
@@ -233,18 +261,21 @@ class Rechecked(dt.nn.Module):
         return (self.b(y) ** 2).sum()
 
 
+def _rechecked_forward(layers, x, rank):
+    """``Rechecked``'s forward in torch (the checkpoint changes no gradient)."""
+    a, b = layers["a"], layers["b"]
+    y = b(a(a(x))).tanh()
+    return (b(y) ** 2).sum()
+
+
+@pytest.mark.torch
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("cap_mb", [0, 25])
 def test_a_gradient_accumulated_twice_in_a_pass(path, cap_mb):
     xs = [np.random.default_rng(r).standard_normal((3, 4)).astype(np.float32)
           for r in range(WORLD.size)]
-    want = {}
-    for x in xs:
-        dt.manual_seed(0)
-        m = Rechecked()
-        m(dt.tensor(x)).backward()
-        for name, p in m.named_parameters():
-            want[name] = want.get(name, 0) + p.grad.numpy() / WORLD.size
+    dt.manual_seed(0)
+    want = _torch_mean_grads(Rechecked(), _rechecked_forward, xs)
     dt.manual_seed(0)
     model = dt.replicate(Rechecked(), bucket_cap_mb=cap_mb)
     model(dt.tensor(xs[WORLD.rank])).backward()

@@ -254,15 +254,20 @@ def test_factories_allocate_local_shard_with_global_values():
         for pl in [(S(0),) * mesh.ndim, (R,) * mesh.ndim]:
             a = dt.arange(11, device_mesh=mesh, placements=pl)
             np.testing.assert_array_equal(a.full_tensor().numpy(), np.arange(11))
-            a = dt.arange(1.5, 7.0, 0.5, device_mesh=mesh, placements=pl)
-            np.testing.assert_array_equal(a.full_tensor().numpy(), dt.arange(1.5, 7.0, 0.5).numpy())
-            lin = dt.linspace(-1, 2, 9, device_mesh=mesh, placements=pl)
-            np.testing.assert_array_equal(lin.full_tensor().numpy(), dt.linspace(-1, 2, 9).numpy())
+            a = dt.arange(1.5, 7.0, 0.5, device_mesh=mesh, placements=pl).full_tensor().numpy()
+            assert a.dtype == np.float32  # the default dtype, as torch's
+            np.testing.assert_array_equal(a, np.arange(1.5, 7.0, 0.5, dtype=np.float32))
+            lin = dt.linspace(-1, 2, 9, device_mesh=mesh, placements=pl).full_tensor().numpy()
+            assert lin.dtype == np.float32
+            np.testing.assert_array_equal(lin, np.linspace(-1, 2, 9, dtype=np.float32))
         for pl in all_placements(mesh, 2, with_partial=True):
             eye = dt.eye(5, 3, device_mesh=mesh, placements=pl)
             np.testing.assert_array_equal(eye.full_tensor().numpy(), np.eye(5, 3, dtype=np.float32))
             dt.manual_seed(3)
             ri = dt.randint(-4, 9, (6, 5), device_mesh=mesh, placements=pl).full_tensor().numpy()
+            assert ri.min() >= -4 and ri.max() < 9 and len(np.unique(ri)) > 5
+            # the values are dtensor's generator's (no outside library draws them): the
+            # single-device draw of the same seed is the oracle
             dt.manual_seed(3)
             np.testing.assert_array_equal(ri, dt.randint(-4, 9, (6, 5)).numpy())
 

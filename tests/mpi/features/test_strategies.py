@@ -316,6 +316,7 @@ def test_unshard_async_handle_waits_for_the_gather():
     assert state.unsharded and state.buffer.committed
     full = state.views[0]  # the first parameter, gathered
     want = run.model.blocks[1].ln1.weight.full_tensor().numpy()
+    np.testing.assert_array_equal(want, np.ones(CFG.d_model, np.float32))  # LayerNorm's init
     np.testing.assert_array_equal(full, want)
     block.reshard()
     assert not state.buffer.committed

@@ -1,6 +1,6 @@
 """Tensor and sequence parallelism (``dt.parallelize_module`` with the styles) at 1-4 ranks:
-the parallel module computes the local module's outputs and gradients (the same seed gives
-the same global weights on any layout), CommDebugMode's counts per forward are the
+the parallel module computes the outputs and gradients of the same module in torch with the
+same weights (the same seed gives the same global weights on any layout), CommDebugMode's counts per forward are the
 theory's, and bad plans raise before anything changes."""
 
 from __future__ import annotations
@@ -50,12 +50,53 @@ def _input(seed=1):
     return np.random.default_rng(seed).standard_normal((B, T, D)).astype(np.float32)
 
 
-def _local_run(cls, x):
-    model = _model(cls)
-    xt = dt.tensor(x)
-    out = model(xt)
+def _torch_twin(cls):
+    """The oracle: ``cls`` rebuilt of torch modules with the same parameter names, holding
+    the weights ``_model(cls)`` draws (float32)."""
+    import torch  # lazy: the oracle (the tests using it are marked torch)
+
+    nn = torch.nn
+
+    class TMLP(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w1, self.w2 = nn.Linear(D, H), nn.Linear(H, D)
+
+        def forward(self, x):
+            return self.w2(nn.functional.gelu(self.w1(x)))
+
+    class TBlock(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm1, self.mlp1 = nn.LayerNorm(D), TMLP()
+            self.norm2, self.mlp2 = nn.LayerNorm(D), TMLP()
+
+        def forward(self, x):
+            x = x + self.mlp1(self.norm1(x))
+            return x + self.mlp2(self.norm2(x))
+
+    class THead(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb, self.out = nn.Embedding(V, D), nn.Linear(D, V, bias=False)
+
+        def forward(self, idx):
+            return self.out(self.emb(idx))
+
+    twin = {Block: TBlock, Head: THead}[cls]()
+    weights = {n: p.detach().numpy() for n, p in _model(cls).named_parameters()}
+    twin.load_state_dict({n: torch.from_numpy(w.copy()) for n, w in weights.items()})
+    return twin
+
+
+def _torch_run(cls, x):
+    """torch's output of ``cls`` at ``x`` and the gradients of its sum (name -> array)."""
+    import torch  # lazy: the oracle (the tests using it are marked torch)
+
+    model = _torch_twin(cls)
+    out = model(torch.from_numpy(x))
     out.sum().backward()
-    return out.numpy(), {n: p.grad.numpy() for n, p in model.named_parameters()}
+    return out.detach().numpy(), {n: p.grad.numpy() for n, p in model.named_parameters()}
 
 
 def _full(t):
@@ -77,10 +118,11 @@ def mesh():
 TP_PLAN = {"mlp*.w1": dt.ColwiseParallel(), "mlp*.w2": dt.RowwiseParallel()}
 
 
+@pytest.mark.torch
 @pytest.mark.mpi(min_size=1)
-def test_tensor_parallel_block_equals_the_local_block(mesh):
+def test_tensor_parallel_block_equals_torchs_block(mesh):
     x = _input()
-    want, grads = _local_run(Block, x)
+    want, grads = _torch_run(Block, x)
     model = dt.parallelize_module(_model(Block), mesh, TP_PLAN)
     assert model.mlp1.w1.weight.placements == (Shard(0),)
     assert model.mlp1.w2.weight.placements == (Shard(1),)
@@ -98,10 +140,11 @@ def test_tensor_parallel_block_equals_the_local_block(mesh):
                                    err_msg=name)
 
 
+@pytest.mark.torch
 @pytest.mark.mpi(min_size=1)
-def test_sequence_parallel_block_equals_the_local_block(mesh):
+def test_sequence_parallel_block_equals_torchs_block(mesh):
     x = _input()
-    want, grads = _local_run(Block, x)
+    want, grads = _torch_run(Block, x)
     plan = {
         "norm*": dt.SequenceParallel(),
         "mlp*.w1": dt.ColwiseParallel(input_layouts=Shard(1)),
@@ -134,15 +177,19 @@ class Head(dt.nn.Module):
         return self.out(self.emb(idx))
 
 
+@pytest.mark.torch
 @pytest.mark.mpi(min_size=1)
 def test_vocab_parallel_embedding_and_loss_parallel(mesh):
+    import torch  # lazy: the oracle (marked torch)
+
     idx = np.random.default_rng(3).integers(0, V, (B, T))
     target = np.random.default_rng(4).integers(0, V, (B * T,))
-    local = _model(Head)
-    logits = local(dt.tensor(idx)).reshape(B * T, V)
-    loss = dt.nn.functional.cross_entropy(logits, dt.tensor(target))
+    twin = _torch_twin(Head)
+    loss = torch.nn.functional.cross_entropy(
+        twin(torch.from_numpy(idx)).reshape(B * T, V), torch.from_numpy(target))
     loss.backward()
-    want = {n: p.grad.numpy() for n, p in local.named_parameters()}
+    loss = loss.detach()
+    want = {n: p.grad.numpy() for n, p in twin.named_parameters()}
     plan = {"emb": dt.RowwiseParallel(),
             "out": dt.ColwiseParallel(use_local_output=False)}
     model = dt.parallelize_module(_model(Head), mesh, plan)

@@ -1,7 +1,8 @@
 """The GPT of ``launch/examples/gpt.py`` under every parallel strategy (DTensor data
 parallelism, ``replicate``, FSDP ZeRO-3 / ZeRO-2 / reshard to 2 ranks, TP, TP+SP,
-FSDP x TP and HSDP on 2x2) at 1-4 ranks: 20 AdamW steps give the local model's losses,
-its first gradients and its final ``state_dict``; CommDebugMode counts per step are the
+FSDP x TP and HSDP on 2x2) at 1-4 ranks, and the local model: 20 AdamW steps give torch's
+losses, first gradients and final ``state_dict`` (the same GPT in torch, same initial
+weights, ``torch.optim.AdamW``); CommDebugMode counts per step are the
 theory's; bfloat16 mixed precision stays within bfloat16 tolerance; gradient accumulation
 without sync; ``fully_shard``'s memory states and its errors."""
 
@@ -59,15 +60,63 @@ def _train(run, steps=STEPS):
     return np.array(losses), first, state
 
 
+def _torch_model():
+    """The oracle's model: ``TorchGPT`` of ``launch/bench/_torch_gpt.py`` with the local
+    model's initial weights, dtensor's parameter names and state keys."""
+    import torch  # lazy: the oracle (the tests using it are marked torch)
+
+    from launch.bench._torch_gpt import TorchGPT, load_numpy  # lazy: imports torch
+
+    start = build("local", CFG).model
+    torch.manual_seed(0)
+    model = TorchGPT(CFG)
+    load_numpy(model, {n: p.detach().numpy() for n, p in start.named_parameters()})
+    return model, [n for n, _ in start.named_parameters()], list(start.state_dict())
+
+
+def _torch_grads(model, names, seed):
+    """torch's gradients (dtensor's names -> arrays) of the loss of ``batch`` ``seed``."""
+    import torch  # lazy: the oracle (the tests using it are marked torch)
+
+    idx, tgt = batch(CFG, BATCH, seed)
+    model(torch.from_numpy(idx), torch.from_numpy(tgt)).backward()
+    params = dict(model.named_parameters())
+    return {n: params[n].grad.numpy().copy() for n in names}
+
+
+def _torch_train(steps=STEPS):
+    """The oracle: ``_train`` in torch (``torch.optim.AdamW``, torch's clipping)."""
+    import torch  # lazy: the oracle (the tests using it are marked torch)
+
+    model, names, keys = _torch_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    losses, first = [], None
+    for step in range(steps):
+        idx, tgt = batch(CFG, BATCH, step)
+        loss = model(torch.from_numpy(idx), torch.from_numpy(tgt))
+        loss.backward()
+        if first is None:
+            params = dict(model.named_parameters())
+            first = {n: params[n].grad.numpy().copy() for n in names}
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        first.setdefault("norms", []).append(float(norm))
+        opt.step()
+        opt.zero_grad()
+        losses.append(float(loss.detach()))
+    state = model.state_dict()
+    return np.array(losses), first, {k: state[k].numpy().copy() for k in keys}
+
+
 @pytest.fixture(scope="module")
-def local():
-    return _train(build("local", CFG))
+def oracle():
+    return _torch_train()
 
 
+@pytest.mark.torch
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("name", HERE)
-def test_strategy_trains_like_the_local_model(name, local):
-    want_losses, want_grads, want_state = local
+@pytest.mark.parametrize("name", ["local", *HERE])
+def test_strategy_trains_like_torch(name, oracle):
+    want_losses, want_grads, want_state = oracle
     losses, grads, state = _train(build(name, CFG))
     np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
     assert grads.keys() == want_grads.keys()
@@ -119,9 +168,10 @@ def test_comm_counts_per_step_equal_the_theory(name):
             loss.backward()
 
 
+@pytest.mark.torch
 @pytest.mark.mpi(min_size=1)
-def test_fsdp_bfloat16_mixed_precision_stays_within_bfloat16_tolerance(local):
-    want_losses = local[0][:6]
+def test_fsdp_bfloat16_mixed_precision_stays_within_bfloat16_tolerance(oracle):
+    want_losses = oracle[0][:6]  # torch, float32
     mp = dt.MixedPrecisionPolicy(param_dtype=dt.bfloat16, reduce_dtype=np.float32)
     run = build("fsdp", CFG, mp_policy=mp)
     p = run.model.blocks[0].mlp.fc.weight
@@ -142,14 +192,13 @@ def test_fsdp_bfloat16_mixed_precision_stays_within_bfloat16_tolerance(local):
         assert abs(float(loss.item()) - losses[step]) <= 3e-2 * abs(losses[step])
 
 
+@pytest.mark.torch
 @pytest.mark.mpi(min_size=1)
 def test_fsdp_gradient_accumulation_without_sync_equals_the_big_batch():
     run = build("fsdp", CFG)
-    ref = build("local", CFG)
+    model, names, _ = _torch_model()
+    want = _torch_grads(model, names, 3)  # torch, the whole batch at once
     idx, tgt = batch(CFG, BATCH, 3)
-    loss = ref.model(dt.tensor(idx), dt.tensor(tgt))
-    loss.backward()
-    want = {n: p.grad.numpy() for n, p in ref.model.named_parameters()}
     x, y = run.inputs(idx, tgt)
     n = x.shape[0]
     half = n // 2  # micro-batches weighted by their share of this rank's batch
@@ -224,8 +273,9 @@ def test_fsdp_errors_name_the_module_and_change_nothing():
     assert not isinstance(half.tok_emb.weight, dt.DTensor)
 
 
+@pytest.mark.torch
 @pytest.mark.mpi(min_size=1)
-def test_fsdp_of_checkpointed_blocks_gives_the_local_gradients(local):
+def test_fsdp_of_checkpointed_blocks_gives_torchs_gradients(oracle):
     dt.manual_seed(0)
     model = GPT(CFG)
     mesh = dt.init_device_mesh((WORLD.size,))
@@ -239,7 +289,7 @@ def test_fsdp_of_checkpointed_blocks_gives_the_local_gradients(local):
         loss = model(dt.tensor(idx[lo:lo + per]), dt.tensor(tgt[lo:lo + per]))
         loss.backward()  # each block's forward runs again in backward, on its gathered weights
     assert _counts(mode) == THEORY["fsdp"][1]
-    want = local[1]
+    want = oracle[1]
     for name, p in model.named_parameters():
         key = name.replace("_checkpoint_wrapped_module.", "")
         np.testing.assert_allclose(_full(p.grad), want[key], rtol=1e-5, atol=1e-6, err_msg=key)

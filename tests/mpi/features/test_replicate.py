@@ -43,6 +43,31 @@ def _loss(model, idx, tgt):
     return model(dt.tensor(idx), dt.tensor(tgt))
 
 
+def _torch_gpt(seed=0):
+    """The oracle: torch's twin of the GPT (``launch/bench/_torch_gpt.py``) holding
+    ``_gpt(seed)``'s weights."""
+    import torch  # lazy: the oracle (the tests using it are marked torch)
+
+    from launch.bench._torch_gpt import TorchGPT, load_numpy  # lazy: imports torch
+
+    torch.manual_seed(0)
+    model = TorchGPT(CFG)
+    load_numpy(model, {n: p.detach().numpy() for n, p in _gpt(seed).named_parameters()})
+    return model
+
+
+def _torch_loss(model, idx, tgt):
+    import torch  # lazy: the oracle (the tests using it are marked torch)
+
+    return model(torch.from_numpy(np.ascontiguousarray(idx)),
+                 torch.from_numpy(np.ascontiguousarray(tgt)))
+
+
+def _torch_grads(model, names):
+    params = dict(model.named_parameters())
+    return {n: params[n].grad.numpy().copy() for n in names}
+
+
 def _grads(model):
     return {n: p.grad.numpy().copy() for n, p in model.named_parameters()}
 
@@ -67,40 +92,45 @@ def _buckets_expected(model, cap_mb):
     return count + (fill > 0)
 
 
+@pytest.mark.torch
 @pytest.mark.mpi(min_size=1)
-def test_replicated_gpt_trains_like_the_local_gpt_on_the_whole_batch(path):
-    local = _gpt(0)
+def test_replicated_gpt_trains_like_torchs_gpt_on_the_whole_batch(path):
+    import torch  # lazy: the oracle (marked torch)
+
+    start = _gpt(0)
+    names, keys = [n for n, _ in start.named_parameters()], list(start.state_dict())
+    ref = _torch_gpt(0)
     # every rank builds its replica from a different seed: replicate broadcasts rank 0's
     model = dt.replicate(_gpt(WORLD.rank), bucket_cap_mb=0.01)
     assert type(model).__name__ == "ReplicateGPT" and isinstance(model, GPT)
-    for (name, p), (_, q) in zip(model.named_parameters(), local.named_parameters()):
+    for (name, p), (_, q) in zip(model.named_parameters(), start.named_parameters()):
         np.testing.assert_array_equal(p.numpy(), q.numpy(), err_msg=name)
-    opt_l = dt.optim.AdamW(local.parameters(), lr=3e-3, weight_decay=0.1)
+    opt_t = torch.optim.AdamW(ref.parameters(), lr=3e-3, weight_decay=0.1)
     opt_r = dt.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
     for step in range(20):
         idx, tgt = batch(CFG, GLOBAL_BATCH, seed=step)
-        opt_l.zero_grad()
-        want = _loss(local, idx, tgt)
+        opt_t.zero_grad()
+        want = _torch_loss(ref, idx, tgt)
         want.backward()
         opt_r.zero_grad()
         loss = _loss(model, _mine(idx), _mine(tgt))
         loss.backward()
         got = WORLD.allreduce(float(loss.item())) / WORLD.size
-        np.testing.assert_allclose(got, float(want.item()), rtol=1e-5, err_msg=f"step {step}")
+        np.testing.assert_allclose(got, float(want.detach()), rtol=1e-5, err_msg=f"step {step}")
         if step in (0, 19):
-            g_local, g_rep = _grads(local), _grads(model)
-            for name, g in g_local.items():
+            g_ref, g_rep = _torch_grads(ref, names), _grads(model)
+            for name, g in g_ref.items():
                 np.testing.assert_allclose(g_rep[name], g, rtol=1e-4, atol=1e-6,
                                            err_msg=f"step {step}: {name}")
-        opt_l.step()
+        opt_t.step()
         opt_r.step()
-    want_sd, got_sd = local.state_dict(), model.state_dict()
-    assert list(got_sd) == list(want_sd)
+    want_sd, got_sd = ref.state_dict(), model.state_dict()
+    assert list(got_sd) == keys
     # Adam divides by the gradients' running RMS, so a rounding difference in a near-zero
     # gradient element moves its update by a fraction of lr (3e-3): 4e-6 seen at 2-4 ranks
-    for name, t in want_sd.items():
-        np.testing.assert_allclose(got_sd[name].numpy(), t.numpy(), rtol=1e-5, atol=1e-5,
-                                   err_msg=name)
+    for name in keys:
+        np.testing.assert_allclose(got_sd[name].numpy(), want_sd[name].numpy(), rtol=1e-5,
+                                   atol=1e-5, err_msg=name)
     # the replicas are identical on every rank, bit for bit
     for name, t in got_sd.items():
         ref = WORLD.bcast(t.numpy(), root=0)
@@ -133,30 +163,32 @@ def test_one_all_reduce_per_bucket_per_step(path, cap_mb):
         assert sum(r.nbytes for r in mode.records) == total + 4 * _param_count(model)
 
 
+@pytest.mark.torch
 @pytest.mark.mpi(min_size=1)
 def test_no_sync_accumulates_the_micro_batches_gradient(path):
     idx, tgt = batch(CFG, 2 * GLOBAL_BATCH, seed=7)
     mi, mt = _mine(idx), _mine(tgt)
     h = mi.shape[0] // 2
-    local = _gpt()
+    names = [n for n, _ in _gpt().named_parameters()]
+    ref = _torch_gpt()
     for k in range(2):  # micro-batch k of every rank, together: its mean loss
         rows = np.concatenate([np.arange(r * 2 * h + k * h, r * 2 * h + (k + 1) * h)
                                for r in range(WORLD.size)])
-        _loss(local, idx[rows], tgt[rows]).backward()
-    mine_only = _gpt()
-    _loss(mine_only, mi[:h], mt[:h]).backward()
+        _torch_loss(ref, idx[rows], tgt[rows]).backward()
+    mine_only = _torch_gpt()
+    _torch_loss(mine_only, mi[:h], mt[:h]).backward()
 
     model = dt.replicate(_gpt(), bucket_cap_mb=0.01)
     with model.no_sync(), dt.debug.CommDebugMode() as mode:
         _loss(model, mi[:h], mt[:h]).backward()
     assert mode.get_total_counts() == 0
-    for name, g in _grads(mine_only).items():  # this rank's own gradient, not averaged
+    for name, g in _torch_grads(mine_only, names).items():  # this rank's own, not averaged
         np.testing.assert_allclose(model.get_parameter(name).grad.numpy(), g, rtol=1e-5,
                                    atol=1e-7, err_msg=name)
     with dt.debug.CommDebugMode() as mode:
         _loss(model, mi[h:], mt[h:]).backward()
     assert mode.get_total_counts() > 0
-    for name, g in _grads(local).items():
+    for name, g in _torch_grads(ref, names).items():
         np.testing.assert_allclose(model.get_parameter(name).grad.numpy(), g, rtol=1e-4,
                                    atol=1e-6, err_msg=name)
 

@@ -8,7 +8,7 @@ from placements.meta import norm_dim
 from placements.rules.pointwise import unary_rule
 
 from ..local import kernels as K
-from ._grad import FIRST, IDENTITY, is_tensor
+from ._grad import FIRST, IDENTITY
 from .table import NOT_DIFFERENTIABLE, Backward, declare
 from .table import declare_method as method
 
@@ -18,11 +18,14 @@ __all__: list[str] = []
 # -- joins and reorderings ---------------------------------------------------------------------
 def _cat(g, v, o, need, fns):
     tensors, dim = list(v[0]), v[1]
-    ref = next(t for t in tensors if is_tensor(t) and t.ndim)
+    # a legacy empty 1-D tensor (PyTorch skips it in a cat of other shapes) takes no slice
+    ref = next((t for t in tensors if tuple(t.shape) != (0,)), tensors[0])
     d = norm_dim(dim, ref.ndim, "cat")
-    sizes = [t.shape[d] if t.ndim else 0 for t in tensors]
+    legacy = [ref.ndim != 1 and tuple(t.shape) == (0,) for t in tensors]
+    sizes = [0 if skip else t.shape[d] for t, skip in zip(tensors, legacy)]
     pieces = g.split(sizes, d)
-    return tuple(p if n else None for p, n in zip(pieces, need))
+    return tuple(None if not n else fns.zeros_like(t) if skip else p
+                 for p, n, t, skip in zip(pieces, need, tensors, legacy))
 
 
 def _stack(g, v, o, need, fns):

@@ -384,7 +384,11 @@ def index_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
     if not spec.is_sharded():
         return kernel
     plain = tuple(R if p.is_partial() else p for p in spec.placements)
-    block = local_slices(spec.shape, spec.mesh.shape, plain, _coord(strategy))
+    cut = local_slices(spec.shape, spec.mesh.shape, plain, _coord(strategy))
+    sharded = {p.dim for p in plain if p.is_shard()}
+    # only the sharded dims are cut: on another dim the index may be longer than the output
+    # (a scatter's index along its dim: the output has the input's size there)
+    block = tuple(c if k in sharded else slice(None) for k, c in enumerate(cut))
     pos = OPS[schema.op].params.index("indices" if schema.op == "take_along_dim" else "index")
 
     def local(*values):

@@ -154,3 +154,48 @@ def test_index_add_and_scatter_with_repeated_unordered_indices(layout):
         grid[dim] = perm
         want[tuple(grid)] = vals
         _check(x.scatter(dim, dt.tensor(perm), vd), want, ("scatter", dim))
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("layout", LAYOUTS, ids=IDS)
+@pytest.mark.parametrize("extra", [3, -2])
+def test_scatter_with_an_index_longer_or_shorter_than_the_input_along_its_dim(layout, extra):
+    """The index (and src) has ``SHAPE[dim] + extra`` entries along ``dim`` and the input's
+    size on the other dim, which may stay sharded: each rank's index must keep every entry
+    along ``dim`` (a cut to the output's block there dropped the entries past the input's
+    size: wrong sums of scatter_add, and of index_select's gradient)."""
+    rng = np.random.default_rng(21 + extra)
+    for dim in (0, 1):
+        n = SHAPE[dim]
+        ishape = list(SHAPE)
+        ishape[dim] = n + extra
+        index = rng.integers(-n, n, ishape)  # repeats and negative entries
+        vals = rng.standard_normal(ishape)
+        mesh, a, x = _x(layout, seed=31 + dim)
+        grid = list(np.indices(ishape))
+        grid[dim] = index % n
+        want = a.copy()
+        np.add.at(want, tuple(grid), vals)
+        vd = dt.distribute_tensor(vals, mesh, [R] * mesh.ndim)
+        _check(x.scatter_add(dim, dt.tensor(index % n), vd), want, ("scatter_add", dim, extra))
+        other = 1 - dim
+        sharded_src = [S(other) if p.is_shard() else R for p in layout[1]]
+        vs = dt.distribute_tensor(vals, mesh, sharded_src)
+        _check(x.scatter_add(dim, dt.tensor(index % n), vs), want,
+               ("scatter_add, src sharded", dim, extra))
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("layout", LAYOUTS[:3], ids=IDS[:3])
+def test_index_select_gradient_with_more_indices_than_rows(layout):
+    """index_select along dim 0 of 7 repeated indices into 5 rows: the gradient is the
+    upstream rows added at their indices (numpy's add.at), on every layout of the input."""
+    mesh, a, _ = _x(layout, seed=41)
+    idx = np.array([4, 0, 4, 2, 1, 2, 4])
+    up = np.random.default_rng(42).standard_normal((idx.size, SHAPE[1]))
+    want = np.zeros(SHAPE)
+    np.add.at(want, idx, up)
+    x = dt.distribute_tensor(a, mesh, list(layout[1])).requires_grad_()
+    out = dt.index_select(x, 0, dt.tensor(idx))
+    (g,) = dt.autograd.grad((out * dt.distribute_tensor(up, mesh, [R] * mesh.ndim)).sum(), [x])
+    np.testing.assert_allclose(g.full_tensor().numpy(), want, rtol=1e-12, atol=1e-12)

@@ -364,6 +364,9 @@ def index_plan(
                 plan[-1][1] = v % n  # type: ignore[operator]
             groups.append(tuple(vals.shape))
             src += 1
+        # Note: numpy's rule: with an index array present, an int is an advanced entry too
+        # (PyTorch selects with it first; the two differ when a slice separates the int from
+        # the arrays: x[0, :, [1, 2]] is (2, 4) here, (4, 2) in PyTorch; README lists it)
         if kind != "int" or has_arrays:
             adv_entries.append(pos)
     bshape = broadcast_shapes(op, groups) if has_arrays else ()

@@ -3,7 +3,7 @@ weights out as Megatron does (column-parallel ``Shard(0)``, row-parallel ``Shard
 everything else replicated) and the dispatcher chooses every collective. Per block it must
 choose Megatron's pattern: one all-reduce of the activation in forward after each
 row-parallel layer, one in backward per branch, nothing else (no gathers of activations,
-no reduce-scatters, no moves of gradients), with the local model's loss and gradients, at
+no reduce-scatters, no moves of gradients), with the loss and gradients of torch's twin of the GPT, at
 1-4 ranks. And ``distribute_module``'s own contract: default replication, tied parameters
 kept tied, input and output functions, typed errors."""
 
@@ -32,6 +32,7 @@ def _models():
     return local, model, mesh
 
 
+@pytest.mark.torch
 @pytest.mark.mpi(min_size=1)
 def test_dispatcher_chooses_megatrons_collectives():
     local, model, mesh = _models()
@@ -63,12 +64,21 @@ def test_dispatcher_chooses_megatrons_collectives():
         if step == 0:
             grads = {n: p.grad.full_tensor().numpy() for n, p in model.named_parameters()}
         model.zero_grad()
-    want = local(dt.tensor(idx), dt.tensor(tgt))
+    # the oracle: torch's twin of the GPT with the same weights
+    import torch  # lazy: the oracle (the test is marked torch)
+
+    from launch.bench._torch_gpt import TorchGPT, load_numpy  # lazy: imports torch
+
+    torch.manual_seed(0)
+    ref = TorchGPT(CFG)
+    load_numpy(ref, {n: p.detach().numpy() for n, p in local.named_parameters()})
+    want = ref(torch.from_numpy(idx), torch.from_numpy(tgt))
     want.backward()
-    np.testing.assert_allclose(float(loss.full_tensor().item()), float(want.item()),
+    np.testing.assert_allclose(float(loss.full_tensor().item()), float(want.detach()),
                                rtol=1e-5)
-    for n, p in local.named_parameters():
-        np.testing.assert_allclose(grads[n], p.grad.numpy(), rtol=2e-4, atol=2e-6,
+    params = dict(ref.named_parameters())
+    for n, _ in local.named_parameters():
+        np.testing.assert_allclose(grads[n], params[n].grad.numpy(), rtol=2e-4, atol=2e-6,
                                    err_msg=n)
 
 

@@ -38,3 +38,20 @@ def data(shape, seed=0):
 def dist(arr, mesh, placements):
     """``arr`` on ``mesh``; a Partial mesh dim holds random per-rank contributions."""
     return distribute_random(arr, mesh, placements, seed=len(placements))
+
+
+def np_local(g, mesh, placements):
+    """The block of the global ``g`` this rank holds under Shard/Replicate ``placements``,
+    computed here (the oracle): each mesh dim in turn splits its dim as ``torch.chunk``
+    does (blocks of ceil(n / k), the last ones short or empty)."""
+    block = g
+    for m, p in enumerate(placements):
+        if not p.is_shard():
+            continue
+        k, c = mesh.size(m), mesh.get_coordinate()[m]
+        n = block.shape[p.dim]
+        size = -(-n // k)
+        lo, hi = min(c * size, n), min((c + 1) * size, n)
+        block = block[(slice(None),) * p.dim + (slice(lo, hi),)]
+    return block
+

@@ -18,6 +18,7 @@ import os
 import numpy as np
 import pytest
 from helpers.mpi import meshes_dp_tp as meshes
+from helpers.mpi import np_local
 from mpi4py import MPI
 
 import dtensor as dt
@@ -224,3 +225,6 @@ def test_staged_execute_matches_host_execute():
             )  # fmt: skip
             assert isinstance(got, Dev) or not steps
             np.testing.assert_array_equal(got.view(np.ndarray), want, err_msg=f"{src}->{dst}")
+            if not any(p.is_partial() for p in dst):  # and numpy's block of the global data
+                np.testing.assert_array_equal(got.view(np.ndarray), np_local(g, mesh, dst),
+                                              err_msg=f"{src}->{dst}")

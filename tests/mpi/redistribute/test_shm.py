@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers.mpi import np_local
 from mpi4py import MPI
 
 import dtensor as dt
@@ -56,22 +57,6 @@ def expect_shared(before: dict, *kinds: str) -> None:
     assert not any(k.endswith("fallback") for k in gained), gained
     for kind in kinds:
         assert gained.get(kind, 0) >= 1, (kind, gained)
-
-
-def np_local(g, mesh, placements):
-    """The block of the global ``g`` this rank holds under Shard/Replicate ``placements``,
-    computed here (the oracle): each mesh dim in turn splits its dim as ``torch.chunk``
-    does (blocks of ceil(n / k), the last ones short or empty)."""
-    block = g
-    for m, p in enumerate(placements):
-        if not p.is_shard():
-            continue
-        k, c = mesh.size(m), mesh.get_coordinate()[m]
-        n = block.shape[p.dim]
-        size = -(-n // k)
-        lo, hi = min(c * size, n), min((c + 1) * size, n)
-        block = block[(slice(None),) * p.dim + (slice(lo, hi),)]
-    return block
 
 
 def one_d():

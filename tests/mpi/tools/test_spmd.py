@@ -53,8 +53,12 @@ def test_checked_run_matches_unchecked_run_and_adds_no_observed_collectives():
         with check_spmd(), dt.debug.CommDebugMode() as checked_mode:
             assert _comm.check_spmd_enabled()
             checked = program(mesh)
-        for p, c in zip(plain, checked):
+        a, b = data((7, 5)), data((5, 3), 1)
+        y = np.maximum(a @ b, 0)
+        want = [y, y.sum(axis=0), a]  # numpy of program()
+        for p, c, w in zip(plain, checked, want):
             np.testing.assert_array_equal(p, c)
+            np.testing.assert_allclose(c, w, rtol=1e-5, atol=1e-6)
         assert plain_mode.get_comm_counts() == checked_mode.get_comm_counts()
         assert plain_mode.get_total_counts() > 0
 

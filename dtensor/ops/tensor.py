@@ -8,7 +8,7 @@ from placements.meta import norm_dim
 from placements.rules.pointwise import unary_rule
 
 from ..local import kernels as K
-from ._grad import FIRST, IDENTITY, is_tensor
+from ._grad import FIRST, IDENTITY, zeros
 from .table import NOT_DIFFERENTIABLE, Backward, declare
 from .table import declare_method as method
 
@@ -16,13 +16,24 @@ __all__: list[str] = []
 
 
 # -- joins and reorderings ---------------------------------------------------------------------
+def _legacy_empty(t) -> bool:
+    """Whether ``t`` is a 1-D empty tensor, which cat skips (PyTorch's legacy rule)."""
+    return t.ndim == 1 and t.shape[0] == 0
+
+
 def _cat(g, v, o, need, fns):
     tensors, dim = list(v[0]), v[1]
-    ref = next(t for t in tensors if is_tensor(t) and t.ndim)
-    d = norm_dim(dim, ref.ndim, "cat")
-    sizes = [t.shape[d] if t.ndim else 0 for t in tensors]
-    pieces = g.split(sizes, d)
-    return tuple(p if n else None for p, n in zip(pieces, need))
+    if _legacy_empty(g):  # only legacy empties: a plain 1-D cat
+        return tuple(g if n else None for n in need)
+    d = norm_dim(dim, g.ndim, "cat")
+    # a skipped legacy empty gets a gradient of its own shape (0,), as in PyTorch
+    kept = [not _legacy_empty(t) for t in tensors]
+    pieces = iter(g.split([t.shape[d] for t, k in zip(tensors, kept) if k], d))
+    out = []
+    for k, n in zip(kept, need):
+        piece = next(pieces) if k else None
+        out.append(None if not n else piece if k else zeros((0,), g, fns))
+    return tuple(out)
 
 
 def _stack(g, v, o, need, fns):

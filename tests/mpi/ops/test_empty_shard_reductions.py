@@ -1,23 +1,24 @@
 """Every reduction and scan of the op table over empty shards, deterministically.
 
-The global tensor's sharded dim is smaller than the mesh dim that shards it (1 row at 2
-ranks; 1 and 2 at 3; 1 and 3 at 4, where the 2x2 mesh also nests two Shards of one dim),
-so some ranks hold empty shards. Each op of :data:`dtensor.ops.OPS` whose samples are the
-reduction or scan family runs on every dtype (float32, float64, int64, bool) with ``dim``
-None (reductions), the sharded dim, the other dim (negative) and both dims (where the op
-takes a tuple), each with ``keepdim`` False and True, and ``full_tensor()`` must equal numpy
-on the global data (exact for ints and bools). A dtype the op does not define (the mean of
-ints...) must raise the local kernel's error on the DTensor too. Partial inputs, where the
-rule passes them through (``sum`` of ``P(sum)``, ``amax`` of ``P(max)``...), run with
-their value on one rank and the identity elsewhere (as ``distribute_tensor`` lays them
-out) and with random per-rank contributions, alone on the 1-D mesh and beside an empty
-Shard on the 2x2 one.
+The global tensor's sharded dim is smaller than the mesh dim that shards it, so some
+ranks hold empty shards: 1 row (or column) at 2 ranks; 1 and 2 at 3; 3 at 4, where the
+2x2 mesh also nests two Shards of 3 rows, or shards 1 column beside an uneven Shard. Each
+op of :data:`dtensor.ops.OPS` whose samples are the reduction or scan family runs on
+every dtype (float32, float64, int64, bool) with ``dim`` None (reductions), the sharded
+dim and both dims (where the op takes a tuple), each with ``keepdim`` False and True, and
+the other dim (negative), and ``full_tensor()`` must equal numpy on the global data
+(exact for ints and bools). A dtype the op does not define (the mean of ints...) must
+raise the local kernel's error on the DTensor too. Keyword options (an accumulation
+``dtype``, the norm's ``p``, ``var``'s correction) run on the 1-D mesh. Partial inputs,
+where the rule passes them through (``sum`` of ``P(sum)``, ``amax`` of ``P(max)``...),
+run with their value on one rank and the identity elsewhere (as ``distribute_tensor``
+lays them out) and with random per-rank contributions, alone on the 1-D mesh and beside
+an empty Shard on the 2x2 one.
 
 The data are chosen so that a wrong identity shows: the max-like ops see only negative
 numbers (floats: a line of -inf along the sharded dim), the min-like ones only positive
-numbers (inf), ``any`` only False, ``all`` only True, and the other ops nonzero numbers of
-both signs. Nothing depends on the session's seed:
-every stage runs every case.
+numbers (inf), ``any`` only False, ``all`` only True, and the other ops nonzero numbers
+of both signs. Nothing depends on the session's seed: every stage runs every case.
 """
 
 from __future__ import annotations
@@ -130,6 +131,38 @@ ORACLES = {
 }
 
 
+
+def _pnorm(p):
+    def oracle(a, dim, keepdim):
+        m = np.abs(a.astype(np.float64))
+        ax = _axis(dim)
+        if p in (np.inf, -np.inf):
+            out = (np.max if p > 0 else np.min)(m, axis=ax, keepdims=keepdim)
+        elif p == 0:
+            out = np.sum(m != 0, axis=ax, keepdims=keepdim)
+        else:
+            out = np.sum(m**p, axis=ax, keepdims=keepdim) ** (1 / p)
+        return np.asarray(out, a.dtype)
+    return oracle
+
+
+def _as_f64(fn, **kw):
+    return lambda a, d, k: fn(a.astype(np.float64), axis=_axis(d), keepdims=k, **kw)
+
+
+#: Keyword options of the ops (accumulation dtype, p, correction), with numpy's result.
+OPTIONS = {
+    "sum": [({"dtype": dt.float64}, _as_f64(np.sum))],
+    "prod": [({"dtype": dt.float64}, _as_f64(np.prod))],
+    "mean": [({"dtype": dt.float64}, _as_f64(np.mean))],
+    "cumsum": [({"dtype": dt.float64}, lambda a, d, k: np.cumsum(a, axis=d, dtype=np.float64))],
+    "cumprod": [({"dtype": dt.float64},
+                 lambda a, d, k: np.cumprod(a, axis=d, dtype=np.float64))],
+    "norm": [({"p": p}, _pnorm(p)) for p in (1, np.inf, 0)],
+    "var": [({"correction": 0}, lambda a, d, k: np.var(a, axis=_axis(d), keepdims=k))],
+    "std": [({"unbiased": False}, lambda a, d, k: np.std(a, axis=_axis(d), keepdims=k))],
+}
+
 # -- the cases -----------------------------------------------------------------------------------
 def _data(name, shape, dtype, seed, sharded=0):
     """Global data that shows a wrong identity on an empty shard (see the module doc); for
@@ -150,37 +183,39 @@ def _data(name, shape, dtype, seed, sharded=0):
 
 
 def _dims(name, sharded, ndim):
-    """(dim, keepdim) pairs of the op: None, the sharded dim, the other dim (negative), both
-    dims (where a tuple is taken); keepdim both ways (where the op has it)."""
-    other = 1 - sharded
+    """(dim, keepdim) pairs of the op: None, the sharded dim and both dims (where a tuple is
+    taken) with keepdim both ways (where the op has it); the other dim (negative), which
+    leaves the empty shards in the output, with keepdim False."""
+    other = (1 - sharded) - ndim
     if name in SCANS:
-        return [(sharded, None), (other - ndim, None)]
-    dims = [sharded, other - ndim]
+        return [(sharded, None), (other, None)]
+    dims = [sharded]
     if name != "logsumexp":
         dims.insert(0, None)  # logsumexp needs a dim (PyTorch)
     if name not in ("max", "min", "argmax", "argmin"):
         dims.append((0, 1))
-    keeps = (None,) if name == "count_nonzero" else (False, True)
-    return list(itertools.product(dims, keeps))
+    if name == "count_nonzero":
+        return [(d, None) for d in (*dims, other)]
+    return [*itertools.product(dims, (False, True)), (other, False)]
 
 
-def _call(name, x, dim, keepdim):
+def _call(name, x, dim, keepdim, opts):
     fn = getattr(dt, name)
     if keepdim is None:  # the scans; count_nonzero has no keepdim
-        return fn(x, dim=dim)
+        return fn(x, dim=dim, **opts)
     if dim is None and name in ("max", "min"):
         return fn(x)  # the whole tensor's value (keepdim ignored, PyTorch)
-    return fn(x, dim=dim, keepdim=keepdim)
+    return fn(x, dim=dim, keepdim=keepdim, **opts)
 
 
 def _layouts(mesh):
     """(sharded tensor dim, placements, global shape) of the cases on ``mesh``, each with an
     empty shard: on the 1-D mesh one Shard of a dim of SIZES rows; on the 2x2 mesh a dim of
-    3 sharded on both mesh dims (nested: one of the 4 blocks is empty), or 1 row sharded on
-    one mesh dim beside an uneven Shard of the other dim or a Replicate."""
+    3 sharded on both mesh dims (nested: one of the 4 blocks is empty), or 1 column sharded
+    on one mesh dim beside an uneven Shard of the other dim."""
     if mesh.ndim == 1:
         return [(d, (S(d),), (n, 3) if d == 0 else (3, n)) for d in (0, 1) for n in SIZES]
-    return [(0, (S(0), S(0)), (3, 3)), (1, (S(0), S(1)), (3, 1)), (1, (S(1), R), (3, 1))]
+    return [(0, (S(0), S(0)), (3, 3)), (1, (S(0), S(1)), (3, 1))]
 
 
 def _check(name, got, want, where):
@@ -202,27 +237,29 @@ def _check(name, got, want, where):
             np.testing.assert_array_equal(full, w, err_msg=where)
 
 
-def _refusal(name, a, dim, keepdim):
+def _refusal(name, a, dim, keepdim, opts):
     """The local kernel's error on the global data (an undefined dtype), or None."""
     try:
-        _call(name, dt.from_numpy(a), dim, keepdim)
+        _call(name, dt.from_numpy(a), dim, keepdim, opts)
     except Exception as e:  # noqa: BLE001 - the type is what the DTensor must raise too
         return type(e)
     return None
 
 
-def _run(name, x, a, dim, keepdim, where):
-    """One case: the DTensor ``x`` of global value ``a``; True when it was compared with
-    numpy, False when the op refuses the dtype (and the DTensor raised the same error)."""
-    refused = _refusal(name, a, dim, keepdim)
+def _run(name, x, a, dim, keepdim, where, opts=None, oracle=None):
+    """One case: the DTensor ``x`` of global value ``a`` (the op's keyword ``opts``, numpy's
+    ``oracle`` for them); True when it was compared with numpy, False when the op refuses
+    the dtype (and the DTensor raised the same error)."""
+    opts = opts or {}
+    refused = _refusal(name, a, dim, keepdim, opts)
     if refused is not None:
         with pytest.raises(refused):
-            _call(name, x, dim, keepdim)
+            _call(name, x, dim, keepdim, opts)
         return False
     with warnings.catch_warnings():  # var of one element: nan (numpy warns)
         warnings.simplefilter("ignore", RuntimeWarning)
-        want = ORACLES[name](a, dim, keepdim)
-    _check(name, _call(name, x, dim, keepdim), want, where)
+        want = (oracle or ORACLES[name])(a, dim, keepdim)
+    _check(name, _call(name, x, dim, keepdim, opts), want, where)
     return True
 
 
@@ -245,11 +282,12 @@ def test_empty_shards(name):
 
 
 def _partial_layouts(mesh, kind):
-    """(global shape, placements) of the Partial cases on ``mesh``: alone on the 1-D mesh;
-    on the 2x2 mesh beside a Shard of 1 row (an empty block), in either order."""
+    """(global shape, placements, random contributions?) of the Partial cases on ``mesh``:
+    alone on the 1-D mesh; on the 2x2 mesh beside a Shard of 1 row (an empty block), in
+    either order."""
     if mesh.ndim == 1:
-        return [((SIZES[-1], 3), (P(kind),))]
-    return [((1, 3), (S(0), P(kind))), ((1, 3), (P(kind), S(0)))]
+        return [((SIZES[-1], 3), (P(kind),), spread) for spread in (False, True)]
+    return [((1, 3), (S(0), P(kind)), False), ((1, 3), (P(kind), S(0)), True)]
 
 
 @pytest.mark.mpi(min_size=2)
@@ -260,8 +298,7 @@ def test_partial_inputs_with_empty_shards(name):
         for kind_of, kinds in PARTIALS[name].items():
             dtype = next(d for d in DTYPES if d.kind == kind_of)
             for kind in kinds:
-                for (shape, placements), spread in itertools.product(
-                        _partial_layouts(mesh, kind), (False, True)):
+                for shape, placements, spread in _partial_layouts(mesh, kind):
                     a = _data(name, shape, dtype, seed=7)
                     x = (distribute_random(a, mesh, placements, seed=3) if spread
                          else dt.distribute_tensor(a, mesh, placements))
@@ -272,3 +309,20 @@ def test_partial_inputs_with_empty_shards(name):
                         assert _run(name, x, a, dim, keepdim, where), where
                         count += 1
     assert count
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("name", sorted(OPTIONS))
+def test_empty_shards_with_options(name):
+    # on the 1-D mesh: the nested and 2-D layouts are the plain test's
+    compared = 0
+    mesh = meshes()[0]
+    for (sharded, placements, shape), (opts, oracle) in itertools.product(
+            _layouts(mesh), OPTIONS[name]):
+        for k, dtype in enumerate(DTYPES):
+            a = _data(name, shape, dtype, seed=k, sharded=sharded)
+            x = dt.distribute_tensor(a, mesh, placements)
+            for dim, keepdim in _dims(name, sharded, len(shape)):
+                where = f"{name}({opts}) {dtype.name}{shape} {placements}, dim={dim} keepdim={keepdim}"
+                compared += _run(name, x, a, dim, keepdim, where, opts, oracle)
+    assert compared

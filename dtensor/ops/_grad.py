@@ -13,7 +13,7 @@ from ..distributed.dtensor import DTensor
 from ..local.tensor import Tensor
 from .table import Backward
 
-__all__ = ["FIRST", "IDENTITY", "along", "arange", "is_tensor", "scaled", "spread"]
+__all__ = ["FIRST", "IDENTITY", "along", "arange", "is_tensor", "scaled", "spread", "zeros"]
 
 #: The gradient goes to the first argument unchanged (a cast, a copy; the recorder casts it
 #: back to the input's dtype and sums it down to its shape).
@@ -38,6 +38,16 @@ def arange(n: int, like: object, fns: object) -> object:
         mesh = like.device_mesh
         return fns.arange(n, device_mesh=mesh, placements=[Replicate()] * mesh.ndim)
     return fns.arange(n)
+
+
+def zeros(shape: tuple, like: object, fns: object) -> object:
+    """Zeros of ``shape`` in ``like``'s dtype, on ``like``'s mesh (Replicate) or as a local
+    tensor. **Local**."""
+    if isinstance(like, DTensor):
+        mesh = like.device_mesh
+        return fns.zeros(shape, dtype=like.dtype, device_mesh=mesh,
+                         placements=[Replicate()] * mesh.ndim)
+    return fns.zeros(shape, dtype=like.dtype)
 
 
 def spread(x: object, dim: int, index: object, g: object, fns: object) -> object:

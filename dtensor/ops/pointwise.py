@@ -221,8 +221,8 @@ declare("leaky_relu", pw.leaky_relu, rule=unary_rule("floatonly", "leaky_relu"),
 
 # -- binary ----------------------------------------------------------------------------------
 def _div(g, v, o, need, fns):
-    a, b = v[0], v[1]
-    if len(v) > 2 and v[2] is not None:  # floor/trunc rounding: piecewise constant, as torch
+    a, b, rounding_mode = v[0], v[1], v[2]
+    if rounding_mode is not None:  # a rounded quotient is piecewise constant (PyTorch: zeros)
         zero = g * 0.0
         return (zero if need[0] else None, zero if need[1] else None)
     ga = g / b

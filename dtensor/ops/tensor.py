@@ -8,7 +8,7 @@ from placements.meta import norm_dim
 from placements.rules.pointwise import unary_rule
 
 from ..local import kernels as K
-from ._grad import FIRST, IDENTITY
+from ._grad import FIRST, IDENTITY, zeros
 from .table import NOT_DIFFERENTIABLE, Backward, declare
 from .table import declare_method as method
 
@@ -16,16 +16,24 @@ __all__: list[str] = []
 
 
 # -- joins and reorderings ---------------------------------------------------------------------
+def _legacy_empty(t) -> bool:
+    """Whether ``t`` is a 1-D empty tensor, which cat skips (PyTorch's legacy rule)."""
+    return t.ndim == 1 and t.shape[0] == 0
+
+
 def _cat(g, v, o, need, fns):
     tensors, dim = list(v[0]), v[1]
-    # a legacy empty 1-D tensor (PyTorch skips it in a cat of other shapes) takes no slice
-    ref = next((t for t in tensors if tuple(t.shape) != (0,)), tensors[0])
-    d = norm_dim(dim, ref.ndim, "cat")
-    legacy = [ref.ndim != 1 and tuple(t.shape) == (0,) for t in tensors]
-    sizes = [0 if skip else t.shape[d] for t, skip in zip(tensors, legacy)]
-    pieces = g.split(sizes, d)
-    return tuple(None if not n else fns.zeros_like(t) if skip else p
-                 for p, n, t, skip in zip(pieces, need, tensors, legacy))
+    if _legacy_empty(g):  # only legacy empties: a plain 1-D cat
+        return tuple(g if n else None for n in need)
+    d = norm_dim(dim, g.ndim, "cat")
+    # a skipped legacy empty gets a gradient of its own shape (0,), as in PyTorch
+    kept = [not _legacy_empty(t) for t in tensors]
+    pieces = iter(g.split([t.shape[d] for t, k in zip(tensors, kept) if k], d))
+    out = []
+    for k, n in zip(kept, need):
+        piece = next(pieces) if k else None
+        out.append(None if not n else piece if k else zeros((0,), g, fns))
+    return tuple(out)
 
 
 def _stack(g, v, o, need, fns):

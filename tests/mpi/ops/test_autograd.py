@@ -311,6 +311,21 @@ def test_dropout_gradient_is_the_kept_mask_over_one_minus_p():
             np.testing.assert_array_equal(got_out, local_out)
 
 
+@pytest.mark.mpi(min_size=1)
+def test_cat_gives_a_skipped_legacy_empty_dtensor_an_empty_gradient():
+    # the DTensor side of the unit regression test: cat skips a 1-D empty input, whose
+    # gradient is an empty (0,) DTensor, the others' the pieces of the output's gradient
+    w = np.random.default_rng(7).standard_normal((5, 3))
+    for mesh in meshes():
+        for pl in placement_choices(mesh, 2, partial=False):
+            x = dt.distribute_tensor(np.ones((5, 3)), mesh, pl).requires_grad_()
+            empty = dt.distribute_tensor(np.zeros(0), mesh, [R] * mesh.ndim).requires_grad_()
+            y = dt.cat([empty, x], dim=0) * dt.distribute_tensor(w, mesh, [R] * mesh.ndim)
+            y.sum().backward()
+            assert tuple(empty.grad.shape) == (0,)
+            np.testing.assert_array_equal(x.grad.full_tensor().numpy(), w)
+
+
 def _penalty(F, x, w1, b1, w2):
     """A loss plus the squared norm of its gradient (``create_graph=True``)."""
     h = (x @ w1 + b1).tanh()

@@ -66,10 +66,19 @@ def _matmul_shape(op: str, sa: tuple, sb: tuple) -> tuple:
 
 def _matmul(op: str, a, b, out=None):
     sa, sb = a.shape, b.shape
-    if (out is None and len(sa) == 2 and len(sb) == 2 and sa[1] == sb[0]
+    if (out is None and len(sb) == 2 and len(sa) >= 2 and sa[-1] == sb[0]
             and a.dtype is b.dtype and a.dtype in DIRECT_DTYPES):
-        # two matrices of one dtype (the common call): nothing to broadcast or check
-        return xp_of(a).matmul(a, b, out=out_buffer((sa[0], sb[1]), a.dtype, a))
+        # a matrix of one dtype on the right (the common call): nothing to broadcast or check
+        if len(sa) == 2:
+            return xp_of(a).matmul(a, b, out=out_buffer((sa[0], sb[1]), a.dtype, a))
+        if sa[-1] and a.flags.c_contiguous:
+            # (..., m, k) @ (k, n) with a dense left operand: its batch dims fold into rows,
+            # one BLAS call on (batch * m, k) (numpy runs one per batch entry, and with a
+            # transposed right operand, as in ``linear``, 10-25 % slower in all).
+            rows = a.size // sa[-1]
+            r = xp_of(a).matmul(a.reshape(rows, sa[-1]), b,
+                                out=out_buffer((rows, sb[1]), a.dtype, a))
+            return r.reshape(sa[:-1] + (sb[1],))
     dt = _same_dtype(op, a, b)
     shape = _matmul_shape(op, a.shape, b.shape)
     o = out_buffer(shape, dt, a) if out is None else check_out(op, out, shape, dt)

@@ -827,6 +827,7 @@ def test_reduction_dim_errors():
     ((3,), (3,)), ((2, 3), (3,)), ((3,), (3, 4)), ((2, 3), (3, 4)), ((5, 2, 3), (3, 4)),
     ((5, 2, 3), (5, 3, 4)), ((1, 2, 3), (6, 3, 4)), ((7, 1, 2, 3), (5, 3, 4)),
     ((3,), (5, 3, 4)), ((5, 2, 3), (3,)), ((0, 3), (3, 2)), ((2, 0), (0, 3)),
+    ((4, 5, 2, 3), (3, 4)), ((0, 2, 3), (3, 4)), ((5, 0, 3), (3, 4)), ((5, 2, 0), (0, 4)),
 ])
 def test_matmul_shapes(sa, sb):
     for dtype in (F32, F64, I64):
@@ -850,6 +851,19 @@ def test_matmul_errors_and_views():
                                     layouts(lambda s: data(s, F64))):
         check(t @ u.t(), x @ y.T)
         check(dt.mm(t.t(), u), x.T @ y)
+
+
+def test_batched_times_matrix_in_every_layout():
+    # a dense left operand's batch dims fold into rows (one BLAS call); strided ones, and
+    # transposed right operands (linear's weight), must give numpy's per-batch products
+    w = data((6, 4), F32)
+    for x in (data((3, 5, 4), F32), data((5, 3, 4), F32).transpose(1, 0, 2),
+              data((3, 5, 8), F32)[..., ::2], data((2, 3, 5, 4), F32)):
+        want = np.stack([xi @ w.T for xi in x.reshape(-1, *x.shape[-2:])]).reshape(
+            *x.shape[:-1], 6)
+        check(T(x) @ T(w).t(), want, rtol=1e-5)
+        check(dt.nn.functional.linear(T(x), T(w)), want, rtol=1e-5)
+        check(T(x) @ T(np.ascontiguousarray(w.T)), want, rtol=1e-5)
 
 
 def test_mm_bmm_addmm_dot_outer_linear():

@@ -173,12 +173,20 @@ class PlanPatch:
         search = module._search
         edit = self.edit
 
+        # one edited tuple per plan object, and the plan itself where the edit changes
+        # nothing: the wrapper keeps the memoised search's identities (a cached plan is the
+        # same object on every call until the caches are cleared)
+        edited: dict[int, tuple[tuple, tuple]] = {}
+
         def mutated(src_spec, dst, model):
             steps, cost = search(src_spec, dst, model)
-            out = edit(steps)
-            if out != steps:
+            hit = edited.get(id(steps))
+            if hit is None or hit[0] is not steps:
+                out = edit(steps)
+                hit = edited[id(steps)] = (steps, steps if out == steps else out)
+            if hit[1] is not steps:
                 fired()
-            return out, cost
+            return hit[1], cost
 
         module._search = mutated
         clear_all()

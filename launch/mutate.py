@@ -10,9 +10,10 @@ with the plugin :mod:`launch._mutant` loaded and ``DTENSOR_MUTATION`` naming the
 ``-x`` (it stops at the first failure); the first run that fails kills the mutation and the
 later runs are skipped.
 
-Every mutation has a time budget (``--budget``, default 120 s) over all its runs: a run still
-making progress when the budget is spent is stopped, the later runs are skipped, and the
-mutation counts as survived (the report says where the budget ran out). A run whose output
+Every mutation has a time budget (``--budget``, default 180 s) over all its runs, of which the
+unit run may take :data:`UNIT_SHARE` when MPI runs follow: a run still making progress when
+its time is spent is stopped (a unit run's MPI runs still follow, in what is left), and a
+mutation that no run killed counts as survived (the report says where time ran out). A run whose output
 does not grow for ``--stall`` seconds (default 90) is stopped and counts as a kill (a test
 hung: the suite noticed).
 
@@ -70,6 +71,8 @@ __all__ = ["TARGET", "Result", "RunOutcome", "layer_table", "main", "runs_for", 
 TARGET = 0.95
 #: MPI rank counts of the MPI runs, in order (2: even shards, 3: uneven ones).
 MPI_RANKS = (2, 3)
+#: The share of a mutation's budget its unit run may take when MPI runs follow it.
+UNIT_SHARE = 2 / 3
 #: The strategy validator's parametrized test, whose groups a run may select by op.
 VALIDATOR_FILE = "unit/ops/test_validator.py"
 VALIDATOR_TEST = "test_every_candidate_of_every_rule"
@@ -161,6 +164,9 @@ def conclude(mutation: Mutation, outcomes: Sequence[RunOutcome], seconds: float)
     if not any(o.fired for o in outcomes):
         ran = [o for o in outcomes if o.status not in ("skipped", "empty")]
         why = "never fired" if ran else "no test ran"
+        cut = [o for o in outcomes if o.status == "budget"]
+        if cut:
+            why += f" (time ran out in {cut[-1].run.label})"
         return Result(mutation, "invalid", why, seconds, notes)
     cut = [o for o in outcomes if o.status == "budget"]
     how = f"SURVIVED (budget spent in {cut[0].run.label})" if cut else "SURVIVED"
@@ -324,9 +330,12 @@ def run_mutation(ctx: _Context, mutation: Mutation) -> Result:
         left = ctx.budget - (time.perf_counter() - start)
         if left <= 1:
             break
+        if run.ranks is None and len(runs) > 1:  # leave the MPI runs their share
+            left = min(left, UNIT_SHARE * ctx.budget)
         outcome = run_one(ctx, mutation, i, run, left)
         outcomes.append(outcome)
-        if outcome.status in ("killed", "timeout", "error", "budget"):
+        if outcome.status in ("killed", "timeout", "error") or (
+                outcome.status == "budget" and run.ranks is not None):
             break
     return conclude(mutation, outcomes, time.perf_counter() - start)
 
@@ -391,9 +400,10 @@ def _parser() -> argparse.ArgumentParser:
         help=f"only this layer (repeatable): {', '.join(LAYERS)}",
     )
     p.add_argument(
-        "--budget", type=float, default=120.0, metavar="S",
-        help="time budget of each mutation over all its runs, in seconds (default 120); "
-        "a mutation not killed when it is spent survives",
+        "--budget", type=float, default=180.0, metavar="S",
+        help="time budget of each mutation over all its runs, in seconds (default 180; its "
+        "unit run takes at most two thirds of it when MPI runs follow); a mutation not "
+        "killed when it is spent survives",
     )
     p.add_argument(
         "--stall", type=float, default=90.0, metavar="S",

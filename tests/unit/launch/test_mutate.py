@@ -376,7 +376,7 @@ def test_options_and_selection():
         ["a", "b"], ["view", "nn"], 5.0, 4.0, "python", ["optim"])
     defaults = p.parse_args([])
     assert (defaults.list, defaults.only, defaults.family, defaults.mode, defaults.layer,
-            defaults.budget) == (False, None, None, "fastpath", None, 120.0)
+            defaults.budget) == (False, None, None, "fastpath", None, 180.0)
     with pytest.raises(SystemExit):
         p.parse_args(["--layer", "nope"])
     assert {m.layer for m in mutate.select(p, None, None, ["optim"])} == {"optim"}

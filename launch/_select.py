@@ -10,7 +10,7 @@ names a test. The rule, for mutated module ``M`` (``a.b.c``):
 2. **names** (level 2): it uses a public name that ``M`` defines at its top level (a function,
    a class, a constant not starting with ``_``): imported by name (``from a.b import name``)
    or read as an attribute (``dt.optim.SGD``, ``x.index_put_``). Local variables (bare names)
-   do not count: they are too often a test's own;
+   and strings do not count: they are too often a test's own words;
 3. **layer** (level 1): it lives in the test folder that mirrors ``M``'s layer
    (``tests/{unit,mpi}/<x>/`` for ``dtensor.<x>.*`` or the top package ``<x>``, e.g.
    ``tests/unit/placements`` for ``placements.*``), or imports a package above ``M`` other
@@ -18,8 +18,9 @@ names a test. The rule, for mutated module ``M`` (``a.b.c``):
 
 Files of no level are not selected. The tests of the mutation machinery itself
 (``unit/launch/test_mutate.py``) are never selected. The selected files run cheapest first:
-the unit files in one pytest process, ordered by level (highest first) and then by size (the
-smaller file first: a proxy of its run time), then the MPI files, in the same order, under
+the unit files in one pytest process, ordered by level (highest first), then by how many of
+``M``'s names the file uses (more first), then by size (the smaller file first: a proxy of its
+run time), then the MPI files, in the same order, under
 ``mpiexec -n 2``, then again under ``mpiexec -n 3`` (uneven shards); the runner stops at the
 first run that fails, and when the mutation's time budget is spent. New test files join the
 selection by themselves: the scan reads the ``tests`` folder at every invocation.
@@ -83,6 +84,7 @@ def _read(path: Path) -> tuple[set[str], set[str], set[str]]:
                 names.add(a.name)
         elif isinstance(node, ast.Attribute):
             names.add(node.attr)
+
     for m in imports:
         if m == "helpers" or m.startswith("helpers."):
             helpers.add(m)
@@ -154,10 +156,12 @@ def level(test: TestFile, module: str) -> int:
 
 def select(tests_dir: Path, module: str) -> tuple[list[str], list[str]]:
     """The unit and the MPI test files (relative to ``tests_dir``) that judge a mutation of
-    ``module``, each list in the order they run. **Local**."""
-    chosen: dict[str, list[tuple[int, int, str]]] = {"unit": [], "mpi": []}
+    ``module``, each list in the order they run: by level, then the more of the module's
+    names a file uses the earlier, then the smaller file first. **Local**."""
+    chosen: dict[str, list[tuple[int, int, int, str]]] = {"unit": [], "mpi": []}
+    names = public_names(module)
     for t in scan(tests_dir):
         lv = level(t, module)
         if lv:
-            chosen[t.suite].append((-lv, t.size, t.path))
+            chosen[t.suite].append((-lv, -len(t.names & names), t.size, t.path))
     return ([p for *_, p in sorted(chosen["unit"])], [p for *_, p in sorted(chosen["mpi"])])

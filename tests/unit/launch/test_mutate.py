@@ -244,17 +244,20 @@ def test_selection_reads_imports_names_helpers_and_the_layer_folder(tmp_path):
         "unit/ops/test_helper.py": "from helpers.sim import x\n",
         "unit/ops/test_name.py": "import placements as p\np.shard_range(1, 1, 0)\n" + "#" * 50,
         "unit/ops/test_small_name.py": "import placements as p\np.shard_range(1, 1, 0)\n",
+        "unit/ops/test_two_names.py": "import placements as p\np.shard_range\np.local_shape\n"
+                                      + "#" * 100,
         "unit/placements/test_layer.py": "x = 1\n",
         "unit/ops/test_unrelated.py": "import numpy\nshard_range = 1\n",
         "unit/launch/test_mutate.py": "import placements.layout\n",
         "mpi/ops/test_mpi.py": "from placements.layout import local_shape\n",
     })
     unit, mpi = _select.select(tests, "placements.layout")
-    # level 3 (imports, also through a helper), then 2 (a name it defines, smaller file
-    # first), then 1 (its layer's folder); never the mutation machinery's own tests
-    assert unit == ["unit/ops/test_direct.py", "unit/ops/test_helper.py",
-                    "unit/ops/test_small_name.py", "unit/ops/test_name.py",
-                    "unit/placements/test_layer.py"]
+    # level 3 (imports, also through a helper), then 2 (names it defines), then 1 (its
+    # layer's folder); in a level the file that uses more of its names first, then the
+    # smaller; never the mutation machinery's own tests
+    assert unit == ["unit/ops/test_helper.py", "unit/ops/test_direct.py",
+                    "unit/ops/test_two_names.py", "unit/ops/test_small_name.py",
+                    "unit/ops/test_name.py", "unit/placements/test_layer.py"]
     assert mpi == ["mpi/ops/test_mpi.py"]
     assert "shard_range" in _select.public_names("placements.layout")
     assert not any(n.startswith("_") for n in _select.public_names("placements.layout"))

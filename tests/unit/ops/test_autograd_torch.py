@@ -72,6 +72,19 @@ def _gradient_penalty(F, t, x, w1, b1, w2):
 PROGRAMS["gradient_penalty"] = (_gradient_penalty, ((5, 4), (4, 6), (6,), (6, 3)))
 
 
+def _norm_penalty(F, t, x, w, b):
+    """A penalty on layer_norm's input and weight gradients (``create_graph=True``: its
+    formula recorded as ops, the composite form, whose second derivatives reach every
+    input)."""
+    y = _nn(F).layer_norm(x, (6,), w, b)
+    loss = (y * y.sin()).sum()
+    gx, gw = F.autograd.grad(loss, (x, w), create_graph=True)
+    return (gx * gx).sum() + (gw * gw).sum() + loss
+
+
+PROGRAMS["norm_penalty"] = (_norm_penalty, ((5, 6), (6,), (6,)))
+
+
 def _nn(F):
     """Where the functional nn ops live: ``dtensor`` itself, ``torch.nn.functional``."""
     return F if F is dt else F.nn.functional

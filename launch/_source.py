@@ -11,8 +11,9 @@ How a patch is applied:
 - The module's file is found under the checkout that holds this package (``a.b.c`` is
   ``a/b/c.py`` or ``a/b/c/__init__.py``), without importing anything.
 - ``old`` must occur exactly once in the source; it is replaced by ``new``. The result must
-  compile, and the statement that holds the change must run inside a function (a change that
-  runs at import would fire in every process and prove nothing).
+  compile, the change must not lie inside a string (a docstring or a message), and the
+  statement that holds the change must run inside a function or a lambda (a change that runs
+  at import would fire in every process and prove nothing).
 - Before that statement the hook inserts a call of a marker (``_dtensor_mutant_fired_()``, a
   global the loader puts into the module), so the runner learns that the mutated code ran:
   a mutation whose statement never ran is *invalid*, not a survivor.
@@ -138,6 +139,12 @@ class SourcePatch:
         except SyntaxError as exc:
             raise MutationError(f"mutation of {self.module}: not valid Python: {exc}") from None
         col = at - (source.rfind("\n", 0, at) + 1)
+        for node in ast.walk(tree):  # a docstring or message changes no behaviour
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and (
+                    (node.lineno, node.col_offset) <= (line, col)
+                    < (node.end_lineno, node.end_col_offset)):
+                raise MutationError(
+                    f"mutation of {self.module} line {line}: the change is inside a string")
         call = ast.Call(ast.Name(MARKER, ast.Load()), [], [])
         lam = _lambda(tree, line, col)
         if lam is not None:  # (marker(), body)[1]: the lambda's value, after the marker

@@ -213,6 +213,7 @@ def test_the_marker_of_a_mutated_lambda_runs_with_its_body():
     ("return", "return", "the new text is the old one"),
     ("    chunk = -(-n // k)\n", "    chunk = -(-n // k\n", "not valid Python"),
     ('__all__ = [', '__all__ = [  "x",', "inside a function"),
+    ("``start = min(i * chunk, n)``", "``start = min(i * chunk, n + 1)``", "inside a string"),
 ])
 def test_a_source_mutation_that_cannot_be_applied_says_why(old, new, match):
     with pytest.raises(_source.MutationError, match=match):

@@ -10,7 +10,8 @@ product module is imported (:mod:`launch._mutant`).
 Compiled kernels are not mutated (the Cython extension is built once): a kernel mutation
 changes the array-module twin of a compiled loop or the Python code that feeds it; an entry
 with ``mode="python"`` runs its tests with ``DTENSOR_FASTPATH=0`` because only that path runs
-the mutated twin.
+the mutated twin (or, for the redistribute programs, the Python executor: the compiled front
+runs its own copy of the cached programs).
 """
 
 from __future__ import annotations
@@ -267,11 +268,11 @@ SOURCE_MUTATIONS: tuple[SourceMutation, ...] = (
     _m("redistribute", "avg_divisor", "redistribute.execute.programs",
        "    return lambda: np.divide(out, k, out=out)",
        "    return lambda: np.divide(out, k - 1, out=out)",
-       "a nonblocking avg reduction divides by k - 1"),
+       "a nonblocking avg reduction divides by k - 1", mode="python"),
     _m("redistribute", "pack_order", "redistribute.execute.programs",
        "            copy(sbuf[start:stop].reshape(shape), x[index])",
        "            copy(sbuf[start:stop].reshape(shape)[::-1], x[index])",
-       "the reduce-scatter pack reverses each slab"),
+       "the reduce-scatter pack reverses each slab", mode="python"),
 )
 
 BY_NAME = {m.name: m for m in SOURCE_MUTATIONS}

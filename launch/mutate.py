@@ -489,6 +489,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\ninvalid (errors, not counted as killed):")
         for r in invalid:
             print(f"  {r.mutation.name}: {r.detail}")
+            if r.mutation.note:
+                print(f"    note: {r.mutation.note}")
     print("\nper layer:")
     for line in layer_table(results):
         print("  " + line)

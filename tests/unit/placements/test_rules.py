@@ -534,3 +534,14 @@ def test_module_caches_are_registered_and_clear_all_empties_them():
     a = choose("add", t((8, 3), I32, (S(0), R)), t((), F64), mesh=(2, 2))
     assert a == choose("add", t((8, 3), I32, (S(0), R)), t((), F64), mesh=(2, 2))
     assert get_cache("placements.rules.results").stats()["hits"] == 1
+
+
+def test_views_keep_shard_and_partial_candidates():
+    """transpose moves each Shard to the swapped dim and keeps every Partial; basic indexing
+    keeps a Shard of a dim it does not slice and every Partial (each contribution indexed
+    alike): all without communication."""
+    tr = cands(rule("transpose", t((4, 6)), dim0=0, dim1=1))
+    assert {(S(1), S(0)), (S(0), S(1)), (P("sum"), P("sum")), (P("max"), P("max"))} <= tr
+    assert (S(0), S(0)) not in tr
+    gi = cands(rule("getitem", t((4, 6)), idx=(slice(1, 3),)))
+    assert {(S(1), S(1)), (P("sum"), P("sum")), (P("avg"), P("avg")), (P("min"), P("min"))} <= gi

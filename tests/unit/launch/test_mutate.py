@@ -272,7 +272,7 @@ def test_runs_go_unit_then_mpi_at_two_then_three_ranks():
     assert "unit/placements/test_layout.py" in runs[0].paths
     assert not any("test_mutate.py" in p for r in runs for p in r.paths)
     rule = mutate.runs_for(TESTS_DIR, get("pointwise.sum.relu_inplace"))
-    assert rule[0].validate == ("relu",) and mutate.VALIDATOR_FILE not in rule[0].paths
+    assert rule[0].validate == ("relu_",) and mutate.VALIDATOR_FILE not in rule[0].paths
     assert "unit/placements/test_rules.py" in rule[0].paths
 
 

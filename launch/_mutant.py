@@ -1,19 +1,28 @@
 """pytest plugin of ``python -m launch mutate``: one mutation applied in every test process.
 
 Loaded with ``-p launch._mutant``. When ``DTENSOR_MUTATION`` names a mutation of
-:mod:`launch.mutations`, :func:`pytest_configure` applies it before any test runs (every MPI
-rank loads the plugin and applies it), and :func:`pytest_unconfigure` undoes it. Without the
-variable the plugin does nothing. The plugin imports ``dtensor`` first: the op records register
-the rules of the ops they declare (the unary ops), so the rule table is complete before a
-mutation wraps an entry of it and no later registration replaces the wrapper.
+:mod:`launch.mutations`, the plugin applies it before any test runs, in every test process
+(every MPI rank loads the plugin), and undoes it at the end. Without the variable the plugin
+does nothing.
+
+- A source mutation (:mod:`launch.source_mutations`) is installed when pytest imports the
+  plugin, which it does (``-p``) before the conftest files and the tests: the import hook
+  must be in place before the mutated module is first imported. The plugin therefore looks
+  the name up in that table first, which imports nothing of the product.
+- A rule or plan mutation is applied in :func:`pytest_configure`. The plugin imports
+  ``dtensor`` first: the op records register the rules of the ops they declare (the unary
+  ops), so the rule table is complete before a mutation wraps an entry of it and no later
+  registration replaces the wrapper.
 
 When ``DTENSOR_MUTATION_LOG`` names a file, each process appends to it (one short line per
 write, so ranks may share the file):
 
-- ``fired <pid>`` the first time the mutation changes a rule's answer or a plan (written at
-  once, so it survives an ``MPI_Abort``), and ``count <pid> <n>`` at the end;
+- ``fired <pid>`` the first time the mutation changes a rule's answer or a plan, or runs its
+  mutated source line (written at once, so it survives an ``MPI_Abort``), and
+  ``count <pid> <n>`` at the end;
 - ``error <pid> <message>`` when the mutation cannot be applied (an unknown name, a rule that
-  is not registered); the run then stops with a usage error.
+  is not registered, a snippet that is not in its module once); the run then stops with a
+  usage error.
 
 :func:`read_log` reads such a file back for the runner.
 """
@@ -25,12 +34,8 @@ from dataclasses import dataclass
 
 import pytest
 
-# dtensor's op records register the rules of the unary ops: imported first, the rule table is
-# complete before a mutation wraps it (an MPI run imports nothing of dtensor before its tests)
-import dtensor  # noqa: F401
-from placements.errors import ConfigError
-
-from . import mutations
+from . import source_mutations
+from ._source import MutationError, SourcePatch
 
 __all__ = ["LogSummary", "activate", "pytest_configure", "pytest_unconfigure", "read_log"]
 
@@ -60,28 +65,61 @@ class _Counter:
             _append(self.log, f"fired {os.getpid()}")
 
 
+def _install_source() -> None:
+    """Install the import hook of the source mutation the environment names, if it names
+    one (at the plugin's import: before the product is imported)."""
+    name = os.environ.get(NAME_VAR)
+    entry = source_mutations.BY_NAME.get(name or "")
+    if entry is None:
+        return
+    log = os.environ.get(LOG_VAR)
+    counter = _Counter(log)
+    try:
+        remove = entry.patch.install(counter)
+    except MutationError as exc:
+        _append(log, f"error {os.getpid()} {exc}")
+        _state["error"] = str(exc)
+        return
+    _state.update(counter=counter, undo=remove)
+
+
+_install_source()
+
+# dtensor's op records register the rules of the unary ops: imported first, the rule table is
+# complete before a mutation wraps it (an MPI run imports nothing of dtensor before its tests)
+import dtensor  # noqa: F401
+from placements.errors import ConfigError
+
+from . import mutations
+
+
 def activate(name: str, log: str | None = None) -> tuple[_Counter, object]:
     """Apply mutation ``name``; return its firing counter and its undo function. **Local**.
 
-    Raises ConfigError (after logging it) when the mutation cannot be applied.
+    Raises ConfigError or MutationError (after logging it) when the mutation cannot be
+    applied. A source mutation is applied by installing its import hook: it changes the
+    module's later imports only.
     """
     try:
         mutation = mutations.get(name)
         counter = _Counter(log)
-        undo = mutation.patch.apply(counter)
-    except ConfigError as exc:
+        patch = mutation.patch
+        undo = patch.install(counter) if isinstance(patch, SourcePatch) else patch.apply(counter)
+    except (ConfigError, MutationError) as exc:
         _append(log, f"error {os.getpid()} {exc}")
         raise
     return counter, undo
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if "error" in _state:
+        raise pytest.UsageError(str(_state["error"]))
     name = os.environ.get(NAME_VAR)
-    if not name:
+    if not name or "counter" in _state:  # none, or a source mutation already installed
         return
     try:
         counter, undo = activate(name, os.environ.get(LOG_VAR))
-    except ConfigError as exc:
+    except (ConfigError, MutationError) as exc:
         raise pytest.UsageError(str(exc)) from exc
     _state.update(counter=counter, undo=undo)
 

@@ -1,13 +1,21 @@
-"""Mutations of the sharding rules and of the redistribute planner, as data.
+"""Mutations of the product, as data: sharding rules, redistribute plans and source lines.
 
 This module owns the list that ``python -m launch mutate`` (:mod:`launch.mutate`) applies one
-at a time to measure whether the test suite notices a wrong rule or a wrong plan. Each
-:class:`Mutation` names the family it changes (a module of :mod:`placements.rules`, or
-``plan`` for :mod:`redistribute.plan`), its kind (:data:`KINDS`), a patch, and the test runs
-that should catch it, cheapest and strongest first. The pytest plugin :mod:`launch._mutant`
-applies the patch in every test process (every MPI rank); product code has no test hook.
+at a time to measure whether the test suite notices a bug. Each :class:`Mutation` names the
+family it changes (a module of :mod:`placements.rules`, ``plan`` for
+:mod:`redistribute.plan`, or for a source mutation the layer it hits), its kind
+(:data:`KINDS`), the layer of ``DESIGN.md`` it belongs to (:data:`LAYERS`), the product module
+it mutates and a patch. No mutation names its tests: the runner selects them from the mutated
+module (:mod:`launch._select`). The pytest plugin :mod:`launch._mutant` applies the patch in
+every test process (every MPI rank); product code has no test hook.
 
-How the patches reach every path that decides placements:
+Three kinds of patch:
+
+- :class:`~launch._source.SourcePatch` (the entries of :mod:`launch.source_mutations`): one
+  exact snippet of a product module replaced, served by an import hook installed before the
+  product is imported; it fires when the mutated statement runs.
+
+How the rule and plan patches reach every path that decides placements:
 
 - :class:`RulePatch` replaces ``placements.rules._core._RULES[op]`` for each op it names with a
   wrapper that transforms the rule's :class:`~placements.rules.RuleResult` (drop a candidate,
@@ -29,9 +37,8 @@ the propagation cache and the compiled front's entries) when applied and when un
 calls ``fired()`` each time it changes an answer: a mutation that never fires changed nothing
 the tests ran, and the runner reports it as invalid instead of counting it.
 
-A test run (:class:`Run`) names test files (or node ids) relative to the ``tests`` folder; a
-file that does not exist is skipped with a note, so a selection may name test files that
-other work adds later.
+A test run (:class:`Run`) names test files (or node ids) relative to the ``tests`` folder;
+the runner builds them from the selection.
 """
 
 from __future__ import annotations
@@ -45,27 +52,38 @@ from placements.errors import ConfigError
 from placements.rules import Candidate, OpSchema, RuleResult, _core
 from placements.types import Partial, Placement, Replicate, Shard
 
+from ._source import SourcePatch
+from .source_mutations import LAYERS as SOURCE_LAYERS
+from .source_mutations import SOURCE_MUTATIONS
+
 __all__ = [
     "FAMILIES",
     "KINDS",
+    "LAYERS",
     "MUTATIONS",
     "Mutation",
     "PlanPatch",
     "RulePatch",
     "Run",
+    "SourcePatch",
     "get",
 ]
 
 #: Rule families (modules of placements/rules/) and the planner.
 FAMILIES = ("pointwise", "reduction", "matmul", "view", "tensor", "nn", "index", "plan")
-#: Kind -> what a mutation of that kind does. The first four change rules, ``step`` plans.
+#: Kind -> what a mutation of that kind does. The first four change rules, ``step`` plans,
+#: ``source`` a line of a product module.
 KINDS = {
     "drop": "a candidate strategy dropped",
     "minmax": "a Partial(max)/Partial(min) output swapped, or claimed where it does not hold",
     "sum": "a Partial(sum) kept or claimed where the op does not preserve it",
     "shard": "a Shard dim of the output off by one",
     "step": "a step removed from redistribute plans",
+    "source": "a one-line bug in a product module (wrong sign, off by one, wrong divisor...)",
 }
+#: Layers of DESIGN.md, for the per-layer table: the source layers, ``rules`` (the rule
+#: mutations) and ``redistribute`` (plan mutations and redistribute source mutations).
+LAYERS = {**SOURCE_LAYERS, "rules": "sharding rules (placements/rules)"}
 RULE_KINDS = ("drop", "minmax", "sum", "shard")
 
 Fired = Callable[[], None]
@@ -82,26 +100,21 @@ class Run:
     """One test process of a mutation's selection.
 
     ``paths`` are relative to the ``tests`` folder (``unit/placements/test_rules.py``, a node
-    id ``unit/redistribute/test_plan.py::test_x``); ``keyword`` is pytest's ``-k``; ``ranks``
-    None runs one pytest process, else ``mpiexec -n ranks`` with ``--with-mpi``; ``validate``
-    names ops whose strategy-validator groups (``unit/ops/test_validator.py``) join a
-    one-process run.
+    id ``unit/redistribute/test_plan.py::test_x``); ``ranks`` None runs one pytest process,
+    else ``mpiexec -n ranks`` with ``--with-mpi``; ``validate`` names ops whose
+    strategy-validator groups (``unit/ops/test_validator.py``) run first in a one-process run.
     """
 
     paths: tuple[str, ...]
-    keyword: str | None = None
     ranks: int | None = None
     validate: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
-        """A short name for reports: ``unit`` or ``mpi-2``, the files and ``-k``."""
+        """A short name for reports: ``unit`` or ``mpi-2`` and the number of files."""
         where = "unit" if self.ranks is None else f"mpi-{self.ranks}"
-        files = [p.split("/")[-1] for p in self.paths]
-        if self.validate:
-            files.append(f"validator[{','.join(self.validate)}]")
-        k = f" -k {self.keyword}" if self.keyword else ""
-        return f"{where} {' '.join(files)}{k}"
+        extra = f" + validator[{','.join(self.validate)}]" if self.validate else ""
+        return f"{where} ({len(self.paths)} files{extra})"
 
 
 @dataclass(frozen=True)
@@ -160,12 +173,20 @@ class PlanPatch:
         search = module._search
         edit = self.edit
 
+        # one edited tuple per plan object, and the plan itself where the edit changes
+        # nothing: the wrapper keeps the memoised search's identities (a cached plan is the
+        # same object on every call until the caches are cleared)
+        edited: dict[int, tuple[tuple, tuple]] = {}
+
         def mutated(src_spec, dst, model):
             steps, cost = search(src_spec, dst, model)
-            out = edit(steps)
-            if out != steps:
+            hit = edited.get(id(steps))
+            if hit is None or hit[0] is not steps:
+                out = edit(steps)
+                hit = edited[id(steps)] = (steps, steps if out == steps else out)
+            if hit[1] is not steps:
                 fired()
-            return out, cost
+            return hit[1], cost
 
         module._search = mutated
         clear_all()
@@ -189,9 +210,29 @@ class Mutation:
     family: str
     kind: str
     description: str
-    patch: RulePatch | PlanPatch
-    runs: tuple[Run, ...]
+    patch: RulePatch | PlanPatch | SourcePatch
     note: str = ""
+
+    @property
+    def module(self) -> str:
+        """The product module the mutation changes (its tests are selected from it)."""
+        if isinstance(self.patch, SourcePatch):
+            return self.patch.module
+        if isinstance(self.patch, PlanPatch):
+            return "redistribute.plan"
+        return f"placements.rules.{self.family}"
+
+    @property
+    def layer(self) -> str:
+        """The layer of DESIGN.md it hits (a key of :data:`LAYERS`)."""
+        if isinstance(self.patch, SourcePatch):
+            return self.family
+        return "redistribute" if self.family == "plan" else "rules"
+
+    @property
+    def mode(self) -> str | None:
+        """``"python"`` when its tests must run with ``DTENSOR_FASTPATH=0``, else None."""
+        return self.patch.mode if isinstance(self.patch, SourcePatch) else None
 
 
 # -- transforms of rule results --------------------------------------------------------------
@@ -346,53 +387,19 @@ def _drop_last(steps: tuple) -> tuple:
     return steps[:-1] if len(steps) > 1 else steps
 
 
-# -- test selections -------------------------------------------------------------------------
-UNIT_RULES = "unit/placements/test_rules.py"
-OPTABLE_MPI = "mpi/ops/test_optable_mpi.py"  # every op of the op table under MPI, -k <op>
-
-
-def values(keyword: str, *ops: str) -> tuple[Run, ...]:
-    """Runs for a mutation that makes values wrong: the rule tests with the strategy
-    validator's groups of ``ops``, then the MPI op tests selected by ``keyword``."""
-    return (
-        Run((UNIT_RULES,), validate=ops),
-        Run(("mpi/ops/test_ops.py",), keyword, ranks=2),
-        Run((OPTABLE_MPI,), keyword, ranks=2),
-    )
-
-
-def choices(keyword: str, *ops: str) -> tuple[Run, ...]:
-    """Runs for a dropped candidate (values stay right; placements, communication and
-    errors change): the rule, dispatch and op-table unit tests, then the MPI communication
-    and op tests."""
-    return (
-        Run((UNIT_RULES, "unit/dispatch/test_dispatch.py", "unit/ops/test_optable.py")),
-        Run(("mpi/tools/test_comm_mode.py", "mpi/tools/test_debug_tools.py"), ranks=2),
-        Run(("mpi/ops/test_ops.py", OPTABLE_MPI), keyword, ranks=2),
-        Run(("unit/ops/test_validator.py",), validate=ops),
-    )
-
-
-PLAN_RUNS = (
-    Run(("unit/redistribute/test_plan.py",), "not 2x2x2"),
-    Run(("mpi/redistribute/test_execute.py",), ranks=2),
-    Run(("mpi/distributed/test_dtensor_api.py", "mpi/tools/test_comm_mode.py"), ranks=2),
-)
-
-
+# -- the list --------------------------------------------------------------------------------
 def _rule(
     family: str, kind: str, name: str, ops: Sequence[str], transform: Transform,
-    description: str, runs: tuple[Run, ...], note: str = "",
+    description: str, note: str = "",
 ) -> Mutation:
     return Mutation(
         f"{family}.{kind}.{name}", family, kind, description, RulePatch(tuple(ops), transform),
-        runs, note,
+        note,
     )
 
 
 def _plan(name: str, edit: StepFilter, description: str, note: str = "") -> Mutation:
-    return Mutation(f"plan.step.{name}", "plan", "step", description, PlanPatch(edit),
-                    PLAN_RUNS, note)
+    return Mutation(f"plan.step.{name}", "plan", "step", description, PlanPatch(edit), note)
 
 
 S0, S1 = Shard(0), Shard(1)
@@ -400,187 +407,165 @@ S0, S1 = Shard(0), Shard(1)
 MUTATIONS: tuple[Mutation, ...] = (
     # -- pointwise ----------------------------------------------------------------------------
     _rule("pointwise", "drop", "add_linear", ["add"], drop(exactly(PSUM, PSUM, PSUM)),
-          "add loses [P(sum), P(sum), P(sum)]: P(sum) + scalar all-reduces",
-          choices("add", "add")),
+          "add loses [P(sum), P(sum), P(sum)]: P(sum) + scalar all-reduces"),
     _rule("pointwise", "drop", "mul_scaled", ["mul"], drop(exactly(PSUM, PSUM, R)),
-          "mul loses [P(sum), P(sum), R]: P(sum) * scalar all-reduces", choices("mul", "mul")),
+          "mul loses [P(sum), P(sum), R]: P(sum) * scalar all-reduces"),
     _rule("pointwise", "drop", "relu_shard", ["relu"], drop(out_is(S0)),
-          "relu loses its Shard(0) candidate", choices("relu", "relu")),
+          "relu loses its Shard(0) candidate"),
     _rule("pointwise", "drop", "neg_swap", ["neg"], drop(exactly(PMIN, PMAX)),
-          "neg loses [P(min), P(max)]", choices("neg", "neg")),
+          "neg loses [P(min), P(max)]"),
     _rule("pointwise", "minmax", "relu", ["relu"], remap(exactly(PMAX, PMAX), swap_minmax),
-          "relu maps P(max) to P(min)", values("relu", "relu")),
+          "relu maps P(max) to P(min)"),
     _rule("pointwise", "minmax", "neg", ["neg"], remap(exactly(PMIN, PMAX), swap_minmax),
-          "neg keeps P(max) instead of swapping it to P(min)", values("neg", "neg")),
+          "neg keeps P(max) instead of swapping it to P(min)"),
     _rule("pointwise", "minmax", "maximum", ["maximum"],
           remap(exactly(PMAX, PMAX, PMAX), swap_minmax),
-          "maximum of P(max) operands claims P(min)", values("maximum", "maximum")),
+          "maximum of P(max) operands claims P(min)"),
     _rule("pointwise", "sum", "relu", ["relu"], add(PSUM, PSUM),
-          "relu keeps P(sum)", values("relu", "relu")),
+          "relu keeps P(sum)"),
     _rule("pointwise", "sum", "relu_inplace", ["relu_"], add(PSUM, PSUM),
-          "relu_ (in place) keeps P(sum)",
-          (Run((UNIT_RULES, "unit/dispatch/test_dispatch.py")),
-           Run(("mpi/ops/test_ops.py",), "inplace", ranks=2))),
+          "relu_ (in place) keeps P(sum)"),
     _rule("pointwise", "sum", "exp", ["exp"], add(PSUM, PSUM),
-          "exp keeps P(sum)", values("exp", "exp")),
+          "exp keeps P(sum)"),
     _rule("pointwise", "sum", "abs", ["abs"], add(PSUM, PSUM),
-          "abs keeps P(sum)", values("abs", "abs")),
+          "abs keeps P(sum)"),
     _rule("pointwise", "sum", "mul_bilinear", ["mul"], add(PSUM, PSUM, PSUM),
-          "mul of two P(sum) claims P(sum) (bilinear, not linear)", values("mul", "mul")),
+          "mul of two P(sum) claims P(sum) (bilinear, not linear)"),
     _rule("pointwise", "shard", "add", ["add"], remap(out_is(S0), shift_shard),
-          "add's Shard(0) output is Shard(1)", values("add", "add")),
+          "add's Shard(0) output is Shard(1)"),
     _rule("pointwise", "shard", "exp", ["exp"], remap(out_is(S1), shift_shard),
-          "exp's Shard(1) output is Shard(0) (2-D)", values("exp", "exp")),
+          "exp's Shard(1) output is Shard(0) (2-D)"),
     # -- reduction ----------------------------------------------------------------------------
     _rule("reduction", "drop", "sum_reduced_shard", ["sum"], drop(reduced_to(PSUM)),
-          "sum loses [P(sum), S(d)] over a reduced dim", choices("sum", "sum")),
+          "sum loses [P(sum), S(d)] over a reduced dim"),
     _rule("reduction", "drop", "sum_kept_shard", ["sum"], drop(out_shard),
-          "sum loses the Shard of a kept dim", choices("sum", "sum")),
+          "sum loses the Shard of a kept dim"),
     _rule("reduction", "drop", "amax_passthrough", ["amax"], drop(exactly(PMAX, PMAX)),
-          "amax loses [P(max), P(max)]", choices("amax", "amax")),
+          "amax loses [P(max), P(max)]"),
     _rule("reduction", "drop", "cumsum_partial", ["cumsum"], drop(exactly(PSUM, PSUM)),
-          "cumsum loses [P(sum), P(sum)]", choices("cumsum", "cumsum")),
+          "cumsum loses [P(sum), P(sum)]"),
     _rule("reduction", "minmax", "amax", ["amax"], remap(reduced_to(PMAX), swap_minmax),
-          "amax over a sharded dim gives P(min)", values("amax", "amax")),
+          "amax over a sharded dim gives P(min)"),
     _rule("reduction", "minmax", "amin", ["amin"], remap(reduced_to(PMIN), swap_minmax),
-          "amin over a sharded dim gives P(max)", values("amin", "amin")),
+          "amin over a sharded dim gives P(max)"),
     _rule("reduction", "minmax", "any", ["any"], remap(reduced_to(PMAX), swap_minmax),
-          "any over a sharded dim gives P(min) (an all)", values("any", "any")),
+          "any over a sharded dim gives P(min) (an all)"),
     _rule("reduction", "sum", "amax", ["amax"], remap(reduced_to(PMAX), to(PSUM)),
-          "amax over a sharded dim gives P(sum)", values("amax", "amax")),
+          "amax over a sharded dim gives P(sum)"),
     _rule("reduction", "sum", "var", ["var"], add(PSUM, PSUM),
-          "var keeps P(sum)", values("var", "var")),
+          "var keeps P(sum)"),
     _rule("reduction", "sum", "prod", ["prod"], remap(reduced_to(Partial("prod")), to(PSUM)),
-          "prod over a sharded dim gives P(sum)", values("prod", "prod")),
+          "prod over a sharded dim gives P(sum)"),
     _rule("reduction", "shard", "sum", ["sum"], remap(out_shard, shift_shard),
-          "sum's Shard of a kept dim is off by one", values("sum", "sum")),
+          "sum's Shard of a kept dim is off by one"),
     _rule("reduction", "shard", "mean", ["mean"], remap(out_shard, shift_shard),
-          "mean's Shard of a kept dim is off by one", values("mean", "mean")),
+          "mean's Shard of a kept dim is off by one"),
     # -- matmul -------------------------------------------------------------------------------
     _rule("matmul", "drop", "contraction", ["matmul"], drop(reduced_to(PSUM)),
-          "matmul loses [P(sum), S(1), S(0)] (contracted dim)", choices("matmul", "matmul")),
+          "matmul loses [P(sum), S(1), S(0)] (contracted dim)"),
     _rule("matmul", "drop", "row_shard", ["matmul"], drop(out_is(S0)),
-          "matmul loses its first Shard(0) output", choices("matmul", "matmul")),
+          "matmul loses its first Shard(0) output"),
     _rule("matmul", "drop", "addmm_contraction", ["addmm"],
-          drop(exactly(PSUM, PSUM, S1, S0)), "addmm loses the contraction candidate",
-          choices("addmm", "addmm")),
+          drop(exactly(PSUM, PSUM, S1, S0)), "addmm loses the contraction candidate"),
     _rule("matmul", "drop", "bmm_batch", ["bmm"], drop(out_is(S0)),
-          "bmm loses the batch-dim Shard", choices("bmm", "bmm")),
+          "bmm loses the batch-dim Shard"),
     _rule("matmul", "minmax", "matmul", ["matmul"], add(PMAX, PMAX, R),
-          "matmul keeps P(max) of its first operand (it is not monotone)",
-          values("matmul", "matmul")),
+          "matmul keeps P(max) of its first operand (it is not monotone)"),
     _rule("matmul", "minmax", "mm_min", ["mm"], add(PMIN, R, PMIN),
-          "mm keeps P(min) of its second operand", values("mm", "mm")),
+          "mm keeps P(min) of its second operand"),
     _rule("matmul", "sum", "bilinear", ["matmul"], add(PSUM, PSUM, PSUM),
-          "matmul of two P(sum) claims P(sum)", values("matmul", "matmul")),
+          "matmul of two P(sum) claims P(sum)"),
     _rule("matmul", "sum", "addmm_bias", ["addmm"], add(PSUM, PSUM, R, R),
-          "addmm with a P(sum) bias and replicated matrices claims P(sum)",
-          values("addmm", "addmm")),
+          "addmm with a P(sum) bias and replicated matrices claims P(sum)"),
     _rule("matmul", "shard", "matmul", ["matmul"], remap(out_is(S0), shift_shard),
-          "matmul's Shard(0) output is Shard(1)", values("matmul", "matmul")),
+          "matmul's Shard(0) output is Shard(1)"),
     _rule("matmul", "shard", "linear", ["linear"], remap(out_shard, shift_shard),
-          "linear's Shard outputs are off by one", values("linear", "linear")),
+          "linear's Shard outputs are off by one"),
     # -- view ---------------------------------------------------------------------------------
     _rule("view", "drop", "view_shard", ["view"], drop(out_shard),
-          "view loses its first Shard candidate", choices("view", "view")),
+          "view loses its first Shard candidate"),
     _rule("view", "drop", "transpose_shard", ["transpose"], drop(out_shard),
-          "transpose loses its first Shard candidate", choices("transpose", "transpose")),
+          "transpose loses its first Shard candidate"),
     _rule("view", "drop", "getitem_partial", ["getitem"], drop(exactly(PSUM, PSUM)),
-          "basic indexing loses [P(sum), P(sum)]", choices("getitem", "getitem")),
+          "basic indexing loses [P(sum), P(sum)]"),
     _rule("view", "drop", "getitem_masked", ["getitem"], drop(masked),
-          "advanced getitem loses local indexing with masking (P(sum)) on the indexed dim",
-          (Run(("mpi/ops/test_index_ops.py",), "cost", ranks=2), *choices("getitem", "getitem"))),
+          "advanced getitem loses local indexing with masking (P(sum)) on the indexed dim"),
     _rule("view", "minmax", "permute", ["permute"], remap(exactly(PMAX, PMAX), swap_minmax),
-          "permute maps P(max) to P(min)", values("permute", "permute")),
+          "permute maps P(max) to P(min)"),
     _rule("view", "minmax", "reshape", ["reshape"], remap(exactly(PMIN, PMIN), swap_minmax),
-          "reshape maps P(min) to P(max)", values("reshape", "reshape")),
+          "reshape maps P(min) to P(max)"),
     _rule("view", "sum", "transpose", ["transpose"], remap(exactly(PMAX, PMAX), to(PSUM)),
-          "transpose maps P(max) to P(sum)", values("transpose", "transpose")),
+          "transpose maps P(max) to P(sum)"),
     _rule("view", "sum", "unsqueeze", ["unsqueeze"], remap(exactly(PAVG, PAVG), to(PSUM)),
-          "unsqueeze maps P(avg) to P(sum)", values("unsqueeze", "unsqueeze")),
+          "unsqueeze maps P(avg) to P(sum)"),
     _rule("view", "shard", "transpose", ["transpose"], remap(out_shard, shift_shard),
-          "transpose's Shard outputs are off by one", values("transpose", "transpose")),
+          "transpose's Shard outputs are off by one"),
     _rule("view", "shard", "unsqueeze", ["unsqueeze"], remap(out_shard, shift_shard),
-          "unsqueeze's Shard outputs are off by one", values("unsqueeze", "unsqueeze")),
+          "unsqueeze's Shard outputs are off by one"),
     # -- tensor -------------------------------------------------------------------------------
     _rule("tensor", "drop", "cat_shard", ["cat"], drop(out_shard),
-          "cat loses its Shard candidate", choices("cat", "cat")),
+          "cat loses its Shard candidate"),
     _rule("tensor", "drop", "stack_shard", ["stack"], drop(out_shard),
-          "stack loses its first Shard candidate", choices("stack", "stack")),
+          "stack loses its first Shard candidate"),
     _rule("tensor", "drop", "fill_sum", ["fill_"], drop(exactly(PSUM, PSUM, PSUM)),
-          "fill_ of a P(sum) tensor loses its candidate", choices("fill", "fill_")),
+          "fill_ of a P(sum) tensor loses its candidate"),
     _rule("tensor", "minmax", "cat", ["cat"], remap(out_is(PMAX), swap_minmax),
-          "cat maps P(max) to P(min)", values("cat", "cat")),
+          "cat maps P(max) to P(min)"),
     _rule("tensor", "minmax", "flip", ["flip"], remap(exactly(PMIN, PMIN), swap_minmax),
-          "flip maps P(min) to P(max)", values("flip", "flip")),
+          "flip maps P(min) to P(max)"),
     _rule("tensor", "sum", "tril", ["tril"], remap(exactly(PMAX, PMAX), to(PSUM)),
-          "tril maps P(max) to P(sum)", values("tril", "tril")),
+          "tril maps P(max) to P(sum)"),
     _rule("tensor", "sum", "fill_unsplit", ["fill_"], put(exactly(PSUM, PSUM, PSUM), 2, R),
-          "fill_ of a P(sum) tensor writes the value on every coordinate (counted k times)",
-          values("fill", "fill_")),
+          "fill_ of a P(sum) tensor writes the value on every coordinate (counted k times)"),
     _rule("tensor", "shard", "cat", ["cat"], remap(out_shard, shift_shard),
-          "cat's Shard output is off by one", values("cat", "cat")),
+          "cat's Shard output is off by one"),
     _rule("tensor", "shard", "flip", ["flip"], remap(out_shard, shift_shard),
-          "flip's Shard output is off by one", values("flip", "flip")),
+          "flip's Shard output is off by one"),
     # -- nn -----------------------------------------------------------------------------------
     _rule("nn", "drop", "embedding_rows", ["embedding"], drop(exactly(PSUM, R, S0)),
-          "embedding loses the row-sharded weight candidate (MaskPartial)",
-          choices("embedding", "embedding")),
+          "embedding loses the row-sharded weight candidate (MaskPartial)"),
     _rule("nn", "drop", "softmax_shard", ["softmax"], drop(out_shard),
-          "softmax loses its Shard candidate", choices("softmax", "softmax")),
+          "softmax loses its Shard candidate"),
     _rule("nn", "drop", "cross_entropy_sum", ["cross_entropy"], drop(out_is(PSUM)),
-          "cross_entropy(reduction='sum') loses [P(sum), S(0), S(0)]",
-          choices("cross_entropy", "cross_entropy")),
+          "cross_entropy(reduction='sum') loses [P(sum), S(0), S(0)]"),
     _rule("nn", "drop", "cross_entropy_vocab", ["cross_entropy"], drop(vocab),
-          "cross_entropy loses the vocab-parallel candidate (the logits are gathered)",
-          (Run(("mpi/ops/test_vocab_parallel.py",), ranks=2),
-           *choices("cross_entropy", "cross_entropy"))),
+          "cross_entropy loses the vocab-parallel candidate (the logits are gathered)"),
     _rule("nn", "sum", "cross_entropy_vocab", ["cross_entropy"], remap(vocab, to(PSUM)),
-          "the vocab-parallel loss claims P(sum) (every shard holds the whole loss)",
-          (Run(("mpi/ops/test_vocab_parallel.py",), ranks=2),
-           *values("cross_entropy", "cross_entropy"))),
+          "the vocab-parallel loss claims P(sum) (every shard holds the whole loss)"),
     _rule("nn", "minmax", "dropout", ["dropout"], remap(exactly(PMAX, PMAX), swap_minmax),
-          "dropout maps P(max) to P(min)", values("dropout", "dropout")),
+          "dropout maps P(max) to P(min)"),
     _rule("nn", "minmax", "embedding", ["embedding"], remap(exactly(PMAX, R, PMAX), swap_minmax),
-          "embedding of a P(max) weight claims P(min)", values("embedding", "embedding")),
+          "embedding of a P(max) weight claims P(min)"),
     _rule("nn", "sum", "softmax", ["softmax"], add(PSUM, PSUM),
-          "softmax keeps P(sum)", values("softmax", "softmax")),
+          "softmax keeps P(sum)"),
     _rule("nn", "sum", "layer_norm", ["layer_norm"], add(PSUM, PSUM),
-          "layer_norm keeps P(sum) (weight and bias replicated)",
-          values("layer_norm", "layer_norm")),
+          "layer_norm keeps P(sum) (weight and bias replicated)"),
     _rule("nn", "shard", "embedding", ["embedding"], remap(out_shard, shift_shard),
-          "embedding's Shard outputs are off by one", values("embedding", "embedding")),
+          "embedding's Shard outputs are off by one"),
     _rule("nn", "shard", "softmax", ["softmax", "log_softmax"], remap(out_shard, shift_shard),
-          "softmax's Shard output moves onto the softmax dim", values("softmax", "softmax")),
+          "softmax's Shard output moves onto the softmax dim"),
     # -- index --------------------------------------------------------------------------------
     _rule("index", "drop", "gather_shard", ["gather"], drop(out_shard),
-          "gather loses its Shard candidates (kept dims)",
-          (*choices("gather", "gather"), Run(("mpi/ops/test_index_ops.py",), ranks=2))),
+          "gather loses its Shard candidates (kept dims)"),
     _rule("index", "minmax", "index_select", ["index_select"],
           remap(exactly(PMAX, PMAX, R), swap_minmax),
-          "index_select of a P(max) input claims P(min)", values("index_select", "index_select")),
+          "index_select of a P(max) input claims P(min)"),
     _rule("index", "sum", "masked_fill", ["masked_fill"], add(PSUM, PSUM, R, R),
-          "masked_fill of a P(sum) input takes the fill value on every rank",
-          values("masked_fill", "masked_fill")),
+          "masked_fill of a P(sum) input takes the fill value on every rank"),
     _rule("index", "shard", "index_select", ["index_select"], remap(out_shard, shift_shard),
-          "index_select's Shard output is off by one", values("index_select", "index_select")),
+          "index_select's Shard output is off by one"),
     _rule("index", "drop", "index_add_masked", ["index_add"], drop(exactly(S0, S0, R, R)),
-          "index_add loses the sharded indexed dim (each shard adds its block's rows)",
-          (Run(("mpi/ops/test_index_ops.py",), "index_add", ranks=2),
-           *choices("index_add", "index_add"))),
+          "index_add loses the sharded indexed dim (each shard adds its block's rows)"),
     _rule("index", "sum", "index_add", ["index_add"], add(PSUM, PSUM, R, R),
-          "index_add of a P(sum) input and a replicated source claims P(sum)",
-          values("index_add", "index_add")),
+          "index_add of a P(sum) input and a replicated source claims P(sum)"),
     _rule("index", "minmax", "index_put", ["index_put"],
           remap(exactly(PMAX, PMAX, R), swap_minmax),
-          "index_put of a P(max) input claims P(min)", values("index_put", "index_put")),
+          "index_put of a P(max) input claims P(min)"),
     _rule("index", "shard", "index_add", ["index_add"], remap(out_shard, shift_shard),
-          "index_add's Shard output is off by one", values("index_add", "index_add")),
+          "index_add's Shard output is off by one"),
     _rule("index", "drop", "getitem_masked_several", ["getitem"], drop_several(masked),
           "advanced getitem indexing several dims (index arrays broadcasting together, a "
-          "mask of several dims) loses local indexing with masking: the indexed dims gather",
-          (Run(("mpi/ops/test_index_ops.py",), "several", ranks=2),
-           *choices("getitem", "getitem"))),
+          "mask of several dims) loses local indexing with masking: the indexed dims gather"),
     # -- plan ---------------------------------------------------------------------------------
     _plan("all_reduce", without("all_reduce"), "plans lose their AllReduce steps"),
     _plan("all_gather", without("all_gather"), "plans lose their AllGather steps"),
@@ -591,6 +576,9 @@ MUTATIONS: tuple[Mutation, ...] = (
     _plan("local_chunk", without("local_chunk"), "plans lose their LocalChunk (R -> S) steps"),
     _plan("first", _drop_first, "plans of several steps lose their first step"),
     _plan("last", _drop_last, "plans of several steps lose their last step"),
+    # -- source lines, every layer ------------------------------------------------------------
+    *(Mutation(m.name, m.layer, "source", m.description, m.patch, m.note)
+      for m in SOURCE_MUTATIONS),
 )
 
 _BY_NAME = {m.name: m for m in MUTATIONS}

@@ -1,11 +1,14 @@
 """The mutation check (``python -m launch mutate``): its list of mutations, their patches
-applied in this process and undone, the plugin's log, how a mutation's runs conclude, the
-report and the command line. One test starts one short pytest run with a mutation."""
+applied in this process and undone, source mutations compiled with their marker, the
+automatic test selection, the plugin's log, how a mutation's runs conclude, the report and
+the command line. Two tests start one short pytest run each with a mutation (a rule
+mutation and a source mutation served by the import hook)."""
 
 from __future__ import annotations
 
 import itertools
 import re
+import types
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,16 +19,18 @@ from helpers import TESTS as TESTS_DIR
 from dtensor.debug import validate as V
 from dtensor.ops import OPS
 from dtensor.ops import samples as S
-from launch import _mutant, mutate
+from launch import _mutant, _select, _source, mutate
 from launch.__main__ import USAGE
 from launch.mutations import (
     FAMILIES,
     KINDS,
+    LAYERS,
     MUTATIONS,
     RULE_KINDS,
     PlanPatch,
     RulePatch,
     Run,
+    SourcePatch,
     get,
 )
 from placements import DTensorSpec, MeshShape, Partial, Replicate, Shard
@@ -37,8 +42,8 @@ RULES_DIR = Path(_core.__file__).parent
 
 
 # -- the list ------------------------------------------------------------------------------
-def test_the_list_covers_every_rule_family_with_every_kind():
-    assert len(MUTATIONS) >= 50
+def test_the_list_covers_every_rule_family_with_every_kind_and_every_layer():
+    assert len(MUTATIONS) >= 100
     assert len({m.name for m in MUTATIONS}) == len(MUTATIONS)
     modules = {p.stem for p in RULES_DIR.glob("*.py") if not p.stem.startswith("_")}
     assert set(FAMILIES) == modules | {"plan"}
@@ -47,15 +52,18 @@ def test_the_list_covers_every_rule_family_with_every_kind():
         for kind in RULE_KINDS:
             assert (family, kind) in have, (family, kind)
     assert ("plan", "step") in have
+    for layer in LAYERS:  # every layer of DESIGN.md has at least two mutations
+        assert sum(m.layer == layer for m in MUTATIONS) >= 2, layer
     for m in MUTATIONS:
         assert m.name.startswith(f"{m.family}.{m.kind}.") and m.kind in KINDS, m.name
-        assert isinstance(m.patch, PlanPatch if m.family == "plan" else RulePatch), m.name
-        assert m.runs and m.description, m.name
-        for run in m.runs:
-            suite = "unit" if run.ranks is None else "mpi"
-            assert all(p.startswith(f"{suite}/") for p in run.paths), (m.name, run)
-            assert not run.validate or run.ranks is None, (m.name, run)
-            assert all(op in OPS for op in run.validate), (m.name, run)
+        assert m.layer in LAYERS and m.description, m.name
+        if m.kind == "source":
+            assert isinstance(m.patch, SourcePatch) and m.family == m.layer, m.name
+            assert m.mode in (None, "python"), m.name
+        else:
+            assert isinstance(m.patch, PlanPatch if m.family == "plan" else RulePatch), m.name
+            assert all(op in OPS for op in getattr(m.patch, "ops", ())), m.name
+        assert _source.module_file(m.module).is_file(), m.name
 
 
 def test_get_names_the_command_that_lists_mutations():
@@ -145,6 +153,129 @@ def test_a_mutation_of_an_unregistered_rule_cannot_be_applied():
     assert "no_such_op" not in _core._RULES
 
 
+# -- source mutations -------------------------------------------------------------------------
+@pytest.mark.parametrize("mutation", [m for m in MUTATIONS if m.kind == "source"],
+                         ids=lambda m: m.name)
+def test_a_source_mutation_changes_one_line_that_runs_inside_a_function(mutation):
+    patch = mutation.patch
+    source = _source.module_file(patch.module).read_text()
+    assert source.count(patch.old) == 1 and patch.new != patch.old
+    code, path = patch.code()  # compiles, with the marker before the changed statement
+    names = set()
+    todo = [code]
+    while todo:
+        c = todo.pop()
+        names |= set(c.co_names)
+        todo += [k for k in c.co_consts if hasattr(k, "co_names")]
+    assert _source.MARKER in names and str(path).endswith(".py")
+
+
+def _function(patch, name, module):
+    """Function ``name`` of ``patch``'s mutated code, over the globals of the real
+    ``module`` and a marker that counts into the returned list (the module's body is not
+    run again: its registrations would clash)."""
+    code, _ = patch.code()
+    assert _source.MARKER not in code.co_names  # the module's body never calls the marker
+    fn_code = next(c for c in code.co_consts if getattr(c, "co_name", "") == name)
+    fired = []
+    env = {**vars(module), _source.MARKER: lambda: fired.append(1)}
+    return types.FunctionType(fn_code, env), fired
+
+
+def test_the_marker_fires_when_the_mutated_statement_runs_and_only_then():
+    from placements import layout
+
+    fn, fired = _function(SourcePatch("placements.layout", "    chunk = -(-n // k)\n",
+                                      "    chunk = n // k\n"), "shard_range", layout)
+    assert not fired
+    assert fn(5, 2, 1) == (2, 2) != layout.shard_range(5, 2, 1) == (3, 2)
+    assert fired == [1]
+
+
+def test_the_marker_of_a_mutated_lambda_runs_with_its_body():
+    code, _ = get("backward.source.cos_sign").patch.code()
+    assert _source.MARKER not in code.co_names  # the module's body (the op records) never
+    lambdas = [c for c in code.co_consts if getattr(c, "co_name", "") == "<lambda>"
+               and _source.MARKER in c.co_names]
+    assert len(lambdas) == 1
+    fired = []
+    fn = types.FunctionType(lambdas[0], {_source.MARKER: lambda: fired.append(1)})
+
+    class X:
+        def sin(self):
+            return 3.0
+
+    assert fn(2.0, X()) == 6.0 and fired == [1]  # cos' gradient without its minus sign
+
+
+@pytest.mark.parametrize("old, new, match", [
+    ("no such text", "x", "occurs 0 times"),
+    ("return", "return", "the new text is the old one"),
+    ("    chunk = -(-n // k)\n", "    chunk = -(-n // k\n", "not valid Python"),
+    ('__all__ = [', '__all__ = [  "x",', "inside a function"),
+    ("``start = min(i * chunk, n)``", "``start = min(i * chunk, n + 1)``", "inside a string"),
+])
+def test_a_source_mutation_that_cannot_be_applied_says_why(old, new, match):
+    with pytest.raises(_source.MutationError, match=match):
+        SourcePatch("placements.layout", old, new).code()
+    with pytest.raises(_source.MutationError, match="no source file"):
+        _source.module_file("placements.no_such_module")
+
+
+def test_a_source_mutation_of_an_imported_module_is_refused():
+    # the hook serves later imports only: one of a module already imported would never run
+    with pytest.raises(_source.MutationError, match="imported before"):
+        get("placements.source.chunk_size").patch.install(lambda: None)
+
+
+# -- the automatic selection -----------------------------------------------------------------
+def _tree(root, files):
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def test_selection_reads_imports_names_helpers_and_the_layer_folder(tmp_path):
+    tests = _tree(tmp_path / "tests", {
+        "helpers/__init__.py": "",
+        "helpers/sim.py": "from placements.layout import local_slices\n",
+        "unit/ops/test_direct.py": "import placements.layout\n",
+        "unit/ops/test_helper.py": "from helpers.sim import x\n",
+        "unit/ops/test_name.py": "import placements as p\np.shard_range(1, 1, 0)\n" + "#" * 50,
+        "unit/ops/test_small_name.py": "import placements as p\np.shard_range(1, 1, 0)\n",
+        "unit/ops/test_two_names.py": "import placements as p\np.shard_range\np.local_shape\n"
+                                      + "#" * 100,
+        "unit/placements/test_layer.py": "x = 1\n",
+        "unit/ops/test_unrelated.py": "import numpy\nshard_range = 1\n",
+        "unit/launch/test_mutate.py": "import placements.layout\n",
+        "mpi/ops/test_mpi.py": "from placements.layout import local_shape\n",
+    })
+    unit, mpi = _select.select(tests, "placements.layout")
+    # level 3 (imports, also through a helper), then 2 (names it defines), then 1 (its
+    # layer's folder); in a level the file that uses more of its names first, then the
+    # smaller; never the mutation machinery's own tests
+    assert unit == ["unit/ops/test_helper.py", "unit/ops/test_direct.py",
+                    "unit/ops/test_two_names.py", "unit/ops/test_small_name.py",
+                    "unit/ops/test_name.py", "unit/placements/test_layer.py"]
+    assert mpi == ["mpi/ops/test_mpi.py"]
+    assert "shard_range" in _select.public_names("placements.layout")
+    assert not any(n.startswith("_") for n in _select.public_names("placements.layout"))
+
+
+def test_runs_go_unit_then_mpi_at_two_then_three_ranks():
+    m = get("placements.source.chunk_size")
+    runs = mutate.runs_for(TESTS_DIR, m)
+    assert [r.ranks for r in runs] == [None, *mutate.MPI_RANKS]
+    assert runs[1].paths == runs[2].paths
+    assert "unit/placements/test_layout.py" in runs[0].paths
+    assert not any("test_mutate.py" in p for r in runs for p in r.paths)
+    rule = mutate.runs_for(TESTS_DIR, get("pointwise.sum.relu_inplace"))
+    assert rule[0].validate == ("relu_",) and mutate.VALIDATOR_FILE not in rule[0].paths
+    assert "unit/placements/test_rules.py" in rule[0].paths
+
+
 # -- the plugin's log -------------------------------------------------------------------------
 def test_the_plugin_logs_the_first_firing_at_once_and_the_count_at_the_end(
     tmp_path, monkeypatch
@@ -185,7 +316,7 @@ def test_the_plugin_does_nothing_without_a_mutation(monkeypatch):
 
 
 # -- concluding a mutation from its runs -------------------------------------------------------
-UNIT, MPI = Run(("unit/placements/test_rules.py",)), Run(("mpi/ops/test_ops.py",), "relu", ranks=2)
+UNIT, MPI = Run(("unit/placements/test_rules.py",)), Run(("mpi/ops/test_ops.py",), ranks=2)
 
 
 def _outcome(run, status, fired, **kw):
@@ -217,12 +348,20 @@ def test_kills_survivors_and_the_last_line():
     assert killed.status == "killed"
     assert killed.detail == "mpi-2 mpi/ops/test_ops.py::test_unary"
     unnamed = mutate.conclude(m, [_outcome(MPI, "killed", True)], 2.0)
-    assert unnamed.detail == "mpi-2 test_ops.py -k relu"
+    assert unnamed.detail == "mpi-2 (1 files)"
     timeout = mutate.conclude(m, [_outcome(MPI, "timeout", True)], 2.0)
-    assert timeout.status == "killed" and "(timeout)" in timeout.detail
+    assert timeout.status == "killed" and "stalled" in timeout.detail
     survived = mutate.conclude(m, [_outcome(UNIT, "passed", True), _outcome(MPI, "passed", False)],
                                2.0)
-    assert survived.status == "survived"
+    assert survived.status == "survived" and survived.detail == "SURVIVED"
+    # the budget ran out while a run still made progress: not a kill
+    cut = mutate.conclude(m, [_outcome(UNIT, "passed", True), _outcome(MPI, "budget", True)], 2.0)
+    assert cut.status == "survived" and cut.detail == "SURVIVED (budget spent in mpi-2 (1 files))"
+    table = mutate.layer_table([killed, cut, mutate.Result(get("solver.source.pair_cost"),
+                                                           "invalid", "never fired", 1.0)])
+    assert table[0].split() == ["layer", "killed", "total", "survived", "invalid", "killed", "%"]
+    assert [line.split() for line in table[1:]] == [["solver", "0", "1", "0", "1", "0"],
+                                                   ["rules", "1", "2", "1", "0", "50"]]
     results = [killed] * 19 + [survived]
     line = mutate.summary_line(results)
     assert line == "mutations: 19/20 killed"
@@ -236,12 +375,15 @@ def test_kills_survivors_and_the_last_line():
 def test_options_and_selection():
     p = mutate._parser()
     opts = p.parse_args(["--only", "a", "b", "--family", "view", "--family", "nn",
-                         "--timeout", "5", "--mode", "python"])
-    assert (opts.only, opts.family, opts.timeout, opts.mode) == (["a", "b"], ["view", "nn"],
-                                                                 5.0, "python")
+                         "--budget", "5", "--stall", "4", "--mode", "python", "--layer", "optim"])
+    assert (opts.only, opts.family, opts.budget, opts.stall, opts.mode, opts.layer) == (
+        ["a", "b"], ["view", "nn"], 5.0, 4.0, "python", ["optim"])
     defaults = p.parse_args([])
-    assert (defaults.list, defaults.only, defaults.family, defaults.mode) == (
-        False, None, None, "fastpath")
+    assert (defaults.list, defaults.only, defaults.family, defaults.mode, defaults.layer,
+            defaults.budget) == (False, None, None, "fastpath", None, 180.0)
+    with pytest.raises(SystemExit):
+        p.parse_args(["--layer", "nope"])
+    assert {m.layer for m in mutate.select(p, None, None, ["optim"])} == {"optim"}
     with pytest.raises(SystemExit):
         p.parse_args(["--family", "nope"])
     assert [m.family for m in mutate.select(p, None, ["plan"])] == ["plan"] * sum(
@@ -253,7 +395,7 @@ def test_options_and_selection():
     with pytest.raises(SystemExit):
         mutate.select(p, [MUTATIONS[0].name], ["plan"])  # nothing left
     with pytest.raises(SystemExit):
-        mutate.main(["--timeout", "0"])
+        mutate.main(["--budget", "0"])
     assert "python -m launch mutate" in USAGE
 
 
@@ -261,7 +403,12 @@ def test_list_prints_one_line_per_mutation(capsys):
     assert mutate.main(["--list", "--family", "nn"]) == 0
     lines = capsys.readouterr().out.splitlines()
     nn = [m for m in MUTATIONS if m.family == "nn"]
-    assert len(lines) == len(nn) + 1 and all(m.name in text for m, text in zip(nn, lines))
+    assert len(lines) == len(nn) + 2 and all(m.name in text for m, text in zip(nn, lines))
+    assert lines[len(nn)] == f"{len(nn)} mutations; per layer: rules {len(nn)}"
+    assert mutate.main(["--list", "--layer", "kernels"]) == 0
+    out = capsys.readouterr().out
+    assert "kernels.source.layer_norm_bw_twin  [kernels/source: dtensor.local.kernels.nn, " \
+           "python path]" in out
 
 
 def test_runs_skip_missing_files_and_select_validator_groups(tmp_path):
@@ -276,22 +423,40 @@ def test_runs_skip_missing_files_and_select_validator_groups(tmp_path):
     assert notes == ["mpi/test_not_yet.py missing"]
     paths, notes = ctx.resolve(Run(("unit/placements/test_rules.py",), validate=("gelu",)))
     assert paths[-1] == mutate.VALIDATOR_FILE and "unknown" in notes[0]
-    assert ctx.command(Run(("mpi/ops/test_ops.py",), "relu", ranks=2),
-                       ["mpi/ops/test_ops.py"])[-5:] == [
-        "-p", "launch._mutant", "-k", "relu", "--with-mpi"]
+    assert ctx.command(Run(("mpi/ops/test_ops.py",), ranks=2),
+                       ["mpi/ops/test_ops.py"])[-3:] == ["-p", "launch._mutant", "--with-mpi"]
 
 
 def test_one_mutation_end_to_end(tmp_path, monkeypatch, capsys):
     """The plugin applies the mutation in a pytest process of its own; the run's output and
     log give the killing test; the report ends with the summary line."""
-    m = replace(get("reduction.drop.amax_passthrough"),
-                runs=(Run(("unit/placements/test_rules.py::test_reduction_candidates",)),))
-    monkeypatch.setattr(mutate, "MUTATIONS", (m,))
+    m = get("reduction.drop.amax_passthrough")
+    monkeypatch.setattr(mutate, "runs_for", lambda tests, mutation: (
+        Run(("unit/placements/test_rules.py::test_reduction_candidates",)),))
     rc = mutate.main(["--only", m.name, "--tests-dir", str(TESTS_DIR), "--log-dir", str(tmp_path),
-                      "--timeout", "120"])
+                      "--budget", "120"])
     out = capsys.readouterr().out.splitlines()
     assert rc == 0, out
     row = next(line for line in out if line.startswith(m.name))
     assert "unit/placements/test_rules.py::test_reduction_candidates" in row
+    assert out[-1] == "mutations: 1/1 killed"
+    assert _mutant.read_log(tmp_path / f"{m.name}.0.log").fired_processes == 1
+
+
+def test_one_source_mutation_end_to_end(tmp_path, monkeypatch, capsys):
+    """The plugin installs the import hook before the product is imported: the test process
+    runs the mutated line (its marker fires) and the test fails; the per-layer table counts
+    it."""
+    m = get("placements.source.chunk_size")
+    monkeypatch.setattr(mutate, "runs_for", lambda tests, mutation: (
+        Run(("unit/placements/test_layout.py::test_shard_range_errors",
+             "unit/placements/test_layout.py::test_shard_range_is_torch_chunk")),))
+    rc = mutate.main(["--only", m.name, "--tests-dir", str(TESTS_DIR), "--log-dir", str(tmp_path),
+                      "--budget", "120"])
+    out = capsys.readouterr().out.splitlines()
+    assert rc == 0, out
+    row = next(line for line in out if line.startswith(m.name))
+    assert "test_shard_range_is_torch_chunk" in row and "placements" in row
+    assert any(line.split()[:3] == ["placements", "1", "1"] for line in out)
     assert out[-1] == "mutations: 1/1 killed"
     assert _mutant.read_log(tmp_path / f"{m.name}.0.log").fired_processes == 1

@@ -169,6 +169,20 @@ def test_stats_return_to_baseline():
     check_snapshot(alloc._CPU)
 
 
+def test_peak_is_the_largest_total_of_blocks_alive_together():
+    """peak_allocated_bytes is the largest sum of the live blocks, not the largest block."""
+    allocator = alloc.CPUAllocator()
+    a = allocator.allocate(MiB)
+    b = allocator.allocate(2 * MiB)
+    stats = allocator.stats()
+    assert stats["peak_allocated_bytes"] == stats["allocated_bytes"] == 3 * MiB
+    del a, b
+    c = allocator.allocate(MiB)
+    stats = allocator.stats()
+    assert (stats["allocated_bytes"], stats["peak_allocated_bytes"]) == (MiB, 3 * MiB)
+    del c
+
+
 def test_view_keeps_block_alive():
     gc.collect()
     base = dt.memory_stats()["active_blocks"]

@@ -21,6 +21,9 @@ PROGRAMS = {
               + x.std(dim=0).sum() + x.var().sum() + x.norm(), ((5, 6), (6,), (6,))),
     "losses": (lambda F, t, x, w: _nn(F).cross_entropy(x @ w, t, label_smoothing=0.1)
                + _nn(F).mse_loss(x.sigmoid(), x.clamp(-0.5, 0.5)), ((6, 4), (4, 5))),
+    # the mean over the targets that are not ignored (the seed's targets hold two 2s)
+    "losses_ignored": (lambda F, t, x, w: _nn(F).cross_entropy(x @ w, t, ignore_index=2),
+                       ((6, 4), (4, 5))),
     "einsum": (lambda F, t, x, y, z: (F.einsum("...ij,...jk->...ik", x, y).sin().sum()
                                       + F.einsum("iij->j", z).exp().sum()
                                       + F.einsum("bii,bj->bij", z.movedim(2, 0), y[:, 0]).sum()),
@@ -69,6 +72,19 @@ def _gradient_penalty(F, t, x, w1, b1, w2):
 PROGRAMS["gradient_penalty"] = (_gradient_penalty, ((5, 4), (4, 6), (6,), (6, 3)))
 
 
+def _norm_penalty(F, t, x, w, b):
+    """A penalty on layer_norm's input and weight gradients (``create_graph=True``: its
+    formula recorded as ops, the composite form, whose second derivatives reach every
+    input)."""
+    y = _nn(F).layer_norm(x, (6,), w, b)
+    loss = (y * y.sin()).sum()
+    gx, gw = F.autograd.grad(loss, (x, w), create_graph=True)
+    return (gx * gx).sum() + (gw * gw).sum() + loss
+
+
+PROGRAMS["norm_penalty"] = (_norm_penalty, ((5, 6), (6,), (6,)))
+
+
 def _nn(F):
     """Where the functional nn ops live: ``dtensor`` itself, ``torch.nn.functional``."""
     return F if F is dt else F.nn.functional
@@ -81,6 +97,7 @@ def test_gradients_equal_torch(name):
     fn, shapes = PROGRAMS[name]
     rng = np.random.default_rng(11)
     target = rng.integers(0, 5, (6,))
+    assert 0 < (target == 2).sum() < len(target)  # "losses_ignored" ignores some targets
     arrays = [rng.standard_normal(s) for s in shapes]
     xs = [dt.from_numpy(a.copy()).requires_grad_() for a in arrays]
     fn(dt, dt.from_numpy(target), *xs).backward()

@@ -534,3 +534,23 @@ def test_module_caches_are_registered_and_clear_all_empties_them():
     a = choose("add", t((8, 3), I32, (S(0), R)), t((), F64), mesh=(2, 2))
     assert a == choose("add", t((8, 3), I32, (S(0), R)), t((), F64), mesh=(2, 2))
     assert get_cache("placements.rules.results").stats()["hits"] == 1
+
+
+def test_views_keep_shard_and_partial_candidates():
+    """transpose moves each Shard to the swapped dim and keeps every Partial; basic indexing
+    keeps a Shard of a dim it does not slice and every Partial (each contribution indexed
+    alike): all without communication."""
+    tr = cands(rule("transpose", t((4, 6)), dim0=0, dim1=1))
+    assert {(S(1), S(0)), (S(0), S(1)), (P("sum"), P("sum")), (P("max"), P("max"))} <= tr
+    assert (S(0), S(0)) not in tr
+    gi = cands(rule("getitem", t((4, 6)), idx=(slice(1, 3),)))
+    assert {(S(1), S(1)), (P("sum"), P("sum")), (P("avg"), P("avg")), (P("min"), P("min"))} <= gi
+
+
+def test_fill_of_a_partial_sum_splits_a_partial_sum_value():
+    """fill_ of a P(sum) tensor with a 0-d tensor value keeps P(sum) when the value is
+    P(sum) too (each rank writes its contribution), without communication; a Shard or a
+    P(max) keeps its placement with a replicated value."""
+    fill = cands(rule("fill_", t((4, 6)), t(())))
+    assert {(P("sum"), P("sum"), P("sum")), (S(0), S(0), R), (P("max"), P("max"), R)} <= fill
+    assert (P("sum"), P("sum"), R) not in fill  # the value would count once per rank

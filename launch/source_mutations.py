@@ -223,8 +223,8 @@ SOURCE_MUTATIONS: tuple[SourceMutation, ...] = (
        "if self.last_epoch == 0 or self.last_epoch % (self.step_size + 1) != 0:",
        "StepLR decays every step_size + 1 epochs"),
     _m("optim", "clip_coefficient", "dtensor.nn.utils",
-       "coef = float(max_norm) / (float(total.numpy()) + 1e-6)",
-       "coef = float(max_norm) / (float(total.numpy()) ** 2 + 1e-6)",
+       "coef = float(kind(max_norm) / (kind(total.numpy()) + kind(1e-6)))",
+       "coef = float(kind(max_norm) / (kind(total.numpy()) ** 2 + kind(1e-6)))",
        "clip_grad_norm_ divides by the squared total norm"),
     # -- checkpoint -----------------------------------------------------------------------
     _m("checkpoint", "file_offset", "dtensor.checkpoint._dcp",

@@ -554,3 +554,15 @@ def test_fill_of_a_partial_sum_splits_a_partial_sum_value():
     fill = cands(rule("fill_", t((4, 6)), t(())))
     assert {(P("sum"), P("sum"), P("sum")), (S(0), S(0), R), (P("max"), P("max"), R)} <= fill
     assert (P("sum"), P("sum"), R) not in fill  # the value would count once per rank
+
+
+def test_index_ops_keep_their_shard_candidates():
+    """gather keeps a Shard of a dim the index has at full size (each rank gathers its rows,
+    the index's rows of its block cut locally); index_add keeps the indexed dim sharded
+    (each shard adds the source rows whose indices land in its block, masked) and another
+    dim sharded with the source alike: all without communication."""
+    ga = cands(rule("gather", t((4, 6)), t((4, 3), I64), dim=1))
+    assert (S(0), S(0), R) in ga
+    assert (S(1), S(1), R) not in ga  # the gathered dim
+    ia = cands(rule("index_add", t((5, 6)), t((3,), I64), t((3, 6)), dim=0))
+    assert {(S(0), S(0), R, R), (S(1), S(1), R, S(1))} <= ia

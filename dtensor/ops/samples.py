@@ -19,7 +19,8 @@ import numpy as np
 
 from .table import OPS, OpInfo
 
-__all__ = ["FAMILIES", "INT_CASTS", "QUICK_SHAPES", "SHAPES", "VIEW_CASES", "VIEW_EDGES", "Case", "Gen", "cases"]
+__all__ = ["FAMILIES", "INT_CASTS", "QUICK_SHAPES", "SHAPES", "VIEW_CASES", "VIEW_EDGES", "Case",
+           "Gen", "cases"]
 
 _F32 = np.dtype(np.float32)
 _F64 = np.dtype(np.float64)
@@ -186,10 +187,11 @@ def _ternary_edges(g: Gen, name: str) -> Iterator[Case]:
             v = {"input": arr(shape), "min": arr(small) - 1, "max": 0.5}
         elif name == "lerp":
             v = {"input": arr(shape), "end": arr(small), "weight": arr((3,), False)}
-        else:
-            mul = name == "addcmul"
-            v = {"input": arr(shape), "tensor1": arr(small, not mul and tag == "nan-inf"),
-                 "tensor2": arr((3,)) if not mul else g.arr((3,), _F32), "value": 0.5}
+        elif name == "addcmul":
+            v = {"input": arr(shape), "tensor1": arr(small, False), "tensor2": arr((3,), False),
+                 "value": 0.5}
+        else:  # addcdiv: a Partial tensor1 divided by an infinity is 0 on every rank
+            v = {"input": arr(shape), "tensor1": arr(small), "tensor2": arr((3,)), "value": 0.5}
         yield Case(v, tag)
 
 

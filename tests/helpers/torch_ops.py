@@ -17,7 +17,9 @@ must have.
 - :func:`requirements`: per record, which keyword arguments and branches its sample calls
   must cover (every defaulted parameter at a non-default value; reductions: ``dim=None``,
   a negative dim, a tuple, ``keepdim``; NaN/inf; integer dtypes; empty and size-1 dims;
-  broadcasting; python scalars), derived from the record's parameters and family.
+  broadcasting; python scalars), derived from the record's parameters and family; where a
+  requirement does not apply the tables say why (:data:`FLOAT_ONLY`: torch refuses integer
+  inputs; :data:`NONFINITE_UNDEFINED`: the result is undefined for NaN and inf).
 
 The tests (``tests/unit/ops/test_torch_differential.py``, ``tests/mpi/ops/
 test_torch_differential_mpi.py``) import torch lazily through :func:`torch_module`.

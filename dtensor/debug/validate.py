@@ -56,6 +56,7 @@ from placements.rules import (
 
 from ..distributed.abstract import AbstractMesh
 from ..local import rng as _random
+from ..local.quiet import quiet_call
 from ..local.tensor import Tensor, wrap_array
 from ..ops import OPS, OpInfo
 from ..ops.samples import FAMILIES, QUICK_SHAPES, SHAPES, Case, Gen, cases
@@ -465,7 +466,8 @@ def _run_strategy(
         kernel = info.local_fn(schema, strategy) if info.local_fn is not None else info.kernel
         _random.set_rng_state(call.rng_state)
         try:
-            outs = _outputs(kernel(*values))
+            outs = _outputs(quiet_call(kernel, *values))  # (as dispatch runs it; a thread
+            # of a collective strategy does not inherit the caller's numpy error state)
         except Exception as exc:
             raise _Mismatch(f"local kernel raised on {coord}: {type(exc).__name__}: {exc}") from exc
         for k, (o, spec) in enumerate(zip(outs, strategy.output_specs)):

@@ -359,7 +359,7 @@ def _bind(info: OpInfo, case: Case) -> SampleCall | None:
     state = _random.get_rng_state()
     try:
         _random.set_rng_state(state)
-        out = info.kernel(*[_as_kernel_value(v) for v in values])
+        out = quiet_call(info.kernel, *[_as_kernel_value(v) for v in values])  # (as dispatch)
     except Exception:  # noqa: BLE001 - the op does not take these inputs on one device
         return None
     static = tuple((p, values[info.params.index(p)]) for p in info.static_params)

@@ -60,7 +60,9 @@ def partial_contributions(
       (``max``) or above (``min``) it; bools: ``max`` is or, ``min`` is and;
     - ``prod``: the value on the first contribution, ones elsewhere.
 
-    NaN and infinities stay NaN/inf in the contribution that holds them. Floats reduce to
+    NaN and infinities are in every contribution (``prod``: in the first): the sum of equal
+    infinities is that infinity, and a product with another operand's infinity at the same
+    place stays one on every rank (a 0 addend would give ``0 * inf``, NaN). Floats reduce to
     ``value`` up to rounding (``sum``, ``avg``); integers and bools exactly (integers may
     wrap around, as their reduction does).
 
@@ -96,8 +98,11 @@ def partial_contributions(
         return [value & (holder == c) for c in range(k)]  # sum, max: logical or
     finite = np.isfinite(value) if value.dtype.kind in "fc" else np.ones(value.shape, bool)
     if op == "sum":
-        parts = [np.where(finite, _noise(value, rng), 0).astype(value.dtype) for _ in range(k - 1)]
-        rest = value - sum(parts, np.zeros_like(value)) if parts else value.copy()
+        parts = [np.where(finite, _noise(value, rng), value).astype(value.dtype)
+                 for _ in range(k - 1)]
+        with np.errstate(invalid="ignore"):  # (inf - inf: NaN, replaced by the value)
+            rest = value - sum(parts, np.zeros_like(value)) if parts else value.copy()
+        rest = np.where(finite, rest, value)
         return [*parts, np.asarray(rest).astype(value.dtype)]
     if op == "avg":
         noise = [np.where(finite, _noise(value, rng), 0).astype(value.dtype) for _ in range(k)]

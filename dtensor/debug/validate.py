@@ -56,6 +56,7 @@ from placements.rules import (
 
 from ..distributed.abstract import AbstractMesh
 from ..local import rng as _random
+from ..local.quiet import quiet_call
 from ..local.tensor import Tensor, wrap_array
 from ..ops import OPS, OpInfo
 from ..ops.samples import FAMILIES, QUICK_SHAPES, SHAPES, Case, Gen, cases
@@ -358,7 +359,7 @@ def _bind(info: OpInfo, case: Case) -> SampleCall | None:
     state = _random.get_rng_state()
     try:
         _random.set_rng_state(state)
-        out = info.kernel(*[_as_kernel_value(v) for v in values])
+        out = quiet_call(info.kernel, *[_as_kernel_value(v) for v in values])  # (as dispatch)
     except Exception:  # noqa: BLE001 - the op does not take these inputs on one device
         return None
     static = tuple((p, values[info.params.index(p)]) for p in info.static_params)
@@ -465,7 +466,8 @@ def _run_strategy(
         kernel = info.local_fn(schema, strategy) if info.local_fn is not None else info.kernel
         _random.set_rng_state(call.rng_state)
         try:
-            outs = _outputs(kernel(*values))
+            outs = _outputs(quiet_call(kernel, *values))  # (as dispatch runs it; a thread
+            # of a collective strategy does not inherit the caller's numpy error state)
         except Exception as exc:
             raise _Mismatch(f"local kernel raised on {coord}: {type(exc).__name__}: {exc}") from exc
         for k, (o, spec) in enumerate(zip(outs, strategy.output_specs)):

@@ -160,7 +160,7 @@ unary("erf", pw.erf_kernel, "float", FLOATS, "monotone", inplace=True,
 unary("reciprocal", np.reciprocal, "float", FLOATS, inplace=True,
       grad=lambda g, out: -(g * out * out))
 unary("relu", pw.relu_kernel, "same", NUMERIC, "monotone", reject="b", inplace=True,
-      grad=lambda g, out: g.where(out > 0, 0.0))
+      grad=lambda g, out: g.masked_fill(out <= 0, 0.0))  # (NaN passes, as in PyTorch)
 unary("silu", pw.silu_kernel, "floatonly", FLOATS, method=False, grad=_silu_grad)
 unary("sign", pw.sign_kernel, "same", NUMERIC, "monotone", inplace=True, grad=_zero)
 unary("floor", np.floor, "round", FLOATS, "monotone", inplace=True, grad=_zero)
@@ -202,7 +202,7 @@ def _gelu(g, v, o, need, fns):
 def _softplus(g, v, o, need, fns):
     x, beta, threshold = v[0], v[1], v[2]
     bx = x * beta
-    return ((g * bx.sigmoid()).where(bx <= threshold, g),)
+    return (g.where(bx > threshold, g * bx.sigmoid()),)  # (a NaN input: NaN, as in PyTorch)
 
 
 declare("gelu", pw.gelu, rule=unary_rule("floatonly", "none"), method=False, samples="unary",
@@ -248,12 +248,16 @@ def _pow(g, v, o, need, fns):
     return (ga, gb)
 
 
-def _extremum(pick):
+def _extremum(loses):
+    """maximum/minimum's formula (PyTorch's): the gradient goes to the winning argument, half
+    to each of a tie, and whole to both where either is NaN (``loses(a, b)``: where ``a`` is
+    not picked)."""
+
     def fn(g, v, o, need, fns):
         a, b = v[0], v[1]
-        half = g * 0.5
-        ga = g.where(pick(a, b), 0.0) + half.where(a == b, 0.0)
-        return (ga, g - ga if need[1] else None)
+        share = g.where(a != b, g * 0.5)
+        return (share.masked_fill(loses(a, b), 0.0) if need[0] else None,
+                share.masked_fill(loses(b, a), 0.0) if need[1] else None)
     return fn
 
 
@@ -298,8 +302,8 @@ binary("remainder", "mod", inplace=True, backward=Backward(
 binary("fmod", inplace=True, backward=Backward(
     lambda g, v, o, n, fns: (g, -(g * (v[0] / v[1]).trunc())), _BOTH))
 binary("pow", "pow", inplace=True, backward=Backward(_pow, _BOTH, out=True))
-binary("maximum", backward=Backward(_extremum(lambda a, b: a > b), _BOTH))
-binary("minimum", backward=Backward(_extremum(lambda a, b: a < b), _BOTH))
+binary("maximum", backward=Backward(_extremum(lambda a, b: a < b), _BOTH))
+binary("minimum", backward=Backward(_extremum(lambda a, b: a > b), _BOTH))
 binary("atan2", backward=Backward(_atan2, _BOTH))
 for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
     binary(_name, _name, compare=True, backward=NOT_DIFFERENTIABLE)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from placements.errors import AutogradError
-from placements.meta import norm_dim, norm_dims
+from placements.meta import dtype_kind, norm_dim, norm_dims
 
 from ..local import kernels as K
 from ._grad import is_tensor
@@ -59,10 +59,15 @@ def _prod(g, v, o, need, fns):
     return (_back(g * o, x.shape, dims, keepdim) / x,)
 
 
-def _selected(g, x, o, dims, keepdim):
+def _selected(g, x, o, dims, keepdim, nan=False):
     """The gradient of a value-selecting reduction (amax...): split evenly between the
-    elements equal to the result."""
-    mask = (x == _back(o, x.shape, dims, keepdim)).to(g.dtype)
+    elements equal to the result (``nan``: a NaN result's between the NaN elements, as
+    PyTorch's max/min give it; amax/amin's is NaN there, as PyTorch's)."""
+    ob = _back(o, x.shape, dims, keepdim)
+    eq = x == ob
+    if nan and dtype_kind(x.dtype) == "f":
+        eq = eq | (x.isnan() & ob.isnan())
+    mask = eq.to(g.dtype)
     return _back(g, x.shape, dims, keepdim) * mask / mask.sum(dim=dims, keepdim=True)
 
 
@@ -76,7 +81,7 @@ def _extreme(name):
             if g is None:
                 return (None,)
             dims = _dims(name, dim, x.ndim) if dim is not None else tuple(range(x.ndim))
-            return (_selected(g, x, o, dims, keepdim if dim is not None else False),)
+            return (_selected(g, x, o, dims, keepdim if dim is not None else False, True),)
         return (_selected(g, x, o, _dims(name, dim, x.ndim), keepdim),)
     return fn
 
@@ -87,12 +92,18 @@ def _correction(unbiased, correction):
     return 0 if unbiased is False else 1
 
 
+def _over(c, n):
+    """``c / n``, inf where the degrees of freedom ``n`` are 0 (a correction equal to the
+    count: PyTorch's double division gives inf there; python's raises)."""
+    return c / n if n else math.inf
+
+
 def _var(g, v, o, need, fns):
     x, dim, unbiased, keepdim, correction = v
     dims = _dims("var", dim, x.ndim)
     n = _count(x.shape, dims) - _correction(unbiased, correction)
     centered = x - x.mean(dim=dims, keepdim=True)
-    return (_back(g, x.shape, dims, keepdim) * centered * (2.0 / n),)
+    return (_back(g, x.shape, dims, keepdim) * centered * _over(2.0, n),)
 
 
 def _std(g, v, o, need, fns):
@@ -100,7 +111,7 @@ def _std(g, v, o, need, fns):
     dims = _dims("std", dim, x.ndim)
     n = _count(x.shape, dims) - _correction(unbiased, correction)
     centered = x - x.mean(dim=dims, keepdim=True)
-    return (_back(g / o, x.shape, dims, keepdim) * centered * (1.0 / n),)
+    return (_back(g / o, x.shape, dims, keepdim) * centered * _over(1.0, n),)
 
 
 def _logsumexp(g, v, o, need, fns):

@@ -1,7 +1,10 @@
 """The strategy validator's sample calls, by op family: the ``samples`` an op record names
 (:attr:`dtensor.ops.OpInfo.samples`) is a key of :data:`FAMILIES`, whose generator yields the
 family's cases for one op (even, uneven and empty-shard shapes; float, int and bool dtypes
-where meaningful; python scalars; broadcasting). The validator
+where meaningful; python scalars; broadcasting), and its edge cases: NaN, inf and -inf
+(:meth:`Gen.special`), size-1 and empty dims, negative dims, every defaulted keyword at a
+non-default value, integer inputs where torch defines the op (the torch differential suite,
+``tests/helpers/torch_ops.py``, checks that each record's samples cover these). The validator
 (:mod:`dtensor.debug.validate`) binds them to the op and runs them on simulated meshes; tests
 run them on real ones.
 """
@@ -16,7 +19,8 @@ import numpy as np
 
 from .table import OPS, OpInfo
 
-__all__ = ["FAMILIES", "QUICK_SHAPES", "SHAPES", "VIEW_CASES", "Case", "Gen", "cases"]
+__all__ = ["FAMILIES", "INT_CASTS", "QUICK_SHAPES", "SHAPES", "VIEW_CASES", "VIEW_EDGES", "Case",
+           "Gen", "cases"]
 
 _F32 = np.dtype(np.float32)
 _F64 = np.dtype(np.float64)
@@ -52,6 +56,15 @@ class Gen:
             a = np.abs(a) + 0.5
         return a.astype(dtype)
 
+    def special(self, shape: tuple[int, ...], dtype: np.dtype = _F32) -> np.ndarray:
+        """A random float array (:meth:`arr`) holding NaN, inf and -inf: at flat positions
+        0, n/3 and 2n/3 (C order, n >= 3 entries), so that a 2-D array of 3+ rows has them
+        in different rows and the last row finite. **Local**."""
+        a = self.arr(shape, dtype)
+        n = a.size
+        a.reshape(-1)[[0, n // 3, 2 * n // 3]] = (np.nan, np.inf, -np.inf)
+        return a
+
 
 #: The 2-D shapes of the full run (even and uneven shards, empty ones on meshes of 4), and of
 #: the quick one.
@@ -65,13 +78,29 @@ def _dtypes(*kinds: str) -> tuple[np.dtype, ...]:
     return tuple(table[k] for k in kinds)
 
 
+#: Unary ops' keyword arguments at a non-default value (given in the float cases of the last
+#: shape and the edge cases).
+_UNARY_KW: dict[str, dict[str, object]] = {
+    "leaky_relu": {"negative_slope": 0.1}, "gelu": {"approximate": "tanh"},
+    "round": {"decimals": 1}, "softplus": {"beta": 2.0, "threshold": 1.0},
+}
+
+
 def _unary_cases(g: Gen, shapes, name: str) -> Iterator[Case]:
-    for shape in shapes:
+    for i, shape in enumerate(shapes):
         for dt in _dtypes("f", "i", "b"):
             v: dict[str, object] = {"input": g.arr(shape, dt)}
-            if name == "leaky_relu":
-                v["negative_slope"] = 0.1
+            if name == "leaky_relu" or (dt == _F32 and i == len(shapes) - 1):
+                v.update(_UNARY_KW.get(name, {}))
             yield Case(v, f"{dt.name}{shape}")
+    # edges: NaN/inf with a size-1 dim, an empty dim (ints for the ops of ints only)
+    kw = _UNARY_KW.get(name, {})
+    if name == "bitwise_not":
+        yield Case({"input": g.arr((5, 1), _I64)}, "int64(5, 1)")
+        yield Case({"input": g.arr((0, 3), _I64)}, "int64(0, 3)")
+        return
+    yield Case({"input": g.special((5, 1)), **kw}, "float32(5, 1)nan-inf")
+    yield Case({"input": g.arr((0, 3), _F32), **kw}, "float32(0, 3)")
 
 
 def _binary_cases(g: Gen, shapes, name: str) -> Iterator[Case]:
@@ -87,12 +116,28 @@ def _binary_cases(g: Gen, shapes, name: str) -> Iterator[Case]:
                 (((r, 1), (1, c)), "outer"),
             ]
             for (sa, sb), tag in pairs:
-                yield Case({"input": g.arr(sa, dt), "other": g.arr(sb, dt, kind)},
-                           f"{dt.name}{sa}{sb}{tag}")
+                v = {"input": g.arr(sa, dt), "other": g.arr(sb, dt, kind)}
+                if name in ("add", "sub") and tag == "bcast" and dt != _BOOL:
+                    v["alpha"] = 2  # (torch takes no alpha but a bool one for bools)
+                yield Case(v, f"{dt.name}{sa}{sb}{tag}")
             yield Case({"input": g.arr(shape, dt), "other": s}, f"{dt.name}{shape}+scalar")
             yield Case({"input": s, "other": g.arr(shape, dt, kind)}, f"scalar+{dt.name}{shape}")
         yield Case({"input": g.arr(shape, _I64), "other": g.arr(shape, _F32, kind)},
                    f"mixed{shape}")
+    # edges: NaN/inf in both operands (a size-1 dim broadcast), an empty dim broadcast
+    ints = name.startswith("bitwise")
+    alpha = {"alpha": 3} if name in ("add", "sub") else {}
+    if not ints:
+        other = g.special((4, 1))  # rows 0-2: NaN, inf, -inf
+        if kind != "any":
+            other[3] = np.abs(other[3]) + 0.5
+        x = g.special((4, 3))
+        if name == "mul":  # a factor meets non-finite values only in non-finite rows
+            x[:3] = other[:3]  # (see "Non-finite values in products" below)
+        yield Case({"input": x, "other": other, **alpha}, "nan-inf(4,3)(4,1)")
+    dt = _I64 if ints else _F32
+    yield Case({"input": g.arr((0, 3), dt), "other": g.arr((1, 3), dt, kind), **alpha},
+               f"{dt.name}(0,3)(1,3)")
     if name == "div":
         for case in list(_binary_cases(g, shapes[:1], "floor_divide")):
             case.values["rounding_mode"] = "floor"
@@ -124,6 +169,38 @@ def _ternary_cases(g: Gen, shapes, name: str) -> Iterator[Case]:
                         "tensor2": g.arr((c,), _F32, kind)}, f"{shape}")
             yield Case({"input": g.arr((c,), _F32), "tensor1": g.arr(shape, _F32),
                         "tensor2": g.arr(shape, _F32, kind), "value": 2}, f"{shape}v")
+    # edges: NaN/inf (a size-1 dim broadcast), an empty dim
+    yield from _ternary_edges(g, name)
+
+
+def _ternary_edges(g: Gen, name: str) -> Iterator[Case]:
+    """A case with NaN, inf and -inf in the float operands (not in a factor that may meet a
+    Partial one: see the note below), one operand of a size-1 dim broadcast, and one
+    with an empty dim (every other keyword at a non-default value)."""
+    for shape, small, tag in (((4, 3), (4, 1), "nan-inf"), ((0, 3), (0, 1), "empty")):
+        def arr(s: tuple[int, ...], special: bool = tag == "nan-inf") -> np.ndarray:
+            return g.special(s) if special else g.arr(s, _F32)
+
+        if name == "where":
+            v = {"condition": g.arr(small, _BOOL), "input": arr(shape), "other": arr((3,))}
+        elif name in ("clamp", "clip"):
+            v = {"input": arr(shape), "min": arr(small) - 1, "max": 0.5}
+        elif name == "lerp":
+            v = {"input": arr(shape), "end": arr(small), "weight": arr((3,), False)}
+        elif name == "addcmul":
+            v = {"input": arr(shape), "tensor1": arr(small, False), "tensor2": arr((3,), False),
+                 "value": 0.5}
+        else:  # addcdiv: a Partial tensor1 divided by an infinity is 0 on every rank
+            v = {"input": arr(shape), "tensor1": arr(small), "tensor2": arr((3,)), "value": 0.5}
+        yield Case(v, tag)
+
+
+# Non-finite values in products: the NaN/inf samples keep them away from finite factors. A
+# Partial tensor's addends differ in sign from rank to rank, so ``addend * inf`` sums to NaN
+# where the global product is +-inf (``0 * inf`` too): linearity, which every rule that keeps
+# a Partial through a product relies on (PyTorch's DTensor's too), holds for finite values
+# only (the README says so). mul's non-finite rows meet non-finite rows only; addcmul's
+# factors and lerp's weight are finite (their other operands are added, which is exact).
 
 
 _DIMS = (None, 0, 1, (0, 1), -1)
@@ -133,7 +210,8 @@ def _reduce_cases(g: Gen, shapes, name: str) -> Iterator[Case]:
     shapes = (*shapes, (2, 3, 4))
     dts = _dtypes("f", "i", "b") if name in ("sum", "prod", "amax", "amin", "max", "min",
                                                   "any", "all", "count_nonzero", "argmax",
-                                                  "argmin") else _dtypes("f")
+                                                  "argmin") else _dtypes(
+        "f", "i") if name == "logsumexp" else _dtypes("f")
     for i, shape in enumerate(shapes):
         for dt in dts:
             for j, dim in enumerate(_DIMS):
@@ -147,7 +225,18 @@ def _reduce_cases(g: Gen, shapes, name: str) -> Iterator[Case]:
                     v["keepdim"] = keepdim
                 if name == "norm":
                     v["p"] = (2, 1, math.inf, "fro")[j % 4]
+                if name in ("std", "var") and j in (1, 2):  # (torch takes one of the two)
+                    v["unbiased" if j == 1 else "correction"] = (False, 2)[j - 1]
                 yield Case(v, f"{dt.name}{shape}dim={dim}")
+    # edges: NaN, inf and -inf in different rows of a size-1 dim (one row finite), an empty
+    # dim; in float32 with a float64 result where the op takes a dtype
+    for x, dim, keepdim in ((g.special((4, 1, 3)), -1, True), (g.arr((0, 3), _F32), -1, False)):
+        v = {"input": x, "dim": dim}
+        if name != "count_nonzero":
+            v["keepdim"] = keepdim
+        if "dtype" in OPS[name].params:
+            v["dtype"] = _F64
+        yield Case(v, f"float32{x.shape}dim={dim}{'nan-inf' if x.size else ''}")
 
 
 def _scan_cases(g: Gen, shapes, name: str) -> Iterator[Case]:
@@ -155,6 +244,9 @@ def _scan_cases(g: Gen, shapes, name: str) -> Iterator[Case]:
         for dt in _dtypes("f", "i"):
             for dim in (0, -1):
                 yield Case({"input": g.arr(shape, dt), "dim": dim}, f"{dt.name}{shape}dim={dim}")
+    # edges: NaN/inf along a size-1 dim's rows (a float64 result), an empty dim
+    yield Case({"input": g.special((4, 1, 3)), "dim": -1, "dtype": _F64}, "nan-inf(4,1,3)f64")
+    yield Case({"input": g.arr((0, 3), _I64), "dim": 0, "dtype": _F32}, "int64(0,3)f32")
 
 
 _PRODUCT_SHAPES = {
@@ -164,6 +256,14 @@ _PRODUCT_SHAPES = {
     "bmm": (((2, 5, 7), (2, 7, 3)), ((3, 4, 2), (3, 2, 5))),
     "dot": (((7,), (7,)), ((12,), (12,))),
     "outer": (((5,), (7,)), ((8,), (3,))),
+}
+#: Edge cases of the products above, in float32: a size-1 dim (with data) and an empty one.
+_PRODUCT_EDGES = {
+    "matmul": (((0, 4), (4, 3)),),
+    "mm": (((5, 1), (1, 3)), ((0, 4), (4, 3))),
+    "bmm": (((1, 4, 1), (1, 1, 3)), ((2, 0, 3), (2, 3, 4))),
+    "dot": (((1,), (1,)), ((0,), (0,))),
+    "outer": (((1,), (4,)), ((0,), (3,))),
 }
 _EINSUM = (("ij,jk->ik", ((5, 7), (7, 3))), ("bij,bjk->bik", ((2, 5, 7), (2, 7, 3))),
            ("ij->j", ((5, 7),)), ("i,i->", ((7,), (7,))), ("...ij,...jk->...ik",
@@ -178,19 +278,31 @@ def _product_cases(g: Gen, shapes, name: str) -> Iterator[Case]:
             for dt in dts:
                 yield Case({params[0]: g.arr(sa, dt), params[1]: g.arr(sb, dt)},
                            f"{dt.name}{sa}@{sb}")
+        for sa, sb in _PRODUCT_EDGES[name]:
+            yield Case({params[0]: g.arr(sa, _F32), params[1]: g.arr(sb, _F32)},
+                       f"float32{sa}@{sb}")
     elif name == "einsum":
         for eq, ss in _EINSUM:
             yield Case({"equation": eq, "operands": [g.arr(s, _F32) for s in ss]}, eq)
+        yield Case({"equation": "ij,jk->ik", "operands": [g.arr((5, 1), _I64),
+                                                          g.arr((1, 3), _I64)]}, "int64(5,1)")
+        yield Case({"equation": "ij,jk->ik", "operands": [g.arr((0, 4), _F32),
+                                                          g.arr((4, 3), _F32)]}, "(0,4)")
     elif name == "addmm":
         for cs in ((5, 3), (3,), (1, 3)):
             yield Case({"input": g.arr(cs, _F32), "mat1": g.arr((5, 7), _F32),
                         "mat2": g.arr((7, 3), _F32), "beta": 0.5, "alpha": 2.0}, f"bias{cs}")
+        yield Case({"input": g.arr((3,), _I64), "mat1": g.arr((5, 4), _I64),
+                    "mat2": g.arr((4, 3), _I64), "beta": 2, "alpha": 3}, "int64")
+        yield Case({"input": g.arr((5, 3), _F32), "mat1": g.arr((5, 0), _F32),
+                    "mat2": g.arr((0, 3), _F32), "beta": 0.5}, "empty-contraction")
     elif name == "linear":
-        for xs, ws, bs in (((5, 7), (3, 7), (3,)), ((5, 7), (3, 7), None),
-                           ((2, 5, 4), (6, 4), (6,)), ((7,), (3, 7), (3,))):
-            b = None if bs is None else g.arr(bs, _F32)
-            yield Case({"input": g.arr(xs, _F32), "weight": g.arr(ws, _F32), "bias": b},
-                       f"{xs}{ws}{bs}")
+        for xs, ws, bs, dt in (((5, 7), (3, 7), (3,), _F32), ((5, 7), (3, 7), None, _F32),
+                               ((2, 5, 4), (6, 4), (6,), _F32), ((7,), (3, 7), (3,), _F32),
+                               ((5, 4), (3, 4), (3,), _I64), ((0, 4), (1, 4), (1,), _F32)):
+            b = None if bs is None else g.arr(bs, dt)
+            yield Case({"input": g.arr(xs, dt), "weight": g.arr(ws, dt), "bias": b},
+                       f"{dt.name}{xs}{ws}{bs}")
 
 
 #: The view family's cases, by op: ``(input shape, the other arguments)``.
@@ -248,6 +360,35 @@ VIEW_CASES: dict[str, tuple] = {
     "repeat": (((5, 7), {"sizes": (1, 2)}), ((3, 2), {"sizes": (2, 1, 1)})),
     "tile": (((5, 7), {"dims": (2,)}), ((3, 2), {"dims": (2, 1, 1)})),
 }
+#: Each view op's edge cases, run in float32 only: a size-1 dim (with data) and an empty dim
+#: (negative dims among them).
+VIEW_EDGES: dict[str, tuple] = {
+    "view": (((0, 6), {"shape": (2, 0, 3)}),),
+    "flatten": (((3, 1, 4), {"start_dim": -2}), ((2, 0, 3), {"start_dim": 1})),
+    "unflatten": (((1, 6), {"dim": -1, "sizes": (2, 3)}), ((0, 6), {"dim": -1, "sizes": (3, 2)})),
+    "permute": (((3, 1, 4), {"dims": (2, 0, 1)}), ((0, 3, 2), {"dims": (1, -1, 0)})),
+    "transpose": (((4, 1, 3), {"dim0": 1, "dim1": -1}), ((0, 3), {"dim0": 0, "dim1": 1})),
+    "t": (((1, 5), {}), ((0, 3), {})),
+    "movedim": (((3, 1, 4), {"source": -1, "destination": 0}),
+                ((0, 2, 3), {"source": 0, "destination": 2})),
+    "squeeze": (((0, 1, 3), {"dim": -2}),),
+    "unsqueeze": (((4, 1), {"dim": 1}), ((0, 3), {"dim": 0})),
+    "expand": (((0, 1), {"sizes": (2, 0, 3)}),),
+    "narrow": (((4, 1, 3), {"dim": -1, "start": 1, "length": 2}),
+               ((0, 5), {"dim": -1, "start": 2, "length": 3})),
+    "select": (((4, 1, 3), {"dim": -2, "index": 0}), ((0, 4), {"dim": -1, "index": 2})),
+    "getitem": (((4, 1, 3), {"idx": (Ellipsis, 0, slice(1, None))}),
+                ((0, 5), {"idx": (slice(None), np.array([4, 0]))})),
+    "split": (((4, 1, 5), {"split_size_or_sections": 2, "dim": -1}),
+              ((0, 5), {"split_size_or_sections": (2, 3), "dim": -1})),
+    "chunk": (((1, 7), {"chunks": 3, "dim": -1}), ((0, 4), {"chunks": 2, "dim": 1})),
+    "unbind": (((4, 1, 3), {"dim": -1}), ((0, 3), {"dim": -1})),
+    "flip": (((4, 1, 3), {"dims": (-1, 1)}), ((0, 3), {"dims": (0,)})),
+    "roll": (((4, 1, 3), {"shifts": (1, 2), "dims": (0, -1)}), ((0, 3), {"shifts": 1, "dims": 1})),
+    "tril": (((4, 1, 3), {"diagonal": 0}), ((0, 3), {"diagonal": 1})),
+    "repeat": (((4, 1), {"sizes": (1, 3)}), ((0, 2), {"sizes": (2, 2)})),
+    "tile": (((4, 1), {"dims": (1, 3)}), ((0, 2), {"dims": (2,)})),
+}
 _VIEW_ALIASES = {"reshape": "view", "swapaxes": "transpose", "swapdims": "transpose",
                  "moveaxis": "movedim", "triu": "tril"}
 
@@ -256,6 +397,8 @@ def _view_cases(g: Gen, shapes, name: str) -> Iterator[Case]:
     for shape, kw in VIEW_CASES[_VIEW_ALIASES.get(name, name)]:
         for dt in _dtypes("f", "i"):
             yield Case({"input": g.arr(shape, dt), **kw}, f"{dt.name}{shape}{kw}")
+    for shape, kw in VIEW_EDGES.get(_VIEW_ALIASES.get(name, name), ()):
+        yield Case({"input": g.arr(shape, _F32), **kw}, f"float32{shape}{kw}")
 
 
 def _join_cases(g: Gen, shapes, name: str) -> Iterator[Case]:
@@ -270,6 +413,15 @@ def _join_cases(g: Gen, shapes, name: str) -> Iterator[Case]:
                        f"{shape}dim=0")
             yield Case({"tensors": [g.arr(shape, _I64), g.arr((r, 1), _I64),
                                     g.arr((r, c), _F32)], "dim": 1}, f"{shape}dim=1")
+    # edges: negative dims, size-1 and empty dims, ints
+    if name == "stack":
+        yield Case({"tensors": [g.arr((1, 3), _I64), g.arr((1, 3), _I64)], "dim": -1},
+                   "int64(1,3)dim=-1")
+        yield Case({"tensors": [g.arr((0, 3), _F32), g.arr((0, 3), _F32)], "dim": 1},
+                   "(0,3)dim=1")
+        return
+    yield Case({"tensors": [g.arr((4, 1), _F32), g.arr((4, 2), _I64)], "dim": -1},
+               "(4,1)(4,2)dim=-1")
     yield Case({"tensors": [g.arr((0,), _F32), g.arr((4, 3), _F32)], "dim": 0}, "legacy-empty")
 
 
@@ -330,6 +482,59 @@ def _nn_cases(g: Gen, shapes, name: str) -> Iterator[Case]:
         yield from _attention_cases(g)
     elif name == "scaled_dot_product_attention_backward":
         yield from _attention_backward_cases(g)
+    yield from _nn_edges(g, name)
+
+
+def _nn_edges(g: Gen, name: str) -> Iterator[Case]:
+    """Per nn op, a case with a size-1 dim (NaN/inf and a float64 result for softmax, the
+    keywords the other cases leave at their default) and one with an empty dim."""
+    a = g.arr
+    if name in ("softmax", "log_softmax"):
+        yield Case({"input": g.special((4, 1, 3)), "dim": -1, "dtype": _F64}, "nan-inf(4,1,3)")
+        yield Case({"input": a((0, 3), _F32), "dim": -1}, "(0,3)")
+    elif name == "layer_norm":
+        yield Case({"input": a((4, 1, 3), _F32), "normalized_shape": (1, 3),
+                    "weight": a((1, 3), _F32), "bias": a((1, 3), _F32), "eps": 1e-3}, "(4,1,3)")
+        yield Case({"input": a((0, 3), _F32), "normalized_shape": (3,), "eps": 0.1}, "(0,3)")
+    elif name == "_layer_norm_backward":
+        yield Case({"grad": a((4, 1, 3), _F32), "input": a((4, 1, 3), _F32),
+                    "normalized_shape": (1, 3), "weight": a((1, 3), _F32), "eps": 1e-3},
+                   "(4,1,3)")
+        yield Case({"grad": a((0, 3), _F32), "input": a((0, 3), _F32),
+                    "normalized_shape": (3,), "eps": 0.1}, "(0,3)")
+    elif name == "rms_norm":
+        yield Case({"input": a((4, 1, 3), _F32), "normalized_shape": (1, 3),
+                    "weight": a((1, 3), _F32)}, "(4,1,3)")
+        yield Case({"input": a((0, 3), _F32), "normalized_shape": (3,), "eps": 0.1}, "(0,3)")
+    elif name == "_gelu_backward":
+        yield Case({"grad": a((4, 1), _F32), "input": a((4, 1), _F32), "approximate": "tanh"},
+                   "(4,1)")
+        yield Case({"grad": a((0, 3), _F32), "input": a((0, 3), _F32)}, "(0,3)")
+    elif name == "cross_entropy":  # (N=1, C=5, d=3), the ignored class among the targets
+        t = g.rng.integers(0, 5, (1, 3))
+        t[0, 1] = 2
+        yield Case({"input": a((1, 5, 3), _F32), "target": t, "ignore_index": 2}, "ignore")
+        yield Case({"input": a((0, 5), _F32), "target": np.zeros((0,), np.int64),
+                    "reduction": "sum"}, "(0,5)")
+    elif name == "mse_loss":
+        yield Case({"input": a((4, 1), _F32), "target": a((4, 1), _F32)}, "(4,1)")
+        yield Case({"input": a((0, 3), _F32), "target": a((0, 3), _F32), "reduction": "sum"},
+                   "(0,3)")
+    elif name == "dropout":
+        yield Case({"input": a((4, 1), _F32), "p": 0.5}, "(4,1)")
+        yield Case({"input": a((0, 3), _F32), "p": 0.2}, "(0,3)")
+    elif name == "embedding":  # the padding row among the indices: no gradient (by
+        # definition, not the derivative: the last case, past finite differences' first four)
+        yield Case({"input": np.zeros((0,), np.int64), "weight": a((4, 3), _F32)}, "(0,)")
+        yield Case({"input": np.array([[1, 3, 1], [0, 4, 2]]), "weight": a((5, 1), _F32),
+                    "padding_idx": 1}, "padding(5,1)")
+    elif name == "scaled_dot_product_attention":
+        yield Case({"query": a((0, 3, 4, 2), _F32), "key": a((0, 3, 5, 2), _F32),
+                    "value": a((0, 3, 5, 3), _F32)}, "empty-batch")
+    elif name == "scaled_dot_product_attention_backward":
+        yield Case({"grad": a((0, 3, 4, 3), _F32), "query": a((0, 3, 4, 2), _F32),
+                    "key": a((0, 3, 5, 2), _F32), "value": a((0, 3, 5, 3), _F32)},
+                   "empty-batch")
 
 
 def _attention_cases(g: Gen) -> Iterator[Case]:
@@ -386,6 +591,17 @@ def _cast_cases(g: Gen, shapes, name: str) -> Iterator[Case]:
             if name == "type_as":
                 v["other"] = g.arr((2,), _F64)
             yield Case(v, f"{dt.name}{shape}")
+    # edges: a size-1 dim with NaN/inf (finite for a cast to an integer type: undefined for
+    # non-finite values), an empty dim
+    nonfinite = name not in INT_CASTS
+    x = g.special((5, 1)) if nonfinite else g.arr((5, 1), _F32)
+    kw: dict[str, object] = {"other": g.arr((2,), _F64)} if name == "type_as" else {}
+    if name == "to":
+        kw = {"dtype": _F64}
+    yield Case({"input": x, **kw}, "float32(5, 1)" + ("nan-inf" if nonfinite else ""))
+    if name == "to":
+        kw = {"dtype": _BOOL}
+    yield Case({"input": g.arr((0, 3), _F32), **kw}, "float32(0, 3)")
 
 
 def _write_cases(g: Gen, shapes, name: str) -> Iterator[Case]:
@@ -399,14 +615,26 @@ def _write_cases(g: Gen, shapes, name: str) -> Iterator[Case]:
                 yield Case({"input": g.arr(shape, dt), "value": _SCALAR[dt]}, f"{shape}")
             else:
                 yield Case({"input": g.arr(shape, dt)}, f"{shape}")
+    # edges: a size-1 dim (a broadcast source), an empty dim
+    for shape, src in (((4, 1), (1,)), ((0, 3), (3,))):
+        v: dict[str, object] = {"input": g.arr(shape, _F32)}
+        if name == "copy_":
+            v["src"] = g.arr(src, _I64)
+        elif name == "fill_":
+            v["value"] = -1.5
+        yield Case(v, f"float32{shape}")
 
 
 _WRITES = ("copy_", "fill_", "zero_")
+#: The casts to an integer dtype: undefined for NaN and inf (C's conversion; torch documents
+#: the result as undefined), so their samples hold finite floats only.
+INT_CASTS = frozenset(("byte", "char", "short", "int", "long"))
 
 
 def _expand_as_cases(g: Gen, shapes, name: str) -> Iterator[Case]:
     yield Case({"input": g.arr((5, 1), _F32), "other": g.arr((5, 7), _I64)}, "(5,1)->(5,7)")
     yield Case({"input": g.arr((7,), _F32), "other": g.arr((3, 7), _F32)}, "(7,)->(3,7)")
+    yield Case({"input": g.arr((1, 3), _F32), "other": g.arr((0, 3), _F32)}, "(1,3)->(0,3)")
 
 
 def _index_cases(g: Gen, shapes, name: str) -> Iterator[Case]:
@@ -502,6 +730,52 @@ def _index_cases(g: Gen, shapes, name: str) -> Iterator[Case]:
                 yield Case({"input": g.arr(shape, dt), "k": 2, "dim": 1}, f"{dt.name}{shape}")
                 yield Case({"input": g.arr(shape, dt), "k": r, "dim": 0, "keepdim": True},
                            f"{dt.name}{shape}keepdim")
+    yield from _index_edges(g, name)
+
+
+def _index_edges(g: Gen, name: str) -> Iterator[Case]:
+    """Per indexing op, a case with a negative dim and a size-1 dim (ints, or the keyword
+    the other cases leave at its default) and one with an empty dim."""
+    ints = g.rng.integers
+    x, empty = g.arr((4, 1, 3), _F32), g.arr((0, 3), _F32)
+    if name in ("sort", "argsort"):  # stable: ties (ints) keep their order, as in torch
+        yield Case({"input": g.arr((1, 7), _I64), "dim": -1, "descending": True,
+                    "stable": True}, "int64(1,7)stable")
+        yield Case({"input": empty, "dim": 0, "stable": True}, "(0,3)")
+    elif name == "topk":
+        yield Case({"input": x, "k": 2, "dim": -1, "largest": False, "sorted": False},
+                   "(4,1,3)unsorted")
+        yield Case({"input": empty, "k": 2, "dim": -1}, "(0,3)")
+    elif name == "kthvalue":
+        yield Case({"input": x, "k": 1, "dim": -2}, "(4,1,3)d-2")
+        yield Case({"input": empty, "k": 3, "dim": -1, "keepdim": True}, "(0,3)")
+    elif name == "gather":
+        yield Case({"input": x, "dim": -1, "index": ints(0, 3, (4, 1, 2))}, "(4,1,3)d-1")
+        yield Case({"input": empty, "dim": -1, "index": ints(0, 3, (0, 2))}, "(0,3)")
+    elif name == "take_along_dim":
+        yield Case({"input": x, "indices": ints(0, 3, (4, 1, 2)), "dim": -1}, "(4,1,3)d-1")
+        yield Case({"input": empty, "indices": ints(0, 3, (0, 1)), "dim": -1}, "(0,3)")
+    elif name in ("scatter", "scatter_add"):
+        yield Case({"input": x, "dim": -1, "index": ints(0, 3, (4, 1, 2)),
+                    "src": g.arr((4, 1, 3), _F32)}, "(4,1,3)d-1")
+        yield Case({"input": empty, "dim": -1, "index": ints(0, 3, (0, 2)),
+                    "src": g.arr((0, 2), _F32)}, "(0,3)")
+    elif name == "index_select":
+        yield Case({"input": x, "dim": -1, "index": np.array([2, 0, 2])}, "(4,1,3)d-1")
+    elif name == "index_add":
+        yield Case({"input": x, "dim": -1, "index": np.array([2, 0, 2]),
+                    "source": g.arr((4, 1, 3), _F32), "alpha": -1.5}, "(4,1,3)d-1")
+    elif name == "index_put":
+        yield Case({"input": g.arr((4, 3), _I64), "indices": (np.array([3, 0, 3]),),
+                    "values": g.arr((1, 3), _I64), "accumulate": True}, "int64")
+        yield Case({"input": empty, "indices": (None, np.array([2, 0])),
+                    "values": g.arr((2,), _F32)}, "(0,3)")
+    elif name == "setitem":
+        yield Case({"input": g.arr((4, 3), _I64), "idx": (slice(None), np.array([2, 0])),
+                    "value": g.arr((4, 1), _I64)}, "int64")
+        yield Case({"input": empty, "idx": (Ellipsis, 1), "value": 2.0}, "(0,3)")
+    elif name == "masked_fill":
+        yield Case({"input": empty, "mask": g.arr((3,), _BOOL), "value": 1.5}, "(0,3)")
 
 
 #: The sample generators, by the ``samples`` family an op record names; each is called with

@@ -17,7 +17,9 @@ must have.
 - :func:`requirements`: per record, which keyword arguments and branches its sample calls
   must cover (every defaulted parameter at a non-default value; reductions: ``dim=None``,
   a negative dim, a tuple, ``keepdim``; NaN/inf; integer dtypes; empty and size-1 dims;
-  broadcasting; python scalars), derived from the record's parameters and family.
+  broadcasting; python scalars), derived from the record's parameters and family; where a
+  requirement does not apply the tables say why (:data:`FLOAT_ONLY`: torch refuses integer
+  inputs; :data:`NONFINITE_UNDEFINED`: the result is undefined for NaN and inf).
 
 The tests (``tests/unit/ops/test_torch_differential.py``, ``tests/mpi/ops/
 test_torch_differential_mpi.py``) import torch lazily through :func:`torch_module`.
@@ -27,16 +29,18 @@ from __future__ import annotations
 
 import inspect
 import operator
+import warnings
 from collections.abc import Callable
 
 import numpy as np
 
 import dtensor as dt
 from dtensor.ops import OPS, OpInfo
+from dtensor.ops.samples import INT_CASTS
 
 __all__ = [
-    "DIFFERENCES", "FLOAT_ONLY", "NUMPY_ORACLE", "TORCH", "call_dt", "call_torch",
-    "missing_coverage", "requirements", "to_torch", "torch_module",
+    "DIFFERENCES", "FLOAT_ONLY", "NONFINITE_UNDEFINED", "NUMPY_ORACLE", "TIES", "TORCH",
+    "call_dt", "call_torch", "missing_coverage", "requirements", "to_torch", "torch_module",
 ]
 
 
@@ -193,7 +197,9 @@ def _std_var(name: str) -> Callable[[dict], object]:
         torch = torch_module()
         kw = dict(v)
         x = kw.pop("input")
-        return getattr(torch, name)(x, **kw)
+        with warnings.catch_warnings():  # a correction >= the count is a sample (inf)
+            warnings.filterwarnings("ignore", "var|std", UserWarning)
+            return getattr(torch, name)(x, **kw)
     return fn
 
 
@@ -292,6 +298,25 @@ def _sdpa_backward(v: dict) -> object:
         return torch.autograd.grad(out, (q, k, val), v["grad"])
 
 
+def _topk(v: dict) -> object:
+    """torch's topk; with ``sorted=False`` (torch: the k entries in an unspecified order,
+    dtensor: sorted, see :data:`DIFFERENCES`) sorted as dtensor returns them."""
+    torch = torch_module()
+    out = torch.topk(**v)
+    if v.get("sorted", True):
+        return out
+    dim = v.get("dim", -1)
+    order = torch.sort(out.values.detach(), dim=dim, descending=v.get("largest", True),
+                       stable=True).indices
+    return out.values.gather(dim, order), out.indices.gather(dim, order)
+
+
+def _nan_kept(x, out):
+    """``out`` with ``x``'s NaNs where ``x`` has them (sign: see :data:`DIFFERENCES`)."""
+    x = x.detach()  # (sign's gradient is 0 everywhere)
+    return out.where(~x.isnan(), x) if x.is_floating_point() else out
+
+
 def _dropout(v: dict) -> object:
     """``input * keep / (1 - p)`` with ``keep`` given (read off dtensor's generator)."""
     p = v.get("p", 0.5)
@@ -317,9 +342,16 @@ def _inplace_method(name: str) -> Callable[[dict], object]:
     """The in-place method on the (cloned) first argument; returns it."""
 
     def fn(v: dict) -> object:
+        torch = torch_module()
         first, *rest = v
         x = v[first]
-        out = getattr(x, name)(**{k: v[k] for k in rest})
+        kw = {k: v[k] for k in rest}
+        try:
+            out = getattr(x, name)(**kw)
+        except TypeError:  # torch takes no python scalar beside a tensor there (clamp_'s
+            # min and max): a 0-d tensor of x's dtype
+            out = getattr(x, name)(**{k: torch.tensor(w, dtype=x.dtype) if isinstance(
+                w, (bool, int, float)) else w for k, w in kw.items()})
         assert out is x
         return x
     return fn
@@ -377,6 +409,9 @@ _SPECIAL: dict[str, Callable[[dict], object]] = {
     "fill_": lambda v: v["input"].fill_(v["value"]),
     "zero_": lambda v: v["input"].zero_(),
     "copy_": lambda v: v["input"].copy_(v["src"]),
+    "topk": _topk,
+    "sign": lambda v: _nan_kept(v["input"], torch_module().sign(v["input"])),
+    "sign_": lambda v: _nan_kept(v["input"].clone(), v["input"].sign_()),
 }
 for _n in ("amax", "amin", "max", "min", "prod", "argmax", "argmin", "all", "any",
            "count_nonzero", "sum", "mean", "logsumexp", "norm"):
@@ -407,14 +442,21 @@ def _build() -> None:
 
 _build()
 
+#: The ops whose index outputs among ties torch leaves unspecified (see :data:`DIFFERENCES`).
+TIES = frozenset(("sort", "argsort", "topk", "kthvalue", "max", "min"))
+
 #: Documented, intentional differences from torch (op -> what differs; the check adapts).
 DIFFERENCES: dict[str, str] = {
     # ties: torch documents the index of tied elements as unspecified (sort without
     # stable=True, topk, kthvalue, max/min with dim): the check compares the values, and
     # that the indices point at those values
     **{n: "index outputs among ties are unspecified in torch: values compared, indices "
-          "checked to point at equal values" for n in ("sort", "argsort", "topk",
-                                                       "kthvalue", "max", "min")},
+          "checked to point at equal values" for n in TIES},
+    "sign": "sign(NaN) is NaN (numpy's; torch gives 0, pytorch/pytorch#41245 calls numpy's "
+            "the expected answer): the oracle keeps the input's NaNs",
+    "topk": "index outputs among ties are unspecified in torch (compared as for sort); "
+            "sorted=False: torch returns the k entries in an unspecified order, dtensor "
+            "sorted (which torch allows): the oracle sorts torch's entries",
 }
 
 #: Ops torch refuses bool inputs of and dtensor takes (as numpy does): the oracle runs torch
@@ -441,6 +483,8 @@ GRAD_DIFFERS: dict[tuple[str, str], str] = {
                         "kept (duplicate indices: one wins); torch gathers for every entry",
     ("pow", "other"): "an integer base of 0: dtensor gives 0 (the limit, torch's own value "
                       "for a float base); torch gives inf for an integer base",
+    ("abs", "input"): "at a NaN input dtensor's gradient is NaN (g * sign(x), sign(NaN) being "
+                      "NaN, see DIFFERENCES['sign']); torch's is 0: compared elsewhere",
 }
 
 #: Indexing where dtensor follows numpy and torch differs: an int together with an array
@@ -457,6 +501,8 @@ def grad_mask(call, param: str, dt_grad: np.ndarray) -> np.ndarray | None:
     if (name, param) == ("pow", "other") and isinstance(v["input"], np.ndarray) \
             and v["input"].dtype.kind in "iu":
         return np.broadcast_to(v["input"] != 0, dt_grad.shape)
+    if (name, param) == ("abs", "input"):
+        return np.broadcast_to(~np.isnan(v["input"]), dt_grad.shape)
     if (name, param) == ("scatter", "src"):
         index, dim = v["index"], v["dim"]
         ids = np.arange(index.size).reshape(index.shape)
@@ -469,7 +515,24 @@ def grad_mask(call, param: str, dt_grad: np.ndarray) -> np.ndarray | None:
 
 
 #: Ops torch defines for floating inputs only (no integer sample required), with the reason.
-FLOAT_ONLY: dict[str, str] = {}
+FLOAT_ONLY: dict[str, str] = {
+    **{n: "torch refuses integer input (no integer kernel: 'not implemented for Long')"
+       for n in ("gelu", "silu", "leaky_relu", "softplus")},
+    **{n: "torch refuses integer input (mean: 'could not infer output dtype'; std and var "
+          "'only support floating point'; norm: 'Expected a floating point tensor')"
+       for n in ("mean", "std", "var", "norm")},
+    **{n: "the in-place form of an op with a float result: torch refuses an integer tensor "
+          "('result type Float can't be cast to the desired output type Long')"
+       for n in ("cos_", "erf_", "exp_", "expm1_", "log10_", "log1p_", "log2_", "log_",
+                 "reciprocal_", "rsqrt_", "sigmoid_", "sin_", "sqrt_", "tan_", "tanh_")},
+}
+
+#: Ops whose result is undefined for NaN and inf inputs (no NaN/inf sample required): the
+#: casts to an integer dtype (C's float-to-int conversion of a non-finite value is undefined;
+#: torch documents the result as undefined).
+NONFINITE_UNDEFINED: dict[str, str] = {
+    n: "a cast to an integer dtype: undefined for NaN and inf" for n in INT_CASTS
+}
 
 
 def call_torch(info: OpInfo, values: list, f64: bool = False, keep=None) -> object:
@@ -504,106 +567,11 @@ def _is_default(x: object, d: object) -> bool:
         return False
 
 
-#: Coverage the sample families do not have yet (issue 37 point 2, to be filled in):
-#: op -> the requirements its samples miss. The coverage test fails for any other gap,
-#: and for an entry that no longer holds (a filled gap must leave this table), so a
-#: new op cannot land without full sample coverage.
-COVERAGE_GAPS: dict[str, tuple[str, ...]] = {
-    **dict.fromkeys((
-        '_gelu_backward', 'bitwise_and_', 'bitwise_not', 'bitwise_not_', 'bitwise_or_',
-        'bitwise_xor_', 'bmm', 'copy_', 'dot', 'dropout', 'fill_', 'flatten', 'flip', 'getitem',
-        'mm', 'moveaxis', 'movedim', 'mse_loss', 'outer', 'permute', 'repeat', 'rms_norm',
-        'roll', 'swapaxes', 'swapdims', 't', 'tile', 'transpose', 'tril', 'triu', 'unsqueeze',
-        'zero_',
-    ), ('empty', 'size-1')),
-    **dict.fromkeys((
-        '_layer_norm_backward', 'layer_norm',
-    ), ('eps!=default', 'empty', 'size-1')),
-    **dict.fromkeys((
-        'abs', 'abs_', 'addcdiv', 'addcmul', 'all', 'amax', 'amin', 'any', 'argmax', 'argmin',
-        'bfloat16', 'bool', 'byte', 'ceil', 'ceil_', 'char', 'clamp', 'clamp_', 'clip', 'clip_',
-        'clone', 'contiguous', 'cos', 'count_nonzero', 'detach', 'div_', 'double', 'erf', 'exp',
-        'expm1', 'float', 'floor', 'floor_', 'floor_divide_', 'fmod_', 'half', 'int', 'isfinite',
-        'isinf', 'isnan', 'lerp', 'lerp_', 'log', 'log10', 'log1p', 'log2', 'logical_not',
-        'logical_not_', 'long', 'max', 'min', 'mul_', 'neg', 'neg_', 'positive', 'pow_',
-        'reciprocal', 'relu', 'relu_', 'remainder_', 'rsqrt', 'short', 'sigmoid', 'sign',
-        'sign_', 'sin', 'sqrt', 'square', 'square_', 'tan', 'tanh', 'to', 'trunc', 'trunc_',
-        'type_as', 'where',
-    ), ('nan', 'inf', 'empty', 'size-1')),
-    **dict.fromkeys((
-        'add', 'sub',
-    ), ('alpha!=default', 'nan', 'inf', 'empty')),
-    **dict.fromkeys((
-        'add_', 'sub_',
-    ), ('alpha!=default', 'nan', 'inf', 'empty', 'size-1')),
-    **dict.fromkeys((
-        'addcdiv_', 'addcmul_',
-    ), ('value!=default', 'nan', 'inf', 'empty', 'size-1')),
-    **dict.fromkeys((
-        'addmm', 'index_put', 'index_put_', 'setitem',
-    ), ('int', 'empty')),
-    **dict.fromkeys((
-        'argsort', 'sort',
-    ), ('stable!=default', 'empty', 'size-1')),
-    **dict.fromkeys((
-        'atan2', 'div', 'eq', 'floor_divide', 'fmod', 'ge', 'gt', 'le', 'logical_and',
-        'logical_or', 'logical_xor', 'lt', 'maximum', 'minimum', 'mul', 'ne', 'pow', 'remainder',
-    ), ('nan', 'inf', 'empty')),
-    **dict.fromkeys((
-        'bitwise_and', 'bitwise_or', 'bitwise_xor', 'expand', 'expand_as', 'masked_fill',
-        'masked_fill_', 'matmul', 'reshape', 'scaled_dot_product_attention',
-        'scaled_dot_product_attention_backward', 'view',
-    ), ('empty',)),
-    **dict.fromkeys((
-        'cat', 'concat',
-    ), ('dim<0',)),
-    **dict.fromkeys((
-        'chunk', 'gather', 'kthvalue', 'narrow', 'select', 'split', 'unbind', 'unflatten',
-    ), ('dim<0', 'empty', 'size-1')),
-    **dict.fromkeys((
-        'cos_', 'erf_', 'exp_', 'expm1_', 'leaky_relu', 'log10_', 'log1p_', 'log2_', 'log_',
-        'reciprocal_', 'rsqrt_', 'sigmoid_', 'silu', 'sin_', 'sqrt_', 'tan_', 'tanh_',
-    ), ('nan', 'inf', 'int', 'empty', 'size-1')),
-    **dict.fromkeys((
-        'cross_entropy',
-    ), ('ignore_index!=default', 'empty', 'size-1')),
-    **dict.fromkeys((
-        'cumprod', 'cumsum', 'log_softmax', 'prod', 'softmax', 'sum',
-    ), ('dtype!=default', 'nan', 'inf', 'empty', 'size-1')),
-    **dict.fromkeys((
-        'einsum', 'linear', 'stack',
-    ), ('int', 'empty', 'size-1')),
-    **dict.fromkeys((
-        'embedding',
-    ), ('padding_idx!=default', 'empty', 'size-1')),
-    **dict.fromkeys((
-        'gelu',
-    ), ('approximate!=default', 'nan', 'inf', 'int', 'empty', 'size-1')),
-    **dict.fromkeys((
-        'index_add', 'index_add_', 'index_select',
-    ), ('dim<0', 'size-1')),
-    **dict.fromkeys((
-        'logsumexp',
-    ), ('dim=None', 'nan', 'inf', 'int', 'empty', 'size-1')),
-    **dict.fromkeys((
-        'mean', 'norm',
-    ), ('dtype!=default', 'nan', 'inf', 'int', 'empty', 'size-1')),
-    **dict.fromkeys((
-        'round', 'round_',
-    ), ('decimals!=default', 'nan', 'inf', 'empty', 'size-1')),
-    **dict.fromkeys((
-        'scatter', 'scatter_', 'scatter_add', 'scatter_add_', 'squeeze', 'take_along_dim',
-    ), ('dim<0', 'empty')),
-    **dict.fromkeys((
-        'softplus',
-    ), ('beta!=default', 'threshold!=default', 'nan', 'inf', 'int', 'empty', 'size-1')),
-    **dict.fromkeys((
-        'std', 'var',
-    ), ('unbiased!=default', 'correction!=default', 'nan', 'inf', 'int', 'empty', 'size-1')),
-    **dict.fromkeys((
-        'topk',
-    ), ('sorted!=default', 'empty', 'size-1')),
-}
+#: Coverage the sample families do not have yet: op -> the requirements its samples miss
+#: (empty: every record's samples cover its requirements). The coverage test fails for any
+#: other gap, and for an entry that no longer holds (a filled gap must leave this table), so
+#: a new op cannot land without full sample coverage.
+COVERAGE_GAPS: dict[str, tuple[str, ...]] = {}
 
 
 # -- coverage -------------------------------------------------------------------------------------
@@ -629,9 +597,10 @@ def requirements(info: OpInfo) -> dict[str, Callable[[dict], bool]]:
     values by parameter name and says whether that call covers it; every requirement needs
     one call that does. Derived from the record: every defaulted parameter at a non-default
     value; a reduction's ``dim=None``, a negative dim, a tuple of dims (ops taking one dim
-    excepted) and ``keepdim``; any op's int ``dim`` negative; NaN and inf in a float input
-    (computing families); an integer input (unless torch defines the op for floats only,
-    :data:`FLOAT_ONLY`); empty and size-1 dims; binary and ternary ops: broadcasting and a
+    excepted) and ``keepdim``, ``dim=None`` only where the op has a default dim; any op's int
+    ``dim`` negative; NaN and inf in a float input (computing families, except the ops
+    undefined for them, :data:`NONFINITE_UNDEFINED`); an integer input (unless torch defines
+    the op for floats only, :data:`FLOAT_ONLY`); empty and size-1 dims; binary and ternary ops: broadcasting and a
     python scalar operand."""
     req: dict[str, Callable[[dict], bool]] = {}
     fam = info.samples
@@ -641,14 +610,15 @@ def requirements(info: OpInfo) -> dict[str, Callable[[dict], bool]]:
         req[f"{p}!=default"] = (lambda v, p=p, d=d: p in v and not _is_default(v[p], d))
     if "dim" in info.params and fam in ("reduce", "scan", "index", "nn", "join", "view"):
         req["dim<0"] = lambda v: isinstance(v.get("dim"), int) and v["dim"] < 0
-        if fam == "reduce":
+        if fam == "reduce" and "dim" in info.defaults:  # (logsumexp: torch requires a dim)
             req["dim=None"] = lambda v: "dim" in v and v["dim"] is None
             if info.name not in _ONE_DIM:
                 req["dim=tuple"] = lambda v: isinstance(v.get("dim"), tuple)
     if "keepdim" in info.params:
         req["keepdim=True"] = lambda v: v.get("keepdim") is True
         req["keepdim=False"] = lambda v: v.get("keepdim") is False
-    if fam in _NAN_FAMILIES or info.name in ("softmax", "log_softmax"):
+    if (fam in _NAN_FAMILIES or info.name in ("softmax", "log_softmax")) \
+            and info.name not in NONFINITE_UNDEFINED:
         req["nan"] = lambda v: any(a.dtype.kind == "f" and np.isnan(a).any()
                                    for a in _tensors(v, info))
         req["inf"] = lambda v: any(a.dtype.kind == "f" and np.isinf(a).any()

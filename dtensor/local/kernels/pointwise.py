@@ -251,6 +251,8 @@ def relu_kernel(a, out):
 
 
 def sign_kernel(a, out):
+    # Note: sign(NaN) is NaN, as numpy gives it (PyTorch gives 0, an open PyTorch issue,
+    # pytorch/pytorch#41245, that calls numpy's the expected answer).
     if a.dtype == BOOL:
         return copy_to(out, a)
     return xp_of(a).sign(a, out=out)

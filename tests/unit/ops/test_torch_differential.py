@@ -154,7 +154,7 @@ def compare(call: SampleCall, got, want, what: str, tol: float | None = None) ->
     """dtensor's outputs ``got`` against torch's ``want``: count, dtype, shape, values."""
     gs, ws = _outs(got), _outs(want)
     assert len(gs) == len(ws), f"{what}: {len(gs)} outputs, torch gives {len(ws)}"
-    ties = call.info.name.rstrip("_") in T.DIFFERENCES
+    ties = call.info.name.rstrip("_") in T.TIES
     for k, (g, w) in enumerate(zip(gs, ws)):
         g, w = _np(g), _np(w)
         assert g.dtype.name == w.dtype.name, f"{what}: output {k} dtype {g.dtype}, torch {w.dtype}"
@@ -317,3 +317,68 @@ def test_cat_with_a_legacy_empty_tensor_differentiates():
                                  [tx, ty])
     assert tuple(gx.shape) == tuple(wx.shape) == (0,)
     np.testing.assert_array_equal(gy.numpy(), wy.numpy())
+
+
+def _grads_vs_torch(fn_dt, fn_torch, *arrays, up_seed=3):
+    """d(sum(fn(*arrays) * u))/d(arrays) of dtensor and of torch (float64), as numpy."""
+    torch = T.torch_module()
+    xs = [dt.from_numpy(a.copy()).requires_grad_() for a in arrays]
+    ts = [torch.from_numpy(a.copy()).requires_grad_() for a in arrays]
+    out, tout = fn_dt(*xs), fn_torch(*ts)
+    u = np.random.default_rng(up_seed).standard_normal(tuple(tout.shape))
+    got = dt.autograd.grad((out * dt.from_numpy(u)).sum(), xs)
+    want = torch.autograd.grad((tout * torch.from_numpy(u)).sum(), ts)
+    return [g.numpy() for g in got], [w.numpy() for w in want]
+
+
+@pytest.mark.filterwarnings("ignore:(var|std)... degrees of freedom:UserWarning")
+@pytest.mark.parametrize("name", ["var", "std"])
+def test_var_and_std_differentiate_with_a_correction_equal_to_the_count(name):
+    """correction == the reduced count: the backward raised ZeroDivisionError; torch gives
+    the division by zero's inf (var) and NaN (std, inf/inf)."""
+    torch = T.torch_module()
+    a = np.array([[1.0, 2.0], [3.0, 5.0]])
+    got, want = _grads_vs_torch(lambda x: getattr(dt, name)(x, dim=1, correction=2),
+                                lambda x: getattr(torch, name)(x, dim=1, correction=2), a)
+    np.testing.assert_array_equal(got[0], want[0])
+    assert np.isinf(got[0]).all() if name == "var" else np.isnan(got[0]).all()
+
+
+def test_relu_and_softplus_pass_the_gradient_at_nan_as_torch():
+    """relu's gradient at a NaN input was 0 (out > 0 fails), softplus's finite (its linear
+    branch's test fails too); torch gives the upstream gradient and NaN."""
+    torch = T.torch_module()
+    a = np.array([np.nan, -1.0, 2.0, np.inf, -np.inf])
+    got, want = _grads_vs_torch(dt.relu, torch.relu, a)
+    np.testing.assert_array_equal(got[0], want[0])
+    assert got[0][0] != 0
+    soft = (lambda x: dt.softplus(x, beta=2.0, threshold=1.0),
+            lambda x: torch.nn.functional.softplus(x, beta=2.0, threshold=1.0))
+    got, want = _grads_vs_torch(*soft, a)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-12, atol=0)
+    assert np.isnan(got[0][0])
+
+
+@pytest.mark.parametrize("name", ["maximum", "minimum"])
+def test_maximum_and_minimum_give_a_nan_result_gradient_to_both_as_torch(name):
+    """Where either argument is NaN torch gives both the whole gradient; dtensor gave it to
+    one; ties still split it in halves."""
+    torch = T.torch_module()
+    a = np.array([[np.nan, 1.0, 2.0], [0.5, np.inf, -3.0]])
+    b = np.array([[1.0, np.nan, 2.0], [-0.5, 1.0, np.nan]])
+    got, want = _grads_vs_torch(getattr(dt, name), getattr(torch, name), a, b)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.parametrize("name", ["max", "min"])
+def test_max_and_min_over_a_dim_give_a_nan_row_gradient_to_the_nan(name):
+    """max/min(dim) of a row with a NaN: the NaN is the result and torch's gradient goes to
+    it; dtensor's mask (x == result) was empty there, and its gradient NaN for the whole
+    row."""
+    torch = T.torch_module()
+    a = np.array([[1.0, np.nan, 3.0], [2.0, -1.0, 0.5], [np.inf, -np.inf, 0.0]])
+    got, want = _grads_vs_torch(lambda x: getattr(dt, name)(x, dim=1)[0],
+                                lambda x: getattr(torch, name)(x, dim=1)[0], a)
+    np.testing.assert_array_equal(got[0], want[0])
+    assert got[0][0, 1] != 0 and got[0][0, 0] == got[0][0, 2] == 0

@@ -70,6 +70,8 @@ def test_contributions_reduce_to_the_value(dtype, op, k):
             np.testing.assert_allclose(got, value, rtol=tol, atol=tol * 10, equal_nan=True)
             assert np.array_equal(np.isnan(got), np.isnan(value))
             assert np.array_equal(got[np.isinf(value)], value[np.isinf(value)])
+            for p in parts if op != "prod" else parts[:1]:  # every addend holds them
+                np.testing.assert_array_equal(p[~np.isfinite(value)], value[~np.isfinite(value)])
         else:
             np.testing.assert_array_equal(got, value)
 

@@ -111,7 +111,34 @@ SKIP_REASONS = {
     "no gradient by definition": "every float input is listed in NO_GRAD_FOR",
     "lower-precision output": "a cast below float64: finite differences measure rounding",
     "no float output": "integer or bool outputs only (a comparison, an index)",
+    "non-finite input": "NaN or inf in the data on purpose: no derivative to difference "
+                        "there (test_torch_differential checks those gradients against torch)",
+    "gradient by definition": "a gradient the op defines instead of the derivative "
+                              "(DEFINED_GRADIENTS; test_torch_differential checks it)",
+    "non-finite output by definition": "finite data where the op's value is inf or NaN "
+                                       "(NONFINITE_OUTPUTS; checked against torch there)",
 }
+
+#: Ops whose sample calls may give a non-finite value from finite data, and when.
+NONFINITE_OUTPUTS = {
+    "var": "a correction equal to the count divides by zero degrees of freedom",
+    "std": "a correction equal to the count divides by zero degrees of freedom",
+}
+
+#: (op, label prefix) of sample calls whose gradient is a definition, not the derivative.
+DEFINED_GRADIENTS = {
+    ("embedding", "padding"): "the padding_idx row gets no gradient (PyTorch's definition)",
+}
+
+
+def _nonfinite(values):
+    """Whether a float array among ``values`` (lists included) holds NaN or inf."""
+    for v in values:
+        if isinstance(v, list) and _nonfinite(v):
+            return True
+        if isinstance(v, np.ndarray) and v.dtype.kind == "f" and not np.isfinite(v).all():
+            return True
+    return False
 
 
 #: Sample cases with float data that the op's kernel refuses (sample_calls leaves them out):
@@ -138,6 +165,15 @@ def _refused_float_cases(name, info, calls):
     return out
 
 
+def _data_skip(name, call):
+    """Why the call's data leaves it out (a key of SKIP_REASONS), or None."""
+    if _nonfinite(call.values):
+        return "non-finite input"
+    if any(name == op and call.label.startswith(pre) for op, pre in DEFINED_GRADIENTS):
+        return "gradient by definition"
+    return None
+
+
 def _skip_reason(name, leaves, ref):
     """Why the call is not checked (a key of SKIP_REASONS), or None."""
     if not leaves:
@@ -148,6 +184,8 @@ def _skip_reason(name, leaves, ref):
         return "no float output"
     if any(o.dtype != np.float64 for o in ref):
         return "lower-precision output"
+    if name in NONFINITE_OUTPUTS and not all(np.isfinite(o.numpy()).all() for o in ref):
+        return "non-finite output by definition"
     return None
 
 
@@ -158,6 +196,9 @@ def _check_call(name, info, call, rng):
     ``(L(x + eps v) - L(x - eps v)) / 2 eps`` of the loss ``L = sum(w * out)`` along
     DIRECTIONS random directions ``v`` covering every element (a wrong entry anywhere in
     the gradient shows in every direction, with probability one)."""
+    reason = _data_skip(name, call)
+    if reason is not None:
+        return reason
     values, leaves = _inputs(name, call.values, rng)
     state = dt.get_rng_state()  # every evaluation draws the same random numbers
     with dt.no_grad():
@@ -264,6 +305,9 @@ def _check_call_twice(name, info, call, rng):
     (a Hessian-vector product, computed through ``create_graph=True``) is checked like a
     first derivative: ``<H v, u>`` against the central difference of ``gv`` along random
     directions ``u`` of each leaf."""
+    reason = _data_skip(name, call)
+    if reason is not None:
+        return reason
     values, leaves = _inputs(name, call.values, rng)
     state = dt.get_rng_state()
     with dt.no_grad():

@@ -189,6 +189,17 @@ def _skip_reason(name, leaves, ref):
     return None
 
 
+def _central(base, x0, v, eps, f):
+    """The central difference ``(f(x0 + eps v) - f(x0 - eps v)) / 2 eps``, writing the points
+    into ``base`` (the leaf's array) and restoring ``x0`` after."""
+    base[...] = x0 + eps * v
+    up = float(f())
+    base[...] = x0 - eps * v
+    down = float(f())
+    base[...] = x0
+    return (up - down) / (2 * eps)
+
+
 def _check_call(name, info, call, rng):
     """Check one sample call: None if checked, else the reason it was skipped.
 
@@ -234,12 +245,7 @@ def _check_call(name, info, call, rng):
         for _ in range(DIRECTIONS):
             v = rng.standard_normal(base.shape)
             with dt.no_grad():
-                base[...] = x0 + EPS * v
-                up = float(loss(values))
-                base[...] = x0 - EPS * v
-                down = float(loss(values))
-            base[...] = x0
-            want = (up - down) / (2 * EPS)
+                want = _central(base, x0, v, EPS, lambda: loss(values))
             terms = got * v
             g = float(terms.sum())
             scale = 1.0 + float(np.abs(terms).sum()) + abs(want)
@@ -337,12 +343,7 @@ def _check_call_twice(name, info, call, rng):
         got = np.zeros(base.shape) if h is None else h.numpy()
         for _ in range(DIRECTIONS - 1):
             u = rng.standard_normal(base.shape)
-            base[...] = x0 + EPS2 * u
-            up = float(gv(False))
-            base[...] = x0 - EPS2 * u
-            down = float(gv(False))
-            base[...] = x0
-            want = (up - down) / (2 * EPS2)
+            want = _central(base, x0, u, EPS2, lambda: gv(False))
             terms = got * u
             assert abs(terms.sum() - want) <= RTOL2 * (1 + np.abs(terms).sum() + abs(want)), (
                 f"{name} {call.label}: <H v, u> = {terms.sum()}, finite differences {want}")

@@ -14,7 +14,9 @@ A :class:`Comm` also holds the private duplicate that asynchronous redistributes
 nonblocking forms of the data collectives (``start=True``: ``Iallgather(v)``,
 ``Iallreduce``, ``Ireduce_scatter(_block)``, ``Ialltoallw``), which return their request
 (:mod:`redistribute.worker` completes them), and its pool of persistent all-gathers
-(:mod:`redistribute.comm.persistent`).
+(:mod:`redistribute.comm.persistent`), and point-to-point messages between two ranks
+(:meth:`Comm.isend`, :meth:`Comm.irecv`, :meth:`Comm.sendrecv`; pipeline stages and ring
+attention), which bypass the collective checks.
 
 Counts and displacements of :class:`Comm` methods are in *elements* of the buffers' dtype,
 except :meth:`Comm.alltoallw`, which follows MPI (counts in units of each datatype,
@@ -455,6 +457,79 @@ class Comm:
         return self._gather_ints(
             mine, kind, what, f"{detail}; shared descriptors, {mine.size} values", None
         )
+
+    # -- point to point (pipeline stages, ring attention) ---------------------------------
+    # These are not collectives: only the two ranks of a pair take part, so they bypass the
+    # SPMD check and the collective watchdog; observers see them as ``send`` / ``recv`` with
+    # the message's bytes (a ``recv`` is shown when it is posted).
+
+    def _p2p_check(self, op: str, arr: np.ndarray, peer: int, tag: int) -> None:
+        if not isinstance(arr, np.ndarray) or not arr.flags.c_contiguous:
+            kind = type(arr).__name__ if not isinstance(arr, np.ndarray) else "a strided array"
+            raise CommError(f"Comm.{op}: needs a C-contiguous ndarray, got {kind}")
+        if not isinstance(tag, (int, np.integer)) or not 0 <= int(tag) < 32768:
+            raise CommError(f"Comm.{op}: tag {tag!r} must be an int in [0, 32767]")
+        if not isinstance(peer, (int, np.integer)) or not 0 <= int(peer) < self.size:
+            raise CommError(f"Comm.{op}: peer {peer!r} is not a rank of this communicator "
+                            f"(size {self.size})")
+        if int(peer) == self.rank:
+            raise CommError(f"Comm.{op}: peer {peer} is this rank itself")
+
+    def isend(self, arr: np.ndarray, dest: int, tag: int = 0, what: object = None) -> Any:
+        """Start sending the C-contiguous ``arr`` to rank ``dest``; returns the request
+        (complete it with :meth:`wait_all`; ``arr`` belongs to MPI until then).
+
+        **Point-to-point**: only this rank and ``dest`` take part (``dest`` posts the
+        matching :meth:`irecv` with the same ``tag`` and as many bytes). ``what`` describes
+        the message for observers' purposes only.
+        """
+        self._p2p_check("isend", arr, dest, tag)
+        if HOOKS.observers:
+            notify("send", arr.nbytes, self)
+        return self.mpi.Isend([arr, arr.nbytes, BYTES], int(dest), int(tag))
+
+    def irecv(self, arr: np.ndarray, source: int, tag: int = 0, what: object = None) -> Any:
+        """Start receiving ``arr.nbytes`` bytes from rank ``source`` into the C-contiguous
+        ``arr``; returns the request (complete it with :meth:`wait_all`). **Point-to-point**
+        (see :meth:`isend`). A message of another size than ``arr`` is an error at the wait.
+        """
+        self._p2p_check("irecv", arr, source, tag)
+        if HOOKS.observers:
+            notify("recv", arr.nbytes, self)
+        return self.mpi.Irecv([arr, arr.nbytes, BYTES], int(source), int(tag))
+
+    def sendrecv(
+        self,
+        send: np.ndarray,
+        dest: int,
+        recv: np.ndarray,
+        source: int,
+        tag: int = 0,
+        what: object = None,
+    ) -> None:
+        """Send ``send`` to ``dest`` and receive ``recv`` from ``source`` at once (a ring
+        step); blocks until both are done. **Point-to-point**."""
+        self.wait_all([self.irecv(recv, source, tag, what), self.isend(send, dest, tag, what)])
+
+    @staticmethod
+    def wait_all(requests: Sequence[Any]) -> None:
+        """Complete the requests of :meth:`isend` / :meth:`irecv` (None entries are
+        skipped). **Local** (it waits for the peers' matching calls). A received message
+        longer than its buffer raises :class:`CommError`."""
+        live = [r for r in requests if r is not None]
+        if not live:
+            return
+        try:
+            MPI.Request.Waitall(live)
+        except MPI.Exception as exc:
+            raise CommError(f"Comm.wait_all: a point-to-point message failed: {exc}") from None
+
+    @staticmethod
+    def test_all(requests: Sequence[Any]) -> bool:
+        """Whether every request of :meth:`isend` / :meth:`irecv` has completed (completing
+        those that have). **Local**; never blocks."""
+        live = [r for r in requests if r is not None]
+        return not live or bool(MPI.Request.Testall(live))
 
     def report(self, kind: str, nbytes: int) -> None:
         """Tell the observers of a collective of ``kind`` over ``nbytes`` bytes that ran

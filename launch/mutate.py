@@ -4,14 +4,17 @@ This module owns running the mutations of :mod:`launch.mutations` one at a time 
 which test run caught ("killed") each. No mutation names its tests: :mod:`launch._select`
 derives them from the module the mutation changes (the test files that import it, use the
 names it defines, or sit in its layer's test folder), and the runs go cheapest first: the
-unit files in one pytest process (a rule mutation's strategy-validator groups first), then the
-MPI files under ``mpiexec -n 2``, then under ``mpiexec -n 3``. Each run is a pytest process
+best-matching unit file alone and the best-matching MPI file alone under ``mpiexec -n 2``
+(the *lead* runs), then the other unit files in one pytest process (a rule mutation's
+strategy-validator groups run with the lead unit file), the other MPI files under
+``mpiexec -n 2``, then every MPI file under ``mpiexec -n 3``. Each run is a pytest process
 with the plugin :mod:`launch._mutant` loaded and ``DTENSOR_MUTATION`` naming the mutation,
 ``-x`` (it stops at the first failure); the first run that fails kills the mutation and the
 later runs are skipped.
 
-Every mutation has a time budget (``--budget``, default 180 s) over all its runs, of which the
-unit run may take :data:`UNIT_SHARE` when MPI runs follow: a run still making progress when
+Every mutation has a time budget (``--budget``, default 180 s) over all its runs, of which
+each lead run may take :data:`LEAD_SHARE` and the unit run :data:`UNIT_SHARE` when MPI runs
+follow: a run still making progress when
 its time is spent is stopped (a unit run's MPI runs still follow, in what is left), and a
 mutation that no run killed counts as survived (the report says where time ran out). A run whose output
 does not grow for ``--stall`` seconds (default 90) is stopped and counts as a kill (a test
@@ -73,6 +76,8 @@ TARGET = 0.95
 MPI_RANKS = (2, 3)
 #: The share of a mutation's budget its unit run may take when MPI runs follow it.
 UNIT_SHARE = 2 / 3
+#: The share of a mutation's budget each lead run (one file alone) may take.
+LEAD_SHARE = 1 / 6
 #: The strategy validator's parametrized test, whose groups a run may select by op.
 VALIDATOR_FILE = "unit/ops/test_validator.py"
 VALIDATOR_TEST = "test_every_candidate_of_every_rule"
@@ -229,17 +234,33 @@ class _Context:
 
 
 def runs_for(tests_dir: Path, mutation: Mutation) -> tuple[Run, ...]:
-    """The runs that judge ``mutation``, in order: its selected unit files (a rule
-    mutation's validator groups first, instead of the whole validator file), then its MPI
-    files at each of :data:`MPI_RANKS`. **Local**."""
+    """The runs that judge ``mutation``, in order. **Local**.
+
+    First the *lead* runs: the best-matching unit file alone (with a rule mutation's
+    validator groups, instead of the whole validator file), then the best-matching MPI file
+    alone at the first of :data:`MPI_RANKS`; then the other unit files in one run, the
+    other MPI files at that rank count, and every MPI file at each further rank count. A
+    lead run is cheap (one file) and the selection puts the likeliest judge first, so a
+    mutation that only an MPI file reaches is judged before the broad unit run spends the
+    budget; a suite with one file has no lead run of its own."""
     unit, mpi = _select.select(tests_dir, mutation.module)
     ops: tuple[str, ...] = ()
     if isinstance(mutation.patch, RulePatch):
         ops = mutation.patch.ops
         unit = [p for p in unit if p != VALIDATOR_FILE]
-    runs = [Run(tuple(unit), validate=ops)] if unit or ops else []
+    first, *others = MPI_RANKS
+    runs: list[Run] = []
+    lead_unit, lead_mpi = len(unit) > 1, len(mpi) > 1
+    if lead_unit:
+        runs.append(Run(tuple(unit[:1]), validate=ops, lead=True))
+    if lead_mpi:
+        runs.append(Run(tuple(mpi[:1]), ranks=first, lead=True))
+    if unit or (ops and not lead_unit):
+        rest = unit[1:] if lead_unit else unit
+        runs.append(Run(tuple(rest), validate=() if lead_unit else ops))
     if mpi:
-        runs += [Run(tuple(mpi), ranks=k) for k in MPI_RANKS]
+        runs.append(Run(tuple(mpi[1:] if lead_mpi else mpi), ranks=first))
+        runs += [Run(tuple(mpi), ranks=k) for k in others]
     return tuple(runs)
 
 
@@ -330,12 +351,14 @@ def run_mutation(ctx: _Context, mutation: Mutation) -> Result:
         left = ctx.budget - (time.perf_counter() - start)
         if left <= 1:
             break
-        if run.ranks is None and len(runs) > 1:  # leave the MPI runs their share
+        if run.lead:  # one file: a share that leaves the broad runs theirs
+            left = min(left, LEAD_SHARE * ctx.budget)
+        elif run.ranks is None and len(runs) > 1:  # leave the MPI runs their share
             left = min(left, UNIT_SHARE * ctx.budget)
         outcome = run_one(ctx, mutation, i, run, left)
         outcomes.append(outcome)
         if outcome.status in ("killed", "timeout", "error") or (
-                outcome.status == "budget" and run.ranks is not None):
+                outcome.status == "budget" and run.ranks is not None and not run.lead):
             break
     return conclude(mutation, outcomes, time.perf_counter() - start)
 

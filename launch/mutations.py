@@ -102,19 +102,23 @@ class Run:
     ``paths`` are relative to the ``tests`` folder (``unit/placements/test_rules.py``, a node
     id ``unit/redistribute/test_plan.py::test_x``); ``ranks`` None runs one pytest process,
     else ``mpiexec -n ranks`` with ``--with-mpi``; ``validate`` names ops whose
-    strategy-validator groups (``unit/ops/test_validator.py``) run first in a one-process run.
+    strategy-validator groups (``unit/ops/test_validator.py``) run first in a one-process run;
+    ``lead`` marks the run of a suite's best-matching file alone, before the suite's others.
     """
 
     paths: tuple[str, ...]
     ranks: int | None = None
     validate: tuple[str, ...] = ()
+    lead: bool = False
 
     @property
     def label(self) -> str:
-        """A short name for reports: ``unit`` or ``mpi-2`` and the number of files."""
+        """A short name for reports: ``unit`` or ``mpi-2`` and the number of files (``lead``
+        before it for a lead run)."""
         where = "unit" if self.ranks is None else f"mpi-{self.ranks}"
         extra = f" + validator[{','.join(self.validate)}]" if self.validate else ""
-        return f"{where} ({len(self.paths)} files{extra})"
+        files = "1 file" if len(self.paths) == 1 else f"{len(self.paths)} files"
+        return f"{'lead ' if self.lead else ''}{where} ({files}{extra})"
 
 
 @dataclass(frozen=True)

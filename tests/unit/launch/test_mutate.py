@@ -264,16 +264,47 @@ def test_selection_reads_imports_names_helpers_and_the_layer_folder(tmp_path):
     assert not any(n.startswith("_") for n in _select.public_names("placements.layout"))
 
 
-def test_runs_go_unit_then_mpi_at_two_then_three_ranks():
+def test_runs_go_lead_files_then_unit_then_mpi_at_two_then_three_ranks():
     m = get("placements.source.chunk_size")
+    unit, mpi = _select.select(TESTS_DIR, m.module)
     runs = mutate.runs_for(TESTS_DIR, m)
-    assert [r.ranks for r in runs] == [None, *mutate.MPI_RANKS]
-    assert runs[1].paths == runs[2].paths
-    assert "unit/placements/test_layout.py" in runs[0].paths
+    two, three = mutate.MPI_RANKS
+    assert [(r.ranks, r.lead) for r in runs] == [
+        (None, True), (two, True), (None, False), (two, False), (three, False)]
+    # the best-matching file of each suite alone first, then the others; every MPI file at 3
+    assert runs[0].paths == tuple(unit[:1]) and runs[1].paths == tuple(mpi[:1])
+    assert runs[2].paths == tuple(unit[1:]) and runs[3].paths == tuple(mpi[1:])
+    assert runs[4].paths == tuple(mpi)
+    assert "unit/placements/test_layout.py" in runs[0].paths + runs[2].paths
     assert not any("test_mutate.py" in p for r in runs for p in r.paths)
+    assert runs[0].label == "lead unit (1 file)" and runs[3].label.startswith("mpi-2 (")
     rule = mutate.runs_for(TESTS_DIR, get("pointwise.sum.relu_inplace"))
-    assert rule[0].validate == ("relu_",) and mutate.VALIDATOR_FILE not in rule[0].paths
-    assert "unit/placements/test_rules.py" in rule[0].paths
+    # the validator groups run with the lead unit file, and only there
+    assert rule[0].validate == ("relu_",) and rule[0].lead
+    assert not any(r.validate for r in rule[1:])
+    assert all(mutate.VALIDATOR_FILE not in r.paths for r in rule)
+    assert "unit/placements/test_rules.py" in rule[0].paths + rule[2].paths
+    # the nonblocking avg of the executor: its async MPI tests run alone before the unit run
+    avg = mutate.runs_for(TESTS_DIR, get("redistribute.source.avg_divisor"))
+    assert avg[1].lead and avg[1].paths == ("mpi/redistribute/test_async_redistribute.py",)
+
+
+def test_a_lead_run_out_of_time_does_not_end_the_mutation(monkeypatch, tmp_path):
+    lead = Run(("mpi/ops/test_ops.py",), ranks=2, lead=True)
+    seen = []
+
+    def fake_run_one(ctx, mutation, index, run, budget=None):
+        seen.append((run.label, round(budget / ctx.budget, 3)))
+        status = "budget" if run.lead else "killed"
+        return mutate.RunOutcome(run, status, True, 1.0)
+
+    monkeypatch.setattr(mutate, "runs_for", lambda tests, mutation: (lead, UNIT, MPI))
+    monkeypatch.setattr(mutate, "run_one", fake_run_one)
+    ctx = mutate._Context(TESTS_DIR, tmp_path, "fastpath", 100.0, 90.0)
+    result = mutate.run_mutation(ctx, get("placements.source.chunk_size"))
+    # the lead run gets a sixth, the unit run two thirds; the unit run then kills it
+    assert seen == [("lead mpi-2 (1 file)", 0.167), ("unit (1 file)", 0.667)]
+    assert result.status == "killed"
 
 
 # -- the plugin's log -------------------------------------------------------------------------
@@ -348,7 +379,7 @@ def test_kills_survivors_and_the_last_line():
     assert killed.status == "killed"
     assert killed.detail == "mpi-2 mpi/ops/test_ops.py::test_unary"
     unnamed = mutate.conclude(m, [_outcome(MPI, "killed", True)], 2.0)
-    assert unnamed.detail == "mpi-2 (1 files)"
+    assert unnamed.detail == "mpi-2 (1 file)"
     timeout = mutate.conclude(m, [_outcome(MPI, "timeout", True)], 2.0)
     assert timeout.status == "killed" and "stalled" in timeout.detail
     survived = mutate.conclude(m, [_outcome(UNIT, "passed", True), _outcome(MPI, "passed", False)],
@@ -356,7 +387,7 @@ def test_kills_survivors_and_the_last_line():
     assert survived.status == "survived" and survived.detail == "SURVIVED"
     # the budget ran out while a run still made progress: not a kill
     cut = mutate.conclude(m, [_outcome(UNIT, "passed", True), _outcome(MPI, "budget", True)], 2.0)
-    assert cut.status == "survived" and cut.detail == "SURVIVED (budget spent in mpi-2 (1 files))"
+    assert cut.status == "survived" and cut.detail == "SURVIVED (budget spent in mpi-2 (1 file))"
     table = mutate.layer_table([killed, cut, mutate.Result(get("solver.source.pair_cost"),
                                                            "invalid", "never fired", 1.0)])
     assert table[0].split() == ["layer", "killed", "total", "survived", "invalid", "killed", "%"]

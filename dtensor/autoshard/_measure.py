@@ -206,7 +206,7 @@ def measure_entry_overhead(mesh: Any, calibration: Calibration, repeat: int = 7
 
 def calibrate(mesh: Any, path: str | os.PathLike[str] | None = None, *,
               sizes: tuple[int, ...] = (32, 128, 384), repeat: int = 7,
-              save: bool = True) -> Calibration:
+              save: bool = True, comm_sizes: tuple[int, ...] | None = None) -> Calibration:
     """Measure this machine on ``mesh`` and store the result. **Collective**.
 
     Times every collective kind of the cost model on each mesh dim (``DTensor.redistribute``
@@ -227,6 +227,12 @@ def calibrate(mesh: Any, path: str | os.PathLike[str] | None = None, *,
         Timing samples per point.
     save : bool
         Write the file (rank 0). The result is returned either way.
+    comm_sizes : tuple of int, optional
+        The N of the collectives' tensors, when they should reach further than the kernels'
+        ``sizes`` (default: ``sizes``). A collective's bandwidth drops once its buffers
+        leave the caches (on a 2-core machine, from about 4 MiB to about half of that
+        beyond 7 MiB): a model whose collectives move tens of MiB needs points there, and
+        the kernels need no N x N matmul of that size.
 
     Returns
     -------
@@ -237,7 +243,8 @@ def calibrate(mesh: Any, path: str | os.PathLike[str] | None = None, *,
     sizes_l = [int(s) for s in sizes]
     per_dim: dict[str, dict[str, dict[str, float]]] = {}
     points: dict[str, Any] = {"collectives": {}, "kernels": {}}
-    for m, kinds in measure_collectives(mesh, sizes_l, repeat).items():
+    comm_l = sizes_l if comm_sizes is None else [int(s) for s in comm_sizes]
+    for m, kinds in measure_collectives(mesh, comm_l, repeat).items():
         points["collectives"][str(m)] = kinds
         per_dim[str(m)] = {}
         for kind, pts in kinds.items():

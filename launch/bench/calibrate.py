@@ -46,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
         __doc__.splitlines()[0],
         argv,
         sizes={"default": "64,256,1024", "help": "comma-separated N of the NxN float32 tensors"},
+        comm_sizes={"default": "64,256,1024,2048",
+                    "help": "comma-separated N of the collectives' NxN float32 tensors (they "
+                    "reach past the caches: large collectives run at about half the bandwidth "
+                    "of small ones)"},
         mesh={"default": None, "help": "mesh shape, e.g. 2,2 (default: all ranks in 1-D)"},
         calibration={"default": None, "help": "where to store the calibration JSON"},
     )
@@ -59,7 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     sizes = tuple(int(s) for s in args.sizes.split(","))
     progress = Progress("calibrate", 1, enabled=comm.rank == 0 and not args.quiet)
     progress(f"measuring collectives, kernels and a small step on mesh {shape}", step=False)
-    result = calibrate(mesh, args.calibration, sizes=sizes, repeat=args.repeat)
+    comm_sizes = tuple(int(s) for s in args.comm_sizes.split(","))
+    result = calibrate(mesh, args.calibration, sizes=sizes, repeat=args.repeat,
+                       comm_sizes=comm_sizes)
     progress("done")
     if comm.rank == 0:
         text = json.dumps(result.cost_model, indent=2)

@@ -43,9 +43,10 @@ The interface (:class:`Family`; any object with these members will do):
     ``--train`` then finds or measures one as ``--auto`` does (``--calibration``,
     ``--no-calibrate``, ``--recalibrate``) and hands it over before the sweep (``fit``:
     False under ``--no-fit``).
-``calibration_sizes``, ``calibration_repeat`` (optional)
+``calibration_sizes``, ``calibration_repeat``, ``calibration_comm_sizes`` (optional)
     The N of the N x N tensors and the samples per point of the calibration ``--train``
-    measures for such a family when none is stored (default: ``--auto``'s quick one).
+    measures for such a family when none is stored (default: ``--auto``'s quick one), and the
+    N of its collectives' tensors where they should reach further (default: the same N).
 ``interleave`` (optional)
     True: ``--train`` builds every strategy first and times their steps in turns (as
     ``--interleave``), for steps long enough that the machine's load changes between them.

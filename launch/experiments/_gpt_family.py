@@ -61,6 +61,11 @@ SWEPT = ("local", "dp", "fsdp", "tp", "tp_sp", "fsdp_tp", "hsdp")
 #: the quick calibration of ``--auto``, up to 384 x 384 in 15 samples, priced its collectives
 #: several times too high on a loaded machine).
 CALIBRATION_SIZES, CALIBRATION_REPEAT = (64, 256, 1024), 30
+#: The collectives' N: up to 2048 x 2048 (16 MiB). FSDP gathers a gpt-small block's 7 MiB in
+#: one collective, and a 2-rank all-gather that moves 4 MiB at about 5 GB/s moves 7-43 MiB at
+#: about 2 GB/s (out of the caches); fitted to 4 MiB at most, FSDP's step was priced 15 %
+#: short and below dp's.
+CALIBRATION_COMM_SIZES = (64, 256, 1024, 2048)
 #: Global batch (sequences) per family: divisible by 2 and 4 data-parallel ranks.
 BATCH = {"tiny": 8, "small": 4}
 LR = 1e-3
@@ -121,6 +126,7 @@ class GPTFamily:
         self.overlap: bool | None = None  # FSDP's prefetch beside the compute: a spare core
         self.interleave = True  # steps of seconds: timed in turns (see the module docstring)
         self.calibration_sizes, self.calibration_repeat = CALIBRATION_SIZES, CALIBRATION_REPEAT
+        self.calibration_comm_sizes = CALIBRATION_COMM_SIZES
         self.fitted: list[str] = []
         self.fit_info: dict[str, float] | None = None
         with dt.nn.abstract_parameters():  # the shapes, without data

@@ -206,7 +206,8 @@ def train(args, family: Family) -> int:
             cal, cal_info = calibration_for(
                 args, dt.init_device_mesh((comm.size,)), progress,
                 getattr(family, "calibration_sizes", CALIBRATION_SIZES),
-                getattr(family, "calibration_repeat", CALIBRATION_REPEAT))
+                getattr(family, "calibration_repeat", CALIBRATION_REPEAT),
+                getattr(family, "calibration_comm_sizes", None))
         except ConfigError as e:
             if comm.rank == 0:
                 print(f"strategy_sweep: {e}", file=sys.stderr)
@@ -249,12 +250,13 @@ def train(args, family: Family) -> int:
 
 def calibration_for(args, mesh: dt.DeviceMesh, progress: Progress,
                     sizes: tuple[int, ...] = CALIBRATION_SIZES,
-                    repeat: int = CALIBRATION_REPEAT
+                    repeat: int = CALIBRATION_REPEAT,
+                    comm_sizes: tuple[int, ...] | None = None,
                     ) -> tuple[dt.autoshard.Calibration | None, dict]:
     """The calibration of the ``--auto`` sweep and what the report says of it: the stored
     one (``--calibration`` or the default path of this many ranks), else (or with
-    ``--recalibrate``) one measured now (N x N tensors of ``sizes``, ``repeat`` samples per
-    point) and stored there, else (``--no-calibrate``) None with a warning. Rank 0 reads the
+    ``--recalibrate``) one measured now (N x N tensors of ``sizes``, and of ``comm_sizes`` for
+    the collectives when given; ``repeat`` samples per point) and stored there, else (``--no-calibrate``) None with a warning. Rank 0 reads the
     file and every rank gets its answer. **Collective**.
 
     Raises
@@ -294,13 +296,14 @@ def calibration_for(args, mesh: dt.DeviceMesh, progress: Progress,
     progress(f"{why}: calibrating this machine on mesh {tuple(mesh.shape)} "
              "(--no-calibrate skips this)", step=False)
     start = time.perf_counter()
-    cal = dt.autoshard.calibrate(mesh, path, sizes=sizes, repeat=repeat)
+    cal = dt.autoshard.calibrate(mesh, path, sizes=sizes, repeat=repeat, comm_sizes=comm_sizes)
     seconds = comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
     line = (f"calibration: {why}; measured now in {seconds:.1f} s on mesh {tuple(mesh.shape)} "
             f"and stored at {path}" + (f" (`{command}` measures one with more samples)"
                                        if sizes == CALIBRATION_SIZES else ""))
     return cal, {"source": "measured", "path": str(path), "seconds": round(seconds, 2),
-                 "sizes": list(sizes), "repeat": repeat, "line": line}
+                 "sizes": list(sizes), "comm_sizes": list(comm_sizes or sizes), "repeat": repeat,
+                 "line": line}
 
 
 def auto(args, family: Family) -> int:

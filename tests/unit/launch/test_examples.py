@@ -179,8 +179,8 @@ def test_strategy_sweep_script_writes_json(tmp_path):
 
 def test_calibrate_writes_a_usable_cost_model(tmp_path):
     path, stored = tmp_path / "costs.json", tmp_path / "calibration.json"
-    out = launch(2, "launch/bench/calibrate.py", "--sizes", "8,64", "--repeat", "3", "--out",
-                 str(path), "--calibration", str(stored))
+    out = launch(2, "launch/bench/calibrate.py", "--sizes", "8,64", "--comm-sizes", "8,64,96",
+                 "--repeat", "3", "--out", str(path), "--calibration", str(stored))
     assert re.search(r"^mesh dim +collective +alpha us +beta GB/s$", out, re.MULTILINE), out
     assert re.search(r"^op class +alpha us +rate G/s$", out, re.MULTILINE), out
     doc = json.loads(path.read_text())
@@ -188,10 +188,12 @@ def test_calibrate_writes_a_usable_cost_model(tmp_path):
     cal = load_calibration(stored)
     assert cal.ranks == 2 and cal.mesh_shape == (2,) and cal.model() == CostModel.from_dict(doc)
     assert set(cal.points["kernels"]) == {"matmul", "nn", "pointwise", "view"}
+    # kernels at --sizes, collectives at --comm-sizes (reaching further)
+    assert all(len(v) == 2 for v in cal.points["kernels"].values())
     assert cal.entry_s >= 0 and cal.sync_s >= 0
     assert set(doc["per_kind"]) == {"all_gather", "reduce_scatter", "all_reduce", "all_to_all"}
     points = json.loads(Path(str(path) + ".points.json").read_text())["points"]
-    assert all(len(v) == 2 and v[1][0] > v[0][0] for v in points.values())  # bytes grow
+    assert all(len(v) == 3 and v[0][0] < v[1][0] < v[2][0] for v in points.values())  # bytes grow
     # the file is accepted as DTENSOR_COST_MODEL
     code = "from redistribute.cost import default_cost_model as d; print(d().alpha_s)"
     env = child_env({"DTENSOR_COST_MODEL": str(path)})

@@ -214,7 +214,10 @@ class _PipelineSchedule:
         self._state = {i: _StageState(s) for i, s in self._stages.items()}
         self._shape_key: tuple | None = None
         self._ties = self._tie_groups()
+        #: the last step's ``(action, start, end)`` (perf_counter seconds; start: after
+        #: the wait for the action's received input), what the benchmark's bubble reads
         self.timeline: list[tuple[Action, float, float]] = []
+        self._ready = 0.0
         self.step_time = 0.0
 
     # -- construction check (collective) ------------------------------------------------
@@ -309,13 +312,14 @@ class _PipelineSchedule:
         loss_vals = np.zeros(m, np.float64)
         sends: list[tuple[Any, np.ndarray]] = []
         for a in self.actions:
+            self._ready = 0.0
             s0 = time.perf_counter()
             st = self._state[a.stage]
             if a.kind == "F":
                 self._forward(st, a.mb, xs, ys, outs, loss_vals, sends)
             else:
                 self._backward(st, a, sends)
-            self.timeline.append((a, s0, time.perf_counter()))
+            self.timeline.append((a, max(s0, self._ready), time.perf_counter()))
             if len(sends) > 8 and self.comm.test_all([r for r, _ in sends]):
                 sends.clear()
         self._sum_tied(sends)
@@ -432,6 +436,7 @@ class _PipelineSchedule:
                 st.in_meta = _decode_meta(st.head)
                 self._post_acts(st)
             s.comm.wait_all([st.act_reqs[mb]])
+            self._ready = time.perf_counter()
             x = from_numpy(st.act_bufs[mb])
         if is_floating(x.dtype):
             x.requires_grad_(True)
@@ -473,6 +478,7 @@ class _PipelineSchedule:
         if s.rank_of(s.stage_index + 1) == s.pp_rank:
             return st.local_grad.pop(mb)
         s.comm.wait_all([st.grad_reqs[mb]])
+        self._ready = time.perf_counter()
         return from_numpy(st.grad_bufs[mb])
 
     def _backward(self, st: _StageState, a: Action, sends: list) -> None:

@@ -37,10 +37,11 @@ SINGLE = ("gpipe", "1f1b")
 
 def _cases():
     """(schedule, stages) runnable on this world as the pp mesh: single-stage schedules
-    need stages == ranks, the interleaved ones a multiple of the ranks."""
+    need stages == ranks, the interleaved ones a multiple of the ranks (2 and 4 stages,
+    and at 3 ranks 3 and 6)."""
     out = []
     for name in SCHEDULES:
-        for n in (2, 4):
+        for n in sorted({2, 4, WORLD, 2 * WORLD} - {1, 8}):
             if (n == WORLD) if name in SINGLE else (n % WORLD == 0):
                 out.append((name, n))
     return out

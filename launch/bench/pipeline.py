@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> dict:
     by = {(c["schedule"], c["m"]): c for c in cases}
     for c in cases:  # the zero-bubble gain over 1F1B, and its I + W against 1F1B's B
         ref = by.get(("1f1b", c["m"]))
-        if c["schedule"] == "zero_bubble" and ref:
+        if c["schedule"] == "zero_bubble" and ref and not args.memory_only:
             c["gain_vs_1f1b"] = ref["step_ms"] / c["step_ms"]
             b = ref["kinds_ms"]["B"]
             c["split_cost_vs_b"] = (c["kinds_ms"]["I"] + c["kinds_ms"]["W"]) / b if b else None

@@ -216,3 +216,25 @@ def test_split_leaving_a_stage_empty():
         pp.pipeline_split(model, 3)
     with pytest.raises(PipelineError, match=r"'blocks.9' is not a unit of GPT"):
         pp.pipeline_split(model, split_points=["blocks.9"])
+
+
+@pytest.mark.mpi(min_size=2)
+def test_comm_debug_mode_sees_the_point_to_point_traffic():
+    """Per 1F1B step a rank sends an activation per micro-batch downstream and a gradient
+    upstream, the first and last stage swap the tied gradient, one all-gather of shapes
+    and one broadcast of the losses; the first step adds one shape header per boundary."""
+    mesh = dt.init_device_mesh((WORLD,), mesh_dim_names=("pp",))
+    m = 4
+    model, mods, sched = _build("1f1b", WORLD, m, mesh)
+    r = mesh.get_coordinate()[0]
+    x, y = batch(model.cfg, BATCH, 0)
+    down, up = r < WORLD - 1, r > 0
+    tie = r in (0, WORLD - 1)
+    for step in range(2):
+        with dt.debug.CommDebugMode() as mode:
+            _step(sched, mods, x, y)
+        counts = mode.get_comm_counts()
+        head = 1 if step == 0 else 0
+        assert counts.get("send", 0) == m * (down + up) + tie + head * down
+        assert counts.get("recv", 0) == m * (down + up) + tie + head * up
+        assert counts["all_gather_ints"] == 1 and counts["broadcast"] == 1

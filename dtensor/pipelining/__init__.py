@@ -8,7 +8,10 @@
   ``schedule.step(x)`` on the first stage, ``step(target=y, losses=losses)`` on the last,
   ``step()`` elsewhere;
 - :func:`pipeline_split` / :func:`equal_cost_split_points`: a ``dt.nn`` model split into
-  stage modules by module path or by equal cost.
+  stage modules by module path or by equal cost, with full parameter names;
+- :func:`full_state_dict`: the whole model's state on every rank, for ``dt.save`` (a
+  checkpoint that loads into any strategy); ``dt.load(stage.submod.state_dict(), path)``
+  loads any strategy's checkpoint into the stages.
 """
 
 from ._runtime import (
@@ -22,6 +25,7 @@ from ._runtime import (
 )
 from ._schedules import Action, bubble_fraction, comm_pairs, make_schedule, simulate
 from ._split import equal_cost_split_points, pipeline_split, ties_of
+from ._state import full_state_dict
 
 __all__ = [
     "Action",
@@ -35,6 +39,7 @@ __all__ = [
     "bubble_fraction",
     "comm_pairs",
     "equal_cost_split_points",
+    "full_state_dict",
     "make_schedule",
     "pipeline_split",
     "simulate",

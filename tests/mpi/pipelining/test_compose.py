@@ -1,6 +1,7 @@
 """The pipeline beside FSDP or TP on 2x2 meshes at 4 ranks: ``(pp, dp)`` with every stage
 ``fully_shard``-ed over ``dp`` (each dp rank feeds half the batch), ``(pp, tp)`` with the
-Megatron plan of the blocks over ``tp``; 1F1B and GPipe over 2 stages of the GPT tiny
+Megatron plan of the blocks over ``tp``; every schedule (GPipe, 1F1B, interleaved 1F1B and
+zero-bubble, one stage per rank) over 2 stages of the GPT tiny
 config give the local model's losses (averaged over dp) and gradients (full tensors of
 the sharded ones), float32 rtol 1e-5, for 3 SGD steps."""
 
@@ -37,7 +38,7 @@ def _sgd(params):
                 p.grad = None
 
 
-@pytest.mark.parametrize("schedule", [pp.Schedule1F1B, pp.ScheduleGPipe])
+@pytest.mark.parametrize("schedule", [pp.Schedule1F1B, pp.ScheduleGPipe, pp.ScheduleInterleavedZeroBubble, pp.ScheduleInterleaved1F1B])
 @pytest.mark.parametrize("other", ["dp", "tp"])
 def test_pipeline_with_fsdp_or_tp(other, schedule):
     if WORLD.size != 4:

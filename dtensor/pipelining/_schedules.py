@@ -8,15 +8,17 @@ forward 1, a full backward 2, its input and weight halves 1 each), and at each m
 idle rank picks its next action by the schedule's rule:
 
 - ``gpipe``: all forwards (micro-batch order), then all backwards;
-- ``1f1b``: forwards until ``pp_size - rank`` micro-batches are in flight, then a backward
-  whenever one is ready (one forward, one backward);
+- ``1f1b``: ``pp_size - rank - 1`` warm-up forwards, then one forward and one backward in
+  turn, then the remaining backwards;
 - ``interleaved_1f1b``: several stages per rank, forwards in Megatron's order (groups of
-  ``pp_size`` micro-batches, chunk by chunk), backwards in the reverse chunk order, at most
-  ``2 (pp_size - rank - 1) + (v - 1) pp_size + 1`` forwards in flight;
+  ``pp_size`` micro-batches, chunk by chunk), backwards in the reverse chunk order,
+  ``2 (pp_size - rank - 1) + (v - 1) pp_size`` warm-up forwards, then in turn (bubble
+  ``(p - 1) / (v m + p - 1)`` when ``m`` is a multiple of ``p``; other counts fall back to
+  a greedy rule where the strict order would stall);
 - ``zero_bubble`` (PyTorch's ``ScheduleInterleavedZeroBubble``): the interleaved order with
   the backward split into ``I`` (input gradient, sent upstream at once) and ``W`` (weight
-  gradient), which is deferred: a rank runs a ``W`` only when no ``I`` or ``F`` is ready,
-  and all that are left at the end.
+  gradient), which is deferred: a rank runs a ``W`` while its next ``F`` or ``I`` is not
+  ready, and all that are left at the end.
 
 The order of the lists is all the executor uses; the unit costs only decide it. The module
 is pure (no MPI, no tensors): the unit tests check each list's dependencies, its matched
@@ -74,18 +76,17 @@ def _orders(rank: int, pp: int, v: int, m: int) -> tuple[list[tuple[int, int]], 
     return fwd, bwd
 
 
-def _limit(kind: str, rank: int, pp: int, v: int, m: int) -> int:
-    """The most forwards a rank runs ahead of its backwards."""
-    if kind == "gpipe":
-        return m * v
-    if v == 1:
-        return pp - rank
-    return min(2 * (pp - rank - 1) + (v - 1) * pp + 1, m * v)
-
-
 def simulate(kind: str, num_stages: int, pp_size: int, n_microbatches: int
              ) -> tuple[list[list[Action]], dict[Action, tuple[int, int]]]:
     """Run the list-scheduling simulation of a schedule. **Local** (pure).
+
+    Every rank but GPipe's follows Megatron's strict order: ``warm-up`` forwards
+    (``pp_size - rank - 1``, or ``2 (pp_size - rank - 1) + (v - 1) pp_size`` with ``v``
+    stages per rank), then one forward and one backward in turn, then the remaining
+    backwards; it waits when its next action is not ready (a zero-bubble rank runs a
+    deferred ``W`` meanwhile). Where that order stalls (interleaved, a micro-batch count
+    that is not a multiple of ``pp_size``), the rank instead runs any ready backward, else
+    its next forward while fewer than ``warm-up + 1`` are in flight.
 
     Returns
     -------
@@ -107,20 +108,42 @@ def simulate(kind: str, num_stages: int, pp_size: int, n_microbatches: int
     if pp_size < 1 or num_stages < pp_size or num_stages % pp_size:
         raise PipelineError(f"pipeline schedule {kind}: {num_stages} stages do not fill a pp "
                             f"mesh of {pp_size} ranks (each rank holds the same number)")
-    v = num_stages // pp_size
-    if kind in ("gpipe", "1f1b") and v != 1:
+    if kind in ("gpipe", "1f1b") and num_stages != pp_size:
         raise PipelineError(f"pipeline schedule {kind}: runs one stage per pp rank, got "
                             f"{num_stages} stages on {pp_size} ranks (use an interleaved "
                             "schedule)")
+    if kind != "gpipe":
+        out = _run(kind, num_stages, pp_size, n_microbatches, strict=True)
+        if out is not None:
+            return out
+    out = _run(kind, num_stages, pp_size, n_microbatches, strict=False)
+    if out is None:  # pragma: no cover - the greedy rule never stalls
+        raise PipelineError(f"pipeline schedule {kind}: stalls with {num_stages} stages, "
+                            f"{pp_size} ranks, {n_microbatches} micro-batches")
+    return out
+
+
+def _warmup(kind: str, rank: int, pp: int, v: int, m: int) -> int:
+    """Forwards a rank runs before its first backward."""
+    if kind == "gpipe":
+        return m * v
+    if v == 1:
+        return min(pp - rank - 1, m)
+    return min(2 * (pp - rank - 1) + (v - 1) * pp, m * v)
+
+
+def _run(kind: str, num_stages: int, pp_size: int, m: int, strict: bool
+         ) -> tuple[list[list[Action]], dict[Action, tuple[int, int]]] | None:
+    """The simulation of :func:`simulate` under one rule; None where it stalls."""
+    v = num_stages // pp_size
     split = KINDS[kind]
-    m = n_microbatches
     back = "I" if split else "B"
-    fwd, bwd, limit = {}, {}, {}
+    fwd, bwd, warm = {}, {}, {}
     for r in range(pp_size):
         f, b = _orders(r, pp_size, v, m)
         fwd[r] = [Action("F", s, mb) for s, mb in f]
         bwd[r] = [Action(back, s, mb) for s, mb in b]
-        limit[r] = _limit(kind, r, pp_size, v, m)
+        warm[r] = _warmup(kind, r, pp_size, v, m)
     wq: dict[int, list[Action]] = {r: [] for r in range(pp_size)}  # deferred W
     done: dict[Action, tuple[int, int]] = {}
     busy = dict.fromkeys(range(pp_size), 0)
@@ -133,21 +156,35 @@ def simulate(kind: str, num_stages: int, pp_size: int, n_microbatches: int
     def ready(a: Action) -> bool:
         return all(d in done and done[d][1] <= t for d in _deps(a, num_stages, split))
 
+    def main_action(r: int) -> Action | None:
+        """The rank's next forward or backward under the rule, if ready."""
+        fwd_left = nf[r] < len(fwd[r])
+        bwd_left = nb[r] < len(bwd[r])
+        if kind == "gpipe" or strict:
+            if fwd_left and (nf[r] < warm[r] or not bwd_left or nf[r] - warm[r] == nb[r]):
+                a = fwd[r][nf[r]]
+            elif bwd_left:
+                a = bwd[r][nb[r]]
+            else:
+                return None
+            return a if ready(a) else None
+        if bwd_left and nb[r] < nf[r] and ready(bwd[r][nb[r]]):
+            return bwd[r][nb[r]]
+        if fwd_left and nf[r] - nb[r] <= warm[r] and ready(fwd[r][nf[r]]):
+            return fwd[r][nf[r]]
+        return None
+
     while len(done) < total:
         for r in range(pp_size):
             if busy[r] > t:
                 continue
-            pick = None
-            fwd_left = nf[r] < len(fwd[r])
-            nb_ok = nb[r] < len(bwd[r]) and (kind != "gpipe" or not fwd_left)
-            if nb_ok and ready(bwd[r][nb[r]]):
-                pick = bwd[r][nb[r]]
+            pick = main_action(r)
+            if pick is not None and pick.kind == "F":
+                nf[r] += 1
+            elif pick is not None:
                 nb[r] += 1
                 if split:
                     wq[r].append(Action("W", pick.stage, pick.mb))
-            elif fwd_left and nf[r] - nb[r] < limit[r] and ready(fwd[r][nf[r]]):
-                pick = fwd[r][nf[r]]
-                nf[r] += 1
             elif wq[r]:
                 pick = wq[r].pop(0)
             if pick is not None:
@@ -156,10 +193,7 @@ def simulate(kind: str, num_stages: int, pp_size: int, n_microbatches: int
                 orders[r].append(pick)
         later = [b for b in busy.values() if b > t]
         if not later:
-            if len(done) < total:  # pragma: no cover - the rules above never stall
-                raise PipelineError(f"pipeline schedule {kind}: stalls with {num_stages} "
-                                    f"stages, {pp_size} ranks, {m} micro-batches")
-            break
+            return None if len(done) < total else (orders, done)
         t = min(later)
     return orders, done
 

@@ -130,3 +130,13 @@ def test_1f1b_keeps_fewer_microbatches_in_flight(p):
 def test_bad_schedules(kind, n, p, m, match):
     with pytest.raises(PipelineError, match=match):
         make_schedule(kind, n, p, m)
+
+
+@pytest.mark.parametrize(("p", "v", "m"), [(2, 2, 2), (2, 2, 4), (2, 2, 8), (4, 2, 4),
+                                           (4, 2, 8), (2, 3, 4), (3, 2, 6)])
+def test_interleaved_bubble_is_megatrons(p, v, m):
+    """With ``m`` a multiple of ``p``: ``(p - 1) / (v m + p - 1)``, less than 1F1B's."""
+    end = replay(make_schedule("interleaved_1f1b", p * v, p, m), p * v)
+    span = max(end.values())
+    busy = m * p * v * (COST["F"] + COST["B"])
+    assert 1 - busy / (p * span) == pytest.approx((p - 1) / (v * m + p - 1))

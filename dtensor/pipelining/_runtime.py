@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from placements.errors import ArgumentError, PipelineError
+from placements.errors import PipelineError
 from placements.meta import is_floating
 
 from ..dispatch.entry_points import FUNCTIONS
@@ -303,9 +303,9 @@ class _PipelineSchedule:
         """
         t0 = time.perf_counter()
         m = self._n_microbatches
-        xs = self._microbatches(args, kwargs, "the input")
-        ys = self._microbatches((target,) if target is not None else (), {}, "the target")
-        self._agree(args, target)
+        xs = self._microbatches(args)
+        ys = self._microbatches((target,) if target is not None else ())
+        self._agree(args, target, sorted(kwargs))
         self._post_receives()
         self.timeline = []
         outs: dict[int, Tensor] = {}
@@ -333,11 +333,8 @@ class _PipelineSchedule:
             return FUNCTIONS["cat"]([outs[i] for i in range(m)], 0)
         return None
 
-    def _microbatches(self, args: tuple, kwargs: dict, what: str) -> list[tuple]:
+    def _microbatches(self, args: tuple) -> list[tuple]:
         m = self._n_microbatches
-        if kwargs:
-            raise ArgumentError(f"{self._name}.step: keyword inputs {sorted(kwargs)} are not "
-                                "supported; pass the stage inputs positionally")
         parts = []
         for x in args:
             x = from_numpy(np.asarray(x)) if isinstance(x, np.ndarray) else x
@@ -347,10 +344,11 @@ class _PipelineSchedule:
             parts.append([x[i * b:(i + 1) * b] for i in range(m)])
         return [tuple(p[i] for p in parts) for i in range(m)] if parts else []
 
-    def _agree(self, args: tuple, target: Any) -> None:
+    def _agree(self, args: tuple, target: Any, keywords: list[str]) -> None:
         """The collective input check and shape agreement of a step (see the module
         docstring)."""
-        row = np.full(2 * (2 + _HEADER - 3), -1, np.int64)
+        row = np.full(2 * (2 + _HEADER - 3) + 1, -1, np.int64)
+        row[-1] = len(keywords)
         for k, x in enumerate((args[0] if args else None, target)):
             if x is None:
                 continue
@@ -374,6 +372,10 @@ class _PipelineSchedule:
                 problems.append(f"the {what} batch of {rows[r, k * w + 2]} on stage {stage} "
                                 f"(pp rank {r}) does not split into n_microbatches={m}")
             del nd
+        bad = [r for r in range(p) if rows[r, -1] > 0]
+        if bad:
+            problems.append(f"keyword inputs are not supported (given on pp ranks {bad}); "
+                            "pass the first stage's inputs positionally")
         if problems:
             raise PipelineError(f"{self._name}.step: " + "; ".join(problems))
         key = tuple(rows[0 % p, :w].tolist())

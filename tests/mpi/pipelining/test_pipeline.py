@@ -238,3 +238,15 @@ def test_comm_debug_mode_sees_the_point_to_point_traffic():
         assert counts.get("send", 0) == m * (down + up) + tie + head * down
         assert counts.get("recv", 0) == m * (down + up) + tie + head * up
         assert counts["all_gather_ints"] == 1 and counts["broadcast"] == 1
+
+
+@pytest.mark.mpi(min_size=2)
+def test_keyword_input_on_one_rank():
+    mesh = dt.init_device_mesh((WORLD,), mesh_dim_names=("pp",))
+    model, _, sched = _build("1f1b", WORLD, 2, mesh)
+    x, y = batch(model.cfg, BATCH, 0)
+    r = mesh.get_coordinate()[0]
+    kw = {"mask": x} if r == 0 else {}
+    with pytest.raises(PipelineError, match=r"keyword inputs are not supported \(given on "
+                                            r"pp ranks \[0\]\)"):
+        sched.step(*((x,) if r == 0 else ()), target=y if r == WORLD - 1 else None, **kw)

@@ -88,6 +88,7 @@ from .checkpoint import from_h5, from_npy, load, save, to_h5, to_npy  # noqa: F4
 from . import autoshard  # noqa: F401  (whole-model sharding search)
 from .autoshard import auto_shard  # noqa: F401
 from . import parallel  # noqa: F401  (tensor/sequence parallel styles, fully_shard)
+from . import pipelining  # noqa: F401  (pipeline stages and schedules)
 from .parallel import (  # noqa: F401
     ColwiseParallel,
     FSDPModule,

@@ -86,6 +86,7 @@ from .checkpoint import to_npy as to_npy
 from . import autoshard as autoshard
 from .autoshard import auto_shard as auto_shard
 from . import parallel as parallel
+from . import pipelining as pipelining
 from .parallel import ColwiseParallel as ColwiseParallel
 from .parallel import FSDPModule as FSDPModule
 from .parallel import MixedPrecisionPolicy as MixedPrecisionPolicy

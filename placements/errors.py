@@ -68,6 +68,7 @@ __all__ = [
     "MeshError",
     "MetadataOnlyError",
     "NoRuleError",
+    "PipelineError",
     "PlacementError",
     "ShardDimError",
     "ShardingError",
@@ -152,6 +153,12 @@ class CheckpointError(DTensorError, OSError):
 
 class AutogradError(DTensorError, RuntimeError):
     """A backward that cannot run as asked (the messages are PyTorch's, naming the op)."""
+
+
+class PipelineError(ArgumentError):
+    """A pipeline that cannot run as asked: a split leaving a stage empty, a micro-batch
+    count that does not divide the batch, stages that do not match the ``pp`` mesh or the
+    schedule. Raised on every rank of the ``pp`` mesh at once (the schedules check together)."""
 
 
 class MetadataOnlyError(DTensorError, RuntimeError):

@@ -6,6 +6,11 @@ Module paths (what parallel plans name): ``tok_emb``, ``pos_emb``, ``blocks.<i>.
 ``blocks.<i>.attn.{wq,wk,wv,wo}``, ``blocks.<i>.ln2``, ``blocks.<i>.mlp.{fc,proj}``,
 ``ln_f``, ``head`` (its weight is ``tok_emb.weight``).
 
+A stage module of ``dt.pipelining.pipeline_split`` runs the same ``forward``: the
+embeddings (with ``pos_emb`` and ``drop``) and ``ln_f`` with ``head`` are None where the
+stage lacks them (split points at ``blocks.<i>`` keep each pair together); the first stage
+takes token ids, the others hidden states, and only the last returns logits.
+
 The attention splits its projections into heads with ``view(B, S, -1, head_dim)``, so
 the same code runs on full projections and on the column shards of tensor parallelism
 (each rank then holds ``n_head / tp`` heads).
@@ -117,14 +122,18 @@ class GPT(dt.nn.Module):
                 dt.nn.init.normal_(p, std=0.02)
 
     def forward(self, idx, targets=None):
-        s = idx.shape[1]
-        pos = dt.arange(s)
-        if isinstance(idx, dt.DTensor):  # a sharded batch: the positions on every rank
-            pos = dt.DTensor.from_local(pos, idx.device_mesh,
-                                        [dt.Replicate()] * idx.device_mesh.ndim)
-        x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))
-        for block in self.blocks:
+        x = idx
+        if self.tok_emb is not None:  # None on the later stages of a pipeline split
+            s = idx.shape[1]
+            pos = dt.arange(s)
+            if isinstance(idx, dt.DTensor):  # a sharded batch: the positions on every rank
+                pos = dt.DTensor.from_local(pos, idx.device_mesh,
+                                            [dt.Replicate()] * idx.device_mesh.ndim)
+            x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))
+        for block in self.blocks:  # a pipeline stage holds some of them
             x = block(x)
+        if self.head is None:  # not the last stage of a pipeline split
+            return x
         logits = self.head(self.ln_f(x))
         if targets is None:
             return logits

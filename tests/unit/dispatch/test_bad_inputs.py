@@ -359,6 +359,8 @@ def test_catalogue_types_subclass_the_builtins():
         (errors.AutogradError, RuntimeError),
         (errors.MetadataOnlyError, RuntimeError),
         (errors.AllocationError, MemoryError),
+        (errors.PipelineError, errors.ArgumentError),
+        (errors.PipelineError, ValueError),
     ]
     for sub, builtin in pairs:
         assert issubclass(sub, errors.DTensorError) and issubclass(sub, builtin)

@@ -47,6 +47,8 @@ SMALLEST = {
     "overlap": (("--repeat 1 --number 20 --iters 2 --matmul 16 --small 8 --medium 16 "
                 "--large 32 --delay-ms 1"), "blocking us/iter"),
     "peak": ("--sizes 64 --repeat 1", " n  GFLOP/s"),
+    "pipeline": ("--micro 1,2 --repeat 1 --d-model 32 --seq 8 --batch 4 --layers-per-stage 1",
+                 "schedule  m  step ms  bubble  expected"),
     "propagation": ("--number 5 --repeat 1", "cold miss us  miss us  hit us"),
     "redistribute": ("--sizes 8 --repeat 2", "dtensor us  python us  execute us"),
     "reductions": ("--sizes 8 --repeat 2", "all-reduce      median us"),

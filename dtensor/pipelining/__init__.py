@@ -1,0 +1,47 @@
+"""``dt.pipelining``: pipeline parallelism on a ``pp`` mesh dim, with PyTorch's names.
+
+- :class:`PipelineStage` ``(submodule, stage_index, num_stages, mesh)``: a stage on pp
+  coordinate ``stage_index % pp_size`` of the 1-D ``mesh`` (``mesh["pp"]``);
+- schedules (data: per rank a list of :class:`Action` s, run by one executor):
+  :class:`ScheduleGPipe`, :class:`Schedule1F1B` (one stage per rank),
+  :class:`ScheduleInterleaved1F1B` and :class:`ScheduleInterleavedZeroBubble` (several);
+  ``schedule.step(x)`` on the first stage, ``step(target=y, losses=losses)`` on the last,
+  ``step()`` elsewhere;
+- :func:`pipeline_split` / :func:`equal_cost_split_points`: a ``dt.nn`` model split into
+  stage modules by module path or by equal cost, with full parameter names;
+- :func:`full_state_dict`: the whole model's state on every rank, for ``dt.save`` (a
+  checkpoint that loads into any strategy); ``dt.load(stage.submod.state_dict(), path)``
+  loads any strategy's checkpoint into the stages.
+"""
+
+from ._runtime import (
+    PipelineScheduleMulti,
+    PipelineScheduleSingle,
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    ScheduleInterleavedZeroBubble,
+)
+from ._schedules import Action, bubble_fraction, comm_pairs, make_schedule, simulate
+from ._split import equal_cost_split_points, pipeline_split, ties_of
+from ._state import full_state_dict
+
+__all__ = [
+    "Action",
+    "PipelineScheduleMulti",
+    "PipelineScheduleSingle",
+    "PipelineStage",
+    "Schedule1F1B",
+    "ScheduleGPipe",
+    "ScheduleInterleaved1F1B",
+    "ScheduleInterleavedZeroBubble",
+    "bubble_fraction",
+    "comm_pairs",
+    "equal_cost_split_points",
+    "full_state_dict",
+    "make_schedule",
+    "pipeline_split",
+    "simulate",
+    "ties_of",
+]

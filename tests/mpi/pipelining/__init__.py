@@ -1,0 +1,1 @@
+"""pipelining/: pipeline stages, schedules and model splits across ranks."""

@@ -1,0 +1,1 @@
+"""pipelining/: the schedules as data (action lists) and the model splits."""

@@ -139,6 +139,13 @@ def _posted(comm, reqs: list) -> list:
     return []
 
 
+def _progress(comm, reqs: list) -> None:
+    """Let MPI move the posted transfers on between two blocks of compute (without a
+    progress thread, a large message advances only inside MPI calls). Never blocks."""
+    if reqs:
+        comm.test_all(reqs)
+
+
 def _scores(q, k, masked: bool, qs: int, ks: int):
     s = q @ np.swapaxes(k, -1, -2)
     if masked:
@@ -178,6 +185,7 @@ def _ring_forward(q, k, v, comm, qrun, kruns, scale: float, causal: bool):
             total[..., qsl] = total[..., qsl] * alpha + s.sum(axis=-1)
             o[..., qsl, :] = o[..., qsl, :] * alpha[..., None] + s @ vb[..., ksl, :]
             m[..., qsl] = new
+            _progress(comm, reqs)
         comm.wait_all(reqs)
         if t < n - 1:
             kv = nxt
@@ -240,6 +248,8 @@ def _ring_backward(g, q, k, v, o, lse, comm, qrun, kruns, scale: float, causal: 
             ds *= w
             gq[..., qsl, :] += ds @ kb[..., ksl, :]
             gk[..., ksl, :] += np.swapaxes(ds, -1, -2) @ qs[..., qsl, :]
+            _progress(comm, reqs)
+            _progress(comm, pending)
         comm.wait_all([*reqs, *pending])
         if part is not None:
             grad += part
@@ -270,7 +280,8 @@ def _ring_layout(x: DTensor) -> int | None:
 def ring_attention_applies(query, key, value, attn_mask=None, dropout_p: float = 0.0,
                            enable_gqa: bool = False) -> bool:
     """Whether ``scaled_dot_product_attention`` of these runs ring attention (the module's
-    notes): three DTensors of at least 2 dims, on one mesh, with equal placements that
+    notes): three DTensors of at least 2 dims, on one CPU mesh (the ring kernels run on
+    numpy arrays; a GPU mesh keeps the op's gathering rule), with equal placements that
     shard the sequence dim on one mesh dim, the same leading shape, no mask and no
     dropout. **Local**."""
     if not all(isinstance(a, DTensor) for a in (query, key, value)):
@@ -278,6 +289,8 @@ def ring_attention_applies(query, key, value, attn_mask=None, dropout_p: float =
     if attn_mask is not None or dropout_p != 0 or query.ndim < 2:
         return False
     if not (query.device_mesh == key.device_mesh == value.device_mesh):
+        return False
+    if query.device_mesh.device_type != "cpu":  # the ring kernels are numpy's
         return False
     if not (query.placements == key.placements == value.placements):
         return False

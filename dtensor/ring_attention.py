@@ -359,13 +359,14 @@ def _ring_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False
         pl = [Shard(query.ndim - 2)]
         n = mesh.size(0)
         r = mesh.get_local_rank(0)
+        want = runs_len(sequence_positions(ctx.seq_len, n, r, True))
         for name, a in (("query", query), ("key", key), ("value", value)):
-            want = runs_len(sequence_positions(ctx.seq_len, n, r, True))
-            if a.ndim < 2 or a.shape[-2] != want:
+            have = a.shape[-2] if a.ndim >= 2 else 0
+            if a.ndim < 2 or have != want:
                 raise ArgumentError(
-                    f"context_parallel: the attention's {name} has {a.shape[-2] if a.ndim >= 2 else 0} "
-                    f"positions on rank {r}, this rank's shard of the sequence of "
-                    f"{ctx.seq_len} holds {want} (mesh {tuple(mesh.shape)})")
+                    f"context_parallel: the attention's {name} has {have} positions on rank "
+                    f"{r}, this rank's shard of the sequence of {ctx.seq_len} holds {want} "
+                    f"(mesh {tuple(mesh.shape)})")
         d = [DTensor.from_local(a, mesh, pl, shape=(*a.shape[:-2], ctx.seq_len, a.shape[-1]))
              for a in (query, key, value)]
         if attn_mask is not None or dropout_p != 0 or not ring_attention_applies(*d):

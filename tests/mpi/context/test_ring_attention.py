@@ -216,6 +216,13 @@ def test_bad_input_raises_the_same_typed_error_on_every_rank():
         with dt.context_parallel(mesh, buffers=[dt.zeros((1, 16))], buffer_seq_dims=[1]):
             F.scaled_dot_product_attention(q, q, q, is_causal=True)
 
+    def with_dropout():
+        qs = dt.zeros((1, 2, 16, 4))
+        with dt.context_parallel(mesh, buffers=[qs], buffer_seq_dims=[2]):
+            F.scaled_dot_product_attention(qs, qs, qs, dropout_p=0.5)
+
+    _raises(ArgumentError, r"context_parallel: ring attention takes no attn_mask and no "
+            r"dropout.* dropout_p 0.5", with_dropout)
     want = len(_balanced_positions(16, N, mesh.get_local_rank(0)))
     if want != 8:
         _raises(ArgumentError, r"the attention's query has 8 positions on rank \d+, this "

@@ -116,17 +116,20 @@ BLOCK_ROWS = 256
 def _pairs(qruns, kruns, causal: bool):
     """``(q slice, k slice, masked, first query position, first key position)`` for each
     block of :data:`BLOCK_ROWS` queries of each query run against each key run where it has
-    weights: under ``causal`` a key run wholly after the block is skipped and a block that
-    meets the diagonal gets the mask."""
+    weights: under ``causal`` only the keys up to the block's last query (a key run wholly
+    after the block is skipped) and a block that meets the diagonal gets the mask."""
     q0 = 0
     for qs, ql in qruns:
         for b0 in range(0, ql, BLOCK_ROWS):
             bl = min(BLOCK_ROWS, ql - b0)
             k0 = 0
             for ks, kl in kruns:
-                if kl and not (causal and ks > qs + b0 + bl - 1):
-                    masked = causal and ks + kl - 1 > qs + b0
-                    yield (slice(q0 + b0, q0 + b0 + bl), slice(k0, k0 + kl), masked, qs + b0, ks)
+                # causal: only the keys up to the block's last query (none: skipped)
+                seen = min(kl, qs + b0 + bl - ks) if causal else kl
+                if seen > 0:
+                    masked = causal and ks + seen - 1 > qs + b0
+                    yield (slice(q0 + b0, q0 + b0 + bl), slice(k0, k0 + seen), masked, qs + b0,
+                           ks)
                 k0 += kl
         q0 += ql
 
@@ -240,7 +243,8 @@ def _ring_backward(g, q, k, v, o, lse, comm, qrun, kruns, scale: float, causal: 
         gk, gv = grad[..., :ek], grad[..., ek:]
         for qsl, ksl, masked, q0, k0 in _pairs(qrun, kruns[src], causal):
             s = _scores(qs[..., qsl, :], kb[..., ksl, :], masked, q0, k0)
-            w = np.exp(s - lse[..., qsl, None])
+            s -= lse[..., qsl, None]
+            w = np.exp(s, out=s)  # the weights, in place of the scores
             gb = ga[..., qsl, :]
             gv[..., ksl, :] += np.swapaxes(w, -1, -2) @ gb
             ds = gb @ np.swapaxes(vb[..., ksl, :], -1, -2)

@@ -18,6 +18,8 @@ again with ``DTENSOR_FASTPATH=0``.
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -91,6 +93,43 @@ def test_ring_attention_on_shard_seq_dtensors(rng, causal, seq):
     for t, w in zip(d, grads):
         assert t.grad.placements == (dt.Shard(2),)
         np.testing.assert_allclose(t.grad.full_tensor().numpy(), w, rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("layout", ["plain", "balanced"])
+def test_ring_blocks_of_queries_smaller_than_the_runs(rng, monkeypatch, causal, layout):
+    """Blocks of 3 queries against runs of keys longer than a block: a causal block sees
+    only a prefix of a run (the rest of the run skipped, its diagonal masked)."""
+    import dtensor.ring_attention as ring  # lazy: the kernel's block size, patched here
+
+    monkeypatch.setattr(ring, "BLOCK_ROWS", 3)
+    seq = 29
+    q, k, v, g = _data(rng, seq)
+    want, grads = _torch_attention(q, k, v, g, causal)
+    mesh = dt.init_device_mesh((N,))
+    pl = [dt.Shard(2)]
+    pos = (_balanced_positions(seq, N, mesh.get_local_rank(0)) if layout == "balanced"
+           else np.arange(*_plain_range(seq, N, mesh.get_local_rank(0))))
+    bufs = [dt.tensor(a) for a in (q, k, v, g)]
+    ctx = (dt.context_parallel(mesh, buffers=bufs, buffer_seq_dims=[2] * 4)
+           if layout == "balanced" else contextlib.nullcontext())
+    with ctx:
+        local = [b if layout == "balanced" else dt.tensor(np.ascontiguousarray(a[:, :, pos]))
+                 for b, a in zip(bufs, (q, k, v, g))]
+        d = [dt.DTensor.from_local(t, mesh, pl, shape=q.shape).requires_grad_()
+             for t in local[:3]]
+        out = F.scaled_dot_product_attention(*d, is_causal=causal)
+        out.backward(dt.DTensor.from_local(local[3], mesh, pl, shape=q.shape))
+    np.testing.assert_allclose(out.to_local().numpy(), want[:, :, pos], rtol=1e-10, atol=1e-12)
+    for t, w in zip(d, grads):
+        np.testing.assert_allclose(t.grad.to_local().numpy(), w[:, :, pos], rtol=1e-9,
+                                   atol=1e-11)
+
+
+def _plain_range(s, n, r):
+    c = -(-s // n)
+    return min(r * c, s), min((r + 1) * c, s)
 
 
 @pytest.mark.torch

@@ -19,7 +19,8 @@ one step is a causal ``dt.nn.functional.scaled_dot_product_attention`` and its b
   rank's, for ``ring`` and ``gathered``: numpy's new allocations (``tracemalloc``) plus the
   peak of dtensor's allocator (whose cached blocks tracemalloc does not see again).
 
-Times are the worst rank's median seconds per step; each sample starts after a barrier.
+Times are the worst rank's median seconds per step; each sample starts after a barrier,
+and the four take turns sample by sample (a drifting load on a shared machine hits all).
 Output: JSON on stdout (``--out FILE`` too), then a table, from rank 0.
 """
 
@@ -129,22 +130,20 @@ def main(argv: list[str] | None = None) -> dict:
                                            "comm": []}
         memory = {}
         with dt.context_parallel(mesh, buffers=bufs, buffer_seq_dims=[2, 2, 2]):
-            step = functools.partial(_ring_step, bufs, mesh, seq)
-            step()  # warm-up
-            memory["ring"] = _peak_bytes(step, world)
-            for _ in range(args.repeat):
-                for name in ("ring", "serial"):
-                    ring.OVERLAP = name == "ring"
+            steps = {"ring": functools.partial(_ring_step, bufs, mesh, seq),
+                     "gathered": functools.partial(_gathered_step, x, mesh)}
+            for name, step in steps.items():
+                step()  # warm-up (and the propagation caches)
+                memory[name] = _peak_bytes(step, world)
+            steps["serial"] = steps["ring"]
+            steps["comm"] = functools.partial(_comm_step, packed, comm)
+            for _ in range(args.repeat):  # interleaved: a drifting load hits all alike
+                for name, step in steps.items():
+                    ring.OVERLAP = name != "serial"
                     try:
                         samples[name].append(_timed(step, world))
                     finally:
                         ring.OVERLAP = True
-        gathered = functools.partial(_gathered_step, x, mesh)
-        gathered()  # warm-up (the propagation caches)
-        memory["gathered"] = _peak_bytes(gathered, world)
-        for _ in range(args.repeat):
-            samples["gathered"].append(_timed(gathered, world))
-            samples["comm"].append(_timed(functools.partial(_comm_step, packed, comm), world))
         med = {k: worst_rank(statistics.median(v), world) for k, v in samples.items()}
         hidden = (min(1.0, max(0.0, (med["serial"] - med["ring"]) / med["comm"]))
                   if n > 1 and med["comm"] > 0 else None)

@@ -127,6 +127,30 @@ def test_ring_blocks_of_queries_smaller_than_the_runs(rng, monkeypatch, causal, 
                                    atol=1e-11)
 
 
+@pytest.mark.torch
+@pytest.mark.mpi(min_size=4)
+@pytest.mark.parametrize("causal", [True, False])
+def test_ring_on_the_cp_dim_of_a_2d_mesh(rng, causal):
+    """A (dp, cp) mesh: the batch sharded on dp, the sequence on cp; the ring runs over
+    the cp dim only."""
+    if N != 4:
+        pytest.skip("the 2x2 mesh needs 4 ranks")
+    q, k, v, g = _data(rng, 10)
+    want, grads = _torch_attention(q, k, v, g, causal)
+    mesh = dt.init_device_mesh((2, 2), mesh_dim_names=("dp", "cp"))
+    pl = [dt.Shard(0), dt.Shard(2)]
+    d = [dt.distribute_tensor(dt.tensor(a), mesh, pl).requires_grad_() for a in (q, k, v)]
+    gd = dt.distribute_tensor(dt.tensor(g), mesh, pl)
+    with dt.debug.CommDebugMode() as mode:
+        out = F.scaled_dot_product_attention(*d, is_causal=causal)
+        out.backward(gd)
+    assert set(mode.get_comm_counts()) == {"send", "recv"}, mode.get_comm_counts()
+    assert out.placements == tuple(pl)
+    np.testing.assert_allclose(out.full_tensor().numpy(), want, rtol=1e-10, atol=1e-12)
+    for t, w in zip(d, grads):
+        np.testing.assert_allclose(t.grad.full_tensor().numpy(), w, rtol=1e-9, atol=1e-11)
+
+
 def _plain_range(s, n, r):
     c = -(-s // n)
     return min(r * c, s), min((r + 1) * c, s)

@@ -104,6 +104,7 @@ from .parallel import (  # noqa: F401
     parallelize_module,
     replicate,
 )
+from .ring_attention import context_parallel  # noqa: F401  (ring attention, issue 34)
 
 globals().update(_FACTORIES)  # dt.zeros(...), also with device_mesh= and placements=
 _entry_points.export(globals())

@@ -100,6 +100,7 @@ from .parallel import fully_shard as fully_shard
 from .parallel import loss_parallel as loss_parallel
 from .parallel import parallelize_module as parallelize_module
 from .parallel import replicate as replicate
+from .ring_attention import context_parallel as context_parallel
 
 def _gelu_backward(grad, input, approximate=...): ...
 def _layer_norm_backward(grad, input, normalized_shape, weight=..., eps=...): ...

@@ -41,7 +41,31 @@ log_softmax = FUNCTIONS["log_softmax"]
 cross_entropy = FUNCTIONS["cross_entropy"]
 mse_loss = FUNCTIONS["mse_loss"]
 rms_norm = FUNCTIONS["rms_norm"]
-scaled_dot_product_attention = FUNCTIONS["scaled_dot_product_attention"]
+_ATTENTION_PLUG: Any = None
+
+
+def set_attention_plug(fn: Any) -> None:
+    """Plug in ``fn``, called with :func:`scaled_dot_product_attention`'s arguments before
+    the op: its result, or NotImplemented to run the op (``dtensor.ring_attention`` plugs in
+    ring attention here at import). **Local**."""
+    global _ATTENTION_PLUG
+    _ATTENTION_PLUG = fn
+
+
+def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: Any = None,
+                                 dropout_p: float = 0.0, is_causal: bool = False,
+                                 scale: float | None = None, enable_gqa: bool = False) -> Any:
+    """``dt.scaled_dot_product_attention`` (the op record's), except that query, key and
+    value DTensors sharded on their sequence dim (dim -2) run ring attention, and so do
+    local Tensors inside ``dt.context_parallel`` (:mod:`dtensor.ring_attention`).
+    **Local**, or **Collective** over the mesh when sharded (as the op, or the ring)."""
+    if _ATTENTION_PLUG is not None:
+        out = _ATTENTION_PLUG(query, key, value, attn_mask, dropout_p, is_causal, scale,
+                              enable_gqa)
+        if out is not NotImplemented:
+            return out
+    return FUNCTIONS["scaled_dot_product_attention"](query, key, value, attn_mask, dropout_p,
+                                                     is_causal, scale, enable_gqa)
 
 
 def relu(input: Any, inplace: bool = False) -> Any:

@@ -102,8 +102,10 @@ class Block(dt.nn.Module):
 
 class GPT(dt.nn.Module):
     """``GPT(cfg)(idx)`` gives the logits ``(B, S, vocab)``; ``GPT(cfg)(idx, targets)``
-    the mean cross-entropy of the next-token targets. **Local** (its parameters' layouts
-    decide which collectives a call runs)."""
+    the mean cross-entropy of the next-token targets. ``positions`` (default
+    ``arange(S)``) are the position ids of the tokens: under ``dt.context_parallel`` pass
+    them as one of its buffers, so that they follow the load-balanced order. **Local** (its
+    parameters' layouts decide which collectives a call runs)."""
 
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
@@ -121,12 +123,13 @@ class GPT(dt.nn.Module):
             elif p.dim() == 2:
                 dt.nn.init.normal_(p, std=0.02)
 
-    def forward(self, idx, targets=None):
+    def forward(self, idx, targets=None, positions=None):
         x = idx
         if self.tok_emb is not None:  # None on the later stages of a pipeline split
             s = idx.shape[1]
-            pos = dt.arange(s)
-            if isinstance(idx, dt.DTensor):  # a sharded batch: the positions on every rank
+            pos = dt.arange(s) if positions is None else positions
+            if positions is None and isinstance(idx, dt.DTensor):
+                # a sharded batch: the positions on every rank
                 pos = dt.DTensor.from_local(pos, idx.device_mesh,
                                             [dt.Replicate()] * idx.device_mesh.ndim)
             x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))

@@ -40,7 +40,9 @@ embedding, cross_entropy, mse_loss, dropout, scaled_dot_product_attention.
   kernel gets the block's global first row, so a causal mask stays the global one, and
   the global offsets of its attention weights, so dropout draws the global mask), the
   mask sharded alike on its query dim. Keys and values sharded on their sequence dim
-  (ring attention) are not a candidate: they are gathered.
+  are not a candidate here: the op gathers them. Ring attention (query, key and value all
+  ``Shard(seq)``, no mask, no dropout) runs before the op, in
+  ``dt.nn.functional.scaled_dot_product_attention`` (``dtensor/ring_attention.py``).
 - ``scaled_dot_product_attention_backward(grad, query, key, value)`` (the fused gradients
   of an attention without mask and dropout; no batch dim broadcast): a batch dim sharded
   alike everywhere (not the heads of grouped-query attention), or the query's sequence dim

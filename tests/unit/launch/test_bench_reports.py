@@ -52,6 +52,8 @@ SMALLEST = {
     "propagation": ("--number 5 --repeat 1", "cold miss us  miss us  hit us"),
     "redistribute": ("--sizes 8 --repeat 2", "dtensor us  python us  execute us"),
     "reductions": ("--sizes 8 --repeat 2", "all-reduce      median us"),
+    "ring_attention": ("--seqs 16 --heads 2 --head-dim 8 --repeat 1",
+                       "seq  ring s  gathered s  serial s"),
     "size_sweep": ("--sizes 8 --quick --budget 0.001 --no-torch --ops add,matmul",
                    "| op | pl | N | ours | numpy |"),
     "small_ops": ("--no-torch --repeat 2", "numpy us  fast us  python us"),

@@ -1,0 +1,1 @@
+"""context/: context parallelism (``dt.context_parallel``) and ring attention."""

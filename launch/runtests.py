@@ -389,6 +389,9 @@ class _Beside:
         self.seconds = 0.0
         self.output = output
         self._args = (cmd, env, cwd, timeout)
+        # set when the stage has ended: Thread.is_alive() can answer False for a live thread
+        # once a join() of it was interrupted by a signal's exception (as the runner's are)
+        self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, name="beside-stage", daemon=True)
         self.thread.start()
 
@@ -402,18 +405,27 @@ class _Beside:
         except BaseException as exc:  # noqa: BLE001 - reported at the stage's turn
             self.error = exc
         self.seconds = time.perf_counter() - start
+        self.done.set()
 
     def _started(self, proc: subprocess.Popen[bytes]) -> None:
         self.proc = proc
 
-    def wait(self) -> None:
-        while self.thread.is_alive():  # a join that a signal to the runner can interrupt
-            self.thread.join(0.2)
+    def wait(self, seconds: float | None = None) -> bool:
+        """Wait for the stage to end (at most ``seconds``); whether it has. A signal to the
+        runner can interrupt the wait."""
+        deadline = None if seconds is None else time.monotonic() + seconds
+        while not self.done.wait(0.2):
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+        return True
 
     def stop(self) -> None:
         """End the stage's job (its whole process group) and wait for the thread."""
-        if self.thread.is_alive() and self.proc is not None:
-            stop_job(self.proc)
+        while not self.done.is_set():
+            if self.proc is not None:  # (None for a moment, while the job starts)
+                stop_job(self.proc)
+                break
+            time.sleep(0.02)
         self.wait()
 
 
@@ -488,7 +500,7 @@ def _run_stages(
         def release_ended() -> None:
             nonlocal free
             for i, job in running.items():
-                if i not in freed and not job.thread.is_alive():
+                if i not in freed and job.done.is_set():
                     freed.add(i)
                     free += min(_cores(stages[i]), capacity)
 
@@ -511,8 +523,7 @@ def _run_stages(
                         start_what_fits()
                         job = running.get(turn)
                     with open(job.output, "rb") as out:
-                        while job.thread.is_alive():  # its output as it comes
-                            job.thread.join(0.2)
+                        while not job.wait(0.2):  # its output as it comes
                             _copy_new(out)
                             release_ended()
                             start_what_fits()

@@ -13,6 +13,8 @@ The package is built in layers; imports point one way, down this list:
   (activation checkpointing) and :mod:`dtensor.autoshard`.
 """
 
+import typing as _typing
+
 from placements import Partial, Placement, Replicate, Shard  # noqa: F401
 
 from . import errors  # noqa: F401
@@ -28,7 +30,6 @@ from .local.allocator import (  # noqa: F401
 from .local.backend import Device  # noqa: F401
 from .local.dlpack import from_dlpack, to_dlpack  # noqa: F401
 from .local.dtypes import (  # noqa: F401
-    bfloat16,
     bool_,
     cdouble,
     cfloat,
@@ -52,6 +53,7 @@ from .local.dtypes import (  # noqa: F401
     uint32,
     uint64,
 )
+from .local import dtypes as _local_dtypes
 from .local.dtypes import bool_ as bool  # noqa: F401
 from .local.dtypes import float32 as float  # noqa: F401
 from .local.dtypes import int32 as int  # noqa: F401
@@ -105,6 +107,24 @@ from .parallel import (  # noqa: F401
     replicate,
 )
 from .ring_attention import context_parallel  # noqa: F401  (ring attention, issue 34)
+
+if _typing.TYPE_CHECKING:
+    from .local.dtypes import bfloat16  # noqa: F401  (read lazily: __getattr__ below)
+
+_LAZY = frozenset({"bfloat16"})
+
+
+def __getattr__(name: str) -> object:
+    # ``dt.bfloat16``, read lazily: ml_dtypes (0.8 s of CPU to import) is imported on first
+    # use, not by every process that imports dtensor (placements.meta.bfloat16)
+    if name in _LAZY:
+        return getattr(_local_dtypes, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | _LAZY)
+
 
 globals().update(_FACTORIES)  # dt.zeros(...), also with device_mesh= and placements=
 _entry_points.export(globals())

@@ -16,7 +16,6 @@ from .local.allocator import reset_peak_memory_stats as reset_peak_memory_stats
 from .local.backend import Device as Device
 from .local.dlpack import from_dlpack as from_dlpack
 from .local.dlpack import to_dlpack as to_dlpack
-from .local.dtypes import bfloat16 as bfloat16
 from .local.dtypes import bool_ as bool_
 from .local.dtypes import cdouble as cdouble
 from .local.dtypes import cfloat as cfloat
@@ -101,6 +100,7 @@ from .parallel import loss_parallel as loss_parallel
 from .parallel import parallelize_module as parallelize_module
 from .parallel import replicate as replicate
 from .ring_attention import context_parallel as context_parallel
+from .local.dtypes import bfloat16 as bfloat16
 
 def _gelu_backward(grad, input, approximate=...): ...
 def _layer_norm_backward(grad, input, normalized_shape, weight=..., eps=...): ...

@@ -9,9 +9,13 @@ stages of the Python path also send every exchange of pooled buffers through nod
 memory (:data:`SHARED_ALWAYS`), which by default only tensors of 1 MiB and more take, so
 that every MPI test runs over both transports. A plain suite's tests marked
 ``mode_independent`` run in the first mode's stage only (see :class:`Stage`). On a
-machine of two cores or more, the second mode's unit stage runs beside the first mode's
-(one pytest process each; its output is printed at its turn in the order above;
-``--serial`` runs every stage after the one before).
+machine of two cores or more the stages of one process each (the plain suites and the
+1-rank MPI stages) run side by side, up to one per core, before the MPI stages of several
+ranks, which each take the whole machine (see :func:`_start_order`); the first mode's plain
+suite is then run as two stages, its ``mode_independent`` tests (most of which start MPI
+jobs or pytest runs of their own) and the rest, so that its two halves share the cores.
+Every stage's output is printed at its turn in the order above (the stage whose turn it is
+as it comes); ``--serial`` runs every stage after the one before, each suite in one stage.
 
 Every stage lists its skips (``-rs``); the test folders' conftests fail a stage on a skip
 that ``tests/skips.py`` does not expect, and write the stage's counts and the path its ops
@@ -112,7 +116,9 @@ class Stage:
     ``repeat`` marks a stage in the second mode of a run: the tests marked
     ``mode_independent`` (whose outcome ``DTENSOR_FASTPATH`` cannot change: rules, plans,
     the redistribute executor, the runner and launcher themselves) ran in the first mode's
-    stage of the same suite and rank count, and are left out.
+    stage of the same suite and rank count, and are left out. ``part`` splits a first-mode
+    suite in two stages: ``"independent"`` runs only its ``mode_independent`` tests,
+    ``"dependent"`` the others (empty: the whole suite).
     """
 
     suite: str
@@ -120,6 +126,7 @@ class Stage:
     mode: str
     path: Path
     repeat: bool = False
+    part: str = ""
 
 
 @dataclass(frozen=True)
@@ -176,16 +183,28 @@ def classify(returncode: int, stage: Stage, keyword: str | None, report: dict | 
     if returncode == NO_TESTS_EXIT_CODE:
         if not _has_tests(stage.path):
             return "empty"
-        if keyword:
+        if keyword or stage.part:
             return "deselected"
     return "failed"
 
 
-def _stages(tests_dir: Path, modes: Sequence[str], ranks: Sequence[int]) -> list[Stage]:
+#: ``Stage.part`` -> pytest's marker expression of that part of a suite.
+PART_MARKERS = {"independent": "mode_independent", "dependent": "not mode_independent"}
+
+
+def _stages(tests_dir: Path, modes: Sequence[str], ranks: Sequence[int],
+            split: bool = False) -> list[Stage]:
+    """The run's stages in their order. With ``split`` (and two modes), the first mode's
+    plain suites are two stages each (``Stage.part``), so that they can run side by side."""
     stages = []
     for i, mode in enumerate(modes):
         for suite in PLAIN_SUITES:
-            if (tests_dir / suite).is_dir():
+            if not (tests_dir / suite).is_dir():
+                continue
+            if split and i == 0 and len(modes) > 1:
+                stages += [Stage(suite, None, mode, tests_dir / suite, part=part)
+                           for part in PART_MARKERS]
+            else:
                 stages.append(Stage(suite, None, mode, tests_dir / suite, repeat=i > 0))
         if (tests_dir / MPI_SUITE).is_dir():
             mpi = tests_dir / MPI_SUITE
@@ -204,10 +223,11 @@ def stage_environment(stage: Stage, env: dict[str, str]) -> dict[str, str]:
     return out
 
 
-def _merge_markers(pytest_args: Sequence[str]) -> tuple[tuple[str, ...], list[str]]:
-    """A repeat stage's marker expression joined with the user's ``-m EXPR`` (pytest keeps
-    only the last ``-m``, so ``-- -m "not torch"`` would otherwise bring the
-    ``mode_independent`` tests back), and the other arguments."""
+def _merge_markers(pytest_args: Sequence[str],
+                   own: str = REPEAT_MARKERS[1]) -> tuple[tuple[str, ...], list[str]]:
+    """A stage's own marker expression (a repeat stage's, or a part's) joined with the
+    user's ``-m EXPR`` (pytest keeps only the last ``-m``, so ``-- -m "not torch"`` would
+    otherwise bring the ``mode_independent`` tests back), and the other arguments."""
     rest, user = [], []
     args = list(pytest_args)
     i = 0
@@ -218,7 +238,7 @@ def _merge_markers(pytest_args: Sequence[str]) -> tuple[tuple[str, ...], list[st
             continue
         rest.append(args[i])
         i += 1
-    expr = " and ".join([f"({e})" for e in user] + [REPEAT_MARKERS[1]])
+    expr = " and ".join([f"({e})" for e in user] + [own])
     return ("-m", expr), rest
 
 
@@ -227,6 +247,8 @@ def _command(stage: Stage, mpiexec: str, pytest_args: Sequence[str]) -> list[str
     marks: tuple[str, ...] = ()
     if stage.repeat:
         marks, pytest_args = _merge_markers(pytest_args)
+    elif stage.part:
+        marks, pytest_args = _merge_markers(pytest_args, PART_MARKERS[stage.part])
     if stage.ranks is None:
         return [*pytest, *marks, *pytest_args]
     return [mpiexec, "-n", str(stage.ranks), *pytest, "--with-mpi", *marks, *pytest_args]
@@ -274,8 +296,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--serial",
         action="store_true",
-        help="run every stage after the one before (by default, on two cores or more, the "
-        "second mode's unit stage runs beside the first mode's)",
+        help="run every stage after the one before, each suite in one stage (by default, on "
+        "two cores or more, the stages of one process run side by side, the first mode's "
+        "unit suite as two stages)",
     )
     p.add_argument(
         "--ranks",
@@ -319,7 +342,7 @@ def _summary(outcomes: Sequence[Outcome]) -> str:
     rows = [("stage", "ranks", "mode", "result", "passed", "skipped", "seconds")]
     rows += [
         (
-            o.stage.suite,
+            _suite_label(o.stage),
             "-" if o.stage.ranks is None else str(o.stage.ranks),
             o.stage.mode,
             o.status,
@@ -343,14 +366,20 @@ def _summary(outcomes: Sequence[Outcome]) -> str:
     )
 
 
+def _suite_label(stage: Stage) -> str:
+    """The summary table's name of a stage's suite: ``unit``, or ``unit[independent]``."""
+    return f"{stage.suite}[{stage.part}]" if stage.part else stage.suite
+
+
 def _stage_name(stage: Stage) -> str:
     ranks = "" if stage.ranks is None else f", {stage.ranks} rank" + "s" * (stage.ranks > 1)
-    return f"{stage.suite}{ranks}, {MODE_TITLES[stage.mode]}"
+    part = f" ({PART_MARKERS[stage.part]} tests)" if stage.part else ""
+    return f"{stage.suite}{part}{ranks}, {MODE_TITLES[stage.mode]}"
 
 
 class _Beside:
-    """A stage run in a thread beside the stages before it, its output kept in a file until
-    its turn in the run's order (see :func:`_beside_index`)."""
+    """A stage run in a thread (beside other stages), its output written to a file, which the
+    runner prints at the stage's turn in the run's order (see :func:`_start_order`)."""
 
     def __init__(self, cmd: list[str], env: dict[str, str], cwd: Path, timeout: float,
                  output: Path) -> None:
@@ -360,6 +389,9 @@ class _Beside:
         self.seconds = 0.0
         self.output = output
         self._args = (cmd, env, cwd, timeout)
+        # set when the stage has ended: Thread.is_alive() can answer False for a live thread
+        # once a join() of it was interrupted by a signal's exception (as the runner's are)
+        self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, name="beside-stage", daemon=True)
         self.thread.start()
 
@@ -373,34 +405,55 @@ class _Beside:
         except BaseException as exc:  # noqa: BLE001 - reported at the stage's turn
             self.error = exc
         self.seconds = time.perf_counter() - start
+        self.done.set()
 
     def _started(self, proc: subprocess.Popen[bytes]) -> None:
         self.proc = proc
 
-    def wait(self) -> None:
-        while self.thread.is_alive():  # a join that a signal to the runner can interrupt
-            self.thread.join(0.2)
+    def wait(self, seconds: float | None = None) -> bool:
+        """Wait for the stage to end (at most ``seconds``); whether it has. A signal to the
+        runner can interrupt the wait."""
+        deadline = None if seconds is None else time.monotonic() + seconds
+        while not self.done.wait(0.2):
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+        return True
 
     def stop(self) -> None:
         """End the stage's job (its whole process group) and wait for the thread."""
-        if self.thread.is_alive() and self.proc is not None:
-            stop_job(self.proc)
+        while not self.done.is_set():
+            if self.proc is not None:  # (None for a moment, while the job starts)
+                stop_job(self.proc)
+                break
+            time.sleep(0.02)
         self.wait()
 
 
-def _beside_index(stages: Sequence[Stage], opts: argparse.Namespace) -> int | None:
-    """The stage that runs beside the first one, when the machine has two cores or more and
-    ``--serial`` was not given: the second mode's run of the first stage's suite when both
-    are plain (unit) suites, one process each, so each keeps a core. None otherwise."""
-    if opts.serial or (os.cpu_count() or 1) < 2 or not stages:
-        return None
-    first = stages[0]
-    if first.ranks is not None:
-        return None
-    for i, stage in enumerate(stages[1:], 1):
-        if stage.suite == first.suite and stage.ranks is None and stage.mode != first.mode:
-            return i
-    return None
+def _parallel(opts: argparse.Namespace) -> bool:
+    """Whether stages may run side by side: two cores or more, and no ``--serial``."""
+    return not opts.serial and (os.cpu_count() or 1) >= 2
+
+
+def _cores(stage: Stage) -> int:
+    """The cores a stage takes: one per process (a plain suite: 1), at most the machine's."""
+    return min(stage.ranks or 1, os.cpu_count() or 1)
+
+
+def _start_order(stages: Sequence[Stage], opts: argparse.Namespace) -> list[int]:
+    """The order in which the stages start (indexes into ``stages``, which stay the order
+    of their output and of the summary).
+
+    **Local.** Serially (one core, or ``--serial``): the stages' own order. Otherwise the
+    stages of one process go first, the plain suites before the 1-rank MPI stages (the
+    longest first, so that the cores end together), then the MPI stages of several ranks
+    in their order; a stage starts once the cores it takes (:func:`_cores`) are free.
+    """
+    order = list(range(len(stages)))
+    if not _parallel(opts):
+        return order
+    single = [i for i in order if _cores(stages[i]) == 1]
+    single.sort(key=lambda i: stages[i].ranks is not None)  # stable: plain suites first
+    return single + [i for i in order if _cores(stages[i]) > 1]
 
 
 def _run_stages(
@@ -413,60 +466,91 @@ def _run_stages(
     outcomes: list[Outcome],
 ) -> None:
     """Run every stage, appending each one's outcome to ``outcomes`` in the run's order; the
-    stage being run when the runner is interrupted is appended with the status
-    ``interrupted`` before :class:`JobInterrupted` (or KeyboardInterrupt) goes on. The
-    second mode's unit stage runs beside the first mode's (:func:`_beside_index`); its
-    output is printed at its turn, and an interruption ends it too. **Local**."""
+    stage whose turn it is when the runner is interrupted is appended with the status
+    ``interrupted`` before :class:`JobInterrupted` (or KeyboardInterrupt) goes on, and every
+    stage then running is ended. Stages start in :func:`_start_order`, as many at once as
+    the cores allow (:func:`_cores`); each one's output goes to a file, printed at its turn
+    (as it comes while it runs). **Local**."""
     with tempfile.TemporaryDirectory(prefix="dtensor-test-reports-") as reports:
-        stages = _stages(tests_dir, modes, opts.ranks)
-        beside_at = _beside_index(stages, opts)
-        beside: _Beside | None = None
+        parallel = _parallel(opts)
+        stages = _stages(tests_dir, modes, opts.ranks, split=parallel)
+        starts = _start_order(stages, opts)
+        capacity = (os.cpu_count() or 1) if parallel else 1
+        running: dict[int, _Beside] = {}
+        freed: set[int] = set()
+        free = capacity
+        started = 0  # how many of ``starts`` have started
 
-        def setup(i: int, stage: Stage) -> tuple[list[str], dict[str, str], Path]:
-            cmd = _command(stage, mpiexec, pytest_args)
-            report_path = Path(reports) / f"stage{i}.json"
-            stage_env = dict(stage_environment(stage, env), **{REPORT_ENV: str(report_path)})
-            return cmd, stage_env, report_path
+        def start_what_fits() -> None:
+            nonlocal free, started
+            while started < len(starts):
+                i = starts[started]
+                need = min(_cores(stages[i]), capacity)
+                if need > free:
+                    return
+                stage_env = dict(stage_environment(stages[i], env),
+                                 **{REPORT_ENV: str(Path(reports) / f"stage{i}.json")})
+                output = Path(reports) / f"stage{i}.out"
+                output.touch()
+                running[i] = _Beside(_command(stages[i], mpiexec, pytest_args), stage_env,
+                                     tests_dir, opts.timeout, output)
+                free -= need
+                started += 1
+
+        def release_ended() -> None:
+            nonlocal free
+            for i, job in running.items():
+                if i not in freed and job.done.is_set():
+                    freed.add(i)
+                    free += min(_cores(stages[i]), capacity)
 
         try:
-            if beside_at is not None:
-                cmd, stage_env, _ = setup(beside_at, stages[beside_at])
-                beside = _Beside(cmd, stage_env, tests_dir, opts.timeout,
-                                 Path(reports) / f"stage{beside_at}.out")
-            for i, stage in enumerate(stages):
-                cmd, stage_env, report_path = setup(i, stage)
+            for turn, stage in enumerate(stages):
+                cmd = _command(stage, mpiexec, pytest_args)
                 print(f"\n== {_stage_name(stage)} ==\n$ {shlex.join(cmd)}", flush=True)
-                start = time.perf_counter()
-                if i == beside_at and beside is not None:
-                    print("(ran beside the first stage; its output follows)", flush=True)
-                    try:
-                        beside.wait()
-                    except (JobInterrupted, KeyboardInterrupt):
-                        outcomes.append(Outcome(stage, "interrupted",
-                                                time.perf_counter() - start))
-                        raise
-                    sys.stdout.flush()
-                    sys.stdout.buffer.write(beside.output.read_bytes())
-                    sys.stdout.flush()
-                    if beside.error is not None:
-                        raise beside.error
-                    rc, seconds = beside.rc, beside.seconds
-                else:
-                    try:
-                        rc = run_job(cmd, env=stage_env, cwd=tests_dir, timeout=opts.timeout)
-                    except (JobInterrupted, KeyboardInterrupt):
-                        outcomes.append(Outcome(stage, "interrupted",
-                                                time.perf_counter() - start))
-                        raise
-                    seconds = time.perf_counter() - start
-                report = _read_report(report_path)
-                status = classify(rc, stage, opts.keyword, report)
+                begin = time.perf_counter()
+                before = set(running)
+                if turn not in before:
+                    release_ended()
+                    start_what_fits()
+                if turn in before and parallel:
+                    print("(ran beside the stages before it; its output follows)", flush=True)
+                job = running.get(turn)
+                try:
+                    while job is None:  # its cores are still taken by stages that run beside
+                        time.sleep(0.2)
+                        release_ended()
+                        start_what_fits()
+                        job = running.get(turn)
+                    with open(job.output, "rb") as out:
+                        while not job.wait(0.2):  # its output as it comes
+                            _copy_new(out)
+                            release_ended()
+                            start_what_fits()
+                        _copy_new(out)
+                except (JobInterrupted, KeyboardInterrupt):
+                    outcomes.append(Outcome(stage, "interrupted", time.perf_counter() - begin))
+                    raise
+                release_ended()
+                if job.error is not None:
+                    raise job.error
+                report = _read_report(Path(reports) / f"stage{turn}.json")
+                status = classify(job.rc, stage, opts.keyword, report)
                 if status == "wrong-mode":
                     print(f"the {stage.mode} stage ran with fastpath: {report['fastpath']}")
-                outcomes.append(Outcome(stage, status, seconds, report))
+                outcomes.append(Outcome(stage, status, job.seconds, report))
         finally:
-            if beside is not None:
-                beside.stop()
+            for job in running.values():
+                job.stop()
+
+
+def _copy_new(out) -> None:
+    """Write what was added to the open file ``out`` since the last call to stdout."""
+    data = out.read()
+    if data:
+        sys.stdout.flush()
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
 
 
 def _interrupted(outcomes: Sequence[Outcome]) -> str:

@@ -79,7 +79,13 @@ def _face_imports(init: Path) -> tuple[list[str], set[str]]:
     """The public imports of ``dtensor/__init__.py`` as explicit re-exports, and the names
     they bind."""
     lines, names = [], set()
+    body = []
     for node in ast.parse(init.read_text()).body:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            body += node.body  # names read lazily (the module's __getattr__)
+        else:
+            body.append(node)
+    for node in body:
         if isinstance(node, ast.ImportFrom):
             mod = "." * node.level + (node.module or "")
             for a in node.names:

@@ -11,7 +11,10 @@ dtypes:
   :func:`scalar_dtype`, :func:`result_dtype`), :func:`can_cast`, ``dtype=`` arguments
   (:data:`TORCH_DTYPE_NAMES`, :func:`as_dtype`), :func:`float_dtype`, :func:`real_dtype`,
   :func:`check_embedding_indices`, and the kind of a dtype (:func:`dtype_kind`,
-  :func:`is_floating`: ``bfloat16``, from ml_dtypes, is a float whose numpy kind is 'V');
+  :func:`is_floating`: ``bfloat16``, from ml_dtypes, is a float whose numpy kind is 'V';
+  :func:`bfloat16` and :func:`is_bfloat16` import ml_dtypes on first need, :data:`BFLOAT16`
+  is that dtype, read lazily, and :class:`DtypeTable` a dict whose bfloat16 entries are
+  added on the first lookup that could need them);
 - the shape checks of view ops, each returning the normalised values the op needs:
   :func:`infer_size` (view/reshape), :func:`expand_shape`, :func:`narrow_args`,
   :func:`select_args`, :func:`squeeze_dims`, :func:`permute_dims`,
@@ -24,7 +27,8 @@ out of range is a :class:`~placements.errors.DimError` (an IndexError), a bad vi
 :class:`~placements.errors.ViewError` (a RuntimeError), a value that is not an int where
 one is needed a :class:`~placements.errors.DTypeError` (a TypeError).
 
-Pure: numpy only (with ml_dtypes, numpy's ``bfloat16``, and the memo helper of
+Pure: numpy only (with ml_dtypes, numpy's ``bfloat16``, imported on first need: its import
+costs about 0.8 s of CPU, which every process of a job would pay; and the memo helper of
 :mod:`placements.cache`), no placements, no data.
 Everything here is **Local**.
 """
@@ -36,20 +40,21 @@ import operator
 from collections.abc import Sequence
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from .cache import memoize
 from .errors import ArgumentError, DimError, DTypeError, ShardingError, ViewError
 
 __all__ = [
-    "BFLOAT16",
+    "BFLOAT16",  # noqa: F822 - read lazily (__getattr__)
     "BOOL",
     "FLOAT32",
     "INT64",
     "TORCH_DTYPE_NAMES",
+    "DtypeTable",
     "as_dims",
     "as_dtype",
+    "bfloat16",
     "broadcast_shapes",
     "can_cast",
     "check_embedding_indices",
@@ -64,6 +69,7 @@ __all__ = [
     "index_shape",
     "infer_size",
     "is_advanced_entry",
+    "is_bfloat16",
     "is_floating",
     "movedim_dims",
     "narrow_args",
@@ -245,9 +251,112 @@ _FLOAT16 = np.dtype(np.float16)
 _FLOAT64 = np.dtype(np.float64)
 _COMPLEX64 = np.dtype(np.complex64)
 _COMPLEX128 = np.dtype(np.complex128)
-#: ``bfloat16`` (8 exponent bits like float32, 8 significand bits), from ml_dtypes: a numpy
-#: dtype whose ``kind`` is 'V' (numpy has no kind letter for it); :func:`dtype_kind` says 'f'.
-BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+#: ``dtype.char`` of ml_dtypes' bfloat16 (``numpy.dtype`` does not parse it).
+_BFLOAT16_CHAR = "E"
+_BFLOAT16: np.dtype | None = None
+
+
+def bfloat16() -> np.dtype:
+    """``bfloat16`` (8 exponent bits like float32, 8 significand bits), from ml_dtypes: a
+    numpy dtype whose ``kind`` is 'V' (numpy has no kind letter for it); :func:`dtype_kind`
+    says 'f'. ml_dtypes is imported on the first call (its import costs about 0.8 s of CPU,
+    and only bfloat16 needs it); the module attribute :data:`BFLOAT16` reads this."""
+    global _BFLOAT16
+    if _BFLOAT16 is None:
+        import ml_dtypes  # lazy: 0.8 s of CPU per process; only bfloat16 needs it
+
+        _BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+    return _BFLOAT16
+
+
+def is_bfloat16(dtype: object) -> bool:
+    """Whether ``dtype`` (a numpy dtype, or anything else: False) is ml_dtypes' bfloat16.
+
+    Without importing ml_dtypes for the dtypes that cannot be it: bfloat16's numpy kind is
+    'V', and a bfloat16 array exists only once something imported ml_dtypes."""
+    if isinstance(dtype, np.dtype):
+        return dtype.kind == "V" and dtype == bfloat16()
+    # a scalar type (ml_dtypes.bfloat16 itself), as a dtype's ``==`` would take it
+    return (isinstance(dtype, type) and dtype.__name__ == "bfloat16"
+            and np.dtype(dtype) == bfloat16())
+
+
+def __getattr__(name: str) -> Any:
+    # BFLOAT16, read lazily (see bfloat16()): ``from placements.meta import BFLOAT16`` keeps
+    # working, and imports ml_dtypes only where it runs
+    if name == "BFLOAT16":
+        return bfloat16()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class DtypeTable(dict):
+    """A dict keyed by dtypes (or dtype names) whose bfloat16 entries are added on the first
+    lookup that could need them: a dtype of numpy kind 'V' or the name ``"bfloat16"``, or any
+    look at the whole table (iteration, ``len``, ``repr``). Building one does not import
+    ml_dtypes; lookups of every other key cost one Python call more than a dict's.
+
+    ``late`` takes the bfloat16 dtype and returns the entries to add.
+    """
+
+    __slots__ = ("_late",)
+
+    def __init__(self, entries: dict, late: Any) -> None:
+        super().__init__(entries)
+        self._late = late
+
+    def _complete(self, key: object = None, force: bool = False) -> bool:
+        if self._late is None:
+            return False
+        if not force and not (
+            getattr(key, "kind", None) == "V" or (isinstance(key, str) and key == "bfloat16")
+        ):
+            return False
+        late, self._late = self._late, None
+        self.update(late(bfloat16()))
+        return True
+
+    def __missing__(self, key: object) -> Any:
+        if self._complete(key):
+            return self[key]
+        raise KeyError(key)
+
+    def __contains__(self, key: object) -> bool:
+        return dict.__contains__(self, key) or (
+            self._complete(key) and dict.__contains__(self, key))
+
+    def get(self, key: object, default: Any = None) -> Any:
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+    def __iter__(self):
+        self._complete(force=True)
+        return dict.__iter__(self)
+
+    def __len__(self) -> int:
+        self._complete(force=True)
+        return dict.__len__(self)
+
+    def __repr__(self) -> str:
+        self._complete(force=True)
+        return dict.__repr__(self)
+
+    def keys(self):
+        self._complete(force=True)
+        return dict.keys(self)
+
+    def values(self):
+        self._complete(force=True)
+        return dict.values(self)
+
+    def items(self):
+        self._complete(force=True)
+        return dict.items(self)
+
+    def __reduce__(self):
+        self._complete(force=True)
+        return (dict, (dict(self),))
 
 
 def dtype_kind(dtype: np.dtype) -> str:
@@ -257,13 +366,13 @@ def dtype_kind(dtype: np.dtype) -> str:
     tells floats from the rest reads the kind through here (or :func:`is_floating`).
     """
     kind = dtype.kind
-    return "f" if kind == "V" and dtype == BFLOAT16 else kind
+    return "f" if kind == "V" and dtype == bfloat16() else kind
 
 
 def dtype_of_char(char: str) -> np.dtype:
     """The dtype whose ``dtype.char`` is ``char`` (``"E"``, which ``numpy.dtype`` does not
     parse, is bfloat16): how a dtype crosses ranks in one integer."""
-    return BFLOAT16 if char == BFLOAT16.char else np.dtype(char)
+    return bfloat16() if char == _BFLOAT16_CHAR else np.dtype(char)
 
 
 def is_floating(dtype: np.dtype) -> bool:
@@ -293,10 +402,10 @@ def _promoted(a: np.dtype, b: np.dtype) -> np.dtype:
     ca, cb = _CATEGORY[dtype_kind(a)], _CATEGORY[dtype_kind(b)]
     if ca != cb and min(ca, cb) < 2:
         return a if ca > cb else b
-    if BFLOAT16 in (a, b):
+    if is_bfloat16(a) or is_bfloat16(b):
         # every float and complex dtype but float16 holds bfloat16's values (numpy has no
         # promotion table for it; PyTorch's gives float32 with float16)
-        other = b if a == BFLOAT16 else a
+        other = b if is_bfloat16(a) else a
         return FLOAT32 if other == _FLOAT16 else other
     return np.promote_types(a, b)
 
@@ -367,11 +476,10 @@ def can_cast(src: np.dtype, dst: np.dtype) -> bool:
 # Note: dtype strings follow PyTorch ("float" is float32, "int" is int32), not numpy (where
 # np.dtype("float") is float64 and np.dtype("int") is int64). Any other string goes through
 # numpy.dtype(). The local tensor's ``to_dtype`` uses this table too.
-TORCH_DTYPE_NAMES = {
+TORCH_DTYPE_NAMES = DtypeTable({
     "float": np.dtype(np.float32),
     "double": _FLOAT64,
     "half": _FLOAT16,
-    "bfloat16": BFLOAT16,
     "int": np.dtype(np.int32),
     "long": INT64,
     "short": np.dtype(np.int16),
@@ -380,7 +488,7 @@ TORCH_DTYPE_NAMES = {
     "bool": BOOL,
     "cfloat": _COMPLEX64,
     "cdouble": _COMPLEX128,
-}
+}, lambda bf16: {"bfloat16": bf16})
 
 
 def as_dtype(value: object, default_float: np.dtype) -> np.dtype:

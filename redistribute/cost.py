@@ -48,7 +48,7 @@ from typing import Any
 
 from placements.errors import ConfigError
 from placements.layout import max_local_shape
-from placements.meta import BFLOAT16, FLOAT32
+from placements.meta import FLOAT32, DtypeTable
 from placements.spec import DTensorSpec
 from placements.types import Placement
 
@@ -70,7 +70,7 @@ __all__ = [
 
 #: dtype -> the dtype its reductions run in: MPI has no bfloat16 datatype (moves are bytes
 #: and need none), so its data is widened to float32, reduced, and rounded once on return.
-WIDENED = {BFLOAT16: FLOAT32}
+WIDENED = DtypeTable({}, lambda bf16: {bf16: FLOAT32})
 
 #: Collective kinds a cost model prices (the ``kind`` of the communicating steps).
 COMM_KINDS: tuple[str, ...] = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")

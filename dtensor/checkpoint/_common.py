@@ -20,7 +20,7 @@ import placements.errors as _errors
 from placements import Replicate
 from placements.errors import CheckpointError, DTensorError
 from placements.layout import local_offsets, local_shape
-from placements.meta import BFLOAT16
+from placements.meta import bfloat16, is_bfloat16
 from redistribute.comm import Comm
 
 from ..distributed.dtensor import DTensor
@@ -114,12 +114,12 @@ def dtype_name(dtype: np.dtype) -> str:
     """How a checkpoint's metadata names ``dtype``: numpy's ``str`` (``"<f4"``), and
     ``"bfloat16"`` for ml_dtypes' bfloat16 (whose ``str``, ``"<V2"``, says only "2 bytes").
     **Local**."""
-    return "bfloat16" if dtype == BFLOAT16 else dtype.str
+    return "bfloat16" if is_bfloat16(dtype) else dtype.str
 
 
 def dtype_from_name(name: str) -> np.dtype:
     """The dtype :func:`dtype_name` wrote as ``name``. **Local**."""
-    return BFLOAT16 if name == "bfloat16" else np.dtype(name)
+    return bfloat16() if name == "bfloat16" else np.dtype(name)
 
 
 def sibling(path: str, tag: str) -> str:

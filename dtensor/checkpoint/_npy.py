@@ -13,7 +13,7 @@ import numpy as np
 from placements import Placement
 from placements.errors import CheckpointError, DTypeError, MeshError
 from placements.layout import normalize_placements, partial_fill
-from placements.meta import BFLOAT16
+from placements.meta import is_bfloat16
 from redistribute.comm import world
 from redistribute.fileio import File
 
@@ -172,7 +172,7 @@ def to_npy(x: object, path: str | os.PathLike) -> None:
             )
         if np.dtype(x.dtype).hasobject:
             raise DTypeError(f"to_npy: cannot write Python objects (dtype {x.dtype}) to {path!r}")
-        if x.dtype == BFLOAT16:
+        if is_bfloat16(x.dtype):
             # Note: the .npy format has no bfloat16 (numpy would write it as 2 raw bytes,
             # "<V2", that np.load gives back as void): refused rather than written unreadable.
             raise DTypeError(

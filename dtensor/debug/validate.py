@@ -42,7 +42,7 @@ import numpy as np
 
 from placements import Partial, Placement, Replicate, Shard
 from placements.layout import local_slices
-from placements.meta import BFLOAT16, dtype_kind
+from placements.meta import dtype_kind, is_bfloat16
 from placements.rules import (
     ArgMeta,
     Candidate,
@@ -279,7 +279,7 @@ def _precision(dtype: np.dtype) -> int | None:
     kind = dtype_kind(dtype)
     if kind not in "fc":
         return None
-    return 1 if dtype == BFLOAT16 else dtype.itemsize // (2 if kind == "c" else 1)
+    return 1 if is_bfloat16(dtype) else dtype.itemsize // (2 if kind == "c" else 1)
 
 
 @dataclass

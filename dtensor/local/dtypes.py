@@ -20,10 +20,11 @@ import builtins
 import numpy as np
 
 from placements.errors import DTypeError
-from placements.meta import BFLOAT16, as_dtype, complex_of, dtype_kind
+from placements.meta import as_dtype, complex_of, dtype_kind, is_bfloat16
+from placements.meta import bfloat16 as _bfloat16
 
 __all__ = [
-    "bfloat16",
+    "bfloat16",  # noqa: F822 - read lazily (__getattr__)
     "bool_",
     "cdouble",
     "cfloat",
@@ -53,7 +54,6 @@ __all__ = [
 ]
 
 float16 = np.dtype(np.float16)
-bfloat16 = BFLOAT16
 float32 = np.dtype(np.float32)
 float64 = np.dtype(np.float64)
 complex64 = np.dtype(np.complex64)
@@ -78,9 +78,16 @@ cfloat = complex64
 cdouble = complex128
 
 _SUPPORTED_KINDS = frozenset("biufc")
-_FLOAT_DEFAULTS = (float16, bfloat16, float32, float64)
+_FLOAT_DEFAULTS = (float16, float32, float64)  # and bfloat16 (is_bfloat16)
 
 _default_float = float32
+
+
+def __getattr__(name: str) -> np.dtype:
+    # ``bfloat16``, read lazily: ml_dtypes is imported on first use (placements.meta.bfloat16)
+    if name == "bfloat16":
+        return _bfloat16()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def get_default_dtype() -> np.dtype:
@@ -112,7 +119,7 @@ def set_default_dtype(dtype) -> None:
     """
     global _default_float
     d = to_dtype(dtype)
-    if d not in _FLOAT_DEFAULTS:
+    if d not in _FLOAT_DEFAULTS and not is_bfloat16(d):
         raise DTypeError(
             "set_default_dtype: only floating-point dtypes (float16, bfloat16, float32, "
             f"float64) can be the default dtype, got {d}"

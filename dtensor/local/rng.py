@@ -19,7 +19,7 @@ import threading
 import numpy as np
 
 from placements.errors import ArgumentError, DTypeError
-from placements.meta import BFLOAT16
+from placements.meta import DtypeTable
 
 from . import allocator as _allocator
 from . import backend
@@ -40,8 +40,8 @@ _MUL1 = 0xBF58476D1CE4E5B9
 _MUL2 = 0x94D049BB133111EB
 # significand bits of each floating dtype: a uniform value is a multiple of 2**-bits, exact
 # in the dtype (bfloat16's 8 bits, as PyTorch draws it; normal values round to it)
-_FLOAT_BITS = {np.dtype(np.float16): 11, BFLOAT16: 8, np.dtype(np.float32): 24,
-               np.dtype(np.float64): 53}
+_FLOAT_BITS = DtypeTable({np.dtype(np.float16): 11, np.dtype(np.float32): 24,
+                         np.dtype(np.float64): 53}, lambda bf16: {bf16: 8})
 
 _lock = threading.Lock()
 _seed = DEFAULT_SEED

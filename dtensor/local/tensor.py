@@ -40,11 +40,11 @@ from placements.errors import (
     ViewError,
 )
 from placements.meta import (
-    BFLOAT16,
     chunk_sizes,
     expand_shape,
     flatten_shape,
     index_shape,
+    is_bfloat16,
     is_floating,
     movedim_dims,
     narrow_args,
@@ -549,12 +549,12 @@ class Tensor(_fp.TensorBase):
         check_one_element(arr.size, "item")
         value = arr.item()
         # ml_dtypes' bfloat16 items are its own scalars, not python floats
-        return value if arr.dtype != BFLOAT16 else float(value)
+        return value if not is_bfloat16(arr.dtype) else float(value)
 
     def tolist(self):
         """Nested python lists (a python scalar for a 0-d tensor). **Local.**"""
         arr = backend.to_host(self._arr)
-        return (arr if arr.dtype != BFLOAT16 else arr.astype(np.float32)).tolist()
+        return (arr if not is_bfloat16(arr.dtype) else arr.astype(np.float32)).tolist()
 
     def __bool__(self) -> bool:
         check_one_element(self._arr.size, "bool")
@@ -584,7 +584,7 @@ class Tensor(_fp.TensorBase):
     def __repr__(self) -> str:
         arr = backend.to_host(self._arr)
         dtype = arr.dtype
-        if dtype == BFLOAT16:  # printed through float32, which holds its values exactly
+        if is_bfloat16(dtype):  # printed through float32, which holds its values exactly
             arr = arr.astype(np.float32)
         kwargs = {"prefix": "tensor(", "separator": ", "}
         if arr.dtype.kind in "fc":

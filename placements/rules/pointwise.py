@@ -26,10 +26,10 @@ import numpy as np
 
 from ..errors import DTypeError, ShardingError
 from ..meta import (
-    BFLOAT16,
     BOOL,
     INT64,
     as_dtype,
+    bfloat16,
     broadcast_shapes,
     can_cast,
     dtype_kind,
@@ -191,15 +191,16 @@ def _ternary_dtype(op: str, args: tuple[ArgMeta | None, ...], schema: OpSchema) 
 
 # -- casts ----------------------------------------------------------------------------------
 _CAST_METHODS = {
-    "float": np.float32, "double": np.float64, "half": np.float16, "bfloat16": BFLOAT16,
+    "float": np.float32, "double": np.float64, "half": np.float16, "bfloat16": None,
     "int": np.int32,
     "long": np.int64, "short": np.int16, "char": np.int8, "byte": np.uint8, "bool": np.bool_,
-}
+}  # (None: bfloat16, resolved on use, which imports ml_dtypes)
 
 
 def _cast_target(op: str, schema: OpSchema) -> np.dtype:
     if op in _CAST_METHODS:
-        return np.dtype(_CAST_METHODS[op])
+        target = _CAST_METHODS[op]
+        return bfloat16() if target is None else np.dtype(target)
     a = schema.args[0]
     if op == "type_as":
         return schema.args[1].dtype  # type: ignore[union-attr]

@@ -18,12 +18,12 @@ import numpy as np
 
 from placements.errors import DTypeError, ShardingError
 from placements.meta import (
-    BFLOAT16,
     BOOL,
     FLOAT32,
     INT64,
     can_cast,
     combine_categories,
+    is_bfloat16,
     promote_types,
 )
 from placements.meta import broadcast_shapes as _broadcast_shapes
@@ -73,7 +73,7 @@ def scalar_dtype(value):
         return BOOL
     if isinstance(value, (int, np.integer)):
         return INT64
-    if isinstance(value, (float, np.floating)) or getattr(value, "dtype", None) == BFLOAT16:
+    if isinstance(value, (float, np.floating)) or is_bfloat16(getattr(value, "dtype", None)):
         return _dtypes.get_default_dtype()  # (an ml_dtypes bfloat16 scalar too)
     if isinstance(value, (complex, np.complexfloating)):
         return _dtypes.default_complex_dtype()
@@ -119,7 +119,7 @@ def acc_dtype(dtype):
     float32."""
     # Note: like PyTorch on CPU, float16 and bfloat16 reductions accumulate in float32
     # (numpy would accumulate in float16; ml_dtypes' bfloat16 loops round every step).
-    return FLOAT32 if dtype == FLOAT16 or dtype == BFLOAT16 else dtype
+    return FLOAT32 if dtype == FLOAT16 or is_bfloat16(dtype) else dtype
 
 
 def opmath_dtype(dtype):
@@ -129,7 +129,7 @@ def opmath_dtype(dtype):
     # formula of several steps (gelu, lerp, addcdiv...) would round at each. Like PyTorch,
     # bfloat16 math computes in float32 and rounds once, on store. float16 keeps numpy's
     # loops (each op correctly rounded; float16 reductions accumulate in float32).
-    return FLOAT32 if dtype == BFLOAT16 else dtype
+    return FLOAT32 if is_bfloat16(dtype) else dtype
 
 
 def store(out, r, dtype):

@@ -558,8 +558,9 @@ def test_stage_of_this_mode():
 def test_second_unit_stage_runs_beside_the_first(tmp_path):
     """With both modes (the extension built) on two cores or more, the Python path's unit
     stage runs while the compiled path's runs (the first stage waits for the second to
-    start), and the output keeps the stages' order: the second unit stage's pytest output
-    comes under its own header, after the first mode's MPI stages."""
+    start), the compiled path's unit suite is two stages (its mode_independent tests, here
+    none, and the others), and the output keeps the stages' order: the second unit stage's
+    pytest output comes under its own header, after the first mode's MPI stages."""
     tests = tmp_path / "tests"
     _write(tests, "unit/test_beside.py", BESIDE_UNIT)
     _write(tests, "mpi/test_world.py", "def test_world():\n    assert True\n")
@@ -571,32 +572,57 @@ def test_second_unit_stage_runs_beside_the_first(tmp_path):
         assert "ran beside" not in text and text.strip().endswith("2 passed, 0 failed")
         return
     headers = re.findall(r"^== (.+) ==$", text, re.MULTILINE)
-    assert headers[:4] == [
-        "unit, compiled fast path (DTENSOR_FASTPATH=1)",
+    assert headers[:5] == [
+        "unit (mode_independent tests), compiled fast path (DTENSOR_FASTPATH=1)",
+        "unit (not mode_independent tests), compiled fast path (DTENSOR_FASTPATH=1)",
         "mpi, 1 rank, compiled fast path (DTENSOR_FASTPATH=1)",
         "unit, Python path (DTENSOR_FASTPATH=0)",
         "mpi, 1 rank, Python path (DTENSOR_FASTPATH=0)",
     ], headers
     second = text.split("== unit, Python path", 1)[1].split("== mpi, 1 rank, Python", 1)[0]
-    assert "(ran beside the first stage; its output follows)" in second
+    assert "(ran beside the stages before it; its output follows)" in second
     assert re.search(r"^1 passed", second, re.MULTILINE), second
-    assert text.strip().endswith("4 passed, 0 failed")
+    rows = [line.split() for line in text.strip().splitlines()[-6:-1]]
+    assert [(r[0], r[3]) for r in rows] == [
+        ("unit[independent]", "deselected"), ("unit[dependent]", "passed"), ("mpi", "passed"),
+        ("unit", "passed"), ("mpi", "passed")], rows
+    assert text.strip().endswith("5 passed, 0 failed")
 
 
-def test_which_stage_runs_beside(tmp_path):
-    """The second mode's unit stage runs beside the first when the run has both modes, the
-    machine two cores or more, and ``--serial`` was not given; a stage that ends early stops
-    its job."""
+def test_which_stages_run_beside(tmp_path, monkeypatch):
+    """On two cores or more (and without ``--serial``) the stages of one process start first,
+    the plain suites before the 1-rank MPI stages, then the MPI stages of several ranks in
+    their order; the first mode's unit suite is split in its mode_independent tests and the
+    others; a stage that ends early stops its job."""
     root = tmp_path
     (root / "unit").mkdir()
     (root / "mpi").mkdir()
-    stages = runtests._stages(root, ["fastpath", "python"], [1, 2])
     opts = runtests._parser().parse_args([])
-    cores = os.cpu_count() or 1
-    assert runtests._beside_index(stages, opts) == (3 if cores >= 2 else None)
-    assert runtests._beside_index(stages, runtests._parser().parse_args(["--serial"])) is None
-    assert runtests._beside_index(runtests._stages(root, ["fastpath"], [1, 2]), opts) is None
-    assert runtests._beside_index([], opts) is None
+    serial = runtests._parser().parse_args(["--serial"])
+    stages = runtests._stages(root, ["fastpath", "python"], [1, 2, 4], split=True)
+    assert [(s.suite, s.ranks, s.mode, s.part, s.repeat) for s in stages] == [
+        ("unit", None, "fastpath", "independent", False),
+        ("unit", None, "fastpath", "dependent", False),
+        ("mpi", 1, "fastpath", "", False),
+        ("mpi", 2, "fastpath", "", False),
+        ("mpi", 4, "fastpath", "", False),
+        ("unit", None, "python", "", True),
+        ("mpi", 1, "python", "", True),
+        ("mpi", 2, "python", "", True),
+        ("mpi", 4, "python", "", True),
+    ]
+    assert runtests._command(stages[0], "mpiexec", ["-m", "not torch"])[-2:] == [
+        "-m", "(not torch) and mode_independent"]
+    assert runtests._command(stages[1], "mpiexec", [])[-2:] == list(runtests.REPEAT_MARKERS)
+    # one mode: nothing to split
+    assert len(runtests._stages(root, ["fastpath"], [1], split=True)) == 2
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert runtests._start_order(stages, opts) == [0, 1, 5, 2, 6, 3, 4, 7, 8]
+    assert [runtests._cores(s) for s in stages] == [1, 1, 1, 2, 2, 1, 1, 2, 2]
+    assert runtests._start_order(stages, serial) == list(range(9))
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    assert runtests._start_order(stages, opts) == list(range(9))
+    monkeypatch.undo()
     # a stage's job ended early: its process group goes, the thread ends promptly
     job = runtests._Beside([sys.executable, "-c", "import time; time.sleep(120)"],
                            dict(os.environ), root, 300.0, root / "job.out")

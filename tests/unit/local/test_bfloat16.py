@@ -303,3 +303,48 @@ def test_backward_in_bfloat16():
     dt.gelu(xf @ wf).sum().backward()
     close(x.grad, xf.grad.numpy(), rtol=4 * EPS)
     close(w.grad, wf.grad.numpy(), rtol=4 * EPS)
+
+
+# --- ml_dtypes is imported on first need (its import costs about 0.8 s of CPU) -------------
+_NO_ML_DTYPES = """
+import sys
+import dtensor as dt
+from dtensor.checkpoint import _common
+from redistribute.cost import WIDENED
+x = dt.ones(4) * 2
+assert float(x.sum()) == 8.0 and (dt.randn(3, 2) @ dt.randn(2, 3)).shape == (3, 3)
+assert (x.to(dt.float16) + 1).dtype == dt.float16 and x.to("half").dtype == dt.float16
+assert dt.float32 not in WIDENED and WIDENED.get(dt.float64) is None
+assert _common.dtype_name(dt.float32) == "<f4"
+assert "ml_dtypes" not in sys.modules, "import dtensor (and float32 ops) imported ml_dtypes"
+bf16 = dt.bfloat16
+assert "ml_dtypes" in sys.modules and bf16.name == "bfloat16" and bf16.char == "E"
+assert WIDENED[bf16] == dt.float32 and bf16 in WIDENED
+print("ok")
+"""
+
+
+def test_import_dtensor_leaves_ml_dtypes_out():
+    import subprocess  # lazy: one test's child process
+    import sys  # lazy: as above
+
+    out = subprocess.run([sys.executable, "-c", _NO_ML_DTYPES], capture_output=True,
+                         text=True, timeout=300, check=False)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+def test_dtype_table_adds_bfloat16_on_first_lookup():
+    from placements.meta import DtypeTable, bfloat16, is_bfloat16  # lazy: this test's names
+
+    table = DtypeTable({F32: 1}, lambda b: {b: 2, "bfloat16": 3})
+    assert table.get(F64) is None and F16 not in table and table[F32] == 1
+    assert dict.__len__(table) == 1  # no void dtype or "bfloat16" asked yet
+    assert BF16 in table and table[BF16] == 2 and table["bfloat16"] == 3
+    fresh = DtypeTable({F32: 1}, lambda b: {b: 2})
+    assert fresh.get(BF16) == 2 and len(fresh) == 2
+    other = DtypeTable({}, lambda b: {b: 2})
+    assert sorted(map(str, other)) == ["bfloat16"]  # iteration lists the late entries
+    with pytest.raises(KeyError):
+        DtypeTable({}, lambda b: {b: 2})[F32]
+    assert bfloat16() == BF16 and is_bfloat16(BF16) and is_bfloat16(ml_dtypes.bfloat16)
+    assert not any(is_bfloat16(d) for d in (F16, F32, np.dtype("V2"), None, "bfloat16"))

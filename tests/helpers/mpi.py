@@ -55,3 +55,13 @@ def np_local(g, mesh, placements):
         block = block[(slice(None),) * p.dim + (slice(lo, hi),)]
     return block
 
+
+
+def sgd_step(params, lr: float) -> None:
+    """A plain SGD update ``p -= lr * p.grad`` of every parameter that has a gradient, which
+    is then dropped (local: each rank updates what it holds)."""
+    with dt.no_grad():
+        for p in params:
+            if p.grad is not None:
+                p -= lr * p.grad
+                p.grad = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers.mpi import sgd_step
 from mpi4py import MPI
 
 import dtensor as dt
@@ -28,14 +29,6 @@ def loss_fn(logits, y):
 
 def _full(t):
     return (t.full_tensor() if isinstance(t, dt.DTensor) else t).numpy()
-
-
-def _sgd(params):
-    with dt.no_grad():
-        for p in params:
-            if p.grad is not None:
-                p -= LR * p.grad
-                p.grad = None
 
 
 @pytest.mark.parametrize("schedule", [pp.Schedule1F1B, pp.ScheduleGPipe, pp.ScheduleInterleavedZeroBubble, pp.ScheduleInterleaved1F1B])
@@ -72,5 +65,5 @@ def test_pipeline_with_fsdp_or_tp(other, schedule):
         for name, p in mod.named_parameters():
             np.testing.assert_allclose(_full(p.grad), model.get_parameter(name).grad.numpy(),
                                        rtol=1e-5, atol=1e-6, err_msg=f"{other} stage {r} {name}")
-        _sgd(mod.parameters())
-        _sgd(model.parameters())
+        sgd_step(mod.parameters(), LR)
+        sgd_step(model.parameters(), LR)

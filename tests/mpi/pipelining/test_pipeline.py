@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers.mpi import sgd_step
 from mpi4py import MPI
 
 import dtensor as dt
@@ -78,14 +79,6 @@ def _step(sched, mods, x, y):
     return losses, out
 
 
-def _sgd(params):
-    with dt.no_grad():
-        for p in params:
-            if p.grad is not None:
-                p -= LR * p.grad
-                p.grad = None
-
-
 def _check_grads(mods, model):
     for s, mod in mods.items():
         for name, p in mod.named_parameters():
@@ -118,9 +111,9 @@ def _run(name, n_stages, m, steps):
         else:
             assert out is None
         _check_grads(mods, model)
-        _sgd(model.parameters())
+        sgd_step(model.parameters(), LR)
         for mod in mods.values():
-            _sgd(mod.parameters())
+            sgd_step(mod.parameters(), LR)
 
 
 @pytest.mark.parametrize("m", [1, 2, 4, 8])
@@ -144,7 +137,7 @@ def test_tied_weights_stay_equal():
         x, y = batch(model.cfg, BATCH, step)
         _step(sched, mods, x, y)
         for mod in mods.values():
-            _sgd(mod.parameters())
+            sgd_step(mod.parameters(), LR)
     n = sched.num_stages
     w = {s: mods[s].get_parameter("tok_emb.weight" if s == 0 else "head.weight").numpy()
          for s in (0, n - 1) if s in mods}

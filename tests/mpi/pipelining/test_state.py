@@ -12,6 +12,7 @@ import tempfile
 
 import numpy as np
 import pytest
+from helpers.mpi import sgd_step
 from mpi4py import MPI
 
 import dtensor as dt
@@ -37,14 +38,6 @@ def folder():
     COMM.Barrier()
     if COMM.rank == 0:
         shutil.rmtree(path, ignore_errors=True)
-
-
-def _sgd(params):
-    with dt.no_grad():
-        for p in params:
-            if p.grad is not None:
-                p -= LR * p.grad
-                p.grad = None
 
 
 def _fresh(seed):
@@ -73,9 +66,9 @@ def test_pipelined_checkpoint_loads_into_other_strategies(folder):
         x, y = batch(CFG, 8, step)
         sched.step(*((x,) if 0 in mods else ()), target=y if n - 1 in mods else None)
         for mod in mods.values():
-            _sgd(mod.parameters())
+            sgd_step(mod.parameters(), LR)
         ref(dt.tensor(x), dt.tensor(y)).backward()
-        _sgd(ref.parameters())
+        sgd_step(ref.parameters(), LR)
     full = pp.full_state_dict(stages)
     assert set(full) == set(ref.state_dict())
     path = os.path.join(folder, "pipelined")

@@ -12,7 +12,8 @@
   same collectives.
 - Fixtures: ``comm`` (``MPI.COMM_WORLD``), ``seed`` (one integer per session, the same on
   every rank; ``DTENSOR_TEST_SEED`` fixes it) and ``rng`` (a numpy Generator seeded from
-  ``seed`` and the test's id, identical on every rank).
+  ``seed`` and the test's id, identical on every rank) and ``folder`` (a fresh folder that
+  every rank shares, removed after the test).
 
 Skips must depend on the world size only (``@pytest.mark.mpi(min_size=N)``), so that
 all ranks skip together; a skip whose reason ``tests/skips.py`` does not expect fails the
@@ -23,7 +24,9 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import sys
+import tempfile
 import zlib
 
 import numpy as np
@@ -110,3 +113,14 @@ def seed() -> int:
 def rng(seed: int, request: pytest.FixtureRequest) -> np.random.Generator:
     """A numpy Generator for this test, identical on every rank."""
     return np.random.default_rng([seed, zlib.crc32(request.node.nodeid.encode())])
+
+
+@pytest.fixture
+def folder():
+    """A fresh folder shared by every rank (rank 0 makes it and removes it afterwards)."""
+    world = MPI.COMM_WORLD
+    path = world.bcast(tempfile.mkdtemp(prefix="dtensor-test-") if world.rank == 0 else None)
+    yield path
+    world.Barrier()
+    if world.rank == 0:
+        shutil.rmtree(path, ignore_errors=True)

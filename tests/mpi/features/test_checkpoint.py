@@ -10,9 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import shutil
 import sys
-import tempfile
 import zlib
 
 import numpy as np
@@ -34,15 +32,6 @@ R, S, P = dt.Replicate(), dt.Shard, dt.Partial
 DTYPES = (np.float32, np.float64, np.int64, np.bool_, np.float16)
 SHAPES = ((8, 6), (5, 3), (0, 4), (1, 7), ())
 
-
-@pytest.fixture
-def folder():
-    """A fresh folder shared by every rank (removed afterwards)."""
-    path = WORLD.bcast(tempfile.mkdtemp(prefix="dtensor-ckpt-") if WORLD.rank == 0 else None)
-    yield path
-    WORLD.Barrier()
-    if WORLD.rank == 0:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def options(ndim):

@@ -16,7 +16,6 @@ import os
 import re
 import shutil
 import stat
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -32,15 +31,6 @@ R, S = dt.Replicate(), dt.Shard
 
 pytestmark = [pytest.mark.mpi(min_size=1), pytest.mark.mode_independent]  # file IO only
 
-
-@pytest.fixture
-def folder():
-    """A fresh folder shared by every rank (removed afterwards)."""
-    path = WORLD.bcast(tempfile.mkdtemp(prefix="dtensor-ckpt-") if WORLD.rank == 0 else None)
-    yield path
-    WORLD.Barrier()
-    if WORLD.rank == 0:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def _values(seed):

@@ -7,8 +7,6 @@ trained with the same SGD steps on the same batches."""
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 
 import numpy as np
 import pytest
@@ -30,14 +28,6 @@ pytestmark = pytest.mark.mpi(min_size=2)
 def loss_fn(logits, y):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
 
-
-@pytest.fixture
-def folder():
-    path = COMM.bcast(tempfile.mkdtemp(prefix="dtensor-pp-") if COMM.rank == 0 else None)
-    yield path
-    COMM.Barrier()
-    if COMM.rank == 0:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def _fresh(seed):

@@ -8,7 +8,9 @@ function once while recording each dispatched op's decision (with the local shap
 dtypes its kernel sees, enough to price its compute) and every redistribute that changes
 placements (explicit calls, ``full_tensor``); when the function runs a backward pass, the
 ops its formulas dispatch and the moves of gradients back to the inputs' and leaves'
-placements are recorded too, marked as backward of the op whose node ran them. For
+placements are recorded too, marked as backward of the op whose node ran them; a pipeline
+schedule's point-to-point messages (``explain(schedule.step, x)``) are recorded per stage
+(:class:`PointToPoint`). For
 ``explain(x, placements)`` it renders the redistribute plan
 (:func:`redistribute.explain.explain_plan`).
 """
@@ -47,8 +49,9 @@ from ..distributed.dtensor import (
 )
 from ..local import grad_engine as _ag
 from ..ops.table import OPS, OpInfo
+from ._comm_mode import p2p_tag
 
-__all__ = ["Collective", "Explanation", "OpExplanation", "explain"]
+__all__ = ["Collective", "Explanation", "OpExplanation", "PointToPoint", "explain"]
 
 #: N-D combinations of candidates looked at per op at most.
 MAX_CANDIDATES = 4096
@@ -136,6 +139,32 @@ class OpExplanation:
         return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class PointToPoint:
+    """One point-to-point message of a pipeline schedule, as a traced function posted it on
+    this rank: ``kind`` ``"send"`` or ``"recv"``; ``stage`` this rank's stage that sends or
+    receives it, ``peer`` the stage at the other end; ``mb`` the micro-batch (-1 for a
+    shape header or a tied gradient); ``direction`` ``"activation"``, ``"gradient"``,
+    ``"header"`` or ``"tied"``; ``nbytes``; ``phase`` ``"forward"`` (activations, headers)
+    or ``"backward"`` (gradients)."""
+
+    kind: str
+    stage: int
+    peer: int | None
+    mb: int
+    direction: str
+    nbytes: int
+    phase: str
+
+    def text(self) -> str:
+        """One line. **Local**."""
+        arrow = "->" if self.kind == "send" else "<-"
+        peer = "?" if self.peer is None else self.peer
+        mb = "" if self.mb < 0 else f" mb {self.mb}"
+        return (f"{self.kind} {self.direction}{mb} stage {self.stage} {arrow} stage {peer}: "
+                f"{self.nbytes} bytes [{self.phase}]")
+
+
 @dataclass
 class Explanation:
     """What :func:`explain` returns; ``str()`` renders it.
@@ -156,6 +185,9 @@ class Explanation:
     issued : dict of str to int
         For a traced function: the collectives that actually ran while it ran, by kind
         (every rank's own; compare with :meth:`comm_counts`).
+    messages : list of PointToPoint
+        For a traced function: the point-to-point messages of a pipeline schedule this
+        rank posted, in order (:meth:`p2p_bytes` sums them per stage).
     """
 
     ops: list[OpExplanation] = field(default_factory=list)
@@ -164,7 +196,26 @@ class Explanation:
     traced: bool = False
     result: object = None
     issued: dict[str, int] = field(default_factory=dict)
+    messages: list[PointToPoint] = field(default_factory=list)
 
+    def p2p_bytes(self) -> dict[int, dict[str, int]]:
+        """Bytes of :attr:`messages` by stage, then ``"<direction> <send|recv>"`` (as
+        ``CommDebugMode.get_p2p_bytes``). **Local**."""
+        out: dict[int, dict[str, int]] = {}
+        for msg in self.messages:
+            per = out.setdefault(msg.stage, {})
+            key = f"{msg.direction} {msg.kind}"
+            per[key] = per.get(key, 0) + msg.nbytes
+        return dict(sorted(out.items()))
+
+    def _messages_text(self) -> list[str]:
+        """The messages grouped by stage, each stage with its totals."""
+        lines = [f"point-to-point (pipeline): {len(self.messages)} messages"]
+        for stage, per in self.p2p_bytes().items():
+            total = ", ".join(f"{k} {v} bytes" for k, v in per.items())
+            lines.append(f"  stage {stage}: {total}")
+            lines += [f"    {m.text()}" for m in self.messages if m.stage == stage]
+        return lines
     def collectives(self) -> list[Collective]:
         """Every communicating step, in the order they will be (or were) issued. **Local**."""
         all_steps = [*self.steps, *(c for o in self.ops for c in o.collectives)]
@@ -184,6 +235,7 @@ class Explanation:
             "redistribute": self.redistribute,
             "steps": [asdict(s) for s in self.steps],
             "traced": self.traced,
+            "messages": [asdict(m) for m in self.messages],
         }
         return json.dumps(data, default=str)
 
@@ -199,6 +251,8 @@ class Explanation:
                    "of backward)" if any(o.phase == "backward" for o in self.ops) else "")
             )
         parts += [o.text() for o in self.ops]
+        if self.messages:
+            parts += self._messages_text()
         return "\n".join(parts)
 
 
@@ -437,10 +491,15 @@ def _trace(fn: Callable, args: tuple, kwargs: dict, top: int) -> Explanation:
         ops.append(_phase(_move(g, target)))
 
     issued: dict[str, int] = {}
+    messages: list[PointToPoint] = []
 
     def ran(kind: str, nbytes: int, comm: object) -> None:
         if kind in _COUNTED:
             issued[kind] = issued.get(kind, 0) + 1
+        tag = p2p_tag(kind)
+        if tag is not None:
+            stage, mb, direction, peer, phase = tag
+            messages.append(PointToPoint(kind, stage, peer, mb, direction, nbytes, phase))
 
     # The observer also makes the compiled redistribute defer to the Python method, whose
     # listeners see every move.
@@ -453,7 +512,7 @@ def _trace(fn: Callable, args: tuple, kwargs: dict, top: int) -> Explanation:
         _comm.remove_observer(ran)
         remove_redistribute_listener(moved)
         _dispatch.remove_listener(record)
-    return Explanation(ops=ops, traced=True, result=result, issued=issued)
+    return Explanation(ops=ops, traced=True, result=result, issued=issued, messages=messages)
 
 
 def explain(op: object, *args: object, top: int = 6, **kwargs: object) -> Explanation:
@@ -484,7 +543,10 @@ def explain(op: object, *args: object, top: int = 6, **kwargs: object) -> Explan
       entries ``redistribute`` too, in the phase they run in. Every entry holds the local
       blocks (shape, dtype) its kernel reads and writes (``local_inputs``,
       ``local_outputs``). ``.issued`` counts the collectives that really ran. With
-      ``top=0`` the candidate strategies are not priced (a faster trace).
+      ``top=0`` the candidate strategies are not priced (a faster trace). For a pipeline
+      schedule's step (``explain(schedule.step, x)``) the point-to-point messages this rank
+      posts are listed per stage with their bytes, direction and phase
+      (``.messages``, ``.p2p_bytes()``).
 
     Parameters
     ----------

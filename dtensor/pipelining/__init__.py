@@ -6,7 +6,8 @@
   :class:`ScheduleGPipe`, :class:`Schedule1F1B` (one stage per rank),
   :class:`ScheduleInterleaved1F1B` and :class:`ScheduleInterleavedZeroBubble` (several);
   ``schedule.step(x)`` on the first stage, ``step(target=y, losses=losses)`` on the last,
-  ``step()`` elsewhere;
+  ``step()`` elsewhere; ``schedule.timeline``: this rank's measured
+  :class:`TimelineEvent` s of the last step (``dt.debug.visualize_schedule`` draws them);
 - :func:`pipeline_split` / :func:`equal_cost_split_points`: a ``dt.nn`` model split into
   stage modules by module path or by equal cost, with full parameter names;
 - :func:`full_state_dict`: the whole model's state on every rank, for ``dt.save`` (a
@@ -23,12 +24,21 @@ from ._runtime import (
     ScheduleInterleaved1F1B,
     ScheduleInterleavedZeroBubble,
 )
-from ._schedules import Action, bubble_fraction, comm_pairs, make_schedule, simulate
+from ._schedules import (
+    Action,
+    Message,
+    TimelineEvent,
+    bubble_fraction,
+    comm_pairs,
+    make_schedule,
+    simulate,
+)
 from ._split import equal_cost_split_points, pipeline_split, ties_of
 from ._state import full_state_dict
 
 __all__ = [
     "Action",
+    "Message",
     "PipelineScheduleMulti",
     "PipelineScheduleSingle",
     "PipelineStage",
@@ -36,6 +46,7 @@ __all__ = [
     "ScheduleGPipe",
     "ScheduleInterleaved1F1B",
     "ScheduleInterleavedZeroBubble",
+    "TimelineEvent",
     "bubble_fraction",
     "comm_pairs",
     "equal_cost_split_points",

@@ -51,7 +51,7 @@ from ..local import grad_engine as _ag
 from ..local.factory import from_numpy
 from ..local.tensor import Tensor
 from ..nn import Module
-from ._schedules import Action, make_schedule
+from ._schedules import Action, Message, TimelineEvent, make_schedule
 from ._split import ties_of
 
 __all__ = [
@@ -214,9 +214,9 @@ class _PipelineSchedule:
         self._state = {i: _StageState(s) for i, s in self._stages.items()}
         self._shape_key: tuple | None = None
         self._ties = self._tie_groups()
-        #: the last step's ``(action, start, end)`` (perf_counter seconds; start: after
-        #: the wait for the action's received input), what the benchmark's bubble reads
-        self.timeline: list[tuple[Action, float, float]] = []
+        #: **Local**: this rank's :class:`TimelineEvent` s of the last step, in action order
+        #: (what ``dt.debug.visualize_schedule`` gathers and the benchmark's bubble reads)
+        self.timeline: list[TimelineEvent] = []
         self._ready = 0.0
         self.step_time = 0.0
 
@@ -267,6 +267,11 @@ class _PipelineSchedule:
 
     _single = False
 
+    @property
+    def n_microbatches(self) -> int:
+        """The micro-batch count of every step. **Local**."""
+        return self._n_microbatches
+
     def _tie_groups(self) -> list[list[tuple[int, Any]]]:
         """Per group of tied parameters (those of a split model that live in several
         stages): ``(stage, parameter or None)`` for every stage of the group, the parameter
@@ -306,6 +311,7 @@ class _PipelineSchedule:
         xs = self._microbatches(args)
         ys = self._microbatches((target,) if target is not None else ())
         self._agree(args, target, sorted(kwargs))
+        origin = time.perf_counter()  # the timeline's 0: every rank leaves _agree together
         self._post_receives()
         self.timeline = []
         outs: dict[int, Tensor] = {}
@@ -319,11 +325,18 @@ class _PipelineSchedule:
                 self._forward(st, a.mb, xs, ys, outs, loss_vals, sends)
             else:
                 self._backward(st, a, sends)
-            self.timeline.append((a, max(s0, self._ready), time.perf_counter()))
+            s1 = time.perf_counter()
             if len(sends) > 8 and self.comm.test_all([r for r, _ in sends]):
                 sends.clear()
+            self.timeline.append(TimelineEvent(a.stage, a.mb, a.kind, s0 - origin, s1 - origin,
+                                               max(self._ready - s0, 0.0),
+                                               time.perf_counter() - s1))
+        s1 = time.perf_counter()
         self._sum_tied(sends)
         self.comm.wait_all([r for r, _ in sends])
+        if self.timeline:
+            self.timeline[-1] = self.timeline[-1]._replace(
+                send_wait=self.timeline[-1].send_wait + time.perf_counter() - s1)
         last = self.num_stages - 1
         self.comm.bcast_array(loss_vals, root=last % self.pp_size, what=f"{self._name} losses")
         if losses is not None:
@@ -397,7 +410,9 @@ class _PipelineSchedule:
                 if st.in_meta is None:
                     st.head = np.zeros(_HEADER, np.int64)
                     st.head_req = s.comm.irecv(st.head, s.rank_of(s.stage_index - 1),
-                                               self._tag(_HEAD, s.stage_index - 1, 0))
+                                               self._tag(_HEAD, s.stage_index - 1, 0),
+                                               Message(s.stage_index, -1, "header",
+                                                       s.stage_index - 1))
                 else:
                     self._post_acts(st)
             if next_remote and st.out_meta is not None:
@@ -412,7 +427,8 @@ class _PipelineSchedule:
         if not st.act_bufs:
             st.act_bufs = [np.empty(shape, dtype) for _ in range(m)]
         src = s.rank_of(s.stage_index - 1)
-        st.act_reqs = [s.comm.irecv(st.act_bufs[i], src, self._tag(_ACT, s.stage_index - 1, i))
+        st.act_reqs = [s.comm.irecv(st.act_bufs[i], src, self._tag(_ACT, s.stage_index - 1, i),
+                                    Message(s.stage_index, i, "activation", s.stage_index - 1))
                        for i in range(m)]
 
     def _post_grads(self, st: _StageState) -> None:
@@ -422,7 +438,8 @@ class _PipelineSchedule:
             st.grad_bufs = [np.empty(shape, dtype) for _ in range(m)]
         src = s.rank_of(s.stage_index + 1)
         st.grad_reqs = [s.comm.irecv(st.grad_bufs[i], src,
-                                     self._tag(_GRAD, s.stage_index + 1, i))
+                                     self._tag(_GRAD, s.stage_index + 1, i),
+                                     Message(s.stage_index, i, "gradient", s.stage_index + 1))
                         for i in range(m)]
 
     # -- actions ---------------------------------------------------------------------
@@ -465,13 +482,15 @@ class _PipelineSchedule:
         if st.out_meta is None:
             st.out_meta = (arr.dtype, arr.shape)
             head = _encode_meta(arr)
-            sends.append((s.comm.isend(head, dest, self._tag(_HEAD, s.stage_index, 0)), head))
+            sends.append((s.comm.isend(head, dest, self._tag(_HEAD, s.stage_index, 0), Message(
+                s.stage_index, -1, "header", s.stage_index + 1)), head))
             self._post_grads(st)
         elif (arr.dtype, arr.shape) != st.out_meta:
             raise PipelineError(f"{self._name}: stage {s.stage_index} gave an output of "
                                 f"{arr.dtype}{list(arr.shape)} for micro-batch {mb}, the first "
                                 f"was {st.out_meta[0]}{list(st.out_meta[1])}")
-        sends.append((s.comm.isend(arr, dest, self._tag(_ACT, s.stage_index, mb)), arr))
+        sends.append((s.comm.isend(arr, dest, self._tag(_ACT, s.stage_index, mb), Message(
+            s.stage_index, mb, "activation", s.stage_index + 1)), arr))
 
     def _out_grad(self, st: _StageState, mb: int) -> Tensor | None:
         s = st.stage
@@ -513,7 +532,8 @@ class _PipelineSchedule:
             return
         arr = _as_array(gx, f"the input gradient of stage {s.stage_index}")
         dest = s.rank_of(s.stage_index - 1)
-        sends.append((s.comm.isend(arr, dest, self._tag(_GRAD, s.stage_index, a.mb)), arr))
+        sends.append((s.comm.isend(arr, dest, self._tag(_GRAD, s.stage_index, a.mb), Message(
+            s.stage_index, a.mb, "gradient", s.stage_index - 1)), arr))
 
     def _sum_tied(self, sends: list) -> None:
         """Sum the gradients of parameters tied across stages between their ranks."""
@@ -532,11 +552,14 @@ class _PipelineSchedule:
             parts = {self.pp_rank: local}
             reqs = []
             tag = self._tag(_TIE, 0, 0) + k
+            here = min(st for st, p in group if p is not None)
             for r in ranks:
                 if r != self.pp_rank:
+                    what = Message(here, -1, "tied", min(st for st, _ in group
+                                                         if st % self.pp_size == r))
                     parts[r] = np.empty_like(local)
-                    reqs.append(self.comm.irecv(parts[r], r, tag))
-                    reqs.append(self.comm.isend(local, r, tag))
+                    reqs.append(self.comm.irecv(parts[r], r, tag, what))
+                    reqs.append(self.comm.isend(local, r, tag, what))
             self.comm.wait_all(reqs)
             total = parts[ranks[0]].copy()
             for r in ranks[1:]:

@@ -31,7 +31,16 @@ from typing import NamedTuple
 
 from placements.errors import PipelineError
 
-__all__ = ["KINDS", "Action", "bubble_fraction", "comm_pairs", "make_schedule", "simulate"]
+__all__ = [
+    "KINDS",
+    "Action",
+    "Message",
+    "TimelineEvent",
+    "bubble_fraction",
+    "comm_pairs",
+    "make_schedule",
+    "simulate",
+]
 
 #: Schedule kinds and whether each splits the backward into ``I`` and ``W``.
 KINDS = {"gpipe": False, "1f1b": False, "interleaved_1f1b": False, "zero_bubble": True}
@@ -50,6 +59,47 @@ class Action(NamedTuple):
 
     def __repr__(self) -> str:
         return f"{self.stage}{self.kind}{self.mb}"
+
+
+class TimelineEvent(NamedTuple):
+    """One measured action of a step on this rank (``schedule.timeline``): ``kind``
+    (``"F"``, ``"B"``, ``"I"``, ``"W"``) of ``stage`` on micro-batch ``mb``; ``start`` and
+    ``end`` in seconds (``time.perf_counter``) from the step's origin, the moment its shape
+    agreement (the step's one collective before the actions) returned, which is about the
+    same moment on every rank; ``recv_wait``: the seconds of ``[start, end]`` spent waiting
+    for the action's received input (the rest is compute); ``send_wait``: the seconds spent
+    after ``end`` completing sends (for the rank's last action, the wait for every send
+    still outstanding)."""
+
+    stage: int
+    mb: int
+    kind: str
+    start: float
+    end: float
+    recv_wait: float = 0.0
+    send_wait: float = 0.0
+
+    @property
+    def busy(self) -> float:
+        """Seconds of compute: ``end - start - recv_wait``."""
+        return self.end - self.start - self.recv_wait
+
+
+class Message(NamedTuple):
+    """The ``what=`` the executor gives each point-to-point message (what
+    ``dt.debug.CommDebugMode`` and ``dt.debug.explain`` read): ``stage`` is this rank's stage
+    that sends or receives it, ``peer`` the stage at the other end, ``mb`` the micro-batch
+    (-1 for a shape header or a tied gradient), ``direction`` ``"activation"`` (forward),
+    ``"gradient"`` (backward), ``"header"`` (the dtype and shape, once) or ``"tied"`` (the
+    sum of a tied parameter's gradient)."""
+
+    stage: int
+    mb: int
+    direction: str
+    peer: int
+
+    def __str__(self) -> str:
+        return f"pipeline stage {self.stage} {self.direction} mb {self.mb} (peer stage {self.peer})"
 
 
 def _deps(a: Action, num_stages: int, split: bool) -> list[Action]:

@@ -4,7 +4,7 @@ per stage (1F1B against GPipe).
 
 Run as ``python -m launch -n P -m launch.bench.pipeline [--micro 1,2,4,8] [--schedules
 gpipe,1f1b,zero_bubble] [--layers-per-stage 2] [--d-model 128] [--seq 64] [--batch 16]
-[--repeat 5] [--memory-only] [--out FILE]``. The pp mesh is the whole world (P stages, one
+[--repeat 5] [--memory-only] [--timeline] [--png FILE] [--out FILE]``. The pp mesh is the whole world (P stages, one
 per rank; ``interleaved`` puts two per rank). The GPT (vocab 64, 4 heads) has
 ``layers-per-stage x stages`` blocks split into equal-cost stages.
 
@@ -16,16 +16,24 @@ the unit-cost simulation's for the others (``sim``). Peak activations: the peak 
 bytes of a step above those allocated before it (``dt.memory_stats``; the gradients are
 reset to None first, so they count in every schedule alike), per rank (= stage).
 ``--memory-only``: one step per case, no timing (for oversubscribed runs).
+``--timeline``: after the table, each case's measured timeline of its last step
+(``dt.debug.visualize_schedule``: one row per stage, the actions by kind and micro-batch,
+the measured bubble against the theory). ``--png FILE``: the same drawn with matplotlib,
+one file per case (``FILE`` itself for a single case, else ``FILE``'s stem plus
+``-<schedule>-m<m>``).
 
 Output: JSON on stdout (``--out FILE`` too), then a table.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import io
 import os
 import statistics
 import sys
 import time
+from pathlib import Path
 
 # Run as a script, this file's folder is sys.path[0], where the sibling benchmark
 # ``redistribute.py`` would shadow the ``redistribute`` package.
@@ -84,12 +92,39 @@ def one_step(sched, mods, cfg, args, seed: int) -> dict:
     wall = time.perf_counter() - t0
     peak = dt.memory_stats()["peak_allocated_bytes"] - base
     kinds: dict[str, float] = {}
-    for a, s0, s1 in sched.timeline:
-        kinds[a.kind] = kinds.get(a.kind, 0.0) + s1 - s0
+    for e in sched.timeline:
+        kinds[e.kind] = kinds.get(e.kind, 0.0) + e.busy
     return {"wall": wall, "busy": sum(kinds.values()), "kinds": kinds, "peak": peak}
 
 
-def measure(name: str, m: int, args, mesh) -> dict:
+def png_path(png: str, name: str, m: int, single: bool) -> str:
+    """Where ``--png`` draws the case ``(name, m)``."""
+    if single:
+        return png
+    path = Path(png)
+    return str(path.with_name(f"{path.stem}-{name}-m{m}{path.suffix or '.png'}"))
+
+
+def picture(sched, name: str, m: int, args, single: bool) -> str | None:
+    """The text timeline of the case's last step (``--timeline``) and its PNG (``--png``).
+    **Collective** over pp."""
+    if not (args.timeline or args.png):
+        return None
+    png = png_path(args.png, name, m, single) if args.png else None
+    rank0 = MPI.COMM_WORLD.rank == 0
+    if png is not None and importlib.util.find_spec("matplotlib") is None:
+        if rank0:
+            print(f"--png: matplotlib is not installed (pip install 'dtensor[bench]'); no "
+                  f"chart written to {png}", flush=True)
+        png = None
+    text = dt.debug.visualize_schedule(sched, png=png, width=args.width, rank=0,
+                                       file=io.StringIO())
+    if png is not None and rank0:
+        print(f"--png: chart written to {png}", file=sys.stderr, flush=True)
+    return text if args.timeline else None
+
+
+def measure(name: str, m: int, args, mesh, single: bool = True) -> dict:
     cfg, mods, sched = build(name, m, args, mesh)
     p = mesh.size(0)
     steps = [one_step(sched, mods, cfg, args, 0)]
@@ -103,6 +138,7 @@ def measure(name: str, m: int, args, mesh) -> dict:
         "peak_bytes": max(s["peak"] for s in steps),
     }
     ranks = MPI.COMM_WORLD.allgather(mine)
+    chart = picture(sched, name, m, args, single)
     orders, times = pp.simulate(KIND[name], sched.num_stages, p, m)
     theory = (p - 1) / (m + p - 1) if name in ("gpipe", "1f1b") else None
     return {
@@ -113,6 +149,7 @@ def measure(name: str, m: int, args, mesh) -> dict:
         "bubble_sim": pp.bubble_fraction(orders, times),
         "kinds_ms": {k: 1e3 * statistics.fmean(r["kinds_s"][k] for r in ranks) for k in "FBIW"},
         "peak_mib_per_rank": [r["peak_bytes"] / 2**20 for r in ranks],
+        **({"timeline": chart} if chart is not None else {}),
     }
 
 
@@ -127,6 +164,10 @@ def main(argv: list[str] | None = None) -> dict:
         seq={"type": int, "default": 64, "help": "sequence length"},
         batch={"type": int, "default": 16, "help": "sequences per step (all micro-batches)"},
         memory_only={"action": "store_true", "help": "one step per case, memory only"},
+        timeline={"action": "store_true",
+                  "help": "print each case's measured timeline (last step) after the table"},
+        png={"help": "draw each case's timeline into this PNG (suffixed per case)"},
+        width={"type": int, "default": 80, "help": "character cells of --timeline's axis"},
     )
     comm = MPI.COMM_WORLD
     mesh = dt.init_device_mesh((comm.size,), mesh_dim_names=("pp",))
@@ -136,7 +177,7 @@ def main(argv: list[str] | None = None) -> dict:
     cases = []
     for name in names:
         for m in ms:
-            cases.append(measure(name, m, args, mesh))
+            cases.append(measure(name, m, args, mesh, single=len(names) * len(ms) == 1))
             progress(f"{name} m={m}")
     by = {(c["schedule"], c["m"]): c for c in cases}
     for c in cases:  # the zero-bubble gain over 1F1B, and its I + W against 1F1B's B
@@ -165,6 +206,9 @@ def main(argv: list[str] | None = None) -> dict:
                "over 1F1B's full backward")])
     if comm.rank == 0:
         emit(result, args.out, report)
+        for c in cases:
+            if "timeline" in c:
+                print(f"\n{c['schedule']} m={c['m']}:\n{c['timeline']}", flush=True)
     return result
 
 

@@ -31,7 +31,15 @@ lives in its module.
 from __future__ import annotations
 
 from .datatypes import BYTES, block_type, free_types
-from .hooks import HOOKS, add_observer, hooks_active, notify, remove_observer, set_op_source
+from .hooks import (
+    HOOKS,
+    add_observer,
+    hooks_active,
+    notified_what,
+    notify,
+    remove_observer,
+    set_op_source,
+)
 from .mesh import make_mesh_comms, shared_mesh_comms
 from .persistent import PersistentGather, persistent_enabled, request_c_api, set_persistent
 from .process import cuda_aware, local_rank, thread_multiple, world_ranks
@@ -57,6 +65,7 @@ __all__ = [
     "leave_check_block",
     "local_rank",
     "make_mesh_comms",
+    "notified_what",
     "notify",
     "persistent_enabled",
     "remove_observer",

@@ -7,7 +7,8 @@ This module owns:
   derived flags ``checks``, ``traced`` and ``active`` always follow the settings);
   :func:`hooks_active` says whether any hook is on;
 - the observer registry of the communication debug mode (:func:`add_observer`,
-  :func:`remove_observer`, :func:`notify`);
+  :func:`remove_observer`, :func:`notify`, and :func:`notified_what`, the ``what=`` of the
+  point-to-point message being notified);
 - the op source of the debug checks' fingerprints (:func:`set_op_source`) and the text of a
   collective's description ``what=`` (:func:`render`).
 
@@ -26,6 +27,7 @@ and checks that each one moves this state.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -36,6 +38,7 @@ __all__ = [
     "HookState",
     "add_observer",
     "hooks_active",
+    "notified_what",
     "notify",
     "remove_observer",
     "render",
@@ -131,12 +134,33 @@ def remove_observer(fn: Callable[[str, int, Any], None]) -> None:
     update(observers=tuple(observers))
 
 
-def notify(kind: str, nbytes: int, comm: Any) -> None:
+#: The ``what=`` of the message being notified, per thread (asynchronous redistributes
+#: notify from a worker thread).
+_NOTIFYING = threading.local()
+
+
+def notify(kind: str, nbytes: int, comm: Any, what: object = None) -> None:
     """Tell the observers of a collective of ``kind`` over ``nbytes`` bytes on ``comm`` (a
     :class:`~redistribute.comm.Comm`, or a stand-in with its attributes such as dtensor's
-    abstract mesh groups). **Local**; nothing while no observer is registered."""
-    for fn in HOOKS.observers:
-        fn(kind, int(nbytes), comm)
+    abstract mesh groups). **Local**; nothing while no observer is registered.
+
+    ``what`` (the ``what=`` of a point-to-point message: a pipeline passes a record with
+    its stage, micro-batch and direction) is what :func:`notified_what` returns to the
+    observers while they run.
+    """
+    _NOTIFYING.what = what
+    try:
+        for fn in HOOKS.observers:
+            fn(kind, int(nbytes), comm)
+    finally:
+        _NOTIFYING.what = None
+
+
+def notified_what() -> object:
+    """The ``what=`` of the message whose observers :func:`notify` is calling now on this
+    thread (``Comm.isend`` / ``Comm.irecv`` pass theirs); None outside a notification or
+    for a collective. **Local**."""
+    return getattr(_NOTIFYING, "what", None)
 
 
 def set_op_source(fn: Callable[[], str | None] | None) -> None:

@@ -481,11 +481,12 @@ class Comm:
 
         **Point-to-point**: only this rank and ``dest`` take part (``dest`` posts the
         matching :meth:`irecv` with the same ``tag`` and as many bytes). ``what`` describes
-        the message for observers' purposes only.
+        the message for observers' purposes only (they read it with
+        :func:`redistribute.comm.notified_what`).
         """
         self._p2p_check("isend", arr, dest, tag)
         if HOOKS.observers:
-            notify("send", arr.nbytes, self)
+            notify("send", arr.nbytes, self, what)
         return self.mpi.Isend([arr, arr.nbytes, BYTES], int(dest), int(tag))
 
     def irecv(self, arr: np.ndarray, source: int, tag: int = 0, what: object = None) -> Any:
@@ -495,7 +496,7 @@ class Comm:
         """
         self._p2p_check("irecv", arr, source, tag)
         if HOOKS.observers:
-            notify("recv", arr.nbytes, self)
+            notify("recv", arr.nbytes, self, what)
         return self.mpi.Irecv([arr, arr.nbytes, BYTES], int(source), int(tag))
 
     def sendrecv(

@@ -18,7 +18,9 @@ How a step runs (every schedule):
    goes to the next stage by ``Comm.isend``), ``B`` (backward; the input gradient goes
    upstream), ``I`` / ``W`` (the zero-bubble halves: ``I`` is ``dt.autograd.grad`` of the
    stage input with ``retain_graph=True``, sent at once; ``W`` is ``dt.autograd.backward``
-   into the parameters only, which walks the graph again).
+   into the parameters only, which walks the graph again). Each action's times and waits
+   go to ``schedule.timeline`` (:class:`TimelineEvent`); each message carries a
+   :class:`Message` (stage, micro-batch, direction) as its ``what=`` for the observers.
 4. Parameters tied across stages (the GPT's head and token embedding, see
    :func:`dtensor.pipelining.pipeline_split`) have their gradients summed between the ranks
    that hold them (point-to-point, the same sum in the same order on each).

@@ -27,7 +27,6 @@ Output: JSON on stdout (``--out FILE`` too), then a table.
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import os
 import statistics
@@ -105,6 +104,14 @@ def png_path(png: str, name: str, m: int, single: bool) -> str:
     return str(path.with_name(f"{path.stem}-{name}-m{m}{path.suffix or '.png'}"))
 
 
+def _has_matplotlib() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def picture(sched, name: str, m: int, args, single: bool) -> str | None:
     """The text timeline of the case's last step (``--timeline``) and its PNG (``--png``).
     **Collective** over pp."""
@@ -112,7 +119,7 @@ def picture(sched, name: str, m: int, args, single: bool) -> str | None:
         return None
     png = png_path(args.png, name, m, single) if args.png else None
     rank0 = MPI.COMM_WORLD.rank == 0
-    if png is not None and importlib.util.find_spec("matplotlib") is None:
+    if png is not None and not _has_matplotlib():
         if rank0:
             print(f"--png: matplotlib is not installed (pip install 'dtensor[bench]'); no "
                   f"chart written to {png}", flush=True)

@@ -47,7 +47,8 @@ SMALLEST = {
     "overlap": (("--repeat 1 --number 20 --iters 2 --matmul 16 --small 8 --medium 16 "
                 "--large 32 --delay-ms 1"), "blocking us/iter"),
     "peak": ("--sizes 64 --repeat 1", " n  GFLOP/s"),
-    "pipeline": ("--micro 1,2 --repeat 1 --d-model 32 --seq 8 --batch 4 --layers-per-stage 1",
+    "pipeline": (("--micro 1,2 --repeat 1 --d-model 32 --seq 8 --batch 4 --layers-per-stage 1 "
+                  "--schedules gpipe,1f1b --timeline --png {tmp}/pipe.png"),
                  "schedule  m  step ms  bubble  expected"),
     "propagation": ("--number 5 --repeat 1", "cold miss us  miss us  hit us"),
     "redistribute": ("--sizes 8 --repeat 2", "dtensor us  python us  execute us"),
@@ -192,8 +193,14 @@ print("RESULTS" + json.dumps(out))
 
 
 @pytest.fixture(scope="module")
-def bench_runs(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("bench")
+def bench_tmp(tmp_path_factory):
+    """The folder the smallest modes write their files into (``{tmp}`` in their args)."""
+    return tmp_path_factory.mktemp("bench")
+
+
+@pytest.fixture(scope="module")
+def bench_runs(bench_tmp):
+    tmp = bench_tmp
     jobs = [(str(ROOT / "launch" / "bench" / f"{name}.py"),
              args.format(tmp=tmp).split()) for name, (args, _) in SMALLEST.items()]
     proc = run_group([sys.executable, "-c", _RUN_ALL, json.dumps(jobs)], tmp, 600,
@@ -222,6 +229,22 @@ def test_every_benchmark_prints_a_table_and_progress(name, bench_runs):
             run["out"][-3000:]
     assert RULE.search(run["out"]), run["out"][-3000:]
     assert re.search(rf"^{name}: \[1/\d+\] ", run["err"], re.MULTILINE), run["err"][-2000:]
+
+
+@pytest.mark.mode_independent  # the report, not the figures
+def test_pipeline_prints_timelines_and_draws_pngs(bench_runs, bench_tmp):
+    """``pipeline.py --timeline --png FILE``: after the table, each case's measured chart
+    (one stage row at one rank), and one PNG per case (FILE's stem plus the case)."""
+    out = bench_runs["pipeline"]["out"]
+    assert out.index("schedule  m") < out.index("gpipe m=1:\nScheduleGPipe: 1 stages")
+    for name, m in (("gpipe", 1), ("gpipe", 2), ("1f1b", 1), ("1f1b", 2)):
+        chart = out.split(f"{name} m={m}:\n", 1)[1].split("\n\n", 1)[0].splitlines()
+        assert chart[2].startswith("r0/s0 |") and "F0" in chart[2], chart
+        assert "theory (p-1)/(m+p-1) = 0/" in chart[3], chart
+    pngs = sorted(bench_tmp.glob("pipe-*.png"))
+    assert [p.name for p in pngs] == ["pipe-1f1b-m1.png", "pipe-1f1b-m2.png",
+                                      "pipe-gpipe-m1.png", "pipe-gpipe-m2.png"]
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
 
 
 # -- charts without matplotlib ----------------------------------------------------------------------
@@ -278,4 +301,19 @@ def test_strategy_sweep_png_without_matplotlib_says_so(no_matplotlib, tmp_path, 
                                 "--png", str(path)]) == 0
     out = capsys.readouterr().out
     assert "training step of mlp" in out
+    _says_no_chart(out, path)
+
+
+@pytest.mark.mode_independent
+def test_pipeline_png_without_matplotlib_says_so(no_matplotlib, tmp_path, capsys):
+    """``pipeline.py --png`` without matplotlib still prints the table (and the timeline)
+    and says why no chart was written."""
+    from launch.bench import pipeline
+
+    path = tmp_path / "pipe.png"
+    pipeline.main(["--micro", "1", "--repeat", "1", "--d-model", "16", "--seq", "4",
+                   "--batch", "2", "--layers-per-stage", "1", "--schedules", "gpipe",
+                   "--quiet", "--timeline", "--png", str(path)])
+    out = capsys.readouterr().out
+    assert "gpipe m=1:\nScheduleGPipe" in out
     _says_no_chart(out, path)

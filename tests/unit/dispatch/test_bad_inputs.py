@@ -683,6 +683,13 @@ def _device_tensor():
     return wrap_array(types.SimpleNamespace(device=types.SimpleNamespace(id=0)))
 
 
+def _sched() -> types.SimpleNamespace:
+    """A stand-in with a pipeline schedule's attributes (no communicator: a check that
+    communicated first would fail with an AttributeError)."""
+    return types.SimpleNamespace(timeline=[], comm=None, pp_rank=0, pp_size=2, num_stages=2,
+                                 n_microbatches=2)
+
+
 # (id, the call, its catalogue type, the builtin it also is, message fragments)
 CATALOGUE_CASES = [
     # debug tools
@@ -696,6 +703,13 @@ CATALOGUE_CASES = [
      ["explain: expected a DTensor, an op or a callable, got 42"]),
     ("visualize-local-tensor", lambda: dt.debug.visualize_sharding(t()), errors.DTypeError,
      TypeError, ["visualize_sharding: expected a DTensor or a DTensorSpec", "Tensor"]),
+    ("visualize-schedule-not-one", lambda: dt.debug.visualize_schedule(t()), errors.DTypeError,
+     TypeError, ["visualize_schedule: expected a dt.pipelining schedule, got Tensor",
+                 "no timeline, comm"]),
+    ("visualize-schedule-width", lambda: dt.debug.visualize_schedule(_sched(), width=4),
+     errors.ArgumentError, ValueError, ["visualize_schedule: width=4 must be an int >= 8"]),
+    ("visualize-schedule-rank", lambda: dt.debug.visualize_schedule(_sched(), rank=2),
+     errors.ArgumentError, ValueError, ["visualize_schedule: rank=2 is not a pp rank of [0, 2)"]),
     # pointwise options
     ("gelu-approximate", lambda: dt.gelu(t(), approximate="fast"), errors.ArgumentError,
      ValueError, ["gelu: approximate", "'fast'"]),

@@ -26,6 +26,7 @@ from ..distributed.dtensor import DTensor, distribute_tensor
 from ..local.factory import from_numpy
 from ..optim import SGD
 from ._calibrate import CLASSES, Calibration, fit
+from ._p2p import fit_p2p, measure_p2p
 from ._predict import Layout, place_step, predict, trace_step
 
 __all__ = ["calibrate", "measure_collectives", "measure_entry_overhead", "measure_kernels",
@@ -211,7 +212,9 @@ def calibrate(mesh: Any, path: str | os.PathLike[str] | None = None, *,
 
     Times every collective kind of the cost model on each mesh dim (``DTensor.redistribute``
     of float32 ``N x N`` tensors for N in ``sizes``; the slowest rank's median) and fits
-    ``alpha_s`` and ``beta_bytes_per_s`` per kind and mesh dim; times one op per class of
+    ``alpha_s`` and ``beta_bytes_per_s`` per kind and mesh dim, and a point-to-point ring step
+of the same blocks (:attr:`Calibration.p2p`, :func:`dtensor.autoshard._p2p.measure_p2p`);
+times one op per class of
     :data:`CLASSES` on replicated DTensors (dispatch included) and fits ``alpha_s`` and
     ``rate`` per class; times a small training step and takes what its kernels do not
     explain, per traced entry and per collective (:func:`measure_entry_overhead`).
@@ -250,6 +253,7 @@ def calibrate(mesh: Any, path: str | os.PathLike[str] | None = None, *,
         for kind, pts in kinds.items():
             alpha, beta = fit(pts)
             per_dim[str(m)][kind] = {"alpha_s": alpha, "beta_bytes_per_s": beta}
+    points["p2p"] = measure_p2p(mesh, comm_l, repeat)
     cost_model: dict[str, Any] = {}
     if per_dim:
         fits = [v for entries in per_dim.values() for v in entries.values()]
@@ -268,7 +272,7 @@ def calibrate(mesh: Any, path: str | os.PathLike[str] | None = None, *,
     result = Calibration(cost_model, kernels, mesh.size(), tuple(mesh.shape), points)
     entry_s, sync_s = measure_entry_overhead(mesh, result, repeat)
     result = Calibration(cost_model, kernels, mesh.size(), tuple(mesh.shape), points, entry_s,
-                         sync_s)
+                         sync_s, p2p=fit_p2p(points["p2p"]))
     result.model()  # validates what is stored
     if save and mesh.get_rank() == 0:
         result.save(path)

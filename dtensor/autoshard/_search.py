@@ -394,13 +394,16 @@ def auto_shard(step_fn: Callable, params: Mapping[str, Any], inputs: Mapping[str
 def _base(p: Prediction, layouts: Mapping[str, Layout], params: Mapping[str, Any],
           inputs: Mapping[str, Any], mesh: Any) -> tuple[dict[str, float], int]:
     """A traced assignment's figures as :meth:`PipelineOptions.price` takes them, and the
-    samples per rank (dim 0 of the largest input, as placed)."""
+    samples per rank (dim 0 of the largest input, as placed; its tokens: every element of
+    an integer input, token ids, else all but the last dim, a token's features)."""
     batch, tokens = 1, 1
     sized = [(a.size, n) for n, a in inputs.items() if getattr(a, "ndim", 0)]
     if sized:
         name = max(sized)[1]
         local = max_local_shape(tuple(inputs[name].shape), tuple(mesh.shape), layouts[name])
-        batch, tokens = local[0], math.prod(local)
+        # token ids (integers): one token each; features: the last dim is a token's
+        ids = np.issubdtype(np.dtype(inputs[name].dtype), np.integer)
+        batch, tokens = local[0], math.prod(local if ids or len(local) < 2 else local[:-1])
     first = next(iter(params.values()), None)
     itemsize = np.dtype(first.dtype).itemsize if first is not None else 4
     return ({"forward_s": p.phases.get("forward", 0.0),

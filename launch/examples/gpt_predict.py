@@ -68,6 +68,43 @@ compute waits for them only where the implementation waits (the group's forward 
 backward, the end of backward). A flattened data-parallel mesh (all ranks of an
 ``(D, T)`` mesh) is priced with mesh dim 0's constants.
 
+Pipelines and context parallelism
+---------------------------------
+A pipelined strategy (:data:`PIPELINED`: ``pp``, ``pp_dp``, ``pp_fsdp``, ``pp_tp``,
+``pp_fsdp_tp``) splits the blocks into ``p x v`` stages by ``pipeline_split``'s equal-cost
+split (:func:`stage_layers`; the first stage embeds, the last holds the final norm and the
+tied head, whose cost the split counts), stage ``s`` on pp rank ``s % p``, and runs the
+inner strategy over the other mesh dims on each. Two traced steps of the inner strategy on
+one micro-batch (``batch / n_data / m`` sequences per data-parallel replica), of GPTs of 1
+and 2 blocks, give each quantity per block (the difference) and for the rest (embeddings,
+final norm, head, loss): time to the end of the backward, the optimizer's time, the
+parameters, gradients and optimizer state, the activations the forward leaves, the
+collectives' bytes. A pp rank's figures are its blocks' plus the rest where it holds the
+last stage (compute, activations) or the first or last (parameters: each holds a copy of
+the tied embedding). The step: ``(m + p - 1) t`` for GPipe and 1F1B, ``(v m + p - 1) t / v``
+interleaved, ``t`` the slowest rank's forward and backward of one micro-batch
+(:func:`dtensor.pipelining.pipeline_seconds`; bubble ``(p - 1) / (m + p - 1)``,
+``(p - 1) / (v m + p - 1)``), plus the point-to-point messages on the critical path (the
+activation of the fill and the gradient of the drain: ``2 (p - 1)`` messages of ``mb x S x d``
+elements at the calibration's ``p2p`` constants; the others run beside the compute), the
+sum of the tied embedding's gradient between the first and the last stage, and the slowest
+rank's optimizer step. The inner strategy's collectives run per micro-batch (its
+gradients reduced in each backward, as the DTensor and FSDP implementations do). Peak
+memory: the rank's model state, its activations times the micro-batches in flight
+(:func:`dtensor.pipelining.in_flight`: ``m`` under GPipe, ``min(m, p - rank)`` under
+1F1B), and the traces' transient buffers.
+
+A context-parallel strategy (:data:`CONTEXT`: ``cp``, ``dp_cp``) runs ring attention over
+the mesh's last dim (``c`` ranks; ``dp_cp`` data parallelism over the others): one traced
+DTensor data-parallel step over all its ranks of sequences of ``S / c`` tokens (each
+rank's tokens and activations are ``1 / c`` of a sequence's; the gradients are all-reduced
+over every rank), with the attention's kernels multiplied by
+:func:`dtensor.pipelining.ring_factor` (causal, load balanced: ``1 + (c - 1) / 2`` blocks of
+the trace's one), the ring's key/value blocks (``c - 1`` per layer in forward, twice that in
+backward, at the ``p2p`` constants) beside the attention's compute (only what exceeds it
+is exposed), and the position table's missing ``(S - S / c) x d`` rows with their
+gradient and moments added to the memory.
+
 Limits: kernels' internal scratch buffers, the allocator's rounding and its small requests
 (below ``DTENSOR_POOL_MIN_BYTES``, which the allocator does not count) are not modelled;
 a reshape that copies counts as a view (its input's block stays instead). Outputs that a

@@ -26,7 +26,6 @@ from ..distributed.dtensor import DTensor, distribute_tensor
 from ..local.factory import from_numpy
 from ..optim import SGD
 from ._calibrate import CLASSES, Calibration, fit
-from ._p2p import fit_p2p, measure_p2p
 from ._predict import Layout, place_step, predict, trace_step
 
 __all__ = ["calibrate", "measure_collectives", "measure_entry_overhead", "measure_kernels",
@@ -123,6 +122,26 @@ def measure_collectives(mesh: Any, sizes: list[int], repeat: int = 7
     return out
 
 
+def measure_p2p(mesh: Any, sizes: list[int], repeat: int = 7) -> list[tuple[int, float]]:
+    """``[(bytes, seconds), ...]`` of one point-to-point ring step (the constants of
+    :attr:`Calibration.p2p`: a pipeline's activations, ring attention's blocks): each rank
+    sends a float32 ``N x N`` block to the next rank of the mesh and receives one from the
+    previous (``Comm.sendrecv``), for N in ``sizes``; the slowest rank's median. Empty on
+    one rank. **Collective**."""
+    comm = mesh.get_group(None)
+    if comm.size < 2:
+        return []
+    nxt, prev = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+    out = []
+    for n in sizes:
+        send = np.ones((n, n), np.float32)
+        recv = np.empty_like(send)
+        seconds = _seconds(mesh, lambda s=send, r=recv: comm.sendrecv(s, nxt, r, prev, 7),
+                           repeat, 3)
+        out.append((int(send.nbytes), seconds))
+    return out
+
+
 def _kernel_cases(sizes: list[int]) -> dict[str, list[tuple[float, Callable, int]]]:
     """Per op class: (work, op on DTensors, N of its N x N float32 operands) samples."""
     out: dict[str, list] = {c: [] for c in CLASSES}
@@ -213,7 +232,7 @@ def calibrate(mesh: Any, path: str | os.PathLike[str] | None = None, *,
     Times every collective kind of the cost model on each mesh dim (``DTensor.redistribute``
     of float32 ``N x N`` tensors for N in ``sizes``; the slowest rank's median) and fits
     ``alpha_s`` and ``beta_bytes_per_s`` per kind and mesh dim, and a point-to-point ring step
-of the same blocks (:attr:`Calibration.p2p`, :func:`dtensor.autoshard._p2p.measure_p2p`);
+of the same blocks (:attr:`Calibration.p2p`, :func:`measure_p2p`);
 times one op per class of
     :data:`CLASSES` on replicated DTensors (dispatch included) and fits ``alpha_s`` and
     ``rate`` per class; times a small training step and takes what its kernels do not
@@ -272,7 +291,8 @@ times one op per class of
     result = Calibration(cost_model, kernels, mesh.size(), tuple(mesh.shape), points)
     entry_s, sync_s = measure_entry_overhead(mesh, result, repeat)
     result = Calibration(cost_model, kernels, mesh.size(), tuple(mesh.shape), points, entry_s,
-                         sync_s, p2p=fit_p2p(points["p2p"]))
+                         sync_s, p2p=dict(zip(("alpha_s", "beta_bytes_per_s"),
+                                              fit(points["p2p"]))) if points["p2p"] else {})
     result.model()  # validates what is stored
     if save and mesh.get_rank() == 0:
         result.save(path)

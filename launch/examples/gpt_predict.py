@@ -95,10 +95,11 @@ memory: the rank's model state, its activations times the micro-batches in fligh
 1F1B), and the traces' transient buffers.
 
 A context-parallel strategy (:data:`CONTEXT`: ``cp``, ``dp_cp``) runs ring attention over
-the mesh's last dim (``c`` ranks; ``dp_cp`` data parallelism over the others): one traced
-DTensor data-parallel step over all its ranks of sequences of ``S / c`` tokens (each
-rank's tokens and activations are ``1 / c`` of a sequence's; the gradients are all-reduced
-over every rank), with the attention's kernels multiplied by
+the mesh's last dim (``c`` ranks; ``dp_cp`` data parallelism over the others), as
+``launch/experiments/_gpt_pp.py`` runs it: one traced local step of a replica's sequences,
+of ``S / c`` tokens each (each rank's tokens and activations are ``1 / c`` of a
+sequence's), then each parameter's gradient all-reduced over every rank (one blocking
+all-reduce per parameter), with the attention's kernels multiplied by
 :func:`dtensor.pipelining.ring_factor` (causal, load balanced: ``1 + (c - 1) / 2`` blocks of
 the trace's one), the ring's key/value blocks (``c - 1`` per layer in forward, twice that in
 backward, at the ``p2p`` constants) beside the attention's compute (only what exceeds it
@@ -1189,12 +1190,22 @@ def _predict_context(cfg: GPTConfig, lay: Layout, batch: int, dtype: Any, cal: C
                          f"load-balanced chunks")
     per_replica = _local_batch(name, lay, batch)
     sub = dataclasses.replace(cfg, block_size=seq // c)
-    pred, ex = _traced(sub, layout("dp", lay.inner_mesh), per_replica * lay.ranks, dtype, cal,
-                       optimizer, clip, overlap)
+    pred, ex = _traced(sub, layout("local", (1,)), per_replica, dtype, cal, optimizer, clip,
+                       overlap)
+    cost = cal.model() if cal.cost_model else default_cost_model()
+    # every rank's parameter gradients summed over all ranks, one all-reduce each
+    with dt.nn.abstract_parameters():
+        sizes = [p.numel() * np.dtype(p.dtype).itemsize
+                 for p in GPT(cfg).parameters()]
+    reduce_s = reduce_b = 0.0
+    if lay.ranks > 1:
+        for nbytes in sizes:
+            reduce_b += nbytes
+            traffic = transfer_bytes("all_reduce", lay.ranks, nbytes, nbytes)
+            reduce_s += transfer_cost("all_reduce", 0, lay.ranks, traffic, cost) + cal.sync_s
     isz = np.dtype(dtype).itemsize if dtype is not None else 4
     factor = dt.pipelining.ring_factor(c, causal=True)
     attn = ex["attn_s"] * factor  # the trace's one (S / c)^2 block per sequence, and the ring's
-    cost = cal.model() if cal.cost_model else default_cost_model()
     alpha, beta = _p2p(cal, cost)
     kv = 2 * per_replica * (seq // c) * cfg.d_model * isz  # one key block and value block
     ring_s = cfg.n_layer * 3 * (c - 1) * (alpha + kv / beta)
@@ -1202,9 +1213,12 @@ def _predict_context(cfg: GPTConfig, lay: Layout, batch: int, dtype: Any, cal: C
     p2p = cfg.n_layer * 3 * (c - 1) * kv
     # the trace's position table holds S / c rows: the rest, with its gradient and moments
     wpe = (seq - seq // c) * cfg.d_model * 4
-    time_s = pred.time_s + attn - ex["attn_s"] + exposed
+    time_s = pred.time_s + attn - ex["attn_s"] + exposed + reduce_s
     kinds = dict(pred.comm_bytes)
     counts = dict(pred.comm_counts)
+    if reduce_b:
+        kinds["all_reduce"] = kinds.get("all_reduce", 0) + int(reduce_b)
+        counts["all_reduce"] = counts.get("all_reduce", 0) + len(sizes)
     if c > 1:
         kinds["p2p"] = p2p
         counts["p2p"] = cfg.n_layer * 3 * (c - 1)
@@ -1214,7 +1228,7 @@ def _predict_context(cfg: GPTConfig, lay: Layout, batch: int, dtype: Any, cal: C
         params_bytes=pred.params_bytes + wpe, grads_bytes=pred.grads_bytes + wpe,
         optimizer_bytes=pred.optimizer_bytes + 2 * wpe, comm_bytes=kinds, comm_counts=counts,
         time_s=time_s, compute_s=pred.compute_s + attn - ex["attn_s"],
-        comm_s=pred.comm_s + ring_s, exposed_comm_s=time_s - pred.compute_s - attn
+        comm_s=pred.comm_s + ring_s + reduce_s, exposed_comm_s=time_s - pred.compute_s - attn
         + ex["attn_s"], p2p_bytes=p2p, cp=c)
 
 

@@ -1298,17 +1298,22 @@ def measure(cfg: GPTConfig, strategy: str, batch: int, dtype: Any = None,
 
 def main(argv: list[str] | None = None) -> None:
     """``python launch/examples/gpt_predict.py [--model tiny] [--strategy fsdp] [--mesh 2]
-    [--batch 8]``: one prediction, as JSON. **Local**."""
+    [--batch 8] [--microbatches M --schedule 1f1b]``: one prediction, as JSON. **Local**."""
     p = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
     p.add_argument("--model", choices=sorted(CONFIGS), default="tiny")
-    p.add_argument("--strategy", choices=STRATEGIES, default="fsdp")
-    p.add_argument("--mesh", default="2", help="W or DxT")
+    p.add_argument("--strategy", choices=ALL_STRATEGIES, default="fsdp")
+    p.add_argument("--mesh", default="2", help="W, DxT or PPxDPxTP")
+    p.add_argument("--microbatches", type=int, help="a pipeline's micro-batches (default: p)")
+    p.add_argument("--schedule", choices=SCHEDULES, default="1f1b", help="a pipeline's schedule")
+    p.add_argument("--stages-per-rank", type=int, default=1, help="interleaved: stages per rank")
     p.add_argument("--batch", type=int, default=8, help="global batch in sequences")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     args = p.parse_args(argv)
     mesh = tuple(int(v) for v in args.mesh.lower().split("x"))
     dtype = dt.bfloat16 if args.dtype == "bfloat16" else None
-    pred = predict(CONFIGS[args.model], args.strategy, mesh, args.batch, dtype=dtype)
+    extra = ({"microbatches": args.microbatches, "schedule": args.schedule,
+              "stages_per_rank": args.stages_per_rank} if args.strategy in PIPELINED else {})
+    pred = predict(CONFIGS[args.model], args.strategy, mesh, args.batch, dtype=dtype, **extra)
     print(json.dumps(pred.to_dict(), indent=1))
 
 

@@ -314,7 +314,8 @@ class GPTFamily:
 
 register_family("gpt-tiny", lambda size: GPTFamily("tiny"),
                 "the GPT of launch/examples/gpt.py, 2 layers, d_model 64, sequence 64, "
-                "batch 8 (local, dp, fsdp, tp, tp_sp; fsdp_tp, hsdp at 4 ranks)")
+                "batch 8 (local, dp, fsdp, tp, tp_sp, pp2_m2, pp2_m4, cp2; fsdp_tp, hsdp, "
+                "pp2_fsdp2_m2/m4, cp4 at 4 ranks)")
 register_family("gpt-small", lambda size: GPTFamily("small"),
                 "the GPT of launch/examples/gpt.py, 6 layers, d_model 384, sequence 256, "
                 "batch 4 (slow on a small CPU machine: seconds per step)")

@@ -20,7 +20,11 @@ first loss against the local run.
 
 ``--train --model gpt-tiny`` (or ``gpt-small``) sweeps the GPT of
 ``launch/examples/gpt.py`` under its strategies (local, dp, fsdp, tp, tp_sp; fsdp_tp and
-hsdp at 4 ranks; ``launch/experiments/_gpt_family.py``) against the GPT predictor
+hsdp at 4 ranks; ``launch/experiments/_gpt_family.py``) and its pipelined and
+context-parallel ones (``launch/experiments/_gpt_pp.py``: ``pp{P}_m{M}``, a ``dt.pipelining``
+1F1B pipeline of ``P`` stages and ``M`` micro-batches, ``pp{P}_fsdp{D}_m{M}`` beside FSDP,
+``cp{C}``, ``dt.context_parallel``; ``--pp-degrees``, ``--microbatches``, ``--cp-degrees``,
+default 2,4 each, where they fit the job's ranks) against the GPT predictor
 (``launch/examples/gpt_predict.py``): per strategy the predicted and measured step and peak
 memory, the Spearman rank correlation of the steps, and, since the GPT has no functional
 form for ``auto_shard``, the predictor's choice (the smallest predicted step whose

@@ -148,6 +148,11 @@ class Calibration:
         step, whose kernels do not run as the single ones measured (operands out of cache,
         small local blocks that do not run proportionally faster): 1 unless fitted to
         measured steps (:func:`fit_to_steps`).
+    p2p : dict
+        ``{"alpha_s": seconds, "beta_bytes_per_s": bytes per second}`` of one point-to-point
+        message (a pipeline's activations, ring attention's blocks), fitted to
+        :func:`dtensor.autoshard._measure.measure_p2p`'s points (``points["p2p"]``); empty
+        in calibrations made before it (the pricing then takes the cost model's defaults).
     """
 
     cost_model: dict[str, Any] = field(default_factory=dict)
@@ -158,6 +163,7 @@ class Calibration:
     entry_s: float = DEFAULT_ENTRY_S
     sync_s: float = DEFAULT_SYNC_S
     compute_scale: float = 1.0
+    p2p: dict[str, float] = field(default_factory=dict)
 
     def model(self) -> CostModel:
         """The collective cost model. **Local**."""
@@ -192,7 +198,7 @@ class Calibration:
         return {"version": VERSION, "ranks": self.ranks, "mesh_shape": list(self.mesh_shape),
                 "cost_model": self.cost_model, "kernels": kernels, "entry_s": self.entry_s,
                 "sync_s": self.sync_s, "compute_scale": self.compute_scale,
-                "points": self.points}
+                "p2p": self.p2p, "points": self.points}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Calibration:
@@ -209,7 +215,8 @@ class Calibration:
                   int(data.get("ranks", 1)), tuple(data.get("mesh_shape", ())),
                   dict(data.get("points", {})), float(data.get("entry_s", DEFAULT_ENTRY_S)),
                   float(data.get("sync_s", DEFAULT_SYNC_S)),
-                  float(data.get("compute_scale", 1.0)))
+                  float(data.get("compute_scale", 1.0)),
+                  {k: float(v) for k, v in dict(data.get("p2p") or {}).items()})
         out.model()  # validates the cost model
         return out
 

@@ -122,6 +122,26 @@ def measure_collectives(mesh: Any, sizes: list[int], repeat: int = 7
     return out
 
 
+def measure_p2p(mesh: Any, sizes: list[int], repeat: int = 7) -> list[tuple[int, float]]:
+    """``[(bytes, seconds), ...]`` of one point-to-point ring step (the constants of
+    :attr:`Calibration.p2p`: a pipeline's activations, ring attention's blocks): each rank
+    sends a float32 ``N x N`` block to the next rank of the mesh and receives one from the
+    previous (``Comm.sendrecv``), for N in ``sizes``; the slowest rank's median. Empty on
+    one rank. **Collective**."""
+    comm = mesh.get_group(None)
+    if comm.size < 2:
+        return []
+    nxt, prev = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+    out = []
+    for n in sizes:
+        send = np.ones((n, n), np.float32)
+        recv = np.empty_like(send)
+        seconds = _seconds(mesh, lambda s=send, r=recv: comm.sendrecv(s, nxt, r, prev, 7),
+                           repeat, 3)
+        out.append((int(send.nbytes), seconds))
+    return out
+
+
 def _kernel_cases(sizes: list[int]) -> dict[str, list[tuple[float, Callable, int]]]:
     """Per op class: (work, op on DTensors, N of its N x N float32 operands) samples."""
     out: dict[str, list] = {c: [] for c in CLASSES}
@@ -211,7 +231,9 @@ def calibrate(mesh: Any, path: str | os.PathLike[str] | None = None, *,
 
     Times every collective kind of the cost model on each mesh dim (``DTensor.redistribute``
     of float32 ``N x N`` tensors for N in ``sizes``; the slowest rank's median) and fits
-    ``alpha_s`` and ``beta_bytes_per_s`` per kind and mesh dim; times one op per class of
+    ``alpha_s`` and ``beta_bytes_per_s`` per kind and mesh dim, and a point-to-point ring step
+of the same blocks (:attr:`Calibration.p2p`, :func:`measure_p2p`);
+times one op per class of
     :data:`CLASSES` on replicated DTensors (dispatch included) and fits ``alpha_s`` and
     ``rate`` per class; times a small training step and takes what its kernels do not
     explain, per traced entry and per collective (:func:`measure_entry_overhead`).
@@ -250,6 +272,7 @@ def calibrate(mesh: Any, path: str | os.PathLike[str] | None = None, *,
         for kind, pts in kinds.items():
             alpha, beta = fit(pts)
             per_dim[str(m)][kind] = {"alpha_s": alpha, "beta_bytes_per_s": beta}
+    points["p2p"] = measure_p2p(mesh, comm_l, repeat)
     cost_model: dict[str, Any] = {}
     if per_dim:
         fits = [v for entries in per_dim.values() for v in entries.values()]
@@ -268,7 +291,8 @@ def calibrate(mesh: Any, path: str | os.PathLike[str] | None = None, *,
     result = Calibration(cost_model, kernels, mesh.size(), tuple(mesh.shape), points)
     entry_s, sync_s = measure_entry_overhead(mesh, result, repeat)
     result = Calibration(cost_model, kernels, mesh.size(), tuple(mesh.shape), points, entry_s,
-                         sync_s)
+                         sync_s, p2p=dict(zip(("alpha_s", "beta_bytes_per_s"),
+                                              fit(points["p2p"]))) if points["p2p"] else {})
     result.model()  # validates what is stored
     if save and mesh.get_rank() == 0:
         result.save(path)

@@ -101,6 +101,16 @@ class ShardingPlan:
         :func:`~dtensor.autoshard.predict_step` with it predicts the plan again.
     step_fit : StepFit or None
         The measured steps and the fit, when the search fitted the calibration to the step.
+    pipeline : dict or None
+        With ``auto_shard(..., pipeline=PipelineOptions(...))``: the chosen pipeline and
+        context-parallel variant (``pp``, ``cp``, ``microbatches``, ``schedule``,
+        ``stages_per_rank``) with its priced ``time_s``, ``peak_bytes``,
+        ``bubble_fraction``, ``bubble_s`` and ``p2p_bytes`` (``pp`` and ``cp`` ranks come
+        out of mesh dim 0: the placements run on the mesh with dim 0 divided by
+        ``pp x cp``); :attr:`predicted_time` and :attr:`predicted_peak_bytes` are then the
+        variant's. None without pipeline options.
+    pipeline_candidates : list of dict
+        Every variant priced for the chosen placements, fastest first (each with ``fits``).
     """
 
     placements: dict[str, tuple[Placement, ...]]
@@ -112,14 +122,42 @@ class ShardingPlan:
     mesh: Any = None
     calibration: Calibration | None = None
     step_fit: StepFit | None = None
+    pipeline: dict[str, Any] | None = None
+    pipeline_candidates: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def predicted_time(self) -> float:
-        return self.prediction.time_s
+        return self.pipeline["time_s"] if self.pipeline else self.prediction.time_s
 
     @property
     def predicted_peak_bytes(self) -> int:
-        return self.prediction.peak_bytes
+        return self.pipeline["peak_bytes"] if self.pipeline else self.prediction.peak_bytes
+
+    @property
+    def pp_degree(self) -> int:
+        """Pipeline stages of the plan (1: none)."""
+        return self.pipeline["pp"] if self.pipeline else 1
+
+    @property
+    def microbatches(self) -> int:
+        """Micro-batches per step (1: none)."""
+        return self.pipeline["microbatches"] if self.pipeline else 1
+
+    @property
+    def cp_degree(self) -> int:
+        """Context-parallel ranks (ring attention) of the plan (1: none)."""
+        return self.pipeline["cp"] if self.pipeline else 1
+
+    def _pipeline_text(self) -> str:
+        v = self.pipeline
+        if not v:
+            return ""
+        sched = (f" {v['schedule']}" + (f" v={v['stages_per_rank']}"
+                                        if v["stages_per_rank"] > 1 else "")
+                 if v["pp"] > 1 else "")
+        return (f"pp {v['pp']} x {v['microbatches']} micro-batches{sched} (bubble "
+                f"{v['bubble_fraction']:.0%}, p2p {v['p2p_bytes'] / 2**20:.1f} MiB), "
+                f"cp {v['cp']}; ")
 
     def table(self, limit: int | None = None) -> str:
         """The candidates weighed, cheapest first, as an aligned text table: predicted
@@ -142,13 +180,16 @@ class ShardingPlan:
         budget = "none" if self.memory_budget is None else f"{self.memory_budget / 1024:.1f} KiB"
         lines.append(f"{len(self.candidates)} assignments traced; solver {self.solver}; "
                      f"memory budget {budget}")
+        if self.pipeline:
+            lines.append(f"pipeline: {self._pipeline_text().rstrip('; ')}; "
+                         f"{len(self.pipeline_candidates)} variants priced")
         return "\n".join(lines)
 
     def __str__(self) -> str:
         body = ", ".join(f"{n}: {placement_list(p)}" for n, p in
                          {**self.placements, **self.input_placements}.items())
         return (f"ShardingPlan(~{self.predicted_time * 1e6:.1f} us/step, peak "
-                f"{self.predicted_peak_bytes / 1024:.1f} KiB; {body})")
+                f"{self.predicted_peak_bytes / 1024:.1f} KiB; {self._pipeline_text()}{body})")
 
     def _place(self, values: Mapping[str, Any], layouts: Mapping[str, Sequence[Placement]],
                what: str) -> dict[str, Any]:

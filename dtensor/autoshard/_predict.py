@@ -160,7 +160,10 @@ class Prediction:
     ``Calibration.compute_scale``) and ``model_comm_s`` (the collectives' cost-model
     seconds, without ``Calibration.sync_s``) are the terms the prediction is linear in:
     ``time_s = alpha_s + compute_scale * work_s + entries * entry_s + model_comm_s +
-    collectives * sync_s``."""
+    collectives * sync_s``. ``attention_s`` (the attention kernels' seconds, forward and
+    backward), ``attention_calls`` and ``attention_kv_bytes`` (the local keys and values of
+    the forward's calls) are what context parallelism changes (see
+    :class:`dtensor.pipelining.PipelineOptions`)."""
 
     time_s: float
     compute_s: float
@@ -174,6 +177,9 @@ class Prediction:
     alpha_s: float = 0.0
     work_s: float = 0.0
     model_comm_s: float = 0.0
+    attention_s: float = 0.0
+    attention_calls: int = 0
+    attention_kv_bytes: int = 0
 
     def time_with(self, calibration: Calibration) -> float:
         """This step's seconds priced with ``calibration``'s compute scale and fixed costs
@@ -197,7 +203,8 @@ def predict(trace: Trace, calibration: Calibration, params: Mapping[str, Any],
     compute = comm = 0.0
     phases = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
     saved = transient = collectives = entries = 0
-    alphas = works = model_comm = 0.0
+    alphas = works = model_comm = attention = 0.0
+    calls = kv = 0
     for i, o in enumerate(ops):
         kernel = 0.0
         if o.op != "redistribute":
@@ -206,6 +213,11 @@ def predict(trace: Trace, calibration: Calibration, params: Mapping[str, Any],
             alphas += alpha
             works += work
             kernel = alpha + calibration.compute_scale * work + calibration.entry_s
+            if o.op.startswith("scaled_dot_product_attention"):
+                attention += kernel
+                if o.op == "scaled_dot_product_attention":
+                    calls += 1
+                    kv += sum(_block_bytes(b) for b in o.local_inputs[1:3])
         moved = [c for c in o.collectives if c.communicates]
         seconds = sum(c.seconds for c in moved)
         model_comm += seconds
@@ -227,7 +239,8 @@ def predict(trace: Trace, calibration: Calibration, params: Mapping[str, Any],
     persistent += trace.optimizer_state_bytes + sum(_local_bytes(v) for v in inputs.values())
     activations = saved + transient
     return Prediction(compute + comm, compute, comm, persistent + activations, persistent,
-                      activations, collectives, phases, entries, alphas, works, model_comm)
+                      activations, collectives, phases, entries, alphas, works, model_comm,
+                      attention, calls, kv)
 
 
 def place_step(params: Mapping[str, Any], inputs: Mapping[str, Any], mesh: Any,

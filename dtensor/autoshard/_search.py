@@ -42,8 +42,12 @@ import numbers
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from placements.errors import ArgumentError, DTypeError
+from placements.layout import max_local_shape
 from placements.types import Placement, Replicate, placement_list
+from redistribute.cost import default_cost_model
 
 from ..distributed.abstract import AbstractDTensor, AbstractMesh
 from ..distributed.dtensor import DTensor
@@ -210,8 +214,8 @@ def auto_shard(step_fn: Callable, params: Mapping[str, Any], inputs: Mapping[str
                optimizer: Callable | None = None, calibration: Calibration | None = None,
                candidates: Mapping[str, Sequence[Sequence[Placement]]] | None = None,
                search_inputs: bool = True, top_k: int = 4, pairs: int = 8, rounds: int = 3,
-               solver: str = "auto", fit_step: bool = False, fit_repeat: int = 7
-               ) -> ShardingPlan:
+               solver: str = "auto", fit_step: bool = False, fit_repeat: int = 7,
+               pipeline: Any = None) -> ShardingPlan:
     """Search the placements of a model's parameters (and inputs) for the fastest
     training step that fits a memory budget. **Collective** over ``mesh`` (it runs traced
     steps; every rank must call it with the same arguments).
@@ -274,6 +278,14 @@ def auto_shard(step_fn: Callable, params: Mapping[str, Any], inputs: Mapping[str
     fit_repeat : int
         Timing samples per layout of ``fit_step`` (each layout runs ``fit_repeat + 1``
         steps, the first a warm-up).
+    pipeline : dtensor.pipelining.PipelineOptions, optional
+        Also price pipelined and context-parallel variants of every traced assignment (the
+        pipeline degrees, micro-batch counts, schedules and ring-attention degrees of the
+        options, their ranks taken from mesh dim 0; see
+        :class:`~dtensor.pipelining.PipelineOptions`) and return the fastest (assignment,
+        variant) that fits ``memory_budget``: the plan's :attr:`~ShardingPlan.pipeline`
+        records the variant. The rounds then search without the budget (the budget is
+        met by the variant). Pure arithmetic on the traces: Local on an AbstractMesh.
 
     Returns
     -------
@@ -292,6 +304,10 @@ def auto_shard(step_fn: Callable, params: Mapping[str, Any], inputs: Mapping[str
         raise ArgumentError(f"auto_shard: top_k={top_k}, rounds={rounds}, "
                             f"fit_repeat={fit_repeat} must be >= 1 and pairs={pairs} >= 0")
     _check_budget(memory_budget)
+    if pipeline is not None and not (callable(getattr(pipeline, "variants", None))
+                                     and callable(getattr(pipeline, "price", None))):
+        raise ArgumentError(f"auto_shard: pipeline={pipeline!r} must be a "
+                            "dt.pipelining.PipelineOptions")
     backend = ("milp" if has_milp() else "bnb") if solver == "auto" else solver
     if backend not in ("milp", "bnb"):
         raise ArgumentError(f"auto_shard: unknown solver {solver!r}; use auto, milp or bnb")
@@ -335,6 +351,11 @@ def auto_shard(step_fn: Callable, params: Mapping[str, Any], inputs: Mapping[str
     if fit_step and not isinstance(mesh, AbstractMesh) and mesh.size() > 1:
         step_fit = search.fit(base, fit_repeat)
     search.evaluate(base, "start")
+    if pipeline is not None:
+        search.budget = None
+        search.rounds(base, rounds, top_k, pairs, backend, None)
+        return _with_pipeline(search, pipeline, memory_budget, arrays, searched, backend,
+                              step_fit)
     problem = search.rounds(base, rounds, top_k, pairs, backend, memory_budget)
     if memory_budget is not None:
         # The rounds under a budget prune with the cost table's estimates of memory and may
@@ -368,3 +389,73 @@ def auto_shard(step_fn: Callable, params: Mapping[str, Any], inputs: Mapping[str
         input_placements={n: layouts[n] for n in searched},
         prediction=search.seen[best], candidates=table, memory_budget=memory_budget,
         solver=backend, mesh=mesh, calibration=search.cal, step_fit=step_fit)
+
+
+def _base(p: Prediction, layouts: Mapping[str, Layout], params: Mapping[str, Any],
+          inputs: Mapping[str, Any], mesh: Any) -> tuple[dict[str, float], int]:
+    """A traced assignment's figures as :meth:`PipelineOptions.price` takes them, and the
+    samples per rank (dim 0 of the largest input, as placed; its tokens: every element of
+    an integer input, token ids, else all but the last dim, a token's features)."""
+    batch, tokens = 1, 1
+    sized = [(a.size, n) for n, a in inputs.items() if getattr(a, "ndim", 0)]
+    if sized:
+        name = max(sized)[1]
+        local = max_local_shape(tuple(inputs[name].shape), tuple(mesh.shape), layouts[name])
+        # token ids (integers): one token each; features: the last dim is a token's
+        ids = np.issubdtype(np.dtype(inputs[name].dtype), np.integer)
+        batch, tokens = local[0], math.prod(local if ids or len(local) < 2 else local[:-1])
+    first = next(iter(params.values()), None)
+    itemsize = np.dtype(first.dtype).itemsize if first is not None else 4
+    return ({"forward_s": p.phases.get("forward", 0.0),
+             "backward_s": p.phases.get("backward", 0.0),
+             "optimizer_s": p.phases.get("optimizer", 0.0),
+             "persistent_bytes": p.persistent_bytes, "activation_bytes": p.activation_bytes,
+             "peak_bytes": p.peak_bytes, "attention_s": p.attention_s,
+             "attention_calls": p.attention_calls, "attention_kv_bytes": p.attention_kv_bytes,
+             "tokens": tokens, "itemsize": itemsize}, batch)
+
+
+def _with_pipeline(search: _Search, pipeline: Any, budget: float | None,
+                   arrays: Mapping[str, Any], searched: Mapping[str, Any], backend: str,
+                   step_fit: StepFit | None) -> ShardingPlan:
+    """The fastest (traced assignment, pipeline variant) within ``budget``."""
+    cal = search.cal
+    if cal.p2p:
+        p2p = (float(cal.p2p["alpha_s"]), float(cal.p2p["beta_bytes_per_s"]))
+    else:
+        model = cal.model() if cal.cost_model else default_cost_model()
+        p2p = (float(model.alpha_s), float(model.beta_bytes_per_s))
+    dim0 = int(search.mesh.shape[0])
+    priced: dict[tuple[int, ...], list[dict[str, Any]]] = {}
+    for key, pred in search.seen.items():
+        base, batch = _base(pred, search.layouts(key), arrays, searched, search.mesh)
+        rows = []
+        for var in pipeline.variants(dim0, batch):
+            row = {**var, **pipeline.price(var, base, p2p)}
+            row["fits"] = budget is None or row["peak_bytes"] <= budget
+            rows.append(row)
+        priced[key] = sorted(rows, key=lambda r: r["time_s"])
+    fitting = [(r["time_s"], key, i) for key, rows in priced.items()
+               for i, r in enumerate(rows) if r["fits"]]
+    if not fitting:
+        low = min(((r["peak_bytes"], key, r) for key, rows in priced.items() for r in rows),
+                  key=lambda t: t[0], default=None)
+        what = "no variant" if low is None else (
+            f"the smallest has a predicted peak of {low[0]} bytes (pp {low[2]['pp']}, "
+            f"{low[2]['microbatches']} micro-batches, cp {low[2]['cp']})")
+        raise ArgumentError(f"auto_shard: no plan or pipeline variant fits memory_budget="
+                            f"{budget} bytes per rank on mesh {tuple(search.mesh.shape)}; "
+                            f"{what}")
+    _, best, i = min(fitting, key=lambda t: (t[0], t[1], t[2]))
+    search.budget = budget
+    table = sorted(
+        (Candidate(search.layouts(k), p, tuple(search.sources[k]), search.fits(p))
+         for k, p in search.seen.items()),
+        key=lambda c: c.prediction.time_s)
+    layouts = search.layouts(best)
+    return ShardingPlan(
+        placements={n: layouts[n] for n in arrays},
+        input_placements={n: layouts[n] for n in searched},
+        prediction=search.seen[best], candidates=table, memory_budget=budget,
+        solver=backend, mesh=search.mesh, calibration=cal, step_fit=step_fit,
+        pipeline=priced[best][i], pipeline_candidates=priced[best])

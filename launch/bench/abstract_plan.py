@@ -24,7 +24,9 @@ The GPT under every strategy: ``python -m launch.bench.abstract_plan --model gpt
 12 layers, d 768, 12 heads, seq 1024, vocab 50257; ``gpt-1.3b``, 24 layers, d 2048, 16
 heads, seq 2048; the training example's ``tiny`` and ``small``) predicts one training step
 (forward, backward, AdamW) of each strategy of :mod:`launch.examples.gpt_strategies` on the
-mesh (``D x T``: ``D`` data-parallel groups of ``T`` ranks, e.g. 64 nodes of 8; see
+mesh (``D x T``: ``D`` data-parallel groups of ``T`` ranks, e.g. 64 nodes of 8; or
+``PP x DP x TP``, e.g. ``8x8x8``, for the pipelined strategies ``pp``, ``pp_dp``,
+``pp_fsdp``, ``pp_tp``, ``pp_fsdp_tp`` and the context-parallel ``cp``, ``dp_cp``; see
 :func:`launch.examples.gpt_predict.layout` for how each strategy uses it; a strategy the
 model's sizes do not allow is listed with the reason) with
 :func:`launch.examples.gpt_predict.predict`: per-rank peak memory, the collectives' bytes
@@ -32,7 +34,12 @@ per step by kind, the step time (``--calibration FILE``, default built-in consta
 the search's choice: the fastest strategy whose predicted peak fits ``--memory-budget``
 (default 80GB; ``GB`` 1e9 bytes, ``GiB`` 2**30, or bytes). ``--batch``: the global batch in
 sequences (default: one per rank of the mesh); ``--dtype bfloat16`` computes in bfloat16
-(FSDP: float32 master weights and reductions). Output: JSON, then a table.
+(FSDP: float32 master weights and reductions). A pipelined strategy is predicted for each
+micro-batch count of ``--microbatches`` (default ``p, 2p, 4p, 8p`` that divide a replica's
+batch) and schedule of ``--schedules`` (default ``1f1b,interleaved``, the latter with 2
+stages per rank); the table shows the one chosen (the fastest that fits) and a note the
+others; the columns ``P2P`` (point-to-point bytes per step) and ``bubble`` (its idle share).
+Output: JSON, then a table.
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
 import dtensor as dt
 from launch.bench._common import Progress, bench_args, emit, environment, table
 from launch.examples import _training as T
+from launch.examples.gpt_predict import ALL_STRATEGIES
 from launch.examples.gpt_strategies import STRATEGIES
 from placements.types import placement_list
 
@@ -156,41 +164,93 @@ def parse_bytes(text: str) -> int:
 
 
 def parse_mesh(text: str) -> tuple[int, ...]:
-    """``"64x8"`` as ``(64, 8)``. **Local**."""
+    """``"64x8"`` as ``(64, 8)``, ``"8x8x8"`` as ``(8, 8, 8)``. **Local**."""
     try:
         shape = tuple(int(v) for v in text.lower().split("x"))
     except ValueError:
         shape = ()
-    if not shape or len(shape) > 2 or min(shape) < 1:
-        raise SystemExit(f"abstract_plan: --mesh {text!r} is not D or DxT (e.g. 64x8)")
+    if not shape or len(shape) > 3 or min(shape) < 1:
+        raise SystemExit(f"abstract_plan: --mesh {text!r} is not D, DxT or PPxDPxTP "
+                         "(e.g. 64x8, 8x8x8)")
     return shape
+
+
+def microbatch_options(p: int, per_replica: int, given: Sequence[int] | None = None
+                       ) -> list[int]:
+    """The micro-batch counts tried for a pipeline of ``p`` stages: ``given``, or ``p``,
+    ``2p``, ``4p``, ``8p``; those that divide the ``per_replica`` sequences (at least one:
+    the largest divisor of ``per_replica`` up to ``p`` when none does). **Local**."""
+    cands = list(given) if given else [p, 2 * p, 4 * p, 8 * p]
+    out = [m for m in cands if m >= 1 and per_replica % m == 0]
+    if not out and not given:
+        out = [max(d for d in range(1, min(p, per_replica) + 1) if per_replica % d == 0)]
+    return out
+
+
+def _pipeline_variants(name: str, cfg: Any, mesh: tuple[int, ...], batch: int,
+                       microbatches: Sequence[int] | None, schedules: Sequence[str]
+                       ) -> list[dict[str, Any]]:
+    """The (micro-batches, schedule, stages per rank) tried for pipelined strategy
+    ``name``: interleaved with 2 stages per rank where the blocks allow."""
+    from launch.examples.gpt_predict import layout  # lazy: only the GPT mode needs it
+
+    lay = layout(name, mesh)
+    per = batch // lay.n_data if batch % lay.n_data == 0 else batch
+    out = []
+    for m in microbatch_options(lay.pp, per, microbatches):
+        for s in schedules:
+            v = 2 if s == "interleaved" else 1
+            if v * lay.pp <= cfg.n_layer:
+                out.append({"microbatches": m, "schedule": s, "stages_per_rank": v})
+    return out or [{}]
 
 
 def plan_gpt(model: str, mesh: tuple[int, ...], batch: int, budget: int, dtype: Any = None,
              calibration: Any = None, strategies: Sequence[str] = STRATEGIES,
-             progress: Any = None) -> dict:
+             progress: Any = None, microbatches: Sequence[int] | None = None,
+             schedules: Sequence[str] = ("1f1b", "interleaved")) -> dict:
     """Predict each strategy's training step of GPT ``model`` on ``mesh`` and choose the
     fastest whose predicted peak fits ``budget`` bytes per rank. **Local**.
+
+    A pipelined strategy is predicted for each micro-batch count of
+    :func:`microbatch_options` (``microbatches``, default ``p, 2p, 4p, 8p`` that divide a
+    data-parallel replica's sequences) and each of ``schedules`` (interleaved: 2 stages per
+    rank); its row is the fastest that fits (else the smallest peak), with the others under
+    ``"variants"``.
 
     Returns ``{"strategies": {name: StepPrediction.to_dict() | {"error": why}},
     "choice": name or None, "seconds": ...}``.
     """
-    from launch.examples.gpt_predict import CONFIGS, predict  # lazy: only this mode needs it
+    # lazy: only this mode needs the predictor
+    from launch.examples.gpt_predict import CONFIGS, PIPELINED, predict
 
     cfg = CONFIGS[model]
     start = time.perf_counter()
     rows: dict[str, dict] = {}
     for name in strategies:
         t0 = time.perf_counter()
+        tried = []
         try:
-            p = predict(cfg, name, mesh, batch, dtype=dtype, calibration=calibration)
+            variants = (_pipeline_variants(name, cfg, mesh, batch, microbatches, schedules)
+                        if name in PIPELINED else [{}])
+            for kw in variants:
+                p = predict(cfg, name, mesh, batch, dtype=dtype, calibration=calibration,
+                            **kw)
+                row = p.to_dict()
+                row["fits"] = p.peak_bytes <= budget
+                tried.append(row)
         except ValueError as e:
             rows[name] = {"error": str(e)}
             if progress is not None:
                 progress(f"{name}: n/a")
             continue
-        row = p.to_dict()
-        row["fits"] = p.peak_bytes <= budget
+        fit = [r for r in tried if r["fits"]]
+        row = (min(fit, key=lambda r: r["time_s"]) if fit
+               else min(tried, key=lambda r: r["peak_bytes"]))
+        if name in PIPELINED:
+            row["variants"] = [{k: r[k] for k in ("microbatches", "schedule", "stages_per_rank",
+                                                  "time_s", "peak_bytes", "bubble_fraction",
+                                                  "fits")} for r in tried]
         row["predict_s"] = round(time.perf_counter() - t0, 3)
         rows[name] = row
         if progress is not None:
@@ -210,20 +270,32 @@ def gpt_report(doc: dict) -> str:
             notes.append(f"{name}: n/a ({r['error']})")
             continue
         kinds = r["comm_bytes"]
-        rows.append((name, r["ranks"], r["local_batch"], f"{r['peak_bytes'] / g:.2f}",
+        pipe = "-"
+        if r.get("pp", 1) > 1:
+            v = r["stages_per_rank"]
+            pipe = f"{r['pp']}x{r['microbatches']} {r['schedule']}" + (f" v{v}" if v > 1 else "")
+            tried = ", ".join(f"m={t['microbatches']} {t['schedule']}: {t['time_s']:.3g} s"
+                              + ("" if t["fits"] else " (does not fit)")
+                              for t in r.get("variants", ()))
+            notes.append(f"{name}: {r['microbatches']} micro-batches, {r['schedule']} chosen "
+                         f"of {tried}; stage blocks {r['stage_layers']}")
+        elif r.get("cp", 1) > 1:
+            pipe = f"cp {r['cp']}"
+        rows.append((name, r["ranks"], r["local_batch"], pipe, f"{r['peak_bytes'] / g:.2f}",
                      r["fits"], f"{r['state_bytes'] / g:.3f}", f"{r['activation_bytes'] / g:.2f}",
                      f"{r['comm_total_bytes'] / g:.3f}",
                      *(f"{kinds.get(k, 0) / g:.3f}" for k in (
-                         "all_gather", "reduce_scatter", "all_reduce", "all_to_all")),
+                         "all_gather", "reduce_scatter", "all_reduce", "all_to_all", "p2p")),
+                     f"{r.get('bubble_fraction', 0.0):.0%}",
                      f"{r['time_s']:.3f}", f"{r['exposed_comm_s']:.3f}"))
     notes.append(f"choice: {doc['choice'] or 'none fits'} (the fastest predicted step within "
                  f"the budget); {doc['seconds']:.1f} s for the predictions")
     title = (f"GPT {doc['model']} on a {'x'.join(map(str, doc['mesh']))} mesh, batch "
              f"{doc['batch']} sequences, {doc['dtype']}, budget "
              f"{doc['memory_budget'] / 1e9:g} GB per rank (GiB, seconds)")
-    return table(("strategy", "ranks", "seq/rank", "peak", "fits", "state", "act", "comm",
-                  "AG", "RS", "AR", "A2A", "step s", "exposed s"), rows, title=title,
-                 notes=notes, align="lrrrlrrrrrrrrr")
+    return table(("strategy", "ranks", "seq/rank", "pp/cp", "peak", "fits", "state", "act",
+                  "comm", "AG", "RS", "AR", "A2A", "P2P", "bubble", "step s", "exposed s"), rows,
+                 title=title, notes=notes, align="lrrlrlrrrrrrrrrrr")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -241,7 +313,12 @@ def main(argv: list[str] | None = None) -> None:
         dtype={"default": "float32", "choices": ("float32", "bfloat16"),
                "help": "compute dtype (FSDP: float32 master weights and reductions)"},
         calibration={"help": "a calibration JSON file (default: built-in constants)"},
-        strategies={"default": ",".join(STRATEGIES), "help": "the GPT's strategies"},
+        strategies={"default": ",".join(ALL_STRATEGIES), "help": "the GPT's strategies"},
+        microbatches={"help": "a pipeline's micro-batch counts to try, comma-separated "
+                              "(default: p, 2p, 4p, 8p that divide a replica's batch)"},
+        schedules={"default": "1f1b,interleaved",
+                   "help": "pipeline schedules to try (gpipe, 1f1b, interleaved: 2 stages per "
+                           "rank)"},
     )
     if args.model is not None:
         from launch.examples.gpt_predict import CONFIGS  # lazy: only this mode needs it
@@ -256,9 +333,12 @@ def main(argv: list[str] | None = None) -> None:
         dtype = dt.bfloat16 if args.dtype == "bfloat16" else None
         strategies = args.strategies.split(",")
         progress = Progress("abstract_plan", len(strategies), enabled=not args.quiet)
+        micro = ([int(v) for v in args.microbatches.split(",")] if args.microbatches
+                 else None)
         doc = {"benchmark": "abstract_plan", "model": args.model, "mesh": list(mesh),
                "batch": batch, "dtype": args.dtype, "memory_budget": budget,
-               **plan_gpt(args.model, mesh, batch, budget, dtype, cal, strategies, progress),
+               **plan_gpt(args.model, mesh, batch, budget, dtype, cal, strategies, progress,
+                          micro, args.schedules.split(",")),
                "environment": environment()}
         emit(doc, args.out, gpt_report(doc))
         return

@@ -68,6 +68,44 @@ compute waits for them only where the implementation waits (the group's forward 
 backward, the end of backward). A flattened data-parallel mesh (all ranks of an
 ``(D, T)`` mesh) is priced with mesh dim 0's constants.
 
+Pipelines and context parallelism
+---------------------------------
+A pipelined strategy (:data:`PIPELINED`: ``pp``, ``pp_dp``, ``pp_fsdp``, ``pp_tp``,
+``pp_fsdp_tp``) splits the blocks into ``p x v`` stages by ``pipeline_split``'s equal-cost
+split (:func:`stage_layers`; the first stage embeds, the last holds the final norm and the
+tied head, whose cost the split counts), stage ``s`` on pp rank ``s % p``, and runs the
+inner strategy over the other mesh dims on each. Two traced steps of the inner strategy on
+one micro-batch (``batch / n_data / m`` sequences per data-parallel replica), of GPTs of 1
+and 2 blocks, give each quantity per block (the difference) and for the rest (embeddings,
+final norm, head, loss): time to the end of the backward, the optimizer's time, the
+parameters, gradients and optimizer state, the activations the forward leaves, the
+collectives' bytes. A pp rank's figures are its blocks' plus the rest where it holds the
+last stage (compute, activations) or the first or last (parameters: each holds a copy of
+the tied embedding). The step: ``(m + p - 1) t`` for GPipe and 1F1B, ``(v m + p - 1) t / v``
+interleaved, ``t`` the slowest rank's forward and backward of one micro-batch
+(:func:`dtensor.pipelining.pipeline_seconds`; bubble ``(p - 1) / (m + p - 1)``,
+``(p - 1) / (v m + p - 1)``), plus the point-to-point messages on the critical path (the
+activation of the fill and the gradient of the drain: ``2 (p - 1)`` messages of ``mb x S x d``
+elements at the calibration's ``p2p`` constants; the others run beside the compute), the
+sum of the tied embedding's gradient between the first and the last stage, and the slowest
+rank's optimizer step. The inner strategy's collectives run per micro-batch (its
+gradients reduced in each backward, as the DTensor and FSDP implementations do). Peak
+memory: the rank's model state, its activations times the micro-batches in flight
+(:func:`dtensor.pipelining.in_flight`: ``m`` under GPipe, ``min(m, p - rank)`` under
+1F1B), and the traces' transient buffers.
+
+A context-parallel strategy (:data:`CONTEXT`: ``cp``, ``dp_cp``) runs ring attention over
+the mesh's last dim (``c`` ranks; ``dp_cp`` data parallelism over the others), as
+``launch/experiments/_gpt_pp.py`` runs it: one traced local step of a replica's sequences,
+of ``S / c`` tokens each (each rank's tokens and activations are ``1 / c`` of a
+sequence's), then each parameter's gradient all-reduced over every rank (one blocking
+all-reduce per parameter), with the attention's kernels multiplied by
+:func:`dtensor.pipelining.ring_factor` (causal, load balanced: ``1 + (c - 1) / 2`` blocks of
+the trace's one), the ring's key/value blocks (``c - 1`` per layer in forward, twice that in
+backward, at the ``p2p`` constants) beside the attention's compute (only what exceeds it
+is exposed), and the position table's missing ``(S - S / c) x d`` rows with their
+gradient and moments added to the memory.
+
 Limits: kernels' internal scratch buffers, the allocator's rounding and its small requests
 (below ``DTENSOR_POOL_MIN_BYTES``, which the allocator does not count) are not modelled;
 a reshape that copies counts as a view (its input's block stays instead). Outputs that a
@@ -81,6 +119,8 @@ are counted in the bytes but not priced in the time.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import gc
 import json
 import math
@@ -100,10 +140,12 @@ from dtensor.parallel._replicate import _bucket_plan, _reduce_dtype
 from launch.examples.gpt import GPT, GPTConfig
 from launch.examples.gpt import batch as make_batch
 from launch.examples.gpt_strategies import STRATEGIES, build
+from placements.errors import PipelineError
 from redistribute.comm import notify
 from redistribute.cost import WIDENED, default_cost_model, transfer_bytes, transfer_cost
 
-__all__ = ["CONFIGS", "Layout", "StepPrediction", "layout", "measure", "predict"]
+__all__ = ["ALL_STRATEGIES", "CONFIGS", "CONTEXT", "PIPELINED", "SCHEDULES", "Layout",
+           "StepPrediction", "layout", "measure", "predict", "stage_layers"]
 
 #: Named sizes: the training example's (byte vocabulary, no biases) and GPT-2's.
 CONFIGS = {
@@ -139,10 +181,34 @@ class Layout:
     rep_dim: int = 0
     tp: int = 1
     tp_dim: int = 0
+    pp: int = 0
+    cp: int = 0
+    inner: str = ""
+    inner_mesh: tuple[int, ...] = ()
+
+
+#: Pipelined strategies: the name and the strategy each pipeline stage runs over the mesh
+#: dims after the first (the ``pp`` dim): ``pp`` one rank per stage, ``pp_dp`` DTensor data
+#: parallelism, ``pp_fsdp`` ``fully_shard``, ``pp_tp`` Megatron TP over the last dim,
+#: ``pp_fsdp_tp`` FSDP over the middle and TP over the last dim of a 3-D mesh.
+PIPELINED = {"pp": "local", "pp_dp": "dp", "pp_fsdp": "fsdp", "pp_tp": "tp",
+             "pp_fsdp_tp": "fsdp_tp"}
+#: Context-parallel strategies: ``cp`` (ring attention over the mesh's last dim, the whole
+#: batch) and ``dp_cp`` (that, and data parallelism over the other dims).
+CONTEXT = ("cp", "dp_cp")
+#: Every strategy :func:`predict` prices.
+ALL_STRATEGIES = (*STRATEGIES, *PIPELINED, *CONTEXT)
+#: Pipeline schedules: GPipe, 1F1B (one stage per rank) and interleaved 1F1B (``v`` each).
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
 
 def layout(name: str, mesh_shape: Sequence[int]) -> Layout:
     """The :class:`Layout` of strategy ``name`` on a mesh of ``mesh_shape``. **Local**.
+
+    A 3-D mesh ``(P, D, T)`` runs the pipelined strategies of :data:`PIPELINED` with ``P``
+    stages (on a 1-D or 2-D mesh the first dim is ``P``), the context-parallel ones of
+    :data:`CONTEXT` with ring attention over ``T`` (``dp_cp``: data parallelism over the
+    others), and every other strategy as on the 2-D mesh ``(P x D, T)``.
 
     A 1-D mesh ``(W,)`` runs every 1-D strategy on its ``W`` ranks (as
     :func:`launch.examples.gpt_strategies.build` at ``W`` ranks). A 2-D mesh ``(D, T)``
@@ -155,14 +221,26 @@ def layout(name: str, mesh_shape: Sequence[int]) -> Layout:
     Raises
     ------
     ValueError
-        An unknown strategy, a mesh of more than 2 dims, ``fsdp_tp``/``hsdp`` on a 1-D
-        mesh, ``fsdp_int`` on a group that ``k = 2`` does not divide.
+        An unknown strategy, a mesh of more than 3 dims, ``fsdp_tp``/``hsdp`` on a 1-D
+        mesh, ``pp_fsdp_tp`` on a mesh that is not 3-D, ``pp_dp``/``pp_fsdp``/``pp_tp``/
+        ``dp_cp`` on a 1-D mesh, ``fsdp_int`` on a group that ``k = 2`` does not divide.
     """
     shape = tuple(int(s) for s in mesh_shape)
-    if name not in STRATEGIES:
-        raise ValueError(f"predict: unknown strategy {name!r}; choose from {STRATEGIES}")
-    if not shape or len(shape) > 2 or min(shape) < 1:
-        raise ValueError(f"predict: mesh shape {shape} must be 1-D or 2-D of sizes >= 1")
+    if name not in ALL_STRATEGIES:
+        raise ValueError(f"predict: unknown strategy {name!r}; choose from {ALL_STRATEGIES}")
+    if not shape or len(shape) > 3 or min(shape) < 1:
+        raise ValueError(f"predict: mesh shape {shape} must be 1-D, 2-D or 3-D of sizes >= 1")
+    if name in PIPELINED:
+        return _pipelined_layout(name, shape)
+    if name in CONTEXT:
+        c = shape[-1]
+        if name == "dp_cp" and len(shape) < 2:
+            raise ValueError(f"predict: dp_cp needs a mesh of 2 or 3 dims (.., dp, cp), got "
+                             f"{shape}")
+        d = math.prod(shape[:-1]) if name == "dp_cp" else 1
+        return Layout(name, shape, d * c, d, cp=c, inner="dp", inner_mesh=(d * c,))
+    if len(shape) == 3:  # (pp, dp, tp) without a pipeline: the first two dims data-parallel
+        shape = (shape[0] * shape[1], shape[2])
     world = math.prod(shape)
     if name == "local":
         return Layout(name, shape, 1, 1)
@@ -181,6 +259,31 @@ def layout(name: str, mesh_shape: Sequence[int]) -> Layout:
                          f">= 4 ranks, got {world}")
     shard = world if name in _FSDP_RAF else 1
     return Layout(name, (world,), world, world, shard=shard)
+
+
+def _pipelined_layout(name: str, shape: tuple[int, ...]) -> Layout:
+    """A pipelined strategy's layout: ``pp = shape[0]`` stages, each running
+    ``PIPELINED[name]`` on ``inner_mesh`` (the other dims, see :data:`PIPELINED`); the
+    group fields (``shard``, ``tp``...) are the inner strategy's, its mesh dims those of
+    ``inner_mesh``."""
+    inner = PIPELINED[name]
+    rest = shape[1:]
+    if inner == "local":
+        inner_mesh: tuple[int, ...] = (1,)
+    elif inner == "fsdp_tp":
+        if len(shape) != 3:
+            raise ValueError(f"predict: {name} needs a 3-D mesh (pp, dp, tp), got {shape}")
+        inner_mesh = rest
+    elif not rest:
+        raise ValueError(f"predict: {name} needs a mesh of 2 or 3 dims (pp, ...), got {shape}")
+    elif inner == "tp":
+        inner_mesh = (rest[-1],)
+    else:
+        inner_mesh = (math.prod(rest),)
+    lay = layout(inner, inner_mesh)
+    return Layout(name, shape, shape[0] * lay.ranks, lay.n_data, lay.shard, lay.shard_dim,
+                  lay.rep, lay.rep_dim, lay.tp, lay.tp_dim, pp=shape[0], inner=inner,
+                  inner_mesh=inner_mesh)
 
 
 # -- the result -----------------------------------------------------------------------------
@@ -228,6 +331,15 @@ class StepPrediction:
     exposed_comm_s: float
     flops: float
     ops_traced: int = 0
+    pp: int = 1
+    microbatches: int = 1
+    schedule: str = ""
+    stages_per_rank: int = 1
+    stage_layers: tuple[int, ...] = ()
+    bubble_fraction: float = 0.0
+    bubble_s: float = 0.0
+    p2p_bytes: int = 0
+    cp: int = 1
 
     @property
     def state_bytes(self) -> int:
@@ -242,6 +354,7 @@ class StepPrediction:
         """A JSON-ready dict of every field (and ``state_bytes``, ``comm_total_bytes``)."""
         d = asdict(self)
         d["mesh_shape"] = list(self.mesh_shape)
+        d["stage_layers"] = list(self.stage_layers)
         d["state_bytes"] = self.state_bytes
         d["comm_total_bytes"] = self.comm_total_bytes
         return d
@@ -727,11 +840,18 @@ def _local_batch(name: str, lay: Layout, batch: int) -> int:
 
 
 def _simulate(ops: Sequence[Any], events: list[_Event], cal: Calibration, cost: Any,
-              group_size: int, overlap: bool = True) -> tuple[float, float, float, float]:
+              group_size: int, overlap: bool = True, split_at: int | None = None,
+              extras: dict[str, float] | None = None) -> tuple[float, float, float, float]:
     """(time, compute, all comm, matmul flops) of a traced step: entries and events on one
     clock, the second lane's collectives waited for where the program waits (without
-    ``overlap``, they take the clock where they start, as blocking ones do)."""
+    ``overlap``, they take the clock where they start, as blocking ones do).
+
+    ``extras`` (a dict, filled): ``fb_s`` and ``fb_compute_s``, the clock and the compute
+    before entry ``split_at`` (the end of the backward: a pipeline stage's work per
+    micro-batch), and ``attn_s``, the seconds of the attention kernels (forward and
+    backward), which ring attention multiplies."""
     clock = compute = comm = flops = 0.0
+    marks = {"fb_s": None, "fb_compute_s": None, "attn_s": 0.0}
     lane_free = 0.0
     done: dict[Any, float] = {}
     ev = sorted(range(len(events)), key=lambda i: (events[i].pos, i))
@@ -761,11 +881,15 @@ def _simulate(ops: Sequence[Any], events: list[_Event], cal: Calibration, cost: 
     for o in ops:
         if o.op != "redistribute":
             run_events(count)
+            if count == split_at:
+                marks["fb_s"], marks["fb_compute_s"] = clock, compute
             count += 1
             alpha, work = cal.kernel_terms(o.op, o.local_inputs, o.local_outputs)
             seconds = alpha + cal.compute_scale * work + cal.entry_s
             compute += seconds
             clock += seconds
+            if "attention" in o.op:
+                marks["attn_s"] += seconds
             if op_class(o.op) == "matmul":
                 flops += op_work(o.op, o.local_inputs, o.local_outputs)
         for c in o.collectives:
@@ -778,6 +902,9 @@ def _simulate(ops: Sequence[Any], events: list[_Event], cal: Calibration, cost: 
     run_events(count + len(events))
     for t in done.values():  # the end of the step waits for whatever is in flight
         clock = max(clock, t)
+    if extras is not None:
+        extras.update({k: (clock if v is None and k == "fb_s" else
+                           compute if v is None else v) for k, v in marks.items()})
     return clock, compute, comm, flops
 
 
@@ -801,7 +928,9 @@ def _clip(leaves: Sequence[Any], em: _Emulation) -> None:
 def predict(cfg: GPTConfig, strategy: str, mesh_shape: Sequence[int], batch: int,
             dtype: Any = None, calibration: Calibration | None = None,
             optimizer: Callable[[list], Any] | None = None,
-            clip: float | None = None, overlap: bool = True) -> StepPrediction:
+            clip: float | None = None, overlap: bool = True, *,
+            microbatches: int | None = None, schedule: str = "1f1b",
+            stages_per_rank: int = 1) -> StepPrediction:
     """Predict one training step (forward, backward, ``AdamW.step()``) of ``GPT(cfg)`` laid
     out as ``strategy`` on a mesh of ``mesh_shape`` (see :func:`layout`), for a global
     batch of ``batch`` sequences. **Local**: one process, no data, any mesh size.
@@ -810,9 +939,12 @@ def predict(cfg: GPTConfig, strategy: str, mesh_shape: Sequence[int], batch: int
     ----------
     cfg : GPTConfig
     strategy : str
-        One of :data:`launch.examples.gpt_strategies.STRATEGIES`.
+        One of :data:`ALL_STRATEGIES`: those of
+        :data:`launch.examples.gpt_strategies.STRATEGIES`, the pipelined ones of
+        :data:`PIPELINED` and the context-parallel ones of :data:`CONTEXT` (see
+        :func:`layout` and the section *Pipelines and context parallelism*).
     mesh_shape : sequence of int
-        ``(W,)`` or ``(D, T)``.
+        ``(W,)``, ``(D, T)`` or ``(P, D, T)``.
     batch : int
         Global batch in sequences (each data-parallel rank gets ``batch / n_data``).
     dtype : dtype, optional
@@ -835,6 +967,14 @@ def predict(cfg: GPTConfig, strategy: str, mesh_shape: Sequence[int], batch: int
         calls), which needs a core of its own: where each rank has one core (or less), pass
         False and they take the step's clock where they start.
 
+    microbatches : int, optional
+        A pipelined strategy's micro-batch count ``m`` (default: the pipeline degree); it
+        must divide the batch of a data-parallel replica.
+    schedule : str
+        A pipelined strategy's schedule, one of :data:`SCHEDULES`.
+    stages_per_rank : int
+        ``v``, stages per pp rank of the ``"interleaved"`` schedule (1 otherwise).
+
     Returns
     -------
     StepPrediction
@@ -846,13 +986,30 @@ def predict(cfg: GPTConfig, strategy: str, mesh_shape: Sequence[int], batch: int
         split over the data-parallel ranks, sizes that tensor parallelism cannot split.
     """
     lay = layout(strategy, mesh_shape)
+    cal = calibration or Calibration()
+    dtype = None if dtype is None else to_dtype(dtype)
+    if lay.pp:
+        return _predict_pipelined(cfg, lay, int(batch), dtype, cal, optimizer, clip, overlap,
+                                  microbatches, schedule, stages_per_rank)
+    if microbatches not in (None, 1) or stages_per_rank != 1:
+        raise ValueError(f"predict: {strategy} is not pipelined: microbatches="
+                         f"{microbatches}, stages_per_rank={stages_per_rank} need a pp strategy")
+    if lay.cp:
+        return _predict_context(cfg, lay, int(batch), dtype, cal, optimizer, clip, overlap)
+    return _traced(cfg, lay, int(batch), dtype, cal, optimizer, clip, overlap)[0]
+
+
+def _traced(cfg: GPTConfig, lay: Layout, batch: int, dtype: Any, cal: Calibration,
+            optimizer: Callable[[list], Any] | None, clip: float | None, overlap: bool
+            ) -> tuple[StepPrediction, dict[str, float]]:
+    """The traced step of a data/tensor strategy (:func:`predict`'s work), with the extras
+    of :func:`_simulate` (the end of the backward, the attention's seconds)."""
+    strategy = lay.name
     gc.collect()  # the blocks of earlier traces (in reference cycles) go first
     base = dt.abstract_memory_stats()["live_bytes"]
-    cal = calibration or Calibration()
     cost = cal.model() if cal.cost_model else default_cost_model()
     em = _Emulation(cost, cal.sync_s)
     local_batch = _local_batch(strategy, lay, batch)
-    dtype = None if dtype is None else to_dtype(dtype)
     model, leaves, (idx, tgt) = _build(cfg, strategy, lay, dtype, em, int(batch), local_batch)
     opt = (optimizer(leaves) if optimizer is not None
            else dt.optim.AdamW(leaves, lr=_LR, weight_decay=_WD))
@@ -866,6 +1023,7 @@ def predict(cfg: GPTConfig, strategy: str, mesh_shape: Sequence[int], batch: int
         marks["backward"] = dt.abstract_memory_stats()
         for key in em.end_of_backward():
             em.wait(key)
+        marks["split"] = em.ops  # the optimizer's entries begin here
         if clip is not None:
             _clip(leaves, em)
         opt.step()
@@ -896,14 +1054,182 @@ def predict(cfg: GPTConfig, strategy: str, mesh_shape: Sequence[int], batch: int
         counts[r.kind] = counts.get(r.kind, 0) + 1
         nbytes[r.kind] = nbytes.get(r.kind, 0) + r.nbytes
     group = lay.ranks if strategy == "dp" else 1
+    extras: dict[str, float] = {}
     time_s, compute_s, comm_s, flops = _simulate(expl.ops, em.events, cal, cost, group,
-                                                 overlap)
+                                                 overlap, marks["split"], extras)
     return StepPrediction(
         strategy, lay.mesh_shape, lay.ranks, int(batch), local_batch,
         str(np.dtype(dtype)) if dtype is not None else "float32", int(peak), params, params,
         state, int(fwd["live_bytes"] - start), em.buffers_max, em.untracked, phase,
         nbytes, counts, time_s, compute_s, comm_s, time_s - compute_s, flops,
-        len(expl.ops))
+        len(expl.ops)), extras
+
+
+# -- pipelines and context parallelism ---------------------------------------------------------
+@functools.lru_cache(maxsize=64)
+def stage_layers(cfg: GPTConfig, n_stages: int) -> tuple[int, ...]:
+    """The blocks of each stage of ``pipeline_split``'s equal-cost split of ``GPT(cfg)`` into
+    ``n_stages`` (the first stage also embeds, the last holds the final norm and the tied
+    head, which the split counts). **Local**.
+
+    Raises
+    ------
+    ValueError
+        More stages than blocks.
+    """
+    with dt.nn.abstract_parameters():
+        model = GPT(cfg)
+    try:
+        return tuple(dt.pipelining.stage_shares(model, n_stages)[2])
+    except PipelineError as e:
+        raise ValueError(f"predict: {e}") from None
+
+
+def _p2p(cal: Calibration, cost: Any) -> tuple[float, float]:
+    """The point-to-point ``(alpha_s, beta_bytes_per_s)``: the calibration's, else the cost
+    model's defaults."""
+    if cal.p2p:
+        return float(cal.p2p["alpha_s"]), float(cal.p2p["beta_bytes_per_s"])
+    return float(cost.alpha_s), float(cost.beta_bytes_per_s)
+
+
+def _linear(a: float, b: float, layers: int, base: bool) -> float:
+    """``x(layers)`` of a quantity traced at 1 (``a``) and 2 (``b``) blocks: ``b - a`` per
+    block, ``2a - b`` (the embeddings, final norm, head and loss) where ``base``."""
+    return max(0.0, layers * (b - a) + (2 * a - b if base else 0.0))
+
+
+def _predict_pipelined(cfg: GPTConfig, lay: Layout, batch: int, dtype: Any, cal: Calibration,
+                       optimizer: Any, clip: float | None, overlap: bool, m: int | None,
+                       schedule: str, v: int) -> StepPrediction:
+    """A pipelined strategy (see the module docstring, *Pipelines and context
+    parallelism*)."""
+    p, name = lay.pp, lay.name
+    m = p if m is None else int(m)
+    per_replica = _local_batch(name, lay, batch)
+    try:
+        frac = dt.pipelining.bubble(schedule, p, m, v)
+    except PipelineError as e:
+        raise ValueError(f"predict: {name}: {e}") from None
+    if per_replica % m:
+        raise ValueError(f"predict: {name}: {m} micro-batches do not split the {per_replica} "
+                         f"sequences of a data-parallel replica (batch {batch} over "
+                         f"{lay.n_data})")
+    mb = per_replica // m
+    layers = stage_layers(cfg, p * v)
+    runs = [_traced(dataclasses.replace(cfg, n_layer=k), layout(lay.inner, lay.inner_mesh),
+                    mb * lay.n_data, dtype, cal, optimizer, clip, overlap) for k in (1, 2)]
+    (one, x1), (two, x2) = runs
+    isz = np.dtype(dtype).itemsize if dtype is not None else 4
+
+    def q(pred: StepPrediction, ex: dict) -> dict[str, float]:
+        return {"fb": ex["fb_s"], "fbc": ex["fb_compute_s"], "opt": pred.time_s - ex["fb_s"],
+                "state": pred.state_bytes, "params": pred.params_bytes,
+                "opt_bytes": pred.optimizer_bytes, "act": pred.activation_bytes,
+                "flops": pred.flops, "untracked": pred.untracked_bytes,
+                **{f"b:{k}": v for k, v in pred.comm_bytes.items()},
+                **{f"n:{k}": v for k, v in pred.comm_counts.items()}}
+
+    a, b = q(one, x1), q(two, x2)
+    keys = set(a) | set(b)
+    last = p * v - 1
+    ranks = []
+    for r in range(p):
+        chunks = range(r, p * v, p)
+        n = sum(layers[c] for c in chunks)
+        ends = 0 in chunks or last in chunks
+        ranks.append({k: _linear(a.get(k, 0.0), b.get(k, 0.0), n,
+                                 last in chunks if k in ("fb", "fbc", "act", "flops")
+                                 else ends) for k in keys})
+    transient = max(0.0, *(t.peak_bytes - t.state_bytes - t.activation_bytes
+                           for t in (one, two)))
+    peaks = [x["state"] + x["act"] * dt.pipelining.in_flight(schedule, p, m, r, v) + transient
+             for r, x in enumerate(ranks)]
+    worst = max(range(p), key=lambda r: peaks[r])
+    stage_s = max(x["fb"] for x in ranks)
+    pipe_s, bubble_s = dt.pipelining.pipeline_seconds(stage_s, schedule, p, m, v)
+    cost = cal.model() if cal.cost_model else default_cost_model()
+    alpha, beta = _p2p(cal, cost)
+    boundary = mb * cfg.block_size * cfg.d_model * isz
+    # the tied embedding's gradient (float32 master weights under FSDP), summed between the
+    # first and the last stage
+    tie = cfg.vocab_size * cfg.d_model * (4 if lay.inner in _FSDP_RAF else isz) // lay.shard
+    sends = [m * boundary * sum((c < last) + (c > 0) for c in range(r, p * v, p))
+             + (tie if p > 1 and r in (0, p - 1) else 0) for r in range(p)]
+    p2p_s = (2 * (p - 1) * (alpha + boundary / beta)
+             + (alpha + tie / beta if p > 1 else 0.0))  # the fill, the drain, the tied head
+    opt_s = max(x["opt"] for x in ranks)
+    time_s = pipe_s + p2p_s + opt_s
+    compute_s = m * max(x["fbc"] for x in ranks) + opt_s
+    w = ranks[worst]
+    kinds = {k[2:]: int(m * w[k]) for k in keys if k.startswith("b:") and w[k] > 0}
+    counts = {k[2:]: round(m * w[k]) for k in keys if k.startswith("n:") and w[k] > 0}
+    if p > 1:
+        kinds["p2p"] = int(max(sends))
+        counts["p2p"] = 2 * m * v
+    comm_s = time_s - compute_s - bubble_s
+    return StepPrediction(
+        name, lay.mesh_shape, lay.ranks, batch, per_replica,
+        str(np.dtype(dtype)) if dtype is not None else "float32", int(peaks[worst]),
+        int(w["params"]), int(w["params"]), int(w["opt_bytes"]),
+        int(w["act"] * dt.pipelining.in_flight(schedule, p, m, worst, v)),
+        two.fsdp_buffer_bytes, int(w["untracked"]), "pipeline", kinds, counts, time_s,
+        compute_s, max(comm_s, 0.0), max(comm_s, 0.0), m * w["flops"],
+        one.ops_traced + two.ops_traced, pp=p, microbatches=m, schedule=schedule,
+        stages_per_rank=v, stage_layers=layers, bubble_fraction=frac, bubble_s=bubble_s,
+        p2p_bytes=int(max(sends)) if p > 1 else 0)
+
+
+def _predict_context(cfg: GPTConfig, lay: Layout, batch: int, dtype: Any, cal: Calibration,
+                     optimizer: Any, clip: float | None, overlap: bool) -> StepPrediction:
+    """A context-parallel strategy (see the module docstring, *Pipelines and context
+    parallelism*)."""
+    c, name, seq = lay.cp, lay.name, cfg.block_size
+    if seq % (2 * c):
+        raise ValueError(f"predict: {name}: a sequence of {seq} does not split into 2 x {c} "
+                         f"load-balanced chunks")
+    per_replica = _local_batch(name, lay, batch)
+    sub = dataclasses.replace(cfg, block_size=seq // c)
+    pred, ex = _traced(sub, layout("local", (1,)), per_replica, dtype, cal, optimizer, clip,
+                       overlap)
+    cost = cal.model() if cal.cost_model else default_cost_model()
+    # every rank's parameter gradients summed over all ranks, one all-reduce each
+    with dt.nn.abstract_parameters():
+        sizes = [p.numel() * np.dtype(p.dtype).itemsize
+                 for p in GPT(cfg).parameters()]
+    reduce_s = reduce_b = 0.0
+    if lay.ranks > 1:
+        for nbytes in sizes:
+            reduce_b += nbytes
+            traffic = transfer_bytes("all_reduce", lay.ranks, nbytes, nbytes)
+            reduce_s += transfer_cost("all_reduce", 0, lay.ranks, traffic, cost) + cal.sync_s
+    isz = np.dtype(dtype).itemsize if dtype is not None else 4
+    factor = dt.pipelining.ring_factor(c, causal=True)
+    attn = ex["attn_s"] * factor  # the trace's one (S / c)^2 block per sequence, and the ring's
+    alpha, beta = _p2p(cal, cost)
+    kv = 2 * per_replica * (seq // c) * cfg.d_model * isz  # one key block and value block
+    ring_s = cfg.n_layer * 3 * (c - 1) * (alpha + kv / beta)
+    exposed = max(0.0, ring_s - attn) if c > 1 else 0.0
+    p2p = cfg.n_layer * 3 * (c - 1) * kv
+    # the trace's position table holds S / c rows: the rest, with its gradient and moments
+    wpe = (seq - seq // c) * cfg.d_model * 4
+    time_s = pred.time_s + attn - ex["attn_s"] + exposed + reduce_s
+    kinds = dict(pred.comm_bytes)
+    counts = dict(pred.comm_counts)
+    if reduce_b:
+        kinds["all_reduce"] = kinds.get("all_reduce", 0) + int(reduce_b)
+        counts["all_reduce"] = counts.get("all_reduce", 0) + len(sizes)
+    if c > 1:
+        kinds["p2p"] = p2p
+        counts["p2p"] = cfg.n_layer * 3 * (c - 1)
+    return dataclasses.replace(
+        pred, strategy=name, mesh_shape=lay.mesh_shape, ranks=lay.ranks, batch=batch,
+        local_batch=per_replica, peak_bytes=pred.peak_bytes + 4 * wpe,
+        params_bytes=pred.params_bytes + wpe, grads_bytes=pred.grads_bytes + wpe,
+        optimizer_bytes=pred.optimizer_bytes + 2 * wpe, comm_bytes=kinds, comm_counts=counts,
+        time_s=time_s, compute_s=pred.compute_s + attn - ex["attn_s"],
+        comm_s=pred.comm_s + ring_s + reduce_s, exposed_comm_s=time_s - pred.compute_s - attn
+        + ex["attn_s"], p2p_bytes=p2p, cp=c)
 
 
 # -- the real step, for the comparison ---------------------------------------------------------
@@ -972,17 +1298,22 @@ def measure(cfg: GPTConfig, strategy: str, batch: int, dtype: Any = None,
 
 def main(argv: list[str] | None = None) -> None:
     """``python launch/examples/gpt_predict.py [--model tiny] [--strategy fsdp] [--mesh 2]
-    [--batch 8]``: one prediction, as JSON. **Local**."""
+    [--batch 8] [--microbatches M --schedule 1f1b]``: one prediction, as JSON. **Local**."""
     p = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
     p.add_argument("--model", choices=sorted(CONFIGS), default="tiny")
-    p.add_argument("--strategy", choices=STRATEGIES, default="fsdp")
-    p.add_argument("--mesh", default="2", help="W or DxT")
+    p.add_argument("--strategy", choices=ALL_STRATEGIES, default="fsdp")
+    p.add_argument("--mesh", default="2", help="W, DxT or PPxDPxTP")
+    p.add_argument("--microbatches", type=int, help="a pipeline's micro-batches (default: p)")
+    p.add_argument("--schedule", choices=SCHEDULES, default="1f1b", help="a pipeline's schedule")
+    p.add_argument("--stages-per-rank", type=int, default=1, help="interleaved: stages per rank")
     p.add_argument("--batch", type=int, default=8, help="global batch in sequences")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     args = p.parse_args(argv)
     mesh = tuple(int(v) for v in args.mesh.lower().split("x"))
     dtype = dt.bfloat16 if args.dtype == "bfloat16" else None
-    pred = predict(CONFIGS[args.model], args.strategy, mesh, args.batch, dtype=dtype)
+    extra = ({"microbatches": args.microbatches, "schedule": args.schedule,
+              "stages_per_rank": args.stages_per_rank} if args.strategy in PIPELINED else {})
+    pred = predict(CONFIGS[args.model], args.strategy, mesh, args.batch, dtype=dtype, **extra)
     print(json.dumps(pred.to_dict(), indent=1))
 
 

@@ -3,8 +3,12 @@ mode: ``--model gpt-tiny`` and ``--model gpt-small`` (the configs of
 :data:`launch.examples.gpt_predict.CONFIGS`; ``--size`` is not read).
 
 Strategies: those of :mod:`launch.examples.gpt_strategies` that the issue's sweep covers
-(``local``, ``dp``, ``fsdp``, ``tp``, ``tp_sp``, ``fsdp_tp``, ``hsdp``), as far as they run
-at the job's rank count: ``fsdp_tp`` and ``hsdp`` at 4 ranks (a 2x2 mesh), ``tp`` and
+(``local``, ``dp``, ``fsdp``, ``tp``, ``tp_sp``, ``fsdp_tp``, ``hsdp``), then the pipelined
+and context-parallel ones of :mod:`launch.experiments._gpt_pp` (``pp2_m2``, ``pp2_m4``,
+``cp2`` at 2 ranks; ``pp2_fsdp2_m2``, ``pp4_m2``... and ``cp4`` at 4: :data:`PP_DEGREES`,
+:data:`MICROBATCHES`, :data:`CP_DEGREES`, set by :meth:`GPTFamily.set_dimensions`,
+predicted as ``pp`` / ``pp_fsdp`` with 1F1B and ``cp``), as far as they run at the job's
+rank count: ``fsdp_tp`` and ``hsdp`` at 4 ranks (a 2x2 mesh), ``tp`` and
 ``tp_sp`` where the ranks divide the heads and the sequence (gpt-small's 6 heads do not
 split over 4 ranks). Each is built by :func:`launch.examples.gpt_strategies.build` from the
 same seed and fed the same global batch (each data-parallel rank its rows).
@@ -41,6 +45,7 @@ tens of seconds per rank on a small CPU machine, and the sweep runs about ten pe
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -51,6 +56,7 @@ from launch.examples.gpt import batch as make_batch
 from launch.examples.gpt_predict import CONFIGS, predict
 from launch.examples.gpt_strategies import Run, build, supported
 from launch.experiments._families import Prediction, register_family
+from launch.experiments._gpt_pp import ContextStep, PipelineStep, parse
 
 __all__ = ["BATCH", "GPTFamily", "GPTStep"]
 
@@ -66,13 +72,31 @@ CALIBRATION_SIZES, CALIBRATION_REPEAT = (64, 256, 1024), 30
 #: about 2 GB/s (out of the caches); fitted to 4 MiB at most, FSDP's step was priced 15 %
 #: short and below dp's.
 CALIBRATION_COMM_SIZES = (64, 256, 1024, 2048)
+#: The pipeline degrees, micro-batch counts and context-parallel degrees the sweep adds
+#: (``--pp-degrees``, ``--microbatches``, ``--cp-degrees``): ``pp{p}_m{m}`` where ``p`` is
+#: the job's ranks, ``pp{p}_fsdp{d}_m{m}`` where ``p x d`` is, ``cp{c}`` where ``c`` is.
+PP_DEGREES, MICROBATCHES, CP_DEGREES = (2, 4), (2, 4), (2, 4)
 #: Global batch (sequences) per family: divisible by 2 and 4 data-parallel ranks.
 BATCH = {"tiny": 8, "small": 4}
 LR = 1e-3
 
 
 def _mesh_shape(strategy: str, world: int) -> tuple[int, ...]:
+    dims = parse(strategy)
+    if dims is not None and "pp" in dims:
+        return (dims["pp"], dims["dp"]) if dims["dp"] > 1 else (dims["pp"],)
     return (2, 2) if strategy in ("fsdp_tp", "hsdp") else (world,)
+
+
+def _predicted(strategy: str) -> tuple[str, dict[str, Any]]:
+    """The predictor's strategy name and keywords of a swept strategy."""
+    dims = parse(strategy)
+    if dims is None:
+        return strategy, {}
+    if "cp" in dims:
+        return "cp", {}
+    return ("pp_fsdp" if dims["dp"] > 1 else "pp"), {"microbatches": dims["m"],
+                                                     "schedule": "1f1b"}
 
 
 class GPTStep:
@@ -129,6 +153,7 @@ class GPTFamily:
         self.calibration_comm_sizes = CALIBRATION_COMM_SIZES
         self.fitted: list[str] = []
         self.fit_info: dict[str, float] | None = None
+        self.pp_degrees, self.microbatches, self.cp_degrees = PP_DEGREES, MICROBATCHES, CP_DEGREES
         with dt.nn.abstract_parameters():  # the shapes, without data
             model = GPT(self.cfg)
         self.shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
@@ -149,10 +174,55 @@ class GPTFamily:
                 self._skipped[s] = f"a batch of {self.batch} does not split over the ranks"
             else:
                 out.append(s)
+        return out + self._parallel_dims(world)
+
+    def set_dimensions(self, pp_degrees: Sequence[int] = PP_DEGREES,
+                       microbatches: Sequence[int] = MICROBATCHES,
+                       cp_degrees: Sequence[int] = CP_DEGREES) -> None:
+        """The pipeline degrees, micro-batch counts and context degrees swept (empty: none).
+        **Local**."""
+        self.pp_degrees = tuple(int(v) for v in pp_degrees)
+        self.microbatches = tuple(int(v) for v in microbatches)
+        self.cp_degrees = tuple(int(v) for v in cp_degrees)
+
+    def _parallel_dims(self, world: int) -> list[str]:
+        """The pipelined and context-parallel strategies at ``world`` ranks (the rest, with
+        the reason, go to :meth:`note`)."""
+        out = []
+        for p in self.pp_degrees:
+            if world % p:
+                self._skipped[f"pp{p}"] = f"{world} ranks are not a multiple of {p}"
+                continue
+            if p > self.cfg.n_layer:
+                self._skipped[f"pp{p}"] = f"{self.cfg.n_layer} blocks do not fill {p} stages"
+                continue
+            d = world // p
+            per = self.batch // d
+            for m in self.microbatches:
+                name = f"pp{p}_m{m}" if d == 1 else f"pp{p}_fsdp{d}_m{m}"
+                if self.batch % d or per % m:
+                    self._skipped[name] = (f"{m} micro-batches do not split a replica's "
+                                           f"{per} sequences")
+                else:
+                    out.append(name)
+        for c in self.cp_degrees:
+            if c != world:
+                self._skipped[f"cp{c}"] = f"runs on all ranks: needs {c}, the job has {world}"
+            elif self.cfg.block_size % (2 * c):
+                self._skipped[f"cp{c}"] = (f"a sequence of {self.cfg.block_size} does not "
+                                           f"split into 2 x {c} chunks")
+            else:
+                out.append(f"cp{c}")
         return out
 
-    def build(self, strategy: str, *, optimizer: str, clip: float) -> GPTStep:
+    def build(self, strategy: str, *, optimizer: str, clip: float) -> Any:
         """**Collective** (except ``local``)."""
+        dims = parse(strategy)
+        if dims is not None and "cp" in dims:
+            return ContextStep(self.cfg, self.batch, dims["cp"], optimizer, LR, clip)
+        if dims is not None:
+            return PipelineStep(self.cfg, self.batch, dims["pp"], dims["dp"], dims["m"],
+                                optimizer, LR, clip)
         return GPTStep(build(strategy, self.cfg, seed=0), self.cfg, self.batch, optimizer,
                        clip)
 
@@ -186,11 +256,12 @@ class GPTFamily:
     def _predict(self, strategy: str, step: GPTStep, calibration: Any) -> Any:
         from mpi4py import MPI  # lazy: launch-side MPI for the world size
 
-        return predict(self.cfg, strategy, _mesh_shape(strategy, MPI.COMM_WORLD.size),
+        name, kw = _predicted(strategy)
+        return predict(self.cfg, name, _mesh_shape(strategy, MPI.COMM_WORLD.size),
                        self.batch, calibration=calibration,
                        optimizer=lambda params: make_optimizer(step.optimizer_name, params,
                                                                LR),
-                       clip=step.clip, overlap=self._spare_core())
+                       clip=step.clip, overlap=self._spare_core(), **kw)
 
     def fit_step(self, strategy: str, step: GPTStep, step_us: float) -> None:
         """Fit the calibration's ``compute_scale`` to the measured step of ``local`` (see
@@ -243,7 +314,8 @@ class GPTFamily:
 
 register_family("gpt-tiny", lambda size: GPTFamily("tiny"),
                 "the GPT of launch/examples/gpt.py, 2 layers, d_model 64, sequence 64, "
-                "batch 8 (local, dp, fsdp, tp, tp_sp; fsdp_tp, hsdp at 4 ranks)")
+                "batch 8 (local, dp, fsdp, tp, tp_sp, pp2_m2, pp2_m4, cp2; fsdp_tp, hsdp, "
+                "pp2_fsdp2_m2/m4, cp4 at 4 ranks)")
 register_family("gpt-small", lambda size: GPTFamily("small"),
                 "the GPT of launch/examples/gpt.py, 6 layers, d_model 384, sequence 256, "
                 "batch 4 (slow on a small CPU machine: seconds per step)")

@@ -20,7 +20,11 @@ first loss against the local run.
 
 ``--train --model gpt-tiny`` (or ``gpt-small``) sweeps the GPT of
 ``launch/examples/gpt.py`` under its strategies (local, dp, fsdp, tp, tp_sp; fsdp_tp and
-hsdp at 4 ranks; ``launch/experiments/_gpt_family.py``) against the GPT predictor
+hsdp at 4 ranks; ``launch/experiments/_gpt_family.py``) and its pipelined and
+context-parallel ones (``launch/experiments/_gpt_pp.py``: ``pp{P}_m{M}``, a ``dt.pipelining``
+1F1B pipeline of ``P`` stages and ``M`` micro-batches, ``pp{P}_fsdp{D}_m{M}`` beside FSDP,
+``cp{C}``, ``dt.context_parallel``; ``--pp-degrees``, ``--microbatches``, ``--cp-degrees``,
+default 2,4 each, where they fit the job's ranks) against the GPT predictor
 (``launch/examples/gpt_predict.py``): per strategy the predicted and measured step and peak
 memory, the Spearman rank correlation of the steps, and, since the GPT has no functional
 form for ``auto_shard``, the predictor's choice (the smallest predicted step whose
@@ -213,6 +217,9 @@ def train(args, family: Family) -> int:
                 print(f"strategy_sweep: {e}", file=sys.stderr)
             return 2
         use_calibration(cal, fit=not args.no_fit)
+    set_dimensions = getattr(family, "set_dimensions", None)
+    if callable(set_dimensions):
+        set_dimensions(args.pp_degrees, args.microbatches, args.cp_degrees)
     strategies = family.strategies(comm.size)
     progress.total = len(strategies)
     results = run_train_sweep(family, strategies, optimizer=args.optimizer, clip=args.clip,
@@ -352,6 +359,14 @@ def _epilog() -> str:
             f"model families of --train:\n{families}\n\n{USER_MODEL_CONTRACT}")
 
 
+def _ints(text: str) -> tuple[int, ...]:
+    """``"2,4"`` as ``(2, 4)``; ``""`` as ``()``."""
+    try:
+        return tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of ints")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the sweep and report on rank 0. **Collective**."""
     p = parser(__doc__.splitlines()[0])
@@ -402,6 +417,14 @@ def main(argv: list[str] | None = None) -> int:
                         "step)")
     p.add_argument("--solver", choices=("auto", "milp", "bnb"), default="auto",
                    help="with --auto: auto_shard's solver")
+    p.add_argument("--pp-degrees", type=_ints, default=(2, 4), metavar="P,...",
+                   help="with --train of gpt-*: pipeline degrees (pp{P}_m{M} where P is the "
+                        "job's ranks, pp{P}_fsdp{D}_m{M} where P x D is; empty: none)")
+    p.add_argument("--microbatches", type=_ints, default=(2, 4), metavar="M,...",
+                   help="with --train of gpt-*: micro-batch counts of each pipeline (1F1B)")
+    p.add_argument("--cp-degrees", type=_ints, default=(2, 4), metavar="C,...",
+                   help="with --train of gpt-*: context-parallel degrees (cp{C}, ring "
+                        "attention over all C ranks of the job)")
     args = p.parse_args(argv)
     world = MPI.COMM_WORLD.size
     if args.mesh is not None and (args.train and not args.auto):

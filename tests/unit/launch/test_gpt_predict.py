@@ -15,7 +15,7 @@ import pytest
 
 import dtensor as dt
 from launch.examples.gpt import GPT
-from launch.examples.gpt_predict import CONFIGS, StepPrediction, layout, predict
+from launch.examples.gpt_predict import ALL_STRATEGIES, CONFIGS, StepPrediction, layout, predict
 from launch.examples.gpt_strategies import STRATEGIES
 
 TINY = CONFIGS["tiny"]
@@ -168,7 +168,9 @@ def test_abstract_plan_gpt2_on_64x8_reports_every_strategy_and_a_choice(tmp_path
     assert doc["model"] == "gpt2-124m" and doc["mesh"] == [64, 8] and doc["batch"] == 512
     assert doc["memory_budget"] == 80 * 10**9
     rows = doc["strategies"]
-    assert set(rows) == set(STRATEGIES)
+    assert set(rows) == set(ALL_STRATEGIES)
+    for name in ("pp", "pp_dp", "pp_fsdp", "pp_tp"):  # 64 stages of 12 blocks
+        assert "stage would be empty" in rows[name]["error"]
     for name in ("tp", "tp_sp", "fsdp_tp"):  # 12 heads do not split over 8 ranks
         assert "n_head" in rows[name]["error"]
     for name in ("dp", "fsdp", "zero2", "hsdp", "replicate", "fsdp_int"):

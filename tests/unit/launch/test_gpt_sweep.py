@@ -34,12 +34,22 @@ def test_gpt_families_are_registered_with_the_strategies_that_run():
     assert tiny.name == "gpt-tiny" and small.name == "gpt-small"
     assert tiny.shapes["tok_emb.weight"] == (256, 64)
     assert small.shapes["blocks.5.mlp.fc.weight"] == (4 * 384, 384)
-    assert tiny.strategies(2) == ["local", "dp", "fsdp", "tp", "tp_sp"]
+    assert tiny.strategies(2) == ["local", "dp", "fsdp", "tp", "tp_sp", "pp2_m2", "pp2_m4",
+                                  "cp2"]
     assert "fsdp_tp not run (needs 4 ranks" in tiny.note()
-    assert tiny.strategies(4) == ["local", "dp", "fsdp", "tp", "tp_sp", "fsdp_tp", "hsdp"]
-    # gpt-small's 6 heads do not split over 4 ranks: no 1-D tensor parallelism there
-    assert small.strategies(4) == ["local", "dp", "fsdp", "fsdp_tp", "hsdp"]
+    assert "pp4 not run (2 ranks are not a multiple of 4)" in tiny.note()
+    # tiny's 2 blocks do not fill 4 stages
+    assert tiny.strategies(4) == ["local", "dp", "fsdp", "tp", "tp_sp", "fsdp_tp", "hsdp",
+                                  "pp2_fsdp2_m2", "pp2_fsdp2_m4", "cp4"]
+    assert "pp4 not run (2 blocks do not fill 4 stages)" in tiny.note()
+    # gpt-small's 6 heads do not split over 4 ranks: no 1-D tensor parallelism there; its
+    # batch of 4 gives a (pp 2, dp 2) replica 2 sequences: no 4 micro-batches
+    assert small.strategies(4) == ["local", "dp", "fsdp", "fsdp_tp", "hsdp", "pp2_fsdp2_m2",
+                                   "pp4_m2", "pp4_m4", "cp4"]
     assert "tp not run (6 heads (sequence 256) do not split over 4 ranks)" in small.note()
+    assert "pp2_fsdp2_m4 not run (4 micro-batches do not split a replica's 2" in small.note()
+    small.set_dimensions((), (), ())
+    assert small.strategies(4) == ["local", "dp", "fsdp", "fsdp_tp", "hsdp"]
     assert tiny.auto_model() is None  # a module: the sweep chooses by the predictor
 
 
@@ -100,7 +110,8 @@ def test_gpt_tiny_sweep_reports_predicted_and_measured_step_and_peak(tmp_path):
     assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
     doc = json.loads(out_path.read_text())
     rows = doc["results"]
-    assert [r["name"] for r in rows] == ["local", "dp", "fsdp", "tp", "tp_sp"]
+    assert [r["name"] for r in rows] == ["local", "dp", "fsdp", "tp", "tp_sp", "pp2_m2",
+                                         "pp2_m4", "cp2"]
     for r in rows:
         assert r["step_us"] > 0 and r["predicted_step_us"] > 0, r["name"]
         measured = max(r["peak_with_state_bytes"])
@@ -109,7 +120,7 @@ def test_gpt_tiny_sweep_reports_predicted_and_measured_step_and_peak(tmp_path):
         assert r["loss_error"] < 1e-5, r["name"]
     want = spearman([r["predicted_step_us"] for r in rows], [r["step_us"] for r in rows])
     assert doc["spearman"] == pytest.approx(want)
-    assert f"Spearman rank correlation predicted/measured step: {want:.3f} over 5" \
+    assert f"Spearman rank correlation predicted/measured step: {want:.3f} over 8" \
         in proc.stdout
     choice = doc["choice"]
     chosen = min(rows, key=lambda r: r["predicted_step_us"])
@@ -126,8 +137,37 @@ def test_gpt_tiny_sweep_reports_predicted_and_measured_step_and_peak(tmp_path):
     assert doc["spearman_unfitted"] == pytest.approx(rest, nan_ok=True)
     assert "the predictor was fitted to the measured step of local; Spearman without it:" \
         in proc.stdout
-    assert "strategy_sweep: [5/5] tp_sp (mesh (2,))" in proc.stderr
+    assert "strategy_sweep: [8/8] cp2 (mesh (2,))" in proc.stderr
     if _has_matplotlib():
         assert png.stat().st_size > 0
     else:
         assert "matplotlib is not installed" in proc.stdout
+
+
+@pytest.mark.mode_independent  # a launcher job and its report
+def test_gpt_tiny_pipeline_sweep_trains_like_the_local_model(tmp_path):
+    """At 2 ranks, a pipeline of 2 stages (1F1B, 2 micro-batches) and context parallelism
+    beside the local model: the first losses equal the local run's, the predictions carry
+    the pipeline (bubble 1/3)."""
+    cal = tmp_path / "builtin.json"
+    dt.autoshard.Calibration(ranks=2, mesh_shape=(2,)).save(cal)
+    out_path = tmp_path / "pp.json"
+    cmd = [sys.executable, "-m", "launch", "-n", "2", "--timeout", str(LIMIT_S),
+           "launch/experiments/strategy_sweep.py", "--train", "--model", "gpt-tiny",
+           "--repeat", "1", "--calibration", str(cal), "--pp-degrees", "2",
+           "--microbatches", "2", "--cp-degrees", "2", "--out", str(out_path)]
+    proc = run_group(cmd, ROOT, LIMIT_S + 30, child_env(drop=["DTENSOR_MESH"]))
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    rows = {r["name"]: r for r in json.loads(out_path.read_text())["results"]}
+    assert list(rows)[-2:] == ["pp2_m2", "cp2"]
+    for name in ("pp2_m2", "cp2"):
+        r = rows[name]
+        assert r["loss_error"] < 1e-5, name
+        assert r["step_us"] > 0 and r["predicted_step_us"] > 0, name
+        measured = max(r["peak_with_state_bytes"])
+        assert abs(r["predicted_peak_bytes"] - measured) / measured < 0.3, name
+    # the pipeline's stages exchange activations and gradients point to point
+    assert set(rows["pp2_m2"]["comm"]["forward"]) >= {"send", "recv"}
+    # each stage holds about half of the model: less memory than the local run
+    assert max(rows["pp2_m2"]["peak_with_state_bytes"]) < max(
+        rows["local"]["peak_with_state_bytes"])

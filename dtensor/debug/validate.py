@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from placements import Partial, Placement, Replicate, Shard
+from placements.errors import CommError
 from placements.layout import local_slices
 from placements.meta import dtype_kind, is_bfloat16
 from placements.rules import (
@@ -116,7 +117,7 @@ class _SimComm:
                 box = g.mail.setdefault(key, [])
                 if not g.posted.wait_for(lambda b=box: b or g.barrier.broken,
                                          timeout=60) or g.barrier.broken:
-                    raise RuntimeError(f"validator: no message {key} (or a member failed)")
+                    raise CommError(f"validator: no message {key} (or a member failed)")
                 arr[...] = box.pop(0)
 
     def test_all(self, requests: Sequence) -> bool:

@@ -127,3 +127,33 @@ def test_other_placements_go_the_old_way(rng, case):
     want = torch.nn.functional.scaled_dot_product_attention(
         *(torch.tensor(a) for a in (q, k, v)), attn_mask=tm).numpy()
     np.testing.assert_allclose(out.full_tensor().numpy(), want, rtol=1e-10, atol=1e-12)
+
+
+def test_backward_reads_the_forwards_results(rng, monkeypatch):
+    """The ring's backward takes the forward's output and log-sum-exp (one forward ring per
+    step, not a second one in the backward); a backward op called on its own runs it."""
+    from dtensor.ops import ring  # lazy: the kernel module, its forward counted here
+
+    calls = []
+    forward = ring._ring_forward
+
+    def counted(*a, **kw):
+        calls.append(1)
+        return forward(*a, **kw)
+
+    monkeypatch.setattr(ring, "_ring_forward", counted)
+    q, k, v, g = _data(rng, 11)
+    mesh = dt.init_device_mesh((N,))
+    pl = [dt.Shard(2)]
+    d = [t.requires_grad_() for t in _sharded((q, k, v), mesh, pl)]
+    out = dt.scaled_dot_product_attention(*d, is_causal=True)
+    out.backward(dt.distribute_tensor(dt.tensor(g), mesh, pl))
+    assert len(calls) == 1
+    plain = _sharded((q, k, v), mesh, pl)
+    gd = dt.distribute_tensor(dt.tensor(g), mesh, pl)
+    grads = dt.scaled_dot_product_attention_backward(gd, *plain, is_causal=True)
+    assert len(calls) == 2
+    for a, t in zip(grads, d):
+        assert a.placements == (dt.Shard(2),)
+        np.testing.assert_allclose(a.full_tensor().numpy(), t.grad.full_tensor().numpy(),
+                                   rtol=1e-12, atol=1e-14)

@@ -30,6 +30,7 @@ from placements.rules import (
     OpStrategy,
     defers_partial,
     nd_valid,
+    pass_cost,
     reduce_cost,
     rule_result,
     unshard_cost,
@@ -292,7 +293,10 @@ def _plan_steps(op: str, arg: int, spec: DTensorSpec, steps: Sequence) -> list[C
 
 def _kernel_steps(op: str, strategy: OpStrategy, mesh: object) -> list[Collective]:
     """The all-reduces the kernel of the chosen strategy runs itself (its candidates that
-    say :attr:`placements.rules.Candidate.collective`), after the inputs' moves."""
+    say :attr:`placements.rules.Candidate.collective`), after the inputs' moves, and its
+    ring passes (:attr:`placements.rules.Candidate.passes`: a ``send`` and a ``recv`` of
+    the largest block per step, as ``CommDebugMode`` counts them; the pass's cost on its
+    sends)."""
     if not strategy.candidates_considered:
         return []
     combo = strategy.candidates_considered[-1][0]  # the chosen one: the last best found
@@ -307,6 +311,15 @@ def _kernel_steps(op: str, strategy: OpStrategy, mesh: object) -> list[Collectiv
             spec = DTensorSpec._trusted(mesh, pl, (n,), strategy.output_specs[0].dtype)
             out.append(Collective(op, 0, "all_reduce", m, True, n * spec.dtype.itemsize,
                                   redistribute_cost(spec, (Replicate(),) * nm, model)))
+        k = mesh.shape[m]
+        cost_fn = _dispatch._cost_fn({}, mesh)
+        for n in c.passes:
+            dtype = strategy.output_specs[0].dtype
+            block = -(-n // k) * dtype.itemsize
+            each = pass_cost(cost_fn, m, tuple(mesh.shape), n, dtype) / (k - 1)
+            for _ in range(k - 1):
+                out.append(Collective(op, 0, "send", m, True, block, each))
+                out.append(Collective(op, 0, "recv", m, True, block, 0.0))
     return out
 
 
@@ -342,6 +355,8 @@ def _candidates(
             continue
         cost = sum(reduce_cost(cost_fn, m, mesh_ndim, n, dtype)
                    for m, c in enumerate(combo) for n in c.reduces)
+        cost += sum(pass_cost(cost_fn, m, tuple(mesh.shape), n, dtype)
+                    for m, c in enumerate(combo) for n in c.passes)
         cost += sum(unshard_cost(cost_fn, result, c, m, mesh_ndim)
                     for m, c in enumerate(combo) if not sharded[m])
         ins = []
@@ -365,7 +380,11 @@ def _candidates(
                 placement_list(tuple(c.placements[k] for c in combo))
                 for k in range(n_out)
             ]
-            priced.append((cost, order, f"{', '.join(outs)} <- {', '.join(ins)}"))
+            desc = f"{', '.join(outs)} <- {', '.join(ins)}"
+            rings = [m for m, c in enumerate(combo) if c.passes and mesh.shape[m] > 1]
+            if rings:  # the kernel's own point-to-point traffic (ring attention)
+                desc += f"  [ring over mesh dim {rings[0]}]"
+            priced.append((cost, order, desc))
     priced.sort()
     return [(desc, cost) for cost, _, desc in priced], len(priced)
 

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from placements import Partial, Placement, Replicate, Shard
+from placements.errors import CommError
 from placements.layout import local_slices
 from placements.meta import dtype_kind, is_bfloat16
 from placements.rules import (
@@ -76,8 +77,12 @@ class _SimGroup:
     per member."""
 
     def __init__(self, size: int) -> None:
+        self.size = size
         self.barrier = threading.Barrier(size, timeout=60)
         self.slots: list = [None] * size
+        # point-to-point: (source, dest, tag) -> the messages sent, in order
+        self.mail: dict[tuple[int, int, int], list] = {}
+        self.posted = threading.Condition()
 
 
 _SIM_REDUCE = {"sum": np.sum, "max": np.max, "min": np.min}
@@ -85,10 +90,38 @@ _SIM_REDUCE = {"sum": np.sum, "max": np.max, "min": np.min}
 
 class _SimComm:
     """One coordinate's view of a :class:`_SimGroup` (a group of its coordinate
-    :class:`AbstractMesh`): the all-reduce kernels call."""
+    :class:`AbstractMesh`): the all-reduce kernels call, and the point-to-point messages of
+    ring attention (a send is a copy left in the group's mailbox, complete at once; a
+    receive takes it at the wait)."""
 
     def __init__(self, group: _SimGroup, rank: int) -> None:
         self.group, self.rank = group, rank
+        self.size = group.size
+
+    def isend(self, arr: np.ndarray, dest: int, tag: int = 0, what: object = None) -> None:
+        g = self.group
+        with g.posted:
+            g.mail.setdefault((self.rank, dest, tag), []).append(arr.copy())
+            g.posted.notify_all()
+
+    def irecv(self, arr: np.ndarray, source: int, tag: int = 0, what: object = None) -> tuple:
+        return (arr, (source, self.rank, tag))
+
+    def wait_all(self, requests: Sequence) -> None:
+        g = self.group
+        for r in requests:
+            if r is None:
+                continue
+            arr, key = r
+            with g.posted:
+                box = g.mail.setdefault(key, [])
+                if not g.posted.wait_for(lambda b=box: b or g.barrier.broken,
+                                         timeout=60) or g.barrier.broken:
+                    raise CommError(f"validator: no message {key} (or a member failed)")
+                arr[...] = box.pop(0)
+
+    def test_all(self, requests: Sequence) -> bool:
+        return False
 
     def allreduce(self, send: np.ndarray, recv: np.ndarray | None = None, op: str = "sum",
                   what: object = None) -> None:

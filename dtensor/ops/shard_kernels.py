@@ -63,6 +63,7 @@ from ..local.backend import array_module_of
 from ..local.kernels import attention as _math_attention
 from ..local.kernels import nn as _math_nn
 from ..local.tensor import Tensor, wrap_array
+from .ring import ring_backward_local, ring_local
 from .table import OPS
 
 R = Replicate()
@@ -344,7 +345,11 @@ def dropout_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
 
 def attention_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
     """``scaled_dot_product_attention`` with a sharded output: this block's global first
-    query row and the global offsets of its attention weights go to the kernel."""
+    query row and the global offsets of its attention weights go to the kernel; under the
+    ring strategy, ring attention (:mod:`.ring`)."""
+    ring = ring_local(schema, strategy)
+    if ring is not None:
+        return ring
     spec = strategy.output_specs[0]
     if not spec.is_sharded():
         return _math.scaled_dot_product_attention
@@ -362,7 +367,10 @@ def attention_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
 def attention_backward_local(schema: OpSchema, strategy: OpStrategy) -> Callable:
     """``scaled_dot_product_attention_backward`` with the query's gradient sharded on its
     sequence dim: this block's global first query row goes to the kernel (the causal mask
-    is the global one)."""
+    is the global one); under the ring strategy, ring attention's backward (:mod:`.ring`)."""
+    ring = ring_backward_local(schema, strategy)
+    if ring is not None:
+        return ring
     spec = strategy.output_specs[0]  # the query's gradient (..., L, E)
     row = spec.local_offsets(_coord(strategy))[-2] if spec.is_sharded() else 0
     if not row:

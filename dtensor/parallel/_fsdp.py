@@ -581,39 +581,45 @@ def _state_of(module: Module, op: str) -> _Group:
 
 
 def _combined_mesh(dp: DeviceMesh, tp: DeviceMesh, where: str) -> DeviceMesh:
-    """The 2-D ``(tp, dp)`` mesh of the ranks of ``dp`` and ``tp`` (submeshes of one 2-D
-    mesh): the sharded parameters' mesh under FSDP x TP, tensor-parallel dim first, so that
-    ``(tp placement, Shard(0))`` shards the tensor-parallel shard along dp. **Collective**."""
+    """The 2-D ``(tp, dp)`` mesh of the ranks of ``dp`` and ``tp`` (submeshes of one mesh):
+    the sharded parameters' mesh under FSDP x TP, tensor-parallel dim first, so that
+    ``(tp placement, Shard(0))`` shards the tensor-parallel shard along dp. **Collective**
+    over those ranks only (each rank's dp row, then the rows over tp, then the new
+    communicator of that block): the other ranks of a larger mesh (the other stages of a
+    ``(pp, dp, tp)`` mesh, which shard other modules) take no part."""
     key = (dp, tp)
     cached = _COMBINED.get(key)
     if cached is not None:
         return cached
     world = _comm.world()
-    me = np.array([tp.get_local_rank(), dp.get_local_rank(), dp.size(), tp.size()],
-                  dtype=np.int64)
-    allv = world.allgather_ints(me, what="fully_shard").reshape(world.size, 4)
-    if len(set(allv[:, 2])) != 1 or len(set(allv[:, 3])) != 1 or \
-            allv[0, 2] * allv[0, 3] != world.size:
+    me = np.array([world.rank, dp.size(), tp.size()], dtype=np.int64)
+    row = dp.get_group().allgather_ints(me, what="fully_shard")
+    rows = tp.get_group().allgather_ints(row.ravel(), what="fully_shard").reshape(
+        tp.size(), dp.size(), 3)
+    grid = rows[:, :, 0]
+    if (rows[:, :, 1] != dp.size()).any() or (rows[:, :, 2] != tp.size()).any() or \
+            len(set(grid.ravel().tolist())) != grid.size or \
+            grid[tp.get_local_rank(), dp.get_local_rank()] != world.rank:
         raise MeshError(
             f"fully_shard({where}): the FSDP mesh {dp!r} and the parameters' mesh {tp!r} do "
-            "not form one 2-D mesh of all ranks"
+            "not form one 2-D mesh"
         )
-    grid = np.full((int(allv[0, 3]), int(allv[0, 2])), -1, dtype=np.int64)
-    for r, (i, j, _, _) in enumerate(allv):
-        grid[i, j] = r
-    if (grid < 0).any():
-        raise MeshError(
-            f"fully_shard({where}): the FSDP mesh {dp!r} and the parameters' mesh {tp!r} do "
-            "not form one 2-D mesh of all ranks"
-        )
+    group = world.mpi.Get_group()
+    block = group.Incl(grid.ravel().tolist())
+    comm = world.mpi.Create_group(block, _BLOCK_TAG)
+    block.Free()
+    group.Free()
     names = None
     if dp.mesh_dim_names and tp.mesh_dim_names:
         names = (tp.mesh_dim_names[0], dp.mesh_dim_names[0])
-    mesh = DeviceMesh(dp.device_type, grid, mesh_dim_names=names)
+    mesh = DeviceMesh(dp.device_type, np.arange(grid.size).reshape(grid.shape),
+                      mesh_dim_names=names, comm=comm)
     _COMBINED[key] = mesh
     return mesh
 
 
+#: The tag of the creation of a ``(tp, dp)`` block's communicator (MPI_Comm_create_group).
+_BLOCK_TAG = 3411
 _COMBINED: dict = {}
 
 

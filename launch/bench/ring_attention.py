@@ -12,7 +12,7 @@ one step is a causal ``dt.nn.functional.scaled_dot_product_attention`` and its b
   their gradients reduce-scattered back), then the op's rule for sharded queries against
   whole keys (dtensor's layout: rank 0 holds the early half of the queries);
 - ``serial``: ring attention with each transfer completed before the compute it would
-  overlap (``dtensor.ring_attention.OVERLAP = False``);
+  overlap (``dtensor.ops.ring.OVERLAP = False``);
 - ``comm``: the ring's transfers alone (the same messages, no compute);
 - the fraction of communication hidden: ``(serial - ring) / comm``, clipped to [0, 1];
 - memory per rank: the peak during one step above what was held before it, the worst
@@ -42,7 +42,7 @@ import numpy as np
 from mpi4py import MPI
 
 import dtensor as dt
-import dtensor.ring_attention as ring
+from dtensor.ops import ring
 from launch.bench._common import Progress, bench_args, emit, environment, table, worst_rank
 
 F = dt.nn.functional

@@ -59,6 +59,7 @@ __all__ = [
     "defers_partial",
     "get_rule",
     "nd_valid",
+    "pass_cost",
     "propagate",
     "reduce_cost",
     "register_rule",
@@ -138,11 +139,19 @@ class Candidate:
     a consumer will run on a Partial output the strategy creates from unreduced inputs
     (local indexing with masking). The expander adds their cost to the candidate's, so
     such a candidate wins only where it is cheaper than redistributing the inputs.
+
+    ``passes`` lists the tensors the kernel passes around the ring of this mesh dim, by
+    global element count: on each of the ``k - 1`` steps of a ring of ``k`` coordinates
+    every coordinate sends its block of each to its successor and receives its
+    predecessor's (ring attention's key/value blocks, one message per step): ``(k - 1) / k``
+    of the tensor per rank, what an all-gather of it moves (:func:`pass_cost`). Such a
+    candidate is ``collective``.
     """
 
     placements: tuple[Placement | None, ...]
     reduces: tuple[int, ...] = ()
     collective: bool = False
+    passes: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -509,7 +518,7 @@ def _mesh_dim_candidates(
         pl = c.placements
         if inplace and (pl[0] != first or pl[n_out] != first):
             continue
-        est = sum(c.reduces) + len(c.reduces)
+        est = sum(c.reduces) + len(c.reduces) + sum(c.passes) + len(c.passes)
         for j, _, cur, size in tensors:
             t = pl[j]
             if t is None or t == cur[m]:
@@ -545,6 +554,7 @@ def _cheapest_combo(
     tensors: list[_Tensor],
     dims: list[list[_Ranked]],
     cost_fn: Callable[[ArgMeta, tuple[Placement, ...]], float],
+    mesh_shape: tuple[int, ...],
 ) -> tuple[tuple[Candidate, ...] | None, float, list[tuple[tuple[Candidate, ...], float]]]:
     """Branch and bound over every combination of ranked candidates (one per mesh dim).
 
@@ -552,7 +562,8 @@ def _cheapest_combo(
     ``cost_fn`` (memoised per argument and target placements) and abandoned as soon as it
     exceeds the best cost found; the all-reduces a candidate implies
     (:attr:`Candidate.reduces`) count as the move of a ``P(sum)`` vector of their size to
-    Replicate on their mesh dim, and a Shard output on a mesh dim where no argument is
+    Replicate on their mesh dim, the ring passes (:attr:`Candidate.passes`) as
+    :func:`pass_cost` says, and a Shard output on a mesh dim where no argument is
     sharded as the gather that undoes it (:func:`unshard_cost`). Returns the cheapest valid
     combination (ties: the smaller tuple of list indices, mesh dim 0 first; None if
     nd_check rejects all), its cost and
@@ -584,6 +595,11 @@ def _cheapest_combo(
                 c_red = reduce_memo.get((m, n))
                 if c_red is None:
                     c_red = reduce_memo[m, n] = reduce_cost(cost_fn, m, nm, n, dtype)
+                cost += c_red
+            for n in e[2].passes:
+                c_red = reduce_memo.get((m, -n - 1))
+                if c_red is None:
+                    c_red = reduce_memo[m, -n - 1] = pass_cost(cost_fn, m, mesh_shape, n, dtype)
                 cost += c_red
             if not sharded[m]:
                 c_un = unshard_memo.get((m, e[2]))
@@ -651,6 +667,27 @@ def reduce_cost(
     return float(cost_fn(ArgMeta((n,), dtype, pl), (R,) * nm))
 
 
+def pass_cost(
+    cost_fn: Callable[[ArgMeta, tuple[Placement, ...]], float],
+    m: int,
+    mesh_shape: tuple[int, ...],
+    n: int,
+    dtype: np.dtype,
+) -> float:
+    """What ``cost_fn`` says a ring pass of a tensor of ``n`` elements over mesh dim ``m``
+    costs (:attr:`Candidate.passes`): each rank sends ``k - 1`` blocks of it, ``(k - 1) / k``
+    of the tensor, the traffic of an all-gather of it, priced as that move of an ``n``
+    vector (the cost model has no point-to-point figure: the all-gather's latency and
+    bandwidth; an MPI all-gather runs the same ``k - 1`` ring steps). 0 on a dim of one
+    coordinate. **Local**.
+    """
+    nm = len(mesh_shape)
+    if mesh_shape[m] == 1:
+        return 0.0
+    pl = tuple(S(0) if q == m else R for q in range(nm))
+    return float(cost_fn(ArgMeta((n,), dtype, pl), (R,) * nm))
+
+
 def propagate(
     schema: OpSchema,
     mesh: object,
@@ -681,7 +718,8 @@ def propagate(
     cs = _free_combo(result, zero)
     if cs is not None:
         return strategy_of(schema, mesh, result, cs, 0.0, ((cs, 0.0),))
-    best, best_cost, considered = _cheapest_combo(result, tensors, dims, cost_fn)
+    best, best_cost, considered = _cheapest_combo(result, tensors, dims, cost_fn,
+                                                  tuple(schema.mesh_shape))
     if best is None:  # only reachable with a rule whose nd_check rejects everything
         raise ShardingError(
             f"{schema.op}: no valid sharding strategy on mesh {schema.mesh_shape} for inputs "

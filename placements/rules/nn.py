@@ -39,10 +39,16 @@ embedding, cross_entropy, mse_loss, dropout, scaled_dot_product_attention.
   sharded, key and value replicated: each block of queries attends to every key (the local
   kernel gets the block's global first row, so a causal mask stays the global one, and
   the global offsets of its attention weights, so dropout draws the global mask), the
-  mask sharded alike on its query dim. Keys and values sharded on their sequence dim
-  are not a candidate here: the op gathers them. Ring attention (query, key and value all
-  ``Shard(seq)``, no mask, no dropout) runs before the op, in
-  ``dt.nn.functional.scaled_dot_product_attention`` (``dtensor/ring_attention.py``).
+  mask sharded alike on its query dim; or **ring attention**: query, key, value and
+  output all sharded on their sequence dim (no mask, no dropout, one batch shape, a
+  causal attention with as many queries as keys; on one mesh dim only, ``nd_check``):
+  the kernel (``dtensor/ops/ring.py``) passes the key/value blocks around the ring of
+  that mesh dim and declares them (:attr:`Candidate.passes`: ``k - 1`` blocks of key and
+  value per rank, one message per step, priced as the all-gather of both that it replaces;
+  the backward moves twice that, the key/value blocks again and their gradients, as the
+  gathering candidate's backward gathers them again and reduce-scatters their
+  gradients, so the forward's price ranks the two as a training step does). Otherwise
+  keys and values sharded on their sequence dim are gathered.
 - ``scaled_dot_product_attention_backward(grad, query, key, value)`` (the fused gradients
   of an attention without mask and dropout; no batch dim broadcast): a batch dim sharded
   alike everywhere (not the heads of grouped-query attention), or the query's sequence dim
@@ -53,6 +59,7 @@ embedding, cross_entropy, mse_loss, dropout, scaled_dot_product_attention.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -322,6 +329,13 @@ def _attention_backward(schema: OpSchema) -> RuleResult:
     # a block of queries: its own query gradient, its part of the key and value gradients
     L = S(nd - 2)
     cands.append(Candidate((L, P("sum"), P("sum"), L, L, R, R)))
+    if tuple(k.shape[:-2]) == tuple(q.shape[:-2]) == tuple(v.shape[:-2]) and not (
+            schema.get("is_causal", False) and q.shape[-2] != k.shape[-2]):
+        # ring attention's backward: the key/value blocks pass again (their gradients
+        # follow them, in place of the reduce-scatter of the candidate above's P(sum))
+        cands.append(Candidate((L,) * 7, collective=True,
+                               passes=(math.prod(k.shape) + math.prod(v.shape),)))
+        return RuleResult(shapes, (q.dtype,) * 3, tuple(cands), _one_ring(4))
     return RuleResult(shapes, (q.dtype,) * 3, tuple(cands))
 
 
@@ -343,7 +357,36 @@ def _attention(schema: OpSchema) -> RuleResult:
             continue  # grouped heads: each key/value head serves several query heads
         cands.append(Candidate((S(d), along(q, d), along(k, d), along(v, d), along(m, d))))
     cands.append(Candidate((S(nd - 2), S(nd - 2), R, R, along(m, nd - 2))))
-    return RuleResult((out,), (q.dtype,), tuple(cands))  # type: ignore[union-attr]
+    ring = _ring_candidate(schema, q, k, v, m)
+    if ring is None:
+        return RuleResult((out,), (q.dtype,), tuple(cands))  # type: ignore[union-attr]
+    cands.append(ring)
+    return RuleResult((out,), (q.dtype,), tuple(cands), _one_ring(1))  # type: ignore[union-attr]
+
+
+def _ring_candidate(schema: OpSchema, q, k, v, m) -> Candidate | None:
+    """Ring attention's candidate (the module's notes), where it applies: no mask, no
+    dropout, query, key and value of one batch shape (grouped-query heads not grouped),
+    and a causal attention with as many queries as keys."""
+    if m is None and schema.get("dropout_p", 0.0) == 0 and (
+            tuple(q.shape[:-2]) == tuple(k.shape[:-2]) == tuple(v.shape[:-2])) and not (
+            schema.get("is_causal", False) and q.shape[-2] != k.shape[-2]):
+        seq = S(len(q.shape) - 2)
+        return Candidate((seq, seq, seq, seq, None), collective=True,
+                         passes=(math.prod(k.shape) + math.prod(v.shape),))
+    return None
+
+
+def _one_ring(qi: int) -> Callable[[tuple[Candidate, ...]], bool]:
+    """The ``nd_check`` of a rule with a ring candidate (the query's placement at index
+    ``qi``): a combination with the ring on a mesh dim shards the query's sequence dim on
+    that mesh dim only (the ring kernel runs one ring)."""
+
+    def check(combo: tuple[Candidate, ...]) -> bool:
+        seq = next((c.placements[qi] for c in combo if c.passes), None)
+        return seq is None or sum(1 for c in combo if c.placements[qi] == seq) == 1
+
+    return check
 
 
 def _gelu_backward(schema: OpSchema) -> RuleResult:
@@ -402,8 +445,8 @@ _STATIC = {
     "cross_entropy": ("reduction",),
     "mse_loss": ("reduction",),
     "dropout": ("training",),
-    _SDPA: ("enable_gqa",),
-    f"{_SDPA}_backward": ("enable_gqa",),
+    _SDPA: ("enable_gqa", "dropout_p", "is_causal"),
+    f"{_SDPA}_backward": ("enable_gqa", "is_causal"),
 }
 
 

@@ -101,7 +101,7 @@ def test_ring_attention_on_shard_seq_dtensors(rng, causal, seq):
 def test_ring_blocks_of_queries_smaller_than_the_runs(rng, monkeypatch, causal, layout):
     """Blocks of 3 queries against runs of keys longer than a block: a causal block sees
     only a prefix of a run (the rest of the run skipped, its diagonal masked)."""
-    import dtensor.ring_attention as ring  # lazy: the kernel's block size, patched here
+    from dtensor.ops import ring  # lazy: the kernel's block size, patched here
 
     monkeypatch.setattr(ring, "BLOCK_ROWS", 3)
     seq = 29

@@ -145,7 +145,13 @@ def test_backward_rule_shards_batch_heads_and_queries():
     q, k, g = (2, 4, 6, 8), (2, 4, 7, 8), (2, 4, 6, 3)
     v = (2, 4, 7, 3)
     got = _candidates((g, q, k, v), enable_gqa=False)
+    # and ring attention's backward: everything sharded on the sequence dim
+    assert got == {(R,) * 7, (S(0),) * 7, (S(1),) * 7, (S(2), P, P, S(2), S(2), R, R),
+                   (S(2),) * 7}
+    # no ring for a causal attention of more keys than queries
+    got = _candidates((g, q, k, v), enable_gqa=False, is_causal=True)
     assert got == {(R,) * 7, (S(0),) * 7, (S(1),) * 7, (S(2), P, P, S(2), S(2), R, R)}
+    # nor for grouped key/value heads
     got = _candidates((g, q, (2, 2, 7, 8), (2, 2, 7, 3)), enable_gqa=True)
     assert got == {(R,) * 7, (S(0),) * 7, (S(2), P, P, S(2), S(2), R, R)}
 
@@ -155,3 +161,55 @@ def _candidates(shapes, **static):
     res = rule_result(OpSchema("scaled_dot_product_attention_backward", args,
                                tuple(static.items()), (2,)))
     return {c.placements for c in res.candidates}
+
+
+def _forward(shapes, mesh=(2,), mask=None, **static):
+    args = (*(ArgMeta(s, np.dtype(np.float32)) for s in shapes),
+            None if mask is None else ArgMeta(mask, np.dtype(np.bool_)))
+    return OpSchema("scaled_dot_product_attention", args, tuple(static.items()), mesh)
+
+
+def test_forward_rule_offers_the_ring_only_where_it_applies():
+    S = Shard
+    q, k = (2, 4, 6, 8), (2, 4, 7, 8)
+    ring = (S(2), S(2), S(2), S(2), None)
+
+    def has_ring(schema):
+        cands = [c for c in rule_result(schema).candidates if c.passes]
+        assert all(c.collective for c in cands)
+        return [c.placements for c in cands] == [ring[: len(c.placements)] for c in cands] \
+            and bool(cands)
+
+    # priced by the key and value it passes: their whole element counts
+    (c,) = [c for c in rule_result(_forward((q, k, k))).candidates if c.passes]
+    assert c.placements == ring and c.passes == (2 * 2 * 4 * 7 * 8,)
+    assert not has_ring(_forward((q, k, k), is_causal=True))  # causal: as many keys as queries
+    assert has_ring(_forward((q, q, q), is_causal=True))
+    assert not has_ring(_forward((q, k, k), dropout_p=0.1))
+    assert not has_ring(_forward((q, k, k), mask=(6, 7)))
+    assert not has_ring(_forward((q, (2, 2, 7, 8), (2, 2, 7, 8)), enable_gqa=True))
+    assert not has_ring(_forward((q, (1, 4, 7, 8), (1, 4, 7, 8))))  # broadcast batch
+
+
+def test_propagate_takes_the_ring_on_one_mesh_dim_only():
+    from dtensor.distributed.abstract import AbstractMesh  # lazy: a metadata-only mesh
+    from placements.rules import propagate  # lazy: only this test searches strategies
+
+    def cost(meta, target):  # one latency plus the elements of each move
+        return (1.0 + float(np.prod(meta.shape))) * (meta.placements != tuple(target))
+
+    S = Shard
+    q = (2, 4, 6, 8)
+    args = tuple(ArgMeta(q, np.dtype(np.float32), pl) for pl in [(S(2),)] * 3) + (None,)
+    schema = OpSchema("scaled_dot_product_attention", args, (), (4,))
+    st = propagate(schema, AbstractMesh((4,)), cost)
+    # the ring moves what gathering key and value does, in one message per step
+    assert st.input_placements[:3] == ((S(2),),) * 3
+    assert st.candidates_considered[-1][0][0].passes
+    # the sequence sharded on both mesh dims: the ring runs on one, so not here
+    args2 = tuple(ArgMeta(q, np.dtype(np.float32), (S(2), S(2))) for _ in range(3)) + (None,)
+    res = rule_result(OpSchema("scaled_dot_product_attention", args2, (), (2, 2)))
+    ring = next(c for c in res.candidates if c.passes)
+    seq_q = next(c for c in res.candidates if not c.passes and c.placements[1] == S(2))
+    assert not res.nd_check((ring, ring)) and not res.nd_check((ring, seq_q))
+    assert res.nd_check((ring, res.candidates[0])) and res.nd_check((seq_q, seq_q))

@@ -676,8 +676,9 @@ def _reduced_grads(grads: list, layouts: tuple) -> list:
 def _apply(node: _ag.Node, grads: list) -> list:
     bw, values, slots, layouts = node.ctx
     if layouts is not None:
-        grads = _reduced_grads(grads, layouts)
-    need = [e is not None for e in node.edges]
+        # (in place: a split backward runs the node twice on one list, reduced once)
+        grads[:] = _reduced_grads(grads, layouts)
+    need = _ag.needed(node)
     out = node.out
     if bw.out and _MODE.enabled:  # a backward that records (create_graph): the saved
         out = _detached(out)  # output with its history, which is this node's output

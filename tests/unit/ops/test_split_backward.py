@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 import dtensor as dt
 from dtensor.errors import AutogradError
 from dtensor.local import grad_engine as _ag
 
 F = dt.nn.functional
-TF = torch.nn.functional
 
 
 def _data(seed, shapes):
@@ -26,10 +24,9 @@ def _data(seed, shapes):
 def _leaves(lib, data, names):
     """The arrays of ``data`` as float64 leaves of ``lib`` (dt or torch); those in
     ``names`` require grad."""
-    make = dt.from_numpy if lib is dt else torch.from_numpy
     out = {}
     for k, a in data.items():
-        t = make(a.copy())
+        t = lib.from_numpy(a.copy())
         if k in names:
             t.requires_grad_(True)
         out[k] = t
@@ -85,12 +82,15 @@ GRAPHS = {
 def _build(lib, name, data):
     _, grads, _, fn = GRAPHS[name]
     t = _leaves(lib, data, grads)
-    t["idx"] = dt.from_numpy(IDX) if lib is dt else torch.from_numpy(IDX)
-    return t, fn(lib, F if lib is dt else TF, t)
+    t["idx"] = lib.from_numpy(IDX)
+    return t, fn(lib, lib.nn.functional, t)
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("name", sorted(GRAPHS))
 def test_split_equals_full_backward_and_torch(name):
+    import torch  # lazy: the oracle (the tests using it are marked torch)
+
     shapes, grads, inputs, _ = GRAPHS[name]
     data = _data(len(name), shapes)
     # full backward (dtensor)

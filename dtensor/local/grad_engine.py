@@ -30,6 +30,11 @@ On the compiled path the autograd state and the nodes' attributes are compiled c
 constructors as the Python ones here), which the compiled recorder makes without running
 Python code; a compiled node stops counting its saved tensors' versions as it goes.
 
+Zero-bubble pipelines split a backward in two (:func:`backward_input`, then
+:meth:`WeightWork.run`): the input half walks only the nodes that lead to the stage input,
+running the formulas of those with weight edges for their input edges only (the ``need``
+mask, :func:`needed`), and the weight half runs the rest once; see the section below.
+
 While :func:`run_backward` walks the graph, :func:`in_backward` is true and
 :func:`current_backward` names the op whose node runs (its formula, the summing of the
 gradients it produces and their accumulation into leaves): the debug tools attribute the
@@ -870,7 +875,9 @@ class WeightWork:
     that were run for their input edges only, with the gradients they received, and the
     subgraph that leads only to the weights. :meth:`run` computes it once.
 
-    It holds the stashed nodes' saved tensors and output gradients until it runs.
+    It holds the stashed nodes' saved tensors and output gradients until it runs (what a
+    stashed node saved for its input edges alone is a weight in the common case, held by
+    its module anyway; the nodes of the input half alone were freed when it ended).
     """
 
     __slots__ = ("_buffers", "_deps", "_later", "_leaf_deps", "_ran", "_retain", "_stash",

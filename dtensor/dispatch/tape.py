@@ -685,8 +685,10 @@ def _apply(node: _ag.Node, grads: list) -> list:
         out._ag = _ag.AutogradMeta(True, node, 0)
     res = bw.fn(grads if bw.multi else grads[0], values, out, need, FUNCTIONS)
     out = []
-    for r, v, n in zip(res, slots, need):
-        if r is None or not n:
+    for r, v, e in zip(res, slots, node.edges):
+        # (a gradient the formula gave although not asked: kept while its input needs
+        # one; a split backward's input half takes a cheap weight gradient so)
+        if r is None or e is None:
             out.append(None)
             continue
         if tuple(r.shape) != tuple(v.shape):

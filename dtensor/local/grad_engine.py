@@ -985,16 +985,15 @@ class WeightWork:
                     walk.op = None
                 if i == len(stash):
                     break
-                node, grads, rest = stash[i]
+                node, grads, again, kept = stash[i]
                 i += 1
                 walk.op = node.op
-                if grads is None:  # computed by the input half already
-                    for e, g in rest:
-                        deliver(e, g)
-                else:  # the node's other edges, from the gradient it got in the input half
-                    res = _apply_part(node, grads, rest)
+                for e, g in kept:  # computed by the input half already
+                    deliver(e, g)
+                if grads is not None:  # the other edges, from the gradient the node got
+                    res = _apply_part(node, grads, again)
                     done.append(node)
-                    for e, g, k in zip(node.edges, res, rest):
+                    for e, g, k in zip(node.edges, res, again):
                         if k:
                             deliver(e, g)
                 walk.op = None
@@ -1103,7 +1102,9 @@ def _input_half(outs: tuple, gos: tuple, ins: tuple, ws: tuple, retain: bool,
                     results[j] = g if results[j] is None else results[j] + g
         ready = [n for n in buffers if to_input[n] and deps.get(n, 0) == 0]
         done = []  # nodes whose formula does not run again
-        stash = []  # (node, gradients, need of the weight half) or (node, None, [(edge, g)])
+        # (node, its gradients or None, the edges the weight half computes, [(edge, g)] of
+        # those the input half computed: a formula may give more than it was asked for)
+        stash = []
         while ready:
             node = ready.pop()
             grads = buffers.pop(node)
@@ -1132,8 +1133,8 @@ def _input_half(outs: tuple, gos: tuple, ins: tuple, ws: tuple, retain: bool,
             else:
                 res = node.apply(grads)
             n0 = len(edges)
-            kept = []  # the other edges' gradients, when the formula gave them anyway
-            computed = empty
+            kept = []  # the other edges' gradients that the formula gave anyway
+            again = [False] * n0  # the other edges the weight half runs the formula for
             for i, g in enumerate(res):
                 if i >= n0:  # an edge the formula added (a checkpoint's leaves)
                     later.append((node.edges[i], g, True))
@@ -1142,8 +1143,10 @@ def _input_half(outs: tuple, gos: tuple, ins: tuple, ws: tuple, retain: bool,
                 if e is None:
                     continue
                 if rest[i]:
-                    kept.append((e, g))
-                    computed = computed or g is not None
+                    if g is None and not empty:
+                        again[i] = True
+                    else:
+                        kept.append((e, g))
                     continue
                 m = e.grad_fn
                 if m is None:
@@ -1159,11 +1162,11 @@ def _input_half(outs: tuple, gos: tuple, ins: tuple, ws: tuple, retain: bool,
                     ready.append(m)
             if not split:
                 done.append(node)
-            elif computed:  # (a formula that ignores the mask: keep what it gave)
-                stash.append((node, None, kept))
+            elif any(again):
+                stash.append((node, grads, again, kept))
+            else:  # (a formula that gave every gradient: the weight half only delivers)
+                stash.append((node, None, None, kept))
                 done.append(node)
-            else:
-                stash.append((node, grads, rest))
             walk.op = None
         for node, nr, key in captured_nodes:  # inputs whose nodes lead to no other input
             if not to_input.get(node, True):

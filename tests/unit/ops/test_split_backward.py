@@ -169,6 +169,38 @@ def test_each_half_computes_its_edges_only(monkeypatch):
     assert work.pending == 0
 
 
+def test_layer_norm_gives_its_affine_gradients_in_the_input_half(monkeypatch):
+    """layer_norm's fused pass yields the weight's and bias's gradients with the input's:
+    the input half keeps them (two d-vectors, not the output gradient) and the node does
+    not run again; they reach ``.grad`` at ``run()``, equal to a full backward's."""
+    calls = []
+    real = _ag.needed
+
+    def spy(node):
+        calls.append(node.op)
+        return real(node)
+
+    monkeypatch.setattr(_ag, "needed", spy)
+    data = _data(13, {"x": (2, 3, 6), "g": (6,), "b": (6,), "w": (4, 6)})
+    names = ("x", "g", "b", "w")
+
+    def fn(t):
+        return F.linear(F.layer_norm(t["x"], (6,), t["g"], t["b"]), t["w"]).tanh().sum()
+
+    ref = _leaves(dt, data, names)
+    fn(ref).backward()
+    t = _leaves(dt, data, names)
+    calls.clear()
+    (gx,), work = _ag.backward_input([fn(t)], None, [t["x"]], [t["g"], t["b"], t["w"]])
+    assert calls.count("layer_norm") == 1 and t["g"].grad is None
+    calls.clear()
+    work.run()
+    assert calls == ["linear"]
+    np.testing.assert_array_equal(gx.numpy(), ref["x"].grad.numpy())
+    for k in ("g", "b", "w"):
+        np.testing.assert_array_equal(t[k].grad.numpy(), ref[k].grad.numpy())
+
+
 def test_weight_only_subgraph_waits_for_w(monkeypatch):
     """What leads only to the weights (a view of a weight) runs in the weight half."""
     seen = []

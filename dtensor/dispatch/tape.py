@@ -676,16 +676,19 @@ def _reduced_grads(grads: list, layouts: tuple) -> list:
 def _apply(node: _ag.Node, grads: list) -> list:
     bw, values, slots, layouts = node.ctx
     if layouts is not None:
-        grads = _reduced_grads(grads, layouts)
-    need = [e is not None for e in node.edges]
+        # (in place: a split backward runs the node twice on one list, reduced once)
+        grads[:] = _reduced_grads(grads, layouts)
+    need = _ag.needed(node)
     out = node.out
     if bw.out and _MODE.enabled:  # a backward that records (create_graph): the saved
         out = _detached(out)  # output with its history, which is this node's output
         out._ag = _ag.AutogradMeta(True, node, 0)
     res = bw.fn(grads if bw.multi else grads[0], values, out, need, FUNCTIONS)
     out = []
-    for r, v, n in zip(res, slots, need):
-        if r is None or not n:
+    for r, v, e in zip(res, slots, node.edges):
+        # (a gradient the formula gave although not asked: kept while its input needs
+        # one; a split backward's input half takes a cheap weight gradient so)
+        if r is None or e is None:
             out.append(None)
             continue
         if tuple(r.shape) != tuple(v.shape):

@@ -30,6 +30,11 @@ On the compiled path the autograd state and the nodes' attributes are compiled c
 constructors as the Python ones here), which the compiled recorder makes without running
 Python code; a compiled node stops counting its saved tensors' versions as it goes.
 
+Zero-bubble pipelines split a backward in two (:func:`backward_input`, then
+:meth:`WeightWork.run`): the input half walks only the nodes that lead to the stage input,
+running the formulas of those with weight edges for their input edges only (the ``need``
+mask, :func:`needed`), and the weight half runs the rest once; see the section below.
+
 While :func:`run_backward` walks the graph, :func:`in_backward` is true and
 :func:`current_backward` names the op whose node runs (its formula, the summing of the
 gradients it produces and their accumulation into leaves): the debug tools attribute the
@@ -54,8 +59,10 @@ __all__ = [
     "AutogradMeta",
     "FunctionNode",
     "Node",
+    "WeightWork",
     "activate",
     "backward",
+    "backward_input",
     "bump_version",
     "current_backward",
     "edge_of",
@@ -66,6 +73,7 @@ __all__ = [
     "is_active",
     "is_grad_enabled",
     "make_leaf",
+    "needed",
     "no_grad",
     "on_activate",
     "owner",
@@ -507,13 +515,15 @@ def queue_callback(fn: Callable[[], None]) -> None:
 # -- the walk ---------------------------------------------------------------------------------------
 class _Walk:
     """Where a backward pass is: ``active`` while one runs, ``op`` the op whose node runs
-    (None between nodes)."""
+    (None between nodes), ``mask`` ``(node, need)`` while one half of a split backward
+    runs ``node`` for the edges ``need`` marks only (see :func:`needed`)."""
 
-    __slots__ = ("active", "op")
+    __slots__ = ("active", "mask", "op")
 
     def __init__(self) -> None:
         self.active = False
         self.op: str | None = None
+        self.mask: tuple | None = None
 
 
 _WALK = _Walk()
@@ -571,20 +581,8 @@ def run_backward(tensors: Sequence, grad_tensors: Sequence, retain_graph: bool,
     ``id(meta) -> [meta, gradient]`` in the order the leaves are reached (a checkpoint's
     recomputation finds the leaves its function read).
     """
-    walk = _WALK
-    prev = walk.active, walk.op
-    outer = not prev[0]
-    walk.active, walk.op = True, None
-    try:
-        results = _walk(tensors, grad_tensors, retain_graph, inputs, op, create_graph, leaves)
-        if outer:
-            callbacks = _CALLBACKS
-            while callbacks:
-                callbacks.pop(0)()
-    finally:
-        walk.active, walk.op = prev
-        if outer:
-            _CALLBACKS.clear()
+    results = _pass(lambda: _walk(tensors, grad_tensors, retain_graph, inputs, op,
+                                  create_graph, leaves))
     if inputs is None:
         return None
     for j, r in enumerate(results):
@@ -594,6 +592,26 @@ def run_backward(tensors: Sequence, grad_tensors: Sequence, retain_graph: bool,
                 "used in the graph. Set allow_unused=True if this is the desired behavior."
             )
     return results
+
+
+def _pass(run: Callable[[], object]) -> object:
+    """``run()`` as one backward pass: :func:`in_backward` true meanwhile; the callbacks
+    queued (:func:`queue_callback`) run after it when it is the outermost pass."""
+    walk = _WALK
+    prev = walk.active, walk.op
+    outer = not prev[0]
+    walk.active, walk.op = True, None
+    try:
+        result = run()
+        if outer:
+            callbacks = _CALLBACKS
+            while callbacks:
+                callbacks.pop(0)()
+    finally:
+        walk.active, walk.op = prev
+        if outer:
+            _CALLBACKS.clear()
+    return result
 
 
 def _walk(tensors: Sequence, grad_tensors: Sequence, retain_graph: bool,
@@ -778,6 +796,389 @@ def backward(tensors: object, grad_tensors: object = None, retain_graph: bool | 
     for x, g in zip(ins, grads):
         if g is not None:
             _accumulate(x._ag, g)
+
+
+# -- the split backward (zero-bubble pipelines) ----------------------------------------------------
+# A zero-bubble schedule runs each micro-batch's backward in two halves: I, the gradient of
+# the stage input (sent upstream at once), and W, the weights' gradients, later, where the
+# pipeline would otherwise idle. backward_input walks only the nodes that lead to the inputs
+# and, at each of them that also has edges toward the weights, computes the input edges'
+# gradients only (the formula's ``need`` mask, :func:`needed`) and stashes the node with the
+# gradient it received; WeightWork.run computes the stashed nodes' other edges and walks the
+# subgraph that leads only to the weights (a transpose or redistribute of a weight, FSDP's
+# gather), accumulating into ``.grad`` as backward does (each weight once, its
+# post-accumulate-grad hooks then). The two halves together run each formula once per edge.
+def needed(node: Node) -> list:
+    """Which of ``node``'s edges its formula computes a gradient for now: each edge that
+    leads to a tensor requiring grad or, while one half of a split backward runs ``node``
+    (:func:`backward_input`, :meth:`WeightWork.run`), that half's edges; the formula may
+    skip the others' work (the ``need`` of :class:`dtensor.ops.table.Backward`). **Local**."""
+    m = _WALK.mask
+    if m is not None and m[0] is node:
+        return list(m[1])
+    return [e is not None for e in node.edges]
+
+
+def _apply_part(node: Node, grads: list, mask: list) -> Sequence:
+    """``node.apply(grads)`` for the edges ``mask`` marks (a formula that ignores
+    :func:`needed` may give the others too: the caller decides what to keep)."""
+    walk = _WALK
+    prev = walk.mask
+    walk.mask = (node, mask)
+    try:
+        return node.apply(grads)
+    finally:
+        walk.mask = prev
+
+
+def _survey(roots: list, capture: dict) -> tuple[dict, dict, dict]:
+    """One pass over the graph below the nodes ``roots``: how many edges reach each node
+    and each leaf (``id(meta)``), and, per node, whether it leads to a captured input
+    (``capture``: keys as :func:`_walk` makes them), children before parents."""
+    deps: dict = {}
+    leaf_deps: dict = {}
+    to_input: dict = {}
+    for r in roots:
+        stack = [r]
+        while stack:
+            n = stack[-1]
+            if n in to_input:
+                stack.pop()
+                continue
+            below = False
+            for e in n.edges:
+                if e is not None:
+                    m = e.grad_fn
+                    if m is not None and m not in to_input:
+                        stack.append(m)
+                        below = True
+            if below:  # (back to n once its children are known)
+                continue
+            stack.pop()
+            hit = False
+            for e in n.edges:
+                if e is None:
+                    continue
+                m = e.grad_fn
+                if m is None:
+                    leaf_deps[id(e)] = leaf_deps.get(id(e), 0) + 1
+                    hit = hit or id(e) in capture
+                else:
+                    deps[m] = deps.get(m, 0) + 1
+                    hit = hit or to_input[m] or (id(m), e.output_nr) in capture
+            to_input[n] = hit
+    return deps, leaf_deps, to_input
+
+
+class WeightWork:
+    """The weight half of a split backward (what :func:`backward_input` left): the nodes
+    that were run for their input edges only, with the gradients they received, and the
+    subgraph that leads only to the weights. :meth:`run` computes it once.
+
+    It holds the stashed nodes' saved tensors and output gradients until it runs (what a
+    stashed node saved for its input edges alone is a weight in the common case, held by
+    its module anyway; the nodes of the input half alone were freed when it ended).
+    """
+
+    __slots__ = ("_buffers", "_deps", "_later", "_leaf_deps", "_ran", "_retain", "_stash",
+                 "_weights")
+
+    def __init__(self, buffers: dict, deps: dict, leaf_deps: dict, stash: list, later: list,
+                 weights: set, retain: bool) -> None:
+        self._buffers = buffers
+        self._deps = deps
+        self._leaf_deps = leaf_deps
+        self._stash = stash
+        self._later = later
+        self._weights = weights
+        self._retain = retain
+        self._ran = False
+
+    @property
+    def pending(self) -> int:
+        """How many stashed nodes wait for :meth:`run` (0 once it ran). **Local**."""
+        return 0 if self._ran else len(self._stash)
+
+    def run(self) -> None:
+        """Accumulate the weights' gradients into their ``.grad`` (each weight once, with
+        the sum of its gradients; its post-accumulate-grad hooks then), in the order a full
+        backward reaches them, and free the graph (unless the split kept it).
+
+        **Collective** when the backward of a DTensor op communicates (FSDP's
+        reduce-scatter runs here); **Local** otherwise. Callbacks queued during it
+        (:func:`queue_callback`) run at its end.
+
+        Raises
+        ------
+        AutogradError
+            A second call; a saved tensor changed in place since the forward.
+        """
+        if self._ran:
+            raise AutogradError("WeightWork.run: the weight half of this backward already ran")
+        self._ran = True
+        _pass(self._walk)
+
+    def _walk(self) -> None:
+        walk = _WALK
+        buffers, deps, leaf_deps, weights = self._buffers, self._deps, self._leaf_deps, \
+            self._weights
+        leaf_sums: dict = {}
+        ready: list = []
+
+        def to_leaf(meta: AutogradMeta, g: object) -> None:
+            key = id(meta)
+            if key not in leaf_deps:  # an edge a formula added (a checkpoint's leaves)
+                if g is not None and key in weights:
+                    _accumulate(meta, g)
+                return
+            total = leaf_sums.get(key)
+            if g is not None:
+                total = g if total is None else total + g
+            left = leaf_deps[key] - 1
+            if left:
+                leaf_deps[key] = left
+                leaf_sums[key] = total
+                return
+            del leaf_deps[key]
+            leaf_sums.pop(key, None)
+            if total is not None and key in weights:
+                _accumulate(meta, total)
+
+        def deliver(e: AutogradMeta, g: object) -> None:
+            target = e.grad_fn
+            if target is None:
+                to_leaf(e, g)
+                return
+            buf = buffers.setdefault(target, [None] * target.n_outputs)
+            if g is not None:
+                nr = e.output_nr
+                buf[nr] = g if buf[nr] is None else buf[nr] + g
+            deps[target] -= 1
+            if deps[target] == 0:
+                ready.append(target)
+
+        done = []
+        with set_grad_enabled(False):
+            for meta, g, counted in self._later:
+                if counted:
+                    to_leaf(meta, g)
+                elif g is not None and id(meta) in weights:  # a root that is a weight
+                    _accumulate(meta, g)
+            ready.extend(n for n in buffers if deps.get(n, 0) == 0)
+            stash = self._stash
+            self._stash = self._later = ()
+            i = 0
+            while True:
+                while ready:  # the subgraph that leads to the weights only: whole nodes
+                    node = ready.pop()
+                    grads = buffers.pop(node)
+                    walk.op = node.op
+                    edges = node.edges
+                    if all(g is None for g in grads):
+                        res = (None,) * len(edges)
+                    else:
+                        res = node.apply(grads)
+                    done.append(node)
+                    for e, g in zip(node.edges, res):
+                        if e is not None:
+                            deliver(e, g)
+                    walk.op = None
+                if i == len(stash):
+                    break
+                node, grads, again, kept = stash[i]
+                i += 1
+                walk.op = node.op
+                for e, g in kept:  # computed by the input half already
+                    deliver(e, g)
+                if grads is not None:  # the other edges, from the gradient the node got
+                    res = _apply_part(node, grads, again)
+                    done.append(node)
+                    for e, g, k in zip(node.edges, res, again):
+                        if k:
+                            deliver(e, g)
+                walk.op = None
+        self._buffers = self._deps = self._leaf_deps = {}
+        if not self._retain:
+            for node in done:
+                node.release()
+
+
+def backward_input(outputs: object, grad_outputs: object, inputs: Sequence,
+                   weights: Sequence, retain_graph: bool = False) -> tuple[list, WeightWork]:
+    """The input half of a split backward (zero-bubble pipelines, PyTorch's
+    ``stage_backward_input``): the gradients of ``inputs`` now, the weights' later.
+
+    **Collective** when the backward of a DTensor op communicates; **Local** otherwise.
+    Walks only the nodes that lead to ``inputs``; a node among them that also has edges
+    toward other tensors (the weights) computes its input edges' gradients only and is
+    kept, with the gradient it received, for the returned :class:`WeightWork`, whose
+    ``run()`` computes the rest and accumulates into the ``weights``' ``.grad`` exactly as
+    ``backward(outputs, grad_outputs, inputs=weights)`` would (same formulas, same sums).
+    Leaves other than ``weights`` get no ``.grad``; no ``.grad`` changes before ``run()``.
+    The nodes used by the input half only are freed at its end (unless ``retain_graph``),
+    the others when ``run()`` ends. Gradients carry no graph (no ``create_graph``).
+
+    Parameters
+    ----------
+    outputs, grad_outputs
+        As :func:`backward`'s ``tensors`` and ``grad_tensors`` (None: 1 for a one-element
+        output).
+    inputs
+        Tensors that require grad (a stage's input); may be empty (all the work is then
+        the weight half's).
+    weights
+        Leaves that require grad (a stage's parameters), none of them in ``inputs``.
+
+    Returns
+    -------
+    (list, WeightWork)
+        One gradient per input (None where the outputs do not depend on it) and the weight
+        half, to ``run()`` once.
+
+    Raises
+    ------
+    AutogradError
+        An output or input that does not require grad, a weight that is not a leaf that
+        requires grad or is also an input, a non-scalar output without its gradient, a
+        second pass through freed nodes.
+    """
+    outs = _as_seq(outputs)
+    gos = (None,) * len(outs) if grad_outputs is None else _as_seq(grad_outputs)
+    if len(gos) != len(outs):
+        raise AutogradError(
+            f"backward_input: grad_outputs has {len(gos)} entries for {len(outs)} outputs"
+        )
+    box: list = []
+    results = _pass(lambda: _input_half(outs, gos, tuple(inputs), tuple(weights),
+                                        bool(retain_graph), box))
+    return results, box[0]
+
+
+def _input_half(outs: tuple, gos: tuple, ins: tuple, ws: tuple, retain: bool,
+                box: list) -> list:
+    """:func:`backward_input`'s walk; puts its :class:`WeightWork` in ``box``."""
+    op = "backward_input"
+    walk = _WALK
+    with set_grad_enabled(False):
+        roots = [(_root(t, i, op), _seed(t, g, i, op)) for i, (t, g) in enumerate(zip(outs, gos))]
+        capture: dict = {}
+        captured_nodes = []
+        for j, x in enumerate(ins):
+            meta = x._ag
+            if meta is None or not meta.requires_grad:
+                raise AutogradError(f"{op}: element {j} of the inputs does not require grad")
+            if meta.grad_fn is None:
+                capture.setdefault(id(meta), []).append(j)
+            else:
+                key = (id(meta.grad_fn), meta.output_nr)
+                if key not in capture:
+                    captured_nodes.append((meta.grad_fn, meta.output_nr, key))
+                capture.setdefault(key, []).append(j)
+        weights = set()
+        for k, w in enumerate(ws):
+            meta = w._ag
+            if meta is None or not meta.requires_grad or meta.grad_fn is not None:
+                raise AutogradError(
+                    f"{op}: weight {k} (shape {tuple(w.shape)}) is not a leaf that requires grad"
+                )
+            if id(meta) in capture:
+                raise AutogradError(f"{op}: weight {k} (shape {tuple(w.shape)}) is also one "
+                                    "of the inputs")
+            weights.add(id(meta))
+        deps, leaf_deps, to_input = _survey(
+            list(dict.fromkeys(t for (t, _), _ in roots if isinstance(t, Node))), capture)
+        results: list = [None] * len(ins)
+        buffers: dict = {}
+        later: list = []  # leaf gradients the weight half delivers: (meta, g, counted edge)
+        for (target, nr), g in roots:
+            if isinstance(target, Node):
+                buf = buffers.setdefault(target, [None] * target.n_outputs)
+                buf[nr] = g if buf[nr] is None else buf[nr] + g
+            else:
+                js = capture.get(id(target))
+                if js is None:
+                    later.append((target, g, False))
+                for j in js or ():
+                    results[j] = g if results[j] is None else results[j] + g
+        ready = [n for n in buffers if to_input[n] and deps.get(n, 0) == 0]
+        done = []  # nodes whose formula does not run again
+        # (node, its gradients or None, the edges the weight half computes, [(edge, g)] of
+        # those the input half computed: a formula may give more than it was asked for)
+        stash = []
+        while ready:
+            node = ready.pop()
+            grads = buffers.pop(node)
+            walk.op = node.op
+            for nr, g in enumerate(grads):
+                js = capture.get((id(node), nr))
+                if js is not None and g is not None:
+                    for j in js:
+                        results[j] = g if results[j] is None else results[j] + g
+            edges = list(node.edges)
+            mask = []
+            for e in edges:
+                if e is None:
+                    mask.append(False)
+                else:
+                    m = e.grad_fn
+                    mask.append(id(e) in capture if m is None else
+                                to_input[m] or (id(m), e.output_nr) in capture)
+            rest = [e is not None and not k for e, k in zip(edges, mask)]
+            split = any(rest)
+            empty = all(g is None for g in grads)
+            if empty:
+                res = (None,) * len(edges)
+            elif split:
+                res = _apply_part(node, grads, mask)
+            else:
+                res = node.apply(grads)
+            n0 = len(edges)
+            kept = []  # the other edges' gradients that the formula gave anyway
+            again = [False] * n0  # the other edges the weight half runs the formula for
+            for i, g in enumerate(res):
+                if i >= n0:  # an edge the formula added (a checkpoint's leaves)
+                    later.append((node.edges[i], g, True))
+                    continue
+                e = edges[i]
+                if e is None:
+                    continue
+                if rest[i]:
+                    if g is None and not empty:
+                        again[i] = True
+                    else:
+                        kept.append((e, g))
+                    continue
+                m = e.grad_fn
+                if m is None:
+                    for j in capture[id(e)]:
+                        results[j] = g if results[j] is None else results[j] + g
+                    continue
+                buf = buffers.setdefault(m, [None] * m.n_outputs)
+                if g is not None:
+                    nr = e.output_nr
+                    buf[nr] = g if buf[nr] is None else buf[nr] + g
+                deps[m] -= 1
+                if deps[m] == 0 and to_input[m]:
+                    ready.append(m)
+            if not split:
+                done.append(node)
+            elif any(again):
+                stash.append((node, grads, again, kept))
+            else:  # (a formula that gave every gradient: the weight half only delivers)
+                stash.append((node, None, None, kept))
+                done.append(node)
+            walk.op = None
+        for node, nr, key in captured_nodes:  # inputs whose nodes lead to no other input
+            if not to_input.get(node, True):
+                g = buffers.get(node, (None,) * (nr + 1))[nr]
+                if g is not None:
+                    for j in capture[key]:
+                        results[j] = g if results[j] is None else results[j] + g
+        if not retain:
+            for node in done:
+                node.release()
+    box.append(WeightWork(buffers, deps, leaf_deps, stash, later, weights, retain))
+    return results
 
 
 # -- the tensor API (installed on Tensor here and on DTensor by dtensor.distributed) -----------------

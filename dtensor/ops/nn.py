@@ -46,7 +46,9 @@ def _layer_norm(g, v, o, need, fns):
     x, normalized_shape, w, eps = v[0], v[1], v[2], v[4]
     if not is_grad_enabled():  # one fused pass per row; the composite when it is recorded
         gx, gw = fns._layer_norm_backward(g, x, normalized_shape, w, eps)
-        return (gx if need[0] else None, gw if need[1] else None, g if need[2] else None)
+        # the pass gives the affine gradients with gx: returned unasked too, so that a split
+        # backward's input half takes them (it then keeps two d-vectors, not g and x)
+        return (gx if need[0] else None, gw, g)
     dims = _normalized_dims(x, normalized_shape)
     mu = x.mean(dim=dims, keepdim=True)
     xc = x - mu

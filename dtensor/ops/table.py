@@ -71,7 +71,9 @@ class Backward:
     order of the op's tensor parameters (a variadic parameter's elements one by one): ``g``
     is the output's gradient (with ``multi``: the list of every output's gradient, None for
     those that got none), ``v`` the call's bound arguments in parameter order, ``out`` the
-    output (None unless ``out``), ``need`` which arguments need a gradient, ``fns`` the
+    output (None unless ``out``), ``need`` which arguments need a gradient now (the formula
+    may skip the others' work; one it gives anyway is kept where its argument requires grad:
+    a split backward's input half takes a weight gradient that comes free so), ``fns`` the
     public dispatching functions (``fns.cat``, ``fns.zeros_like``...; the recorder passes
     them, :mod:`dtensor.dispatch.tape`). The formula is written with ordinary tensor ops
     (methods and ``fns``), so that on DTensors the sharding rules place the gradients; the

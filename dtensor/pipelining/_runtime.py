@@ -16,11 +16,13 @@ How a step runs (every schedule):
    posted before the first action. Buffers are reused step after step.
 3. The rank runs its action list in order: ``F`` (forward of one micro-batch; the output
    goes to the next stage by ``Comm.isend``), ``B`` (backward; the input gradient goes
-   upstream), ``I`` / ``W`` (the zero-bubble halves: ``I`` is ``dt.autograd.grad`` of the
-   stage input with ``retain_graph=True``, sent at once; ``W`` is ``dt.autograd.backward``
-   into the parameters only, which walks the graph again). Each action's times and waits
-   go to ``schedule.timeline`` (:class:`TimelineEvent`); each message carries a
-   :class:`Message` (stage, micro-batch, direction) as its ``what=`` for the observers.
+   upstream), ``I`` / ``W`` (the zero-bubble halves, split by the autograd engine:
+   ``I`` is :func:`~dtensor.local.grad_engine.backward_input`, the stage input's gradient,
+   sent at once, which leaves the parameters' part of each node for later; ``W`` runs that
+   part, :meth:`~dtensor.local.grad_engine.WeightWork.run`, into the parameters' ``.grad``).
+   Each action's times and waits go to ``schedule.timeline`` (:class:`TimelineEvent`);
+   each message carries a :class:`Message` (stage, micro-batch, direction) as its ``what=``
+   for the observers.
 4. Parameters tied across stages (the GPT's head and token embedding, see
    :func:`dtensor.pipelining.pipeline_split`) have their gradients summed between the ranks
    that hold them (point-to-point, the same sum in the same order on each).
@@ -507,10 +509,7 @@ class _PipelineSchedule:
     def _backward(self, st: _StageState, a: Action, sends: list) -> None:
         s = st.stage
         if a.kind == "W":
-            inputs, out, g = st.cache.pop(a.mb)
-            params = [p for p in s.submod.parameters() if p.requires_grad]
-            if params:
-                _ag.backward([out], [g] if g is not None else None, inputs=params)
+            st.cache.pop(a.mb).run()
             return
         inputs, out = st.cache[a.mb]
         g = self._out_grad(st, a.mb)
@@ -519,11 +518,11 @@ class _PipelineSchedule:
             st.cache.pop(a.mb)
             _ag.backward([out], [g] if g is not None else None)
             gx = x.grad if x is not None else None
-        else:  # I: the input gradient now, the weight gradient at W
-            st.cache[a.mb] = (inputs, out, g)
-            gx = None
-            if x is not None:
-                (gx,) = _ag.grad([out], [x], [g] if g is not None else None, retain_graph=True)
+        else:  # I: the input gradient now, the weight gradient at W (split in the engine)
+            params = [p for p in s.submod.parameters() if p.requires_grad]
+            gxs, st.cache[a.mb] = _ag.backward_input(
+                [out], [g] if g is not None else None, [x] if x is not None else [], params)
+            gx = gxs[0] if x is not None else None
         if x is None:
             return
         if gx is None:

@@ -134,3 +134,16 @@ def test_a_forked_child_gets_a_private_copy():
     assert got == b"1"
     assert (buf.array == 1).all()  # the parent's pages are its own
     buf.release()
+
+
+def test_the_fsdp_pool_setting_is_read_and_checked(monkeypatch):
+    from dtensor.errors import ConfigError
+    from dtensor.parallel._fsdp import _pooled
+
+    monkeypatch.delenv("DTENSOR_FSDP_POOL", raising=False)
+    assert _pooled()
+    monkeypatch.setenv("DTENSOR_FSDP_POOL", "0")
+    assert not _pooled()
+    monkeypatch.setenv("DTENSOR_FSDP_POOL", "yes")
+    with pytest.raises(ConfigError, match=r"DTENSOR_FSDP_POOL='yes' is not 0 or 1"):
+        _pooled()

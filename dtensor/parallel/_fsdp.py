@@ -21,8 +21,10 @@ How a call runs (per module under ``fully_shard``, a *group*: its parameters tha
   pages wait for the next group of the same size, which maps them at its own address in
   one system call, instead of faulting fresh zeroed pages in at every gather (a gpt-small
   step faulted 21,000 pages, 86 MB, and spent 60-120 ms of CPU more than with the pool on a
-  loaded 2-core machine). No more pages are held than the groups unsharded at once (the
-  running one and the prefetched one); ``DTENSOR_FSDP_POOL=0`` turns the pool off. ``False`` keeps it to backward (ZeRO-2); an int ``k`` keeps a ``1/k``
+  loaded 2-core machine). No more pages are held than the most groups of a size unsharded
+  at once (the running one, the prefetched one, in backward the one whose gradients are
+  being reduced); ``DTENSOR_FSDP_POOL=0`` turns the pool off. ``False`` keeps the buffer to
+  backward (ZeRO-2); an int ``k`` keeps a ``1/k``
   piece, gathered again within groups of ``k`` ranks.
 * The outputs of the forward pass through a node whose backward unshards the group again
   (before any node of the module's backward runs) and starts the previous module's

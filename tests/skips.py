@@ -107,6 +107,7 @@ EXPECTED: tuple[Expected, ...] = (
     Expected(r"no memfd here, or DTENSOR_SHM=0", "no shared segments"),
     Expected(r"no shared segments here \(DTENSOR_SHM=0\)", "no shared segments"),
     Expected(r"needs fork", "no fork on this platform"),
+    Expected(r"no memfd here: pooled buffers behave as plain ones", "no page pool (no memfd)"),
     Expected(r"uses Hydra's -genv", "mpiexec is not MPICH's Hydra"),
     Expected(r"no mpiexec found next to the Python interpreter or on PATH: .*", "no mpiexec"),
     Expected(

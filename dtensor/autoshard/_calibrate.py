@@ -32,7 +32,12 @@ JSON file::
      "cost_model": {...the redistribute.cost.CostModel format...},
      "kernels": {"matmul": {"alpha_s": 2e-05, "rate": 2e10}, ...},
      "entry_s": 2e-05, "sync_s": 1e-4, "compute_scale": 1.0,
+     "overlap_slowdown": 1.0, "copy_rate": 5e9,
      "points": {...the measured points...}}
+
+``overlap_slowdown`` and ``copy_rate`` (what ``fully_shard``'s steps cost beside their
+collectives) are optional: a file without them loads with 1.0 and
+:data:`DEFAULT_COPY_RATE`.
 
 The default file is ``$DTENSOR_CALIBRATION`` when set (the path of a ``.json`` file,
 which need not exist yet; anything else raises ``ConfigError``), else
@@ -86,6 +91,9 @@ DEFAULT_ENTRY_S = 2e-5
 
 #: Fixed cost of one collective inside a training step when no calibration is given.
 DEFAULT_SYNC_S = 2e-5
+
+#: Bytes per second (read + written) of a large memory copy when no calibration is given.
+DEFAULT_COPY_RATE = 5e9
 
 def op_class(name: str) -> str:
     """The class (:data:`CLASSES`) whose throughput prices op ``name``: its record's
@@ -153,6 +161,17 @@ class Calibration:
         message (a pipeline's activations, ring attention's blocks), fitted to
         :func:`dtensor.autoshard._measure.measure_p2p`'s points (``points["p2p"]``); empty
         in calibrations made before it (the pricing then takes the cost model's defaults).
+    overlap_slowdown : float
+        How much longer compute takes while an all-gather runs on the asynchronous
+        worker thread (``fully_shard``'s prefetch) than alone: a matmul's wall seconds
+        beside a stream of all-gathers over its seconds alone, the slowest rank's (at least
+        1; 1 when not measured). The gather's copies and MPI's progress loop compete with
+        the compute for the core and its memory bandwidth.
+    copy_rate : float
+        Bytes per second (read + written) of a memory copy of tens of MiB, out of the
+        caches (``fully_shard`` packs its shards, copies gathered parameters out and packs
+        gradients for the reduce-scatter): the kernels' pointwise rate is measured on
+        operands that stay in the caches.
     """
 
     cost_model: dict[str, Any] = field(default_factory=dict)
@@ -164,6 +183,8 @@ class Calibration:
     sync_s: float = DEFAULT_SYNC_S
     compute_scale: float = 1.0
     p2p: dict[str, float] = field(default_factory=dict)
+    overlap_slowdown: float = 1.0
+    copy_rate: float = DEFAULT_COPY_RATE
 
     def model(self) -> CostModel:
         """The collective cost model. **Local**."""
@@ -198,7 +219,9 @@ class Calibration:
         return {"version": VERSION, "ranks": self.ranks, "mesh_shape": list(self.mesh_shape),
                 "cost_model": self.cost_model, "kernels": kernels, "entry_s": self.entry_s,
                 "sync_s": self.sync_s, "compute_scale": self.compute_scale,
-                "p2p": self.p2p, "points": self.points}
+                "p2p": self.p2p,
+                "overlap_slowdown": self.overlap_slowdown, "copy_rate": self.copy_rate,
+                "points": self.points}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Calibration:
@@ -216,7 +239,13 @@ class Calibration:
                   dict(data.get("points", {})), float(data.get("entry_s", DEFAULT_ENTRY_S)),
                   float(data.get("sync_s", DEFAULT_SYNC_S)),
                   float(data.get("compute_scale", 1.0)),
-                  {k: float(v) for k, v in dict(data.get("p2p") or {}).items()})
+                  {k: float(v) for k, v in dict(data.get("p2p") or {}).items()},
+                  float(data.get("overlap_slowdown", 1.0)),
+                  float(data.get("copy_rate", DEFAULT_COPY_RATE)))
+        if not out.overlap_slowdown >= 1.0 or not out.copy_rate > 0:
+            raise ConfigError(
+                f"calibration: overlap_slowdown must be >= 1 and copy_rate > 0, got "
+                f"{out.overlap_slowdown!r} and {out.copy_rate!r}")
         out.model()  # validates the cost model
         return out
 

@@ -14,11 +14,14 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from placements.types import Partial, Replicate, Shard
+from redistribute import comm as _comm
+from redistribute import worker as _worker
 from redistribute.cost import step_bytes
 from redistribute.plan import plan
 
@@ -28,8 +31,8 @@ from ..optim import SGD
 from ._calibrate import CLASSES, Calibration, fit
 from ._predict import Layout, place_step, predict, trace_step
 
-__all__ = ["calibrate", "measure_collectives", "measure_entry_overhead", "measure_kernels",
-           "measure_steps"]
+__all__ = ["calibrate", "measure_collectives", "measure_copy_rate", "measure_entry_overhead",
+           "measure_kernels", "measure_overlap", "measure_steps"]
 
 #: kind -> (source placement, target placement) on one mesh dim
 _COLLECTIVE_CASES = {
@@ -224,6 +227,62 @@ def measure_entry_overhead(mesh: Any, calibration: Calibration, repeat: int = 7
     return entry_s, sync_s
 
 
+def measure_copy_rate(mesh: Any, nbytes: int = 32 << 20, repeat: int = 7) -> float:
+    """Bytes per second (read + written) of ``np.copyto`` between two ``nbytes`` buffers
+    (out of the caches at the default 32 MiB), the slowest rank's median. **Collective**
+    (timing barriers)."""
+    src = np.ones(nbytes // 4, np.float32)
+    dst = np.empty_like(src)
+    seconds = _seconds(mesh, lambda: np.copyto(dst, src), repeat, 3)
+    return 2.0 * src.nbytes / max(seconds, 1e-12)
+
+
+def measure_overlap(mesh: Any, n: int = 384, gather_bytes: int = 8 << 20, repeat: int = 7
+                    ) -> tuple[float, float, float]:
+    """``(matmul seconds alone, matmul seconds beside all-gathers, one all-gather's
+    seconds)``: ``matmuls`` products of ``n x n`` float32 local tensors (the dispatcher's
+    ``@``), timed alone and while the asynchronous worker thread runs all-gathers of
+    ``gather_bytes`` on mesh dim 0 (as ``fully_shard``'s prefetch does), in turns, the
+    slowest rank's medians. The all-gathers outlast the matmuls (their count is chosen
+    from single timings and agreed on by every rank). **Collective**."""
+    rng = np.random.default_rng(0)
+    a = from_numpy(rng.standard_normal((n, n)).astype(np.float32))
+    group = mesh.get_group(0)
+    base = mesh.get_group(None)
+    elems = max(gather_bytes // 4 // group.size, 1)
+    send = np.ones(elems, np.float32)
+    recv = np.empty(elems * group.size, np.float32)
+    counts = [elems] * group.size
+
+    def gathers(k: int) -> None:
+        twin = group.twin()
+        for _ in range(k):
+            twin.allgatherv(send, recv, counts, what="calibrate")
+
+    number = 5
+    matmul_s = _seconds(mesh, lambda: a @ a, repeat, number) * number
+    gather_s = _seconds(mesh, lambda: gathers(1), repeat, 1)
+    k = np.array([int(2 * matmul_s / max(gather_s, 1e-9)) + 2])
+    base.allreduce(k, op="max")
+    alone, beside = [], []
+    for _ in range(repeat):
+        base.barrier()
+        t0 = time.perf_counter()
+        for _ in range(number):
+            a @ a
+        alone.append(time.perf_counter() - t0)
+        base.barrier()
+        handle = _worker.submit(lambda: gathers(int(k[0])))
+        t0 = time.perf_counter()
+        for _ in range(number):
+            a @ a
+        beside.append(time.perf_counter() - t0)
+        handle.wait()
+    value = np.array([statistics.median(alone), statistics.median(beside), gather_s])
+    base.allreduce(value, op="max")
+    return float(value[0]), float(value[1]), float(value[2])
+
+
 def calibrate(mesh: Any, path: str | os.PathLike[str] | None = None, *,
               sizes: tuple[int, ...] = (32, 128, 384), repeat: int = 7,
               save: bool = True, comm_sizes: tuple[int, ...] | None = None) -> Calibration:
@@ -232,11 +291,13 @@ def calibrate(mesh: Any, path: str | os.PathLike[str] | None = None, *,
     Times every collective kind of the cost model on each mesh dim (``DTensor.redistribute``
     of float32 ``N x N`` tensors for N in ``sizes``; the slowest rank's median) and fits
     ``alpha_s`` and ``beta_bytes_per_s`` per kind and mesh dim, and a point-to-point ring step
-of the same blocks (:attr:`Calibration.p2p`, :func:`measure_p2p`);
-times one op per class of
-    :data:`CLASSES` on replicated DTensors (dispatch included) and fits ``alpha_s`` and
+    of the same blocks (:attr:`Calibration.p2p`, :func:`measure_p2p`); times one op per class
+    of :data:`CLASSES` on replicated DTensors (dispatch included) and fits ``alpha_s`` and
     ``rate`` per class; times a small training step and takes what its kernels do not
-    explain, per traced entry and per collective (:func:`measure_entry_overhead`).
+    explain, per traced entry and per collective (:func:`measure_entry_overhead`); times a
+    large memory copy (:func:`measure_copy_rate`) and, on more than one rank, a matmul
+    alone and beside the worker thread's all-gathers (:func:`measure_overlap`:
+    ``overlap_slowdown``).
 
     Parameters
     ----------
@@ -293,6 +354,17 @@ times one op per class of
     result = Calibration(cost_model, kernels, mesh.size(), tuple(mesh.shape), points, entry_s,
                          sync_s, p2p=dict(zip(("alpha_s", "beta_bytes_per_s"),
                                               fit(points["p2p"]))) if points["p2p"] else {})
+    copy_rate = measure_copy_rate(mesh, repeat=repeat)
+    points["copy_rate"] = copy_rate
+    if mesh.size() > 1 and _comm.thread_multiple():
+        n = max(sizes_l)
+        alone, beside, gather = measure_overlap(mesh, n, repeat=repeat)
+        points["overlap"] = {"matmul_n": n, "alone_s": alone, "beside_s": beside,
+                             "gather_bytes": 8 << 20, "gather_s": gather}
+        slowdown = max(beside / alone, 1.0) if alone > 0 else 1.0
+    else:  # one rank, or no worker thread (its collectives then run in line)
+        slowdown = 1.0
+    result = replace(result, overlap_slowdown=slowdown, copy_rate=copy_rate)
     result.model()  # validates what is stored
     if save and mesh.get_rank() == 0:
         result.save(path)

@@ -96,7 +96,10 @@ def report(result: dt.autoshard.Calibration) -> str:
     return out + "\n\n" + table(
         ("op class", "alpha us", "rate G/s"), rows,
         notes=[(f"per traced entry of a step: {result.entry_s * 1e6:.1f} us; per collective in "
-               f"a step: {result.sync_s * 1e6:.1f} us")])
+               f"a step: {result.sync_s * 1e6:.1f} us"),
+               (f"large copies: {result.copy_rate / 1e9:.2f} GB/s (read + written); compute "
+                f"beside the worker's all-gathers: {result.overlap_slowdown:.2f}x its time "
+                "alone")])
 
 
 if __name__ == "__main__":

@@ -66,7 +66,11 @@ clock: blocking collectives add their time; FSDP's prefetched all-gathers and DD
 all-reduces run on a second lane (one at a time) from the point where they start, and the
 compute waits for them only where the implementation waits (the group's forward or
 backward, the end of backward). A flattened data-parallel mesh (all ranks of an
-``(D, T)`` mesh) is priced with mesh dim 0's constants.
+``(D, T)`` mesh) is priced with mesh dim 0's constants. ``fully_shard``'s own copies (its
+shards packed, gathered parameters copied out, gradients packed for the reduce-scatter)
+are priced at the calibration's ``copy_rate`` (the copy-out on the second lane with its
+all-gather), and compute that runs beside a second-lane all-gather is slowed by the
+calibration's ``overlap_slowdown`` (:func:`_fsdp_interference`).
 
 Pipelines and context parallelism
 ---------------------------------
@@ -395,6 +399,7 @@ class _Emulation:
         self.buffers = 0  # bytes of FSDP group buffers held now
         self.buffers_max = 0
         self.untracked = 0
+        self.cal: Calibration | None = None  # the calibration (FSDP's copies)
         self.end_of_backward: Callable[[], list] = list  # the keys the end of backward waits for
         # id of a parameter (leaf) -> the (size, mesh dim) of each mesh dim that shards it in
         # the real run: a sharded DTensor's norm is all-reduced over them (clip_grad_norm_)
@@ -642,6 +647,7 @@ class _Group:
                 self.buffer = _alloc(self.total, self.param_dtype)
                 recv = _alloc(k * c, self.param_dtype)
                 em.comm("all_gather", k * c * isz, k, self.dim, "async", self)
+                _fsdp_copies(em, out_bytes=self.total * isz)
                 del recv
                 self.stash = None
             else:
@@ -649,6 +655,7 @@ class _Group:
                 self.buffer = _alloc(self.total, self.param_dtype)
                 recv = _alloc(self.n * self.flat, self.param_dtype)
                 em.comm("all_gather", self.n * self.flat * isz, self.n, self.dim, "async", self)
+                _fsdp_copies(em, inline_bytes=self.flat * isz, out_bytes=self.total * isz)
                 del recv, send
             em.hold(self.total * isz)
         if not prefetch:
@@ -660,6 +667,7 @@ class _Group:
         if keep:
             k = self.raf
             self.stash = _alloc(-(-self.total // k), self.param_dtype)
+            _fsdp_copies(self.ctx.em, inline_bytes=self.stash.shape[0] * self.param_dtype.itemsize)
         self.buffer = None
         self.ctx.em.buffers -= self.total * self.param_dtype.itemsize
 
@@ -699,12 +707,46 @@ class _Group:
         send = _alloc(self.n * self.flat, self.reduce_dtype)
         recv = _alloc(self.flat, self.reduce_dtype)
         em.comm("reduce_scatter", self.n * self.flat * rsz, self.n, self.dim)
+        _fsdp_copies(em, inline_bytes=(self.n + 1) * self.flat * rsz)  # pack, shards out
         if self.rep:  # HSDP: over the replicate dim
             em.comm("all_reduce", self.flat * rsz, self.rep, self.rep_dim)
         out = [_alloc(p.local_shape, p.leaf.dtype) for p in self.params]
         del send, recv
         self.reshard()
         return out
+
+
+# -- fully_shard's work beside its collectives ----------------------------------------------
+def _fsdp_copies(em: _Emulation, inline_bytes: int = 0, out_bytes: int = 0) -> None:
+    """The memory copies of :mod:`dtensor.parallel._fsdp` around a collective just reported
+    to ``em``, priced at the calibration's ``copy_rate`` (bytes read + written, so twice
+    the bytes copied; measured on copies of tens of MiB, out of the caches as these are, so
+    the kernels' ``compute_scale`` is not applied): ``inline_bytes`` copied in the caller's thread (the shards packed for an
+    all-gather, the gradients packed for the reduce-scatter and their shards copied out, a
+    ``1/k`` piece kept), a blocking step of the clock; ``out_bytes`` copied out of the
+    all-gather's receive buffer into the group's buffer by the job that ran the all-gather
+    (on the second lane with it)."""
+    cal = em.cal
+    if cal is None:
+        return
+    scale = 1.0 / cal.copy_rate
+    if out_bytes:
+        em.events[-1].seconds += 2 * out_bytes * scale
+    if inline_bytes:
+        em.events.append(_Event("sync", em.ops, 2 * inline_bytes * scale))
+
+
+def _fsdp_interference(events: Sequence[_Event], cal: Calibration, overlap: bool) -> float:
+    """Seconds the compute of a ``fully_shard`` step loses to the all-gathers that run
+    beside it: with ``overlap`` (the second lane beside the compute), each second-lane
+    collective's seconds times ``overlap_slowdown - 1`` (the compute that runs meanwhile
+    is that much slower: the gather's copies, MPI's progress loop and their memory traffic
+    share the core and its caches; measured by ``dt.autoshard.calibrate``); without it the
+    collectives already take the clock in line, and nothing is added."""
+    if not overlap or cal.overlap_slowdown <= 1.0:
+        return 0.0
+    busy = sum(e.seconds for e in events if e.what == "async")
+    return (cal.overlap_slowdown - 1.0) * busy
 
 
 def _fully_shard(ctx: _FSDP, module: Any, managed: set, n: int, dim: int, rep: int,
@@ -1009,6 +1051,7 @@ def _traced(cfg: GPTConfig, lay: Layout, batch: int, dtype: Any, cal: Calibratio
     base = dt.abstract_memory_stats()["live_bytes"]
     cost = cal.model() if cal.cost_model else default_cost_model()
     em = _Emulation(cost, cal.sync_s)
+    em.cal = cal  # FSDP's copies (_fsdp_copies)
     local_batch = _local_batch(strategy, lay, batch)
     model, leaves, (idx, tgt) = _build(cfg, strategy, lay, dtype, em, int(batch), local_batch)
     opt = (optimizer(leaves) if optimizer is not None
@@ -1057,6 +1100,8 @@ def _traced(cfg: GPTConfig, lay: Layout, batch: int, dtype: Any, cal: Calibratio
     extras: dict[str, float] = {}
     time_s, compute_s, comm_s, flops = _simulate(expl.ops, em.events, cal, cost, group,
                                                  overlap, marks["split"], extras)
+    if strategy in _FSDP_RAF:
+        time_s += _fsdp_interference(em.events, cal, overlap)
     return StepPrediction(
         strategy, lay.mesh_shape, lay.ranks, int(batch), local_batch,
         str(np.dtype(dtype)) if dtype is not None else "float32", int(peak), params, params,

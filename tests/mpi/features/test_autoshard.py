@@ -166,3 +166,30 @@ def test_search_on_the_abstract_mesh_predicts_what_the_real_mesh_search_traces()
     placed = abstract.apply(abstract_params)
     assert all(isinstance(t, dt.AbstractDTensor) and t.placements == abstract.placements[n]
                for n, t in placed.items())
+
+
+@pytest.mark.mpi(min_size=1)
+def test_calibrate_measures_the_copy_rate_and_the_slowdown_beside_gathers(tmp_path):
+    """``calibrate`` stores ``copy_rate`` and, on more than one rank, ``overlap_slowdown``
+    from a matmul timed alone and beside the worker thread's all-gathers (the same on every
+    rank: the slowest rank's)."""
+    from dtensor.autoshard import load_calibration
+    from dtensor.autoshard._measure import measure_overlap
+
+    mesh = _mesh()
+    path = tmp_path / "cal.json" if WORLD.rank == 0 else None
+    path = WORLD.bcast(path)
+    cal = dt.autoshard.calibrate(mesh, path, sizes=(32, 96), repeat=2)
+    assert cal.copy_rate > 1e7 and cal.points["copy_rate"] == cal.copy_rate
+    if mesh.size() > 1:
+        o = cal.points["overlap"]
+        assert o["alone_s"] > 0 and o["beside_s"] > 0 and o["gather_s"] > 0
+        assert cal.overlap_slowdown == max(o["beside_s"] / o["alone_s"], 1.0)
+        alone, beside, gather = measure_overlap(mesh, 64, gather_bytes=1 << 20, repeat=2)
+        values = WORLD.allgather((alone, beside, gather))
+        assert all(v == values[0] for v in values) and min(values[0]) > 0
+    else:
+        assert cal.overlap_slowdown == 1.0 and "overlap" not in cal.points
+    WORLD.Barrier()
+    back = load_calibration(path)
+    assert (back.copy_rate, back.overlap_slowdown) == (cal.copy_rate, cal.overlap_slowdown)

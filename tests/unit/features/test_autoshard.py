@@ -21,7 +21,7 @@ from dtensor.autoshard import (
     load_calibration,
     solve,
 )
-from dtensor.autoshard._calibrate import op_class, op_work
+from dtensor.autoshard._calibrate import DEFAULT_COPY_RATE, op_class, op_work
 from placements.errors import ArgumentError, ConfigError, DTypeError
 
 R, S = dt.Replicate(), dt.Shard
@@ -140,6 +140,23 @@ def test_calibration_file_round_trip(tmp_path, monkeypatch):
     path.write_text(json.dumps({"version": 1, "kernels": {"gemm": {"alpha_s": 1}}}))
     with pytest.raises(ConfigError, match="unknown op class 'gemm'"):
         load_calibration(path)
+
+
+def test_calibration_fsdp_fields_round_trip_and_old_files_load(tmp_path):
+    path = tmp_path / "cal.json"
+    cal = Calibration(ranks=2, mesh_shape=(2,), overlap_slowdown=1.25, copy_rate=3e9)
+    back = load_calibration(cal.save(path))
+    assert (back.overlap_slowdown, back.copy_rate) == (1.25, 3e9)
+    data = json.loads(path.read_text())
+    for key in ("overlap_slowdown", "copy_rate"):  # a file written before the fields
+        del data[key]
+    path.write_text(json.dumps(data))
+    old = load_calibration(path)
+    assert (old.overlap_slowdown, old.copy_rate) == (1.0, DEFAULT_COPY_RATE)
+    for key, bad in (("overlap_slowdown", 0.5), ("copy_rate", 0)):
+        path.write_text(json.dumps({**data, key: bad}))
+        with pytest.raises(ConfigError, match="overlap_slowdown must be >= 1 and copy_rate > 0"):
+            load_calibration(path)
 
 
 def _terms(work_s, entries, collectives, alpha_s=3e-4, model_comm_s=0.0):

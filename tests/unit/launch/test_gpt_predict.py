@@ -216,3 +216,44 @@ def test_without_overlap_the_prefetched_gathers_take_the_clock():
     for name in ("local", "dp", "tp"):
         assert predict(TINY, name, (2,), B, calibration=cal, overlap=False).time_s == \
             pytest.approx(predict(TINY, name, (2,), B, calibration=cal).time_s)
+
+
+def test_fsdp_copies_are_priced_at_the_calibrations_copy_rate():
+    """In line (one core per rank) an FSDP step costs its copies at ``copy_rate``: per
+    all-gather its packed shards and the gathered buffer copied out, per reduce-scatter its
+    packed gradients and their shard copied out (bytes read + written); dp is unchanged."""
+    blocks, root = _groups(TINY)
+    n = 2
+    total = [sum(math.prod(s) for _, s in g) for g in blocks]
+    flats = [_flat(g, n) for g in blocks]
+    root_flat, root_total = _flat(root, n), sum(math.prod(s) for _, s in root)
+    copied = 4 * (root_flat + root_total  # the root: gathered once (it keeps its buffer)
+                  + sum(2 * (f + t) for f, t in zip(flats, total))  # blocks: twice
+                  + sum((n + 1) * f for f in [*flats, root_flat]))  # the reduce-scatters
+    times = {}
+    for rate in (1e9, 2e9):
+        cal = dt.autoshard.Calibration(ranks=2, mesh_shape=(2,), copy_rate=rate)
+        times[rate] = {s: predict(TINY, s, (2,), B, calibration=cal, overlap=False).time_s
+                       for s in ("fsdp", "dp")}
+    assert times[1e9]["fsdp"] - times[2e9]["fsdp"] == pytest.approx(2 * copied / 2e9)
+    assert times[1e9]["dp"] == pytest.approx(times[2e9]["dp"])
+
+
+def test_compute_beside_fsdp_gathers_is_slowed_by_the_calibrated_factor():
+    """With overlap, the step grows by ``overlap_slowdown - 1`` times the second lane's busy
+    seconds (the all-gathers with their copy-out); in line, and for dp, it does not change."""
+    base = dt.autoshard.Calibration(ranks=2, mesh_shape=(2,))
+    slow = dt.autoshard.Calibration(ranks=2, mesh_shape=(2,), overlap_slowdown=1.5)
+    slower = dt.autoshard.Calibration(ranks=2, mesh_shape=(2,), overlap_slowdown=2.0)
+    plain = predict(TINY, "fsdp", (2,), B, calibration=base)
+    inline = predict(TINY, "fsdp", (2,), B, calibration=base, overlap=False)
+    lane = predict(TINY, "fsdp", (2,), B, calibration=slower).time_s - plain.time_s
+    # the second lane's seconds: some of the step's collective seconds, not all (the
+    # reduce-scatters and the in-line copies block)
+    assert 0 < lane < inline.comm_s
+    slowed = predict(TINY, "fsdp", (2,), B, calibration=slow)
+    assert slowed.time_s - plain.time_s == pytest.approx(0.5 * lane)
+    assert predict(TINY, "fsdp", (2,), B, calibration=slow, overlap=False).time_s == \
+        pytest.approx(inline.time_s)
+    assert predict(TINY, "dp", (2,), B, calibration=slow).time_s == \
+        pytest.approx(predict(TINY, "dp", (2,), B, calibration=base).time_s)

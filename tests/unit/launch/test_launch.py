@@ -449,6 +449,13 @@ def test_stage_environments(tmp_path):
     assert py_mpi["DTENSOR_SHM_MIN_BYTES"] == "0" and py_mpi["DTENSOR_POOL_MIN_BYTES"] == "1"
     assert "DTENSOR_SHM_MIN_BYTES" not in fast_mpi and "DTENSOR_SHM_MIN_BYTES" not in py_unit
     assert all(e["KEEP"] == "1" for e in (fast_mpi, py_mpi, py_unit)) and base == {"KEEP": "1"}
+    # every stage keeps the bytecode it compiles, whatever the caller's environment says
+    quiet = dict(base, PYTHONDONTWRITEBYTECODE="1")
+    for stage in (runtests.Stage("mpi", 3, "python", tmp_path),
+                  runtests.Stage("unit", None, "fastpath", tmp_path)):
+        env = runtests.stage_environment(stage, quiet)
+        assert "PYTHONDONTWRITEBYTECODE" not in env and env["KEEP"] == "1"
+    assert quiet["PYTHONDONTWRITEBYTECODE"] == "1"
 
 
 def test_mode_independent_tests_run_in_the_first_mode_only(tmp_path):
@@ -502,21 +509,26 @@ def _run_runner(
 
 def test_runner_stages_and_summary(tmp_path):
     tests = tmp_path / "tests"
-    _write(tests, "unit/test_ok.py", "def test_ok():\n    assert True\n")
+    # the stages write bytecode caches even where the caller's environment says not to
+    _write(tests, "unit/test_ok.py",
+           "import sys\n\ndef test_ok():\n    assert not sys.dont_write_bytecode\n")
     _write(
         tests,
         "mpi/test_world.py",
         """\
+        import sys
+
         import pytest
         from mpi4py import MPI
 
         @pytest.mark.mpi(min_size=1)
         def test_world(comm):
             assert comm.allreduce(1) == MPI.COMM_WORLD.size
+            assert not sys.dont_write_bytecode
         """,
     )
     _mpi_harness(tests / "mpi")
-    out = _run_runner(tests, "--quick", "--ranks", "1,2")
+    out = _run_runner(tests, "--quick", "--ranks", "1,2", env={"PYTHONDONTWRITEBYTECODE": "1"})
     assert out.returncode == 0, out.stdout + out.stderr
     lines = out.stdout.strip().splitlines()
     assert lines[-1] == "3 passed, 0 failed"

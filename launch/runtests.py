@@ -22,7 +22,9 @@ that ``tests/skips.py`` does not expect, and write the stage's counts and the pa
 took to a JSON file (``DTENSOR_TEST_REPORT``). From it the summary table gets its
 ``passed`` and ``skipped`` columns, marks a stage in which every test skipped
 (``all-skipped``) and fails one that ran on another path than its mode asks for
-(``wrong-mode``). The run ends with that table and the line ``N passed, N failed``
+(``wrong-mode``); its ``cpu`` column is the CPU time (user + system) of the stage's
+processes, every rank and every job its tests started included (see
+:mod:`launch._cputime`). The run ends with that table and the line ``N passed, N failed``
 (counting stages) and exits non-zero when any stage failed. With ``DTENSOR_REQUIRE_EXT=1``
 a missing compiled extension fails the run before any stage starts. SIGINT (Ctrl-C),
 SIGTERM or SIGHUP stops the whole run: the running stage's job is killed (its process
@@ -132,13 +134,15 @@ class Stage:
 
 @dataclass(frozen=True)
 class Outcome:
-    """How a stage ended: a status (see :func:`classify`), its wall time and the counts
-    its pytest reported (None when it wrote none: it crashed or ran past its timeout)."""
+    """How a stage ended: a status (see :func:`classify`), its wall time, the counts its
+    pytest reported (None when it wrote none: it crashed or ran past its timeout) and the
+    CPU seconds of its processes (None when unknown: it was interrupted)."""
 
     stage: Stage
     status: str
     seconds: float
     report: dict | None = None
+    cpu: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -352,8 +356,21 @@ def _read_report(path: Path) -> dict | None:
         return None
 
 
+def _read_cpu(path: Path) -> float | None:
+    try:
+        return float(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _timed(cmd: list[str], cpu_file: Path) -> list[str]:
+    """``cmd`` run by :mod:`launch._cputime` (as a script: it imports nothing of the project),
+    which writes its CPU seconds to ``cpu_file``."""
+    return [sys.executable, str(Path(__file__).with_name("_cputime.py")), str(cpu_file), *cmd]
+
+
 def _summary(outcomes: Sequence[Outcome]) -> str:
-    rows = [("stage", "ranks", "mode", "result", "passed", "skipped", "seconds")]
+    rows = [("stage", "ranks", "mode", "result", "passed", "skipped", "seconds", "cpu")]
     rows += [
         (
             _suite_label(o.stage),
@@ -363,6 +380,7 @@ def _summary(outcomes: Sequence[Outcome]) -> str:
             "-" if o.report is None else str(o.report["passed"]),
             "-" if o.report is None else str(o.report["skipped"]),
             f"{o.seconds:.1f}",
+            "-" if o.cpu is None else f"{o.cpu:.1f}",
         )
         for o in outcomes
     ]
@@ -506,8 +524,9 @@ def _run_stages(
                                  **{REPORT_ENV: str(Path(reports) / f"stage{i}.json")})
                 output = Path(reports) / f"stage{i}.out"
                 output.touch()
-                running[i] = _Beside(_command(stages[i], mpiexec, pytest_args), stage_env,
-                                     tests_dir, opts.timeout, output)
+                cmd = _timed(_command(stages[i], mpiexec, pytest_args),
+                             Path(reports) / f"stage{i}.cpu")
+                running[i] = _Beside(cmd, stage_env, tests_dir, opts.timeout, output)
                 free -= need
                 started += 1
 
@@ -552,7 +571,8 @@ def _run_stages(
                 status = classify(job.rc, stage, opts.keyword, report)
                 if status == "wrong-mode":
                     print(f"the {stage.mode} stage ran with fastpath: {report['fastpath']}")
-                outcomes.append(Outcome(stage, status, job.seconds, report))
+                cpu = _read_cpu(Path(reports) / f"stage{turn}.cpu")
+                outcomes.append(Outcome(stage, status, job.seconds, report, cpu))
         finally:
             for job in running.values():
                 job.stop()

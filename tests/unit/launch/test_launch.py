@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -22,7 +23,7 @@ from helpers import TESTS
 from helpers.jobs import run_group
 
 import fastpath
-from launch import runtests
+from launch import _cputime, runtests
 from launch.__main__ import _split
 from launch._mpiexec import (
     RANK_ENV_DEFAULTS,
@@ -438,6 +439,19 @@ def test_classify_pytest_statuses(tmp_path):
     assert runtests.classify(1, full, None, dict(ran, passed=0)) == "failed"
 
 
+def test_cputime_counts_the_command_and_what_it_waited_for(tmp_path):
+    """``launch._cputime`` writes the CPU seconds of the command and its waited-for children
+    (here a shell that runs two busy Python processes one after the other) and passes the
+    exit status on (``128 + s`` for a signal)."""
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass"
+    out = tmp_path / "cpu"
+    cmd = ["sh", "-c", '"$0" -c "$1"; "$0" -c "$1"; exit 3', sys.executable, burn]
+    assert _cputime.main([str(out), *cmd]) == 3
+    assert 0.6 <= float(out.read_text()) < 5
+    assert _cputime.main([str(out), "sh", "-c", "kill -TERM $$"]) == 128 + signal.SIGTERM
+    assert _cputime.main([str(out)]) == 2
+
+
 def test_stage_environments(tmp_path):
     """The Python path's MPI stages force every exchange through shared memory; the
     fast path's and the plain stages keep the defaults."""
@@ -538,6 +552,10 @@ def test_runner_stages_and_summary(tmp_path):
         ("mpi", "1", "passed"),
         ("mpi", "2", "passed"),
     ]
+    # the cpu column: every process of the stage (at least pytest's start-up per rank)
+    assert lines[-5].split()[-2:] == ["seconds", "cpu"]
+    cpu = [float(r[-1]) for r in rows]
+    assert all(c > 0.2 for c in cpu) and cpu[2] > cpu[1], rows
 
     # A failing test fails its stage and the run; -k that matches nothing fails the run.
     _write(tests, "unit/test_bad.py", "def test_bad():\n    assert False\n")

@@ -22,7 +22,9 @@ that ``tests/skips.py`` does not expect, and write the stage's counts and the pa
 took to a JSON file (``DTENSOR_TEST_REPORT``). From it the summary table gets its
 ``passed`` and ``skipped`` columns, marks a stage in which every test skipped
 (``all-skipped``) and fails one that ran on another path than its mode asks for
-(``wrong-mode``). The run ends with that table and the line ``N passed, N failed``
+(``wrong-mode``); its ``cpu`` column is the CPU time (user + system) of the stage's
+processes, every rank and every job its tests started included (see
+:mod:`launch._cputime`). The run ends with that table and the line ``N passed, N failed``
 (counting stages) and exits non-zero when any stage failed. With ``DTENSOR_REQUIRE_EXT=1``
 a missing compiled extension fails the run before any stage starts. SIGINT (Ctrl-C),
 SIGTERM or SIGHUP stops the whole run: the running stage's job is killed (its process
@@ -67,6 +69,7 @@ from ._mpiexec import (
 
 __all__ = [
     "REPEAT_MARKERS",
+    "STAGE_ENV_DROPPED",
     "Outcome",
     "Stage",
     "classify",
@@ -131,13 +134,15 @@ class Stage:
 
 @dataclass(frozen=True)
 class Outcome:
-    """How a stage ended: a status (see :func:`classify`), its wall time and the counts
-    its pytest reported (None when it wrote none: it crashed or ran past its timeout)."""
+    """How a stage ended: a status (see :func:`classify`), its wall time, the counts its
+    pytest reported (None when it wrote none: it crashed or ran past its timeout) and the
+    CPU seconds of its processes (None when unknown: it was interrupted)."""
 
     stage: Stage
     status: str
     seconds: float
     report: dict | None = None
+    cpu: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -212,9 +217,22 @@ def _stages(tests_dir: Path, modes: Sequence[str], ranks: Sequence[int],
     return stages
 
 
+#: Variables a stage's environment drops: with ``PYTHONDONTWRITEBYTECODE`` set (as some
+#: machine images do) no process keeps the bytecode it compiles, so every process of a run
+#: (each rank of each MPI stage, each job or pytest run a test starts) compiled the test
+#: modules (pytest's assertion rewriting included) and an editable install's source tree
+#: anew: about 2.8 s of CPU per pytest process over ``tests/mpi`` and 7 s over
+#: ``tests/unit``. Without it they write Python's default ``__pycache__`` folders, which
+#: ``.gitignore`` lists, and read them from then on (a mutation of ``python -m launch
+#: mutate`` is compiled from its patched source, never from a cached file).
+STAGE_ENV_DROPPED = ("PYTHONDONTWRITEBYTECODE",)
+
+
 def stage_environment(stage: Stage, env: dict[str, str]) -> dict[str, str]:
-    """The environment ``stage`` runs in: ``env`` plus its mode's settings. **Local**."""
-    out = dict(env, DTENSOR_FASTPATH=MODES[stage.mode])
+    """The environment ``stage`` runs in: ``env`` without :data:`STAGE_ENV_DROPPED`, plus its
+    mode's settings. **Local**."""
+    out = {k: v for k, v in env.items() if k not in STAGE_ENV_DROPPED}
+    out["DTENSOR_FASTPATH"] = MODES[stage.mode]
     if stage.mode == "python" and stage.ranks is not None:
         out.update(SHARED_ALWAYS)
     if stage.ranks is not None and stage.ranks > (os.cpu_count() or 1):
@@ -338,8 +356,21 @@ def _read_report(path: Path) -> dict | None:
         return None
 
 
+def _read_cpu(path: Path) -> float | None:
+    try:
+        return float(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _timed(cmd: list[str], cpu_file: Path) -> list[str]:
+    """``cmd`` run by :mod:`launch._cputime` (as a script: it imports nothing of the project),
+    which writes its CPU seconds to ``cpu_file``."""
+    return [sys.executable, str(Path(__file__).with_name("_cputime.py")), str(cpu_file), *cmd]
+
+
 def _summary(outcomes: Sequence[Outcome]) -> str:
-    rows = [("stage", "ranks", "mode", "result", "passed", "skipped", "seconds")]
+    rows = [("stage", "ranks", "mode", "result", "passed", "skipped", "seconds", "cpu")]
     rows += [
         (
             _suite_label(o.stage),
@@ -349,6 +380,7 @@ def _summary(outcomes: Sequence[Outcome]) -> str:
             "-" if o.report is None else str(o.report["passed"]),
             "-" if o.report is None else str(o.report["skipped"]),
             f"{o.seconds:.1f}",
+            "-" if o.cpu is None else f"{o.cpu:.1f}",
         )
         for o in outcomes
     ]
@@ -492,8 +524,9 @@ def _run_stages(
                                  **{REPORT_ENV: str(Path(reports) / f"stage{i}.json")})
                 output = Path(reports) / f"stage{i}.out"
                 output.touch()
-                running[i] = _Beside(_command(stages[i], mpiexec, pytest_args), stage_env,
-                                     tests_dir, opts.timeout, output)
+                cmd = _timed(_command(stages[i], mpiexec, pytest_args),
+                             Path(reports) / f"stage{i}.cpu")
+                running[i] = _Beside(cmd, stage_env, tests_dir, opts.timeout, output)
                 free -= need
                 started += 1
 
@@ -538,7 +571,8 @@ def _run_stages(
                 status = classify(job.rc, stage, opts.keyword, report)
                 if status == "wrong-mode":
                     print(f"the {stage.mode} stage ran with fastpath: {report['fastpath']}")
-                outcomes.append(Outcome(stage, status, job.seconds, report))
+                cpu = _read_cpu(Path(reports) / f"stage{turn}.cpu")
+                outcomes.append(Outcome(stage, status, job.seconds, report, cpu))
         finally:
             for job in running.values():
                 job.stop()

@@ -12,6 +12,8 @@ above the allocator's figure there."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 from mpi4py import MPI
 
@@ -36,11 +38,19 @@ def _mesh(name):
     return (2, 2) if name in ("fsdp_tp", "hsdp") else (WORLD.size,)
 
 
+@functools.cache
+def _measured(name):
+    """``measure(CFG, name, BATCH)``, once per strategy in this module: the float32 step of
+    each strategy is built, run and measured once, for every test that reads it.
+    **Collective**: every rank asks for the same strategies in the same order."""
+    return measure(CFG, name, BATCH)
+
+
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("name", HERE)
 def test_predicted_step_matches_the_measured_one(name):
     p = predict(CFG, name, _mesh(name), BATCH)
-    m = measure(CFG, name, BATCH)
+    m = _measured(name)
     assert p.comm_counts == m["comm_counts"]
     assert p.comm_bytes == m["comm_bytes"]
     tolerance = (0.10 if name in FSDP else 0.15) if FAST else 0.30
@@ -52,8 +62,8 @@ def test_predicted_step_matches_the_measured_one(name):
 
 @pytest.mark.mpi(min_size=1)
 def test_fsdp_holds_a_world_share_of_data_parallel_model_state():
-    dp = measure(CFG, "dp", BATCH)["state_bytes"]
-    fsdp = measure(CFG, "fsdp", BATCH)["state_bytes"]
+    dp = _measured("dp")["state_bytes"]
+    fsdp = _measured("fsdp")["state_bytes"]
     assert fsdp <= (1 / WORLD.size + 0.1) * dp
     predicted = predict(CFG, "fsdp", _mesh("fsdp"), BATCH).state_bytes
     assert predicted <= (1 / WORLD.size + 0.1) * predict(CFG, "dp", _mesh("dp"), BATCH).state_bytes

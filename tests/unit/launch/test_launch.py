@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -22,7 +23,7 @@ from helpers import TESTS
 from helpers.jobs import run_group
 
 import fastpath
-from launch import runtests
+from launch import _cputime, runtests
 from launch.__main__ import _split
 from launch._mpiexec import (
     RANK_ENV_DEFAULTS,
@@ -438,6 +439,19 @@ def test_classify_pytest_statuses(tmp_path):
     assert runtests.classify(1, full, None, dict(ran, passed=0)) == "failed"
 
 
+def test_cputime_counts_the_command_and_what_it_waited_for(tmp_path):
+    """``launch._cputime`` writes the CPU seconds of the command and its waited-for children
+    (here a shell that runs two busy Python processes one after the other) and passes the
+    exit status on (``128 + s`` for a signal)."""
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass"
+    out = tmp_path / "cpu"
+    cmd = ["sh", "-c", '"$0" -c "$1"; "$0" -c "$1"; exit 3', sys.executable, burn]
+    assert _cputime.main([str(out), *cmd]) == 3
+    assert 0.6 <= float(out.read_text()) < 5
+    assert _cputime.main([str(out), "sh", "-c", "kill -TERM $$"]) == 128 + signal.SIGTERM
+    assert _cputime.main([str(out)]) == 2
+
+
 def test_stage_environments(tmp_path):
     """The Python path's MPI stages force every exchange through shared memory; the
     fast path's and the plain stages keep the defaults."""
@@ -449,6 +463,13 @@ def test_stage_environments(tmp_path):
     assert py_mpi["DTENSOR_SHM_MIN_BYTES"] == "0" and py_mpi["DTENSOR_POOL_MIN_BYTES"] == "1"
     assert "DTENSOR_SHM_MIN_BYTES" not in fast_mpi and "DTENSOR_SHM_MIN_BYTES" not in py_unit
     assert all(e["KEEP"] == "1" for e in (fast_mpi, py_mpi, py_unit)) and base == {"KEEP": "1"}
+    # every stage keeps the bytecode it compiles, whatever the caller's environment says
+    quiet = dict(base, PYTHONDONTWRITEBYTECODE="1")
+    for stage in (runtests.Stage("mpi", 3, "python", tmp_path),
+                  runtests.Stage("unit", None, "fastpath", tmp_path)):
+        env = runtests.stage_environment(stage, quiet)
+        assert "PYTHONDONTWRITEBYTECODE" not in env and env["KEEP"] == "1"
+    assert quiet["PYTHONDONTWRITEBYTECODE"] == "1"
 
 
 def test_mode_independent_tests_run_in_the_first_mode_only(tmp_path):
@@ -502,21 +523,26 @@ def _run_runner(
 
 def test_runner_stages_and_summary(tmp_path):
     tests = tmp_path / "tests"
-    _write(tests, "unit/test_ok.py", "def test_ok():\n    assert True\n")
+    # the stages write bytecode caches even where the caller's environment says not to
+    _write(tests, "unit/test_ok.py",
+           "import sys\n\ndef test_ok():\n    assert not sys.dont_write_bytecode\n")
     _write(
         tests,
         "mpi/test_world.py",
         """\
+        import sys
+
         import pytest
         from mpi4py import MPI
 
         @pytest.mark.mpi(min_size=1)
         def test_world(comm):
             assert comm.allreduce(1) == MPI.COMM_WORLD.size
+            assert not sys.dont_write_bytecode
         """,
     )
     _mpi_harness(tests / "mpi")
-    out = _run_runner(tests, "--quick", "--ranks", "1,2")
+    out = _run_runner(tests, "--quick", "--ranks", "1,2", env={"PYTHONDONTWRITEBYTECODE": "1"})
     assert out.returncode == 0, out.stdout + out.stderr
     lines = out.stdout.strip().splitlines()
     assert lines[-1] == "3 passed, 0 failed"
@@ -526,6 +552,10 @@ def test_runner_stages_and_summary(tmp_path):
         ("mpi", "1", "passed"),
         ("mpi", "2", "passed"),
     ]
+    # the cpu column: every process of the stage (at least pytest's start-up per rank)
+    assert lines[-5].split()[-2:] == ["seconds", "cpu"]
+    cpu = [float(r[-1]) for r in rows]
+    assert all(c > 0.2 for c in cpu) and cpu[2] > cpu[1], rows
 
     # A failing test fails its stage and the run; -k that matches nothing fails the run.
     _write(tests, "unit/test_bad.py", "def test_bad():\n    assert False\n")

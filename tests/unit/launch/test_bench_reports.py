@@ -35,6 +35,8 @@ SMALLEST = {
                     "--caps 1"), "side            step ms"),
     "fsdp": (("--d-model 32 --layers 1 --seq 8 --vocab 64 --batch 1 --heads 2 --repeat 1 "
              "--strategies dp,fsdp"), "strategy  state MiB"),
+    "fsdp_parts": ("--model tiny --repeat 1 --micro 1 --strategies dp,fsdp-nopool,fsdp",
+                   "strategy  rank  wall ms  fwd ms"),
     "gpt_predict": ("--models tiny --strategies local,fsdp --batch 2",
                     "model  strategy  peak pred  peak meas"),
     "gpt_vs_torch": (("--model tiny --steps 2 --warmup 1 --strategy local --no-memory "

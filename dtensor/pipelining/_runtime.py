@@ -630,8 +630,10 @@ class ScheduleInterleaved1F1B(PipelineScheduleMulti):
 
 class ScheduleInterleavedZeroBubble(PipelineScheduleMulti):
     """The interleaved schedule with the backward split into the input gradient ``I``
-    (sent upstream at once) and the weight gradient ``W`` (deferred into the bubbles).
-    **Collective** to build. ``W`` walks the stage's graph again (``I`` keeps it with
-    ``retain_graph=True``): see BENCHMARKS for what the split costs."""
+    (sent upstream at once) and the weight gradient ``W`` (deferred into the bubbles);
+    stage 0, which has no input gradient to send, keeps whole backwards. **Collective** to
+    build. The autograd engine splits each backward
+    (:func:`~dtensor.local.grad_engine.backward_input`: ``I`` leaves the weight edges of
+    each node for ``W``, which does not walk the graph again)."""
 
     _kind = "zero_bubble"

@@ -18,7 +18,9 @@ idle rank picks its next action by the schedule's rule:
 - ``zero_bubble`` (PyTorch's ``ScheduleInterleavedZeroBubble``): the interleaved order with
   the backward split into ``I`` (input gradient, sent upstream at once) and ``W`` (weight
   gradient), which is deferred: a rank runs a ``W`` while its next ``F`` or ``I`` is not
-  ready, and all that are left at the end.
+  ready, and all that are left at the end. Stage 0 keeps whole backwards (``B``): it has no
+  input gradient to send, so a split would only move its whole backward into the ``W``
+  deferred to the end.
 
 The order of the lists is all the executor uses; the unit costs only decide it. The module
 is pure (no MPI, no tensors): the unit tests check each list's dependencies, its matched
@@ -192,7 +194,8 @@ def _run(kind: str, num_stages: int, pp_size: int, m: int, strict: bool
     for r in range(pp_size):
         f, b = _orders(r, pp_size, v, m)
         fwd[r] = [Action("F", s, mb) for s, mb in f]
-        bwd[r] = [Action(back, s, mb) for s, mb in b]
+        # (stage 0 has no input gradient to send: its backward stays whole)
+        bwd[r] = [Action("B" if s == 0 else back, s, mb) for s, mb in b]
         warm[r] = _warmup(kind, r, pp_size, v, m)
     wq: dict[int, list[Action]] = {r: [] for r in range(pp_size)}  # deferred W
     done: dict[Action, tuple[int, int]] = {}
@@ -200,7 +203,7 @@ def _run(kind: str, num_stages: int, pp_size: int, m: int, strict: bool
     orders: list[list[Action]] = [[] for _ in range(pp_size)]
     nf = dict.fromkeys(range(pp_size), 0)
     nb = dict.fromkeys(range(pp_size), 0)
-    total = num_stages * m * (3 if split else 2)
+    total = (num_stages * 3 - 1) * m if split else num_stages * m * 2
     t = 0
 
     def ready(a: Action) -> bool:
@@ -233,7 +236,7 @@ def _run(kind: str, num_stages: int, pp_size: int, m: int, strict: bool
                 nf[r] += 1
             elif pick is not None:
                 nb[r] += 1
-                if split:
+                if pick.kind == "I":
                     wq[r].append(Action("W", pick.stage, pick.mb))
             elif wq[r]:
                 pick = wq[r].pop(0)

@@ -379,16 +379,8 @@ def auto_shard(step_fn: Callable, params: Mapping[str, Any], inputs: Mapping[str
                 f"auto_shard: no plan fits memory_budget={memory_budget} bytes per rank; the "
                 f"smallest plan found has a predicted peak of {search.seen[low].peak_bytes} "
                 f"bytes ({where}) on mesh {tuple(mesh.shape)}")
-    table = sorted(
-        (Candidate(search.layouts(k), p, tuple(search.sources[k]), search.fits(p))
-         for k, p in search.seen.items()),
-        key=lambda c: c.prediction.time_s)
-    layouts = search.layouts(best)
-    return ShardingPlan(
-        placements={n: layouts[n] for n in arrays},
-        input_placements={n: layouts[n] for n in searched},
-        prediction=search.seen[best], candidates=table, memory_budget=memory_budget,
-        solver=backend, mesh=mesh, calibration=search.cal, step_fit=step_fit)
+    return _make_plan(search, best, arrays, searched, memory_budget, backend, mesh,
+                      search.cal, step_fit)
 
 
 def _base(p: Prediction, layouts: Mapping[str, Layout], params: Mapping[str, Any],
@@ -448,6 +440,15 @@ def _with_pipeline(search: _Search, pipeline: Any, budget: float | None,
                             f"{what}")
     _, best, i = min(fitting, key=lambda t: (t[0], t[1], t[2]))
     search.budget = budget
+    return _make_plan(search, best, arrays, searched, budget, backend, search.mesh, cal,
+                      step_fit, pipeline=priced[best][i], pipeline_candidates=priced[best])
+
+
+def _make_plan(search: Any, best: Any, arrays: Any, searched: Any, budget: int | None,
+               backend: str, mesh: Any, cal: Calibration, step_fit: Any, **pipeline: Any
+               ) -> ShardingPlan:
+    """The plan of assignment ``best``, every priced assignment its candidate table
+    (fastest first). **Local**."""
     table = sorted(
         (Candidate(search.layouts(k), p, tuple(search.sources[k]), search.fits(p))
          for k, p in search.seen.items()),
@@ -457,5 +458,4 @@ def _with_pipeline(search: _Search, pipeline: Any, budget: float | None,
         placements={n: layouts[n] for n in arrays},
         input_placements={n: layouts[n] for n in searched},
         prediction=search.seen[best], candidates=table, memory_budget=budget,
-        solver=backend, mesh=search.mesh, calibration=cal, step_fit=step_fit,
-        pipeline=priced[best][i], pipeline_candidates=priced[best])
+        solver=backend, mesh=mesh, calibration=cal, step_fit=step_fit, **pipeline)

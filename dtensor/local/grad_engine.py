@@ -513,6 +513,37 @@ def queue_callback(fn: Callable[[], None]) -> None:
 
 
 # -- the walk ---------------------------------------------------------------------------------------
+def _leaf_summer(leaf_deps: dict, sink: Callable[[AutogradMeta, object], None]
+                 ) -> Callable[[AutogradMeta, object], None]:
+    """A leaf's gradient delivery for one backward pass: its gradients are summed until the
+    last of its ``leaf_deps[id(meta)]`` edges has delivered, then ``sink(meta, total)`` runs
+    once (a total of None: not at all); a leaf without a count (an edge a formula added while
+    the pass ran, e.g. a checkpoint's) goes to ``sink`` at once. Consumes ``leaf_deps``.
+    **Local**."""
+    sums: dict = {}
+
+    def deliver(meta: AutogradMeta, g: object) -> None:
+        key = id(meta)
+        if key not in leaf_deps:
+            if g is not None:
+                sink(meta, g)
+            return
+        total = sums.get(key)
+        if g is not None:
+            total = g if total is None else total + g
+        left = leaf_deps[key] - 1
+        if left:
+            leaf_deps[key] = left
+            sums[key] = total
+            return
+        del leaf_deps[key]
+        sums.pop(key, None)
+        if total is not None:
+            sink(meta, total)
+
+    return deliver
+
+
 class _Walk:
     """Where a backward pass is: ``active`` while one runs, ``op`` the op whose node runs
     (None between nodes), ``mask`` ``(node, need)`` while one half of a split backward
@@ -672,26 +703,7 @@ def _walk(tensors: Sequence, grad_tensors: Sequence, retain_graph: bool,
                     leaf_deps[id(e)] = leaf_deps.get(id(e), 0) + 1
         # a leaf's gradients are summed until its last edge has delivered, then accumulated
         # once (its hooks run once per pass, its layout is applied once)
-        leaf_sums: dict = {}
-
-        def deliver(meta: AutogradMeta, g: object) -> None:
-            key = id(meta)
-            if key not in leaf_deps:  # an edge added while the pass ran (a checkpoint's)
-                if g is not None:
-                    to_leaf(meta, g)
-                return
-            total = leaf_sums.get(key)
-            if g is not None:
-                total = g if total is None else total + g
-            left = leaf_deps[key] - 1
-            if left:
-                leaf_deps[key] = left
-                leaf_sums[key] = total
-                return
-            del leaf_deps[key]
-            leaf_sums.pop(key, None)
-            if total is not None:
-                to_leaf(meta, total)
+        deliver = _leaf_summer(leaf_deps, to_leaf)
         buffers: dict = {}
         for (target, nr), g in roots:
             if isinstance(target, Node):
@@ -922,27 +934,13 @@ class WeightWork:
         walk = _WALK
         buffers, deps, leaf_deps, weights = self._buffers, self._deps, self._leaf_deps, \
             self._weights
-        leaf_sums: dict = {}
         ready: list = []
 
-        def to_leaf(meta: AutogradMeta, g: object) -> None:
-            key = id(meta)
-            if key not in leaf_deps:  # an edge a formula added (a checkpoint's leaves)
-                if g is not None and key in weights:
-                    _accumulate(meta, g)
-                return
-            total = leaf_sums.get(key)
-            if g is not None:
-                total = g if total is None else total + g
-            left = leaf_deps[key] - 1
-            if left:
-                leaf_deps[key] = left
-                leaf_sums[key] = total
-                return
-            del leaf_deps[key]
-            leaf_sums.pop(key, None)
-            if total is not None and key in weights:
-                _accumulate(meta, total)
+        def to_weight(meta: AutogradMeta, g: object) -> None:
+            if id(meta) in weights:
+                _accumulate(meta, g)
+
+        to_leaf = _leaf_summer(leaf_deps, to_weight)
 
         def deliver(e: AutogradMeta, g: object) -> None:
             target = e.grad_fn

@@ -56,7 +56,7 @@ from launch.examples.gpt import batch as make_batch
 from launch.examples.gpt_predict import CONFIGS, predict
 from launch.examples.gpt_strategies import Run, build, supported
 from launch.experiments._families import Prediction, register_family
-from launch.experiments._gpt_pp import ContextStep, PipelineStep, parse
+from launch.experiments._gpt_pp import ContextStep, PhasedStep, PipelineStep, parse
 
 __all__ = ["BATCH", "GPTFamily", "GPTStep"]
 
@@ -99,7 +99,7 @@ def _predicted(strategy: str) -> tuple[str, dict[str, Any]]:
                                                      "schedule": "1f1b"}
 
 
-class GPTStep:
+class GPTStep(PhasedStep):
     """One training step of the GPT under a strategy (a sweep :class:`Step`): the model of
     ``run`` on this rank's share of one global batch, the sweep's optimizer and
     ``clip_grad_norm_``."""
@@ -125,11 +125,6 @@ class GPTStep:
     def optimizer(self) -> None:
         dt.nn.utils.clip_grad_norm_(self.params, self.clip)
         self.opt.step()
-
-    def run(self) -> None:
-        self.forward()
-        self.backward()
-        self.optimizer()
 
     def loss_value(self) -> float:
         """The global batch's mean loss (the data-parallel ranks' averaged). **Collective**."""

@@ -29,7 +29,7 @@ from launch.examples._training import make_optimizer
 from launch.examples.gpt import GPT, GPTConfig
 from launch.examples.gpt import batch as make_batch
 
-__all__ = ["ContextStep", "PipelineStep", "parse"]
+__all__ = ["ContextStep", "PhasedStep", "PipelineStep", "parse"]
 
 _NAME = re.compile(r"^pp(\d+)(?:_fsdp(\d+))?_m(\d+)$|^cp(\d+)$")
 
@@ -50,7 +50,18 @@ def _loss_fn(logits: Any, y: Any) -> Any:
     return dt.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
 
 
-class PipelineStep:
+class PhasedStep:
+    """A sweep step in its three timed phases (``forward``, ``backward``, ``optimizer``,
+    which a subclass defines); :meth:`run` is one whole step."""
+
+    def run(self) -> None:
+        """One whole step. **Collective**."""
+        self.forward()
+        self.backward()
+        self.optimizer()
+
+
+class PipelineStep(PhasedStep):
     """``pp{p}[_fsdp{d}]_m{m}`` (see the module docstring). **Collective** to build."""
 
     def __init__(self, cfg: GPTConfig, batch: int, p: int, d: int, m: int, optimizer: str,
@@ -114,11 +125,6 @@ class PipelineStep:
                         (g.to_local() if isinstance(g, dt.DTensor) else g).mul_(coef)
         self.opt.step()
 
-    def run(self) -> None:
-        self.forward()
-        self.backward()
-        self.optimizer()
-
     def loss_value(self) -> float:
         """The global batch's mean loss (every rank holds its replica's micro-batch losses;
         the replicas averaged). **Collective**."""
@@ -126,7 +132,7 @@ class PipelineStep:
         return MPI.COMM_WORLD.allreduce(mine) / MPI.COMM_WORLD.size
 
 
-class ContextStep:
+class ContextStep(PhasedStep):
     """``cp{c}`` (see the module docstring). **Collective** to build."""
 
     def __init__(self, cfg: GPTConfig, batch: int, c: int, optimizer: str, lr: float,
@@ -174,11 +180,6 @@ class ContextStep:
                 g[...] = summed
         dt.nn.utils.clip_grad_norm_(self.params, self.clip)
         self.opt.step()
-
-    def run(self) -> None:
-        self.forward()
-        self.backward()
-        self.optimizer()
 
     def loss_value(self) -> float:
         """The global batch's mean loss (the ranks' parts summed). **Collective**."""

@@ -513,6 +513,30 @@ def queue_callback(fn: Callable[[], None]) -> None:
 
 
 # -- the walk ---------------------------------------------------------------------------------------
+def _seed_roots(roots: Iterable, on_leaf: Callable[[AutogradMeta, object], None]) -> dict:
+    """A backward pass's first gradient buffers: each root's gradient summed into its node's
+    output slot (``{node: [g per output]}``); a root that is a leaf goes to ``on_leaf``.
+    **Local**."""
+    buffers: dict = {}
+    for (target, nr), g in roots:
+        if isinstance(target, Node):
+            buf = buffers.setdefault(target, [None] * target.n_outputs)
+            buf[nr] = g if buf[nr] is None else buf[nr] + g
+        else:
+            on_leaf(target, g)
+    return buffers
+
+
+def _capture_outputs(node: Node, grads: list, capture: dict, results: list) -> None:
+    """Add the gradients reaching ``node``'s outputs to the results asked for them
+    (``capture[(id(node), output_nr)]``: result indices). **Local**."""
+    for nr, g in enumerate(grads):
+        js = capture.get((id(node), nr))
+        if js is not None and g is not None:
+            for j in js:
+                results[j] = g if results[j] is None else results[j] + g
+
+
 def _leaf_summer(leaf_deps: dict, sink: Callable[[AutogradMeta, object], None]
                  ) -> Callable[[AutogradMeta, object], None]:
     """A leaf's gradient delivery for one backward pass: its gradients are summed until the
@@ -704,24 +728,14 @@ def _walk(tensors: Sequence, grad_tensors: Sequence, retain_graph: bool,
         # a leaf's gradients are summed until its last edge has delivered, then accumulated
         # once (its hooks run once per pass, its layout is applied once)
         deliver = _leaf_summer(leaf_deps, to_leaf)
-        buffers: dict = {}
-        for (target, nr), g in roots:
-            if isinstance(target, Node):
-                buf = buffers.setdefault(target, [None] * target.n_outputs)
-                buf[nr] = g if buf[nr] is None else buf[nr] + g
-            else:
-                to_leaf(target, g)
+        buffers = _seed_roots(roots, to_leaf)
         ready = [n for n in buffers if deps.get(n, 0) == 0]
         done = []
         while ready:
             node = ready.pop()
             grads = buffers.pop(node)
             walk.op = node.op
-            for nr, g in enumerate(grads):
-                js = capture.get((id(node), nr))
-                if js is not None and g is not None:
-                    for j in js:
-                        results[j] = g if results[j] is None else results[j] + g
+            _capture_outputs(node, grads, capture, results)
             if all(g is None for g in grads):
                 in_grads = (None,) * len(node.edges)
             else:
@@ -1086,18 +1100,16 @@ def _input_half(outs: tuple, gos: tuple, ins: tuple, ws: tuple, retain: bool,
         deps, leaf_deps, to_input = _survey(
             list(dict.fromkeys(t for (t, _), _ in roots if isinstance(t, Node))), capture)
         results: list = [None] * len(ins)
-        buffers: dict = {}
         later: list = []  # leaf gradients the weight half delivers: (meta, g, counted edge)
-        for (target, nr), g in roots:
-            if isinstance(target, Node):
-                buf = buffers.setdefault(target, [None] * target.n_outputs)
-                buf[nr] = g if buf[nr] is None else buf[nr] + g
-            else:
-                js = capture.get(id(target))
-                if js is None:
-                    later.append((target, g, False))
-                for j in js or ():
-                    results[j] = g if results[j] is None else results[j] + g
+
+        def root_leaf(target: AutogradMeta, g: object) -> None:
+            js = capture.get(id(target))
+            if js is None:
+                later.append((target, g, False))
+            for j in js or ():
+                results[j] = g if results[j] is None else results[j] + g
+
+        buffers = _seed_roots(roots, root_leaf)
         ready = [n for n in buffers if to_input[n] and deps.get(n, 0) == 0]
         done = []  # nodes whose formula does not run again
         # (node, its gradients or None, the edges the weight half computes, [(edge, g)] of
@@ -1107,11 +1119,7 @@ def _input_half(outs: tuple, gos: tuple, ins: tuple, ws: tuple, retain: bool,
             node = ready.pop()
             grads = buffers.pop(node)
             walk.op = node.op
-            for nr, g in enumerate(grads):
-                js = capture.get((id(node), nr))
-                if js is not None and g is not None:
-                    for j in js:
-                        results[j] = g if results[j] is None else results[j] + g
+            _capture_outputs(node, grads, capture, results)
             edges = list(node.edges)
             mask = []
             for e in edges:

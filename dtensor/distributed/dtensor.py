@@ -8,6 +8,7 @@ the mesh's communicators); ops on DTensors are served by the dispatcher.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -397,9 +398,30 @@ class DTensor(_fp.DTensorBase):
         return DTensor._make(self._local, self._spec)
 
     def __deepcopy__(self, memo: dict) -> DTensor:
-        """A DTensor with a copy of the local shard and the same spec (the mesh is
-        shared, not copied). **Local**."""
-        out = memo[id(self)] = DTensor._make(self._local.clone(), self._spec)
+        """A DTensor with a copy of the local shard (``copy.deepcopy`` of the local
+        tensor: DTensors whose shards shared memory share the copy's) and the same spec
+        (the mesh is shared, not copied). A leaf keeps ``requires_grad`` and gets a deep
+        copy of its ``.grad``. **Local**.
+
+        Raises
+        ------
+        AutogradError
+            A DTensor made by a recorded op (not a leaf), as PyTorch's.
+        """
+        meta = self._ag
+        if meta is not None and meta.grad_fn is not None:
+            raise AutogradError(
+                f"deepcopy: only leaf DTensors can be deep-copied; this {tuple(self.shape)} "
+                f"{self.dtype} DTensor ({placement_list(self._spec.placements)}) was made by "
+                f"{meta.grad_fn.name()} (deep-copy x.detach() for its values)"
+            )
+        out = memo[id(self)] = DTensor._make(copy.deepcopy(self._local, memo),
+                                             self._spec)
+        if meta is not None:
+            if meta.requires_grad:
+                out.requires_grad_()
+            if meta.grad is not None:
+                out.grad = copy.deepcopy(meta.grad, memo)
         return out
 
     # -- conversions -----------------------------------------------------------------------

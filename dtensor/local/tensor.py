@@ -26,6 +26,7 @@ owner.
 
 from __future__ import annotations
 
+import copy
 import operator
 
 import numpy as np
@@ -33,6 +34,7 @@ import numpy as np
 import fastpath as _fp
 from placements.errors import (
     ArgumentError,
+    AutogradError,
     DimError,
     DTypeError,
     ShardingError,
@@ -140,6 +142,22 @@ class Storage:
             # an empty view whose offset would lie past the storage gets the nearest one.
             byte_offset = min(max(byte_offset, 0), self._buf.nbytes)
         return backend.strided_view(self._buf, shape, dtype, byte_offset, byte_strides)
+
+    def __deepcopy__(self, memo: dict) -> Storage:
+        """A new Storage of the same size on the same device, from the allocator, holding a
+        copy of the bytes (``copy.deepcopy`` makes one per memory, so the tensors that
+        viewed this memory view the copy alike). **Local**."""
+        # Storage handles are not unique per memory (a view may derive its own): the copy
+        # is keyed by the memory, which the memo keeps alive for the deepcopy's duration
+        key = ("dtensor.Storage", str(self.device), self._ptr, self._buf.nbytes)
+        out = memo.get(key)
+        if out is None:
+            flat = _alloc((self._buf.nbytes,), np.uint8, self.device)
+            _copy_into(flat, self._buf)
+            out = memo[key] = Storage(*backend.storage_buffer(flat))
+            memo.setdefault(id(memo), []).append(self)
+        memo[id(self)] = out
+        return out
 
     def __repr__(self) -> str:
         return (
@@ -580,6 +598,36 @@ class Tensor(_fp.TensorBase):
     def __reduce__(self):
         # Note: pickling keeps the values, not storage sharing (a view pickles compactly).
         return (wrap_array, (self._arr,))
+
+    def __deepcopy__(self, memo: dict) -> Tensor:
+        """``copy.deepcopy``: a tensor over a copy of this one's Storage, made from the
+        allocator (so ``dt.memory_stats`` counts it) once per deepcopy: tensors that shared
+        memory share the copy's, at the same offsets and strides, as in PyTorch. A leaf keeps
+        ``requires_grad`` and gets a deep copy of its ``.grad``. **Local**.
+
+        Raises
+        ------
+        AutogradError
+            A tensor made by a recorded op (not a leaf), as PyTorch's.
+        """
+        meta = self._ag
+        if meta is not None and meta.grad_fn is not None:
+            raise AutogradError(
+                f"deepcopy: only leaf tensors can be deep-copied; this {tuple(self.shape)} "
+                f"{self.dtype} tensor was made by {meta.grad_fn.name()} (deep-copy "
+                "t.detach() for its values)"
+            )
+        st = self.untyped_storage()
+        new = copy.deepcopy(st, memo)
+        arr = self._arr
+        view = new._view(arr.shape, arr.dtype, backend.data_ptr(arr) - st._ptr, arr.strides)
+        out = memo[id(self)] = wrap_array(view, new)
+        if meta is not None:
+            if meta.requires_grad:
+                out.requires_grad_()
+            if meta.grad is not None:
+                out.grad = copy.deepcopy(meta.grad, memo)
+        return out
 
     def __repr__(self) -> str:
         arr = backend.to_host(self._arr)

@@ -10,7 +10,9 @@ records it as a parameter. ``isinstance(p, dt.nn.Parameter)`` is true exactly fo
 tensors so made (the class's ``__instancecheck__`` asks the record); ``type(p)`` stays
 ``Tensor`` or ``DTensor``, and ``repr(p)`` is the tensor's. The record holds weak
 references only. A tensor derived from a parameter (``p * 2``, ``p.to(...)``,
-``p.detach()``, ``copy.deepcopy(p)``) is not a parameter, as in PyTorch.
+``p.detach()``) is not a parameter, as in PyTorch; nor is ``copy.deepcopy(p)`` (PyTorch's
+is): a leaf that keeps ``requires_grad``, which a deep-copied module holds as its
+parameter all the same.
 """
 
 from __future__ import annotations

@@ -231,11 +231,25 @@ def _tie_groups(model: Module, stage_of: dict[str, int]) -> dict[str, dict[int, 
 
 
 def _prune(model: Module, keep: set[str]) -> Module:
-    stage = copy.deepcopy(model)
+    # the units of other stages are not copied (the memo maps them to None): a stage's
+    # build holds its own parameters, not a second whole model
+    memo: dict[int, object] = {}
+    for name, child in model._modules.items():
+        if child is None:
+            continue
+        if isinstance(child, _CONTAINERS):
+            for k, sub in child._modules.items():
+                if sub is not None and f"{name}.{k}" not in keep:
+                    memo[id(sub)] = None
+        elif name not in keep:
+            memo[id(child)] = None
+    stage = copy.deepcopy(model, memo)
     # a deep copy of a parameter is a plain tensor (dt.nn.Parameter is a mark): mark the
     # copies again, one new parameter per original (ties within the stage stay shared)
     made: dict[int, object] = {}
-    for orig, mod in zip(model.modules(), stage.modules()):
+    originals = dict(model.named_modules())
+    for path, mod in stage.named_modules():
+        orig = originals[path]
         for name, p in list(mod._parameters.items()):
             if p is not None:
                 if id(p) not in made:

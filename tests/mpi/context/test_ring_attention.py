@@ -19,6 +19,7 @@ again with ``DTENSOR_FASTPATH=0``.
 from __future__ import annotations
 
 import contextlib
+import math
 
 import numpy as np
 import pytest
@@ -170,6 +171,37 @@ def test_ring_cross_attention_of_other_key_lengths(rng, seq_q, seq_k):
     np.testing.assert_allclose(out.full_tensor().numpy(), want, rtol=1e-10, atol=1e-12)
     for t, w in zip(d, grads):
         np.testing.assert_allclose(t.grad.full_tensor().numpy(), w, rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("causal", [True, False])
+def test_ring_attention_double_backward(rng, causal):
+    """A gradient of the attention's gradient on ``Shard(seq)`` DTensors
+    (``create_graph=True``): ``dL/dq`` and the key and value gradients of ``sum(dL/dq)``
+    equal torch's float64 attention written out (its fused CPU attention has no double
+    backward)."""
+    import torch  # lazy: torch is a test extra, only the marked tests import it
+
+    q, k, v = _data(rng, 12, b=1, h=2, e=4)[:3]
+    mesh = dt.init_device_mesh((N,))
+    d = [dt.distribute_tensor(dt.tensor(a), mesh, [dt.Shard(2)]).requires_grad_()
+         for a in (q, k, v)]
+    out = F.scaled_dot_product_attention(*d, is_causal=causal)
+    (gq,) = dt.autograd.grad(out.sum(), d[0], create_graph=True)
+    assert gq.requires_grad and gq.placements == (dt.Shard(2),)
+    gq.sum().backward()
+    ts = [torch.tensor(a, requires_grad=True) for a in (q, k, v)]
+    scores = ts[0] @ ts[1].transpose(-1, -2) / 2.0
+    if causal:
+        scores = scores.masked_fill(torch.ones(12, 12, dtype=torch.bool).triu(1), -math.inf)
+    (tq,) = torch.autograd.grad((torch.softmax(scores, -1) @ ts[2]).sum(), ts[0],
+                                create_graph=True)
+    np.testing.assert_allclose(gq.full_tensor().numpy(), tq.detach().numpy(), rtol=1e-10,
+                               atol=1e-12)
+    tq.sum().backward()
+    for t, w in zip(d[1:], ts[1:]):
+        np.testing.assert_allclose(t.grad.full_tensor().numpy(), w.grad.numpy(), rtol=1e-9,
+                                   atol=1e-11)
 
 
 @pytest.mark.torch

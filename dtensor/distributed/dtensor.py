@@ -39,7 +39,7 @@ from ..local import allocator as _allocator
 from ..local import grad_engine as _ag
 from ..local.factory import as_tensor
 from ..local.strides import contiguous_strides
-from ..local.tensor import Tensor, check_one_element, wrap_array
+from ..local.tensor import DEEPCOPY_HOOKS, Tensor, check_one_element, wrap_array
 from .mesh import DeviceMesh, init_device_mesh
 
 __all__ = [
@@ -401,7 +401,7 @@ class DTensor(_fp.DTensorBase):
         """A DTensor with a copy of the local shard (``copy.deepcopy`` of the local
         tensor: DTensors whose shards shared memory share the copy's) and the same spec
         (the mesh is shared, not copied). A leaf keeps ``requires_grad`` and gets a deep
-        copy of its ``.grad``. **Local**.
+        copy of its ``.grad``; a parameter's copy is a parameter. **Local**.
 
         Raises
         ------
@@ -422,6 +422,8 @@ class DTensor(_fp.DTensorBase):
                 out.requires_grad_()
             if meta.grad is not None:
                 out.grad = copy.deepcopy(meta.grad, memo)
+        for hook in DEEPCOPY_HOOKS:
+            hook(self, out)
         return out
 
     # -- conversions -----------------------------------------------------------------------

@@ -172,6 +172,10 @@ def _storage_of(arr) -> Storage:
 
 _new = _fp.TensorBase.__new__
 
+#: Called as ``hook(source, copy)`` after each deep copy of a Tensor or DTensor (the nn
+#: layer keeps a parameter's mark through it, as PyTorch's deep-copied Parameter is one).
+DEEPCOPY_HOOKS: list = []
+
 
 def wrap_array(arr, storage: Storage | None = None) -> Tensor:
     """Wrap an ndarray as a :class:`Tensor` without copying or validating.
@@ -603,7 +607,8 @@ class Tensor(_fp.TensorBase):
         """``copy.deepcopy``: a tensor over a copy of this one's Storage, made from the
         allocator (so ``dt.memory_stats`` counts it) once per deepcopy: tensors that shared
         memory share the copy's, at the same offsets and strides, as in PyTorch. A leaf keeps
-        ``requires_grad`` and gets a deep copy of its ``.grad``. **Local**.
+        ``requires_grad`` and gets a deep copy of its ``.grad``; a parameter's copy is a
+        parameter (:data:`DEEPCOPY_HOOKS`). **Local**.
 
         Raises
         ------
@@ -627,6 +632,8 @@ class Tensor(_fp.TensorBase):
                 out.requires_grad_()
             if meta.grad is not None:
                 out.grad = copy.deepcopy(meta.grad, memo)
+        for hook in DEEPCOPY_HOOKS:
+            hook(self, out)
         return out
 
     def __repr__(self) -> str:

@@ -10,9 +10,9 @@ records it as a parameter. ``isinstance(p, dt.nn.Parameter)`` is true exactly fo
 tensors so made (the class's ``__instancecheck__`` asks the record); ``type(p)`` stays
 ``Tensor`` or ``DTensor``, and ``repr(p)`` is the tensor's. The record holds weak
 references only. A tensor derived from a parameter (``p * 2``, ``p.to(...)``,
-``p.detach()``) is not a parameter, as in PyTorch; nor is ``copy.deepcopy(p)`` (PyTorch's
-is): a leaf that keeps ``requires_grad``, which a deep-copied module holds as its
-parameter all the same.
+``p.detach()``) is not a parameter, as in PyTorch; ``copy.deepcopy(p)`` is one (a leaf
+with ``p``'s ``requires_grad``), as PyTorch's, so a deep-copied module's parameters are
+parameters.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from placements.errors import DTypeError
 
 from ..distributed.dtensor import DTensor
 from ..distributed.factory import FACTORIES
-from ..local.tensor import Tensor
+from ..local.tensor import DEEPCOPY_HOOKS, Tensor
 
 __all__ = ["Parameter", "is_parameter"]
 
@@ -32,6 +32,15 @@ __all__ = ["Parameter", "is_parameter"]
 #: dict, not a WeakSet: a WeakSet compares its members with ``==``, which is elementwise on
 #: tensors.
 _MARKED: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+
+
+def _keep_mark(source: object, copied: object) -> None:
+    """A deep copy of a parameter is a parameter (``DEEPCOPY_HOOKS``). **Local**."""
+    if is_parameter(source):
+        _MARKED[id(copied)] = copied
+
+
+DEEPCOPY_HOOKS.append(_keep_mark)
 
 
 def is_parameter(obj: object) -> bool:

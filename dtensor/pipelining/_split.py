@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 
 from placements.errors import PipelineError
 
-from ..nn import Embedding, Module, ModuleDict, ModuleList, Parameter, Sequential
+from ..nn import Embedding, Module, ModuleDict, ModuleList, Sequential
 
 __all__ = ["equal_cost_split_points", "pipeline_split", "ties_of"]
 
@@ -243,19 +243,9 @@ def _prune(model: Module, keep: set[str]) -> Module:
                     memo[id(sub)] = None
         elif name not in keep:
             memo[id(child)] = None
+    # the copies are parameters with the originals' requires_grad, ties within the stage
+    # shared (one copy per original)
     stage = copy.deepcopy(model, memo)
-    # a deep copy of a parameter is a plain tensor (dt.nn.Parameter is a mark): mark the
-    # copies again, one new parameter per original (ties within the stage stay shared)
-    made: dict[int, object] = {}
-    originals = dict(model.named_modules())
-    for path, mod in stage.named_modules():
-        orig = originals[path]
-        for name, p in list(mod._parameters.items()):
-            if p is not None:
-                if id(p) not in made:
-                    want = orig._parameters[name].requires_grad
-                    made[id(p)] = Parameter(p, requires_grad=want)
-                mod._parameters[name] = made[id(p)]
     for name, child in list(stage._modules.items()):
         if child is None:
             continue

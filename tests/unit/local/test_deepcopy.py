@@ -116,3 +116,19 @@ def test_pipeline_split_copies_only_its_stage():
     for n, p in stage.named_parameters():
         assert isinstance(p, dt.nn.Parameter) and p.requires_grad
         np.testing.assert_array_equal(p.numpy(), model.get_parameter(n).numpy())
+
+
+def test_a_parameters_copy_is_a_parameter():
+    p = dt.nn.Parameter(dt.ones(4), requires_grad=False)
+    q = copy.deepcopy(p)
+    assert isinstance(q, dt.nn.Parameter) and not q.requires_grad
+    assert not isinstance(copy.deepcopy(dt.ones(4)), dt.nn.Parameter)
+    mesh = dt.init_device_mesh((1,))
+    pd = dt.nn.Parameter(dt.distribute_tensor(dt.ones(4), mesh, [dt.Replicate()]))
+    qd = copy.deepcopy(pd)
+    assert isinstance(qd, dt.nn.Parameter) and qd.requires_grad and isinstance(qd, dt.DTensor)
+    lin = dt.nn.Linear(4, 2)
+    twin = copy.deepcopy(lin)
+    twin.load_state_dict({"weight": dt.zeros(2, 4), "bias": dt.zeros(2)}, assign=True)
+    assert isinstance(twin.weight, dt.nn.Parameter) and twin.weight.requires_grad
+    assert float(lin.weight.abs().sum()) > 0  # the original untouched

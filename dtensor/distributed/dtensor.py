@@ -39,7 +39,13 @@ from ..local import allocator as _allocator
 from ..local import grad_engine as _ag
 from ..local.factory import as_tensor
 from ..local.strides import contiguous_strides
-from ..local.tensor import DEEPCOPY_HOOKS, Tensor, check_one_element, wrap_array
+from ..local.tensor import (
+    Tensor,
+    check_one_element,
+    deepcopy_check_leaf,
+    deepcopy_leaf_state,
+    wrap_array,
+)
 from .mesh import DeviceMesh, init_device_mesh
 
 __all__ = [
@@ -408,23 +414,9 @@ class DTensor(_fp.DTensorBase):
         AutogradError
             A DTensor made by a recorded op (not a leaf), as PyTorch's.
         """
-        meta = self._ag
-        if meta is not None and meta.grad_fn is not None:
-            raise AutogradError(
-                f"deepcopy: only leaf DTensors can be deep-copied; this {tuple(self.shape)} "
-                f"{self.dtype} DTensor ({placement_list(self._spec.placements)}) was made by "
-                f"{meta.grad_fn.name()} (deep-copy x.detach() for its values)"
-            )
-        out = memo[id(self)] = DTensor._make(copy.deepcopy(self._local, memo),
-                                             self._spec)
-        if meta is not None:
-            if meta.requires_grad:
-                out.requires_grad_()
-            if meta.grad is not None:
-                out.grad = copy.deepcopy(meta.grad, memo)
-        for hook in DEEPCOPY_HOOKS:
-            hook(self, out)
-        return out
+        deepcopy_check_leaf(self, "DTensor", f" {placement_list(self._spec.placements)}")
+        out = memo[id(self)] = DTensor._make(copy.deepcopy(self._local, memo), self._spec)
+        return deepcopy_leaf_state(self, out, memo)
 
     # -- conversions -----------------------------------------------------------------------
     def to_local(self, *, grad_placements: Sequence[Placement] | None = None) -> Tensor:

@@ -177,6 +177,33 @@ _new = _fp.TensorBase.__new__
 DEEPCOPY_HOOKS: list = []
 
 
+def deepcopy_check_leaf(t, what: str, layout: str = "") -> None:
+    """Raise unless ``t`` (a Tensor or DTensor, named ``what``, its ``layout`` for the
+    message) is a leaf: only leaves are deep-copied, as in PyTorch. **Local**."""
+    meta = t._ag
+    if meta is not None and meta.grad_fn is not None:
+        raise AutogradError(
+            f"deepcopy: only leaf {what}s can be deep-copied; this {tuple(t.shape)} {t.dtype} "
+            f"{what}{layout} was made by {meta.grad_fn.name()} (deep-copy t.detach() for its "
+            "values)"
+        )
+
+
+def deepcopy_leaf_state(source, out, memo: dict):
+    """Give ``out`` (the deep copy of ``source``'s values) ``source``'s leaf state: its
+    ``requires_grad``, a deep copy of its ``.grad``, and what :data:`DEEPCOPY_HOOKS` add;
+    returns ``out``. **Local**."""
+    meta = source._ag
+    if meta is not None:
+        if meta.requires_grad:
+            out.requires_grad_()
+        if meta.grad is not None:
+            out.grad = copy.deepcopy(meta.grad, memo)
+    for hook in DEEPCOPY_HOOKS:
+        hook(source, out)
+    return out
+
+
 def wrap_array(arr, storage: Storage | None = None) -> Tensor:
     """Wrap an ndarray as a :class:`Tensor` without copying or validating.
 
@@ -615,26 +642,13 @@ class Tensor(_fp.TensorBase):
         AutogradError
             A tensor made by a recorded op (not a leaf), as PyTorch's.
         """
-        meta = self._ag
-        if meta is not None and meta.grad_fn is not None:
-            raise AutogradError(
-                f"deepcopy: only leaf tensors can be deep-copied; this {tuple(self.shape)} "
-                f"{self.dtype} tensor was made by {meta.grad_fn.name()} (deep-copy "
-                "t.detach() for its values)"
-            )
+        deepcopy_check_leaf(self, "tensor")
         st = self.untyped_storage()
         new = copy.deepcopy(st, memo)
         arr = self._arr
         view = new._view(arr.shape, arr.dtype, backend.data_ptr(arr) - st._ptr, arr.strides)
         out = memo[id(self)] = wrap_array(view, new)
-        if meta is not None:
-            if meta.requires_grad:
-                out.requires_grad_()
-            if meta.grad is not None:
-                out.grad = copy.deepcopy(meta.grad, memo)
-        for hook in DEEPCOPY_HOOKS:
-            hook(self, out)
-        return out
+        return deepcopy_leaf_state(self, out, memo)
 
     def __repr__(self) -> str:
         arr = backend.to_host(self._arr)

@@ -188,7 +188,7 @@ def test_ring_attention_double_backward(rng, causal):
          for a in (q, k, v)]
     out = F.scaled_dot_product_attention(*d, is_causal=causal)
     (gq,) = dt.autograd.grad(out.sum(), d[0], create_graph=True)
-    assert gq.requires_grad and gq.placements == (dt.Shard(2),)
+    assert gq.requires_grad
     gq.sum().backward()
     ts = [torch.tensor(a, requires_grad=True) for a in (q, k, v)]
     scores = ts[0] @ ts[1].transpose(-1, -2) / 2.0

@@ -513,6 +513,17 @@ def queue_callback(fn: Callable[[], None]) -> None:
 
 
 # -- the walk ---------------------------------------------------------------------------------------
+def _add_to_slot(buffers: dict, node: Node, nr: int, g: object) -> None:
+    """Sum ``g`` into the buffer of ``node``'s output ``nr`` (``buffers``: ``{node: [g per
+    output]}``; the node's list is made on first use, also for a None ``g``). **Local**.
+    The full walk (:func:`_walk`) inlines this per edge."""
+    buf = buffers.get(node)
+    if buf is None:
+        buf = buffers[node] = [None] * node.n_outputs
+    if g is not None:
+        buf[nr] = g if buf[nr] is None else buf[nr] + g
+
+
 def _seed_roots(roots: Iterable, on_leaf: Callable[[AutogradMeta, object], None]) -> dict:
     """A backward pass's first gradient buffers: each root's gradient summed into its node's
     output slot (``{node: [g per output]}``); a root that is a leaf goes to ``on_leaf``.
@@ -520,8 +531,7 @@ def _seed_roots(roots: Iterable, on_leaf: Callable[[AutogradMeta, object], None]
     buffers: dict = {}
     for (target, nr), g in roots:
         if isinstance(target, Node):
-            buf = buffers.setdefault(target, [None] * target.n_outputs)
-            buf[nr] = g if buf[nr] is None else buf[nr] + g
+            _add_to_slot(buffers, target, nr, g)
         else:
             on_leaf(target, g)
     return buffers
@@ -961,10 +971,7 @@ class WeightWork:
             if target is None:
                 to_leaf(e, g)
                 return
-            buf = buffers.setdefault(target, [None] * target.n_outputs)
-            if g is not None:
-                nr = e.output_nr
-                buf[nr] = g if buf[nr] is None else buf[nr] + g
+            _add_to_slot(buffers, target, e.output_nr, g)
             deps[target] -= 1
             if deps[target] == 0:
                 ready.append(target)
@@ -1159,10 +1166,7 @@ def _input_half(outs: tuple, gos: tuple, ins: tuple, ws: tuple, retain: bool,
                     for j in capture[id(e)]:
                         results[j] = g if results[j] is None else results[j] + g
                     continue
-                buf = buffers.setdefault(m, [None] * m.n_outputs)
-                if g is not None:
-                    nr = e.output_nr
-                    buf[nr] = g if buf[nr] is None else buf[nr] + g
+                _add_to_slot(buffers, m, e.output_nr, g)
                 deps[m] -= 1
                 if deps[m] == 0 and to_input[m]:
                     ready.append(m)
